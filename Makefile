@@ -1,0 +1,54 @@
+# cxlkv top-level Makefile.  Userspace is built by CMake into $(BUILD);
+# the kernel module by Kbuild in kmod/.
+#
+#   make run     set-up, build, run the main job on an embedded shm pool
+#   make test    set-up, build, run every test (unit, multi-process, model, VM)
+#   make bench   benchmarks -> build/bench/results.json
+#   make deps    install missing Debian packages (root) or print the command
+#   make kmod    build kmod/cxlkv.ko (KDIR= to choose the kernel tree)
+#   make clean
+
+BUILD    ?= build
+JOBS     ?= $(shell nproc)
+CMAKE    ?= cmake
+CMAKE_FLAGS ?=
+export CXLKV_BUILD := $(abspath $(BUILD))
+
+.PHONY: all deps configure build test unit-test run bench clean kmod vm-test help
+
+all: build
+
+help:
+	@sed -n '1,12p' Makefile | sed 's/^# \{0,1\}//'
+
+deps:
+	@tools/scripts/deps.sh
+
+configure: deps
+	@$(CMAKE) -S . -B $(BUILD) $(CMAKE_FLAGS) >/dev/null
+
+build: configure
+	@$(CMAKE) --build $(BUILD) -j$(JOBS)
+
+unit-test: build
+	cd $(BUILD) && ctest --output-on-failure -j$(JOBS) --timeout 900
+
+test: unit-test
+	@tools/scripts/maybe-vm-test.sh
+
+run: build
+	@tools/scripts/run.sh
+
+bench: build
+	@mkdir -p $(BUILD)/bench
+	@tools/scripts/bench.sh
+
+kmod:
+	$(MAKE) -C kmod
+
+vm-test: build kmod
+	tests/vm/run.sh
+
+clean:
+	rm -rf $(BUILD)
+	-$(MAKE) -C kmod clean

@@ -1,0 +1,74 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * cxlkv C API.  Every function returns 0 (or a non-negative count) on
+ * success and a negative errno on failure, as liburing does; the message of
+ * the last error on this thread is in cxlkv_last_error().  Option structs
+ * carry their own size in their first field so they can grow.
+ */
+#ifndef CXLKV_CXLKV_H
+#define CXLKV_CXLKV_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define CXLKV_API_VERSION 1
+
+/* One contiguous piece of caller memory in a gather / scatter list. */
+struct cxlkv_chunk {
+	void  *addr;
+	size_t len;
+};
+
+/* Message of the last failed call on this thread ("" if none). */
+const char *cxlkv_last_error(void);
+
+struct cxlkv_pool;
+
+struct cxlkv_format_opts {
+	size_t   size;        /* sizeof(struct cxlkv_format_opts) */
+	uint64_t pool_size;   /* shm:/file: bytes (0: from URI / existing file) */
+	uint32_t max_nodes;   /* 0: default 16 */
+	uint32_t flags;       /* CXLKV_FORMAT_F_* */
+};
+#define CXLKV_FORMAT_F_FORCE        (1u << 0)   /* overwrite a valid pool */
+#define CXLKV_FORMAT_F_NO_STANDARD  (1u << 1)   /* superblock only, no standard carves */
+
+int  cxlkv_pool_format(const char *uri, const struct cxlkv_format_opts *opts);
+int  cxlkv_pool_open(const char *uri, struct cxlkv_pool **out);
+void cxlkv_pool_close(struct cxlkv_pool *pool);
+void    *cxlkv_pool_base(struct cxlkv_pool *pool);
+uint64_t cxlkv_pool_size(struct cxlkv_pool *pool);
+
+/* offset <-> pointer; cxlkv_off_to_ptr returns NULL when out of range */
+void    *cxlkv_off_to_ptr(struct cxlkv_pool *pool, uint64_t off);
+uint64_t cxlkv_ptr_to_off(struct cxlkv_pool *pool, const void *p);
+
+struct cxlkv_carve_info {
+	char     name[32];
+	uint64_t offset;
+	uint64_t size;
+	uint32_t memtype;     /* enum cxlkv_memtype (uapi/cxlkv.h) */
+	uint32_t flags;
+};
+int cxlkv_carve_create(struct cxlkv_pool *pool, const char *name, uint64_t size,
+		       uint32_t memtype, struct cxlkv_carve_info *out);
+int cxlkv_carve_lookup(struct cxlkv_pool *pool, const char *name, struct cxlkv_carve_info *out);
+/* Fills up to `max` entries; returns the number of carves. */
+int cxlkv_carve_list(struct cxlkv_pool *pool, struct cxlkv_carve_info *out, int max);
+int cxlkv_carve_remove(struct cxlkv_pool *pool, const char *name);
+
+/* CPU gather-write / scatter-read between a chunk list and one pool block. */
+int cxlkv_gather_write(struct cxlkv_pool *pool, uint64_t dst_off,
+		       const struct cxlkv_chunk *chunks, size_t nchunks);
+int cxlkv_scatter_read(struct cxlkv_pool *pool, uint64_t src_off,
+		       const struct cxlkv_chunk *chunks, size_t nchunks);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* CXLKV_CXLKV_H */

@@ -1,0 +1,30 @@
+#!/bin/sh
+# Install the Debian packages cxlkv needs, or print the exact command.
+# Called by `make deps` (and so by `make run` / `make test`).
+set -eu
+
+PKGS="build-essential cmake pkg-config libspdlog-dev libfmt-dev libgtest-dev libgmock-dev \
+liburing-dev libxxhash-dev spin fio \
+qemu-system-x86 linux-image-amd64 linux-headers-amd64 busybox-static cpio kmod dkms"
+
+missing=""
+for p in $PKGS; do
+	if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
+		missing="$missing $p"
+	fi
+done
+[ -z "$missing" ] && exit 0
+
+cmd="apt-get install -y --no-install-recommends$missing"
+if [ "$(id -u)" != 0 ]; then
+	echo "cxlkv: missing Debian packages:$missing" >&2
+	echo "cxlkv: run as root:  $cmd" >&2
+	exit 1
+fi
+echo "cxlkv: installing:$missing"
+export DEBIAN_FRONTEND=noninteractive
+# A fresh machine may have no package lists yet.
+if ! $cmd; then
+	apt-get update
+	$cmd
+fi
