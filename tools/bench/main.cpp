@@ -1,0 +1,83 @@
+// SPDX-License-Identifier: MIT
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "bench.hpp"
+
+namespace bench {
+namespace {
+std::vector<Benchmark>& registry() {
+  static std::vector<Benchmark> r;
+  return r;
+}
+}  // namespace
+
+void register_bench(Benchmark b) { registry().push_back(std::move(b)); }
+
+double scale() {
+  const char* s = std::getenv("CXLKV_BENCH_SCALE");
+  double v = s ? std::atof(s) : 1.0;
+  return v > 0 ? v : 1.0;
+}
+
+std::string shm_name(const std::string& what) {
+  return "cxlkv-bench-" + what + "-" + std::to_string(getpid());
+}
+
+}  // namespace bench
+
+int main(int argc, char** argv) {
+  std::string out = "build/bench/results.json";
+  std::vector<std::string> only;
+  for (int i = 1; i < argc; i++) {
+    std::string a = argv[i];
+    if (a == "--out" && i + 1 < argc) {
+      out = argv[++i];
+    } else if (a == "--only" && i + 1 < argc) {
+      only.push_back(argv[++i]);
+    } else if (a == "--list") {
+      for (auto& b : bench::registry()) std::printf("%-10s %s\n", b.name.c_str(), b.help.c_str());
+      return 0;
+    } else if (a == "-h" || a == "--help") {
+      std::printf(
+          "usage: cxlkv-bench [--out FILE] [--only GROUP]... [--list]\n\n"
+          "Runs cxlkv's benchmarks, each beside its baseline in the same run, and\n"
+          "writes one flat JSON object of metric name to number to FILE\n"
+          "(default build/bench/results.json).  CXLKV_BENCH_SCALE scales iteration counts.\n");
+      return 0;
+    } else {
+      std::fprintf(stderr, "cxlkv-bench: unknown argument '%s' (see --help)\n", a.c_str());
+      return 2;
+    }
+  }
+  bench::Results res;
+  for (auto& b : bench::registry()) {
+    bool sel = only.empty();
+    for (auto& o : only) sel |= (o == b.name);
+    if (!sel) continue;
+    std::fprintf(stderr, "cxlkv-bench: running %s ...\n", b.name.c_str());
+    b.run(res);
+  }
+  std::ofstream f(out);
+  if (!f) {
+    std::fprintf(stderr, "cxlkv-bench: cannot write %s: %s\n", out.c_str(), std::strerror(errno));
+    return 1;
+  }
+  f << "{\n";
+  size_t n = 0;
+  for (auto& [k, v] : res.all()) {
+    char buf[64];
+    if (std::isfinite(v)) std::snprintf(buf, sizeof buf, "%.6g", v);
+    else std::snprintf(buf, sizeof buf, "null");
+    f << "  \"" << k << "\": " << buf << (++n < res.all().size() ? ",\n" : "\n");
+  }
+  f << "}\n";
+  return 0;
+}
