@@ -12,7 +12,9 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cassert>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -22,6 +24,10 @@
 #include "uapi/cxlkv.h"
 
 namespace cxlkv {
+
+namespace region {
+class Backend;  // libruntime/src/region/backend.hpp
+}
 
 enum class BackendKind { shm, file, dax, dev };
 const char* to_string(BackendKind k);
@@ -44,20 +50,23 @@ struct OpenOptions {
 };
 
 struct FormatOptions {
-  uint64_t size = 0;        // shm:/file: create or resize to this size (shm: taken from the URI)
+  // shm:/file: create or resize to this size (0: the shm: URI's SIZE, or the
+  // existing file's size).  Must be a multiple of 2 MiB, at least 4 MiB.
+  uint64_t size = 0;
   uint32_t max_nodes = 16;  // 1 .. CXLKV_MAX_NODES
   bool force = false;       // overwrite a pool that already holds a valid superblock
 };
 
 class Region {
  public:
-  virtual ~Region() = default;
+  virtual ~Region();
   Region(const Region&) = delete;
   Region& operator=(const Region&) = delete;
 
   // Open an existing, formatted pool.
   static Result<std::unique_ptr<Region>> open(std::string_view uri, const OpenOptions& opts = {});
   // Write a fresh superblock (no carves) and return the opened pool.
+  // Refuses (-EEXIST) to overwrite a valid superblock unless fopts.force.
   static Result<std::unique_ptr<Region>> format(std::string_view uri, const FormatOptions& fopts,
                                                 const OpenOptions& opts = {});
 
@@ -67,43 +76,70 @@ class Region {
   uint64_t size() const { return size_; }
   MemoryDomain& domain() const { return *domain_; }
 
-  // A fresh copy of the superblock (invalidated and re-read: rule 4).
+  // A fresh copy of the superblock (invalidated and re-read: rule 4).  If
+  // the fresh copy fails validation (an update in flight, or damage), the
+  // error is logged and the last valid copy is returned.
   cxlkv_superblock superblock() const;
+  // The same, or the validation error of the fresh copy.
+  Result<cxlkv_superblock> read_superblock() const;
   uint32_t max_nodes() const;
 
   // Carves (2 MiB aligned).  Names: 1..31 chars of [a-z0-9_.-].
   // create: size rounded up to 2 MiB; placed first-fit after the superblock.
-  virtual Result<CarveInfo> carve_create(std::string_view name, uint64_t size, MemType mt,
-                                         uint32_t flags = 0);
-  Result<CarveInfo> carve(std::string_view name) const;
+  // Errors: -EINVAL bad name/size/memtype/flags, -EEXIST name taken,
+  // -ENOSPC no room or table full.
+  Result<CarveInfo> carve_create(std::string_view name, uint64_t size, MemType mt,
+                                 uint32_t flags = 0);
+  Result<CarveInfo> carve(std::string_view name) const;  // -ENOENT if absent
   std::vector<CarveInfo> carves() const;
-  virtual Result<void> carve_remove(std::string_view name);
+  // System carves (CXLKV_CARVE_F_SYSTEM, made by format) need force (-EPERM).
+  Result<void> carve_remove(std::string_view name, bool force = false);
 
   // Offset <-> pointer.  at() checks bounds in debug builds only.
-  std::byte* at(uint64_t off) const { return base_ + off; }
+  std::byte* at(uint64_t off) const {
+    assert(off <= size_);
+    return base_ + off;
+  }
   template <class T>
-  T* at(uint64_t off) const { return reinterpret_cast<T*>(base_ + off); }
+  T* at(uint64_t off) const {
+    assert(off <= size_ && sizeof(T) <= size_ - off);
+    return reinterpret_cast<T*>(base_ + off);
+  }
   uint64_t offset_of(const void* p) const {
     return static_cast<uint64_t>(static_cast<const std::byte*>(p) - base_);
   }
   bool contains(uint64_t off, uint64_t len) const { return off <= size_ && len <= size_ - off; }
 
- protected:
+ private:
   Region() = default;
+  // Writes `sb` (generation + 1, new checksum) with the publish protocol.
+  void write_superblock(cxlkv_superblock& sb);
+  Result<CarveInfo> carve_create_locked(std::string_view name, uint64_t size, MemType mt,
+                                        uint32_t flags);
+  Result<void> carve_remove_locked(std::string_view name, bool force);
+
   std::string uri_;
   BackendKind kind_ = BackendKind::shm;
   std::byte* base_ = nullptr;
   uint64_t size_ = 0;
+  std::unique_ptr<region::Backend> backend_;
   std::unique_ptr<MemoryDomain> domain_;
+  std::mutex mu_carves_;                  // one carve change at a time in this process
+  mutable std::mutex mu_;                 // last_good_
+  mutable cxlkv_superblock last_good_{};  // last superblock that validated
 };
 
 // Typed pool pointer: an offset, never a virtual address (DESIGN: the pool).
+// Offset 0 is the superblock, so it doubles as the null pointer.
 template <class T>
 struct PoolPtr {
   uint64_t off = 0;
-  T* get(const Region& r) const { return r.at<T>(off); }
+  T* get(const Region& r) const { return off ? r.at<T>(off) : nullptr; }
+  static PoolPtr of(const Region& r, const T* p) { return PoolPtr{p ? r.offset_of(p) : 0}; }
   explicit operator bool() const { return off != 0; }
+  friend bool operator==(const PoolPtr&, const PoolPtr&) = default;
 };
+static_assert(sizeof(PoolPtr<int>) == 8, "PoolPtr is stored in the pool as a u64");
 
 // Validate a superblock image of `avail` bytes belonging to a pool of
 // `pool_size` bytes.  Returns an Error naming `pool` and the exact problem.

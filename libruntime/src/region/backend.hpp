@@ -1,0 +1,88 @@
+// SPDX-License-Identifier: MIT
+// Pool backends: how a pool URI becomes a shared mapping.  Region (region.cpp)
+// owns the superblock and carve logic; a backend only knows its device:
+// how big it is, how it must be mapped, and (for the kernel module) how
+// carve memory types are enforced.
+//
+// One file per backend: shm_backend.cpp, file_backend.cpp, dax_backend.cpp,
+// dev_backend.cpp (the kernel module's; owned by the kmod area).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+
+#include "cxlkv/region.hpp"
+#include "cxlkv/result.hpp"
+
+namespace cxlkv::region {
+
+// A parsed pool URI.  `uri` is the text as given, used in every message.
+struct PoolUri {
+  std::string uri;
+  BackendKind kind = BackendKind::shm;
+  std::string path;   // shm: /dev/shm/NAME; file:, dax:, dev: the path
+  uint64_t size = 0;  // shm: the SIZE part (0 when omitted)
+};
+
+// Parse "shm:NAME[:SIZE]", "file:PATH", "dax:/dev/daxX.Y", "dev:/dev/cxlkvN".
+// Errors (-EINVAL) say what is wrong with the text.
+Result<PoolUri> parse_pool_uri(std::string_view uri);
+
+// Parse "4096", "64K", "256M", "4G", "1T" (powers of 1024, decimal digits);
+// false on anything else or overflow.
+bool parse_size(std::string_view text, uint64_t* out);
+
+struct BackendOpenOptions {
+  // Create the device if missing / resize it to `size` (shm:, file: only;
+  // used by Region::format).  0 keeps the existing size.
+  bool create = false;
+  uint64_t size = 0;
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  Backend(const Backend&) = delete;
+  Backend& operator=(const Backend&) = delete;
+
+  const PoolUri& uri() const { return uri_; }
+  // Bytes the device holds (what map() maps).
+  virtual uint64_t size() const = 0;
+  // Required alignment of the mapping's virtual address (device-dax: the
+  // device's align, e.g. 2 MiB; others: the page size).
+  virtual uint64_t map_alignment() const { return 4096; }
+  // Map the whole device shared, read/write.  One mapping per backend.
+  virtual Result<std::byte*> map() = 0;
+  virtual void unmap() = 0;
+
+  // Serialize superblock updates between processes of this host (flock on
+  // the device file where there is one); unlock_metadata() releases it.
+  // Hosts sharing one pool must still have a single operator at a time.
+  virtual Result<void> lock_metadata() { return {}; }
+  virtual void unlock_metadata() {}
+
+  // Memory-type hook: called after a carve was created (or its memtype set)
+  // and before its removal is published.  The kernel module enforces the
+  // carve's memtype for user mappings; file-like backends have nothing to do.
+  virtual Result<void> carve_added(const cxlkv_carve& /*carve*/) { return {}; }
+  virtual Result<void> carve_removed(const cxlkv_carve& /*carve*/) { return {}; }
+
+ protected:
+  explicit Backend(PoolUri uri) : uri_(std::move(uri)) {}
+  PoolUri uri_;
+};
+
+// Factories, one per backend file.  Errors name the pool URI.
+Result<std::unique_ptr<Backend>> open_shm_backend(const PoolUri& uri, const BackendOpenOptions& o);
+Result<std::unique_ptr<Backend>> open_file_backend(const PoolUri& uri, const BackendOpenOptions& o);
+Result<std::unique_ptr<Backend>> open_dax_backend(const PoolUri& uri, const BackendOpenOptions& o);
+// Kernel module backend (dev:/dev/cxlkvN), implemented in dev_backend.cpp.
+Result<std::unique_ptr<Backend>> open_dev_backend(const PoolUri& uri, const BackendOpenOptions& o);
+
+// Dispatch on uri.kind.
+Result<std::unique_ptr<Backend>> open_backend(const PoolUri& uri, const BackendOpenOptions& o);
+
+}  // namespace cxlkv::region

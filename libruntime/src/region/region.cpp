@@ -1,0 +1,346 @@
+// SPDX-License-Identifier: MIT
+// Region: open / format a pool by URI, validate its superblock, manage carves.
+//
+// The superblock is metadata shared by every host that maps the pool.  It is
+// written by one operator at a time (flock on this host; across hosts by
+// operational rule) with the publish protocol of the coherence contract and
+// read back with invalidate-then-load.  Each update is a complete image with
+// generation + 1 and a fresh checksum, so a torn or damaged write is refused
+// rather than half-applied.
+#include "cxlkv/region.hpp"
+
+#include <sys/random.h>
+#include <time.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+
+#include "region/backend.hpp"
+#include "region/interim_domain.hpp"
+#include "region/superblock.hpp"
+#include "util/log.hpp"
+
+namespace cxlkv {
+
+using region::human_size;
+
+const char* to_string(BackendKind k) {
+  switch (k) {
+    case BackendKind::shm: return "shm";
+    case BackendKind::file: return "file";
+    case BackendKind::dax: return "dax";
+    case BackendKind::dev: return "dev";
+  }
+  return "?";
+}
+
+const char* to_string(MemType t) {
+  switch (t) {
+    case MemType::wb: return "wb";
+    case MemType::wc: return "wc";
+    case MemType::uc: return "uc";
+  }
+  return "?";
+}
+
+namespace {
+
+// Domain for a freshly mapped pool.
+std::unique_ptr<MemoryDomain> make_domain(const OpenOptions&) {
+  return region::make_interim_domain();
+}
+
+// rule 4: drop whatever this CPU cached of the superblock, fence, then load.
+cxlkv_superblock load_fresh(MemoryDomain& d, const std::byte* base) {
+  cxlkv_superblock sb;
+  d.invalidate(base, sizeof sb);
+  d.fence();
+  d.load(&sb, base, sizeof sb);
+  return sb;
+}
+
+CarveInfo to_info(const cxlkv_carve& c) {
+  CarveInfo i;
+  i.name = std::string(c.name, strnlen(c.name, sizeof c.name));
+  i.offset = c.offset;
+  i.size = c.size;
+  i.memtype = static_cast<MemType>(c.memtype);
+  i.flags = c.flags;
+  return i;
+}
+
+struct MetadataLock {
+  region::Backend& b;
+  explicit MetadataLock(region::Backend& be) : b(be) {}
+  ~MetadataLock() { b.unlock_metadata(); }
+};
+
+}  // namespace
+
+Region::~Region() {
+  domain_.reset();
+  if (backend_) backend_->unmap();
+}
+
+Result<std::unique_ptr<Region>> Region::open(std::string_view uri, const OpenOptions& opts) {
+  auto pu = region::parse_pool_uri(uri);
+  if (!pu) return pu.error();
+  auto be = region::open_backend(pu.value(), {});
+  if (!be) return be.error();
+  auto base = be.value()->map();
+  if (!base) return base.error();
+
+  std::unique_ptr<Region> r(new Region());
+  r->uri_ = pu->uri;
+  r->kind_ = pu->kind;
+  r->base_ = base.value();
+  r->size_ = be.value()->size();
+  r->backend_ = std::move(be).value();
+  r->domain_ = make_domain(opts);
+
+  // A device smaller than a superblock is validated from the bytes it has.
+  if (r->size_ < sizeof(cxlkv_superblock)) {
+    std::vector<std::byte> img(r->size_);
+    r->domain_->invalidate(r->base_, r->size_);
+    r->domain_->fence();
+    r->domain_->load(img.data(), r->base_, r->size_);
+    auto v = validate_superblock(r->uri_, img.data(), img.size(), r->size_);
+    log().warn("{}", v.error().message());
+    return v.error();
+  }
+  auto sb = r->read_superblock();
+  if (!sb) return sb.error();  // read_superblock logged it
+  log().info("pool {}: opened ({}, {} bytes, generation {}, {} carves, domain {})", r->uri_,
+             to_string(r->kind_), r->size_, sb->generation, sb->ncarves, r->domain_->describe());
+  return r;
+}
+
+Result<std::unique_ptr<Region>> Region::format(std::string_view uri, const FormatOptions& fopts,
+                                               const OpenOptions& opts) {
+  auto pu = region::parse_pool_uri(uri);
+  if (!pu) return pu.error();
+  const std::string P = "pool " + pu->uri + ": ";
+  if (fopts.max_nodes < 1 || fopts.max_nodes > CXLKV_MAX_NODES)
+    return Error(-EINVAL, P + "max_nodes " + std::to_string(fopts.max_nodes) + " out of range 1.." +
+                              std::to_string(CXLKV_MAX_NODES));
+  uint64_t want = fopts.size ? fopts.size : pu->size;
+  auto check_size = [&](uint64_t s) -> Result<void> {
+    if (s % CXLKV_CARVE_ALIGN != 0 || s < CXLKV_MIN_POOL_SIZE)
+      return Error(-EINVAL, P + "size " + std::to_string(s) + " is not a multiple of 2 MiB of at least " +
+                                human_size(CXLKV_MIN_POOL_SIZE));
+    return {};
+  };
+  if (want) CXLKV_TRY(check_size(want));
+  bool resizable = pu->kind == BackendKind::shm || pu->kind == BackendKind::file;
+  if (want && !resizable)
+    return Error(-EINVAL, P + "a " + std::string(to_string(pu->kind)) +
+                              ": pool has the device's size; do not give one");
+
+  region::BackendOpenOptions bo;
+  bo.create = resizable;
+  bo.size = want;
+  auto be = region::open_backend(pu.value(), bo);
+  if (!be) return be.error();
+  region::Backend& backend = *be.value();
+  CXLKV_TRY(backend.lock_metadata());
+  MetadataLock unlock(backend);
+
+  auto base = backend.map();
+  if (!base) return base.error();
+  uint64_t size = backend.size();
+  CXLKV_TRY(check_size(size));
+  auto domain = make_domain(opts);
+
+  // Never clobber a pool that is in use by accident: a valid superblock
+  // must be overwritten knowingly.  (The size check above happened before
+  // any resize only when a size was given; an existing valid pool of another
+  // size is refused here too, because its superblock no longer matches.)
+  cxlkv_superblock old = load_fresh(*domain, base.value());
+  if (!fopts.force && old.magic == CXLKV_SB_MAGIC) {
+    auto v = validate_superblock(pu->uri, &old, sizeof old, old.pool_size);
+    if (v.ok())
+      return Error(-EEXIST, P + "already holds a valid cxlkv superblock (generation " +
+                                std::to_string(old.generation) + ", " + std::to_string(old.ncarves) +
+                                " carves); use force (cxlkvctl format --force) to overwrite it");
+  }
+
+  cxlkv_superblock sb{};
+  sb.magic = CXLKV_SB_MAGIC;
+  sb.layout_version = CXLKV_LAYOUT_VERSION;
+  sb.sb_size = CXLKV_SB_SIZE;
+  sb.pool_size = size;
+  sb.max_nodes = fopts.max_nodes;
+  sb.ncarves = 0;
+  if (getrandom(sb.pool_id, sizeof sb.pool_id, 0) != sizeof sb.pool_id)
+    return Error(-EIO, P + "getrandom for the pool id failed: " + std::strerror(errno));
+  struct timespec ts {};
+  clock_gettime(CLOCK_REALTIME, &ts);
+  sb.format_time_ns = static_cast<uint64_t>(ts.tv_sec) * 1000000000ull + static_cast<uint64_t>(ts.tv_nsec);
+  // Keep counting across reformats so that a cached copy never looks current.
+  sb.generation = old.magic == CXLKV_SB_MAGIC ? old.generation : 0;
+
+  std::unique_ptr<Region> r(new Region());
+  r->uri_ = pu->uri;
+  r->kind_ = pu->kind;
+  r->base_ = base.value();
+  r->size_ = size;
+  r->domain_ = std::move(domain);
+  r->write_superblock(sb);
+  r->last_good_ = sb;
+  r->backend_ = std::move(be).value();
+  log().info("pool {}: formatted ({} bytes, max_nodes {}, generation {})", r->uri_, size,
+             sb.max_nodes, sb.generation);
+  return r;
+}
+
+void Region::write_superblock(cxlkv_superblock& sb) {
+  sb.generation += 1;
+  region::seal_superblock(sb);
+  // rule 3: the superblock is metadata.  Plain stores of the whole image,
+  // then clflush of every one of its 64 lines so the image is in memory
+  // (not only in this CPU's cache), then a fence so that nothing this
+  // process does afterwards (e.g. using a new carve) overtakes it.
+  domain_->store(base_, &sb, sizeof sb);
+  domain_->flush(base_, sizeof sb);
+  domain_->fence();
+}
+
+Result<cxlkv_superblock> Region::read_superblock() const {
+  cxlkv_superblock sb = load_fresh(*domain_, base_);
+  auto v = validate_superblock(uri_, &sb, sizeof sb, size_);
+  if (!v) {
+    log().warn("{}", v.error().message());
+    return v.error();
+  }
+  std::lock_guard<std::mutex> g(mu_);
+  if (sb.generation >= last_good_.generation) last_good_ = sb;
+  return sb;
+}
+
+cxlkv_superblock Region::superblock() const {
+  auto sb = read_superblock();
+  if (sb) return sb.value();
+  std::lock_guard<std::mutex> g(mu_);
+  return last_good_;
+}
+
+uint32_t Region::max_nodes() const { return superblock().max_nodes; }
+
+Result<CarveInfo> Region::carve(std::string_view name) const {
+  cxlkv_superblock sb = superblock();
+  for (uint32_t i = 0; i < sb.ncarves; i++)
+    if (name == std::string_view(sb.carves[i].name, strnlen(sb.carves[i].name, CXLKV_CARVE_NAME_MAX)))
+      return to_info(sb.carves[i]);
+  return Error(-ENOENT, "pool " + uri_ + ": no carve named '" + std::string(name) + "'");
+}
+
+std::vector<CarveInfo> Region::carves() const {
+  cxlkv_superblock sb = superblock();
+  std::vector<CarveInfo> v;
+  for (uint32_t i = 0; i < sb.ncarves; i++) v.push_back(to_info(sb.carves[i]));
+  return v;
+}
+
+Result<CarveInfo> Region::carve_create(std::string_view name, uint64_t size, MemType mt,
+                                       uint32_t flags) {
+  const std::string C = "pool " + uri_ + ": carve '" + std::string(name) + "': ";
+  if (!region::valid_carve_name(name))
+    return Error(-EINVAL, C + "invalid name (names are " + region::carve_name_rule() + ")");
+  if (size == 0) return Error(-EINVAL, C + "size is zero");
+  if (static_cast<uint32_t>(mt) > CXLKV_MEM_MAX)
+    return Error(-EINVAL, C + "unknown memory type " + std::to_string(static_cast<uint32_t>(mt)));
+  if (flags & ~CXLKV_CARVE_F_ALL) return Error(-EINVAL, C + "unknown flags " + std::to_string(flags));
+  if (size > size_) return Error(-ENOSPC, C + "size " + std::to_string(size) + " exceeds the pool");
+  std::lock_guard<std::mutex> g(mu_carves_);
+  CXLKV_TRY(backend_->lock_metadata());
+  MetadataLock unlock(*backend_);
+  return carve_create_locked(name, size, mt, flags);
+}
+
+Result<CarveInfo> Region::carve_create_locked(std::string_view name, uint64_t size, MemType mt,
+                                              uint32_t flags) {
+  const std::string C = "pool " + uri_ + ": carve '" + std::string(name) + "': ";
+  auto cur = read_superblock();
+  if (!cur) return Error(cur.error().code(), cur.error().message() + " (carve '" + std::string(name) +
+                                                 "' not created)");
+  cxlkv_superblock sb = cur.value();
+  uint64_t need = (size + CXLKV_CARVE_ALIGN - 1) / CXLKV_CARVE_ALIGN * CXLKV_CARVE_ALIGN;
+  for (uint32_t i = 0; i < sb.ncarves; i++)
+    if (name == sb.carves[i].name) return Error(-EEXIST, C + "already exists");
+  if (sb.ncarves >= CXLKV_MAX_CARVES)
+    return Error(-ENOSPC, C + "carve table full (" + std::to_string(CXLKV_MAX_CARVES) + " carves)");
+
+  // First fit: the gaps are before carve 0, between neighbours, after the last.
+  uint32_t at = sb.ncarves;
+  uint64_t off = 0, largest = 0, cursor = CXLKV_FIRST_CARVE_OFF;
+  bool found = false;
+  for (uint32_t i = 0; i <= sb.ncarves && !found; i++) {
+    uint64_t gap_end = i < sb.ncarves ? sb.carves[i].offset : sb.pool_size;
+    uint64_t gap = gap_end > cursor ? gap_end - cursor : 0;
+    if (gap >= need) {
+      found = true;
+      at = i;
+      off = cursor;
+    }
+    largest = std::max(largest, gap);
+    if (i < sb.ncarves) cursor = sb.carves[i].offset + sb.carves[i].size;
+  }
+  if (!found)
+    return Error(-ENOSPC, C + "no free range of " + human_size(need) + " (largest free range: " +
+                              human_size(largest) + ")");
+
+  cxlkv_carve c{};
+  std::memcpy(c.name, name.data(), name.size());
+  c.offset = off;
+  c.size = need;
+  c.memtype = static_cast<uint32_t>(mt);
+  c.flags = flags;
+  std::memmove(&sb.carves[at + 1], &sb.carves[at], (sb.ncarves - at) * sizeof(cxlkv_carve));
+  sb.carves[at] = c;
+  sb.ncarves++;
+  CXLKV_TRY(backend_->carve_added(c));
+  write_superblock(sb);
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    last_good_ = sb;
+  }
+  log().info("pool {}: carve '{}' created at {:#x}, {} ({}, flags {:#x})", uri_, c.name, c.offset,
+             human_size(c.size), to_string(mt), c.flags);
+  return to_info(c);
+}
+
+Result<void> Region::carve_remove(std::string_view name, bool force) {
+  std::lock_guard<std::mutex> g(mu_carves_);
+  CXLKV_TRY(backend_->lock_metadata());
+  MetadataLock unlock(*backend_);
+  return carve_remove_locked(name, force);
+}
+
+Result<void> Region::carve_remove_locked(std::string_view name, bool force) {
+  const std::string C = "pool " + uri_ + ": carve '" + std::string(name) + "': ";
+  auto cur = read_superblock();
+  if (!cur) return Error(cur.error().code(), cur.error().message() + " (carve '" + std::string(name) +
+                                                 "' not removed)");
+  cxlkv_superblock sb = cur.value();
+  uint32_t i = 0;
+  while (i < sb.ncarves && name != std::string_view(sb.carves[i].name, strnlen(sb.carves[i].name, CXLKV_CARVE_NAME_MAX)))
+    i++;
+  if (i == sb.ncarves) return Error(-ENOENT, C + "no such carve");
+  cxlkv_carve c = sb.carves[i];
+  if ((c.flags & CXLKV_CARVE_F_SYSTEM) && !force)
+    return Error(-EPERM, C + "is a system carve (made by format); removing it needs force (--force)");
+  CXLKV_TRY(backend_->carve_removed(c));
+  std::memmove(&sb.carves[i], &sb.carves[i + 1], (sb.ncarves - i - 1) * sizeof(cxlkv_carve));
+  sb.ncarves--;
+  std::memset(&sb.carves[sb.ncarves], 0, sizeof(cxlkv_carve));
+  write_superblock(sb);
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    last_good_ = sb;
+  }
+  log().info("pool {}: carve '{}' removed (was at {:#x}, {})", uri_, c.name, c.offset, human_size(c.size));
+  return {};
+}
+
+}  // namespace cxlkv
