@@ -39,7 +39,14 @@ struct cxlkv_ctrl_header {
 };
 CXLKV_STATIC_ASSERT(sizeof(struct cxlkv_ctrl_header) == 64, "ctrl header is one line");
 
-/* Written only by the node it describes (rule 2). */
+/*
+ * Node table entry.  Written by the node it describes (one heartbeat
+ * process per node) and, to evict a dead node, by an operator; so the line
+ * is only ever written whole with non-temporal stores (rule 1).  Liveness:
+ * `heartbeat` advances every beat (default 250 ms); a reader compares
+ * heartbeat_ns with its own clock (hosts are NTP-synchronised) or watches
+ * `heartbeat` change.
+ */
 enum cxlkv_node_state {
 	CXLKV_NODE_ABSENT  = 0,
 	CXLKV_NODE_ACTIVE  = 1,
@@ -57,9 +64,15 @@ struct cxlkv_node_entry {
 CXLKV_STATIC_ASSERT(sizeof(struct cxlkv_node_entry) == 64, "node entry is one line");
 
 /*
- * Lock manager lease (one per pool).  The holder advances `heartbeat`; a
- * contender that sees it unchanged for `lease_ms` of its own clock treats
- * the lease as expired.
+ * Lock manager lease (one per pool).  Written whole with non-temporal
+ * stores (rule 1: the line changes writer on every takeover) by the holder
+ * and by a contender taking over.  The holder advances `heartbeat` every
+ * lease_ms/4; a contender that sees (owner, heartbeat) unchanged for
+ * `lease_ms` of its own clock treats the lease as expired, writes its own
+ * token and re-reads after a settle delay to confirm it won (there are no
+ * cross-host atomics).  A holder that could not renew for lease_ms/2 stops
+ * granting (self-fencing), so it is quiet before anyone may take over.
+ * owner == 0: free (clean shutdown).
  */
 struct cxlkv_lease {
 	__u64 owner;             /* random token of the holder, 0 = free */
@@ -68,7 +81,9 @@ struct cxlkv_lease {
 	__u32 pid;
 	__u32 lease_ms;
 	__u32 reserved0;
-	__u8  reserved1[32];
+	__u64 epoch;             /* grows by one at every acquisition (takeover count) */
+	__u64 renew_ns;          /* holder's CLOCK_REALTIME at the last renewal (display) */
+	__u8  reserved1[16];
 };
 CXLKV_STATIC_ASSERT(sizeof(struct cxlkv_lease) == 64, "lease is one line");
 
@@ -84,6 +99,11 @@ CXLKV_STATIC_ASSERT(sizeof(struct cxlkv_lease) == 64, "lease is one line");
  * this node and ticket.  Release writes (ticket << 2) | IDLE.
  * Because the kernel and the runtime of one host may both write `request`,
  * it is written with 8-byte non-temporal stores only (rule 1).
+ * The manager grants only after reading the slot WAITING with the ticket it
+ * grants, and treats the lock as released as soon as the holder's slot no
+ * longer reads (ticket << 2) | WAITING.  A waiter that gives up (timeout)
+ * writes (ticket << 2) | IDLE, exactly like a release, so a late grant for
+ * the abandoned ticket is harmless.  Tickets start at 1 (0 never granted).
  */
 enum cxlkv_slot_state {
 	CXLKV_SLOT_IDLE    = 0,
@@ -101,7 +121,14 @@ struct cxlkv_lock_slot {
 };
 CXLKV_STATIC_ASSERT(sizeof(struct cxlkv_lock_slot) == 64, "lock slot is one line");
 
-/* Written only by the lock manager: who holds lock `id` now. */
+/*
+ * Written only by the lock manager (whole line, non-temporal: the writer
+ * changes at a manager takeover, rule 1): who holds lock `id` now.  A node
+ * polls it (invalidate before every read, rule 4) until it names the node
+ * and the ticket of its WAITING request.  A stale read can only show an
+ * older grant, and an older grant never names the current ticket, so stale
+ * reads delay but never admit two holders.
+ */
 #define CXLKV_GRANT_NONE        0xffffffffu
 struct cxlkv_lock_grant {
 	__u64 ticket;            /* ticket of the granted request */
@@ -113,9 +140,16 @@ struct cxlkv_lock_grant {
 CXLKV_STATIC_ASSERT(sizeof(struct cxlkv_lock_grant) == 64, "grant is one line");
 
 /*
- * Per-node doorbell, written only by that node: `seq` grows each time the
- * node posts a request, so the manager can find waiting nodes without
- * scanning every lock.  `pending[]` is a small ring of lock ids.
+ * Per-node doorbell, written only by that node (its processes serialise
+ * through a node-local mutex), with non-temporal stores: `seq` grows each
+ * time the node posts a request and pending[(seq-1) % RING] names the lock.
+ * The poster writes pending[] first, fences, then seq, fences (rule 3).  The
+ * manager keeps the last seq it saw per node; new entries are
+ * pending[old % RING .. seq % RING); if it fell more than RING behind it
+ * rescans that node's slots of every lock (rare).  A doorbell entry is only
+ * a hint: the manager always re-reads the slot before granting.  Thus the
+ * manager finds waiters in O(max_nodes) line reads per round, independent
+ * of max_locks.
  */
 #define CXLKV_DOORBELL_RING     12u
 struct cxlkv_doorbell {
@@ -125,11 +159,39 @@ struct cxlkv_doorbell {
 };
 CXLKV_STATIC_ASSERT(sizeof(struct cxlkv_doorbell) == 64, "doorbell is one line");
 
+/*
+ * Lock ids reserved by the runtime.  Applications use ids from
+ * CXLKV_LOCK_FIRST_USER up to max_locks - 1.
+ */
+#define CXLKV_LOCK_ALLOC              0u   /* chunk bitmap + chunk table (uapi/cxlkv_alloc.h) */
+#define CXLKV_LOCK_OBJSTORE           1u   /* object store table (uapi/cxlkv_objstore.h) */
+#define CXLKV_LOCK_REMOTE_FREE_BASE   2u   /* + node: remote-free bitmaps of that node's chunks */
+#define CXLKV_LOCK_LAYER_BASE         72u  /* 72..127: other runtime layers (index, tiers) */
+#define CXLKV_LOCK_FIRST_USER         128u
+#define CXLKV_MIN_LOCKS               256u /* format refuses fewer */
+
 static inline __u64 cxlkv_lock_slot_off(const struct cxlkv_ctrl_header *h,
 					__u32 lock_id, __u32 node)
 {
 	return h->lock_table_off +
 	       ((__u64)lock_id * h->max_nodes + node) * sizeof(struct cxlkv_lock_slot);
+}
+
+static inline __u64 cxlkv_ctrl_lines(__u64 n)
+{
+	return n * CXLKV_LINE_SIZE;
+}
+
+/*
+ * Bytes the control carve needs for max_nodes and max_locks, laid out as
+ * the format initializer does: header, lease, node table, lock slots,
+ * grants, doorbells (each region starts on its own line).
+ */
+static inline __u64 cxlkv_ctrl_carve_bytes(__u32 max_nodes, __u32 max_locks)
+{
+	return cxlkv_ctrl_lines(2) + cxlkv_ctrl_lines(max_nodes) +
+	       cxlkv_ctrl_lines((__u64)max_locks * max_nodes) +
+	       cxlkv_ctrl_lines(max_locks) + cxlkv_ctrl_lines(max_nodes);
 }
 
 #endif /* _UAPI_CXLKV_CTRL_H */

@@ -67,6 +67,67 @@ int cxlkv_gather_write(struct cxlkv_pool *pool, uint64_t dst_off,
 int cxlkv_scatter_read(struct cxlkv_pool *pool, uint64_t src_off,
 		       const struct cxlkv_chunk *chunks, size_t nchunks);
 
+
+/* ---- sync: nodes, cross-host locks, allocator, object store ------------- */
+/*
+ * A process attaches to a pool as one node (0 .. max_nodes-1); processes of
+ * the same host use the same node id and share its node-local state.  Lock
+ * ids below CXLKV_LOCK_FIRST_USER (128, uapi/cxlkv_ctrl.h) are reserved.
+ * A lock manager must run for the pool (cxlkvd, or
+ * cxlkv_lock_manager_start() in-process).
+ */
+struct cxlkv_node;
+struct cxlkv_lock_manager;
+
+struct cxlkv_node_opts {
+	size_t   size;          /* sizeof(struct cxlkv_node_opts) */
+	uint32_t node;          /* node id */
+	uint32_t flags;         /* CXLKV_NODE_F_* */
+	uint32_t heartbeat_ms;  /* 0: default 250 */
+	uint32_t reserved;
+};
+#define CXLKV_NODE_F_HEARTBEAT  (1u << 0)   /* publish heartbeats from a thread */
+
+int  cxlkv_node_attach(struct cxlkv_pool *pool, const struct cxlkv_node_opts *opts,
+		       struct cxlkv_node **out);
+void cxlkv_node_detach(struct cxlkv_node *node);
+
+/* 0 acquired; 1 acquired after recovering from a holder on this node that
+ * died (its data may be half-updated); -ETIMEDOUT (timed), -errno. */
+int cxlkv_lock_acquire(struct cxlkv_node *node, uint32_t lock_id);
+int cxlkv_lock_acquire_timeout(struct cxlkv_node *node, uint32_t lock_id, uint64_t timeout_ns);
+int cxlkv_lock_release(struct cxlkv_node *node, uint32_t lock_id);
+
+struct cxlkv_lock_manager_opts {
+	size_t   size;          /* sizeof(struct cxlkv_lock_manager_opts) */
+	uint32_t node;          /* recorded in the lease */
+	uint32_t lease_ms;      /* 0: default 2000 */
+	uint32_t flags;         /* CXLKV_LOCK_MANAGER_F_* */
+	uint32_t reserved;
+};
+#define CXLKV_LOCK_MANAGER_F_WAIT  (1u << 0)   /* wait for the lease instead of -EBUSY */
+
+/* Run the pool's lock manager on a thread of this process. */
+int  cxlkv_lock_manager_start(struct cxlkv_pool *pool, const struct cxlkv_lock_manager_opts *opts,
+			      struct cxlkv_lock_manager **out);
+void cxlkv_lock_manager_stop(struct cxlkv_lock_manager *mgr);
+
+/* Allocate >= size bytes (64 B aligned) from the kv carve; *off = pool offset. */
+int cxlkv_alloc(struct cxlkv_node *node, uint64_t size, uint64_t *off);
+/* Free a block allocated by any node. */
+int cxlkv_free(struct cxlkv_node *node, uint64_t off);
+
+struct cxlkv_heap_stats {
+	uint64_t allocs, frees, remote_frees_sent, remote_frees_drained;
+	uint64_t bytes_in_use, chunks_owned, chunk_refills, chunk_returns, enospc;
+};
+int cxlkv_heap_stats(struct cxlkv_node *node, struct cxlkv_heap_stats *out);
+
+/* Named roots: name (1..40 bytes) -> pool offset. */
+int cxlkv_obj_put(struct cxlkv_node *node, const char *name, uint64_t off);
+int cxlkv_obj_get(struct cxlkv_node *node, const char *name, uint64_t *off);
+int cxlkv_obj_destroy(struct cxlkv_node *node, const char *name);
+
 #ifdef __cplusplus
 }
 #endif

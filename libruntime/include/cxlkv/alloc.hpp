@@ -1,0 +1,112 @@
+// SPDX-License-Identifier: MIT
+// Shared-pool allocator (layout in uapi/cxlkv_alloc.h).
+//
+//   ChunkAllocator  the global tier: fixed-size chunks of the kv carve,
+//                   tracked in a bitmap in the pool under the global lock
+//                   CXLKV_LOCK_ALLOC.  Also serves large allocations as
+//                   runs of whole chunks.
+//   NodeHeap        the node tier: size classes (64 B .. 256 KiB, cache-line
+//                   multiples) cut from chunks the node owns; free lists in
+//                   node-local shared memory, shared by the node's processes.
+//                   free() works for blocks of any node (remote frees go to
+//                   the owner's remote-free bitmaps in the pool).
+//
+// Results are pool offsets (Region::at() turns one into a pointer).
+// Exhaustion is -ENOSPC with a message naming the pool and sizes.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "cxlkv/region.hpp"
+#include "cxlkv/result.hpp"
+#include "cxlkv/sync.hpp"
+#include "uapi/cxlkv_alloc.h"
+#include "uapi/cxlkv_objstore.h"
+
+namespace cxlkv {
+
+struct AllocFormatOptions {
+  uint64_t chunk_size = CXLKV_DEFAULT_CHUNK_SIZE;        // power of two, 64 KiB .. 1 GiB
+  uint32_t objstore_entries = CXLKV_OBJSTORE_DEFAULT_ENTRIES;  // power of two
+};
+
+// Bytes the alloc carve needs for a kv carve of kv_bytes (before 2 MiB rounding).
+uint64_t alloc_carve_bytes(uint64_t kv_bytes, uint32_t max_nodes, const AllocFormatOptions& o = {});
+// Carve initializer called by format_pool(): lays out the "alloc" carve over
+// the "kv" carve and formats the object store table inside it.
+Result<void> format_alloc_carve(Region& region, MemoryDomain& domain,
+                                const AllocFormatOptions& opts = {});
+
+// Size classes: class c holds blocks of size_class_bytes(c).
+constexpr uint32_t kSizeClasses = 36;
+uint32_t size_class_bytes(uint32_t c);
+// Smallest class holding `bytes`, or kSizeClasses if it needs whole chunks.
+uint32_t size_class_for(uint64_t bytes, uint64_t chunk_size);
+
+struct AllocGeometry {
+  uint64_t chunk_size = 0, nchunks = 0, arena_off = 0;
+};
+
+class ChunkAllocator {
+ public:
+  static Result<ChunkAllocator> open(NodeContext& node);
+  const AllocGeometry& geometry() const { return geo_; }
+  // Allocate a run of n chunks for this node (kind SMALL with `size_class`
+  // when n == 1 and small, else LARGE).  Returns the first chunk index.
+  Result<uint64_t> alloc_run(uint64_t n, bool small, uint32_t size_class);
+  // Free the run starting at chunk `first` (any node may free a LARGE run).
+  Result<void> free_run(uint64_t first);
+  // Chunk descriptor, read fresh (rule 4).
+  cxlkv_chunk_desc desc(uint64_t chunk) const;
+  uint64_t free_chunks() const;  // counted from the bitmap (takes no lock: a snapshot)
+  uint64_t chunk_of(uint64_t pool_off) const { return (pool_off - geo_.arena_off) / geo_.chunk_size; }
+  uint64_t chunk_off(uint64_t chunk) const { return geo_.arena_off + chunk * geo_.chunk_size; }
+  bool in_arena(uint64_t pool_off) const {
+    return pool_off >= geo_.arena_off && pool_off < geo_.arena_off + geo_.nchunks * geo_.chunk_size;
+  }
+  const cxlkv_alloc_header& header() const { return hdr_; }
+  std::byte* carve_base() const { return base_; }
+
+ private:
+  ChunkAllocator(NodeContext& n) : node_(&n) {}
+  NodeContext* node_;
+  std::byte* base_ = nullptr;  // start of the alloc carve
+  cxlkv_alloc_header hdr_{};
+  AllocGeometry geo_{};
+};
+
+struct HeapStats {
+  uint64_t allocs = 0, frees = 0, remote_frees_sent = 0, remote_frees_drained = 0;
+  uint64_t bytes_in_use = 0;     // allocated by this node and not yet freed back to it
+  uint64_t chunks_owned = 0;     // chunks this node holds (small + large)
+  uint64_t chunk_refills = 0, chunk_returns = 0, enospc = 0;
+};
+
+class NodeHeap {
+ public:
+  static Result<std::unique_ptr<NodeHeap>> open(NodeContext& node);
+  ~NodeHeap();
+  // 64 B aligned block of at least `bytes` (1 .. pool size); -ENOSPC when exhausted.
+  Result<uint64_t> alloc(uint64_t bytes);
+  // Free a block from any node.  -EINVAL for an offset that is not an allocated block.
+  Result<void> free(uint64_t pool_off);
+  // Usable size of an allocated block.
+  Result<uint64_t> usable_size(uint64_t pool_off) const;
+  // Pull blocks other nodes freed back into this node's free lists.
+  Result<uint64_t> drain_remote_frees();
+  HeapStats stats() const;
+  ChunkAllocator& chunks() { return chunks_; }
+  NodeContext& node() const { return node_; }
+
+  struct Impl;
+
+ private:
+  NodeHeap(NodeContext& n, ChunkAllocator c);
+  NodeContext& node_;
+  ChunkAllocator chunks_;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace cxlkv

@@ -1,0 +1,252 @@
+// SPDX-License-Identifier: MIT
+// Cross-host locking (DESIGN.md "Cross-host locking"; layout in
+// uapi/cxlkv_ctrl.h).
+//
+//   NodeContext   one attached node: region + its MemoryDomain + node id +
+//                 node-local shared memory (/dev/shm/cxlkv-node-<pool>-<node>)
+//                 + optional heartbeat thread.
+//   TwoTierLock   lock id -> node-local robust mutex, then the global slot
+//                 granted by the lock manager.  lock() / try_lock_for() / unlock().
+//   LockGuard     RAII holder; can also carry a pool range the lock protects
+//                 (invalidated after acquire, flushed before release).
+//   LockManager   grants global slots round-robin; one per pool (lease);
+//                 run_once() for tests, start()/stop() for a thread, or cxlkvd.
+//
+// Every class takes the MemoryDomain explicitly (default region.domain()),
+// so a test can give each simulated node its own NonCoherentSim domain.
+#pragma once
+
+#include <pthread.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "cxlkv/memory_domain.hpp"
+#include "cxlkv/region.hpp"
+#include "cxlkv/result.hpp"
+#include "uapi/cxlkv.h"
+
+namespace cxlkv {
+
+// ---- control carve ----------------------------------------------------------
+
+struct ControlFormatOptions {
+  uint32_t max_locks = CXLKV_DEFAULT_MAX_LOCKS;  // >= CXLKV_MIN_LOCKS
+};
+// Bytes the control carve needs (before rounding to 2 MiB).
+uint64_t control_carve_bytes(uint32_t max_nodes, uint32_t max_locks);
+// Largest max_locks (<= CXLKV_MAX_LOCKS) that fits a carve of `carve_size`.
+uint32_t control_max_locks_for(uint64_t carve_size, uint32_t max_nodes);
+// Carve initializer called by format_pool(): writes the control header,
+// frees the lease, zeroes node table, slots, grants (GRANT_NONE), doorbells.
+// If opts.max_locks does not fit the "control" carve, the largest that fits.
+Result<void> format_control_carve(Region& region, MemoryDomain& domain,
+                                  const ControlFormatOptions& opts = {});
+
+// Validated view of the control carve of an opened pool.
+class ControlCarve {
+ public:
+  static Result<ControlCarve> open(const Region& region, MemoryDomain& domain);
+  uint32_t max_nodes() const { return hdr_.max_nodes; }
+  uint32_t max_locks() const { return hdr_.max_locks; }
+  cxlkv_lock_slot* slot(uint32_t lock, uint32_t node) const {
+    return reinterpret_cast<cxlkv_lock_slot*>(base_ + cxlkv_lock_slot_off(&hdr_, lock, node));
+  }
+  cxlkv_lock_grant* grant(uint32_t lock) const {
+    return reinterpret_cast<cxlkv_lock_grant*>(base_ + hdr_.grant_table_off) + lock;
+  }
+  cxlkv_doorbell* doorbell(uint32_t node) const {
+    return reinterpret_cast<cxlkv_doorbell*>(base_ + hdr_.doorbell_off) + node;
+  }
+  cxlkv_node_entry* node_entry(uint32_t node) const {
+    return reinterpret_cast<cxlkv_node_entry*>(base_ + hdr_.node_table_off) + node;
+  }
+  cxlkv_lease* lease() const { return reinterpret_cast<cxlkv_lease*>(base_ + hdr_.lease_off); }
+  const cxlkv_ctrl_header& header() const { return hdr_; }
+
+ private:
+  std::byte* base_ = nullptr;
+  cxlkv_ctrl_header hdr_{};
+};
+
+// ---- nodes and heartbeats -----------------------------------------------------
+
+struct NodeOptions {
+  uint32_t node = 0;                // 0 .. max_nodes-1
+  bool heartbeat = false;           // run a heartbeat thread (one process per node beats)
+  uint32_t heartbeat_ms = 250;
+  std::string local_shm_name;       // default "cxlkv-node-<pool id hex>-<node>"
+};
+
+struct NodeLocal;  // node-local shared memory (libruntime/src/sync/node_local.hpp)
+
+class NodeContext {
+ public:
+  static Result<std::unique_ptr<NodeContext>> attach(Region& region, const NodeOptions& opts);
+  static Result<std::unique_ptr<NodeContext>> attach(Region& region, MemoryDomain& domain,
+                                                     const NodeOptions& opts);
+  ~NodeContext();
+  NodeContext(const NodeContext&) = delete;
+  NodeContext& operator=(const NodeContext&) = delete;
+
+  Region& region() const { return region_; }
+  MemoryDomain& domain() const { return domain_; }
+  uint32_t node() const { return node_; }
+  const ControlCarve& control() const { return ctrl_; }
+  NodeLocal& local() const { return *local_; }
+  const std::string& local_shm_name() const { return local_name_; }
+
+  // Publish one heartbeat now (the heartbeat thread calls this).
+  void beat();
+  // Default node-local shm name of (pool, node); unlink it (tests, `node evict`).
+  static std::string default_local_name(const Region& region, uint32_t node);
+  static void unlink_local(const std::string& name);
+
+ private:
+  NodeContext(Region& r, MemoryDomain& d, uint32_t node, ControlCarve c);
+  Region& region_;
+  MemoryDomain& domain_;
+  uint32_t node_;
+  ControlCarve ctrl_;
+  std::unique_ptr<NodeLocal> local_;
+  std::string local_name_;
+  uint64_t incarnation_ = 0;
+  uint64_t beats_ = 0;
+  std::atomic<bool> stop_{false};
+  std::thread heartbeat_;
+  bool beating_ = false;  // this process holds the node's heartbeat ownership
+};
+
+struct NodeStatus {
+  uint32_t node = 0;
+  cxlkv_node_state state = CXLKV_NODE_ABSENT;
+  uint32_t pid = 0;
+  uint64_t heartbeat = 0;
+  uint64_t heartbeat_ns = 0;
+  int64_t age_ms = -1;  // now - heartbeat_ns on this host's clock, -1 if never beat
+  bool alive = false;   // ACTIVE and age below the staleness limit
+  std::string host;
+  uint32_t waiting_or_holding = 0;  // slots of this node not IDLE
+};
+constexpr int64_t kNodeStaleMs = 3000;
+
+std::vector<NodeStatus> list_nodes(const Region& region, MemoryDomain& domain);
+// Operator action for a dead node: release every global slot it holds or
+// waits on ((ticket << 2) | IDLE, as the kernel module does for a closed
+// file) and mark it EVICTED.  Refuses a node that looks alive unless force.
+// Returns the number of slots released.
+Result<uint32_t> evict_node(Region& region, MemoryDomain& domain, uint32_t node, bool force);
+
+// ---- the two-tier lock ----------------------------------------------------------
+
+enum class Acquired {
+  clean,      // normal acquisition
+  recovered,  // a previous holder on this node died holding the lock (EOWNERDEAD):
+              // its global slot was released; data it protected may be half-updated
+};
+
+class TwoTierLock {
+ public:
+  TwoTierLock(NodeContext& node, uint32_t lock_id);
+  Result<Acquired> lock();
+  // -ETIMEDOUT if not granted within `timeout` (the request is withdrawn).
+  Result<Acquired> try_lock_for(std::chrono::nanoseconds timeout);
+  Result<void> unlock();
+  uint32_t id() const { return id_; }
+  NodeContext& node() const { return node_; }
+
+ private:
+  Result<Acquired> acquire(std::chrono::nanoseconds timeout, bool bounded);
+  NodeContext& node_;
+  uint32_t id_;
+};
+
+// A pool range the lock protects: invalidated after acquire (rule 4) and
+// flushed before release (rule 3), so the critical section sees the last
+// holder's writes and leaves its own for the next holder.
+struct PoolRange {
+  void* ptr = nullptr;
+  size_t len = 0;
+};
+
+class [[nodiscard]] LockGuard {
+ public:
+  static Result<LockGuard> take(TwoTierLock& lock, PoolRange protect = {});
+  LockGuard(LockGuard&& o) noexcept;
+  LockGuard& operator=(LockGuard&&) = delete;
+  ~LockGuard();
+  Acquired how() const { return how_; }
+  Result<void> release();  // early release; the destructor does it otherwise
+
+ private:
+  LockGuard(TwoTierLock* l, PoolRange r, Acquired how) : lock_(l), range_(r), how_(how) {}
+  TwoTierLock* lock_;
+  PoolRange range_;
+  Acquired how_;
+};
+
+// ---- the lock manager ------------------------------------------------------------
+
+struct PollPolicy {
+  uint32_t spin_rounds = 200;               // busy rounds after the last activity
+  uint32_t yield_rounds = 200;              // then sched_yield() rounds
+  std::chrono::microseconds max_sleep{200};  // then sleeps doubling up to this (added latency bound)
+};
+
+struct LockManagerOptions {
+  uint32_t node = 0;          // informational: recorded in the lease
+  uint32_t lease_ms = 2000;   // a successor takes over after this long without renewal
+  bool wait_for_lease = false;  // create(): wait until the lease can be taken instead of -EBUSY
+  PollPolicy poll{};
+};
+
+struct LockManagerStats {
+  uint64_t rounds = 0, grants = 0, releases = 0, doorbells = 0, rescans = 0, sleeps = 0;
+  uint64_t epoch = 0;
+};
+
+class LockManager {
+ public:
+  // Takes the pool's manager lease: free -> taken at once; held by a live
+  // manager -> -EBUSY (after watching it for up to lease_ms); expired -> taken over.
+  static Result<std::unique_ptr<LockManager>> create(Region& region, MemoryDomain& domain,
+                                                     const LockManagerOptions& opts = {});
+  static Result<std::unique_ptr<LockManager>> create(Region& region,
+                                                     const LockManagerOptions& opts = {}) {
+    return create(region, region.domain(), opts);
+  }
+  ~LockManager();  // stops the thread and frees the lease
+
+  // One round: doorbells, releases, grants, lease renewal.  True if it
+  // granted or released something or saw a new request.  Error: lease lost.
+  Result<bool> run_once();
+  // Run rounds with adaptive polling on a thread until stop().
+  void start();
+  void stop();
+  bool running() const { return thread_.joinable(); }
+  // Run rounds on the calling thread until `stop` becomes true (cxlkvd).
+  Result<void> run(const std::atomic<bool>& stop);
+  // Free the lease (clean shutdown); idempotent.
+  void release_lease();
+  LockManagerStats stats() const;
+
+  struct State;
+
+ private:
+  LockManager(Region& r, MemoryDomain& d, ControlCarve c, LockManagerOptions o);
+  Region& region_;
+  MemoryDomain& domain_;
+  ControlCarve ctrl_;
+  LockManagerOptions opts_;
+  std::unique_ptr<State> st_;
+  std::atomic<bool> stop_{false};
+  std::thread thread_;
+};
+
+}  // namespace cxlkv

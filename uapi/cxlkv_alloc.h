@@ -1,0 +1,96 @@
+/* SPDX-License-Identifier: (GPL-2.0 WITH Linux-syscall-note) OR MIT */
+/*
+ * Layout of the allocator carve (CXLKV_CARVE_ALLOC): the global chunk
+ * allocator over the kv carve, remote-free bitmaps, and the object store.
+ *
+ * The kv carve is cut into `nchunks` chunks of `chunk_size` bytes (a power
+ * of two, 64 KiB .. 1 GiB, default 2 MiB).  Chunk i starts at pool offset
+ * arena_off + i * chunk_size.  A chunk is FREE (in the global bitmap) or
+ * owned by one node: either a SMALL chunk cut into blocks of one size class
+ * by that node's heap (free lists in node-local memory), or part of a LARGE
+ * run of whole chunks handed out by one allocation.
+ *
+ *   +0                   struct cxlkv_alloc_header (two lines, written at format)
+ *   +bitmap_off          __u64 words, bit i set = chunk i allocated   [lock ALLOC]
+ *   +chunk_table_off     struct cxlkv_chunk_desc [nchunks]           [lock ALLOC]
+ *   +inbox_off           struct cxlkv_remote_inbox [max_nodes]       [lock REMOTE_FREE+n]
+ *   +pending_off         per node: __u64 words, bit i = chunk i has remote frees
+ *                        (stride pending_stride bytes)               [lock REMOTE_FREE+n]
+ *   +remote_bits_off     per chunk: __u64 words, bit b = block b was freed by
+ *                        another node (stride remote_bits_stride)    [lock REMOTE_FREE+owner]
+ *   +objstore_off        struct cxlkv_objstore_header + table (uapi/cxlkv_objstore.h)
+ *
+ * Offsets are relative to the start of the alloc carve; every region starts
+ * on a 64 B line.  All of these lines are written by several nodes over
+ * time (whichever holds the lock), so they are written only with 8-byte
+ * non-temporal stores (rule 1) and read after invalidation (rule 4), while
+ * holding the lock named above (rule 7).
+ *
+ * Remote free: a node frees a block of a chunk owned by another node by
+ * setting the block's bit in the chunk's remote bitmap and the chunk's bit
+ * in the owner's pending bitmap, and bumping the owner's inbox count, all
+ * under the owner's REMOTE_FREE lock.  The owner drains its inbox into its
+ * node-local free lists when a size class runs dry.  Large runs are freed
+ * from any node straight back to the global bitmap under ALLOC.
+ */
+#ifndef _UAPI_CXLKV_ALLOC_H
+#define _UAPI_CXLKV_ALLOC_H
+
+#include <linux/types.h>
+
+#include "cxlkv.h"   /* CXLKV_STATIC_ASSERT, CXLKV_LINE_SIZE */
+
+/* "CXLKVAL1" */
+#define CXLKV_ALLOC_MAGIC         0x314c41564b4c5843ULL
+#define CXLKV_ALLOC_VERSION       1u
+#define CXLKV_DEFAULT_CHUNK_SIZE  (2ULL << 20)
+#define CXLKV_MIN_CHUNK_SIZE      (64ULL << 10)
+#define CXLKV_MAX_CHUNK_SIZE      (1ULL << 30)
+#define CXLKV_ALLOC_MIN_BLOCK     64u      /* cache-line granularity */
+
+struct cxlkv_alloc_header {
+	__u64 magic;             /*   0 CXLKV_ALLOC_MAGIC */
+	__u32 version;           /*   8 CXLKV_ALLOC_VERSION */
+	__u32 max_nodes;         /*  12 equals superblock max_nodes */
+	__u64 chunk_size;        /*  16 bytes, power of two */
+	__u64 arena_off;         /*  24 pool offset of chunk 0 (start of the kv carve) */
+	__u64 nchunks;           /*  32 */
+	__u64 bitmap_off;        /*  40 */
+	__u64 chunk_table_off;   /*  48 */
+	__u64 inbox_off;         /*  56 */
+	__u64 pending_off;       /*  64 */
+	__u64 pending_stride;    /*  72 bytes per node, multiple of 64 */
+	__u64 remote_bits_off;   /*  80 */
+	__u64 remote_bits_stride;/*  88 bytes per chunk: chunk_size / 64 bits, multiple of 64 */
+	__u64 objstore_off;      /*  96 */
+	__u64 objstore_bytes;    /* 104 */
+	__u8  reserved[16];      /* 112 zero */
+};
+CXLKV_STATIC_ASSERT(sizeof(struct cxlkv_alloc_header) == 128, "alloc header is two lines");
+
+enum cxlkv_chunk_kind {
+	CXLKV_CHUNK_FREE       = 0,
+	CXLKV_CHUNK_SMALL      = 1,	/* blocks of one size class, owned by `owner` */
+	CXLKV_CHUNK_LARGE_HEAD = 2,	/* first chunk of a run of `run` chunks */
+	CXLKV_CHUNK_LARGE_TAIL = 3,	/* later chunk of a run; `run` = distance to the head */
+};
+#define CXLKV_CHUNK_NO_OWNER    0xffffu
+
+/* One 8-byte word per chunk, stored with one 8-byte NT store. */
+struct cxlkv_chunk_desc {
+	__u16 owner;             /* node, or CXLKV_CHUNK_NO_OWNER */
+	__u8  kind;              /* enum cxlkv_chunk_kind */
+	__u8  size_class;        /* SMALL: index into the runtime's size-class table */
+	__u32 run;               /* LARGE_HEAD: chunks in the run; LARGE_TAIL: offset to head */
+};
+CXLKV_STATIC_ASSERT(sizeof(struct cxlkv_chunk_desc) == 8, "chunk desc is one word");
+
+/* Per owner node: how many remote frees wait to be drained (a cheap check). */
+struct cxlkv_remote_inbox {
+	__u64 pending;           /* remote frees posted since the last drain */
+	__u64 posted;            /* total remote frees ever posted (statistics) */
+	__u8  reserved[48];
+};
+CXLKV_STATIC_ASSERT(sizeof(struct cxlkv_remote_inbox) == 64, "inbox is one line");
+
+#endif /* _UAPI_CXLKV_ALLOC_H */
