@@ -38,4 +38,4 @@ std::string shm_name(const std::string& what);
 #define CXLKV_BENCH_CONCAT(a, b) CXLKV_BENCH_CONCAT2(a, b)
 #define CXLKV_BENCH(...)                                               \
   static const bool CXLKV_BENCH_CONCAT(cxlkv_bench_reg_, __LINE__) = \
-      (::bench::register_bench(::bench::Benchmark{__VA_ARGS__}), true)
+      (::bench::register_bench(::bench::Benchmark __VA_ARGS__), true)

@@ -64,4 +64,4 @@ std::optional<uint64_t> parse_size(const std::string& s);
 #define CXLKVCTL_CONCAT(a, b) CXLKVCTL_CONCAT2(a, b)
 #define CXLKVCTL_COMMAND(...)                                                 \
   static const bool CXLKVCTL_CONCAT(cxlkvctl_registered_, __LINE__) =         \
-      (::cxlkvctl::register_command(::cxlkvctl::Command{__VA_ARGS__}), true)
+      (::cxlkvctl::register_command(::cxlkvctl::Command __VA_ARGS__), true)

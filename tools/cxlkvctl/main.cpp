@@ -6,6 +6,7 @@
 #include <iostream>
 
 #include "command.hpp"
+#include "region/backend.hpp"
 
 namespace cxlkvctl {
 
@@ -50,21 +51,11 @@ int fail(const std::string& msg) {
 }
 
 std::optional<uint64_t> parse_size(const std::string& s) {
-  if (s.empty()) return std::nullopt;
-  char* end = nullptr;
-  errno = 0;
-  unsigned long long v = std::strtoull(s.c_str(), &end, 0);
-  if (errno || end == s.c_str() || s[0] == '-') return std::nullopt;
-  uint64_t mul = 1;
-  std::string suf(end);
-  if (suf == "" || suf == "B") mul = 1;
-  else if (suf == "K" || suf == "k" || suf == "KiB") mul = 1ULL << 10;
-  else if (suf == "M" || suf == "m" || suf == "MiB") mul = 1ULL << 20;
-  else if (suf == "G" || suf == "g" || suf == "GiB") mul = 1ULL << 30;
-  else if (suf == "T" || suf == "t" || suf == "TiB") mul = 1ULL << 40;
-  else return std::nullopt;
-  if (v > UINT64_MAX / mul) return std::nullopt;
-  return static_cast<uint64_t>(v) * mul;
+  // One size syntax for URIs and options (decimal digits + K/M/G/T suffix):
+  // strtoull's base 0 read "010" as octal and accepted leading blanks.
+  uint64_t v = 0;
+  if (!cxlkv::region::parse_size(s, &v)) return std::nullopt;
+  return v;
 }
 
 std::optional<std::string> Args::value(const std::string& name) const {
@@ -171,6 +162,16 @@ int main(int argc, char** argv) {
     }
     if (a == "--json") {
       ctx.json = true;
+      continue;
+    }
+    // Global --pool is also accepted after the command (`cxlkvctl info --pool X`).
+    if (a == "--pool") {
+      if (i + 1 >= argc) return fail("--pool needs a URI");
+      ctx.pool_uri = argv[++i];
+      continue;
+    }
+    if (a.rfind("--pool=", 0) == 0) {
+      ctx.pool_uri = a.substr(7);
       continue;
     }
     if (a.rfind("--", 0) == 0 && a.size() > 2) {

@@ -1,0 +1,186 @@
+// SPDX-License-Identifier: MIT
+#include "pool/format.hpp"
+
+#include <cerrno>
+#include <cstring>
+#include <vector>
+
+#include "region/backend.hpp"
+#include "region/superblock.hpp"
+#include "util/log.hpp"
+
+namespace cxlkv {
+
+namespace {
+
+constexpr uint64_t kAlign = CXLKV_CARVE_ALIGN;
+constexpr uint64_t kLine = CXLKV_LINE_SIZE;
+
+uint64_t round_up(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
+
+uint64_t pow2_ceil(uint64_t v) {
+  uint64_t p = 1;
+  while (p < v && p < (1ull << 62)) p <<= 1;
+  return p;
+}
+
+// The pool size format_pool will end up with, without touching the pool.
+Result<uint64_t> expected_pool_size(std::string_view uri, const PoolFormatOptions& o) {
+  auto pu = region::parse_pool_uri(uri);
+  if (!pu) return pu.error();
+  if (o.size) return o.size;
+  if (pu->kind == BackendKind::shm && pu->size) return pu->size;
+  auto be = region::open_backend(pu.value(), {});
+  if (!be) return be.error();
+  return be.value()->size();
+}
+
+// Zero [off, off+len) of the pool through the domain, as bulk data: the
+// fence in the caller's next publish covers it (rule 3).
+void zero_range(Region& r, MemoryDomain& d, uint64_t off, uint64_t len) {
+  static const std::vector<std::byte> zeros(1 << 20);
+  while (len) {
+    uint64_t n = std::min<uint64_t>(len, zeros.size());
+    d.copy_to_pool(r.at(off), zeros.data(), n);
+    off += n;
+    len -= n;
+  }
+}
+
+}  // namespace
+
+cxlkv_ctrl_header plan_control(uint32_t max_nodes, uint32_t max_locks, uint64_t* bytes) {
+  cxlkv_ctrl_header h{};
+  h.magic = CXLKV_CTRL_MAGIC;
+  h.version = CXLKV_CTRL_VERSION;
+  h.max_nodes = max_nodes;
+  h.max_locks = max_locks;
+  uint64_t off = sizeof(cxlkv_ctrl_header);
+  h.lease_off = off;
+  off += sizeof(cxlkv_lease);
+  h.node_table_off = off;
+  off += uint64_t(max_nodes) * sizeof(cxlkv_node_entry);
+  h.lock_table_off = off;
+  off += uint64_t(max_locks) * max_nodes * sizeof(cxlkv_lock_slot);
+  h.grant_table_off = off;
+  off += uint64_t(max_locks) * sizeof(cxlkv_lock_grant);
+  h.doorbell_off = off;
+  off += uint64_t(max_nodes) * sizeof(cxlkv_doorbell);
+  if (bytes) *bytes = off;
+  return h;
+}
+
+Result<PoolLayout> plan_pool_layout(std::string_view pool, uint64_t pool_size,
+                                    const PoolFormatOptions& o) {
+  const std::string P = "pool " + std::string(pool) + ": ";
+  if (o.max_nodes < 1 || o.max_nodes > CXLKV_MAX_NODES)
+    return Error(-EINVAL, P + "max_nodes " + std::to_string(o.max_nodes) + " out of range 1.." +
+                              std::to_string(CXLKV_MAX_NODES));
+  if (o.max_locks < 1 || o.max_locks > CXLKV_MAX_LOCKS)
+    return Error(-EINVAL, P + "max_locks " + std::to_string(o.max_locks) + " out of range 1.." +
+                              std::to_string(CXLKV_MAX_LOCKS));
+  if (o.index_entries > (1ull << 32))
+    return Error(-EINVAL, P + "index_entries " + std::to_string(o.index_entries) + " too large (max 2^32)");
+
+  PoolLayout L;
+  uint64_t ctrl_bytes = 0;
+  L.ctrl = plan_control(o.max_nodes, o.max_locks, &ctrl_bytes);
+  L.control_off = CXLKV_FIRST_CARVE_OFF;
+  L.control_size = round_up(ctrl_bytes, kAlign);
+
+  // What is left for index + alloc + kv.
+  uint64_t used = L.control_off + L.control_size;
+  if (pool_size < used + 3 * kAlign)
+    return Error(-ENOSPC, P + region::human_size(pool_size) + " is too small for the standard layout (control carve " +
+                              region::human_size(L.control_size) + " + index, alloc and kv of at least 2 MiB each)");
+  uint64_t rest = pool_size - used;
+
+  // alloc: a bit per 64 KiB of the space after it, plus object store room.
+  L.alloc_size = round_up(rest / kAllocBytesPerBit / 8 + kObjectStoreRoom, kAlign);
+
+  L.index_entries = o.index_entries ? pow2_ceil(o.index_entries)
+                                    : pow2_ceil(std::max<uint64_t>(1024, rest / kIndexBytesPerEntry));
+  L.index_size = round_up(kLine + L.index_entries * kLine, kAlign);  // header line + entries
+
+  if (L.index_size + L.alloc_size + kAlign > rest)
+    return Error(-ENOSPC, P + region::human_size(pool_size) + " is too small: control " +
+                              region::human_size(L.control_size) + ", index " +
+                              region::human_size(L.index_size) + " (" + std::to_string(L.index_entries) +
+                              " entries), alloc " + region::human_size(L.alloc_size) +
+                              " leave no 2 MiB for kv");
+  L.index_off = used;
+  L.alloc_off = L.index_off + L.index_size;
+  L.kv_off = L.alloc_off + L.alloc_size;
+  L.kv_size = pool_size - L.kv_off;
+  return L;
+}
+
+Result<std::unique_ptr<Region>> format_pool(std::string_view uri, const PoolFormatOptions& o,
+                                            const OpenOptions& open_opts) {
+  FormatOptions fo;
+  fo.size = o.size;
+  fo.max_nodes = o.max_nodes;
+  fo.force = o.force;
+  if (!o.standard) return Region::format(uri, fo, open_opts);
+
+  // Plan before touching the pool, so bad options leave it as it was.
+  auto size = expected_pool_size(uri, o);
+  if (!size) return size.error();
+  auto plan = plan_pool_layout(uri, size.value(), o);
+  if (!plan) return plan.error();
+  const PoolLayout& L = plan.value();
+
+  auto rr = Region::format(uri, fo, open_opts);
+  if (!rr) return rr;
+  Region& r = *rr.value();
+  if (r.size() != size.value())
+    return Error(-EIO, "pool " + r.uri() + ": size changed while formatting");
+
+  struct Want {
+    const char* name;
+    uint64_t off, size;
+  } wants[] = {{CXLKV_CARVE_CONTROL, L.control_off, L.control_size},
+               {CXLKV_CARVE_INDEX, L.index_off, L.index_size},
+               {CXLKV_CARVE_ALLOC, L.alloc_off, L.alloc_size},
+               {CXLKV_CARVE_KV, L.kv_off, L.kv_size}};
+  for (const Want& w : wants) {
+    auto c = r.carve_create(w.name, w.size, MemType::wb, CXLKV_CARVE_F_SYSTEM);
+    if (!c) return c.error();
+    if (c->offset != w.off)
+      return Error(-EIO, "pool " + r.uri() + ": carve '" + w.name + "' placed at " + std::to_string(c->offset) +
+                             " instead of the planned " + std::to_string(w.off));
+  }
+
+  MemoryDomain& d = r.domain();
+  // Fresh metadata: every state in control, index and alloc starts as zero
+  // (ABSENT nodes, IDLE slots, EMPTY index entries, free chunks).
+  zero_range(r, d, L.control_off, L.control_size);
+  zero_range(r, d, L.index_off, L.index_size);
+  zero_range(r, d, L.alloc_off, L.alloc_size);
+  // rule 3: the zeroed carves are in memory before the header that makes
+  // the control carve valid.
+  d.fence();
+  // The control header is read by the kernel module and every node: one
+  // line, written whole and flushed (rule 3).
+  d.store(r.at(L.control_off), &L.ctrl, sizeof L.ctrl);
+  d.flush(r.at(L.control_off), sizeof L.ctrl);
+  d.fence();
+
+  // ---- layer initializers, called explicitly in this order --------------
+  // sync area: format_control(r, d, L) -- lease, node table, lock slots and
+  //            grants beyond the zero state, if any (call it here).
+  // sync area: format_alloc(r, d, L)   -- allocator bitmap / object store
+  //            header in the alloc carve (call it here).
+  // kvstore area: format_index(r, d, L) -- the index header line at
+  //            L.index_off and its L.index_entries entries (call it here).
+  // -----------------------------------------------------------------------
+
+  log().info("pool {}: standard layout: control {} at {:#x}, index {} ({} entries) at {:#x}, "
+             "alloc {} at {:#x}, kv {} at {:#x}",
+             r.uri(), region::human_size(L.control_size), L.control_off, region::human_size(L.index_size),
+             L.index_entries, L.index_off, region::human_size(L.alloc_size), L.alloc_off,
+             region::human_size(L.kv_size), L.kv_off);
+  return rr;
+}
+
+}  // namespace cxlkv

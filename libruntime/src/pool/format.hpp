@@ -1,0 +1,63 @@
+// SPDX-License-Identifier: MIT
+// The standard pool format: a superblock plus the four system carves every
+// cxlkv layer expects, in this order from the start of the pool:
+//
+//   [0, 2 MiB)   superblock area
+//   control      uapi/cxlkv_ctrl.h: header, lease, node table, lock slots,
+//                grants, doorbells (sized by max_nodes and max_locks)
+//   index        prefix index: one header line + index_entries 64 B entries
+//   alloc        chunk allocator bitmap + object store roots
+//   kv           KV block data: the rest of the pool
+//
+// All four carry CXLKV_CARVE_F_SYSTEM and memory type WB.  format_pool()
+// zeroes control/index/alloc, writes the control header, then calls each
+// layer's initializer explicitly (see format.cpp).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string_view>
+
+#include "cxlkv/region.hpp"
+
+namespace cxlkv {
+
+struct PoolFormatOptions {
+  uint64_t size = 0;                              // as FormatOptions::size
+  uint32_t max_nodes = 16;                        // 1 .. CXLKV_MAX_NODES
+  uint32_t max_locks = CXLKV_DEFAULT_MAX_LOCKS;   // 1 .. CXLKV_MAX_LOCKS
+  uint64_t index_entries = 0;  // 0: one per 64 KiB of kv space; rounded up to a power of two
+  bool force = false;          // overwrite a valid pool
+  bool standard = true;        // false: superblock only (no carves)
+};
+
+// Where everything goes; a pure function of the pool size and options.
+struct PoolLayout {
+  uint64_t control_off = 0, control_size = 0;
+  uint64_t index_off = 0, index_size = 0;
+  uint64_t alloc_off = 0, alloc_size = 0;
+  uint64_t kv_off = 0, kv_size = 0;
+  uint64_t index_entries = 0;
+  cxlkv_ctrl_header ctrl{};  // the control carve header to write
+};
+
+// Bytes of kv space per default index entry, and per allocator bitmap bit.
+inline constexpr uint64_t kIndexBytesPerEntry = 64 * 1024;
+inline constexpr uint64_t kAllocBytesPerBit = 64 * 1024;
+// Room in the alloc carve for the object store's named roots.
+inline constexpr uint64_t kObjectStoreRoom = 1ull << 20;
+
+// Control carve header for max_nodes / max_locks; `bytes` gets the carve's
+// unrounded size.
+cxlkv_ctrl_header plan_control(uint32_t max_nodes, uint32_t max_locks, uint64_t* bytes);
+
+// Plan the standard layout of a pool of `pool_size` bytes.  `pool` names the
+// pool in errors (-EINVAL bad options, -ENOSPC pool too small).
+Result<PoolLayout> plan_pool_layout(std::string_view pool, uint64_t pool_size,
+                                    const PoolFormatOptions& opts);
+
+// Region::format + the standard carves and their initial contents.
+Result<std::unique_ptr<Region>> format_pool(std::string_view uri, const PoolFormatOptions& opts,
+                                            const OpenOptions& open_opts = {});
+
+}  // namespace cxlkv
