@@ -2,6 +2,7 @@
 #include "pool/format.hpp"
 
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <vector>
 
@@ -67,6 +68,9 @@ cxlkv_ctrl_header plan_control(uint32_t max_nodes, uint32_t max_locks, uint64_t*
   h.doorbell_off = off;
   off += uint64_t(max_nodes) * sizeof(cxlkv_doorbell);
   if (bytes) *bytes = off;
+  // The uapi's own formula must agree, or the kernel and we disagree on
+  // where the control carve ends.
+  if (off != cxlkv_ctrl_carve_bytes(max_nodes, max_locks)) std::abort();
   return h;
 }
 
@@ -76,8 +80,9 @@ Result<PoolLayout> plan_pool_layout(std::string_view pool, uint64_t pool_size,
   if (o.max_nodes < 1 || o.max_nodes > CXLKV_MAX_NODES)
     return Error(-EINVAL, P + "max_nodes " + std::to_string(o.max_nodes) + " out of range 1.." +
                               std::to_string(CXLKV_MAX_NODES));
-  if (o.max_locks < 1 || o.max_locks > CXLKV_MAX_LOCKS)
-    return Error(-EINVAL, P + "max_locks " + std::to_string(o.max_locks) + " out of range 1.." +
+  if (o.max_locks < CXLKV_MIN_LOCKS || o.max_locks > CXLKV_MAX_LOCKS)
+    return Error(-EINVAL, P + "max_locks " + std::to_string(o.max_locks) + " out of range " +
+                              std::to_string(CXLKV_MIN_LOCKS) + ".." +
                               std::to_string(CXLKV_MAX_LOCKS));
   if (o.index_entries > (1ull << 32))
     return Error(-EINVAL, P + "index_entries " + std::to_string(o.index_entries) + " too large (max 2^32)");
@@ -95,8 +100,12 @@ Result<PoolLayout> plan_pool_layout(std::string_view pool, uint64_t pool_size,
                               region::human_size(L.control_size) + " + index, alloc and kv of at least 2 MiB each)");
   uint64_t rest = pool_size - used;
 
-  // alloc: a bit per 64 KiB of the space after it, plus object store room.
-  L.alloc_size = round_up(rest / kAllocBytesPerBit / 8 + kObjectStoreRoom, kAlign);
+  // alloc (uapi/cxlkv_alloc.h): the per-chunk remote-free bits are
+  // 1/512 of the kv space whatever the chunk size; bitmap, chunk table and
+  // per-node pending bits stay under 1/4096 each at the smallest chunk
+  // size (64 KiB).  1/256 of the rest covers them all; the object store
+  // gets its own room.
+  L.alloc_size = round_up(rest / kAllocFraction + kObjectStoreRoom, kAlign);
 
   L.index_entries = o.index_entries ? pow2_ceil(o.index_entries)
                                     : pow2_ceil(std::max<uint64_t>(1024, rest / kIndexBytesPerEntry));

@@ -25,7 +25,7 @@ namespace cxlkv {
 struct PoolFormatOptions {
   uint64_t size = 0;                              // as FormatOptions::size
   uint32_t max_nodes = 16;                        // 1 .. CXLKV_MAX_NODES
-  uint32_t max_locks = CXLKV_DEFAULT_MAX_LOCKS;   // 1 .. CXLKV_MAX_LOCKS
+  uint32_t max_locks = CXLKV_DEFAULT_MAX_LOCKS;   // CXLKV_MIN_LOCKS .. CXLKV_MAX_LOCKS
   uint64_t index_entries = 0;  // 0: one per 64 KiB of kv space; rounded up to a power of two
   bool force = false;          // overwrite a valid pool
   bool standard = true;        // false: superblock only (no carves)
@@ -41,9 +41,10 @@ struct PoolLayout {
   cxlkv_ctrl_header ctrl{};  // the control carve header to write
 };
 
-// Bytes of kv space per default index entry, and per allocator bitmap bit.
+// Bytes of kv space per default index entry.
 inline constexpr uint64_t kIndexBytesPerEntry = 64 * 1024;
-inline constexpr uint64_t kAllocBytesPerBit = 64 * 1024;
+// The alloc carve gets 1/kAllocFraction of the space after control.
+inline constexpr uint64_t kAllocFraction = 256;
 // Room in the alloc carve for the object store's named roots.
 inline constexpr uint64_t kObjectStoreRoom = 1ull << 20;
 
