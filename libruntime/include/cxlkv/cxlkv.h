@@ -33,6 +33,10 @@ struct cxlkv_format_opts {
 	uint64_t pool_size;   /* shm:/file: bytes (0: from URI / existing file) */
 	uint32_t max_nodes;   /* 0: default 16 */
 	uint32_t flags;       /* CXLKV_FORMAT_F_* */
+	/* since API 1 + standard-format sizing; older (smaller) structs get defaults */
+	uint32_t max_locks;   /* 0: default 1024 (CXLKV_DEFAULT_MAX_LOCKS) */
+	uint32_t reserved;    /* 0 */
+	uint64_t index_entries; /* 0: one per 64 KiB of kv space (power of two) */
 };
 #define CXLKV_FORMAT_F_FORCE        (1u << 0)   /* overwrite a valid pool */
 #define CXLKV_FORMAT_F_NO_STANDARD  (1u << 1)   /* superblock only, no standard carves */
@@ -43,7 +47,9 @@ void cxlkv_pool_close(struct cxlkv_pool *pool);
 void    *cxlkv_pool_base(struct cxlkv_pool *pool);
 uint64_t cxlkv_pool_size(struct cxlkv_pool *pool);
 
-/* offset <-> pointer; cxlkv_off_to_ptr returns NULL when out of range */
+/* offset <-> pointer; cxlkv_off_to_ptr returns NULL when out of range,
+ * cxlkv_ptr_to_off returns CXLKV_BAD_OFFSET for a pointer outside the pool. */
+#define CXLKV_BAD_OFFSET UINT64_MAX
 void    *cxlkv_off_to_ptr(struct cxlkv_pool *pool, uint64_t off);
 uint64_t cxlkv_ptr_to_off(struct cxlkv_pool *pool, const void *p);
 
@@ -59,7 +65,10 @@ int cxlkv_carve_create(struct cxlkv_pool *pool, const char *name, uint64_t size,
 int cxlkv_carve_lookup(struct cxlkv_pool *pool, const char *name, struct cxlkv_carve_info *out);
 /* Fills up to `max` entries; returns the number of carves. */
 int cxlkv_carve_list(struct cxlkv_pool *pool, struct cxlkv_carve_info *out, int max);
+/* Refuses (-EPERM) system carves made by format; CXLKV_CARVE_RM_F_FORCE removes them too. */
 int cxlkv_carve_remove(struct cxlkv_pool *pool, const char *name);
+#define CXLKV_CARVE_RM_F_FORCE (1u << 0)
+int cxlkv_carve_remove_flags(struct cxlkv_pool *pool, const char *name, uint32_t flags);
 
 /* CPU gather-write / scatter-read between a chunk list and one pool block. */
 int cxlkv_gather_write(struct cxlkv_pool *pool, uint64_t dst_off,

@@ -17,7 +17,6 @@
 #include <cstring>
 
 #include "region/backend.hpp"
-#include "region/interim_domain.hpp"
 #include "region/superblock.hpp"
 #include "util/log.hpp"
 
@@ -46,9 +45,14 @@ const char* to_string(MemType t) {
 
 namespace {
 
-// Domain for a freshly mapped pool.
-std::unique_ptr<MemoryDomain> make_domain(const OpenOptions&) {
-  return region::make_interim_domain();
+// Domain for a freshly mapped pool (make_host_domain throws on a forced
+// instruction path the CPU lacks; that becomes this pool's error).
+Result<std::unique_ptr<MemoryDomain>> make_domain(const std::string& uri, const OpenOptions& o) {
+  try {
+    return make_host_domain(o.domain);
+  } catch (const std::exception& e) {
+    return Error(-EINVAL, "pool " + uri + ": memory domain: " + e.what());
+  }
 }
 
 // rule 4: drop whatever this CPU cached of the superblock, fence, then load.
@@ -91,13 +95,15 @@ Result<std::unique_ptr<Region>> Region::open(std::string_view uri, const OpenOpt
   auto base = be.value()->map();
   if (!base) return base.error();
 
+  auto domain = make_domain(pu->uri, opts);
+  if (!domain) return domain.error();
   std::unique_ptr<Region> r(new Region());
   r->uri_ = pu->uri;
   r->kind_ = pu->kind;
   r->base_ = base.value();
   r->size_ = be.value()->size();
   r->backend_ = std::move(be).value();
-  r->domain_ = make_domain(opts);
+  r->domain_ = std::move(domain).value();
 
   // A device smaller than a superblock is validated from the bytes it has.
   if (r->size_ < sizeof(cxlkv_superblock)) {
@@ -150,7 +156,9 @@ Result<std::unique_ptr<Region>> Region::format(std::string_view uri, const Forma
   if (!base) return base.error();
   uint64_t size = backend.size();
   CXLKV_TRY(check_size(size));
-  auto domain = make_domain(opts);
+  auto dr = make_domain(pu->uri, opts);
+  if (!dr) return dr.error();
+  auto domain = std::move(dr).value();
 
   // Never clobber a pool that is in use by accident: a valid superblock
   // must be overwritten knowingly.  (The size check above happened before

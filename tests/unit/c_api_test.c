@@ -1,0 +1,111 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * The C API from C: format a file: pool, open it, carve, offsets <-> pointers,
+ * gather/scatter round trip, and errors for bad input.  Exit 0 = pass.
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "cxlkv/cxlkv.h"
+
+static int failures;
+
+#define CHECK(cond)                                                              \
+	do {                                                                     \
+		if (!(cond)) {                                                   \
+			fprintf(stderr, "%s:%d: CHECK(%s) failed; last error: %s\n", \
+				__FILE__, __LINE__, #cond, cxlkv_last_error());  \
+			failures++;                                              \
+		}                                                                \
+	} while (0)
+
+#define MiB (1024ull * 1024ull)
+
+static void test_format_open_carve(const char *uri)
+{
+	struct cxlkv_format_opts fo;
+	struct cxlkv_pool *pool = NULL;
+	struct cxlkv_carve_info info, list[8];
+	int n;
+
+	memset(&fo, 0, sizeof(fo));
+	fo.size = sizeof(fo);
+	fo.pool_size = 64 * MiB;
+	fo.max_nodes = 4;
+	CHECK(cxlkv_pool_format(uri, &fo) == 0);
+	/* A second format without FORCE must not clobber the pool. */
+	CHECK(cxlkv_pool_format(uri, &fo) == -EEXIST);
+	CHECK(strstr(cxlkv_last_error(), uri) != NULL);
+
+	CHECK(cxlkv_pool_open(uri, &pool) == 0);
+	if (!pool)
+		return;
+	CHECK(cxlkv_pool_size(pool) == 64 * MiB);
+	CHECK(cxlkv_pool_base(pool) != NULL);
+
+	/* Standard carves are there, sorted, system, WB. */
+	n = cxlkv_carve_list(pool, list, 8);
+	CHECK(n == 4);
+	CHECK(n == 4 && strcmp(list[0].name, "control") == 0 && strcmp(list[3].name, "kv") == 0);
+	CHECK(cxlkv_carve_lookup(pool, "kv", &info) == 0 && info.memtype == 0 && (info.flags & 1));
+	CHECK(cxlkv_carve_remove(pool, "kv") == -EPERM);
+	CHECK(cxlkv_carve_remove_flags(pool, "kv", CXLKV_CARVE_RM_F_FORCE) == 0);
+	CHECK(cxlkv_carve_lookup(pool, "kv", &info) == -ENOENT);
+
+	/* The freed space takes a user carve, 2 MiB aligned. */
+	CHECK(cxlkv_carve_create(pool, "scratch", 3 * MiB, 1 /* WC */, &info) == 0);
+	CHECK(info.offset % (2 * MiB) == 0 && info.size == 4 * MiB && info.memtype == 1);
+	CHECK(cxlkv_carve_create(pool, "scratch", 2 * MiB, 0, NULL) == -EEXIST);
+	CHECK(cxlkv_carve_create(pool, "Bad Name", 2 * MiB, 0, NULL) == -EINVAL);
+	CHECK(cxlkv_carve_create(pool, "big", 1024 * MiB, 0, NULL) == -ENOSPC);
+	CHECK(cxlkv_carve_create(pool, "mt", 2 * MiB, 7, NULL) == -EINVAL);
+
+	/* Offsets and pointers. */
+	CHECK(cxlkv_off_to_ptr(pool, info.offset) == (char *)cxlkv_pool_base(pool) + info.offset);
+	CHECK(cxlkv_ptr_to_off(pool, cxlkv_off_to_ptr(pool, info.offset)) == info.offset);
+	CHECK(cxlkv_off_to_ptr(pool, 64 * MiB) == NULL);
+	CHECK(cxlkv_ptr_to_off(pool, &fo) == CXLKV_BAD_OFFSET);
+
+	cxlkv_pool_close(pool);
+}
+
+static void test_bad_input(const char *uri)
+{
+	struct cxlkv_pool *pool = (struct cxlkv_pool *)1;
+	struct cxlkv_format_opts tiny;
+
+	CHECK(cxlkv_pool_open("nonsense", &pool) == -EINVAL && pool == NULL);
+	CHECK(strstr(cxlkv_last_error(), "nonsense") != NULL);
+	CHECK(cxlkv_pool_open("file:/nonexistent/cxlkv-pool", &pool) == -ENOENT);
+	CHECK(cxlkv_pool_open(NULL, &pool) == -EINVAL);
+	CHECK(cxlkv_pool_open("dev:/dev/cxlkv99", &pool) < 0);
+	CHECK(cxlkv_carve_lookup(NULL, "kv", NULL) == -EINVAL);
+	CHECK(cxlkv_carve_list(NULL, NULL, 0) == -EINVAL);
+	memset(&tiny, 0, sizeof(tiny));
+	tiny.size = 4; /* smaller than any struct cxlkv_format_opts */
+	CHECK(cxlkv_pool_format(uri, &tiny) == -EINVAL);
+	/* NULL pools are harmless where nothing can be reported. */
+	cxlkv_pool_close(NULL);
+	CHECK(cxlkv_pool_base(NULL) == NULL && cxlkv_pool_size(NULL) == 0);
+}
+
+int main(void)
+{
+	char path[128], uri[160];
+
+	snprintf(path, sizeof(path), "/tmp/cxlkv-c-api-test-%d", (int)getpid());
+	snprintf(uri, sizeof(uri), "file:%s", path);
+	unlink(path);
+	test_format_open_carve(uri);
+	test_bad_input(uri);
+	unlink(path);
+	if (failures) {
+		fprintf(stderr, "c_api_test: %d check(s) failed\n", failures);
+		return 1;
+	}
+	printf("c_api_test: pass\n");
+	return 0;
+}
