@@ -153,6 +153,14 @@ TEST(HostDomain, DescribeNamesTheChosenPaths) {
     }
 }
 
+TEST(HostDomain, UncachedModeReadsWithStreamingLoadsWhereTheCpuHasThem) {
+  const std::string s = make_host_domain({.mode = DomainMode::uncached})->describe();
+  EXPECT_EQ(s.rfind("uncached(", 0), 0u) << s;
+  if (coherence::cpu_has_sse41()) {
+    EXPECT_NE(s.find("movntdqa"), std::string::npos) << s;
+  }
+}
+
 TEST(HostDomain, EnvironmentForcesAPath) {
   ASSERT_EQ(setenv("CXLKV_NTCOPY", "sse2", 1), 0);
   ASSERT_EQ(setenv("CXLKV_FLUSH", "clflush", 1), 0);

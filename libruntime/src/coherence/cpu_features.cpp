@@ -43,6 +43,14 @@ const CpuFeatures& cpu_features() {
   return f;
 }
 
+bool coherence::cpu_has_sse41() {
+  static const bool has = [] {
+    unsigned a, b, c, d;
+    return __get_cpuid(1, &a, &b, &c, &d) && (c & (1u << 19));
+  }();
+  return has;
+}
+
 const char* to_string(DomainMode m) {
   switch (m) {
     case DomainMode::coherent: return "coherent";

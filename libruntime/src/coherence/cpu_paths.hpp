@@ -18,6 +18,8 @@
 //                    memory without ever holding a dirty line that a later
 //                    write-back could use to clobber another host's bytes.
 //   movdir64b        rule 3 single-line publish: one 64-byte store.
+//   movntdqa         rule 6 on a WC mapping (uncached mode): whole-line
+//                    streaming reads instead of uncached word reads.
 //   mfence           rules 3 and 4: orders NT stores, flushes and loads.
 #pragma once
 
@@ -58,6 +60,10 @@ bool cpu_has(NtCopyInsn insn, const CpuFeatures& cpu = cpu_features());
 void nt_copy(NtLinesFn lines, void* dst, const void* src, size_t n);
 // Partial-line NT stores only (used for head, tail and small store_nt()).
 void nt_store_small(char* dst, const char* src, size_t n);
+
+// ---- streaming loads for WC mappings (ntload_sse41.cpp) ---------------------
+bool cpu_has_sse41();
+void stream_load_copy(void* dst, const void* src, size_t n);  // needs SSE4.1
 
 // ---- single-line publish (movdir64b.cpp) -----------------------------------
 void publish_movdir64b(void* dst64, const void* src64);  // needs CPUID movdir64b

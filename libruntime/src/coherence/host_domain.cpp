@@ -10,6 +10,7 @@
 #include <string>
 
 #include "coherence/cpu_paths.hpp"
+#include "util/log.hpp"
 
 namespace cxlkv {
 
@@ -34,7 +35,8 @@ class HostDomain final : public MemoryDomain {
                              ? flush_clflushopt
                              : flush_clflush),
         nt_lines_(nt_lines_fn(nt)),
-        movdir64b_(cpu_features().movdir64b) {}
+        movdir64b_(cpu_features().movdir64b),
+        stream_loads_(mode == DomainMode::uncached && cpu_has_sse41()) {}
 
   DomainMode mode() const override { return mode_; }
 
@@ -42,6 +44,7 @@ class HostDomain final : public MemoryDomain {
     std::string s = std::string(to_string(mode_)) + "(" + flush_name(flush_insn_) + ", " +
                     ntcopy_name(nt_insn_) + "-nt";
     if (movdir64b_) s += ", movdir64b";
+    if (stream_loads_) s += ", movntdqa";
     return s + ")";
   }
 
@@ -85,6 +88,10 @@ class HostDomain final : public MemoryDomain {
       invalidate_bulk_(pool_src, n);  // rule 6: payload reads invalidate first
       _mm_mfence();                   // rule 4: invalidation done before the loads
     }
+    if (stream_loads_) {
+      stream_load_copy(dst, pool_src, n);  // rule 6 on WC: whole-line streaming reads
+      return;
+    }
     std::memcpy(dst, pool_src, n);
   }
 
@@ -104,6 +111,7 @@ class HostDomain final : public MemoryDomain {
   FlushFn invalidate_bulk_;
   NtLinesFn nt_lines_;
   bool movdir64b_;
+  bool stream_loads_;
 };
 
 FlushInsn default_flush() {
@@ -130,7 +138,9 @@ std::unique_ptr<MemoryDomain> make_host_domain(const HostDomainOptions& opts) {
   if (set(opts.force_flush)) flush = parse_flush(opts.force_flush, "HostDomainOptions.force_flush");
   if (set(opts.force_ntcopy))
     nt = parse_ntcopy(opts.force_ntcopy, "HostDomainOptions.force_ntcopy");
-  return std::make_unique<HostDomain>(opts.mode, flush, nt);
+  auto d = std::make_unique<HostDomain>(opts.mode, flush, nt);
+  log().debug("memory domain: {}", d->describe());
+  return d;
 }
 
 }  // namespace cxlkv
