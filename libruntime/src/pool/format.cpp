@@ -87,6 +87,10 @@ Result<PoolLayout> plan_pool_layout(std::string_view pool, uint64_t pool_size,
   if (o.index_entries > (1ull << 32))
     return Error(-EINVAL, P + "index_entries " + std::to_string(o.index_entries) + " too large (max 2^32)");
 
+  if (pool_size % kAlign != 0 || pool_size < CXLKV_MIN_POOL_SIZE)
+    return Error(-EINVAL, P + "size " + std::to_string(pool_size) + " is not a multiple of 2 MiB of at least " +
+                              region::human_size(CXLKV_MIN_POOL_SIZE));
+
   PoolLayout L;
   uint64_t ctrl_bytes = 0;
   L.ctrl = plan_control(o.max_nodes, o.max_locks, &ctrl_bytes);
