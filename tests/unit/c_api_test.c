@@ -72,6 +72,52 @@ static void test_format_open_carve(const char *uri)
 	cxlkv_pool_close(pool);
 }
 
+/* Three caller buffers -> one pool block -> three other buffers. */
+static void test_gather_scatter(const char *uri)
+{
+	struct cxlkv_format_opts fo;
+	struct cxlkv_pool *pool = NULL;
+	struct cxlkv_carve_info kv;
+	static char a[5000], b[64], c[70001], a2[5000], b2[64], c2[70001];
+	struct cxlkv_chunk in[3] = {{a, sizeof(a)}, {b, sizeof(b)}, {c, sizeof(c)}};
+	struct cxlkv_chunk out[3] = {{a2, sizeof(a2)}, {b2, sizeof(b2)}, {c2, sizeof(c2)}};
+	struct cxlkv_chunk null_chunk = {NULL, 16};
+	size_t i;
+
+	memset(&fo, 0, sizeof(fo));
+	fo.size = sizeof(fo);
+	fo.pool_size = 64 * MiB;
+	fo.flags = CXLKV_FORMAT_F_FORCE;
+	CHECK(cxlkv_pool_format(uri, &fo) == 0);
+	CHECK(cxlkv_pool_open(uri, &pool) == 0);
+	if (!pool)
+		return;
+	CHECK(cxlkv_carve_lookup(pool, "kv", &kv) == 0);
+	for (i = 0; i < sizeof(a); i++)
+		a[i] = (char)(i * 7 + 1);
+	memset(b, 0x42, sizeof(b));
+	for (i = 0; i < sizeof(c); i++)
+		c[i] = (char)(i ^ (i >> 8));
+
+	/* An unaligned pool offset exercises the copy's head and tail. */
+	CHECK(cxlkv_gather_write(pool, kv.offset + 3, in, 3) == 0);
+	CHECK(memcmp((char *)cxlkv_off_to_ptr(pool, kv.offset + 3 + sizeof(a)), b, sizeof(b)) == 0);
+	CHECK(cxlkv_scatter_read(pool, kv.offset + 3, out, 3) == 0);
+	CHECK(memcmp(a, a2, sizeof(a)) == 0);
+	CHECK(memcmp(b, b2, sizeof(b)) == 0);
+	CHECK(memcmp(c, c2, sizeof(c)) == 0);
+
+	/* Blocks past the end of the pool and bad chunk lists are refused. */
+	CHECK(cxlkv_gather_write(pool, 64 * MiB - 100, in, 3) == -ERANGE);
+	CHECK(strstr(cxlkv_last_error(), "outside the pool") != NULL);
+	CHECK(cxlkv_scatter_read(pool, UINT64_MAX - 10, out, 3) == -ERANGE);
+	CHECK(cxlkv_gather_write(pool, kv.offset, NULL, 2) == -EINVAL);
+	CHECK(cxlkv_gather_write(pool, kv.offset, &null_chunk, 1) == -EINVAL);
+	CHECK(cxlkv_gather_write(NULL, 0, in, 3) == -EINVAL);
+	CHECK(cxlkv_gather_write(pool, kv.offset, in, 0) == 0);
+	cxlkv_pool_close(pool);
+}
+
 static void test_bad_input(const char *uri)
 {
 	struct cxlkv_pool *pool = (struct cxlkv_pool *)1;
@@ -100,6 +146,7 @@ int main(void)
 	snprintf(uri, sizeof(uri), "file:%s", path);
 	unlink(path);
 	test_format_open_carve(uri);
+	test_gather_scatter(uri);
 	test_bad_input(uri);
 	unlink(path);
 	if (failures) {

@@ -70,7 +70,11 @@ int cxlkv_carve_remove(struct cxlkv_pool *pool, const char *name);
 #define CXLKV_CARVE_RM_F_FORCE (1u << 0)
 int cxlkv_carve_remove_flags(struct cxlkv_pool *pool, const char *name, uint32_t flags);
 
-/* CPU gather-write / scatter-read between a chunk list and one pool block. */
+/* CPU gather-write / scatter-read between a chunk list and one pool block at
+ * pool offset dst_off / src_off.  0 on success (the written block is in pool
+ * memory when gather_write returns: publish its index entry afterwards);
+ * -ERANGE when the block does not fit in the pool, -EINVAL / -EOVERFLOW for
+ * a bad chunk list.  Nothing is copied on error. */
 int cxlkv_gather_write(struct cxlkv_pool *pool, uint64_t dst_off,
 		       const struct cxlkv_chunk *chunks, size_t nchunks);
 int cxlkv_scatter_read(struct cxlkv_pool *pool, uint64_t src_off,
