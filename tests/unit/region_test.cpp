@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: MIT
 // Region: format, open with validation, carves, several pools at once.
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -98,6 +99,30 @@ TEST(RegionFormat, RefusesToOverwriteAValidPoolWithoutForce) {
   auto forced = Region::format(p.uri(), fo);
   ASSERT_TRUE(forced.ok()) << forced.error().message();
   EXPECT_TRUE(forced.value()->carves().empty());
+}
+
+TEST(RegionFormat, RefusalNeverResizesTheValidPool) {
+  TempPool p("noresize");
+  format_ok(p.uri(), 64 * MiB);
+  FormatOptions fo;
+  fo.size = 32 * MiB;
+  auto again = Region::format(p.uri(), fo);
+  ASSERT_FALSE(again.ok());
+  EXPECT_EQ(again.error().code(), -EEXIST);
+  struct stat st {};
+  ASSERT_EQ(stat(p.path().c_str(), &st), 0);
+  EXPECT_EQ(static_cast<uint64_t>(st.st_size), 64 * MiB);
+  EXPECT_TRUE(Region::open(p.uri()).ok());
+}
+
+TEST(RegionFormat, DamagedPoolMayBeReformattedWithoutForce) {
+  TempPool p("damaged-reformat");
+  format_ok(p.uri());
+  corrupt(p, [](cxlkv_superblock& sb) { sb.magic = 1; }, false);
+  FormatOptions fo;
+  auto r = Region::format(p.uri(), fo);
+  ASSERT_TRUE(r.ok()) << r.error().message();
+  EXPECT_EQ(r.value()->size(), 64 * MiB);
 }
 
 TEST(RegionFormat, RejectsSizesThatAreNotWholeCarves) {

@@ -7,6 +7,12 @@ PKGS="build-essential cmake pkg-config libspdlog-dev libfmt-dev libgtest-dev lib
 liburing-dev libxxhash-dev spin fio \
 qemu-system-x86 linux-image-amd64 linux-headers-amd64 busybox-static cpio kmod dkms"
 
+if ! command -v dpkg-query >/dev/null 2>&1; then
+	echo "cxlkv: dpkg-query not found; the set-up expects Debian 12. Install the equivalents of:" >&2
+	echo "  $PKGS" >&2
+	exit 1
+fi
+
 missing=""
 for p in $PKGS; do
 	if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
@@ -19,6 +25,7 @@ cmd="apt-get install -y --no-install-recommends$missing"
 if [ "$(id -u)" != 0 ]; then
 	echo "cxlkv: missing Debian packages:$missing" >&2
 	echo "cxlkv: run as root:  $cmd" >&2
+	echo "cxlkv: (or: sudo make deps)" >&2
 	exit 1
 fi
 echo "cxlkv: installing:$missing"

@@ -74,6 +74,25 @@ CarveInfo to_info(const cxlkv_carve& c) {
   return i;
 }
 
+Error already_formatted(const std::string& uri, const cxlkv_superblock& sb) {
+  return Error(-EEXIST, "pool " + uri + ": already holds a valid cxlkv superblock (generation " +
+                            std::to_string(sb.generation) + ", " + std::to_string(sb.ncarves) +
+                            " carves); use force (cxlkvctl format --force) to overwrite it");
+}
+
+// -EEXIST if the device exists and holds a valid superblock for its size.
+Result<void> refuse_valid_pool(const region::PoolUri& pu, const OpenOptions& opts) {
+  auto be = region::open_backend(pu, {});
+  if (!be || be.value()->size() < sizeof(cxlkv_superblock)) return {};  // nothing valid there
+  auto base = be.value()->map();
+  if (!base) return base.error();
+  auto domain = make_domain(pu.uri, opts);
+  if (!domain) return domain.error();
+  cxlkv_superblock sb = load_fresh(*domain.value(), base.value());
+  if (validate_superblock(pu.uri, &sb, sizeof sb, be.value()->size()).ok()) return already_formatted(pu.uri, sb);
+  return {};
+}
+
 struct MetadataLock {
   region::Backend& b;
   explicit MetadataLock(region::Backend& be) : b(be) {}
@@ -143,6 +162,10 @@ Result<std::unique_ptr<Region>> Region::format(std::string_view uri, const Forma
     return Error(-EINVAL, P + "a " + std::string(to_string(pu->kind)) +
                               ": pool has the device's size; do not give one");
 
+  // Look before touching anything: creating or resizing the device below
+  // must not happen to a valid pool that is not meant to be overwritten.
+  if (!fopts.force) CXLKV_TRY(refuse_valid_pool(pu.value(), opts));
+
   region::BackendOpenOptions bo;
   bo.create = resizable;
   bo.size = want;
@@ -160,18 +183,11 @@ Result<std::unique_ptr<Region>> Region::format(std::string_view uri, const Forma
   if (!dr) return dr.error();
   auto domain = std::move(dr).value();
 
-  // Never clobber a pool that is in use by accident: a valid superblock
-  // must be overwritten knowingly.  (The size check above happened before
-  // any resize only when a size was given; an existing valid pool of another
-  // size is refused here too, because its superblock no longer matches.)
+  // Checked again under the metadata lock: another process of this host may
+  // have formatted the pool since refuse_valid_pool() looked.
   cxlkv_superblock old = load_fresh(*domain, base.value());
-  if (!fopts.force && old.magic == CXLKV_SB_MAGIC) {
-    auto v = validate_superblock(pu->uri, &old, sizeof old, old.pool_size);
-    if (v.ok())
-      return Error(-EEXIST, P + "already holds a valid cxlkv superblock (generation " +
-                                std::to_string(old.generation) + ", " + std::to_string(old.ncarves) +
-                                " carves); use force (cxlkvctl format --force) to overwrite it");
-  }
+  if (!fopts.force && validate_superblock(pu->uri, &old, sizeof old, size).ok())
+    return already_formatted(pu->uri, old);
 
   cxlkv_superblock sb{};
   sb.magic = CXLKV_SB_MAGIC;
