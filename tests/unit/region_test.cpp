@@ -4,7 +4,10 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <atomic>
+#include <chrono>
 #include <cstdio>
+#include <thread>
 #include <cstring>
 #include <fstream>
 #include <string>
@@ -487,6 +490,43 @@ TEST(RegionPools, SecondHandleSeesCarveChangesOfTheFirst) {
   ASSERT_TRUE(rr.ok());
   ASSERT_TRUE(w->carve_create("shared", 2 * MiB, MemType::wb).ok());
   EXPECT_TRUE(rr.value()->carve("shared").ok());
+}
+
+TEST(RegionPools, ReadWaitsOutAnUpdateInFlight) {
+  TempPool p("inflight");
+  auto r = format_ok(p.uri());
+  // Another writer is midway through storing the image: checksum stale.
+  auto* sb = r->at<cxlkv_superblock>(0);
+  cxlkv_superblock good = *sb;
+  sb->generation += 1;
+  std::thread finisher([&] {
+    std::this_thread::sleep_for(std::chrono::microseconds(200));
+    cxlkv_superblock done = good;
+    done.generation += 1;
+    region::seal_superblock(done);
+    std::memcpy(static_cast<void*>(sb), &done, sizeof done);
+  });
+  auto read = r->read_superblock();
+  finisher.join();
+  ASSERT_TRUE(read.ok()) << read.error().message();
+  EXPECT_EQ(read->generation, good.generation + 1);
+}
+
+TEST(RegionPools, ConcurrentCarveChangesFromTwoHandlesAllLand) {
+  TempPool p("concurrent");
+  auto a = format_ok(p.uri(), 128 * MiB);
+  auto b = Region::open(p.uri());
+  ASSERT_TRUE(b.ok());
+  auto make = [](Region* r, const char* prefix) {
+    for (int i = 0; i < 12; i++) ASSERT_TRUE(r->carve_create(prefix + std::to_string(i), 2 * MiB, MemType::wb).ok());
+  };
+  std::thread ta(make, a.get(), "a"), tb(make, b.value().get(), "b");
+  ta.join();
+  tb.join();
+  auto cs = a->carves();
+  EXPECT_EQ(cs.size(), 24u) << "a carve created by one handle was lost by the other";
+  cxlkv_superblock sb = a->superblock();
+  EXPECT_TRUE(validate_superblock(p.uri(), &sb, sizeof sb, a->size()).ok());
 }
 
 TEST(RegionPools, ShmPoolRoundTrip) {

@@ -25,7 +25,7 @@ namespace {
 constexpr uint64_t MiB = 1ull << 20;
 constexpr uint64_t kPoolSize = 16 * MiB;
 constexpr int kIterations = 50000;
-constexpr int kOpenEvery = 25;  // every 25th case also goes through Region::open
+constexpr int kOpenEvery = 40;  // every 40th case also goes through Region::open
 
 // Independent statement of what a valid carve table is.
 ::testing::AssertionResult carve_table_is_sane(const cxlkv_superblock& sb, uint64_t pool_size) {

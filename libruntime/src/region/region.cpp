@@ -13,6 +13,8 @@
 #include <time.h>
 
 #include <algorithm>
+#include <chrono>
+#include <thread>
 #include <cerrno>
 #include <cstring>
 
@@ -44,6 +46,11 @@ const char* to_string(MemType t) {
 }
 
 namespace {
+
+// How long a superblock whose checksum does not match is re-read (every
+// 50 us) before it is called damaged: a writer stores the 4 KiB image in
+// microseconds; the margin is for a writer that is descheduled midway.
+constexpr auto kTornReadPatience = std::chrono::milliseconds(5);
 
 // Domain for a freshly mapped pool (make_host_domain throws on a forced
 // instruction path the CPU lacks; that becomes this pool's error).
@@ -232,6 +239,15 @@ void Region::write_superblock(cxlkv_superblock& sb) {
 
 Result<cxlkv_superblock> Region::read_superblock() const {
   cxlkv_superblock sb = load_fresh(*domain_, base_);
+  // A checksum mismatch on an otherwise plausible image is most likely an
+  // update in flight (another process or host is storing the 4 KiB image
+  // right now): re-read for a moment before calling the pool damaged.
+  auto give_up = std::chrono::steady_clock::now() + kTornReadPatience;
+  while (sb.magic == CXLKV_SB_MAGIC && cxlkv_sb_checksum(&sb) != sb.checksum &&
+         std::chrono::steady_clock::now() < give_up) {
+    std::this_thread::sleep_for(std::chrono::microseconds(50));
+    sb = load_fresh(*domain_, base_);
+  }
   auto v = validate_superblock(uri_, &sb, sizeof sb, size_);
   if (!v) {
     log().warn("{}", v.error().message());
