@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: MIT
 #include "coherence/noncoherent_sim.hpp"
 
+#include <algorithm>
 #include <array>
 #include <cstdio>
 #include <cstring>
@@ -29,8 +30,9 @@ class NonCoherentSim::Node final : public MemoryDomain {
   DomainMode mode() const override { return DomainMode::flush; }
   std::string describe() const override {
     return "noncoherent-sim(node " + std::to_string(id_) + " of " +
-           std::to_string(sim_.nodes_.size()) +
-           ", evict_probability " + std::to_string(sim_.opts_.evict_probability) + ")";
+           std::to_string(sim_.nodes_.size()) + ", evict_probability " +
+           std::to_string(sim_.opts_.evict_probability) +
+           (sim_.opts_.buffer_until_fence ? ", buffer_until_fence" : "") + ")";
   }
 
   void load(void* dst, const void* src, size_t n) override {
@@ -38,6 +40,7 @@ class NonCoherentSim::Node final : public MemoryDomain {
     check(src, n, "load");
     c_.loads++;
     for_each_piece(src, n, [&](uintptr_t line, size_t off, size_t len, size_t done) {
+      drain_line(line);  // our own buffered writes to this line land first
       auto it = cache_.find(line);
       if (it != cache_.end()) {
         c_.cached_loads++;
@@ -57,6 +60,7 @@ class NonCoherentSim::Node final : public MemoryDomain {
     check(dst, n, "store");
     c_.stores++;
     for_each_piece(dst, n, [&](uintptr_t line, size_t off, size_t len, size_t done) {
+      drain_line(line);
       auto it = cache_.find(line);
       if (it == cache_.end()) it = fill(line);  // write-allocate: the whole line
       std::memcpy(it->second.bytes.data() + off, static_cast<const char*>(src) + done, len);
@@ -68,17 +72,29 @@ class NonCoherentSim::Node final : public MemoryDomain {
   void store_nt(void* dst, const void* src, size_t n) override {
     std::lock_guard g(sim_.mu_);
     check(dst, n, "store_nt");
-    store_nt_locked(dst, src, n);
+    c_.nt_stores++;
+    for_each_piece(dst, n, [&](uintptr_t line, size_t off, size_t len, size_t done) {
+      drain_line(line);
+      drop_line(line, /*buffered=*/false);  // the NT store evicts our copy (written back if dirty)
+      write_memory(line, off, static_cast<const char*>(src) + done, len);
+      maybe_evict();
+    });
   }
 
   void flush(const void* p, size_t n) override { writeback_drop(p, n, "flush"); }
   void flush_bulk(const void* p, size_t n) override { writeback_drop(p, n, "flush_bulk"); }
   void invalidate(const void* p, size_t n) override { writeback_drop(p, n, "invalidate"); }
-  void fence() override {}  // accesses are already sequential under the mutex
+
+  void fence() override {
+    std::lock_guard g(sim_.mu_);
+    c_.fences++;
+    drain_all();  // without buffer_until_fence nothing is pending: accesses are sequential
+  }
 
   void copy_to_pool(void* dst, const void* src, size_t n) override { store_nt(dst, src, n); }
   void copy_from_pool(void* dst, const void* src, size_t n) override {
     invalidate(src, n);  // rule 6
+    fence();             // rule 4
     load(dst, src, n);
   }
 
@@ -92,14 +108,17 @@ class NonCoherentSim::Node final : public MemoryDomain {
 
   // ---- used by NonCoherentSim (mutex held) ----------------------------------
   void writeback_all_locked() {
+    drain_all();
     for (auto& [line, l] : cache_)
-      if (l.dirty) writeback(line, l);
+      if (l.dirty) writeback_now(line, l.bytes.data());
     cache_.clear();
     keys_.clear();
   }
   void drop_all_locked() {
     for (auto& [line, l] : cache_)
       if (l.dirty) c_.dropped++;
+    c_.dropped += pending_.size();
+    pending_.clear();
     cache_.clear();
     keys_.clear();
   }
@@ -112,8 +131,15 @@ class NonCoherentSim::Node final : public MemoryDomain {
     size_t key_index = 0;  // position in keys_ (for O(1) random eviction)
   };
   using Cache = std::unordered_map<uintptr_t, Line>;
+  // A write on its way to memory (buffer_until_fence): bytes [off, off+len) of a line.
+  struct Pending {
+    uintptr_t line;
+    size_t off, len;
+    std::array<char, kLine> bytes;
+  };
 
   char* mem(uintptr_t line) { return reinterpret_cast<char*>(line); }
+  bool buffering() const { return sim_.opts_.buffer_until_fence; }
 
   void check(const void* p, size_t n, const char* op) const {
     if (n == 0) return;
@@ -150,8 +176,19 @@ class NonCoherentSim::Node final : public MemoryDomain {
     return it;
   }
 
-  void writeback(uintptr_t line, const Line& l) {
-    std::memcpy(mem(line), l.bytes.data(), kLine);  // whole line, as hardware does
+  // Bytes on their way to memory: straight there, or into the buffer.
+  void write_memory(uintptr_t line, size_t off, const char* src, size_t len) {
+    if (!buffering()) {
+      std::memcpy(mem(line) + off, src, len);
+      return;
+    }
+    Pending p{line, off, len, {}};
+    std::memcpy(p.bytes.data() + off, src, len);
+    pending_.push_back(p);
+  }
+
+  void writeback_now(uintptr_t line, const char* bytes) {
+    std::memcpy(mem(line), bytes, kLine);  // whole line, as hardware does
     c_.writebacks++;
   }
 
@@ -164,34 +201,65 @@ class NonCoherentSim::Node final : public MemoryDomain {
     cache_.erase(it);
   }
 
-  void drop_line(uintptr_t line) {
+  // Drop our copy of a line, writing it back whole if dirty.  `buffered`:
+  // the write-back is a flush instruction's, which waits for a fence under
+  // buffer_until_fence; evictions write back at once.
+  void drop_line(uintptr_t line, bool buffered) {
     auto it = cache_.find(line);
     if (it == cache_.end()) return;
-    if (it->second.dirty) writeback(line, it->second);
+    if (it->second.dirty) {
+      if (buffered && buffering()) {
+        write_memory(line, 0, it->second.bytes.data(), kLine);
+        c_.writebacks++;
+      } else {
+        writeback_now(line, it->second.bytes.data());
+      }
+    }
     erase(it);
   }
 
-  void maybe_evict() {
-    if (sim_.opts_.evict_probability <= 0.0 || keys_.empty()) return;
-    if (coin_(rng_) >= sim_.opts_.evict_probability) return;
-    const uintptr_t line = keys_[std::uniform_int_distribution<size_t>(0, keys_.size() - 1)(rng_)];
-    c_.evictions++;
-    drop_line(line);
+  // Apply this node's buffered writes to one line, in program order.
+  void drain_line(uintptr_t line) {
+    if (pending_.empty()) return;
+    size_t keep = 0;
+    for (size_t i = 0; i < pending_.size(); i++) {
+      Pending& p = pending_[i];
+      if (p.line == line)
+        std::memcpy(mem(line) + p.off, p.bytes.data() + p.off, p.len);
+      else
+        pending_[keep++] = p;
+    }
+    pending_.resize(keep);
   }
 
-  void store_nt_locked(void* dst, const void* src, size_t n) {
-    c_.nt_stores++;
-    for_each_piece(dst, n, [&](uintptr_t line, size_t off, size_t len, size_t done) {
-      drop_line(line);  // the NT store evicts our copy (written back first if dirty)
-      std::memcpy(mem(line) + off, static_cast<const char*>(src) + done, len);
-      maybe_evict();
-    });
+  void drain_all() {
+    for (Pending& p : pending_) std::memcpy(mem(p.line) + p.off, p.bytes.data() + p.off, p.len);
+    pending_.clear();
+  }
+
+  void maybe_evict() {
+    const double p = sim_.opts_.evict_probability;
+    if (p <= 0.0) return;
+    if (!keys_.empty() && coin_(rng_) < p) {
+      const uintptr_t line =
+          keys_[std::uniform_int_distribution<size_t>(0, keys_.size() - 1)(rng_)];
+      c_.evictions++;
+      drop_line(line, /*buffered=*/false);
+    }
+    // A random buffered line reaches memory early, ahead of older ones.
+    if (!pending_.empty() && coin_(rng_) < p) {
+      c_.early_drains++;
+      drain_line(pending_[std::uniform_int_distribution<size_t>(0, pending_.size() - 1)(rng_)].line);
+    }
   }
 
   void writeback_drop(const void* p, size_t n, const char* op) {
     std::lock_guard g(sim_.mu_);
     check(p, n, op);
-    for_each_piece(p, n, [&](uintptr_t line, size_t, size_t, size_t) { drop_line(line); });
+    for_each_piece(p, n, [&](uintptr_t line, size_t, size_t, size_t) {
+      drain_line(line);
+      drop_line(line, /*buffered=*/true);
+    });
   }
 
   NonCoherentSim& sim_;
@@ -200,6 +268,7 @@ class NonCoherentSim::Node final : public MemoryDomain {
   std::uniform_real_distribution<double> coin_;
   Cache cache_;
   std::vector<uintptr_t> keys_;
+  std::vector<Pending> pending_;
   SimCounters c_;
 };
 
@@ -258,6 +327,8 @@ SimCounters NonCoherentSim::total() const {
     t.writebacks += c.writebacks;
     t.evictions += c.evictions;
     t.dropped += c.dropped;
+    t.fences += c.fences;
+    t.early_drains += c.early_drains;
   }
   return t;
 }

@@ -19,6 +19,15 @@
 // dirty), from a per-node RNG seeded with seed + node.  Whole-line write-back
 // is what makes a plain store to a shared line clobber another node's bytes.
 //
+// With buffer_until_fence (off by default) the sim also checks fences: the
+// bytes of store_nt() and the write-backs of flush() / flush_bulk() /
+// invalidate() wait in a per-node buffer (write-combining buffer, pending
+// clflushopt) and reach memory at the node's next fence(), when the node
+// itself touches that line again (as hardware drains a WC buffer on a hit),
+// or at random moments, line by line in random order (probability
+// evict_probability per access) -- so a flag published without a fence after
+// its payload can become visible first.
+//
 // Accesses outside the simulated pool throw std::out_of_range (a protocol
 // bug: it touched pool memory it does not own through the domain).
 #pragma once
@@ -37,6 +46,7 @@ struct NonCoherentSimOptions {
   uint32_t nodes = 4;
   double evict_probability = 0.0;
   uint64_t seed = 1;
+  bool buffer_until_fence = false;  // see above: NT stores / write-backs wait for fence()
 };
 
 // Per-node counters (snapshot).
@@ -48,7 +58,9 @@ struct SimCounters {
   uint64_t nt_stores = 0;    // store_nt() / copy_to_pool() / publish_line() calls
   uint64_t writebacks = 0;   // dirty lines written back (flush, invalidate, eviction)
   uint64_t evictions = 0;    // random evictions
-  uint64_t dropped = 0;      // dirty lines lost by drop_all()
+  uint64_t dropped = 0;      // dirty lines (and buffered writes) lost by drop_all()
+  uint64_t fences = 0;       // fence() calls
+  uint64_t early_drains = 0; // buffered lines that reached memory before a fence
 };
 
 class NonCoherentSim {
@@ -65,7 +77,8 @@ class NonCoherentSim {
   uint32_t nodes() const { return static_cast<uint32_t>(nodes_.size()); }
 
   void writeback_all(uint32_t i);  // write back + drop every dirty line of node i
-  void drop_all(uint32_t i);       // crash: node i loses its dirty lines
+                                   // (and drain its buffered writes)
+  void drop_all(uint32_t i);       // crash: node i loses its dirty lines and buffered writes
 
   SimCounters counters(uint32_t i) const;
   SimCounters total() const;  // summed over nodes
