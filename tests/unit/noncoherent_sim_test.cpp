@@ -236,6 +236,9 @@ TEST(NonCoherentSimBuffered, PublishWithoutFenceBeforeTheFlagIsCaught) {
 struct ProtocolVariant {
   bool writer_flushes_payload = true;      // rule 3
   bool reader_invalidates_payload = true;  // rule 4
+  // Bug: the reader invalidates the payload right after consuming a round,
+  // before it has seen the next flag, instead of after.
+  bool reader_invalidates_early = false;
 };
 
 constexpr size_t kPayloadWords = 48;  // 384 B: six lines
@@ -259,12 +262,10 @@ struct ProtocolOutcome {
   uint64_t rounds_checked = 0;
 };
 
-ProtocolOutcome run_protocol(ProtocolVariant v, uint64_t rounds, double evict_p,
-                             bool buffer_until_fence = false) {
+ProtocolOutcome run_protocol(ProtocolVariant v, uint64_t rounds, NonCoherentSimOptions o) {
   Pool pool(sizeof(Channel) * kNodes);
-  NonCoherentSim sim(pool.mem, pool.bytes,
-                     {.nodes = kNodes, .evict_probability = evict_p, .seed = 11,
-                      .buffer_until_fence = buffer_until_fence});
+  o.nodes = kNodes;
+  NonCoherentSim sim(pool.mem, pool.bytes, o);
   auto* ch = reinterpret_cast<Channel*>(pool.mem);
   std::atomic<uint64_t> bad{0}, checked{0};
 
@@ -299,7 +300,7 @@ ProtocolOutcome run_protocol(ProtocolVariant v, uint64_t rounds, double evict_p,
         if (seen[o] < rounds) done = false;
         const uint64_t flag = d.read_fresh(&ch[o].flag);  // rule 4: invalidate every poll
         if (flag == seen[o]) continue;
-        if (v.reader_invalidates_payload) {
+        if (v.reader_invalidates_payload && !v.reader_invalidates_early) {
           d.invalidate(ch[o].payload, sizeof ch[o].payload);  // rule 4
           d.fence();
         }
@@ -311,6 +312,10 @@ ProtocolOutcome run_protocol(ProtocolVariant v, uint64_t rounds, double evict_p,
           }
         checked++;
         seen[o] = flag;
+        if (v.reader_invalidates_early) {
+          d.invalidate(ch[o].payload, sizeof ch[o].payload);  // too early: before the next flag
+          d.fence();
+        }
         d.write_nt(&ch[o].ack[me].round, flag);  // rule 1: own ack line, NT
         d.fence();
         progress = true;
@@ -326,30 +331,43 @@ ProtocolOutcome run_protocol(ProtocolVariant v, uint64_t rounds, double evict_p,
 }
 
 TEST(NonCoherentSimProtocol, CorrectPublishProtocolPassesUnderThousandsOfRandomEvictions) {
-  ProtocolOutcome out = run_protocol({}, /*rounds=*/500, /*evict_p=*/0.05);
+  ProtocolOutcome out = run_protocol({}, /*rounds=*/500, {.evict_probability = 0.05, .seed = 11});
 
   EXPECT_EQ(out.bad_reads, 0u);
   EXPECT_EQ(out.rounds_checked, 500u * kNodes * (kNodes - 1));
   EXPECT_GT(out.evictions, 5000u);
 }
 
-TEST(NonCoherentSimProtocol, CorrectPublishProtocolPassesWithBufferedNtStoresAndFlushes) {
-  ProtocolOutcome out = run_protocol({}, /*rounds=*/300, /*evict_p=*/0.05, /*buffer=*/true);
+TEST(NonCoherentSimProtocol, CorrectPublishProtocolPassesWithBufferedWritesAndPrefetching) {
+  ProtocolOutcome out =
+      run_protocol({}, /*rounds=*/300,
+                   {.evict_probability = 0.05, .seed = 11, .buffer_until_fence = true,
+                    .prefetch_probability = 0.2});
 
   EXPECT_EQ(out.bad_reads, 0u);
   EXPECT_EQ(out.rounds_checked, 300u * kNodes * (kNodes - 1));
 }
 
 TEST(NonCoherentSimProtocol, PublishWithoutPayloadFlushIsCaught) {
-  ProtocolOutcome out = run_protocol({.writer_flushes_payload = false}, 100, 0.02);
+  ProtocolOutcome out =
+      run_protocol({.writer_flushes_payload = false}, 100, {.evict_probability = 0.02, .seed = 11});
 
   EXPECT_GT(out.bad_reads, 0u) << "the simulator let a missing flush through";
 }
 
 TEST(NonCoherentSimProtocol, ReadWithoutPayloadInvalidateIsCaught) {
-  ProtocolOutcome out = run_protocol({.reader_invalidates_payload = false}, 100, 0.02);
+  ProtocolOutcome out = run_protocol({.reader_invalidates_payload = false}, 100,
+                                     {.evict_probability = 0.02, .seed = 11});
 
   EXPECT_GT(out.bad_reads, 0u) << "the simulator let a missing invalidate through";
+}
+
+TEST(NonCoherentSimProtocol, InvalidatingBeforeTheFlagIsSeenIsCaughtWithPrefetching) {
+  ProtocolOutcome out =
+      run_protocol({.reader_invalidates_early = true}, 200,
+                   {.evict_probability = 0.02, .seed = 11, .prefetch_probability = 0.2});
+
+  EXPECT_GT(out.bad_reads, 0u) << "the simulator let an early invalidate through";
 }
 
 }  // namespace

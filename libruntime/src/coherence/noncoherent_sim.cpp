@@ -32,7 +32,11 @@ class NonCoherentSim::Node final : public MemoryDomain {
     return "noncoherent-sim(node " + std::to_string(id_) + " of " +
            std::to_string(sim_.nodes_.size()) + ", evict_probability " +
            std::to_string(sim_.opts_.evict_probability) +
-           (sim_.opts_.buffer_until_fence ? ", buffer_until_fence" : "") + ")";
+           (sim_.opts_.buffer_until_fence ? ", buffer_until_fence" : "") +
+           (sim_.opts_.prefetch_probability > 0
+                ? ", prefetch_probability " + std::to_string(sim_.opts_.prefetch_probability)
+                : "") +
+           ")";
   }
 
   void load(void* dst, const void* src, size_t n) override {
@@ -51,7 +55,7 @@ class NonCoherentSim::Node final : public MemoryDomain {
         it = fill(line);
       }
       std::memcpy(static_cast<char*>(dst) + done, it->second.bytes.data() + off, len);
-      maybe_evict();
+      background();
     });
   }
 
@@ -65,7 +69,7 @@ class NonCoherentSim::Node final : public MemoryDomain {
       if (it == cache_.end()) it = fill(line);  // write-allocate: the whole line
       std::memcpy(it->second.bytes.data() + off, static_cast<const char*>(src) + done, len);
       it->second.dirty = true;
-      maybe_evict();
+      background();
     });
   }
 
@@ -77,7 +81,7 @@ class NonCoherentSim::Node final : public MemoryDomain {
       drain_line(line);
       drop_line(line, /*buffered=*/false);  // the NT store evicts our copy (written back if dirty)
       write_memory(line, off, static_cast<const char*>(src) + done, len);
-      maybe_evict();
+      background();
     });
   }
 
@@ -253,6 +257,26 @@ class NonCoherentSim::Node final : public MemoryDomain {
     }
   }
 
+  // A prefetcher pulls a random pool line into our cache (clean, current
+  // memory contents), where it may go stale.
+  void maybe_prefetch() {
+    const double p = sim_.opts_.prefetch_probability;
+    if (p <= 0.0 || coin_(rng_) >= p) return;
+    const size_t lines = sim_.bytes_ / kLine;
+    const uintptr_t line = reinterpret_cast<uintptr_t>(sim_.mem_) +
+                           kLine * std::uniform_int_distribution<size_t>(0, lines - 1)(rng_);
+    if (cache_.count(line) != 0) return;
+    drain_line(line);  // our own buffered writes to it land first
+    fill(line);
+    c_.prefetches++;
+  }
+
+  // Background activity after each line access: evictions, early drains, prefetches.
+  void background() {
+    maybe_evict();
+    maybe_prefetch();
+  }
+
   void writeback_drop(const void* p, size_t n, const char* op) {
     std::lock_guard g(sim_.mu_);
     check(p, n, op);
@@ -282,6 +306,8 @@ NonCoherentSim::NonCoherentSim(void* memory, size_t bytes, NonCoherentSimOptions
   if (opts.nodes == 0) throw std::invalid_argument("NonCoherentSim: nodes must be at least 1");
   if (!(opts.evict_probability >= 0.0 && opts.evict_probability <= 1.0))
     throw std::invalid_argument("NonCoherentSim: evict_probability must be in [0, 1]");
+  if (!(opts.prefetch_probability >= 0.0 && opts.prefetch_probability <= 1.0))
+    throw std::invalid_argument("NonCoherentSim: prefetch_probability must be in [0, 1]");
   for (uint32_t i = 0; i < opts.nodes; i++) nodes_.push_back(std::make_unique<Node>(*this, i));
 }
 
@@ -329,6 +355,7 @@ SimCounters NonCoherentSim::total() const {
     t.dropped += c.dropped;
     t.fences += c.fences;
     t.early_drains += c.early_drains;
+    t.prefetches += c.prefetches;
   }
   return t;
 }

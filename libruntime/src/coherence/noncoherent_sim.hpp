@@ -28,6 +28,12 @@
 // evict_probability per access) -- so a flag published without a fence after
 // its payload can become visible first.
 //
+// With prefetch_probability > 0 (off by default) a node also pulls random
+// lines of the pool into its cache, clean, at random moments (probability
+// per access), as hardware prefetchers and speculative loads do: a reader
+// that invalidates a payload before it has seen the flag, instead of after,
+// can end up holding a stale copy.
+//
 // Accesses outside the simulated pool throw std::out_of_range (a protocol
 // bug: it touched pool memory it does not own through the domain).
 #pragma once
@@ -47,6 +53,7 @@ struct NonCoherentSimOptions {
   double evict_probability = 0.0;
   uint64_t seed = 1;
   bool buffer_until_fence = false;  // see above: NT stores / write-backs wait for fence()
+  double prefetch_probability = 0.0;  // see above: random clean fills of pool lines
 };
 
 // Per-node counters (snapshot).
@@ -61,6 +68,7 @@ struct SimCounters {
   uint64_t dropped = 0;      // dirty lines (and buffered writes) lost by drop_all()
   uint64_t fences = 0;       // fence() calls
   uint64_t early_drains = 0; // buffered lines that reached memory before a fence
+  uint64_t prefetches = 0;   // random clean fills
 };
 
 class NonCoherentSim {
