@@ -1,0 +1,136 @@
+// SPDX-License-Identifier: MIT
+// The SSD tier: SSD pool devices (files or raw block devices, read and
+// written with io_uring + O_DIRECT, never through the page cache) organised
+// as one pool with bandwidth-aware placement, as in Unified KV Pooling.
+//
+//   SsdPool::open      open every device, read its header, probe (or reuse
+//                      the cached) bandwidth b_i, start one I/O worker each
+//   write_blocks       place a batch of blocks (floor(p_i * n) per device,
+//                      p_i = b_i / sum b_j, the remainder to the largest p_i),
+//                      write all devices in parallel, return each block's
+//                      location
+//   read_blocks        group reads per device, issue all devices in parallel;
+//                      a failed or short read reports that block lost
+//   release            give a block's extent back
+//
+// A location (device, tier, offset, length) is what the prefix index stores
+// for a block: the global lookup table of the tiered pool.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "cxlkv/result.hpp"
+
+namespace cxlkv {
+
+// Where a block's payload lives.  The values are the ones the prefix index
+// stores in its location's tier field.
+enum class TierKind : uint8_t { kMem = 0, kSsd = 1 };
+
+const char* tier_name(TierKind t);
+
+struct TierLocation {
+  uint16_t device = 0;        // index of the device within its tier
+  TierKind tier = TierKind::kMem;
+  uint64_t offset = 0;        // MEM: pool offset; SSD: byte offset (a multiple of the logical block)
+  uint32_t length = 0;        // payload bytes (the extent is rounded up to the logical block)
+};
+
+struct SsdDeviceConfig {
+  std::string path;             // regular file or block device
+  uint64_t create_bytes = 0;    // regular file: create / grow to this size (0: use as is)
+  double bandwidth_gbps = 0;    // > 0: use this bandwidth instead of the probe (configuration override)
+  bool reprobe = false;         // ignore the bandwidth cached in the device header
+};
+
+class FaultInjector;  // libruntime/src/tier/fault_injector.hpp (tests)
+
+struct SsdPoolOptions {
+  std::vector<SsdDeviceConfig> devices;
+  uint32_t queue_depth = 32;            // in-flight I/Os per device
+  bool sqpoll = false;                  // kernel thread polls the submission queue (IORING_SETUP_SQPOLL)
+  uint64_t probe_bytes = 32ull << 20;   // bandwidth probe size per device (capped by capacity / 8)
+  // Memory the caller reads into / writes from (e.g. the pool's kv carve):
+  // registered with every device's ring as fixed buffers, so I/O on it
+  // skips per-I/O page pinning (IORING_OP_READ_FIXED / WRITE_FIXED).
+  std::vector<std::span<std::byte>> registered_memory;
+  // A device is taken out of placement after this many consecutive I/O
+  // errors, or at once on ENODEV / ENXIO (the device disappeared).
+  uint32_t offline_after_errors = 3;
+  // Tests: per-device fault injection (index = device), may be shorter / empty.
+  std::vector<std::shared_ptr<FaultInjector>> faults;
+};
+
+struct SsdDeviceInfo {
+  std::string path;
+  bool block_device = false;
+  uint32_t logical_block = 0;     // extent alignment (BLKSSZGET, or statx dio alignment / 4096 for files)
+  uint32_t memory_align = 0;      // buffer alignment O_DIRECT needs
+  uint64_t capacity = 0;          // bytes
+  uint64_t data_bytes = 0;        // bytes available for extents
+  uint64_t used_bytes = 0;
+  double bandwidth_gbps = 0;      // b_i used for placement
+  const char* bandwidth_source = "";  // "probe", "cached", "config"
+  double placement_ratio = 0;     // p_i (0 when offline)
+  bool online = true;
+  // counters
+  uint64_t reads = 0, writes = 0, bytes_read = 0, bytes_written = 0;
+  uint64_t io_errors = 0, short_reads = 0, lost_blocks = 0;
+};
+
+struct SsdWrite {
+  const void* data = nullptr;
+  uint32_t length = 0;
+};
+
+struct SsdRead {
+  TierLocation location;
+  void* data = nullptr;   // receives location.length bytes
+};
+
+class SsdPool {
+ public:
+  static Result<std::unique_ptr<SsdPool>> open(const SsdPoolOptions& opts);
+  ~SsdPool();
+  SsdPool(const SsdPool&) = delete;
+  SsdPool& operator=(const SsdPool&) = delete;
+
+  size_t device_count() const;
+  SsdDeviceInfo device_info(size_t i) const;
+
+  // Blocks each online device with free space receives for a batch of n
+  // (floor(p_i * n), the remainder one each to the largest p_i).
+  std::vector<uint32_t> placement(size_t n) const;
+
+  // Writes a batch (blocks in layer-wise order: consecutive blocks go to the
+  // same device in one contiguous extent).  status[i] = 0 and loc[i] set, or
+  // a negative errno: -ENOSPC when no online device has room (the caller
+  // evicts instead), -EIO when the write failed.  Devices are written in
+  // parallel; returns when every write has completed.
+  void write_blocks(std::span<const SsdWrite> blocks, std::span<TierLocation> loc,
+                    std::span<int> status);
+
+  // Reads a batch, grouped per device, devices in parallel.  status[i] = 0
+  // and data filled, or a negative errno: the block is lost (I/O error,
+  // short read, offline device, location not allocated) and its buffer
+  // must not be used.
+  void read_blocks(std::span<const SsdRead> reads, std::span<int> status);
+
+  // Returns the block's extent to its device's free space.
+  void release(const TierLocation& loc);
+
+  // Blocks reported lost by read_blocks so far.
+  uint64_t lost_blocks() const;
+
+ private:
+  struct Impl;
+  explicit SsdPool(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace cxlkv

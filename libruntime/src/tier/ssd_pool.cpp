@@ -1,0 +1,337 @@
+// SPDX-License-Identifier: MIT
+// SsdPool: the pool organizer of the SSD tier (see cxlkv/tier.hpp).
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <cstring>
+#include <numeric>
+
+#include "cxlkv/tier.hpp"
+#include "tier/bandwidth_probe.hpp"
+#include "tier/extent_allocator.hpp"
+#include "tier/placement.hpp"
+#include "tier/ssd_device.hpp"
+#include "util/log.hpp"
+
+namespace cxlkv {
+
+const char* tier_name(TierKind t) { return t == TierKind::kSsd ? "ssd" : "mem"; }
+
+using tier::AlignedBuffer;
+using tier::ExtentAllocator;
+using tier::IoBatch;
+using tier::SsdDevice;
+using tier::SsdIo;
+
+namespace {
+
+struct DeviceSlot {
+  std::unique_ptr<SsdDevice> dev;
+  std::unique_ptr<ExtentAllocator> alloc;
+  double bandwidth_gbps = 0;
+  const char* source = "";
+  std::atomic<bool> online{true};
+  std::atomic<uint32_t> consecutive_errors{0};
+  std::atomic<uint64_t> lost{0};
+};
+
+// One I/O of a batch: which block it serves and, when the caller's buffer
+// cannot be used for O_DIRECT as is, the aligned bounce buffer it goes through.
+struct BlockIo {
+  size_t block;
+  AlignedBuffer bounce;
+};
+
+bool direct_ok(const SsdDevice& d, const void* p, uint32_t len) {
+  return reinterpret_cast<uintptr_t>(p) % d.memory_align() == 0 && len % d.logical_block() == 0;
+}
+
+}  // namespace
+
+struct SsdPool::Impl {
+  SsdPoolOptions opts;
+  std::vector<std::unique_ptr<DeviceSlot>> devs;
+  std::atomic<uint64_t> lost{0};
+
+  // The bandwidth each device takes part in placement with: 0 when it is
+  // offline or has no free extent left.
+  std::vector<double> live_bandwidth(uint64_t min_free) const {
+    std::vector<double> bw(devs.size(), 0.0);
+    for (size_t i = 0; i < devs.size(); i++)
+      if (devs[i]->online.load() && devs[i]->alloc->largest_free() >= min_free)
+        bw[i] = devs[i]->bandwidth_gbps;
+    return bw;
+  }
+
+  // Records an I/O error of device i; a device that has disappeared
+  // (ENODEV / ENXIO) or keeps failing is taken out of placement.
+  void note_error(size_t i, int err, bool short_transfer) {
+    DeviceSlot& s = *devs[i];
+    if (short_transfer || err == -EINVAL) return;  // the device answered; only that data is gone
+    uint32_t n = s.consecutive_errors.fetch_add(1) + 1;
+    if ((err == -ENODEV || err == -ENXIO || n >= opts.offline_after_errors) && s.online.exchange(false))
+      log().error("SSD device {}: taken out of placement after {} ({} consecutive errors)", s.dev->path(),
+                  std::strerror(-err), n);
+  }
+  void note_ok(size_t i) { devs[i]->consecutive_errors.store(0, std::memory_order_relaxed); }
+
+  // Device for a block that did not fit where placement put it: the online
+  // device with the most bandwidth that has room.
+  std::optional<std::pair<size_t, tier::Extent>> spill(uint64_t bytes) {
+    std::vector<size_t> order(devs.size());
+    std::iota(order.begin(), order.end(), 0);
+    std::stable_sort(order.begin(), order.end(),
+                     [&](size_t a, size_t b) { return devs[a]->bandwidth_gbps > devs[b]->bandwidth_gbps; });
+    for (size_t i : order) {
+      if (!devs[i]->online.load()) continue;
+      if (auto e = devs[i]->alloc->allocate(bytes)) return std::make_pair(i, *e);
+    }
+    return std::nullopt;
+  }
+};
+
+SsdPool::SsdPool(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+SsdPool::~SsdPool() = default;
+
+Result<std::unique_ptr<SsdPool>> SsdPool::open(const SsdPoolOptions& opts) {
+  if (opts.devices.empty()) return Error(-EINVAL, "SSD pool: no devices configured");
+  if (opts.devices.size() > UINT16_MAX) return Error(-EINVAL, "SSD pool: too many devices");
+  auto impl = std::make_unique<Impl>();
+  impl->opts = opts;
+  for (size_t i = 0; i < opts.devices.size(); i++) {
+    const SsdDeviceConfig& c = opts.devices[i];
+    tier::SsdDeviceOptions o;
+    o.path = c.path;
+    o.create_bytes = c.create_bytes;
+    o.queue_depth = opts.queue_depth;
+    o.sqpoll = opts.sqpoll;
+    o.registered_memory = opts.registered_memory;
+    if (i < opts.faults.size()) o.faults = opts.faults[i];
+    auto dev = SsdDevice::open(o);
+    if (!dev) return dev.error();
+    auto slot = std::make_unique<DeviceSlot>();
+    slot->dev = std::move(*dev);
+    SsdDevice& d = *slot->dev;
+    auto layout = tier::plan_layout(d, opts.probe_bytes);
+    if (!layout) return layout.error();
+
+    cxlkv_tier_dev_header h{};
+    bool valid = tier::read_header(d, *layout, &h);
+    if (c.bandwidth_gbps > 0) {
+      slot->bandwidth_gbps = c.bandwidth_gbps;
+      slot->source = "config";
+      if (!valid) CXLKV_TRY(tier::write_header(d, *layout, {}));
+    } else if (valid && !c.reprobe && h.probe_read_bps > 0) {
+      slot->bandwidth_gbps = static_cast<double>(h.probe_read_bps) / 1e9;
+      slot->source = "cached";
+    } else {
+      auto pr = tier::probe_bandwidth(d, *layout);
+      if (!pr) return pr.error();
+      slot->bandwidth_gbps = pr->read_gbps;
+      slot->source = "probe";
+      CXLKV_TRY(tier::write_header(d, *layout, *pr));
+    }
+    slot->alloc = std::make_unique<ExtentAllocator>(layout->data_offset, d.capacity() - layout->data_offset,
+                                                    d.logical_block());
+    log().info("SSD pool: device {} = {}: {:.2f} GB/s ({}), {} data bytes", i, d.path(), slot->bandwidth_gbps,
+               slot->source, slot->alloc->capacity());
+    impl->devs.push_back(std::move(slot));
+  }
+  return std::unique_ptr<SsdPool>(new SsdPool(std::move(impl)));
+}
+
+size_t SsdPool::device_count() const { return impl_->devs.size(); }
+
+SsdDeviceInfo SsdPool::device_info(size_t i) const {
+  const DeviceSlot& s = *impl_->devs.at(i);
+  const SsdDevice& d = *s.dev;
+  SsdDeviceInfo info;
+  info.path = d.path();
+  info.block_device = d.block_device();
+  info.logical_block = d.logical_block();
+  info.memory_align = d.memory_align();
+  info.capacity = d.capacity();
+  info.data_bytes = s.alloc->capacity();
+  info.used_bytes = s.alloc->capacity() - s.alloc->free_bytes();
+  info.bandwidth_gbps = s.bandwidth_gbps;
+  info.bandwidth_source = s.source;
+  std::vector<double> bw(impl_->devs.size());
+  for (size_t j = 0; j < bw.size(); j++) bw[j] = impl_->devs[j]->online ? impl_->devs[j]->bandwidth_gbps : 0;
+  info.placement_ratio = tier::placement_ratios(bw)[i];
+  info.online = s.online.load();
+  const auto& c = d.counters();
+  info.reads = c.reads;
+  info.writes = c.writes;
+  info.bytes_read = c.bytes_read;
+  info.bytes_written = c.bytes_written;
+  info.io_errors = c.errors;
+  info.short_reads = c.short_reads;
+  info.lost_blocks = s.lost;
+  return info;
+}
+
+std::vector<uint32_t> SsdPool::placement(size_t n) const {
+  return tier::place_batch(impl_->live_bandwidth(1), n);
+}
+
+void SsdPool::write_blocks(std::span<const SsdWrite> blocks, std::span<TierLocation> loc,
+                           std::span<int> status) {
+  Impl& m = *impl_;
+  const size_t n = blocks.size();
+  const size_t ndev = m.devs.size();
+  std::fill(status.begin(), status.end(), -ENOSPC);
+  std::vector<int> dev_of(n, -1);
+  for (size_t i = 0; i < n; i++)
+    if (blocks[i].length == 0 || !blocks[i].data) status[i] = -EINVAL;
+
+  // Placement: consecutive (layer-wise ordered) blocks go to the same
+  // device, and each device's run gets one contiguous extent when possible.
+  std::vector<uint32_t> count = tier::place_batch(m.live_bandwidth(1), n);
+  std::vector<size_t> spilled;
+  size_t next = 0;
+  for (size_t dv = 0; dv < ndev; dv++) {
+    size_t first = next, last = next + count[dv];
+    next = last;
+    if (count[dv] == 0) continue;
+    ExtentAllocator& a = *m.devs[dv]->alloc;
+    uint64_t total = 0;
+    for (size_t i = first; i < last; i++)
+      if (status[i] != -EINVAL) total += a.round_up(blocks[i].length);
+    std::optional<tier::Extent> run = total ? a.allocate(total) : std::nullopt;
+    uint64_t at = run ? run->offset : 0;
+    for (size_t i = first; i < last; i++) {
+      if (status[i] == -EINVAL) continue;
+      std::optional<tier::Extent> e;
+      if (run) {
+        e = tier::Extent{at, a.round_up(blocks[i].length)};
+        at += e->length;
+      } else {
+        e = a.allocate(blocks[i].length);  // fragmented: block by block
+      }
+      if (!e) {
+        spilled.push_back(i);
+        continue;
+      }
+      dev_of[i] = static_cast<int>(dv);
+      loc[i] = TierLocation{static_cast<uint16_t>(dv), TierKind::kSsd, e->offset, blocks[i].length};
+    }
+  }
+  for (size_t i : spilled) {
+    if (auto s = m.spill(blocks[i].length)) {
+      dev_of[i] = static_cast<int>(s->first);
+      loc[i] = TierLocation{static_cast<uint16_t>(s->first), TierKind::kSsd, s->second.offset, blocks[i].length};
+    }  // else stays -ENOSPC: the SSD tier is full, the caller evicts instead
+  }
+
+  // One I/O per block; all devices are submitted before any is waited for.
+  std::vector<std::vector<SsdIo>> ios(ndev);
+  std::vector<std::vector<BlockIo>> meta(ndev);
+  for (size_t i = 0; i < n; i++) {
+    if (dev_of[i] < 0) continue;
+    SsdDevice& d = *m.devs[dev_of[i]]->dev;
+    SsdIo io;
+    io.op = IoOp::kWrite;
+    io.offset = loc[i].offset;
+    io.length = static_cast<uint32_t>(m.devs[dev_of[i]]->alloc->round_up(blocks[i].length));
+    BlockIo b{i, {}};
+    if (direct_ok(d, blocks[i].data, blocks[i].length)) {
+      io.buf = const_cast<void*>(blocks[i].data);  // only read from
+    } else {
+      b.bounce = AlignedBuffer(io.length, std::max<size_t>(4096, d.memory_align()));
+      std::memcpy(b.bounce.data(), blocks[i].data, blocks[i].length);
+      std::memset(b.bounce.data() + blocks[i].length, 0, io.length - blocks[i].length);
+      io.buf = b.bounce.data();
+    }
+    ios[dev_of[i]].push_back(io);
+    meta[dev_of[i]].push_back(std::move(b));
+  }
+  IoBatch batch;
+  for (size_t dv = 0; dv < ndev; dv++) m.devs[dv]->dev->submit(ios[dv], batch);
+  batch.wait();
+  for (size_t dv = 0; dv < ndev; dv++) {
+    for (size_t k = 0; k < ios[dv].size(); k++) {
+      size_t i = meta[dv][k].block;
+      const SsdIo& io = ios[dv][k];
+      if (io.status == 0) {
+        status[i] = 0;
+        m.note_ok(dv);
+        continue;
+      }
+      status[i] = io.short_transfer ? -EIO : io.status;
+      m.devs[dv]->alloc->free(loc[i].offset, loc[i].length);
+      m.note_error(dv, io.status, io.short_transfer);
+    }
+  }
+}
+
+void SsdPool::read_blocks(std::span<const SsdRead> reads, std::span<int> status) {
+  Impl& m = *impl_;
+  const size_t ndev = m.devs.size();
+  std::vector<std::vector<SsdIo>> ios(ndev);
+  std::vector<std::vector<BlockIo>> meta(ndev);
+  auto lose = [&](size_t i, int err, const char* why) {
+    status[i] = err;
+    m.lost.fetch_add(1, std::memory_order_relaxed);
+    const TierLocation& l = reads[i].location;
+    if (l.device < ndev) m.devs[l.device]->lost.fetch_add(1, std::memory_order_relaxed);
+    log().warn("SSD pool: block at device {} offset {} length {} lost: {}", l.device, l.offset, l.length, why);
+  };
+  for (size_t i = 0; i < reads.size(); i++) {
+    const TierLocation& l = reads[i].location;
+    status[i] = 0;
+    if (l.tier != TierKind::kSsd || l.device >= ndev || l.length == 0 || !reads[i].data) {
+      lose(i, -EINVAL, "not an SSD location of this pool");
+      continue;
+    }
+    DeviceSlot& s = *m.devs[l.device];
+    if (!s.online.load()) {
+      lose(i, -ENODEV, "device is offline");
+      continue;
+    }
+    if (!s.alloc->is_allocated(l.offset, l.length)) {
+      lose(i, -ESTALE, "extent is not allocated");
+      continue;
+    }
+    SsdIo io;
+    io.op = IoOp::kRead;
+    io.offset = l.offset;
+    io.length = static_cast<uint32_t>(s.alloc->round_up(l.length));
+    BlockIo b{i, {}};
+    if (direct_ok(*s.dev, reads[i].data, l.length)) {
+      io.buf = reads[i].data;
+    } else {
+      b.bounce = AlignedBuffer(io.length, std::max<size_t>(4096, s.dev->memory_align()));
+      io.buf = b.bounce.data();
+    }
+    ios[l.device].push_back(io);
+    meta[l.device].push_back(std::move(b));
+  }
+  IoBatch batch;
+  for (size_t dv = 0; dv < ndev; dv++) m.devs[dv]->dev->submit(ios[dv], batch);
+  batch.wait();
+  for (size_t dv = 0; dv < ndev; dv++) {
+    for (size_t k = 0; k < ios[dv].size(); k++) {
+      const SsdIo& io = ios[dv][k];
+      BlockIo& b = meta[dv][k];
+      if (io.status == 0) {
+        if (b.bounce.data()) std::memcpy(reads[b.block].data, b.bounce.data(), reads[b.block].location.length);
+        m.note_ok(dv);
+        continue;
+      }
+      // Never hand out what a failed or short read left in the buffer.
+      lose(b.block, io.short_transfer ? -EIO : io.status, io.short_transfer ? "short read" : std::strerror(-io.status));
+      m.note_error(dv, io.status, io.short_transfer);
+    }
+  }
+}
+
+void SsdPool::release(const TierLocation& loc) {
+  if (loc.tier != TierKind::kSsd || loc.device >= impl_->devs.size()) return;
+  if (!impl_->devs[loc.device]->alloc->free(loc.offset, loc.length))
+    log().error("SSD pool: release of device {} offset {} length {}: extent was not allocated", loc.device,
+                loc.offset, loc.length);
+}
+
+uint64_t SsdPool::lost_blocks() const { return impl_->lost.load(); }
+
+}  // namespace cxlkv
