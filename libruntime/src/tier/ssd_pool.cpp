@@ -73,6 +73,9 @@ struct SsdPool::Impl {
       log().error("SSD device {}: taken out of placement after {} ({} consecutive errors)", s.dev->path(),
                   std::strerror(-err), n);
   }
+  std::vector<size_t> issue_writes(std::span<const SsdWrite> blocks, const std::vector<size_t>& idx,
+                                   const std::vector<int>& dev_of, std::span<TierLocation> loc,
+                                   std::span<int> status);
   void note_ok(size_t i) { devs[i]->consecutive_errors.store(0, std::memory_order_relaxed); }
 
   // Device for a block that did not fit where placement put it: the online
@@ -89,6 +92,58 @@ struct SsdPool::Impl {
     return std::nullopt;
   }
 };
+
+// Writes blocks `idx` to the devices and extents already chosen for them,
+// every device in parallel; returns the blocks whose write failed (their
+// extent is freed again and their status holds the error).
+std::vector<size_t> SsdPool::Impl::issue_writes(std::span<const SsdWrite> blocks, const std::vector<size_t>& idx,
+                                                const std::vector<int>& dev_of, std::span<TierLocation> loc,
+                                                std::span<int> status) {
+  const size_t ndev = devs.size();
+  std::vector<std::vector<SsdIo>> ios(ndev);
+  std::vector<std::vector<BlockIo>> meta(ndev);
+  for (size_t i : idx) {
+    DeviceSlot& s = *devs[dev_of[i]];
+    SsdIo io;
+    io.op = IoOp::kWrite;
+    io.offset = loc[i].offset;
+    io.length = static_cast<uint32_t>(s.alloc->round_up(blocks[i].length));
+    BlockIo b{i, {}};
+    if (direct_ok(*s.dev, blocks[i].data, blocks[i].length)) {
+      io.buf = const_cast<void*>(blocks[i].data);  // only read from
+    } else {
+      // Unaligned buffer or a length that is not a whole number of logical
+      // blocks: stage through an aligned buffer, padded with zeroes.
+      b.bounce = AlignedBuffer(io.length, std::max<size_t>(4096, s.dev->memory_align()));
+      std::memcpy(b.bounce.data(), blocks[i].data, blocks[i].length);
+      std::memset(b.bounce.data() + blocks[i].length, 0, io.length - blocks[i].length);
+      io.buf = b.bounce.data();
+    }
+    ios[dev_of[i]].push_back(io);
+    meta[dev_of[i]].push_back(std::move(b));
+  }
+  // All devices are submitted before any is waited for.
+  IoBatch batch;
+  for (size_t dv = 0; dv < ndev; dv++) devs[dv]->dev->submit(ios[dv], batch);
+  batch.wait();
+  std::vector<size_t> failed;
+  for (size_t dv = 0; dv < ndev; dv++) {
+    for (size_t k = 0; k < ios[dv].size(); k++) {
+      size_t i = meta[dv][k].block;
+      const SsdIo& io = ios[dv][k];
+      if (io.status == 0) {
+        status[i] = 0;
+        note_ok(dv);
+        continue;
+      }
+      status[i] = io.short_transfer ? -EIO : io.status;
+      devs[dv]->alloc->free(loc[i].offset, loc[i].length);
+      note_error(dv, io.status, io.short_transfer);
+      failed.push_back(i);
+    }
+  }
+  return failed;
+}
 
 SsdPool::SsdPool(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 SsdPool::~SsdPool() = default;
@@ -223,45 +278,22 @@ void SsdPool::write_blocks(std::span<const SsdWrite> blocks, std::span<TierLocat
     }  // else stays -ENOSPC: the SSD tier is full, the caller evicts instead
   }
 
-  // One I/O per block; all devices are submitted before any is waited for.
-  std::vector<std::vector<SsdIo>> ios(ndev);
-  std::vector<std::vector<BlockIo>> meta(ndev);
-  for (size_t i = 0; i < n; i++) {
-    if (dev_of[i] < 0) continue;
-    SsdDevice& d = *m.devs[dev_of[i]]->dev;
-    SsdIo io;
-    io.op = IoOp::kWrite;
-    io.offset = loc[i].offset;
-    io.length = static_cast<uint32_t>(m.devs[dev_of[i]]->alloc->round_up(blocks[i].length));
-    BlockIo b{i, {}};
-    if (direct_ok(d, blocks[i].data, blocks[i].length)) {
-      io.buf = const_cast<void*>(blocks[i].data);  // only read from
-    } else {
-      b.bounce = AlignedBuffer(io.length, std::max<size_t>(4096, d.memory_align()));
-      std::memcpy(b.bounce.data(), blocks[i].data, blocks[i].length);
-      std::memset(b.bounce.data() + blocks[i].length, 0, io.length - blocks[i].length);
-      io.buf = b.bounce.data();
-    }
-    ios[dev_of[i]].push_back(io);
-    meta[dev_of[i]].push_back(std::move(b));
-  }
-  IoBatch batch;
-  for (size_t dv = 0; dv < ndev; dv++) m.devs[dv]->dev->submit(ios[dv], batch);
-  batch.wait();
-  for (size_t dv = 0; dv < ndev; dv++) {
-    for (size_t k = 0; k < ios[dv].size(); k++) {
-      size_t i = meta[dv][k].block;
-      const SsdIo& io = ios[dv][k];
-      if (io.status == 0) {
-        status[i] = 0;
-        m.note_ok(dv);
-        continue;
-      }
-      status[i] = io.short_transfer ? -EIO : io.status;
-      m.devs[dv]->alloc->free(loc[i].offset, loc[i].length);
-      m.note_error(dv, io.status, io.short_transfer);
+  std::vector<size_t> todo;
+  for (size_t i = 0; i < n; i++)
+    if (dev_of[i] >= 0) todo.push_back(i);
+  std::vector<size_t> failed = m.issue_writes(blocks, todo, dev_of, loc, status);
+  // A block whose device failed under it is placed once more on the devices
+  // still online, so one bad device does not fail the batch.
+  std::vector<size_t> again;
+  for (size_t i : failed) {
+    if (m.devs[dev_of[i]]->online.load()) continue;  // the device still serves: the error stands
+    if (auto s = m.spill(blocks[i].length)) {
+      dev_of[i] = static_cast<int>(s->first);
+      loc[i] = TierLocation{static_cast<uint16_t>(s->first), TierKind::kSsd, s->second.offset, blocks[i].length};
+      again.push_back(i);
     }
   }
+  if (!again.empty()) m.issue_writes(blocks, again, dev_of, loc, status);
 }
 
 void SsdPool::read_blocks(std::span<const SsdRead> reads, std::span<int> status) {
