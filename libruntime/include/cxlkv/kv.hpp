@@ -1,0 +1,169 @@
+// SPDX-License-Identifier: MIT
+// KvStore: publish and reuse KV blocks through the pool (C++ API).
+//
+//   write:  reserve (WRITING) -> write (gather the engine's chunks into the
+//           pool, flushed) -> publish (READY; the visibility boundary)
+//   read:   lookup (longest cached prefix, no lock) -> pin -> fetch
+//           (scatter into the engine's chunks) -> unpin
+//
+// A KvStore is one node's handle; use one per thread (the NonCoherentSim
+// convention: one node from one thread at a time).  Payload bytes go through
+// one PayloadTier per tier (MEM here; the SSD tier plugs in the same way),
+// chosen by the location's tier field.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "cxlkv/keys.hpp"
+#include "cxlkv/memory_domain.hpp"
+#include "cxlkv/result.hpp"
+#include "cxlkv/types.hpp"
+#include "uapi/cxlkv_index.h"
+
+namespace cxlkv {
+
+class PrefixIndex;
+class StripeLocks;
+class NodeLiveness;
+class PayloadSpace;
+struct BlockLocation;
+class Region;
+class NodeContext;
+
+// One pool device holding payload: its mapping and the domain to touch it.
+struct PoolDevice {
+  MemoryDomain* domain = nullptr;
+  std::byte* base = nullptr;  // start of the device (location offsets are from here)
+  uint64_t size = 0;
+};
+
+// Payload I/O of one tier (MEM: pool devices; SSD: the tier layer).
+class PayloadTier {
+ public:
+  virtual ~PayloadTier() = default;
+  // Gather `chunks` (total = loc.length) into the block; on return the bytes
+  // are in memory (flushed/NT + fenced), ready for publish (rule 3 / rule 5).
+  virtual Result<void> write(const BlockLocation& loc, std::span<const Chunk> chunks) = 0;
+  // Scatter the block into `chunks`, invalidating stale lines first (rule 6).
+  virtual Result<void> read(const BlockLocation& loc, std::span<const Chunk> chunks) = 0;
+};
+
+struct KvStats {
+  uint64_t counters[CXLKV_CTR_COUNT] = {};
+  uint32_t latency[CXLKV_LAT_COUNT][CXLKV_LAT_BUCKETS] = {};
+  void add(const KvStats& o);
+  // Percentile (0..100) of latency histogram `which` in microseconds (bucket upper bound).
+  double latency_us(int which, double pct) const;
+  uint64_t latency_count(int which) const;
+};
+const char* counter_name(int c);  // "lookups", "hit_blocks", ...
+const char* latency_name(int l);  // "lookup", "publish", "fetch"
+
+// Read every node's statistics from an index carve (for the CLI / replay).
+struct NodeKvStats {
+  uint32_t node = 0;
+  uint32_t pid = 0;
+  uint64_t updated_ms = 0;
+  KvStats stats;
+};
+std::vector<NodeKvStats> read_pool_stats(MemoryDomain& d, const void* index_carve);
+
+struct KvReservation {
+  BlockKey key;
+  uint32_t slot = 0xffffffffu;
+  uint32_t status = 0;   // 0 reserved (write it), 1 exists_ready, 2 busy (another writer)
+  uint64_t length = 0;
+  uint64_t loc_off = 0;
+  uint8_t loc_dev = 0, loc_tier = 0;
+  bool reserved() const { return status == 0; }
+};
+
+struct KvPin {
+  BlockKey key;
+  uint32_t slot = 0xffffffffu;
+  uint64_t length = 0;
+  uint64_t loc_off = 0;
+  uint8_t loc_dev = 0, loc_tier = 0;
+};
+
+// Everything a KvStore needs, given explicitly (tests give simulated parts;
+// open_kv_store() below wires the real sync layer).
+struct KvDeps {
+  MemoryDomain* index_domain = nullptr;
+  void* index_carve = nullptr;
+  uint64_t index_bytes = 0;
+  uint32_t node = 0;
+  uint64_t incarnation = 0;
+  StripeLocks* locks = nullptr;
+  NodeLiveness* liveness = nullptr;
+  PayloadSpace* space = nullptr;
+  std::vector<PoolDevice> devices;  // MEM tier devices; [0] holds the index
+  PayloadTier* ssd_tier = nullptr;  // optional (issue 6)
+};
+
+class KvStore {
+ public:
+  static Result<std::unique_ptr<KvStore>> create(KvDeps deps);
+  ~KvStore();
+
+  // Longest prefix of `chain` whose blocks are all READY.  No lock.
+  size_t lookup(std::span<const BlockKey> chain);
+  size_t lookup_linear(std::span<const BlockKey> chain);
+
+  // Reserve one block (child of `parent`, nullptr for the first block).
+  Result<KvReservation> reserve(const BlockKey& key, const BlockKey* parent, uint64_t bytes);
+  // Gather-write the payload of a reserved block (sizes must add up to its length).
+  Result<void> write(const KvReservation& r, std::span<const Chunk> chunks);
+  // Make it visible (READY).  -EAGAIN: parent not yet published (retry).
+  Result<void> publish(const KvReservation& r);
+  Result<void> abort(const KvReservation& r);
+
+  Result<KvPin> pin(const BlockKey& key);
+  Result<void> fetch(const KvPin& p, std::span<const Chunk> chunks);
+  Result<void> unpin(const KvPin& p);
+
+  // Wait until `key` is READY (or gone): for blocks another node is writing.
+  // Returns true when READY, false when it disappeared / timed out.
+  bool wait_ready(const BlockKey& key, std::chrono::milliseconds timeout);
+
+  Result<uint64_t> reclaim_dead();
+  PrefixIndex& index() { return *index_; }
+  const KvStats& stats() const { return stats_; }
+  void flush_stats();  // copy this node's stats into the pool now
+  uint32_t node() const { return deps_.node; }
+
+ private:
+  KvStore() = default;
+  Result<void> payload_io(const BlockLocation& loc, std::span<const Chunk> chunks, bool write);
+  void count(int c, uint64_t n = 1) { stats_.counters[c] += n; }
+  void record(int which, std::chrono::steady_clock::time_point t0);
+  void maybe_flush_stats();
+
+  KvDeps deps_;
+  std::unique_ptr<PrefixIndex> index_;
+  std::unique_ptr<PayloadSpace> interleaved_space_;
+  std::unique_ptr<PayloadTier> mem_tier_;
+  KvStats stats_;
+  uint64_t ops_since_flush_ = 0;
+};
+
+// ---- wiring to the real pool (sync layer: two-tier locks, node heap) -------
+
+struct KvOpenOptions {
+  std::vector<Region*> extra_devices;  // interleave set beyond the primary pool
+};
+class KvSession;  // owns the adapters (locks, liveness, heap) of one node
+Result<std::unique_ptr<KvSession>> open_kv_session(Region& pool, NodeContext& node,
+                                                   const KvOpenOptions& opts = {});
+class KvSession {
+ public:
+  virtual ~KvSession() = default;
+  virtual KvStore& store() = 0;
+};
+
+}  // namespace cxlkv

@@ -1,0 +1,211 @@
+// SPDX-License-Identifier: MIT
+// PrefixIndex: the pool-wide table of KV blocks (layout: uapi/cxlkv_index.h).
+//
+// Protocol (DESIGN.md "Prefix index", coherence contract):
+//  * Every change happens under the stripe's global lock (StripeLocks, the
+//    sync layer's two-tier lock), as read-modify-write of one whole entry
+//    line: read_fresh (rule 4) -> modify -> publish_line + fence (rule 1, 3).
+//  * Lookups take no lock: they invalidate and load an entry line (rule 4),
+//    validate its checksum (a torn line is re-read), and trust only READY.
+//  * The cache is prefix-closed: a block is reserved only while its parent is
+//    WRITING or READY (the parent's `children` count is raised first, under
+//    the parent's stripe lock), published only after its parent is READY, and
+//    evicted only when `children` is zero.  So along any chain the READY
+//    blocks form a prefix, and the longest cached prefix is found by binary
+//    search in O(log N) probes.
+//  * Crash safety: WRITING entries carry owner node + incarnation and pins are
+//    a per-node bit mask; entries of nodes that NodeLiveness reports dead are
+//    reclaimed / unpinned by whoever meets them, so nothing stays blocked.
+//  * Only one stripe lock is held at a time: parent `children` updates that
+//    follow an eviction are applied after the stripe lock is released.
+#pragma once
+
+#include <cstdint>
+#include <mutex>
+#include <span>
+#include <unordered_map>
+#include <vector>
+
+#include "cxlkv/keys.hpp"
+#include "cxlkv/memory_domain.hpp"
+#include "cxlkv/result.hpp"
+#include "uapi/cxlkv_index.h"
+
+namespace cxlkv {
+
+// Where a block's payload lives (the index entry's location fields).
+struct BlockLocation {
+  uint64_t offset = 0;  // byte offset (MEM) or LBA (SSD)
+  uint32_t length = 0;  // payload bytes
+  uint8_t device = 0;   // device index or CXLKV_LOC_DEV_INTERLEAVED
+  uint8_t tier = CXLKV_TIER_MEM;
+};
+
+// Cross-host mutual exclusion per stripe.  The real implementation is the
+// sync layer's two-tier lock (lock id = header.lock_base + stripe).
+class StripeLocks {
+ public:
+  virtual ~StripeLocks() = default;
+  virtual Result<void> lock(uint32_t stripe) = 0;
+  virtual void unlock(uint32_t stripe) = 0;
+};
+
+// Is the process that attached as (node, incarnation) still alive?
+class NodeLiveness {
+ public:
+  virtual ~NodeLiveness() = default;
+  virtual bool alive(uint32_t node, uint32_t incarnation_lo) = 0;
+  // Any live incarnation of `node` (for pin bits, which carry no incarnation).
+  virtual bool node_alive(uint32_t node) = 0;
+};
+
+// Payload space for blocks: the index allocates under the stripe lock at
+// reserve and frees at eviction / abort / reclaim.
+class PayloadSpace {
+ public:
+  virtual ~PayloadSpace() = default;
+  virtual Result<BlockLocation> alloc(uint64_t bytes) = 0;  // -ENOSPC when full
+  virtual void free(const BlockLocation& loc) = 0;
+};
+
+struct IndexFormatOptions {
+  uint32_t max_nodes = 16;
+  uint32_t stripe_slots = 0;  // 0: auto (power of two, >= 64)
+  // Stripe s uses global lock id lock_base + s.  Default: the runtime-layer
+  // range of uapi/cxlkv_ctrl.h (72..127): 48 stripes -> 72..119; 120..127
+  // stay free for the tier layer.
+  uint32_t max_stripes = 48;
+  uint32_t lock_base = 72;
+  uint64_t max_blocks = 0;
+  uint64_t max_bytes = 0;
+  uint32_t interleave_stripe = 64 << 10;
+  uint8_t ndevices = 1;
+  uint8_t weights[CXLKV_INDEX_MAX_DEVICES] = {1, 1, 1, 1, 1, 1, 1, 1};
+};
+
+// Initialise an index carve of `bytes` at `carve` (called by format_pool()).
+// Zeroes the table and writes header + config with flushes (rule 3).
+Result<void> index_format(MemoryDomain& d, void* carve, uint64_t bytes, const IndexFormatOptions& o);
+
+enum class ReserveStatus { reserved, exists_ready, busy };
+
+struct Reservation {
+  ReserveStatus status = ReserveStatus::busy;
+  uint32_t slot = CXLKV_INDEX_NO_SLOT;
+  BlockLocation loc;  // valid when reserved / exists_ready
+};
+
+struct IndexCounters {  // what index operations did (KvStore turns these into stats)
+  uint64_t evictions = 0, reclaims = 0;
+};
+
+struct IndexEntryView {
+  BlockKey key;
+  uint32_t state = 0;
+  BlockLocation loc;
+  uint32_t parent_slot = CXLKV_INDEX_NO_SLOT, children = 0;
+  uint64_t pin_mask = 0;
+  uint32_t owner_node = 0, owner_inc = 0, lru_ms = 0, version = 0;
+};
+
+struct IndexUsage {
+  uint64_t slots = 0, stripes = 0, used_blocks = 0, used_bytes = 0, evictions = 0, reclaims = 0,
+           tombstones = 0;
+  uint64_t by_state[5] = {};
+};
+
+class PrefixIndex {
+ public:
+  // Attach to a formatted index carve.  Fails with a message if the carve is
+  // not formatted (bad magic / version / geometry).
+  static Result<std::unique_ptr<PrefixIndex>> attach(MemoryDomain& d, void* carve, uint64_t bytes,
+                                                     uint32_t node, uint64_t incarnation,
+                                                     StripeLocks& locks, NodeLiveness& live,
+                                                     PayloadSpace& space);
+
+  const cxlkv_index_header& header() const { return hdr_; }
+  const cxlkv_index_config& config() const { return cfg_; }
+  uint32_t node() const { return node_; }
+
+  // ---- lock-free reads ---------------------------------------------------
+  // Slot of `key` in state READY, or NO_SLOT.
+  uint32_t find_ready(const BlockKey& key, BlockLocation* loc = nullptr) const;
+  // Any live state (WRITING / READY / EVICTING) -> that state, else EMPTY.
+  uint32_t find_state(const BlockKey& key, uint32_t* slot = nullptr) const;
+  // Number of leading READY blocks of `chain`: binary search (O(log N)
+  // probes; relies on prefix closure) or a linear scan (for comparison).
+  size_t longest_prefix(std::span<const BlockKey> chain) const;
+  size_t longest_prefix_linear(std::span<const BlockKey> chain) const;
+  uint64_t probes() const { return probes_; }  // lock-free entry reads so far
+
+  // ---- updates (each takes the stripe locks it needs) ---------------------
+  // Reserve `key` (child of `parent`, or a root when parent is null) for
+  // `bytes` of payload.  exists_ready / busy: someone else has it (never
+  // written twice).  Errors: -ENOENT parent not cached, -ENOSPC nothing
+  // evictable, -EINVAL bad key / length.
+  Result<Reservation> reserve(const BlockKey& key, const BlockKey* parent, uint64_t bytes);
+  // WRITING -> READY.  The payload must already be in memory (flushed and
+  // fenced).  -EAGAIN while the parent is still WRITING; -EOWNERDEAD if the
+  // parent's writer died (abort then).
+  Result<void> publish(uint32_t slot, const BlockKey& key);
+  // Give up a reservation: frees payload, no visible block remains.
+  Result<void> abort(uint32_t slot, const BlockKey& key);
+  // Pin a READY block for reading (this node's bit; counted per process).
+  // -ENOENT if it is not READY (evicted meanwhile).
+  Result<BlockLocation> pin(const BlockKey& key, uint32_t* slot_out = nullptr);
+  Result<void> unpin(uint32_t slot, const BlockKey& key);
+  // Evict one unpinned READY leaf (or reclaim a dead writer's entry) of
+  // `stripe`; false if none.  Used under pressure and by tests.
+  Result<bool> evict_one(uint32_t stripe);
+  // Remove every entry left by dead writers and every dead node's pin bit.
+  Result<uint64_t> reclaim_dead();
+  IndexCounters counters() const { return ctr_; }
+
+  // ---- inspection ----------------------------------------------------------
+  IndexUsage usage() const;            // lock-free snapshot
+  IndexEntryView entry(uint32_t slot) const;
+  uint32_t stripe_of(const BlockKey& k) const;
+
+ private:
+  PrefixIndex() = default;
+  cxlkv_index_entry* slot_ptr(uint32_t slot) const;
+  cxlkv_index_stripe* stripe_ptr(uint32_t stripe) const;
+  // rule 4 read of one line; re-read until its checksum is valid.
+  cxlkv_index_entry read_entry(uint32_t slot) const;
+  // rule 1/3: seal (version, check), publish_line, fence.
+  void write_entry(uint32_t slot, cxlkv_index_entry e);
+  void write_empty(uint32_t slot);
+  cxlkv_index_stripe read_stripe(uint32_t stripe) const;
+  void write_stripe(uint32_t stripe, const cxlkv_index_stripe& s);
+  uint32_t home(const BlockKey& k) const;
+  uint32_t now_ms() const;
+  bool pins_live(cxlkv_index_entry& e, bool* changed);
+  bool writer_dead(const cxlkv_index_entry& e);
+  // Under the stripe lock: remove entry at slot (payload freed).  Appends the
+  // parent slot to `parents` for a children decrement after unlocking.
+  void remove_locked(uint32_t stripe, uint32_t slot, cxlkv_index_entry e, bool reclaim,
+                     std::vector<uint32_t>* parents);
+  Result<bool> evict_locked(uint32_t stripe, std::vector<uint32_t>* parents);
+  Result<void> drop_child(uint32_t parent_slot);
+  Result<uint32_t> add_child(const BlockKey& parent);
+  bool over_capacity(const cxlkv_index_stripe& s, uint64_t add_bytes) const;
+
+  MemoryDomain* d_ = nullptr;
+  std::byte* carve_ = nullptr;
+  uint64_t bytes_ = 0;
+  cxlkv_index_header hdr_{};
+  cxlkv_index_config cfg_{};
+  uint32_t node_ = 0;
+  uint32_t inc_lo_ = 0;
+  StripeLocks* locks_ = nullptr;
+  NodeLiveness* live_ = nullptr;
+  PayloadSpace* space_ = nullptr;
+  mutable uint64_t probes_ = 0;
+  IndexCounters ctr_;
+  std::mutex pin_mu_;
+  std::unordered_map<uint32_t, uint32_t> local_pins_;  // slot -> pins held by this process
+  uint32_t evict_hand_ = 0;
+  std::vector<uint32_t> stripe_hands_;  // per stripe: where the next eviction window starts
+};
+
+}  // namespace cxlkv

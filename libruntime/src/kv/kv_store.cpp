@@ -1,0 +1,380 @@
+// SPDX-License-Identifier: MIT
+// KvStore: write path, read path, payload tiers and statistics.
+#include <sched.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <thread>
+
+#include "cxlkv/kv.hpp"
+#include "index/prefix_index.hpp"
+#include "kv/interleave.hpp"
+
+namespace cxlkv {
+namespace {
+
+uint64_t realtime_ms() {
+  timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  return uint64_t(ts.tv_sec) * 1000 + uint64_t(ts.tv_nsec) / 1000000;
+}
+
+// MEM tier: one pool device, or a block striped over the interleave set.
+class MemTier final : public PayloadTier {
+ public:
+  MemTier(std::vector<PoolDevice> devs, InterleaveSet set) : devs_(std::move(devs)), set_(std::move(set)) {}
+
+  Result<void> write(const BlockLocation& loc, std::span<const Chunk> chunks) override {
+    return io(loc, chunks, true);
+  }
+  Result<void> read(const BlockLocation& loc, std::span<const Chunk> chunks) override {
+    return io(loc, chunks, false);
+  }
+
+ private:
+  Result<void> io(const BlockLocation& loc, std::span<const Chunk> chunks, bool wr) {
+    uint64_t total = 0;
+    for (const Chunk& c : chunks) {
+      if (c.len && !c.addr) return Error(-EINVAL, "kv: chunk with null address");
+      total += c.len;
+    }
+    if (total != loc.length)
+      return Error(-EINVAL, "kv: chunk list holds " + std::to_string(total) + " bytes, block has " +
+                                std::to_string(loc.length));
+    if (loc.device == CXLKV_LOC_DEV_INTERLEAVED) {
+      if (set_.devices() > devs_.size())
+        return Error(-ENODEV, "kv: block is interleaved over " + std::to_string(set_.devices()) +
+                                  " devices, this store has " + std::to_string(devs_.size()));
+      uint64_t ext = set_.extent(loc.length);
+      for (uint32_t d = 0; d < set_.devices(); d++)
+        if (loc.offset + ext > devs_[d].size)
+          return Error(-EFAULT, "kv: interleaved block at " + std::to_string(loc.offset) + " exceeds device " +
+                                    std::to_string(d));
+      uint64_t x = 0;  // logical block offset
+      for (const Chunk& c : chunks) {
+        auto* p = static_cast<std::byte*>(c.addr);
+        uint64_t left = c.len;
+        while (left) {
+          uint32_t dev;
+          uint64_t doff, run;
+          set_.map(x, &dev, &doff, &run);
+          uint64_t n = std::min(left, run);
+          std::byte* pool = devs_[dev].base + loc.offset + doff;
+          if (wr) devs_[dev].domain->copy_to_pool(pool, p, n);
+          else devs_[dev].domain->copy_from_pool(p, pool, n);
+          p += n;
+          x += n;
+          left -= n;
+        }
+      }
+      if (wr)
+        for (uint32_t d = 0; d < set_.devices(); d++)
+          devs_[d].domain->fence();  // rule 3: payload in memory before the entry is published
+      return {};
+    }
+    if (loc.device >= devs_.size())
+      return Error(-ENODEV, "kv: block names device " + std::to_string(loc.device) + ", this store has " +
+                                std::to_string(devs_.size()));
+    const PoolDevice& dv = devs_[loc.device];
+    if (loc.offset > dv.size || loc.length > dv.size - loc.offset)
+      return Error(-EFAULT, "kv: block [" + std::to_string(loc.offset) + ", +" + std::to_string(loc.length) +
+                                ") outside device " + std::to_string(loc.device));
+    std::byte* pool = dv.base + loc.offset;
+    for (const Chunk& c : chunks) {
+      if (wr) dv.domain->copy_to_pool(pool, c.addr, c.len);  // NT / flushed copy (rule 3)
+      else dv.domain->copy_from_pool(c.addr, pool, c.len);   // invalidates first (rule 6)
+      pool += c.len;
+    }
+    if (wr) dv.domain->fence();  // rule 3: payload in memory before the entry is published
+    return {};
+  }
+
+  std::vector<PoolDevice> devs_;
+  InterleaveSet set_;
+};
+
+// Turns block sizes into interleaved allocations when the set has > 1 device.
+class InterleavedSpace final : public PayloadSpace {
+ public:
+  InterleavedSpace(PayloadSpace& inner, InterleaveSet set) : inner_(inner), set_(std::move(set)) {}
+  Result<BlockLocation> alloc(uint64_t bytes) override {
+    auto r = inner_.alloc(set_.extent(bytes));
+    if (!r) return r.error();
+    BlockLocation l = r.value();
+    l.device = CXLKV_LOC_DEV_INTERLEAVED;
+    l.length = static_cast<uint32_t>(bytes);
+    return l;
+  }
+  void free(const BlockLocation& loc) override {
+    BlockLocation l = loc;
+    l.device = 0;
+    l.length = static_cast<uint32_t>(set_.extent(loc.length));
+    inner_.free(l);
+  }
+
+ private:
+  PayloadSpace& inner_;
+  InterleaveSet set_;
+};
+
+int latency_bucket(uint64_t ns) {
+  if (ns < 1) ns = 1;
+  // two buckets per octave: b = floor(2*log2(ns))
+  int b = static_cast<int>(std::floor(2.0 * std::log2(static_cast<double>(ns))));
+  return std::clamp(b, 0, int(CXLKV_LAT_BUCKETS) - 1);
+}
+
+}  // namespace
+
+// ---- statistics -------------------------------------------------------------
+
+const char* counter_name(int c) {
+  static const char* names[CXLKV_CTR_COUNT] = {
+      "lookups",  "hit_blocks", "miss_blocks", "reserves",  "reserve_exists", "publishes",
+      "aborts",   "fetches",    "pins",        "pin_misses", "evictions",     "reclaims",
+      "bytes_in", "bytes_out",  "nospc",       "errors"};
+  return c >= 0 && c < int(CXLKV_CTR_COUNT) ? names[c] : "?";
+}
+
+const char* latency_name(int l) {
+  static const char* names[CXLKV_LAT_COUNT] = {"lookup", "publish", "fetch"};
+  return l >= 0 && l < int(CXLKV_LAT_COUNT) ? names[l] : "?";
+}
+
+void KvStats::add(const KvStats& o) {
+  for (unsigned i = 0; i < CXLKV_CTR_COUNT; i++) counters[i] += o.counters[i];
+  for (unsigned l = 0; l < CXLKV_LAT_COUNT; l++)
+    for (unsigned b = 0; b < CXLKV_LAT_BUCKETS; b++) latency[l][b] += o.latency[l][b];
+}
+
+uint64_t KvStats::latency_count(int which) const {
+  uint64_t n = 0;
+  for (unsigned b = 0; b < CXLKV_LAT_BUCKETS; b++) n += latency[which][b];
+  return n;
+}
+
+double KvStats::latency_us(int which, double pct) const {
+  uint64_t n = latency_count(which);
+  if (n == 0) return 0;
+  uint64_t want = static_cast<uint64_t>(std::ceil(pct / 100.0 * double(n)));
+  if (want == 0) want = 1;
+  uint64_t acc = 0;
+  for (unsigned b = 0; b < CXLKV_LAT_BUCKETS; b++) {
+    acc += latency[which][b];
+    if (acc >= want) return std::pow(2.0, (b + 1) / 2.0) / 1000.0;  // bucket upper bound, us
+  }
+  return std::pow(2.0, CXLKV_LAT_BUCKETS / 2.0) / 1000.0;
+}
+
+std::vector<NodeKvStats> read_pool_stats(MemoryDomain& d, const void* index_carve) {
+  std::vector<NodeKvStats> out;
+  auto* base = static_cast<const std::byte*>(index_carve);
+  auto h = d.read_fresh(reinterpret_cast<const cxlkv_index_header*>(base));  // rule 4
+  if (h.magic != CXLKV_INDEX_MAGIC || h.max_nodes == 0 || h.max_nodes > 64) return out;
+  for (uint32_t n = 0; n < h.max_nodes; n++) {
+    auto* p = reinterpret_cast<const cxlkv_index_node_stats*>(base + h.stats_off + uint64_t(n) * sizeof(cxlkv_index_node_stats));
+    cxlkv_index_node_stats s;
+    d.invalidate(p, sizeof s);  // rule 4
+    d.fence();
+    d.load(&s, p, sizeof s);
+    if (s.updated_ms == 0) continue;
+    NodeKvStats ns;
+    ns.node = n;
+    ns.pid = s.pid;
+    ns.updated_ms = s.updated_ms;
+    std::memcpy(ns.stats.counters, s.counters, sizeof s.counters);
+    std::memcpy(ns.stats.latency, s.latency, sizeof s.latency);
+    out.push_back(ns);
+  }
+  return out;
+}
+
+// ---- KvStore ------------------------------------------------------------------
+
+Result<std::unique_ptr<KvStore>> KvStore::create(KvDeps deps) {
+  if (!deps.index_domain || !deps.index_carve || !deps.locks || !deps.liveness || !deps.space)
+    return Error(-EINVAL, "kv: incomplete dependencies (index carve, domain, locks, liveness, payload space)");
+  if (deps.devices.empty()) return Error(-EINVAL, "kv: no pool device for payload");
+  for (size_t i = 0; i < deps.devices.size(); i++)
+    if (!deps.devices[i].domain || !deps.devices[i].base)
+      return Error(-EINVAL, "kv: pool device " + std::to_string(i) + " has no mapping");
+  std::unique_ptr<KvStore> kv(new KvStore());
+  kv->deps_ = std::move(deps);
+  auto& dp = kv->deps_;
+  // The index allocates through an interleaving adapter when the pool-wide
+  // config names several devices.
+  auto probe_cfg = dp.index_domain->read_fresh(
+      reinterpret_cast<const cxlkv_index_config*>(static_cast<std::byte*>(dp.index_carve) + 64));  // rule 4
+  InterleaveSet set(probe_cfg.interleave_stripe, probe_cfg.ndevices ? probe_cfg.ndevices : 1, probe_cfg.weights);
+  if (set.devices() > 1) {
+    if (dp.devices.size() < set.devices())
+      return Error(-ENODEV, "kv: pool is formatted to interleave over " + std::to_string(set.devices()) +
+                                " devices, only " + std::to_string(dp.devices.size()) + " given");
+    kv->interleaved_space_ = std::make_unique<InterleavedSpace>(*dp.space, set);
+  }
+  PayloadSpace& space = kv->interleaved_space_ ? *kv->interleaved_space_ : *dp.space;
+  auto ix = PrefixIndex::attach(*dp.index_domain, dp.index_carve, dp.index_bytes, dp.node, dp.incarnation,
+                                *dp.locks, *dp.liveness, space);
+  if (!ix) return ix.error();
+  kv->index_ = std::move(ix.value());
+  kv->mem_tier_ = std::make_unique<MemTier>(dp.devices, set);
+  return kv;
+}
+
+KvStore::~KvStore() {
+  if (index_) flush_stats();
+}
+
+void KvStore::record(int which, std::chrono::steady_clock::time_point t0) {
+  auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count();
+  stats_.latency[which][latency_bucket(static_cast<uint64_t>(ns))]++;
+  maybe_flush_stats();
+}
+
+void KvStore::maybe_flush_stats() {
+  if (++ops_since_flush_ >= 512) flush_stats();
+}
+
+void KvStore::flush_stats() {
+  ops_since_flush_ = 0;
+  const auto& h = index_->header();
+  auto* p = reinterpret_cast<cxlkv_index_node_stats*>(static_cast<std::byte*>(deps_.index_carve) + h.stats_off +
+                                                      uint64_t(deps_.node) * sizeof(cxlkv_index_node_stats));
+  cxlkv_index_node_stats s{};
+  std::memcpy(s.counters, stats_.counters, sizeof s.counters);
+  s.counters[CXLKV_CTR_EVICTIONS] = index_->counters().evictions;
+  s.counters[CXLKV_CTR_RECLAIMS] = index_->counters().reclaims;
+  std::memcpy(s.latency, stats_.latency, sizeof s.latency);
+  s.updated_ms = realtime_ms();
+  s.pid = static_cast<uint32_t>(getpid());
+  // rule 2 + 3: these lines have one writer (this node): plain stores, then flush.
+  deps_.index_domain->store(p, &s, sizeof s);
+  deps_.index_domain->flush(p, sizeof s);
+  deps_.index_domain->fence();
+}
+
+size_t KvStore::lookup(std::span<const BlockKey> chain) {
+  auto t0 = std::chrono::steady_clock::now();
+  size_t n = index_->longest_prefix(chain);
+  count(CXLKV_CTR_LOOKUPS);
+  count(CXLKV_CTR_HIT_BLOCKS, n);
+  count(CXLKV_CTR_MISS_BLOCKS, chain.size() - n);
+  record(CXLKV_LAT_LOOKUP, t0);
+  return n;
+}
+
+size_t KvStore::lookup_linear(std::span<const BlockKey> chain) { return index_->longest_prefix_linear(chain); }
+
+Result<KvReservation> KvStore::reserve(const BlockKey& key, const BlockKey* parent, uint64_t bytes) {
+  auto r = index_->reserve(key, parent, bytes);
+  if (!r) {
+    count(r.error().code() == -ENOSPC ? CXLKV_CTR_NOSPC : CXLKV_CTR_ERRORS);
+    return r.error();
+  }
+  KvReservation out;
+  out.key = key;
+  out.slot = r->slot;
+  out.status = static_cast<uint32_t>(r->status);
+  out.length = r->loc.length;
+  out.loc_off = r->loc.offset;
+  out.loc_dev = r->loc.device;
+  out.loc_tier = r->loc.tier;
+  if (out.reserved()) count(CXLKV_CTR_RESERVES);
+  else count(CXLKV_CTR_RESERVE_EXISTS);
+  return out;
+}
+
+Result<void> KvStore::payload_io(const BlockLocation& loc, std::span<const Chunk> chunks, bool wr) {
+  if (loc.tier == CXLKV_TIER_MEM) return wr ? mem_tier_->write(loc, chunks) : mem_tier_->read(loc, chunks);
+  if (loc.tier == CXLKV_TIER_SSD && deps_.ssd_tier)
+    return wr ? deps_.ssd_tier->write(loc, chunks) : deps_.ssd_tier->read(loc, chunks);
+  return Error(-ENODEV, "kv: no payload tier " + std::to_string(loc.tier) + " in this store");
+}
+
+Result<void> KvStore::write(const KvReservation& r, std::span<const Chunk> chunks) {
+  if (!r.reserved()) return Error(-EINVAL, "kv: block " + to_hex(r.key) + " is not reserved by this call");
+  auto t0 = std::chrono::steady_clock::now();
+  BlockLocation loc{r.loc_off, static_cast<uint32_t>(r.length), r.loc_dev, r.loc_tier};
+  auto res = payload_io(loc, chunks, true);
+  if (!res) {
+    count(CXLKV_CTR_ERRORS);
+    return res;
+  }
+  count(CXLKV_CTR_BYTES_IN, r.length);
+  record(CXLKV_LAT_PUBLISH, t0);
+  return {};
+}
+
+Result<void> KvStore::publish(const KvReservation& r) {
+  if (!r.reserved()) return Error(-EINVAL, "kv: block " + to_hex(r.key) + " is not reserved by this call");
+  auto res = index_->publish(r.slot, r.key);
+  if (res) count(CXLKV_CTR_PUBLISHES);
+  else if (res.error().code() != -EAGAIN) count(CXLKV_CTR_ERRORS);
+  return res;
+}
+
+Result<void> KvStore::abort(const KvReservation& r) {
+  if (!r.reserved()) return {};
+  auto res = index_->abort(r.slot, r.key);
+  if (res) count(CXLKV_CTR_ABORTS);
+  return res;
+}
+
+Result<KvPin> KvStore::pin(const BlockKey& key) {
+  uint32_t slot = 0;
+  auto loc = index_->pin(key, &slot);
+  if (!loc) {
+    count(CXLKV_CTR_PIN_MISSES);
+    return loc.error();
+  }
+  count(CXLKV_CTR_PINS);
+  KvPin p;
+  p.key = key;
+  p.slot = slot;
+  p.length = loc->length;
+  p.loc_off = loc->offset;
+  p.loc_dev = loc->device;
+  p.loc_tier = loc->tier;
+  return p;
+}
+
+Result<void> KvStore::fetch(const KvPin& p, std::span<const Chunk> chunks) {
+  auto t0 = std::chrono::steady_clock::now();
+  BlockLocation loc{p.loc_off, static_cast<uint32_t>(p.length), p.loc_dev, p.loc_tier};
+  auto res = payload_io(loc, chunks, false);
+  if (!res) {
+    count(CXLKV_CTR_ERRORS);
+    return res;
+  }
+  count(CXLKV_CTR_FETCHES);
+  count(CXLKV_CTR_BYTES_OUT, p.length);
+  record(CXLKV_LAT_FETCH, t0);
+  return {};
+}
+
+Result<void> KvStore::unpin(const KvPin& p) { return index_->unpin(p.slot, p.key); }
+
+bool KvStore::wait_ready(const BlockKey& key, std::chrono::milliseconds timeout) {
+  auto deadline = std::chrono::steady_clock::now() + timeout;
+  for (uint32_t i = 0;; i++) {
+    uint32_t slot;
+    uint32_t st = index_->find_state(key, &slot);
+    if (st == CXLKV_ENTRY_READY) return true;
+    if (st != CXLKV_ENTRY_WRITING) return false;
+    if (std::chrono::steady_clock::now() > deadline) return false;
+    if ((i & 1023) == 1023) {
+      // The writer may have died: its entry would stay WRITING forever.
+      IndexEntryView v = index_->entry(slot);
+      if (v.state == CXLKV_ENTRY_WRITING && !deps_.liveness->alive(v.owner_node, v.owner_inc)) return false;
+    }
+    if (i < 64) sched_yield();
+    else std::this_thread::sleep_for(std::chrono::microseconds(50));
+  }
+}
+
+Result<uint64_t> KvStore::reclaim_dead() { return index_->reclaim_dead(); }
+
+}  // namespace cxlkv

@@ -1,0 +1,181 @@
+/* SPDX-License-Identifier: (GPL-2.0 WITH Linux-syscall-note) OR MIT */
+/*
+ * Layout of the index carve (CXLKV_CARVE_INDEX): the pool-wide prefix index
+ * of KV blocks.  Owned by the kvstore layer (libruntime/src/index/).
+ *
+ *   +0             struct cxlkv_index_header   (one line, written at format)
+ *   +64            struct cxlkv_index_config   (one line, operator-written)
+ *   +stripe_off    struct cxlkv_index_stripe   [nstripes]
+ *   +stats_off     struct cxlkv_index_node_stats [max_nodes]
+ *   +entry_off     struct cxlkv_index_entry    [nslots]
+ *
+ * The table is fixed-size open addressing: slots are grouped into stripes of
+ * stripe_slots consecutive slots; a key's home stripe is chosen by its hash
+ * and it probes linearly, wrapping, inside that stripe only.  Every change
+ * to a stripe's entries or its stripe line is made while holding the
+ * stripe's global lock (id lock_base + stripe; two-tier lock of the sync
+ * layer), so rule 7 holds.  Entries are written by many nodes, so a whole
+ * entry line is always written with one publish_line() (movdir64b or NT
+ * stores, rule 1), and carries a checksum so that a lock-free reader can tell
+ * a torn line (NT stores of one line are not atomic as a whole) from a valid
+ * one.
+ */
+#ifndef _UAPI_CXLKV_INDEX_H
+#define _UAPI_CXLKV_INDEX_H
+
+#include <linux/types.h>
+
+#ifndef CXLKV_STATIC_ASSERT
+#if defined(__cplusplus)
+#define CXLKV_STATIC_ASSERT(cond, msg) static_assert(cond, msg)
+#else
+#define CXLKV_STATIC_ASSERT(cond, msg) _Static_assert(cond, msg)
+#endif
+#endif
+
+/* "CXLKVIX1" */
+#define CXLKV_INDEX_MAGIC        0x315849564b4c5843ULL
+#define CXLKV_INDEX_VERSION      1u
+#define CXLKV_INDEX_NO_SLOT      0xffffffffu
+#define CXLKV_INDEX_STATS_LINES  16u
+
+struct cxlkv_index_header {
+	__u64 magic;             /* CXLKV_INDEX_MAGIC */
+	__u32 version;           /* CXLKV_INDEX_VERSION */
+	__u32 max_nodes;         /* equals superblock max_nodes */
+	__u64 nslots;            /* nstripes * stripe_slots */
+	__u32 stripe_slots;      /* power of two */
+	__u32 nstripes;
+	__u64 stripe_off;        /* from carve start */
+	__u64 stats_off;
+	__u64 entry_off;
+	__u32 lock_base;         /* stripe s uses global lock id lock_base + s */
+	__u32 reserved0;
+};
+CXLKV_STATIC_ASSERT(sizeof(struct cxlkv_index_header) == 64, "index header is one line");
+
+/*
+ * Pool-wide policy, written by the operator (format, `cxlkvctl index config`)
+ * while no worker runs; workers read it at attach (rule 4).
+ * Capacity limits are split evenly over the stripes (keys hash uniformly), so
+ * admission and eviction need only the one stripe lock they already hold.
+ */
+#define CXLKV_INDEX_MAX_DEVICES  8u
+struct cxlkv_index_config {
+	__u64 max_blocks;        /* 0: limited by slots only */
+	__u64 max_bytes;         /* 0: limited by the allocator only */
+	__u64 epoch_ms;          /* CLOCK_REALTIME ms at format: origin of lru_ms */
+	__u32 interleave_stripe; /* bytes per stripe of an interleaved block */
+	__u8  ndevices;          /* devices of the interleave set (1: none) */
+	__u8  reserved0[3];
+	__u8  weights[CXLKV_INDEX_MAX_DEVICES];  /* relative stripe share per device */
+	__u8  reserved1[24];
+};
+CXLKV_STATIC_ASSERT(sizeof(struct cxlkv_index_config) == 64, "index config is one line");
+
+/*
+ * Per-stripe accounting, changed only under the stripe's lock and written
+ * whole with publish_line (several nodes write it over time: rule 1).
+ */
+struct cxlkv_index_stripe {
+	__u64 used_blocks;       /* WRITING + READY + EVICTING entries */
+	__u64 used_bytes;        /* their payload bytes */
+	__u64 evictions;
+	__u64 reclaims;          /* WRITING entries of dead writers removed */
+	__u64 tombstones;
+	__u8  reserved[24];
+};
+CXLKV_STATIC_ASSERT(sizeof(struct cxlkv_index_stripe) == 64, "index stripe is one line");
+
+enum cxlkv_index_state {
+	CXLKV_ENTRY_EMPTY     = 0,	/* never used: ends a probe */
+	CXLKV_ENTRY_WRITING   = 1,	/* reserved; payload being written by owner_node */
+	CXLKV_ENTRY_READY     = 2,	/* published: payload complete and flushed */
+	CXLKV_ENTRY_EVICTING  = 3,	/* being removed; payload may be reused soon */
+	CXLKV_ENTRY_TOMBSTONE = 4,	/* removed: a probe continues past it */
+};
+
+enum cxlkv_tier {
+	CXLKV_TIER_MEM = 0,		/* loc_off: byte offset in the device's kv carve */
+	CXLKV_TIER_SSD = 1,		/* loc_off: LBA (512 B sectors) on SSD device loc_dev */
+};
+/* loc_dev value: payload striped over the interleave set (config line) at
+ * the same offset of every device's kv carve. */
+#define CXLKV_LOC_DEV_INTERLEAVED 0xffu
+
+/*
+ * One index entry = one 64 B line.  `check` is cxlkv_index_entry_check()
+ * over bytes 0..59; an all-zero line is a valid EMPTY entry.  `version`
+ * grows on every change so a reader can tell two READY images apart.
+ */
+struct cxlkv_index_entry {
+	__u64 key_lo;            /*  0 */
+	__u64 key_hi;            /*  8 */
+	__u64 loc_off;           /* 16 offset (MEM) or LBA (SSD) */
+	__u32 loc_len;           /* 24 payload bytes */
+	__u8  loc_dev;           /* 28 device index or CXLKV_LOC_DEV_INTERLEAVED */
+	__u8  loc_tier;          /* 29 enum cxlkv_tier */
+	__u8  state;             /* 30 enum cxlkv_index_state */
+	__u8  owner_node;        /* 31 node that reserved it (WRITING) */
+	__u32 parent_slot;       /* 32 slot of the previous block, or CXLKV_INDEX_NO_SLOT */
+	__u32 children;          /* 36 WRITING/READY children (prefix-closed eviction) */
+	__u64 pin_mask;          /* 40 bit n: node n holds pins (crash-safe: dead nodes' bits ignored) */
+	__u32 lru_ms;            /* 48 last pin/publish, ms since config.epoch_ms */
+	__u32 owner_inc;         /* 52 low 32 bits of the owner's incarnation */
+	__u32 version;           /* 56 */
+	__u32 check;             /* 60 */
+};
+CXLKV_STATIC_ASSERT(sizeof(struct cxlkv_index_entry) == 64, "index entry is one line");
+
+/*
+ * Per-node statistics, written only by that node (rule 2) with plain stores
+ * and a flush; the CLI sums them.  Latency histograms: bucket b counts
+ * operations of [2^(b/2), 2^((b+1)/2)) ns, two buckets per octave.
+ */
+enum cxlkv_index_counter {
+	CXLKV_CTR_LOOKUPS = 0,
+	CXLKV_CTR_HIT_BLOCKS,
+	CXLKV_CTR_MISS_BLOCKS,
+	CXLKV_CTR_RESERVES,
+	CXLKV_CTR_RESERVE_EXISTS,
+	CXLKV_CTR_PUBLISHES,
+	CXLKV_CTR_ABORTS,
+	CXLKV_CTR_FETCHES,
+	CXLKV_CTR_PINS,
+	CXLKV_CTR_PIN_MISSES,
+	CXLKV_CTR_EVICTIONS,
+	CXLKV_CTR_RECLAIMS,
+	CXLKV_CTR_BYTES_IN,
+	CXLKV_CTR_BYTES_OUT,
+	CXLKV_CTR_NOSPC,
+	CXLKV_CTR_ERRORS,
+	CXLKV_CTR_COUNT
+};
+enum cxlkv_index_latency { CXLKV_LAT_LOOKUP = 0, CXLKV_LAT_PUBLISH, CXLKV_LAT_FETCH, CXLKV_LAT_COUNT };
+#define CXLKV_LAT_BUCKETS 64u
+
+struct cxlkv_index_node_stats {
+	__u64 counters[CXLKV_CTR_COUNT];                    /* 2 lines */
+	__u32 latency[CXLKV_LAT_COUNT][CXLKV_LAT_BUCKETS];  /* 12 lines */
+	__u64 updated_ms;                                   /* writer's clock, for display */
+	__u32 pid;
+	__u8  reserved[116];
+};
+CXLKV_STATIC_ASSERT(sizeof(struct cxlkv_index_node_stats) == CXLKV_INDEX_STATS_LINES * 64,
+		    "node stats are 16 lines");
+
+/* FNV-1a 32 over bytes 0..59 of an entry, never 0 for a non-empty line. */
+static inline __u32 cxlkv_index_entry_check(const struct cxlkv_index_entry *e)
+{
+	const unsigned char *p = (const unsigned char *)e;
+	__u32 h = 0x811c9dc5u;
+	unsigned int i;
+
+	for (i = 0; i < 60; i++) {
+		h ^= p[i];
+		h *= 0x01000193u;
+	}
+	return h ? h : 1;
+}
+
+#endif /* _UAPI_CXLKV_INDEX_H */
