@@ -454,7 +454,12 @@ Result<Reservation> PrefixIndex::reserve(const BlockKey& key, const BlockKey* pa
   const uint32_t off = static_cast<uint32_t>(key.lo & (hdr_.stripe_slots - 1));
   for (int attempt = 0;; attempt++) {
     StripeGuard g(*locks_, s);
-    if (auto l = g.lock(); !l) return finish(l.error());
+    // Parent links are dropped with no stripe lock held (one lock at a time).
+    auto done = [&](Result<Reservation> r) -> Result<Reservation> {
+      g.unlock();
+      return finish(std::move(r));
+    };
+    if (auto l = g.lock(); !l) return done(l.error());
     // Probe: the key if present, else the first reusable slot.
     uint32_t free_slot = CXLKV_INDEX_NO_SLOT;
     bool found = false;
@@ -480,25 +485,25 @@ Result<Reservation> PrefixIndex::reserve(const BlockKey& key, const BlockKey* pa
       r.slot = slot;
       r.loc = BlockLocation{e.loc_off, e.loc_len, e.loc_dev, e.loc_tier};
       r.status = e.state == CXLKV_ENTRY_READY ? ReserveStatus::exists_ready : ReserveStatus::busy;
-      return finish(r);  // never written twice
+      return done(r);  // never written twice
     }
     if (found) continue;  // reclaimed a dead writer's entry: probe again
 
     cxlkv_index_stripe st = read_stripe(s);
     if (free_slot == CXLKV_INDEX_NO_SLOT || over_capacity(st, bytes)) {
       auto ev = evict_locked(s, &parents);
-      if (!ev) return finish(ev.error());
+      if (!ev) return done(ev.error());
       if (ev.value()) continue;
-      return finish(Error(-ENOSPC, "index: no space for block " + to_hex(key) + ": stripe " + std::to_string(s) +
+      return done(Error(-ENOSPC, "index: no space for block " + to_hex(key) + ": stripe " + std::to_string(s) +
                                        (free_slot == CXLKV_INDEX_NO_SLOT ? " has no free slot" : " is at its capacity share") +
                                        " and every block in it is pinned, being written or has cached children"));
     }
     auto loc = space_->alloc(bytes);
     if (!loc) {
-      if (loc.error().code() != -ENOSPC) return finish(loc.error());
+      if (loc.error().code() != -ENOSPC) return done(loc.error());
       // Payload space is full: evict here first, then elsewhere (one stripe lock at a time).
       auto ev = evict_locked(s, &parents);
-      if (!ev) return finish(ev.error());
+      if (!ev) return done(ev.error());
       if (ev.value()) continue;
       g.unlock();
       bool freed = false;
@@ -506,13 +511,13 @@ Result<Reservation> PrefixIndex::reserve(const BlockKey& key, const BlockKey* pa
         uint32_t other = (evict_hand_++) % hdr_.nstripes;
         if (other == s) continue;
         StripeGuard og(*locks_, other);
-        if (auto l = og.lock(); !l) return finish(l.error());
+        if (auto l = og.lock(); !l) return done(l.error());
         auto oe = evict_locked(other, &parents);
-        if (!oe) return finish(oe.error());
+        if (!oe) return done(oe.error());
         freed = oe.value();
       }
       if (freed && attempt < 64) continue;
-      return finish(Error(-ENOSPC, "index: no space for block " + to_hex(key) + " (" + std::to_string(bytes) +
+      return done(Error(-ENOSPC, "index: no space for block " + to_hex(key) + " (" + std::to_string(bytes) +
                                        " bytes): payload space is full and every block is pinned, being written "
                                        "or has cached children"));
     }
@@ -539,7 +544,7 @@ Result<Reservation> PrefixIndex::reserve(const BlockKey& key, const BlockKey* pa
     r.status = ReserveStatus::reserved;
     r.slot = free_slot;
     r.loc = loc.value();
-    return finish(r);
+    return done(r);
   }
 }
 

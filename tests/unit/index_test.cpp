@@ -1,0 +1,448 @@
+// SPDX-License-Identifier: MIT
+// Prefix index protocol: visibility, prefix closure, eviction, crash
+// recovery and bad input, with every node on its own NonCoherentSim domain.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <random>
+#include <thread>
+
+#include "coherence/noncoherent_sim.hpp"
+#include "cxlkv/kv.hpp"
+#include "index/prefix_index.hpp"
+#include "unit/kv_test_support.hpp"
+
+using namespace cxlkv;
+using namespace cxlkv::test;
+
+namespace {
+
+constexpr uint64_t kPoolBytes = 8 << 20;
+constexpr uint64_t kIndexBytes = 2 << 20;
+
+// A simulated pool shared by `nodes` nodes: index carve at 0, payload after.
+struct SimPool {
+  explicit SimPool(uint32_t nodes, double evict_p = 0.0, IndexFormatOptions fo = small_index())
+      : pool(kPoolBytes), sim(pool.mem, pool.bytes, NonCoherentSimOptions{nodes, evict_p, 7}),
+        space(kIndexBytes, kPoolBytes - kIndexBytes) {
+    auto r = index_format(sim.node(0), pool.mem, kIndexBytes, fo);
+    EXPECT_TRUE(r.ok()) << (r.ok() ? "" : r.error().message());
+    for (uint32_t n = 0; n < nodes; n++) live.set_incarnation(n, 100 + n);
+  }
+  static IndexFormatOptions small_index() {
+    IndexFormatOptions o;
+    o.stripe_slots = 64;
+    o.max_stripes = 8;
+    return o;
+  }
+  std::unique_ptr<KvStore> store(uint32_t node, uint32_t inc = 0) {
+    KvDeps d;
+    d.index_domain = &sim.node(node);
+    d.index_carve = pool.mem;
+    d.index_bytes = kIndexBytes;
+    d.node = node;
+    d.incarnation = inc ? inc : 100 + node;
+    d.locks = &locks;
+    d.liveness = &live;
+    d.space = &space;
+    d.devices.push_back(PoolDevice{&sim.node(node), pool.mem, pool.bytes});
+    auto kv = KvStore::create(std::move(d));
+    EXPECT_TRUE(kv.ok()) << (kv.ok() ? "" : kv.error().message());
+    return kv.ok() ? std::move(kv.value()) : nullptr;
+  }
+  AlignedPool pool;
+  NonCoherentSim sim;
+  MutexStripeLocks locks;
+  TableLiveness live;
+  RangeSpace space;
+};
+
+std::vector<BlockKey> chain(uint64_t id, size_t n) {
+  std::vector<uint64_t> ids(n);
+  for (size_t i = 0; i < n; i++) ids[i] = id * 1000003 + i;
+  return keys_from_ids(ids);
+}
+
+// reserve -> write -> publish one block whose bytes derive from its key.
+Result<KvReservation> put(KvStore& kv, std::span<const BlockKey> c, size_t i, size_t bytes = 4096) {
+  auto r = kv.reserve(c[i], i ? &c[i - 1] : nullptr, bytes);
+  if (!r || !r->reserved()) return r;
+  std::vector<std::byte> buf(bytes);
+  fill_block(c[i], buf.data(), bytes);
+  Chunk ch{buf.data(), bytes};
+  CXLKV_TRY(kv.write(*r, {&ch, 1}));
+  CXLKV_TRY(kv.publish(*r));
+  return r;
+}
+
+bool fetch_ok(KvStore& kv, const BlockKey& k, size_t bytes = 4096) {
+  auto p = kv.pin(k);
+  if (!p) return false;
+  std::vector<std::byte> got(bytes), want(bytes);
+  Chunk ch{got.data(), bytes};
+  bool ok = kv.fetch(*p, {&ch, 1}).ok();
+  fill_block(k, want.data(), bytes);
+  EXPECT_TRUE(kv.unpin(*p).ok());
+  return ok && got == want;
+}
+
+}  // namespace
+
+TEST(PrefixIndex, UnformattedCarveIsRefusedWithAMessage) {
+  AlignedPool pool(kPoolBytes);
+  NonCoherentSim sim(pool.mem, pool.bytes, NonCoherentSimOptions{1, 0, 1});
+  MutexStripeLocks locks;
+  TableLiveness live;
+  RangeSpace space(kIndexBytes, 1 << 20);
+  auto ix = PrefixIndex::attach(sim.node(0), pool.mem, kIndexBytes, 0, 1, locks, live, space);
+  ASSERT_FALSE(ix.ok());
+  EXPECT_EQ(ix.error().code(), -ENODATA);
+  EXPECT_NE(ix.error().message().find("not formatted"), std::string::npos) << ix.error().message();
+}
+
+TEST(PrefixIndex, PublishedChainIsFoundByBinaryAndLinearSearch) {
+  SimPool p(2);
+  auto a = p.store(0), b = p.store(1);
+  auto c = chain(1, 150);
+  for (size_t i = 0; i < 100; i++) ASSERT_TRUE(put(*a, c, i).ok()) << i;
+  EXPECT_EQ(b->lookup(c), 100u);
+  EXPECT_EQ(b->lookup_linear(c), 100u);
+  EXPECT_EQ(b->lookup(std::span(c).first(37)), 37u);
+  EXPECT_EQ(b->lookup(chain(2, 10)), 0u);
+  EXPECT_TRUE(fetch_ok(*b, c[99]));
+}
+
+TEST(PrefixIndex, BinarySearchProbesLogarithmicallyMany) {
+  SimPool p(1, 0.0, [] {
+    IndexFormatOptions o;
+    o.stripe_slots = 1024;
+    o.max_stripes = 8;
+    return o;
+  }());
+  auto a = p.store(0);
+  auto c = chain(3, 1024);
+  for (size_t i = 0; i < 700; i++) ASSERT_TRUE(put(*a, c, i, 64).ok()) << i;
+  uint64_t before = a->index().probes();
+  EXPECT_EQ(a->index().longest_prefix(c), 700u);
+  uint64_t binary = a->index().probes() - before;
+  before = a->index().probes();
+  EXPECT_EQ(a->index().longest_prefix_linear(c), 700u);
+  uint64_t linear = a->index().probes() - before;
+  EXPECT_LE(binary, 11u * 4) << "about log2(1024) lookups of a few probes each";
+  EXPECT_GE(linear, 700u);
+}
+
+TEST(PrefixIndex, ReservedBlockIsInvisibleAndNeverReservedTwice) {
+  SimPool p(2);
+  auto a = p.store(0), b = p.store(1);
+  auto c = chain(4, 1);
+  auto ra = a->reserve(c[0], nullptr, 4096);
+  ASSERT_TRUE(ra.ok() && ra->reserved());
+  EXPECT_EQ(b->lookup(c), 0u) << "a WRITING block is not a hit";
+  EXPECT_FALSE(b->pin(c[0]).ok());
+  auto rb = b->reserve(c[0], nullptr, 4096);
+  ASSERT_TRUE(rb.ok());
+  EXPECT_EQ(rb->status, 2u) << "busy: another node writes it";
+  std::vector<std::byte> buf(4096);
+  fill_block(c[0], buf.data(), buf.size());
+  Chunk ch{buf.data(), buf.size()};
+  ASSERT_TRUE(a->write(*ra, {&ch, 1}).ok());
+  ASSERT_TRUE(a->publish(*ra).ok());
+  auto rb2 = b->reserve(c[0], nullptr, 4096);
+  ASSERT_TRUE(rb2.ok());
+  EXPECT_EQ(rb2->status, 1u) << "exists_ready after publish";
+  EXPECT_TRUE(fetch_ok(*b, c[0]));
+}
+
+TEST(PrefixIndex, ChildIsPublishedOnlyAfterItsParent) {
+  SimPool p(1);
+  auto a = p.store(0);
+  auto c = chain(5, 2);
+  auto r0 = a->reserve(c[0], nullptr, 64);
+  auto r1 = a->reserve(c[1], &c[0], 64);
+  ASSERT_TRUE(r0.ok() && r1.ok());
+  auto pub = a->publish(*r1);
+  ASSERT_FALSE(pub.ok());
+  EXPECT_EQ(pub.error().code(), -EAGAIN);
+  EXPECT_TRUE(a->publish(*r0).ok());
+  EXPECT_TRUE(a->publish(*r1).ok());
+  EXPECT_EQ(a->lookup(c), 2u);
+}
+
+TEST(PrefixIndex, ReserveNeedsACachedParent) {
+  SimPool p(1);
+  auto a = p.store(0);
+  auto c = chain(6, 2);
+  auto r = a->reserve(c[1], &c[0], 64);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.error().code(), -ENOENT);
+}
+
+TEST(PrefixIndex, BadKeysAndLengthsAreRejected) {
+  SimPool p(1);
+  auto a = p.store(0);
+  BlockKey zero{};
+  auto c = chain(7, 1);
+  EXPECT_EQ(a->reserve(zero, nullptr, 64).error().code(), -EINVAL);
+  EXPECT_EQ(a->reserve(c[0], nullptr, 0).error().code(), -EINVAL);
+  EXPECT_EQ(a->reserve(c[0], &zero, 64).error().code(), -EINVAL);
+  EXPECT_EQ(a->reserve(c[0], &c[0], 64).error().code(), -EINVAL);
+  EXPECT_EQ(a->reserve(c[0], nullptr, uint64_t(1) << 33).error().code(), -EINVAL);
+  EXPECT_FALSE(a->pin(zero).ok());
+  EXPECT_EQ(a->lookup(std::span<const BlockKey>()), 0u);
+  // A chunk list that does not add up to the block is refused, nothing published.
+  auto r = a->reserve(c[0], nullptr, 128);
+  ASSERT_TRUE(r.ok());
+  std::vector<std::byte> buf(64);
+  Chunk ch{buf.data(), buf.size()};
+  EXPECT_EQ(a->write(*r, {&ch, 1}).error().code(), -EINVAL);
+  EXPECT_TRUE(a->abort(*r).ok());
+  EXPECT_EQ(a->lookup(c), 0u);
+  // A foreign slot number cannot be published or unpinned.
+  KvReservation fake = *r;
+  EXPECT_FALSE(a->publish(fake).ok());
+  KvPin fp;
+  fp.key = c[0];
+  fp.slot = 3;
+  EXPECT_FALSE(a->unpin(fp).ok());
+}
+
+TEST(PrefixIndex, DamagedEntryLineIsSkippedNotTrusted) {
+  SimPool p(1);
+  auto a = p.store(0);
+  auto c = chain(8, 1);
+  ASSERT_TRUE(put(*a, c, 0).ok());
+  uint32_t slot = a->index().find_ready(c[0]);
+  ASSERT_NE(slot, CXLKV_INDEX_NO_SLOT);
+  // Corrupt one byte of the entry behind the protocol's back.
+  auto* e = reinterpret_cast<cxlkv_index_entry*>(p.pool.mem + a->index().header().entry_off + slot * 64ull);
+  uint8_t bad = 0x5a;
+  p.sim.node(0).store_nt(reinterpret_cast<std::byte*>(e) + 20, &bad, 1);
+  EXPECT_EQ(a->lookup(c), 0u) << "a line whose checksum fails is not a hit";
+}
+
+TEST(PrefixIndex, EvictionTakesOnlyUnpinnedLeaves) {
+  IndexFormatOptions o = SimPool::small_index();
+  o.max_stripes = 1;  // one stripe: a deterministic capacity of max_blocks
+  o.max_blocks = 4;
+  SimPool p(1, 0.0, o);
+  auto a = p.store(0);
+  auto c = chain(9, 4);
+  for (size_t i = 0; i < 4; i++) ASSERT_TRUE(put(*a, c, i).ok());
+  auto pin = a->pin(c[3]);  // the only leaf is pinned
+  ASSERT_TRUE(pin.ok());
+  auto d = chain(10, 1);
+  auto r = a->reserve(d[0], nullptr, 4096);
+  ASSERT_FALSE(r.ok()) << "inner blocks have cached children, the leaf is pinned";
+  EXPECT_EQ(r.error().code(), -ENOSPC);
+  EXPECT_NE(r.error().message().find("no space"), std::string::npos) << r.error().message();
+  EXPECT_EQ(a->lookup(c), 4u) << "nothing lost on ENOSPC";
+  ASSERT_TRUE(a->unpin(*pin).ok());
+  ASSERT_TRUE(put(*a, d, 0).ok());
+  EXPECT_EQ(a->lookup(c), 3u) << "the leaf went, the prefix stays";
+  EXPECT_TRUE(fetch_ok(*a, c[2]));
+  EXPECT_EQ(a->index().counters().evictions, 1u);
+}
+
+TEST(PrefixIndex, LeastRecentlyUsedLeafIsEvictedFirst) {
+  IndexFormatOptions o = SimPool::small_index();
+  o.max_stripes = 1;
+  o.max_blocks = 3;
+  SimPool p(1, 0.0, o);
+  auto a = p.store(0);
+  auto x = chain(11, 1), y = chain(12, 1), z = chain(13, 1);
+  ASSERT_TRUE(put(*a, x, 0).ok());
+  std::this_thread::sleep_for(std::chrono::milliseconds(3));
+  ASSERT_TRUE(put(*a, y, 0).ok());
+  std::this_thread::sleep_for(std::chrono::milliseconds(3));
+  ASSERT_TRUE(fetch_ok(*a, x[0]));  // x used again: y is now the oldest
+  std::this_thread::sleep_for(std::chrono::milliseconds(3));
+  ASSERT_TRUE(put(*a, z, 0).ok());
+  auto w = chain(14, 1);
+  ASSERT_TRUE(put(*a, w, 0).ok());
+  EXPECT_EQ(a->lookup(x), 1u);
+  EXPECT_EQ(a->lookup(y), 0u);
+  EXPECT_EQ(a->lookup(z), 1u);
+}
+
+TEST(PrefixIndex, DeadWritersBlocksAreNeverVisibleAndAreReclaimed) {
+  SimPool p(2);
+  auto a = p.store(0), b = p.store(1);
+  auto c = chain(15, 3);
+  ASSERT_TRUE(put(*a, c, 0).ok());
+  auto r1 = a->reserve(c[1], &c[0], 4096);
+  auto r2 = a->reserve(c[2], &c[1], 4096);
+  ASSERT_TRUE(r1.ok() && r2.ok());
+  p.sim.drop_all(0);
+  p.live.kill(0);  // node 0 dies mid-write
+  EXPECT_EQ(b->lookup(c), 1u);
+  auto reclaimed = b->reclaim_dead();
+  ASSERT_TRUE(reclaimed.ok());
+  EXPECT_EQ(reclaimed.value(), 2u);
+  EXPECT_EQ(p.space.in_use(), 1u) << "payload of the two abandoned blocks freed";
+  ASSERT_TRUE(put(*b, c, 1).ok()) << "another node writes them now";
+  ASSERT_TRUE(put(*b, c, 2).ok());
+  EXPECT_EQ(b->lookup(c), 3u);
+  EXPECT_TRUE(fetch_ok(*b, c[2]));
+}
+
+TEST(PrefixIndex, ReserveTakesOverADeadWritersBlock) {
+  SimPool p(2);
+  auto a = p.store(0), b = p.store(1);
+  auto c = chain(16, 1);
+  ASSERT_TRUE(a->reserve(c[0], nullptr, 4096).ok());
+  p.live.kill(0);
+  auto r = put(*b, c, 0);
+  ASSERT_TRUE(r.ok());
+  EXPECT_TRUE(r->reserved());
+  EXPECT_TRUE(fetch_ok(*b, c[0]));
+}
+
+TEST(PrefixIndex, DeadNodesPinsDoNotBlockEviction) {
+  IndexFormatOptions o = SimPool::small_index();
+  o.max_stripes = 1;
+  o.max_blocks = 1;
+  SimPool p(2, 0.0, o);
+  auto a = p.store(0), b = p.store(1);
+  auto c = chain(17, 1), d = chain(18, 1);
+  ASSERT_TRUE(put(*b, c, 0).ok());
+  ASSERT_TRUE(a->pin(c[0]).ok());  // reader pins and dies holding it
+  EXPECT_EQ(b->reserve(d[0], nullptr, 4096).error().code(), -ENOSPC);
+  p.live.kill(0);
+  ASSERT_TRUE(put(*b, d, 0).ok()) << "the dead reader's pin is ignored";
+  EXPECT_EQ(b->lookup(c), 0u);
+}
+
+TEST(PrefixIndex, RestartedNodeWithNewIncarnationReclaimsItsOldReservations) {
+  SimPool p(1);
+  auto c = chain(19, 1);
+  {
+    auto a = p.store(0, 500);
+    ASSERT_TRUE(a->reserve(c[0], nullptr, 4096).ok());
+  }
+  p.live.set_incarnation(0, 501);  // node 0 comes back as a new process
+  auto a2 = p.store(0, 501);
+  auto r = put(*a2, c, 0);
+  ASSERT_TRUE(r.ok());
+  EXPECT_TRUE(r->reserved());
+}
+
+// Many nodes at once, random cache evictions, pressure evictions: a block
+// read through the index always carries exactly the bytes its key implies.
+TEST(PrefixIndex, ConcurrentNodesUnderNonCoherentSimReadOnlyCompleteBlocks) {
+  IndexFormatOptions o = SimPool::small_index();
+  o.max_blocks = 48;  // far fewer than the blocks the workload touches
+  SimPool p(4, 0.02, o);
+  std::atomic<uint64_t> bad{0}, hits{0}, published{0};
+  std::vector<std::thread> th;
+  for (uint32_t n = 0; n < 4; n++) {
+    th.emplace_back([&, n] {
+      auto kv = p.store(n);
+      std::mt19937_64 rng(n + 1);
+      for (int it = 0; it < 150; it++) {
+        auto c = chain(rng() % 12, 2 + rng() % 6);
+        size_t have = kv->lookup(c);
+        for (size_t i = 0; i < have; i++) {
+          auto pin = kv->pin(c[i]);
+          if (!pin) break;  // evicted since the lookup: a miss, fine
+          std::vector<std::byte> got(1024), want(1024);
+          Chunk ch{got.data(), got.size()};
+          if (!kv->fetch(*pin, {&ch, 1})) bad++;
+          fill_block(c[i], want.data(), want.size());
+          if (got != want) bad++;
+          hits++;
+          if (!kv->unpin(*pin)) bad++;
+        }
+        for (size_t i = have; i < c.size(); i++) {
+          auto r = kv->reserve(c[i], i ? &c[i - 1] : nullptr, 1024);
+          if (!r) break;  // parent evicted / no space: stop this chain
+          if (!r->reserved()) {
+            if (r->status == 2) kv->wait_ready(c[i], std::chrono::milliseconds(200));
+            continue;
+          }
+          std::vector<std::byte> buf(1024);
+          fill_block(c[i], buf.data(), buf.size());
+          Chunk ch{buf.data(), buf.size()};
+          if (!kv->write(*r, {&ch, 1})) bad++;
+          Result<void> pub = kv->publish(*r);
+          for (int k = 0; !pub && pub.error().code() == -EAGAIN && k < 2000; k++) {
+            std::this_thread::yield();
+            pub = kv->publish(*r);
+          }
+          if (!pub) {
+            (void)kv->abort(*r);
+            break;
+          }
+          published++;
+        }
+        if (rng() % 8 == 0) (void)kv->index().evict_one(rng() % 8);
+      }
+    });
+  }
+  for (auto& t : th) t.join();
+  EXPECT_EQ(bad.load(), 0u);
+  EXPECT_GT(hits.load(), 50u);
+  EXPECT_GT(published.load(), 50u);
+  EXPECT_EQ(p.space.double_frees, 0u);
+  // Accounting matches the table.
+  auto kv = p.store(0);
+  IndexUsage u = kv->index().usage();
+  EXPECT_EQ(u.used_blocks, u.by_state[CXLKV_ENTRY_READY] + u.by_state[CXLKV_ENTRY_WRITING]);
+  EXPECT_EQ(p.space.in_use(), u.used_blocks);
+  EXPECT_LE(u.used_blocks, 48u);
+}
+
+// The simulator catches a protocol that publishes the entry with a plain
+// store and no flush (a broken rule 1/3): the other node never sees it.
+namespace {
+class NoFlushPublish final : public MemoryDomain {
+ public:
+  explicit NoFlushPublish(MemoryDomain& d) : d_(d) {}
+  DomainMode mode() const override { return d_.mode(); }
+  std::string describe() const override { return "broken: publish_line = plain store"; }
+  void load(void* a, const void* b, size_t n) override { d_.load(a, b, n); }
+  void store(void* a, const void* b, size_t n) override { d_.store(a, b, n); }
+  void store_nt(void* a, const void* b, size_t n) override { d_.store_nt(a, b, n); }
+  void flush(const void* p, size_t n) override { d_.flush(p, n); }
+  void flush_bulk(const void* p, size_t n) override { d_.flush_bulk(p, n); }
+  void invalidate(const void* p, size_t n) override {
+    // Keep our own dirty lines (no write-back): models forgetting the flush.
+    (void)p;
+    (void)n;
+  }
+  void fence() override { d_.fence(); }
+  void copy_to_pool(void* a, const void* b, size_t n) override { d_.copy_to_pool(a, b, n); }
+  void copy_from_pool(void* a, const void* b, size_t n) override { d_.copy_from_pool(a, b, n); }
+  void publish_line(void* dst, const void* src) override { d_.store(dst, src, 64); }
+
+ private:
+  MemoryDomain& d_;
+};
+}  // namespace
+
+TEST(PrefixIndex, SimulatorCatchesAPublishWithoutFlush) {
+  SimPool p(2);
+  NoFlushPublish broken(p.sim.node(0));
+  KvDeps d;
+  d.index_domain = &broken;
+  d.index_carve = p.pool.mem;
+  d.index_bytes = kIndexBytes;
+  d.node = 0;
+  d.incarnation = 100;
+  d.locks = &p.locks;
+  d.liveness = &p.live;
+  d.space = &p.space;
+  d.devices.push_back(PoolDevice{&broken, p.pool.mem, p.pool.bytes});
+  auto a = KvStore::create(std::move(d));
+  ASSERT_TRUE(a.ok());
+  auto b = p.store(1);
+  auto c = chain(20, 1);
+  ASSERT_TRUE(put(**a, c, 0).ok());
+  EXPECT_EQ((*a)->lookup(c), 1u) << "the writer sees its own cached line";
+  EXPECT_EQ(b->lookup(c), 0u) << "without the flush no other node sees the block";
+  // The correct protocol on the same simulator: visible at once.
+  auto c2 = chain(21, 1);
+  auto a2 = p.store(0);
+  ASSERT_TRUE(put(*a2, c2, 0).ok());
+  EXPECT_EQ(b->lookup(c2), 1u);
+}
