@@ -115,6 +115,31 @@ Result<void> index_format(MemoryDomain& d, void* carve, uint64_t bytes, const In
   return {};
 }
 
+Result<cxlkv_index_config> index_policy(MemoryDomain& d, const void* carve) {
+  if (!carve) return Error(-EINVAL, "index: no carve");
+  auto h = d.read_fresh(reinterpret_cast<const cxlkv_index_header*>(static_cast<const std::byte*>(carve) + kHeaderOff));
+  if (h.magic != CXLKV_INDEX_MAGIC) return Error(-ENODATA, "index carve is not formatted (run `cxlkvctl format`)");
+  return d.read_fresh(reinterpret_cast<const cxlkv_index_config*>(static_cast<const std::byte*>(carve) + kConfigOff));
+}
+
+Result<void> index_set_policy(MemoryDomain& d, void* carve, const IndexPolicy& p) {
+  auto cur = index_policy(d, carve);
+  if (!cur) return cur.error();
+  if (p.ndevices == 0 || p.ndevices > CXLKV_INDEX_MAX_DEVICES)
+    return Error(-EINVAL, "index policy: ndevices " + std::to_string(p.ndevices) + " is not 1..8");
+  if (p.interleave_stripe == 0 || p.interleave_stripe % 64)
+    return Error(-EINVAL, "index policy: interleave stripe must be a non-zero multiple of 64");
+  cxlkv_index_config c = cur.value();
+  c.max_blocks = p.max_blocks;
+  c.max_bytes = p.max_bytes;
+  c.interleave_stripe = p.interleave_stripe;
+  c.ndevices = p.ndevices;
+  for (unsigned i = 0; i < CXLKV_INDEX_MAX_DEVICES; i++) c.weights[i] = p.weights[i] ? p.weights[i] : 1;
+  d.publish_line(static_cast<std::byte*>(carve) + kConfigOff, &c);  // rule 1: whole line, NT
+  d.fence();
+  return {};
+}
+
 Result<std::unique_ptr<PrefixIndex>> PrefixIndex::attach(MemoryDomain& d, void* carve, uint64_t bytes,
                                                          uint32_t node, uint64_t incarnation,
                                                          StripeLocks& locks, NodeLiveness& live,

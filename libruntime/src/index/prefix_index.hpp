@@ -87,6 +87,18 @@ struct IndexFormatOptions {
 // Zeroes the table and writes header + config with flushes (rule 3).
 Result<void> index_format(MemoryDomain& d, void* carve, uint64_t bytes, const IndexFormatOptions& o);
 
+// Change the pool-wide policy (capacity limits, interleave set) of a
+// formatted index; operator action while no worker runs.  Keeps epoch_ms.
+struct IndexPolicy {
+  uint64_t max_blocks = 0;
+  uint64_t max_bytes = 0;
+  uint32_t interleave_stripe = 64 << 10;
+  uint8_t ndevices = 1;
+  uint8_t weights[CXLKV_INDEX_MAX_DEVICES] = {1, 1, 1, 1, 1, 1, 1, 1};
+};
+Result<void> index_set_policy(MemoryDomain& d, void* carve, const IndexPolicy& p);
+Result<cxlkv_index_config> index_policy(MemoryDomain& d, const void* carve);
+
 enum class ReserveStatus { reserved, exists_ready, busy };
 
 struct Reservation {

@@ -12,6 +12,7 @@
 #include "cxlkv/kv.hpp"
 #include "index/prefix_index.hpp"
 #include "kv/interleave.hpp"
+#include "transfer/cpu_copy.hpp"
 
 namespace cxlkv {
 namespace {
@@ -83,12 +84,10 @@ class MemTier final : public PayloadTier {
       return Error(-EFAULT, "kv: block [" + std::to_string(loc.offset) + ", +" + std::to_string(loc.length) +
                                 ") outside device " + std::to_string(loc.device));
     std::byte* pool = dv.base + loc.offset;
-    for (const Chunk& c : chunks) {
-      if (wr) dv.domain->copy_to_pool(pool, c.addr, c.len);  // NT / flushed copy (rule 3)
-      else dv.domain->copy_from_pool(c.addr, pool, c.len);   // invalidates first (rule 6)
-      pool += c.len;
-    }
-    if (wr) dv.domain->fence();  // rule 3: payload in memory before the entry is published
+    // gather_write: NT / flushed copy + fence (rule 3), so the caller may
+    // publish; scatter_read invalidates before loading (rule 6).
+    Result<size_t> n = wr ? gather_write(*dv.domain, pool, chunks) : scatter_read(*dv.domain, pool, chunks);
+    if (!n) return n.error();
     return {};
   }
 

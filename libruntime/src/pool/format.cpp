@@ -6,6 +6,7 @@
 #include <cstring>
 #include <vector>
 
+#include "index/prefix_index.hpp"
 #include "region/backend.hpp"
 #include "region/superblock.hpp"
 #include "util/log.hpp"
@@ -184,8 +185,12 @@ Result<std::unique_ptr<Region>> format_pool(std::string_view uri, const PoolForm
   //            grants beyond the zero state, if any (call it here).
   // sync area: format_alloc(r, d, L)   -- allocator bitmap / object store
   //            header in the alloc carve (call it here).
-  // kvstore area: format_index(r, d, L) -- the index header line at
-  //            L.index_off and its L.index_entries entries (call it here).
+  // kvstore area: the prefix index (uapi/cxlkv_index.h) over the whole index carve.
+  {
+    IndexFormatOptions io;
+    io.max_nodes = o.max_nodes;
+    CXLKV_TRY(index_format(d, r.at(L.index_off), L.index_size, io));
+  }
   // -----------------------------------------------------------------------
 
   log().info("pool {}: standard layout: control {} at {:#x}, index {} ({} entries) at {:#x}, "
