@@ -29,7 +29,7 @@ namespace region {
 class Backend;  // libruntime/src/region/backend.hpp
 }
 
-enum class BackendKind { shm, file, dax, dev };
+enum class BackendKind { shm, file, dax, dev, mem };  // mem: Region::open_memory (tests)
 const char* to_string(BackendKind k);
 
 enum class MemType : uint32_t { wb = CXLKV_MEM_WB, wc = CXLKV_MEM_WC, uc = CXLKV_MEM_UC };
@@ -47,6 +47,9 @@ struct OpenOptions {
   // Domain used for pool accesses; DomainMode::flush unless told otherwise
   // (coherent for tests on one host if explicitly asked).
   HostDomainOptions domain{};
+  // Use this domain instead of making a host domain (not owned; must
+  // outlive the Region).  Tests: a NonCoherentSim node over the pool memory.
+  MemoryDomain* use_domain = nullptr;
 };
 
 struct FormatOptions {
@@ -69,6 +72,15 @@ class Region {
   // Refuses (-EEXIST) to overwrite a valid superblock unless fopts.force.
   static Result<std::unique_ptr<Region>> format(std::string_view uri, const FormatOptions& fopts,
                                                 const OpenOptions& opts = {});
+
+  // A pool in caller memory (`base`, `size` bytes, 64 B aligned), named
+  // "mem:NAME" in messages.  For tests: several Regions over one buffer,
+  // each with its own NonCoherentSim node as OpenOptions::use_domain, act
+  // as several hosts sharing a pool.  The memory must outlive the Region.
+  static Result<std::unique_ptr<Region>> open_memory(std::string_view name, void* base, uint64_t size,
+                                                     const OpenOptions& opts = {});
+  static Result<std::unique_ptr<Region>> format_memory(std::string_view name, void* base, uint64_t size,
+                                                       const FormatOptions& fopts, const OpenOptions& opts = {});
 
   const std::string& uri() const { return uri_; }
   BackendKind kind() const { return kind_; }
@@ -112,6 +124,10 @@ class Region {
 
  private:
   Region() = default;
+  static Result<std::unique_ptr<Region>> attach(std::string uri, BackendKind kind,
+                                                std::unique_ptr<region::Backend> be, const OpenOptions& opts);
+  static Result<std::unique_ptr<Region>> validate_attached(std::unique_ptr<Region> r);
+  static Result<std::unique_ptr<Region>> format_attached(std::unique_ptr<Region> r, const FormatOptions& fopts);
   // Writes `sb` (generation + 1, new checksum) with the publish protocol.
   void write_superblock(cxlkv_superblock& sb);
   Result<CarveInfo> carve_create_locked(std::string_view name, uint64_t size, MemType mt,
@@ -123,7 +139,8 @@ class Region {
   std::byte* base_ = nullptr;
   uint64_t size_ = 0;
   std::unique_ptr<region::Backend> backend_;
-  std::unique_ptr<MemoryDomain> domain_;
+  std::unique_ptr<MemoryDomain> owned_domain_;  // null when OpenOptions::use_domain
+  MemoryDomain* domain_ = nullptr;
   std::mutex mu_carves_;                  // one carve change at a time in this process
   mutable std::mutex mu_;                 // last_good_
   mutable cxlkv_superblock last_good_{};  // last superblock that validated

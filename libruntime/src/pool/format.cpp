@@ -4,6 +4,7 @@
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
+#include <optional>
 #include <vector>
 
 #include "index/prefix_index.hpp"
@@ -129,27 +130,8 @@ Result<PoolLayout> plan_pool_layout(std::string_view pool, uint64_t pool_size,
   return L;
 }
 
-Result<std::unique_ptr<Region>> format_pool(std::string_view uri, const PoolFormatOptions& o,
-                                            const OpenOptions& open_opts) {
-  FormatOptions fo;
-  fo.size = o.size;
-  fo.max_nodes = o.max_nodes;
-  fo.force = o.force;
-  if (!o.standard) return Region::format(uri, fo, open_opts);
-
-  // Plan before touching the pool, so bad options leave it as it was.
-  auto size = expected_pool_size(uri, o);
-  if (!size) return size.error();
-  auto plan = plan_pool_layout(uri, size.value(), o);
-  if (!plan) return plan.error();
-  const PoolLayout& L = plan.value();
-
-  auto rr = Region::format(uri, fo, open_opts);
-  if (!rr) return rr;
-  Region& r = *rr.value();
-  if (r.size() != size.value())
-    return Error(-EIO, "pool " + r.uri() + ": size changed while formatting");
-
+// The standard carves and their initial contents, on a freshly formatted pool.
+Result<void> lay_out_standard_pool(Region& r, const PoolLayout& L) {
   struct Want {
     const char* name;
     uint64_t off, size;
@@ -198,6 +180,46 @@ Result<std::unique_ptr<Region>> format_pool(std::string_view uri, const PoolForm
              r.uri(), region::human_size(L.control_size), L.control_off, region::human_size(L.index_size),
              L.index_entries, L.index_off, region::human_size(L.alloc_size), L.alloc_off,
              region::human_size(L.kv_size), L.kv_off);
+  return {};
+}
+
+Result<std::unique_ptr<Region>> format_pool(std::string_view uri, const PoolFormatOptions& o,
+                                            const OpenOptions& open_opts) {
+  FormatOptions fo;
+  fo.size = o.size;
+  fo.max_nodes = o.max_nodes;
+  fo.force = o.force;
+  if (!o.standard) return Region::format(uri, fo, open_opts);
+
+  // Plan before touching the pool, so bad options leave it as it was.
+  auto size = expected_pool_size(uri, o);
+  if (!size) return size.error();
+  auto plan = plan_pool_layout(uri, size.value(), o);
+  if (!plan) return plan.error();
+
+  auto rr = Region::format(uri, fo, open_opts);
+  if (!rr) return rr;
+  if (rr.value()->size() != size.value())
+    return Error(-EIO, "pool " + rr.value()->uri() + ": size changed while formatting");
+  CXLKV_TRY(lay_out_standard_pool(*rr.value(), plan.value()));
+  return rr;
+}
+
+Result<std::unique_ptr<Region>> format_pool_memory(std::string_view name, void* base, uint64_t size,
+                                                   const PoolFormatOptions& o, const OpenOptions& open_opts) {
+  FormatOptions fo;
+  fo.max_nodes = o.max_nodes;
+  fo.force = o.force;
+  std::string uri = "mem:" + std::string(name);
+  std::optional<PoolLayout> plan;
+  if (o.standard) {
+    auto p = plan_pool_layout(uri, size, o);
+    if (!p) return p.error();
+    plan = p.value();
+  }
+  auto rr = Region::format_memory(name, base, size, fo, open_opts);
+  if (!rr) return rr;
+  if (plan) CXLKV_TRY(lay_out_standard_pool(*rr.value(), *plan));
   return rr;
 }
 

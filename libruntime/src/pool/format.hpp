@@ -61,4 +61,15 @@ Result<PoolLayout> plan_pool_layout(std::string_view pool, uint64_t pool_size,
 Result<std::unique_ptr<Region>> format_pool(std::string_view uri, const PoolFormatOptions& opts,
                                             const OpenOptions& open_opts = {});
 
+// The same on caller memory (Region::format_memory; opts.size is ignored):
+// tests format a standard pool in a buffer and open it from several
+// NonCoherentSim nodes with Region::open_memory.
+Result<std::unique_ptr<Region>> format_pool_memory(std::string_view name, void* base, uint64_t size,
+                                                   const PoolFormatOptions& opts,
+                                                   const OpenOptions& open_opts = {});
+
+// Create the standard carves of plan `L` on a freshly formatted, empty pool
+// and initialize their contents (used by both functions above).
+Result<void> lay_out_standard_pool(Region& r, const PoolLayout& L);
+
 }  // namespace cxlkv

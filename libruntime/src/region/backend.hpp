@@ -82,6 +82,9 @@ Result<std::unique_ptr<Backend>> open_dax_backend(const PoolUri& uri, const Back
 // Kernel module backend (dev:/dev/cxlkvN), implemented in dev_backend.cpp.
 Result<std::unique_ptr<Backend>> open_dev_backend(const PoolUri& uri, const BackendOpenOptions& o);
 
+// A pool in caller memory (Region::open_memory); no device, no flock.
+std::unique_ptr<Backend> make_memory_backend(const std::string& uri, void* base, uint64_t size);
+
 // Dispatch on uri.kind.
 Result<std::unique_ptr<Backend>> open_backend(const PoolUri& uri, const BackendOpenOptions& o);
 

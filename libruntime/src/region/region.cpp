@@ -32,6 +32,7 @@ const char* to_string(BackendKind k) {
     case BackendKind::file: return "file";
     case BackendKind::dax: return "dax";
     case BackendKind::dev: return "dev";
+    case BackendKind::mem: return "mem";
   }
   return "?";
 }
@@ -52,11 +53,23 @@ namespace {
 // microseconds; the margin is for a writer that is descheduled midway.
 constexpr auto kTornReadPatience = std::chrono::milliseconds(5);
 
-// Domain for a freshly mapped pool (make_host_domain throws on a forced
-// instruction path the CPU lacks; that becomes this pool's error).
-Result<std::unique_ptr<MemoryDomain>> make_domain(const std::string& uri, const OpenOptions& o) {
+// Domain for a freshly mapped pool: the caller's (tests: a NonCoherentSim
+// node), or a host domain (make_host_domain throws on a forced instruction
+// path the CPU lacks; that becomes this pool's error).
+struct DomainHolder {
+  std::unique_ptr<MemoryDomain> owned;
+  MemoryDomain* d = nullptr;
+};
+Result<DomainHolder> make_domain(const std::string& uri, const OpenOptions& o) {
+  DomainHolder h;
+  if (o.use_domain) {
+    h.d = o.use_domain;
+    return h;
+  }
   try {
-    return make_host_domain(o.domain);
+    h.owned = make_host_domain(o.domain);
+    h.d = h.owned.get();
+    return h;
   } catch (const std::exception& e) {
     return Error(-EINVAL, "pool " + uri + ": memory domain: " + e.what());
   }
@@ -95,7 +108,7 @@ Result<void> refuse_valid_pool(const region::PoolUri& pu, const OpenOptions& opt
   if (!base) return base.error();
   auto domain = make_domain(pu.uri, opts);
   if (!domain) return domain.error();
-  cxlkv_superblock sb = load_fresh(*domain.value(), base.value());
+  cxlkv_superblock sb = load_fresh(*domain->d, base.value());
   if (validate_superblock(pu.uri, &sb, sizeof sb, be.value()->size()).ok()) return already_formatted(pu.uri, sb);
   return {};
 }
@@ -109,28 +122,29 @@ struct MetadataLock {
 }  // namespace
 
 Region::~Region() {
-  domain_.reset();
+  owned_domain_.reset();
   if (backend_) backend_->unmap();
 }
 
-Result<std::unique_ptr<Region>> Region::open(std::string_view uri, const OpenOptions& opts) {
-  auto pu = region::parse_pool_uri(uri);
-  if (!pu) return pu.error();
-  auto be = region::open_backend(pu.value(), {});
-  if (!be) return be.error();
-  auto base = be.value()->map();
+Result<std::unique_ptr<Region>> Region::attach(std::string uri, BackendKind kind,
+                                               std::unique_ptr<region::Backend> be,
+                                               const OpenOptions& opts) {
+  auto base = be->map();
   if (!base) return base.error();
-
-  auto domain = make_domain(pu->uri, opts);
+  auto domain = make_domain(uri, opts);
   if (!domain) return domain.error();
   std::unique_ptr<Region> r(new Region());
-  r->uri_ = pu->uri;
-  r->kind_ = pu->kind;
+  r->uri_ = std::move(uri);
+  r->kind_ = kind;
   r->base_ = base.value();
-  r->size_ = be.value()->size();
-  r->backend_ = std::move(be).value();
-  r->domain_ = std::move(domain).value();
+  r->size_ = be->size();
+  r->backend_ = std::move(be);
+  r->owned_domain_ = std::move(domain->owned);
+  r->domain_ = domain->d;
+  return r;
+}
 
+Result<std::unique_ptr<Region>> Region::validate_attached(std::unique_ptr<Region> r) {
   // A device smaller than a superblock is validated from the bytes it has.
   if (r->size_ < sizeof(cxlkv_superblock)) {
     std::vector<std::byte> img(r->size_);
@@ -148,25 +162,59 @@ Result<std::unique_ptr<Region>> Region::open(std::string_view uri, const OpenOpt
   return r;
 }
 
+Result<std::unique_ptr<Region>> Region::open(std::string_view uri, const OpenOptions& opts) {
+  auto pu = region::parse_pool_uri(uri);
+  if (!pu) return pu.error();
+  auto be = region::open_backend(pu.value(), {});
+  if (!be) return be.error();
+  auto r = attach(pu->uri, pu->kind, std::move(be).value(), opts);
+  if (!r) return r;
+  return validate_attached(std::move(r).value());
+}
+
+Result<std::unique_ptr<Region>> Region::open_memory(std::string_view name, void* base, uint64_t size,
+                                                    const OpenOptions& opts) {
+  std::string uri = "mem:" + std::string(name);
+  auto r = attach(uri, BackendKind::mem, region::make_memory_backend(uri, base, size), opts);
+  if (!r) return r;
+  return validate_attached(std::move(r).value());
+}
+
+Result<std::unique_ptr<Region>> Region::format_memory(std::string_view name, void* base, uint64_t size,
+                                                      const FormatOptions& fopts, const OpenOptions& opts) {
+  std::string uri = "mem:" + std::string(name);
+  if (fopts.size && fopts.size != size)
+    return Error(-EINVAL, "pool " + uri + ": a mem: pool has the size of its memory; do not give another");
+  auto r = attach(uri, BackendKind::mem, region::make_memory_backend(uri, base, size), opts);
+  if (!r) return r;
+  return format_attached(std::move(r).value(), fopts);
+}
+
+namespace {
+Result<void> check_format_size(const std::string& uri, uint64_t s) {
+  if (s % CXLKV_CARVE_ALIGN != 0 || s < CXLKV_MIN_POOL_SIZE)
+    return Error(-EINVAL, "pool " + uri + ": size " + std::to_string(s) +
+                              " is not a multiple of 2 MiB of at least " + human_size(CXLKV_MIN_POOL_SIZE));
+  return {};
+}
+Result<void> check_max_nodes(const std::string& uri, uint32_t n) {
+  if (n < 1 || n > CXLKV_MAX_NODES)
+    return Error(-EINVAL, "pool " + uri + ": max_nodes " + std::to_string(n) + " out of range 1.." +
+                              std::to_string(CXLKV_MAX_NODES));
+  return {};
+}
+}  // namespace
+
 Result<std::unique_ptr<Region>> Region::format(std::string_view uri, const FormatOptions& fopts,
                                                const OpenOptions& opts) {
   auto pu = region::parse_pool_uri(uri);
   if (!pu) return pu.error();
-  const std::string P = "pool " + pu->uri + ": ";
-  if (fopts.max_nodes < 1 || fopts.max_nodes > CXLKV_MAX_NODES)
-    return Error(-EINVAL, P + "max_nodes " + std::to_string(fopts.max_nodes) + " out of range 1.." +
-                              std::to_string(CXLKV_MAX_NODES));
+  CXLKV_TRY(check_max_nodes(pu->uri, fopts.max_nodes));
   uint64_t want = fopts.size ? fopts.size : pu->size;
-  auto check_size = [&](uint64_t s) -> Result<void> {
-    if (s % CXLKV_CARVE_ALIGN != 0 || s < CXLKV_MIN_POOL_SIZE)
-      return Error(-EINVAL, P + "size " + std::to_string(s) + " is not a multiple of 2 MiB of at least " +
-                                human_size(CXLKV_MIN_POOL_SIZE));
-    return {};
-  };
-  if (want) CXLKV_TRY(check_size(want));
+  if (want) CXLKV_TRY(check_format_size(pu->uri, want));
   bool resizable = pu->kind == BackendKind::shm || pu->kind == BackendKind::file;
   if (want && !resizable)
-    return Error(-EINVAL, P + "a " + std::string(to_string(pu->kind)) +
+    return Error(-EINVAL, "pool " + pu->uri + ": a " + std::string(to_string(pu->kind)) +
                               ": pool has the device's size; do not give one");
 
   // Look before touching anything: creating or resizing the device below
@@ -178,29 +226,29 @@ Result<std::unique_ptr<Region>> Region::format(std::string_view uri, const Forma
   bo.size = want;
   auto be = region::open_backend(pu.value(), bo);
   if (!be) return be.error();
-  region::Backend& backend = *be.value();
-  CXLKV_TRY(backend.lock_metadata());
-  MetadataLock unlock(backend);
+  auto r = attach(pu->uri, pu->kind, std::move(be).value(), opts);
+  if (!r) return r;
+  return format_attached(std::move(r).value(), fopts);
+}
 
-  auto base = backend.map();
-  if (!base) return base.error();
-  uint64_t size = backend.size();
-  CXLKV_TRY(check_size(size));
-  auto dr = make_domain(pu->uri, opts);
-  if (!dr) return dr.error();
-  auto domain = std::move(dr).value();
+Result<std::unique_ptr<Region>> Region::format_attached(std::unique_ptr<Region> r, const FormatOptions& fopts) {
+  const std::string P = "pool " + r->uri_ + ": ";
+  CXLKV_TRY(check_max_nodes(r->uri_, fopts.max_nodes));
+  CXLKV_TRY(check_format_size(r->uri_, r->size_));
+  CXLKV_TRY(r->backend_->lock_metadata());
+  MetadataLock unlock(*r->backend_);
 
-  // Checked again under the metadata lock: another process of this host may
-  // have formatted the pool since refuse_valid_pool() looked.
-  cxlkv_superblock old = load_fresh(*domain, base.value());
-  if (!fopts.force && validate_superblock(pu->uri, &old, sizeof old, size).ok())
-    return already_formatted(pu->uri, old);
+  // Checked (again, for URI pools) under the metadata lock: another process
+  // of this host may have formatted the pool since refuse_valid_pool() looked.
+  cxlkv_superblock old = load_fresh(*r->domain_, r->base_);
+  if (!fopts.force && validate_superblock(r->uri_, &old, sizeof old, r->size_).ok())
+    return already_formatted(r->uri_, old);
 
   cxlkv_superblock sb{};
   sb.magic = CXLKV_SB_MAGIC;
   sb.layout_version = CXLKV_LAYOUT_VERSION;
   sb.sb_size = CXLKV_SB_SIZE;
-  sb.pool_size = size;
+  sb.pool_size = r->size_;
   sb.max_nodes = fopts.max_nodes;
   sb.ncarves = 0;
   if (getrandom(sb.pool_id, sizeof sb.pool_id, 0) != sizeof sb.pool_id)
@@ -211,17 +259,10 @@ Result<std::unique_ptr<Region>> Region::format(std::string_view uri, const Forma
   // Keep counting across reformats so that a cached copy never looks current.
   sb.generation = old.magic == CXLKV_SB_MAGIC ? old.generation : 0;
 
-  std::unique_ptr<Region> r(new Region());
-  r->uri_ = pu->uri;
-  r->kind_ = pu->kind;
-  r->base_ = base.value();
-  r->size_ = size;
-  r->domain_ = std::move(domain);
   r->write_superblock(sb);
   r->last_good_ = sb;
-  r->backend_ = std::move(be).value();
-  log().info("pool {}: formatted ({} bytes, max_nodes {}, generation {})", r->uri_, size,
-             sb.max_nodes, sb.generation);
+  log().info("pool {}: formatted ({} bytes, max_nodes {}, generation {})", r->uri_, r->size_, sb.max_nodes,
+             sb.generation);
   return r;
 }
 

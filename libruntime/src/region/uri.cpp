@@ -90,6 +90,7 @@ Result<std::unique_ptr<Backend>> open_backend(const PoolUri& uri, const BackendO
     case BackendKind::file: return open_file_backend(uri, o);
     case BackendKind::dax: return open_dax_backend(uri, o);
     case BackendKind::dev: return open_dev_backend(uri, o);
+    case BackendKind::mem: break;  // not reachable by URI
   }
   return Error(-EINVAL, "pool " + uri.uri + ": unknown backend");
 }
