@@ -332,19 +332,15 @@ bool PrefixIndex::over_capacity(const cxlkv_index_stripe& s, uint64_t add_bytes)
 void PrefixIndex::remove_locked(uint32_t stripe, uint32_t slot, cxlkv_index_entry e, bool reclaim,
                                 std::vector<uint32_t>* parents) {
   const BlockLocation loc{e.loc_off, e.loc_len, e.loc_dev, e.loc_tier};
-  // EVICTING first: a lock-free reader stops treating it as READY before the
-  // payload space can be handed to someone else (rule 3 ordering by fence).
-  if (e.state == CXLKV_ENTRY_READY) {
+  // EVICTING first: lock-free readers stop treating it as READY, and if we
+  // die here the next holder of this stripe lock finds EVICTING (nobody else
+  // can be mid-eviction while it holds the lock) and finishes the removal.
+  if (e.state != CXLKV_ENTRY_EVICTING) {
     e.state = CXLKV_ENTRY_EVICTING;
     write_entry(slot, e);
     e.version++;
   }
-  space_->free(loc);
   const uint32_t parent = e.parent_slot;
-  e.state = CXLKV_ENTRY_TOMBSTONE;
-  e.pin_mask = 0;
-  e.children = 0;
-  e.parent_slot = CXLKV_INDEX_NO_SLOT;
   cxlkv_index_stripe st = read_stripe(stripe);
   // A tombstone followed by EMPTY ends no probe that could reach further:
   // make it EMPTY, and so on backwards, so probe lengths do not grow.
@@ -352,7 +348,6 @@ void PrefixIndex::remove_locked(uint32_t stripe, uint32_t slot, cxlkv_index_entr
   auto next_of = [&](uint32_t sl) { return base + ((sl - base + 1) & mask); };
   auto prev_of = [&](uint32_t sl) { return base + ((sl - base + mask) & mask); };
   if (read_entry(next_of(slot)).state == CXLKV_ENTRY_EMPTY) {
-    cxlkv_index_entry empty{};
     write_empty(slot);
     uint32_t p = prev_of(slot);
     for (uint32_t k = 0; k < hdr_.stripe_slots - 1; k++, p = prev_of(p)) {
@@ -360,8 +355,11 @@ void PrefixIndex::remove_locked(uint32_t stripe, uint32_t slot, cxlkv_index_entr
       write_empty(p);
       if (st.tombstones) st.tombstones--;
     }
-    (void)empty;
   } else {
+    e.state = CXLKV_ENTRY_TOMBSTONE;
+    e.pin_mask = 0;
+    e.children = 0;
+    e.parent_slot = CXLKV_INDEX_NO_SLOT;
     write_entry(slot, e);
     st.tombstones++;
   }
@@ -375,6 +373,8 @@ void PrefixIndex::remove_locked(uint32_t stripe, uint32_t slot, cxlkv_index_entr
     ctr_.evictions++;
   }
   write_stripe(stripe, st);
+  // The payload is handed back only once no entry points to it.
+  space_->free(loc);
   if (parent != CXLKV_INDEX_NO_SLOT) parents->push_back(parent);
 }
 
@@ -393,6 +393,12 @@ Result<bool> PrefixIndex::evict_locked(uint32_t stripe, std::vector<uint32_t>* p
     for (uint32_t i = 0; i < window; i++) {
       uint32_t slot = base + ((hand + i) & mask);
       cxlkv_index_entry e = read_entry(slot);
+      if (e.state == CXLKV_ENTRY_EVICTING) {
+        // Only a holder of this lock evicts: an EVICTING entry is the
+        // leftover of an evictor that died; finish its removal.
+        remove_locked(stripe, slot, e, /*reclaim=*/true, parents);
+        return true;
+      }
       if (e.children != 0) continue;  // prefix closure: only leaves go
       if (e.state == CXLKV_ENTRY_WRITING && writer_dead(e)) {
         remove_locked(stripe, slot, e, /*reclaim=*/true, parents);  // dead writer: reclaim first

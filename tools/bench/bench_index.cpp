@@ -1,0 +1,91 @@
+// SPDX-License-Identifier: MIT
+// Prefix index benchmarks (flush-mode domain over a shm pool):
+//   index.lookup_chain8192_us_p99         longest cached prefix of an 8192-block chain, binary search
+//   index.lookup_linear_chain8192_us_p99  the same by linear scan (the baseline)
+//   index.insert_mops                     reserve + publish of root blocks (no payload copy)
+//   index.lookup_mops                     lock-free find of a cached key
+#include <sys/mman.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <random>
+
+#include "bench.hpp"
+#include "kv_bench_support.hpp"
+
+namespace {
+
+using clk = std::chrono::steady_clock;
+
+double p99(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  return v[std::min(v.size() - 1, size_t(double(v.size()) * 0.99))];
+}
+
+void bench_index(bench::Results& res) {
+  bench::BenchPool p;
+  if (!p.open("index", 512ull << 20, 1, 1u << 17)) {
+    std::fprintf(stderr, "bench index: %s\n", p.error.c_str());
+    return;
+  }
+  cxlkv::KvStore& kv = *p.kv;
+  // An 8192-block chain with its first 6000 blocks cached (64 B payloads).
+  std::vector<uint64_t> ids(8192);
+  for (size_t i = 0; i < ids.size(); i++) ids[i] = 0xc0ffee000000ull + i;
+  auto chain = cxlkv::keys_from_ids(ids);
+  std::vector<std::byte> buf(64);
+  cxlkv::Chunk ch{buf.data(), buf.size()};
+  for (size_t i = 0; i < 6000; i++) {
+    auto r = kv.reserve(chain[i], i ? &chain[i - 1] : nullptr, 64);
+    if (!r || !r->reserved() || !kv.write(*r, {&ch, 1}) || !kv.publish(*r)) {
+      std::fprintf(stderr, "bench index: chain insert failed at %zu\n", i);
+      return;
+    }
+  }
+  const int nbin = std::max(20, int(400 * bench::scale())), nlin = std::max(5, int(30 * bench::scale()));
+  std::vector<double> tb, tl;
+  for (int i = 0; i < nbin; i++) {
+    auto t0 = clk::now();
+    size_t n = kv.index().longest_prefix(chain);
+    tb.push_back(std::chrono::duration<double, std::micro>(clk::now() - t0).count());
+    if (n != 6000) std::fprintf(stderr, "bench index: binary search found %zu\n", n);
+  }
+  for (int i = 0; i < nlin; i++) {
+    auto t0 = clk::now();
+    size_t n = kv.index().longest_prefix_linear(chain);
+    tl.push_back(std::chrono::duration<double, std::micro>(clk::now() - t0).count());
+    if (n != 6000) std::fprintf(stderr, "bench index: linear scan found %zu\n", n);
+  }
+  res.set("index.lookup_chain8192_us_p99", p99(tb));
+  res.set("index.lookup_linear_chain8192_us_p99", p99(tl));
+
+  // Inserts: root blocks, reserve + publish (metadata only: 64 B payload, no copy).
+  const size_t nins = std::max<size_t>(2000, size_t(40000 * bench::scale()));
+  std::vector<uint64_t> rid(nins);
+  for (size_t i = 0; i < nins; i++) rid[i] = 0xabc0000000000ull + i;
+  std::vector<cxlkv::BlockKey> roots;
+  for (size_t i = 0; i < nins; i++) roots.push_back(cxlkv::keys_from_ids({&rid[i], 1})[0]);
+  auto t0 = clk::now();
+  size_t ok = 0;
+  for (auto& k : roots) {
+    auto r = kv.reserve(k, nullptr, 64);
+    if (r && r->reserved() && kv.publish(*r)) ok++;
+  }
+  double sec = std::chrono::duration<double>(clk::now() - t0).count();
+  res.set("index.insert_mops", double(ok) / sec / 1e6);
+
+  std::mt19937_64 rng(1);
+  const size_t nlook = nins * 4;
+  t0 = clk::now();
+  size_t found = 0;
+  for (size_t i = 0; i < nlook; i++) found += kv.index().find_ready(roots[rng() % ok]) != CXLKV_INDEX_NO_SLOT;
+  sec = std::chrono::duration<double>(clk::now() - t0).count();
+  res.set("index.lookup_mops", double(nlook) / sec / 1e6);
+  if (found != nlook) std::fprintf(stderr, "bench index: %zu of %zu lookups missed\n", nlook - found, nlook);
+}
+
+}  // namespace
+
+CXLKV_BENCH({"index", "prefix index: binary vs linear longest-prefix lookup, insert and lookup rates", bench_index});

@@ -1,0 +1,143 @@
+// SPDX-License-Identifier: MIT
+// KV block transfer benchmarks, 2 MiB blocks (Llama-3.1-8B geometry: 64
+// chunks of 32 KiB per 16-token block), flush-mode domain over shm pools:
+//   kv.memcpy_baseline_gbps      plain memcpy of the same bytes into the pool (baseline)
+//   kv.publish_gbps              reserve + gather-write + publish
+//   kv.fetch_gbps                pin + scatter-read + unpin
+//   kv.interleave2_publish_gbps  publish with payload striped over two pools
+//   replay.block_ops_per_s       cxlkv-replay (default workload): blocks written + read per second
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <string>
+
+#include "bench.hpp"
+#include "cxlkv/layout.hpp"
+#include "kv_bench_support.hpp"
+
+namespace {
+
+using clk = std::chrono::steady_clock;
+constexpr uint64_t kBlock = 2ull << 20;
+
+struct Engine {
+  Engine() : layout(cxlkv::llama31_8b_layout(16)) {
+    size_t per = layout.chunk_bytes() * layout.num_blocks;
+    store.resize(per * 2 * layout.num_layers);
+    for (size_t i = 0; i < store.size(); i += 4096) store[i] = std::byte(i >> 12);
+    for (uint32_t i = 0; i < 2 * layout.num_layers; i++) layout.bases.push_back(store.data() + i * per);
+  }
+  std::vector<cxlkv::Chunk> chunks(uint32_t b) {
+    uint32_t id = b % layout.num_blocks;
+    return cxlkv::chunks_for_blocks(layout, {&id, 1}).value();
+  }
+  cxlkv::EngineLayout layout;
+  std::vector<std::byte> store;
+};
+
+// Publishes `n` blocks (capacity-bounded pool evicts as it goes); GB/s.
+double publish_rate(bench::BenchPool& p, Engine& e, uint64_t tag, size_t n) {
+  size_t done = 0;
+  auto t0 = clk::now();
+  for (size_t i = 0; i < n; i++) {
+    uint64_t id = tag + i;
+    auto k = cxlkv::keys_from_ids({&id, 1})[0];
+    auto r = p.kv->reserve(k, nullptr, kBlock);
+    if (!r || !r->reserved()) continue;
+    auto ch = e.chunks(uint32_t(i));
+    if (p.kv->write(*r, ch) && p.kv->publish(*r)) done++;
+  }
+  double sec = std::chrono::duration<double>(clk::now() - t0).count();
+  return double(done * kBlock) / sec / 1e9;
+}
+
+void bench_kv(bench::Results& res) {
+  Engine e;
+  const size_t n = std::max<size_t>(64, size_t(512 * bench::scale()));
+  {
+    bench::BenchPool p;
+    // 1 GiB pool, at most 192 blocks cached (older ones are evicted as in service).
+    if (!p.open("kv", 1ull << 30, 1, 0, 192)) {
+      std::fprintf(stderr, "bench kv: %s\n", p.error.c_str());
+      return;
+    }
+    // Baseline: memcpy of the same 64 chunks into the pool's kv carve.
+    auto kc = p.regions[0]->carve(CXLKV_CARVE_KV).value();
+    std::byte* dst = p.regions[0]->at(kc.offset);
+    const size_t slots = std::min<size_t>(192, kc.size / kBlock);
+    // Warm-up pass: fault in the destination pages, as the pool's are below.
+    for (size_t i = 0; i < slots; i++) std::memset(dst + i * kBlock, 0, kBlock);
+    auto t0 = clk::now();
+    for (size_t i = 0; i < n; i++) {
+      std::byte* d = dst + (i % slots) * kBlock;
+      for (auto& c : e.chunks(uint32_t(i))) {
+        std::memcpy(d, c.addr, c.len);
+        d += c.len;
+      }
+    }
+    double sec = std::chrono::duration<double>(clk::now() - t0).count();
+    res.set("kv.memcpy_baseline_gbps", double(n * kBlock) / sec / 1e9);
+
+    (void)publish_rate(p, e, 0x5000000, 256);  // warm-up: fault in the pool pages
+    res.set("kv.publish_gbps", publish_rate(p, e, 0x6000000, n));
+
+    // Fetch: the most recently published blocks are cached.
+    std::vector<cxlkv::BlockKey> keys;
+    for (size_t i = 0; i < n; i++) {
+      uint64_t id = 0x6000000 + i;
+      auto k = cxlkv::keys_from_ids({&id, 1})[0];
+      if (p.kv->index().find_ready(k) != CXLKV_INDEX_NO_SLOT) keys.push_back(k);
+    }
+    size_t got = 0;
+    t0 = clk::now();
+    for (size_t i = 0; i < n && !keys.empty(); i++) {
+      auto pin = p.kv->pin(keys[i % keys.size()]);
+      if (!pin) continue;
+      auto ch = e.chunks(uint32_t(i));
+      if (p.kv->fetch(*pin, ch)) got++;
+      (void)p.kv->unpin(*pin);
+    }
+    sec = std::chrono::duration<double>(clk::now() - t0).count();
+    res.set("kv.fetch_gbps", double(got * kBlock) / sec / 1e9);
+  }
+  {
+    bench::BenchPool p;
+    if (!p.open("kv2", 1ull << 30, 2, 0, 192)) {
+      std::fprintf(stderr, "bench kv interleave: %s\n", p.error.c_str());
+      return;
+    }
+    (void)publish_rate(p, e, 0x7000000, 256);
+    res.set("kv.interleave2_publish_gbps", publish_rate(p, e, 0x8000000, n));
+  }
+}
+
+void bench_replay(bench::Results& res) {
+  char self[4096];
+  ssize_t len = readlink("/proc/self/exe", self, sizeof self - 1);
+  if (len <= 0) return;
+  self[len] = 0;
+  std::string dir(self);
+  dir = dir.substr(0, dir.rfind('/'));
+  std::string cmd = dir + "/cxlkv-replay --json --quiet --requests " +
+                    std::to_string(std::max(50, int(300 * bench::scale())));
+  FILE* f = popen(cmd.c_str(), "r");
+  if (!f) return;
+  std::string out;
+  char buf[4096];
+  while (size_t k = fread(buf, 1, sizeof buf, f)) out.append(buf, k);
+  int st = pclose(f);
+  size_t p = out.find("\"block_ops_per_s\": ");
+  if (st != 0 || p == std::string::npos) {
+    std::fprintf(stderr, "bench replay: cxlkv-replay failed (status %d)\n", st);
+    return;
+  }
+  res.set("replay.block_ops_per_s", std::atof(out.c_str() + p + 19));
+}
+
+}  // namespace
+
+CXLKV_BENCH({"kv", "KV block publish / fetch (2 MiB, 64 chunks) beside memcpy; two-pool interleave", bench_kv});
+CXLKV_BENCH({"replay", "the main job's block operations per second", bench_replay});
