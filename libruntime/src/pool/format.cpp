@@ -170,7 +170,7 @@ Result<void> lay_out_standard_pool(Region& r, const PoolLayout& L) {
   // kvstore area: the prefix index (uapi/cxlkv_index.h) over the whole index carve.
   {
     IndexFormatOptions io;
-    io.max_nodes = o.max_nodes;
+    io.max_nodes = L.ctrl.max_nodes;  // the superblock's max_nodes
     CXLKV_TRY(index_format(d, r.at(L.index_off), L.index_size, io));
   }
   // -----------------------------------------------------------------------
