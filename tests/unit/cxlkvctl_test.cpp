@@ -69,6 +69,7 @@ TEST_F(Cxlkvctl, FormatCreatesTheStandardCarvesAndPrintsTheLayout) {
   EXPECT_TRUE(has(r.out, "formatted " + uri_));
   for (const char* carve : {"control", "index", "alloc", "kv"}) EXPECT_TRUE(has(r.out, carve)) << r.out;
   EXPECT_TRUE(has(r.out, "max nodes       8"));
+  EXPECT_TRUE(has(r.out, "max locks       1024")) << r.out;
   EXPECT_TRUE(r.err.empty()) << r.err;
 }
 
@@ -78,7 +79,7 @@ TEST_F(Cxlkvctl, InfoJsonDescribesPoolAndCarves) {
   ASSERT_EQ(r.status, 0) << r.err;
   for (const std::string& field :
        {"\"uri\":\"" + uri_ + "\"", std::string("\"backend\":\"file\""), std::string("\"size\":33554432"),
-        std::string("\"layout_version\":1"), std::string("\"max_nodes\":16"), std::string("\"pool_id\":\""),
+        std::string("\"layout_version\":1"), std::string("\"max_nodes\":16"), std::string("\"max_locks\":1024"), std::string("\"pool_id\":\""),
         std::string("\"generation\":"), std::string("{\"name\":\"control\",\"offset\":2097152,\"size\":2097152,"
                                                     "\"memtype\":\"wb\",\"flags\":[\"system\"]}")})
     EXPECT_TRUE(has(r.out, field)) << field << " missing in " << r.out;

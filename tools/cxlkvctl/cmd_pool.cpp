@@ -2,6 +2,7 @@
 // cxlkvctl pool commands: format, info, carve create|list|rm.
 #include <cinttypes>
 #include <cstdio>
+#include <optional>
 #include <string>
 
 #include "command.hpp"
@@ -62,17 +63,28 @@ void print_carve_table(const std::vector<CarveInfo>& cs) {
                 flags_text(c.flags).c_str());
 }
 
+// The control carve's header, when the pool has a valid one (standard format).
+std::optional<cxlkv_ctrl_header> control_header(const Region& r) {
+  auto c = r.carve(CXLKV_CARVE_CONTROL);
+  if (!c || c->size < sizeof(cxlkv_ctrl_header)) return std::nullopt;
+  auto h = r.domain().read_fresh(r.at<cxlkv_ctrl_header>(c->offset));  // rule 4
+  if (h.magic != CXLKV_CTRL_MAGIC) return std::nullopt;
+  return h;
+}
+
 int print_info(const Context& ctx, const Region& r) {
   auto sbr = r.read_superblock();
   if (!sbr) return fail(sbr.error().message());
   const cxlkv_superblock& sb = sbr.value();
   auto cs = r.carves();
+  auto ctrl = control_header(r);
   if (ctx.json) {
     std::string out = "{\"uri\":" + json_str(r.uri()) + ",\"backend\":\"" + cxlkv::to_string(r.kind()) +
                       "\",\"size\":" + std::to_string(r.size()) + ",\"pool_id\":\"" + pool_id_hex(sb) +
                       "\",\"layout_version\":" + std::to_string(sb.layout_version) +
                       ",\"generation\":" + std::to_string(sb.generation) +
                       ",\"max_nodes\":" + std::to_string(sb.max_nodes) +
+                      (ctrl ? ",\"max_locks\":" + std::to_string(ctrl->max_locks) : std::string()) +
                       ",\"format_time_ns\":" + std::to_string(sb.format_time_ns) + ",\"carves\":[";
     for (size_t i = 0; i < cs.size(); i++) out += (i ? "," : "") + carve_json(cs[i]);
     out += "]}";
@@ -86,6 +98,7 @@ int print_info(const Context& ctx, const Region& r) {
   std::printf("  layout version  %u\n", sb.layout_version);
   std::printf("  generation      %llu\n", static_cast<unsigned long long>(sb.generation));
   std::printf("  max nodes       %u\n", sb.max_nodes);
+  if (ctrl) std::printf("  max locks       %u\n", ctrl->max_locks);
   std::printf("  carves          %u of %u\n", sb.ncarves, CXLKV_MAX_CARVES);
   if (!cs.empty()) print_carve_table(cs);
   return 0;
