@@ -118,6 +118,29 @@ static void test_gather_scatter(const char *uri)
 	cxlkv_pool_close(pool);
 }
 
+/* FLAG NO_STANDARD: the superblock only; the whole pool is free for carves. */
+static void test_superblock_only(const char *uri)
+{
+	struct cxlkv_format_opts fo;
+	struct cxlkv_pool *pool = NULL;
+	struct cxlkv_carve_info info;
+
+	memset(&fo, 0, sizeof(fo));
+	fo.size = sizeof(fo);
+	fo.pool_size = 16 * MiB;
+	fo.flags = CXLKV_FORMAT_F_FORCE | CXLKV_FORMAT_F_NO_STANDARD;
+	CHECK(cxlkv_pool_format(uri, &fo) == 0);
+	CHECK(cxlkv_pool_open(uri, &pool) == 0);
+	if (!pool)
+		return;
+	CHECK(cxlkv_carve_list(pool, NULL, 0) == 0);
+	CHECK(cxlkv_carve_create(pool, "all", 14 * MiB, 2 /* UC */, &info) == 0);
+	CHECK(info.offset == 2 * MiB && info.memtype == 2);
+	fo.flags = 1u << 7;
+	CHECK(cxlkv_pool_format(uri, &fo) == -EINVAL);
+	cxlkv_pool_close(pool);
+}
+
 static void test_bad_input(const char *uri)
 {
 	struct cxlkv_pool *pool = (struct cxlkv_pool *)1;
@@ -147,6 +170,7 @@ int main(void)
 	unlink(path);
 	test_format_open_carve(uri);
 	test_gather_scatter(uri);
+	test_superblock_only(uri);
 	test_bad_input(uri);
 	unlink(path);
 	if (failures) {

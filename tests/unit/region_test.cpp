@@ -7,6 +7,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <thread>
 #include <cstring>
 #include <fstream>
@@ -598,6 +599,66 @@ TEST(RegionBackends, DevWithoutTheModuleIsENODEV) {
   ASSERT_FALSE(r.ok());
   EXPECT_EQ(r.error().code(), -ENODEV);
   EXPECT_NE(r.error().message().find("dev:/dev/cxlkv0"), std::string::npos);
+}
+
+// A fake device-dax: /dev/zero (a character device that maps as shared
+// memory) described by a sysfs tree of our own through CXLKV_SYSFS.
+class FakeDax : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (access("/dev/zero", R_OK | W_OK) != 0) GTEST_SKIP() << "/dev/zero not usable";
+    root_ = "/tmp/cxlkv-fake-sysfs-" + std::to_string(getpid());
+    ASSERT_EQ(std::system(("mkdir -p " + root_ + "/bus/dax/devices/zero").c_str()), 0);
+    setenv("CXLKV_SYSFS", root_.c_str(), 1);
+  }
+  void TearDown() override {
+    unsetenv("CXLKV_SYSFS");
+    if (!root_.empty()) (void)std::system(("rm -rf " + root_).c_str());
+  }
+  void attr(const std::string& name, const std::string& value) {
+    std::ofstream(root_ + "/bus/dax/devices/zero/" + name) << value << "\n";
+  }
+  std::string root_;
+};
+
+TEST_F(FakeDax, MapsAtTheDeviceAlignmentAndFormats) {
+  attr("size", "33554432");
+  attr("align", "2097152");
+  FormatOptions fo;
+  auto r = Region::format("dax:/dev/zero", fo);
+  ASSERT_TRUE(r.ok()) << r.error().message();
+  EXPECT_EQ(r.value()->size(), 32 * MiB);
+  EXPECT_EQ(r.value()->kind(), BackendKind::dax);
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(r.value()->base()) % (2 * MiB), 0u);
+  EXPECT_TRUE(r.value()->carve_create("x", 2 * MiB, MemType::wb).ok());
+}
+
+TEST_F(FakeDax, GivingASizeToADaxPoolIsRefused) {
+  attr("size", "33554432");
+  FormatOptions fo;
+  fo.size = 64 * MiB;
+  auto r = Region::format("dax:/dev/zero", fo);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.error().message().find("has the device's size"), std::string::npos) << r.error().message();
+}
+
+TEST_F(FakeDax, BadSysfsAttributesAreClearErrors) {
+  attr("size", "0");
+  auto r = Region::open("dax:/dev/zero");
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.error().message().find("size is 0"), std::string::npos) << r.error().message();
+  attr("size", "33554432");
+  attr("align", "3000");
+  r = Region::open("dax:/dev/zero");
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.error().message().find("alignment 3000 is not a power of two"), std::string::npos)
+      << r.error().message();
+}
+
+TEST(RegionBackends, DaxPathThatIsNotACharacterDeviceIsRefused) {
+  auto r = Region::open("dax:/tmp");
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.error().message().find("not a character device"), std::string::npos) << r.error().message();
 }
 
 TEST(RegionBackends, MissingDaxDeviceSaysSo) {

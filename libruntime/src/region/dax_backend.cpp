@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 
@@ -107,8 +108,12 @@ Result<std::unique_ptr<Backend>> open_dax_backend(const PoolUri& uri, const Back
   if (!S_ISCHR(st.st_mode))
     return Error(-ENODEV, "pool " + uri.uri + ": " + dev + " is not a character device (device-dax)");
   std::string name = dev.substr(dev.rfind('/') + 1);
+  // Test seam: CXLKV_SYSFS replaces /sys, so a test can describe a fake
+  // device (a character device such as /dev/zero) with its own size/align.
+  const char* env = std::getenv("CXLKV_SYSFS");
+  std::string sys = env && *env ? env : "/sys";
   // The dax bus exposes the device's attributes; older kernels only the class.
-  std::string dirs[] = {"/sys/bus/dax/devices/" + name, "/sys/class/dax/" + name};
+  std::string dirs[] = {sys + "/bus/dax/devices/" + name, sys + "/class/dax/" + name};
   uint64_t size = 0, align = 0;
   std::string used;
   for (const auto& d : dirs) {
@@ -119,8 +124,8 @@ Result<std::unique_ptr<Backend>> open_dax_backend(const PoolUri& uri, const Back
     }
   }
   if (used.empty())
-    return Error(-ENODEV, "pool " + uri.uri + ": no sysfs attributes for " + name +
-                              " under /sys/bus/dax/devices or /sys/class/dax (not a device-dax device?)");
+    return Error(-ENODEV, "pool " + uri.uri + ": no sysfs attributes for " + name + " under " + sys +
+                              "/bus/dax/devices or " + sys + "/class/dax (not a device-dax device?)");
   if (size == 0)
     return Error(-ENODEV, "pool " + uri.uri + ": " + used + "/size is 0 (region not provisioned)");
   if (align == 0 || (align & (align - 1)) != 0 || size % align != 0)
