@@ -141,6 +141,87 @@ int cxlkv_obj_put(struct cxlkv_node *node, const char *name, uint64_t off);
 int cxlkv_obj_get(struct cxlkv_node *node, const char *name, uint64_t *off);
 int cxlkv_obj_destroy(struct cxlkv_node *node, const char *name);
 
+/* ---- GPU path ------------------------------------------------------------
+ * Kernels live in libcxlkv-cuda.so, loaded at run time (next to libcxlkv, or
+ * $CXLKV_CUDA_LIB); libcxlkv never links CUDA.  Pool blocks are named by
+ * their offset from the base of the range given to cxlkv_gpu_open; GPU
+ * tensors by device pointers.  Streams are cudaStream_t passed as void *
+ * (NULL: the default stream).  Everything is plain C types and pointers,
+ * usable from Python ctypes (see cuda/cxlkv_gpu_ctypes.py).
+ */
+
+/* 0 and a description in msg when a GPU is usable; otherwise the reason in
+ * msg and -ENOENT (library not found), -EPROTO (incompatible library),
+ * -ENOSYS (no CUDA driver), -ENODEV (no GPU). */
+int cxlkv_gpu_probe(char *msg, size_t msg_len);
+
+#define CXLKV_GPU_LAYOUT_LAYER_FIRST 0u /* tensors[2l], tensors[2l+1]: layer l's K, V [blocks, tokens, heads, head] */
+#define CXLKV_GPU_LAYOUT_BLOCK_FIRST 1u /* tensors[0]: [blocks, layers, 2, tokens, heads, head] */
+
+struct cxlkv_gpu_layout {
+	size_t          size;          /* sizeof(struct cxlkv_gpu_layout) */
+	uint32_t        kind;          /* CXLKV_GPU_LAYOUT_* */
+	uint32_t        num_layers;
+	uint32_t        num_kv_heads;
+	uint32_t        head_size;     /* elements */
+	uint32_t        block_tokens;
+	uint32_t        elem_bytes;    /* 2 for fp16/bf16, 1 for fp8 */
+	uint64_t        num_blocks;    /* blocks in each tensor */
+	uint64_t        block_stride;  /* bytes between blocks in a tensor; 0: dense */
+	const uint64_t *tensors;       /* device pointers, 2*num_layers or 1 */
+	size_t          ntensors;
+};
+/* Bytes of one pool block for this layout (0 if the layout is invalid). */
+uint64_t cxlkv_gpu_layout_block_bytes(const struct cxlkv_gpu_layout *layout);
+
+struct cxlkv_gpu;
+
+struct cxlkv_gpu_opts {
+	size_t   size;             /* sizeof(struct cxlkv_gpu_opts) */
+	uint32_t flags;            /* CXLKV_GPU_F_* */
+	int32_t  device;           /* CUDA device ordinal */
+	uint64_t pin_chunk_bytes;  /* 0: 1 GiB */
+};
+#define CXLKV_GPU_F_CPU_REFERENCE  (1u << 0) /* no GPU: CPU reference backend (tests, examples) */
+#define CXLKV_GPU_F_FORCE_IOMEMORY (1u << 1) /* register with cudaHostRegisterIoMemory only */
+#define CXLKV_GPU_F_NO_IOMEMORY    (1u << 2) /* never fall back to it */
+
+/* Load libcxlkv-cuda and pin [base, base+size) (a pool mapping, e.g.
+ * cxlkv_pool_base()/cxlkv_pool_size()) for DMA.  opts may be NULL. */
+int  cxlkv_gpu_open(void *base, uint64_t size, const struct cxlkv_gpu_opts *opts,
+		    struct cxlkv_gpu **out);
+/* Unpin and release (after the caller's streams are idle). */
+void cxlkv_gpu_close(struct cxlkv_gpu *gpu);
+/* "host-register", "io-memory" or "cpu-reference". */
+const char *cxlkv_gpu_pin_method(struct cxlkv_gpu *gpu);
+
+/* GPU blocks block_ids[i] -> pool block at pool_offs[i] (gather) and back
+ * (scatter); one kernel launch, enqueued on stream. */
+int cxlkv_gpu_gather(struct cxlkv_gpu *gpu, const struct cxlkv_gpu_layout *layout,
+		     const uint64_t *block_ids, const uint64_t *pool_offs, size_t nblocks,
+		     void *stream);
+int cxlkv_gpu_scatter(struct cxlkv_gpu *gpu, const struct cxlkv_gpu_layout *layout,
+		      const uint64_t *block_ids, const uint64_t *pool_offs, size_t nblocks,
+		      void *stream);
+
+/* Sparse read: for list k, piece i (of piece_bytes) of token t = tokens[first_k + i]
+ * comes from pool offset pool_off + t * pool_stride and goes to
+ * dst + i * dst_stride; lists take their tokens from `tokens` in order. */
+struct cxlkv_gpu_sparse_list {
+	uint64_t pool_off;
+	uint64_t pool_stride;
+	uint64_t dst;          /* device pointer */
+	uint64_t dst_stride;
+	uint32_t count;        /* tokens in this list */
+	uint32_t reserved;     /* 0 */
+};
+int cxlkv_gpu_sparse_read(struct cxlkv_gpu *gpu, const struct cxlkv_gpu_sparse_list *lists,
+			  size_t nlists, const uint32_t *tokens, size_t ntokens,
+			  uint64_t piece_bytes, void *stream);
+
+/* Wait for everything enqueued on stream. */
+int cxlkv_gpu_sync(struct cxlkv_gpu *gpu, void *stream);
+
 #ifdef __cplusplus
 }
 #endif

@@ -1,0 +1,230 @@
+// SPDX-License-Identifier: MIT
+// The GPU path: KV blocks move between a paged GPU KV cache and pool blocks
+// with one kernel launch per batch, over a pool mapping pinned for DMA.
+//
+// The kernels and every CUDA call live in libcxlkv-cuda.so, which this
+// runtime opens with dlopen (CudaLibrary::load); libcxlkv itself never links
+// CUDA and builds and runs where CUDA is not installed.  Where no GPU is
+// present, CudaLibrary::cpu_reference() runs the same descriptors through the
+// CPU reference implementation -- the oracle the GPU tests compare against.
+//
+// Addresses: pool blocks are named by their offset from the pinned range's
+// base; GPU tensors by device pointers (uint64_t) in a PagedLayout.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "cxlkv/cxlkv.h"
+#include "cxlkv/result.hpp"
+
+struct cxlkv_cuda_ops;
+struct cxlkv_copy_desc;
+
+namespace cxlkv::gpu {
+
+// ---- the CUDA library -----------------------------------------------------
+
+enum class Availability {
+  ready,              // a GPU is usable
+  library_not_found,  // libcxlkv-cuda.so not found or not loadable
+  incompatible,       // found, but speaks another ABI version
+  no_driver,          // no CUDA driver (libcuda.so.1) on this machine
+  no_device,          // driver present, no GPU
+  error,              // anything else (message says what)
+};
+const char* to_string(Availability a);
+
+struct DeviceInfo {
+  int device_count = 0;
+  std::string name;
+  int cc_major = 0, cc_minor = 0;
+  bool can_use_host_pointer = false;
+  uint64_t total_mem = 0;
+  int driver_version = 0, runtime_version = 0;
+};
+
+class CudaLibrary {
+ public:
+  // Finds libcxlkv-cuda.so: $CXLKV_CUDA_LIB (a file), then the directory of
+  // libcxlkv (of the executable when linked statically), then the build
+  // tree, then the dynamic linker's search path.  -ENOENT lists every place.
+  static Result<std::shared_ptr<CudaLibrary>> load();
+  static Result<std::shared_ptr<CudaLibrary>> load_from(const std::string& path);
+  // The CPU stand-in: "device" memory is host memory, host registration is
+  // the identity, streams are synchronous, kernels are the reference.
+  static std::shared_ptr<CudaLibrary> cpu_reference();
+
+  ~CudaLibrary();
+  CudaLibrary(const CudaLibrary&) = delete;
+  CudaLibrary& operator=(const CudaLibrary&) = delete;
+
+  const cxlkv_cuda_ops& ops() const { return *ops_; }
+  const std::string& path() const { return path_; }  // "cpu-reference" for the stand-in
+  bool is_reference() const { return handle_ == nullptr; }
+
+  // -ENOSYS: no CUDA driver; -ENODEV: no GPU.
+  Result<DeviceInfo> probe() const;
+  // An Error from a failed ops call: "<what>: <library's message>".
+  Error error(int rc, std::string_view what) const;
+
+ private:
+  CudaLibrary(void* handle, const cxlkv_cuda_ops* ops, std::string path)
+      : handle_(handle), ops_(ops), path_(std::move(path)) {}
+  void* handle_;
+  const cxlkv_cuda_ops* ops_;
+  std::string path_;
+};
+
+struct Status {
+  Availability availability = Availability::error;
+  std::string message;  // one line for humans
+  std::string library;  // path of the library, when found
+  DeviceInfo device;
+};
+// Load the library and probe device 0; never fails, says why not.
+Status probe();
+
+// ---- pinning the pool for DMA -----------------------------------------------
+
+enum class PinMethod {
+  host_register,  // cudaHostRegister(portable | mapped)
+  io_memory,      // ... | cudaHostRegisterIoMemory: PFN / IO mappings (dev:, dax:)
+  reference,      // CPU stand-in: nothing pinned
+};
+const char* to_string(PinMethod m);
+
+struct PinOptions {
+  uint64_t chunk_bytes = 1ull << 30;  // register very large pools in pieces of this size
+  bool try_io_memory = true;          // fall back to the IO-memory flag when plain registration fails
+  bool force_io_memory = false;       // only the IO-memory flag
+};
+
+// A device-visible range.
+struct DevicePiece {
+  uint64_t dev = 0;
+  uint64_t len = 0;
+};
+
+// RAII registration of [base, base+len) with the GPU; unregistered on
+// destruction.  Page-aligned base required (every pool mapping is).
+class PoolPin {
+ public:
+  static Result<std::unique_ptr<PoolPin>> pin(std::shared_ptr<CudaLibrary> lib, void* base, uint64_t len,
+                                             const PinOptions& opts = {});
+  ~PoolPin();
+  PoolPin(const PoolPin&) = delete;
+  PoolPin& operator=(const PoolPin&) = delete;
+
+  PinMethod method() const { return method_; }
+  size_t chunk_count() const { return chunks_.size(); }
+  std::byte* base() const { return base_; }
+  uint64_t size() const { return size_; }
+  CudaLibrary& library() const { return *lib_; }
+
+  // Device-visible pieces of pool bytes [off, off+len), appended to out:
+  // one piece unless the range crosses registration chunks that the GPU
+  // sees at non-adjacent addresses.  -ERANGE when outside the pinned range.
+  Result<void> to_device(uint64_t off, uint64_t len, std::vector<DevicePiece>& out) const;
+
+ private:
+  struct Chunk {
+    uint64_t off, len, dev;
+  };
+  PoolPin() = default;
+  std::shared_ptr<CudaLibrary> lib_;
+  std::byte* base_ = nullptr;
+  uint64_t size_ = 0;
+  uint64_t chunk_bytes_ = 0;
+  PinMethod method_ = PinMethod::host_register;
+  std::vector<Chunk> chunks_;
+};
+
+// ---- engine layouts -----------------------------------------------------------
+
+// A vLLM-style paged KV cache on the GPU.
+//   layer_first: one tensor per (layer, K|V), [num_blocks, block_tokens, heads, head_size];
+//                tensors[2*l] is layer l's K, tensors[2*l+1] its V.
+//   block_first: one tensor [num_blocks, layers, 2, block_tokens, heads, head_size].
+// A pool block holds the block's (layer, K|V) slices in that order, so both
+// kinds produce the same pool bytes.
+enum class LayoutKind : uint32_t {
+  layer_first = CXLKV_GPU_LAYOUT_LAYER_FIRST,
+  block_first = CXLKV_GPU_LAYOUT_BLOCK_FIRST,
+};
+
+struct PagedLayout {
+  LayoutKind kind = LayoutKind::layer_first;
+  uint32_t num_layers = 0;
+  uint32_t num_kv_heads = 0;
+  uint32_t head_size = 0;
+  uint32_t block_tokens = 0;
+  uint32_t elem_bytes = 2;
+  uint64_t num_blocks = 0;      // blocks in each tensor (block ids are checked against it)
+  uint64_t block_stride = 0;    // bytes between blocks in a tensor; 0: dense
+  std::vector<uint64_t> tensors;  // device pointers
+
+  uint64_t chunk_bytes() const;  // one (layer, K|V) slice of one block
+  uint64_t block_bytes() const;  // one pool block: 2 * layers * chunk_bytes
+  uint64_t stride() const;       // effective block stride
+  Result<void> validate() const;
+
+  static PagedLayout from_c(const cxlkv_gpu_layout& l);
+  // Llama-3.1-8B geometry: 32 layers, 8 KV heads, head 128, fp16; 16-token
+  // blocks are 64 chunks of 32 KiB (2 MiB).
+  static PagedLayout llama31_8b(LayoutKind kind, uint64_t num_blocks, std::vector<uint64_t> tensors,
+                                uint32_t block_tokens = 16);
+};
+
+// GPU slices of one block, in pool order (adjacent slices merged).
+void block_slices(const PagedLayout& layout, uint64_t block_id, std::vector<DevicePiece>& out);
+
+enum class Direction { gather, scatter };  // gather: GPU -> pool; scatter: pool -> GPU
+
+// The descriptor batch moving `block_ids[i]` <-> pool block at `pool_offs[i]`.
+Result<std::vector<cxlkv_copy_desc>> plan_blocks(const PagedLayout& layout, std::span<const uint64_t> block_ids,
+                                                 std::span<const uint64_t> pool_offs, const PoolPin& pin,
+                                                 Direction dir);
+
+// One sparse-read list: pieces of `pool_stride`-spaced tokens starting at
+// pool offset `pool_off`, written to `dst` (device) every `dst_stride` bytes.
+using SparseList = cxlkv_gpu_sparse_list;
+
+// ---- the GPU view of a pool -------------------------------------------------------
+
+class GpuPool {
+ public:
+  // Loads nothing itself: give it CudaLibrary::load() or cpu_reference().
+  static Result<std::unique_ptr<GpuPool>> open(std::shared_ptr<CudaLibrary> lib, void* base, uint64_t size,
+                                              const PinOptions& opts = {}, int device = 0);
+
+  const PoolPin& pin() const { return *pin_; }
+  CudaLibrary& library() const { return pin_->library(); }
+
+  // GPU tensors -> pool blocks / pool blocks -> GPU tensors: one launch,
+  // enqueued on `stream` (cudaStream_t; nullptr = default stream).
+  Result<void> gather(const PagedLayout& layout, std::span<const uint64_t> block_ids,
+                      std::span<const uint64_t> pool_offs, void* stream);
+  Result<void> scatter(const PagedLayout& layout, std::span<const uint64_t> block_ids,
+                       std::span<const uint64_t> pool_offs, void* stream);
+  // Sparse read: pool pieces of the listed tokens -> GPU.
+  Result<void> sparse_read(std::span<const SparseList> lists, std::span<const uint32_t> tokens,
+                           uint64_t piece_bytes, void* stream);
+  // Raw batch of device-visible descriptors.
+  Result<void> copy(std::span<const cxlkv_copy_desc> descs, void* stream);
+  // Block until everything enqueued on `stream` so far has completed.
+  Result<void> sync(void* stream);
+
+ private:
+  GpuPool() = default;
+  Result<void> select_device() const;
+  std::unique_ptr<PoolPin> pin_;
+  int device_ = 0;
+};
+
+}  // namespace cxlkv::gpu

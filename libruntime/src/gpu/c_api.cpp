@@ -1,0 +1,142 @@
+// SPDX-License-Identifier: MIT
+// The GPU section of the C API (cxlkv.h): thin wrappers over GpuPool that
+// turn Errors into -errno plus cxlkv_last_error().  Plain C types only, so
+// Python's ctypes can drive it (cuda/cxlkv_gpu_ctypes.py).
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <exception>
+#include <new>
+#include <string>
+
+#include "cxlkv/cxlkv.h"
+#include "cxlkv/gpu.hpp"
+#include "gpu/c_error.hpp"
+
+struct cxlkv_gpu {
+  std::unique_ptr<cxlkv::gpu::GpuPool> pool;
+};
+
+namespace {
+using cxlkv::Error;
+using cxlkv::Result;
+namespace gpu = cxlkv::gpu;
+
+int fail(const Error& e) { return cxlkv::gpu::set_c_error(e); }
+
+// Every entry point: C++ exceptions (bad_alloc) never cross the C API.
+template <class F>
+int guarded(F&& f) {
+  try {
+    return f();
+  } catch (const std::bad_alloc&) {
+    return fail(Error(-ENOMEM, "GPU API: out of memory"));
+  } catch (const std::exception& e) {
+    return fail(Error(-EIO, std::string("GPU API: ") + e.what()));
+  }
+}
+
+int check(const Result<void>& r) { return r.ok() ? 0 : fail(r.error()); }
+
+int transfer(cxlkv_gpu* g, const cxlkv_gpu_layout* layout, const uint64_t* ids, const uint64_t* offs, size_t n,
+             void* stream, bool gather) {
+  return guarded([&] {
+    if (!g || !layout || (n && (!ids || !offs))) return fail(Error(-EINVAL, "GPU transfer: NULL argument"));
+    if (layout->size < sizeof(cxlkv_gpu_layout))
+      return fail(Error(-EINVAL, "GPU transfer: layout.size " + std::to_string(layout->size) + " is smaller than " +
+                                     std::to_string(sizeof(cxlkv_gpu_layout))));
+    auto l = gpu::PagedLayout::from_c(*layout);
+    std::span<const uint64_t> bi(ids, n), po(offs, n);
+    return check(gather ? g->pool->gather(l, bi, po, stream) : g->pool->scatter(l, bi, po, stream));
+  });
+}
+}  // namespace
+
+extern "C" {
+
+int cxlkv_gpu_probe(char* msg, size_t msg_len) {
+  return guarded([&] {
+    gpu::Status s = gpu::probe();
+    if (msg && msg_len) std::snprintf(msg, msg_len, "%s", s.message.c_str());
+    switch (s.availability) {
+      case gpu::Availability::ready: return 0;
+      case gpu::Availability::library_not_found: return fail(Error(-ENOENT, s.message));
+      case gpu::Availability::incompatible: return fail(Error(-EPROTO, s.message));
+      case gpu::Availability::no_driver: return fail(Error(-ENOSYS, s.message));
+      case gpu::Availability::no_device: return fail(Error(-ENODEV, s.message));
+      case gpu::Availability::error: break;
+    }
+    return fail(Error(-EIO, s.message));
+  });
+}
+
+uint64_t cxlkv_gpu_layout_block_bytes(const cxlkv_gpu_layout* layout) {
+  if (!layout || layout->size < sizeof(cxlkv_gpu_layout)) return 0;
+  try {
+    auto l = gpu::PagedLayout::from_c(*layout);
+    return l.validate() ? l.block_bytes() : 0;
+  } catch (...) {
+    return 0;
+  }
+}
+
+int cxlkv_gpu_open(void* base, uint64_t size, const cxlkv_gpu_opts* opts, cxlkv_gpu** out) {
+  return guarded([&] {
+    if (!out) return fail(Error(-EINVAL, "GPU open: out is NULL"));
+    *out = nullptr;
+    cxlkv_gpu_opts o{sizeof(cxlkv_gpu_opts), 0, 0, 0};
+    if (opts) {
+      if (opts->size < sizeof(cxlkv_gpu_opts))
+        return fail(Error(-EINVAL, "GPU open: opts.size " + std::to_string(opts->size) + " is too small"));
+      o = *opts;
+    }
+    std::shared_ptr<gpu::CudaLibrary> lib;
+    if (o.flags & CXLKV_GPU_F_CPU_REFERENCE) {
+      lib = gpu::CudaLibrary::cpu_reference();
+    } else {
+      auto l = gpu::CudaLibrary::load();
+      if (!l) return fail(l.error());
+      if (auto d = l.value()->probe(); !d) return fail(d.error());
+      lib = l.value();
+    }
+    gpu::PinOptions po;
+    if (o.pin_chunk_bytes) po.chunk_bytes = o.pin_chunk_bytes;
+    po.force_io_memory = (o.flags & CXLKV_GPU_F_FORCE_IOMEMORY) != 0;
+    po.try_io_memory = (o.flags & CXLKV_GPU_F_NO_IOMEMORY) == 0;
+    auto p = gpu::GpuPool::open(std::move(lib), base, size, po, o.device);
+    if (!p) return fail(p.error());
+    *out = new cxlkv_gpu{std::move(p.value())};
+    return 0;
+  });
+}
+
+void cxlkv_gpu_close(cxlkv_gpu* g) { delete g; }
+
+const char* cxlkv_gpu_pin_method(cxlkv_gpu* g) { return g ? gpu::to_string(g->pool->pin().method()) : ""; }
+
+int cxlkv_gpu_gather(cxlkv_gpu* g, const cxlkv_gpu_layout* layout, const uint64_t* block_ids,
+                     const uint64_t* pool_offs, size_t nblocks, void* stream) {
+  return transfer(g, layout, block_ids, pool_offs, nblocks, stream, true);
+}
+
+int cxlkv_gpu_scatter(cxlkv_gpu* g, const cxlkv_gpu_layout* layout, const uint64_t* block_ids,
+                      const uint64_t* pool_offs, size_t nblocks, void* stream) {
+  return transfer(g, layout, block_ids, pool_offs, nblocks, stream, false);
+}
+
+int cxlkv_gpu_sparse_read(cxlkv_gpu* g, const cxlkv_gpu_sparse_list* lists, size_t nlists, const uint32_t* tokens,
+                          size_t ntokens, uint64_t piece_bytes, void* stream) {
+  return guarded([&] {
+    if (!g || (nlists && !lists) || (ntokens && !tokens)) return fail(Error(-EINVAL, "GPU sparse read: NULL argument"));
+    return check(g->pool->sparse_read({lists, nlists}, {tokens, ntokens}, piece_bytes, stream));
+  });
+}
+
+int cxlkv_gpu_sync(cxlkv_gpu* g, void* stream) {
+  return guarded([&] {
+    if (!g) return fail(Error(-EINVAL, "GPU sync: NULL handle"));
+    return check(g->pool->sync(stream));
+  });
+}
+
+}  // extern "C"
