@@ -59,6 +59,8 @@ class CudaLibrary {
   // The CPU stand-in: "device" memory is host memory, host registration is
   // the identity, streams are synchronous, kernels are the reference.
   static std::shared_ptr<CudaLibrary> cpu_reference();
+  // A table already in the process (tests drive PoolPin with fakes).
+  static std::shared_ptr<CudaLibrary> from_table(const cxlkv_cuda_ops* ops, std::string name);
 
   ~CudaLibrary();
   CudaLibrary(const CudaLibrary&) = delete;
@@ -66,7 +68,7 @@ class CudaLibrary {
 
   const cxlkv_cuda_ops& ops() const { return *ops_; }
   const std::string& path() const { return path_; }  // "cpu-reference" for the stand-in
-  bool is_reference() const { return handle_ == nullptr; }
+  bool is_reference() const { return reference_; }
 
   // -ENOSYS: no CUDA driver; -ENODEV: no GPU.
   Result<DeviceInfo> probe() const;
@@ -74,11 +76,12 @@ class CudaLibrary {
   Error error(int rc, std::string_view what) const;
 
  private:
-  CudaLibrary(void* handle, const cxlkv_cuda_ops* ops, std::string path)
-      : handle_(handle), ops_(ops), path_(std::move(path)) {}
+  CudaLibrary(void* handle, const cxlkv_cuda_ops* ops, std::string path, bool reference = false)
+      : handle_(handle), ops_(ops), path_(std::move(path)), reference_(reference) {}
   void* handle_;
   const cxlkv_cuda_ops* ops_;
   std::string path_;
+  bool reference_;
 };
 
 struct Status {

@@ -103,7 +103,11 @@ Result<std::shared_ptr<CudaLibrary>> CudaLibrary::load() {
 }
 
 std::shared_ptr<CudaLibrary> CudaLibrary::cpu_reference() {
-  return std::shared_ptr<CudaLibrary>(new CudaLibrary(nullptr, &reference_ops(), "cpu-reference"));
+  return std::shared_ptr<CudaLibrary>(new CudaLibrary(nullptr, &reference_ops(), "cpu-reference", true));
+}
+
+std::shared_ptr<CudaLibrary> CudaLibrary::from_table(const cxlkv_cuda_ops* ops, std::string name) {
+  return std::shared_ptr<CudaLibrary>(new CudaLibrary(nullptr, ops, std::move(name)));
 }
 
 Error CudaLibrary::error(int rc, std::string_view what) const {
