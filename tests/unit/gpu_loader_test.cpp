@@ -4,6 +4,7 @@
 // driver gets a clear "why not" instead of a crash.
 #include <gtest/gtest.h>
 #include <sys/mman.h>
+#include <unistd.h>
 
 #include <cerrno>
 #include <cstdlib>
@@ -110,4 +111,24 @@ TEST(GpuLoader, OpeningTheGpuPathWithoutAGpuFailsCleanly) {
   EXPECT_EQ(nullptr, g);
   EXPECT_GT(std::strlen(cxlkv_last_error()), 0u);
   munmap(p, n);
+}
+
+TEST(GpuLoader, APoolOpensOnTheReferenceBackendThroughTheCApi) {
+  const std::string uri = "shm:cxlkv-gpu-test-" + std::to_string(getpid()) + ":8M";
+  cxlkv_format_opts fo;
+  std::memset(&fo, 0, sizeof fo);
+  fo.size = sizeof fo;
+  fo.flags = CXLKV_FORMAT_F_NO_STANDARD;
+  ASSERT_EQ(0, cxlkv_pool_format(uri.c_str(), &fo)) << cxlkv_last_error();
+  cxlkv_pool* pool = nullptr;
+  ASSERT_EQ(0, cxlkv_pool_open(uri.c_str(), &pool)) << cxlkv_last_error();
+  cxlkv_gpu_opts go{sizeof(cxlkv_gpu_opts), CXLKV_GPU_F_CPU_REFERENCE, 0, 0};
+  cxlkv_gpu* g = nullptr;
+  ASSERT_EQ(0, cxlkv_gpu_open_pool(pool, &go, &g)) << cxlkv_last_error();
+  EXPECT_STREQ("cpu-reference", cxlkv_gpu_pin_method(g));
+  EXPECT_EQ(-EINVAL, cxlkv_gpu_sync(nullptr, nullptr));
+  EXPECT_NE(nullptr, std::strstr(cxlkv_last_error(), "NULL"));
+  cxlkv_gpu_close(g);
+  cxlkv_pool_close(pool);
+  shm_unlink(("cxlkv-gpu-test-" + std::to_string(getpid())).c_str());
 }

@@ -229,4 +229,4 @@ void run_gpu(bench::Results& res) {
 
 }  // namespace
 
-CXLKV_BENCH("gpu", "batched GPU gather/scatter kernels vs cudaMemcpyAsync; sparse read", run_gpu);
+CXLKV_BENCH({"gpu", "batched GPU gather/scatter kernels vs cudaMemcpyAsync; sparse read", run_gpu});

@@ -190,6 +190,9 @@ struct cxlkv_gpu_opts {
  * cxlkv_pool_base()/cxlkv_pool_size()) for DMA.  opts may be NULL. */
 int  cxlkv_gpu_open(void *base, uint64_t size, const struct cxlkv_gpu_opts *opts,
 		    struct cxlkv_gpu **out);
+/* The same for a whole pool mapping. */
+int  cxlkv_gpu_open_pool(struct cxlkv_pool *pool, const struct cxlkv_gpu_opts *opts,
+			 struct cxlkv_gpu **out);
 /* Unpin and release (after the caller's streams are idle). */
 void cxlkv_gpu_close(struct cxlkv_gpu *gpu);
 /* "host-register", "io-memory" or "cpu-reference". */

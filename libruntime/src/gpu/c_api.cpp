@@ -11,7 +11,7 @@
 
 #include "cxlkv/cxlkv.h"
 #include "cxlkv/gpu.hpp"
-#include "gpu/c_error.hpp"
+#include "capi/capi.hpp"
 
 struct cxlkv_gpu {
   std::unique_ptr<cxlkv::gpu::GpuPool> pool;
@@ -22,25 +22,14 @@ using cxlkv::Error;
 using cxlkv::Result;
 namespace gpu = cxlkv::gpu;
 
-int fail(const Error& e) { return cxlkv::gpu::set_c_error(e); }
-
-// Every entry point: C++ exceptions (bad_alloc) never cross the C API.
-template <class F>
-int guarded(F&& f) {
-  try {
-    return f();
-  } catch (const std::bad_alloc&) {
-    return fail(Error(-ENOMEM, "GPU API: out of memory"));
-  } catch (const std::exception& e) {
-    return fail(Error(-EIO, std::string("GPU API: ") + e.what()));
-  }
-}
+int fail(const Error& e) { return cxlkv::capi::set_error(e); }
+using cxlkv::capi::guarded;
 
 int check(const Result<void>& r) { return r.ok() ? 0 : fail(r.error()); }
 
 int transfer(cxlkv_gpu* g, const cxlkv_gpu_layout* layout, const uint64_t* ids, const uint64_t* offs, size_t n,
              void* stream, bool gather) {
-  return guarded([&] {
+  return guarded(gather ? "cxlkv_gpu_gather" : "cxlkv_gpu_scatter", [&] {
     if (!g || !layout || (n && (!ids || !offs))) return fail(Error(-EINVAL, "GPU transfer: NULL argument"));
     if (layout->size < sizeof(cxlkv_gpu_layout))
       return fail(Error(-EINVAL, "GPU transfer: layout.size " + std::to_string(layout->size) + " is smaller than " +
@@ -55,7 +44,7 @@ int transfer(cxlkv_gpu* g, const cxlkv_gpu_layout* layout, const uint64_t* ids, 
 extern "C" {
 
 int cxlkv_gpu_probe(char* msg, size_t msg_len) {
-  return guarded([&] {
+  return guarded("cxlkv_gpu_probe", [&] {
     gpu::Status s = gpu::probe();
     if (msg && msg_len) std::snprintf(msg, msg_len, "%s", s.message.c_str());
     switch (s.availability) {
@@ -81,7 +70,7 @@ uint64_t cxlkv_gpu_layout_block_bytes(const cxlkv_gpu_layout* layout) {
 }
 
 int cxlkv_gpu_open(void* base, uint64_t size, const cxlkv_gpu_opts* opts, cxlkv_gpu** out) {
-  return guarded([&] {
+  return guarded("cxlkv_gpu_open", [&] {
     if (!out) return fail(Error(-EINVAL, "GPU open: out is NULL"));
     *out = nullptr;
     cxlkv_gpu_opts o{sizeof(cxlkv_gpu_opts), 0, 0, 0};
@@ -110,6 +99,14 @@ int cxlkv_gpu_open(void* base, uint64_t size, const cxlkv_gpu_opts* opts, cxlkv_
   });
 }
 
+int cxlkv_gpu_open_pool(cxlkv_pool* pool, const cxlkv_gpu_opts* opts, cxlkv_gpu** out) {
+  if (!pool || !pool->region) {
+    if (out) *out = nullptr;
+    return fail(Error(-EINVAL, "cxlkv_gpu_open_pool: pool is NULL"));
+  }
+  return cxlkv_gpu_open(pool->region->base(), pool->region->size(), opts, out);
+}
+
 void cxlkv_gpu_close(cxlkv_gpu* g) { delete g; }
 
 const char* cxlkv_gpu_pin_method(cxlkv_gpu* g) { return g ? gpu::to_string(g->pool->pin().method()) : ""; }
@@ -126,14 +123,14 @@ int cxlkv_gpu_scatter(cxlkv_gpu* g, const cxlkv_gpu_layout* layout, const uint64
 
 int cxlkv_gpu_sparse_read(cxlkv_gpu* g, const cxlkv_gpu_sparse_list* lists, size_t nlists, const uint32_t* tokens,
                           size_t ntokens, uint64_t piece_bytes, void* stream) {
-  return guarded([&] {
+  return guarded("cxlkv_gpu_sparse_read", [&] {
     if (!g || (nlists && !lists) || (ntokens && !tokens)) return fail(Error(-EINVAL, "GPU sparse read: NULL argument"));
     return check(g->pool->sparse_read({lists, nlists}, {tokens, ntokens}, piece_bytes, stream));
   });
 }
 
 int cxlkv_gpu_sync(cxlkv_gpu* g, void* stream) {
-  return guarded([&] {
+  return guarded("cxlkv_gpu_sync", [&] {
     if (!g) return fail(Error(-EINVAL, "GPU sync: NULL handle"));
     return check(g->pool->sync(stream));
   });
