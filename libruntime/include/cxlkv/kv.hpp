@@ -31,6 +31,7 @@ class PrefixIndex;
 class StripeLocks;
 class NodeLiveness;
 class PayloadSpace;
+class DemotionTarget;
 struct BlockLocation;
 class Region;
 class NodeContext;
@@ -51,6 +52,15 @@ class PayloadTier {
   virtual Result<void> write(const BlockLocation& loc, std::span<const Chunk> chunks) = 0;
   // Scatter the block into `chunks`, invalidating stale lines first (rule 6).
   virtual Result<void> read(const BlockLocation& loc, std::span<const Chunk> chunks) = 0;
+};
+
+// A payload tier that chooses its own locations: the SSD tier (issue 6,
+// libruntime/src/tier/ssd_payload_tier.hpp).  Blocks enter it by demotion.
+class PlacingTier : public PayloadTier {
+ public:
+  // Places and writes a block made of `chunks`; -ENOSPC when the tier is full.
+  virtual Result<BlockLocation> place(std::span<const Chunk> chunks) = 0;
+  virtual void release(const BlockLocation& loc) = 0;
 };
 
 struct KvStats {
@@ -103,7 +113,12 @@ struct KvDeps {
   NodeLiveness* liveness = nullptr;
   PayloadSpace* space = nullptr;
   std::vector<PoolDevice> devices;  // MEM tier devices; [0] holds the index
-  PayloadTier* ssd_tier = nullptr;  // optional (issue 6)
+  // SSD tier (issue 6), optional.  demote_on_evict: blocks evicted from
+  // memory go to it instead of being dropped; promote_on_hit: a block read
+  // from it moves back to memory when the reader holds its only pin.
+  PlacingTier* ssd_tier = nullptr;
+  bool demote_on_evict = false;
+  bool promote_on_hit = false;
 };
 
 class KvStore {
@@ -140,6 +155,7 @@ class KvStore {
  private:
   KvStore() = default;
   Result<void> payload_io(const BlockLocation& loc, std::span<const Chunk> chunks, bool write);
+  void promote(const KvPin& p, const BlockLocation& from, std::span<const Chunk> chunks);  // issue 6
   void count(int c, uint64_t n = 1) { stats_.counters[c] += n; }
   void record(int which, std::chrono::steady_clock::time_point t0);
   void maybe_flush_stats();
@@ -148,6 +164,7 @@ class KvStore {
   std::unique_ptr<PrefixIndex> index_;
   std::unique_ptr<PayloadSpace> interleaved_space_;
   std::unique_ptr<PayloadTier> mem_tier_;
+  std::unique_ptr<DemotionTarget> demotion_;  // issue 6: MEM -> SSD copy for the index
   KvStats stats_;
   uint64_t ops_since_flush_ = 0;
 };

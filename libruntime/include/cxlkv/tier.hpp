@@ -121,6 +121,10 @@ class SsdPool {
   // must not be used.
   void read_blocks(std::span<const SsdRead> reads, std::span<int> status);
 
+  // Rewrites blocks in place at locations this pool handed out (status as
+  // read_blocks: 0, or a negative errno and the block must be treated as lost).
+  void write_at(std::span<const SsdRead> targets, std::span<int> status);
+
   // Returns the block's extent to its device's free space.
   void release(const TierLocation& loc);
 

@@ -364,7 +364,8 @@ void PrefixIndex::remove_locked(uint32_t stripe, uint32_t slot, cxlkv_index_entr
     st.tombstones++;
   }
   st.used_blocks -= std::min<uint64_t>(st.used_blocks, 1);
-  st.used_bytes -= std::min<uint64_t>(st.used_bytes, loc.length);
+  if (loc.tier == CXLKV_TIER_MEM)  // used_bytes counts memory payload only (issue 6)
+    st.used_bytes -= std::min<uint64_t>(st.used_bytes, loc.length);
   if (reclaim) {
     st.reclaims++;
     ctr_.reclaims++;
@@ -374,11 +375,51 @@ void PrefixIndex::remove_locked(uint32_t stripe, uint32_t slot, cxlkv_index_entr
   }
   write_stripe(stripe, st);
   // The payload is handed back only once no entry points to it.
-  space_->free(loc);
+  if (loc.tier == CXLKV_TIER_SSD) {
+    if (demotion_) demotion_->release(loc);  // issue 6: an SSD block leaves the SSD tier
+  } else {
+    space_->free(loc);
+  }
   if (parent != CXLKV_INDEX_NO_SLOT) parents->push_back(parent);
 }
 
 Result<bool> PrefixIndex::evict_locked(uint32_t stripe, std::vector<uint32_t>* parents) {
+  // Issue 6: with an SSD tier, a memory block is chosen first (and demoted);
+  // an SSD block is dropped only when no memory block can go.
+  if (demotion_) {
+    auto r = evict_pass(stripe, parents, EvictFrom::mem);
+    if (!r || r.value()) return r;
+  }
+  return evict_pass(stripe, parents, EvictFrom::any);
+}
+
+// Issue 6: move an unpinned READY leaf's payload to the SSD tier; the entry
+// stays READY (only its location changes), so lock-free readers and the
+// prefix closure never see a gap.  false: not demoted, evict it instead.
+bool PrefixIndex::demote_locked(uint32_t stripe, uint32_t slot, cxlkv_index_entry e,
+                                std::vector<uint32_t>* parents) {
+  const BlockLocation mem{e.loc_off, e.loc_len, e.loc_dev, e.loc_tier};
+  auto to = demotion_->demote(mem);
+  if (!to && to.error().code() == -ENOSPC) {
+    // SSD tier full: drop this stripe's least recently used SSD leaf, retry once.
+    auto r = evict_pass(stripe, parents, EvictFrom::ssd);
+    if (r && r.value()) to = demotion_->demote(mem);
+  }
+  if (!to) return false;
+  e.loc_off = to->offset;
+  e.loc_len = to->length;
+  e.loc_dev = to->device;
+  e.loc_tier = to->tier;
+  write_entry(slot, e);  // rule 3: the SSD copy is complete (DMA done) before the entry names it
+  space_->free(mem);
+  cxlkv_index_stripe st = read_stripe(stripe);
+  st.used_bytes -= std::min<uint64_t>(st.used_bytes, mem.length);
+  write_stripe(stripe, st);
+  ctr_.demotions++;
+  return true;
+}
+
+Result<bool> PrefixIndex::evict_pass(uint32_t stripe, std::vector<uint32_t>* parents, EvictFrom from) {
   // Sampled LRU: examine windows of kEvictWindow slots from a rotating hand
   // and evict the least recently used unpinned READY leaf of the first
   // window that has one.  A dead writer's leaf entry is reclaimed at once.
@@ -399,12 +440,17 @@ Result<bool> PrefixIndex::evict_locked(uint32_t stripe, std::vector<uint32_t>* p
         remove_locked(stripe, slot, e, /*reclaim=*/true, parents);
         return true;
       }
-      if (e.children != 0) continue;  // prefix closure: only leaves go
-      if (e.state == CXLKV_ENTRY_WRITING && writer_dead(e)) {
+      // prefix closure: only leaves go (issue 6: any block may be demoted,
+      // it stays cached; a non-leaf that cannot be demoted stays put below)
+      if (e.children != 0 && from != EvictFrom::mem) continue;
+      if (e.state == CXLKV_ENTRY_WRITING && e.children == 0 && writer_dead(e)) {
         remove_locked(stripe, slot, e, /*reclaim=*/true, parents);  // dead writer: reclaim first
         return true;
       }
       if (e.state != CXLKV_ENTRY_READY) continue;
+      if ((from == EvictFrom::mem && e.loc_tier != CXLKV_TIER_MEM) ||
+          (from == EvictFrom::ssd && e.loc_tier != CXLKV_TIER_SSD))
+        continue;  // issue 6: this pass looks at one tier only
       bool changed = false;
       if (pins_live(e, &changed)) continue;
       if (changed) write_entry(slot, e);  // dead nodes' pins cleared
@@ -417,7 +463,12 @@ Result<bool> PrefixIndex::evict_locked(uint32_t stripe, std::vector<uint32_t>* p
     hand = (hand + window) & mask;
     scanned += window;
     if (victim != CXLKV_INDEX_NO_SLOT) {
-      remove_locked(stripe, victim, read_entry(victim), /*reclaim=*/false, parents);
+      cxlkv_index_entry ve = read_entry(victim);
+      if (demotion_ && from != EvictFrom::ssd && ve.loc_tier == CXLKV_TIER_MEM &&
+          demote_locked(stripe, victim, ve, parents))
+        return true;  // issue 6: kept on the SSD tier instead of dropped
+      if (ve.children != 0) return false;  // issue 6: a block with cached children is never dropped
+      remove_locked(stripe, victim, ve, /*reclaim=*/false, parents);
       return true;
     }
   }
@@ -682,6 +733,38 @@ Result<void> PrefixIndex::unpin(uint32_t slot, const BlockKey& key) {
   e.pin_mask &= ~(1ULL << node_);
   write_entry(slot, e);
   return {};
+}
+
+Result<bool> PrefixIndex::relocate(uint32_t slot, const BlockKey& key, const BlockLocation& from,
+                                   const BlockLocation& to) {
+  if (slot >= hdr_.nslots) return Error(-EINVAL, "index: slot " + std::to_string(slot) + " out of range");
+  const uint32_t s = slot / hdr_.stripe_slots;
+  StripeGuard g(*locks_, s);
+  CXLKV_TRY(g.lock());
+  cxlkv_index_entry e = read_entry(slot);
+  if (e.key_lo != key.lo || e.key_hi != key.hi || e.state != CXLKV_ENTRY_READY || e.loc_off != from.offset ||
+      e.loc_dev != from.device || e.loc_tier != from.tier)
+    return false;  // evicted or moved meanwhile
+  // pin_mu_ keeps this process's lock-free pin fast path from handing out
+  // `from` while the entry changes.
+  std::lock_guard<std::mutex> lk(pin_mu_);
+  auto it = local_pins_.find(slot);
+  if (e.pin_mask != (1ULL << node_) || it == local_pins_.end() || it->second != 1) return false;
+  cxlkv_index_stripe st = read_stripe(s);
+  if (to.tier == CXLKV_TIER_MEM && cfg_.max_bytes &&
+      st.used_bytes + to.length > (cfg_.max_bytes + hdr_.nstripes - 1) / hdr_.nstripes)
+    return false;  // would exceed the memory capacity share
+  e.loc_off = to.offset;
+  e.loc_len = to.length;
+  e.loc_dev = to.device;
+  e.loc_tier = to.tier;
+  write_entry(slot, e);  // rule 3: the caller fenced the new payload before this
+  if (to.tier == CXLKV_TIER_MEM) {
+    st.used_bytes += to.length;
+    write_stripe(s, st);
+  }
+  ctr_.promotions++;
+  return true;
 }
 
 Result<bool> PrefixIndex::evict_one(uint32_t stripe) {

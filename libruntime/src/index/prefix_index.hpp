@@ -109,6 +109,23 @@ struct Reservation {
 
 struct IndexCounters {  // what index operations did (KvStore turns these into stats)
   uint64_t evictions = 0, reclaims = 0;
+  uint64_t demotions = 0, promotions = 0;  // SSD tier hooks (issue 6)
+};
+
+// ---- SSD tier hook (issue 6; the tier layer is libruntime/src/tier/) -------
+// With a DemotionTarget set, eviction demotes: an unpinned READY leaf in
+// memory is copied to the SSD tier and stays READY at its SSD location
+// instead of being dropped, so prefix closure and pins are untouched (the
+// entry never leaves READY).  Memory blocks are chosen before SSD blocks;
+// an SSD block is dropped only when no memory block can go, or to make room
+// when the SSD tier is full.  SSD locations are freed through release().
+class DemotionTarget {
+ public:
+  virtual ~DemotionTarget() = default;
+  // Copies the payload at `mem` to the SSD tier; its new location, or
+  // -ENOSPC when the tier is full (the block is then evicted as before).
+  virtual Result<BlockLocation> demote(const BlockLocation& mem) = 0;
+  virtual void release(const BlockLocation& ssd) = 0;
 };
 
 struct IndexEntryView {
@@ -173,6 +190,15 @@ class PrefixIndex {
   Result<uint64_t> reclaim_dead();
   IndexCounters counters() const { return ctr_; }
 
+  // ---- SSD tier hooks (issue 6) --------------------------------------------
+  void set_demotion(DemotionTarget* t) { demotion_ = t; }
+  // Promotion: block `key` at `slot`, READY at `from`, moves to `to`, whose
+  // payload the caller has already written (and fenced, rule 3).  Only when
+  // the caller's pin is the block's only pin (nobody else may be reading
+  // `from`).  false: not moved, the caller frees `to`; true: the caller
+  // releases `from`.
+  Result<bool> relocate(uint32_t slot, const BlockKey& key, const BlockLocation& from, const BlockLocation& to);
+
   // ---- inspection ----------------------------------------------------------
   IndexUsage usage() const;            // lock-free snapshot
   IndexEntryView entry(uint32_t slot) const;
@@ -198,6 +224,9 @@ class PrefixIndex {
   void remove_locked(uint32_t stripe, uint32_t slot, cxlkv_index_entry e, bool reclaim,
                      std::vector<uint32_t>* parents);
   Result<bool> evict_locked(uint32_t stripe, std::vector<uint32_t>* parents);
+  enum class EvictFrom { any, mem, ssd };  // which tier's blocks a pass may choose (issue 6)
+  Result<bool> evict_pass(uint32_t stripe, std::vector<uint32_t>* parents, EvictFrom from);
+  bool demote_locked(uint32_t stripe, uint32_t slot, cxlkv_index_entry e, std::vector<uint32_t>* parents);
   Result<void> drop_child(uint32_t parent_slot);
   Result<uint32_t> add_child(const BlockKey& parent);
   bool over_capacity(const cxlkv_index_stripe& s, uint64_t add_bytes) const;
@@ -214,6 +243,7 @@ class PrefixIndex {
   PayloadSpace* space_ = nullptr;
   mutable uint64_t probes_ = 0;
   IndexCounters ctr_;
+  DemotionTarget* demotion_ = nullptr;  // issue 6
   std::mutex pin_mu_;
   std::unordered_map<uint32_t, uint32_t> local_pins_;  // slot -> pins held by this process
   uint32_t evict_hand_ = 0;

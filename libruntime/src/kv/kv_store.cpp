@@ -126,6 +126,26 @@ int latency_bucket(uint64_t ns) {
   return std::clamp(b, 0, int(CXLKV_LAT_BUCKETS) - 1);
 }
 
+// Issue 6: the index's demotion hook.  Reads the block from memory (rule 6:
+// the MEM tier invalidates first) and places it on the SSD tier.
+class TierDemotion final : public DemotionTarget {
+ public:
+  TierDemotion(PayloadTier& mem, PlacingTier& ssd) : mem_(mem), ssd_(ssd) {}
+  Result<BlockLocation> demote(const BlockLocation& m) override {
+    staging_.resize(m.length);
+    Chunk c{staging_.data(), m.length};
+    auto r = mem_.read(m, {&c, 1});
+    if (!r) return r.error();
+    return ssd_.place({&c, 1});
+  }
+  void release(const BlockLocation& loc) override { ssd_.release(loc); }
+
+ private:
+  PayloadTier& mem_;
+  PlacingTier& ssd_;
+  std::vector<std::byte> staging_;
+};
+
 }  // namespace
 
 // ---- statistics -------------------------------------------------------------
@@ -220,6 +240,10 @@ Result<std::unique_ptr<KvStore>> KvStore::create(KvDeps deps) {
   if (!ix) return ix.error();
   kv->index_ = std::move(ix.value());
   kv->mem_tier_ = std::make_unique<MemTier>(dp.devices, set);
+  if (dp.ssd_tier && dp.demote_on_evict) {  // issue 6
+    kv->demotion_ = std::make_unique<TierDemotion>(*kv->mem_tier_, *dp.ssd_tier);
+    kv->index_->set_demotion(kv->demotion_.get());
+  }
   return kv;
 }
 
@@ -351,7 +375,27 @@ Result<void> KvStore::fetch(const KvPin& p, std::span<const Chunk> chunks) {
   count(CXLKV_CTR_FETCHES);
   count(CXLKV_CTR_BYTES_OUT, p.length);
   record(CXLKV_LAT_FETCH, t0);
+  if (loc.tier == CXLKV_TIER_SSD && deps_.promote_on_hit) promote(p, loc, chunks);
   return {};
+}
+
+// Issue 6: a hit on the SSD tier moves the block back to memory.  Best
+// effort: no memory, another reader's pin or a concurrent change leaves it
+// where it is (the fetch already succeeded).
+void KvStore::promote(const KvPin& p, const BlockLocation& from, std::span<const Chunk> chunks) {
+  PayloadSpace& space = interleaved_space_ ? *interleaved_space_ : *deps_.space;
+  auto to = space.alloc(from.length);
+  if (!to) return;
+  if (!mem_tier_->write(*to, chunks)) {  // fenced (rule 3) before relocate publishes it
+    space.free(*to);
+    return;
+  }
+  auto moved = index_->relocate(p.slot, p.key, from, *to);
+  if (moved && moved.value()) {
+    deps_.ssd_tier->release(from);
+  } else {
+    space.free(*to);
+  }
 }
 
 Result<void> KvStore::unpin(const KvPin& p) { return index_->unpin(p.slot, p.key); }

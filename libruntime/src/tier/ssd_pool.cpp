@@ -75,7 +75,7 @@ struct SsdPool::Impl {
   }
   std::vector<size_t> issue_writes(std::span<const SsdWrite> blocks, const std::vector<size_t>& idx,
                                    const std::vector<int>& dev_of, std::span<TierLocation> loc,
-                                   std::span<int> status);
+                                   std::span<int> status, bool free_on_error = true);
   void note_ok(size_t i) { devs[i]->consecutive_errors.store(0, std::memory_order_relaxed); }
 
   // Device for a block that did not fit where placement put it: the online
@@ -98,7 +98,7 @@ struct SsdPool::Impl {
 // extent is freed again and their status holds the error).
 std::vector<size_t> SsdPool::Impl::issue_writes(std::span<const SsdWrite> blocks, const std::vector<size_t>& idx,
                                                 const std::vector<int>& dev_of, std::span<TierLocation> loc,
-                                                std::span<int> status) {
+                                                std::span<int> status, bool free_on_error) {
   const size_t ndev = devs.size();
   std::vector<std::vector<SsdIo>> ios(ndev);
   std::vector<std::vector<BlockIo>> meta(ndev);
@@ -137,7 +137,7 @@ std::vector<size_t> SsdPool::Impl::issue_writes(std::span<const SsdWrite> blocks
         continue;
       }
       status[i] = io.short_transfer ? -EIO : io.status;
-      devs[dv]->alloc->free(loc[i].offset, loc[i].length);
+      if (free_on_error) devs[dv]->alloc->free(loc[i].offset, loc[i].length);
       note_error(dv, io.status, io.short_transfer);
       failed.push_back(i);
     }
@@ -355,6 +355,31 @@ void SsdPool::read_blocks(std::span<const SsdRead> reads, std::span<int> status)
       m.note_error(dv, io.status, io.short_transfer);
     }
   }
+}
+
+void SsdPool::write_at(std::span<const SsdRead> targets, std::span<int> status) {
+  Impl& m = *impl_;
+  std::vector<SsdWrite> blocks(targets.size());
+  std::vector<TierLocation> loc(targets.size());
+  std::vector<int> dev_of(targets.size(), -1);
+  std::vector<size_t> todo;
+  for (size_t i = 0; i < targets.size(); i++) {
+    const TierLocation& l = targets[i].location;
+    blocks[i] = {targets[i].data, l.length};
+    loc[i] = l;
+    if (l.tier != TierKind::kSsd || l.device >= m.devs.size() || !l.length || !targets[i].data) {
+      status[i] = -EINVAL;
+    } else if (!m.devs[l.device]->online.load()) {
+      status[i] = -ENODEV;
+    } else if (!m.devs[l.device]->alloc->is_allocated(l.offset, l.length)) {
+      status[i] = -ESTALE;
+    } else {
+      dev_of[i] = l.device;
+      todo.push_back(i);
+    }
+  }
+  // The extent stays allocated on failure: the block owns it until released.
+  m.issue_writes(blocks, todo, dev_of, loc, status, /*free_on_error=*/false);
 }
 
 void SsdPool::release(const TierLocation& loc) {

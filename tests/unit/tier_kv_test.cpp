@@ -1,0 +1,291 @@
+// SPDX-License-Identifier: MIT
+// The SSD tier inside the KV store: demotion on eviction, promotion on a
+// hit, pins and prefix closure across tiers, a full SSD tier, lost blocks.
+#include <gtest/gtest.h>
+
+#include <random>
+
+#include "coherence/noncoherent_sim.hpp"
+#include "cxlkv/kv.hpp"
+#include "cxlkv/tier.hpp"
+#include "index/prefix_index.hpp"
+#include "tier/fault_injector.hpp"
+#include "tier/ssd_payload_tier.hpp"
+#include "tier_test_support.hpp"
+#include "unit/kv_test_support.hpp"
+
+using namespace cxlkv;
+using namespace cxlkv::test;
+
+namespace {
+
+constexpr uint64_t kPoolBytes = 8 << 20;
+constexpr uint64_t kIndexBytes = 2 << 20;
+constexpr uint32_t kBlock = 64 * 1024;
+
+// Payload space that holds at most `limit` blocks (memory tier capacity).
+class LimitedSpace final : public PayloadSpace {
+ public:
+  LimitedSpace(PayloadSpace& inner, uint32_t limit) : inner_(inner), limit_(limit) {}
+  Result<BlockLocation> alloc(uint64_t bytes) override {
+    if (used_ >= limit_) return Error(-ENOSPC, "memory tier full");
+    auto r = inner_.alloc(bytes);
+    if (r) used_++;
+    return r;
+  }
+  void free(const BlockLocation& loc) override {
+    ASSERT_EQ(loc.tier, CXLKV_TIER_MEM) << "an SSD location reached the memory allocator";
+    inner_.free(loc);
+    used_--;
+  }
+  uint32_t used() const { return used_; }
+  void set_limit(uint32_t n) { limit_ = n; }
+
+ private:
+  PayloadSpace& inner_;
+  uint32_t limit_;
+  uint32_t used_ = 0;
+};
+
+struct TieredStore {
+  TieredStore(uint32_t mem_blocks, uint64_t ssd_bytes, bool promote, std::shared_ptr<FaultInjector> faults = nullptr)
+      : pool(kPoolBytes), sim(pool.mem, pool.bytes, NonCoherentSimOptions{1, 0.0, 7}),
+        range(kIndexBytes, kPoolBytes - kIndexBytes), space(range, mem_blocks) {
+    IndexFormatOptions fo;
+    fo.stripe_slots = 64;
+    fo.max_stripes = 1;  // one stripe: eviction order is easy to reason about
+    auto r = index_format(sim.node(0), pool.mem, kIndexBytes, fo);
+    EXPECT_TRUE(r.ok()) << (r.ok() ? "" : r.error().message());
+    live.set_incarnation(0, 100);
+    if (!dir.ok() || !dir.direct_io_ok()) return;
+    SsdPoolOptions so;
+    so.probe_bytes = 64 * 1024;
+    so.devices.push_back({dir.file("ssd0"), ssd_bytes, 1.0, false});
+    if (faults) so.faults = {faults};
+    auto sp = SsdPool::open(so);
+    EXPECT_TRUE(sp) << (sp ? "" : sp.error().message());
+    if (!sp) return;
+    ssd = std::move(*sp);
+    tier = std::make_unique<SsdPayloadTier>(*ssd);
+    KvDeps d;
+    d.index_domain = &sim.node(0);
+    d.index_carve = pool.mem;
+    d.index_bytes = kIndexBytes;
+    d.node = 0;
+    d.incarnation = 100;
+    d.locks = &locks;
+    d.liveness = &live;
+    d.space = &space;
+    d.devices.push_back(PoolDevice{&sim.node(0), pool.mem, pool.bytes});
+    d.ssd_tier = tier.get();
+    d.demote_on_evict = true;
+    d.promote_on_hit = promote;
+    auto kv_r = KvStore::create(std::move(d));
+    EXPECT_TRUE(kv_r.ok()) << (kv_r.ok() ? "" : kv_r.error().message());
+    if (kv_r.ok()) kv = std::move(kv_r.value());
+  }
+  bool ready() const { return kv != nullptr; }
+  BlockKey some_block_on_ssd(std::span<const BlockKey> c) {
+    for (auto& k : c)
+      if (tier_of(k) == CXLKV_TIER_SSD) return k;
+    ADD_FAILURE() << "no block of the chain was demoted";
+    return c[0];
+  }
+
+  Result<void> put(std::span<const BlockKey> c, size_t i) {
+    auto r = kv->reserve(c[i], i ? &c[i - 1] : nullptr, kBlock);
+    if (!r) return r.error();
+    if (!r->reserved()) return {};
+    std::vector<std::byte> buf(kBlock);
+    fill_block(c[i], buf.data(), kBlock);
+    Chunk ch{buf.data(), kBlock};
+    CXLKV_TRY(kv->write(*r, {&ch, 1}));
+    return kv->publish(*r);
+  }
+  // pin -> fetch -> verify -> unpin; returns the tier it was read from, or the error.
+  Result<uint8_t> get(const BlockKey& k) {
+    auto p = kv->pin(k);
+    if (!p) return p.error();
+    std::vector<std::byte> buf(p->length);
+    Chunk ch{buf.data(), buf.size()};
+    auto f = kv->fetch(*p, {&ch, 1});
+    uint8_t tier_read = p->loc_tier;
+    (void)kv->unpin(*p);
+    if (!f) return f.error();
+    std::vector<std::byte> want(p->length);
+    fill_block(k, want.data(), want.size());
+    if (buf != want) return Error(-EBADMSG, "block bytes differ");
+    return tier_read;
+  }
+  uint8_t tier_of(const BlockKey& k) {
+    BlockLocation loc;
+    EXPECT_NE(kv->index().find_ready(k, &loc), CXLKV_INDEX_NO_SLOT);
+    return loc.tier;
+  }
+
+  tier_test::ScratchDir dir;
+  AlignedPool pool;
+  NonCoherentSim sim;
+  MutexStripeLocks locks;
+  TableLiveness live;
+  RangeSpace range;
+  LimitedSpace space;
+  std::unique_ptr<SsdPool> ssd;
+  std::unique_ptr<SsdPayloadTier> tier;
+  std::unique_ptr<KvStore> kv;
+};
+
+std::vector<BlockKey> chain(uint64_t id, size_t n) {
+  std::vector<uint64_t> ids(n);
+  for (size_t i = 0; i < n; i++) ids[i] = id * 1000003 + i + 1;
+  return keys_from_ids(ids);
+}
+
+#define REQUIRE_STORE(t)                                                                          \
+  do {                                                                                             \
+    if (!(t).dir.ok() || !(t).dir.direct_io_ok()) GTEST_SKIP() << "O_DIRECT not supported here"; \
+    ASSERT_TRUE((t).ready());                                                                      \
+  } while (0)
+
+}  // namespace
+
+TEST(TierKv, BlocksEvictedFromMemoryAreDemotedAndStayCachedByteExact) {
+  TieredStore t(4, 32 << 20, /*promote=*/false);
+  REQUIRE_STORE(t);
+  auto c = chain(1, 12);
+  for (size_t i = 0; i < c.size(); i++) ASSERT_TRUE(t.put(c, i).ok()) << "block " << i;
+  // Memory holds 4 blocks, yet the whole chain is still cached: 8 live on SSD.
+  EXPECT_EQ(t.kv->lookup(c), 12u);
+  EXPECT_EQ(t.kv->lookup_linear(c), 12u);
+  EXPECT_EQ(t.kv->index().counters().demotions, 8u);
+  EXPECT_EQ(t.kv->index().counters().evictions, 0u);
+  EXPECT_EQ(t.space.used(), 4u);
+  size_t on_ssd = 0;
+  for (auto& k : c) {
+    auto r = t.get(k);
+    ASSERT_TRUE(r) << r.error().message();
+    on_ssd += r.value() == CXLKV_TIER_SSD;
+  }
+  EXPECT_EQ(on_ssd, 8u);
+  EXPECT_EQ(t.tier->stats().reads, 8u);
+  EXPECT_EQ(t.tier->stats().placed, 8u);
+}
+
+TEST(TierKv, HitOnTheSsdTierPromotesTheBlockBackToMemory) {
+  TieredStore t(4, 32 << 20, /*promote=*/true);
+  REQUIRE_STORE(t);
+  auto c = chain(2, 6);
+  for (size_t i = 0; i < c.size(); i++) ASSERT_TRUE(t.put(c, i).ok());
+  const BlockKey k = t.some_block_on_ssd(c);
+  t.space.set_limit(6);                     // room in memory again
+  auto r = t.get(k);
+  ASSERT_TRUE(r) << r.error().message();
+  EXPECT_EQ(r.value(), CXLKV_TIER_SSD);     // this read came from SSD ...
+  EXPECT_EQ(t.tier_of(k), CXLKV_TIER_MEM);  // ... and moved the block to memory
+  EXPECT_EQ(t.kv->index().counters().promotions, 1u);
+  EXPECT_EQ(t.tier->stats().released, 1u);  // its SSD extent was given back
+  r = t.get(k);
+  ASSERT_TRUE(r) << r.error().message();
+  EXPECT_EQ(r.value(), CXLKV_TIER_MEM);
+  EXPECT_EQ(t.kv->lookup(c), 6u);
+}
+
+TEST(TierKv, PromotionWaitsWhileAnotherPinIsHeld) {
+  TieredStore t(4, 32 << 20, /*promote=*/true);
+  REQUIRE_STORE(t);
+  auto c = chain(3, 6);
+  for (size_t i = 0; i < c.size(); i++) ASSERT_TRUE(t.put(c, i).ok());
+  const BlockKey k = t.some_block_on_ssd(c);
+  t.space.set_limit(8);
+  auto other = t.kv->pin(k);  // someone else is reading it from SSD
+  ASSERT_TRUE(other);
+  auto r = t.get(k);
+  ASSERT_TRUE(r) << r.error().message();
+  EXPECT_EQ(t.tier_of(k), CXLKV_TIER_SSD);  // not moved under the other reader
+  ASSERT_TRUE(t.kv->unpin(*other).ok());
+  EXPECT_EQ(t.kv->index().counters().promotions, 0u);
+  EXPECT_EQ(t.space.used(), 4u);  // the promotion's memory was given back
+}
+
+TEST(TierKv, PinnedBlockIsNeitherDemotedNorEvicted) {
+  TieredStore t(3, 32 << 20, /*promote=*/false);
+  REQUIRE_STORE(t);
+  auto c = chain(4, 2);
+  ASSERT_TRUE(t.put(c, 0).ok());
+  auto pin = t.kv->pin(c[0]);
+  ASSERT_TRUE(pin);
+  for (uint64_t id = 10; id < 16; id++) {  // pressure from other chains
+    auto o = chain(id, 1);
+    ASSERT_TRUE(t.put(o, 0).ok());
+  }
+  EXPECT_EQ(t.tier_of(c[0]), CXLKV_TIER_MEM);
+  ASSERT_TRUE(t.kv->unpin(*pin).ok());
+}
+
+TEST(TierKv, FullSsdTierFallsBackToEvictionAndEverythingCachedStaysReadable) {
+  // SSD data area: 4 MiB device - 1 MiB header/probe = 3 MiB = 48 blocks of 64 KiB.
+  TieredStore t(4, 4 << 20, /*promote=*/false);
+  REQUIRE_STORE(t);
+  const uint64_t ssd_blocks = t.ssd->device_info(0).data_bytes / kBlock;
+  std::vector<std::vector<BlockKey>> chains;
+  for (uint64_t id = 100; id < 100 + ssd_blocks + 20; id++) {
+    chains.push_back(chain(id, 1));
+    ASSERT_TRUE(t.put(chains.back(), 0).ok()) << "chain " << id;
+  }
+  EXPECT_GT(t.tier->stats().full, 0u);            // the tier filled up ...
+  EXPECT_GT(t.kv->index().counters().evictions, 0u);  // ... and eviction took over
+  size_t cached = 0;
+  for (auto& c : chains) {
+    if (t.kv->lookup(c) == 0) continue;
+    cached++;
+    auto r = t.get(c[0]);
+    ASSERT_TRUE(r) << r.error().message();
+  }
+  EXPECT_EQ(cached, 4 + ssd_blocks);  // memory + SSD, both full
+  EXPECT_EQ(t.ssd->lost_blocks(), 0u);
+}
+
+TEST(TierKv, LostSsdBlockIsReportedAndNeverReturnedAsData) {
+  auto faults = std::make_shared<FaultInjector>();
+  TieredStore t(2, 32 << 20, /*promote=*/false, faults);
+  REQUIRE_STORE(t);
+  auto c = chain(5, 4);
+  for (size_t i = 0; i < c.size(); i++) ASSERT_TRUE(t.put(c, i).ok());
+  const BlockKey k = t.some_block_on_ssd(c);
+  faults->fail(IoOp::kRead, 0, 1ull << 40, -EIO);  // every SSD read fails
+  auto r = t.get(k);
+  ASSERT_FALSE(r);
+  EXPECT_EQ(r.error().code(), -EIO);
+  EXPECT_EQ(t.tier->stats().lost, 1u);
+  faults->clear();  // the tier keeps serving
+  for (auto& other : c) {
+    if (other == k) continue;
+    r = t.get(other);
+    ASSERT_TRUE(r) << r.error().message();
+  }
+  r = t.get(c[0]);
+  ASSERT_TRUE(r) << r.error().message();
+}
+
+TEST(TierKv, PrefixClosureHoldsAcrossTiersUnderRandomWork) {
+  TieredStore t(6, 8 << 20, /*promote=*/true);
+  REQUIRE_STORE(t);
+  std::mt19937_64 rng(3);
+  std::vector<std::vector<BlockKey>> chains;
+  for (uint64_t id = 0; id < 12; id++) chains.push_back(chain(200 + id, 1 + rng() % 8));
+  for (int step = 0; step < 400; step++) {
+    auto& c = chains[rng() % chains.size()];
+    size_t have = t.kv->lookup(c);
+    ASSERT_EQ(have, t.kv->lookup_linear(c)) << "binary search and scan disagree: closure broken";
+    if (have < c.size() && rng() % 2) {
+      auto r = t.put(c, have);
+      ASSERT_TRUE(r.ok() || r.error().code() == -ENOSPC) << r.error().message();
+    } else if (have) {
+      auto r = t.get(c[rng() % have]);
+      ASSERT_TRUE(r || r.error().code() == -ENOENT) << r.error().message();
+    }
+    if (step % 10 == 0) t.space.set_limit(4 + static_cast<uint32_t>(rng() % 6));
+  }
+  EXPECT_GT(t.kv->index().counters().demotions, 0u);
+  EXPECT_EQ(t.ssd->lost_blocks(), 0u);
+}
