@@ -289,3 +289,27 @@ TEST(TierKv, PrefixClosureHoldsAcrossTiersUnderRandomWork) {
   EXPECT_GT(t.kv->index().counters().demotions, 0u);
   EXPECT_EQ(t.ssd->lost_blocks(), 0u);
 }
+
+TEST(TierKv, ChainLongerThanBothTiersStopsWithNoSpaceAndStaysPrefixClosed) {
+  TieredStore t(4, 4 << 20, /*promote=*/false);
+  REQUIRE_STORE(t);
+  const uint64_t ssd_blocks = t.ssd->device_info(0).data_bytes / kBlock;
+  auto c = chain(6, ssd_blocks + 10);
+  size_t i = 0;
+  for (; i < c.size(); i++) {
+    auto r = t.put(c, i);
+    if (!r) {
+      EXPECT_EQ(r.error().code(), -ENOSPC) << r.error().message();
+      break;
+    }
+  }
+  // Every block of the chain has a cached child, so none may be dropped:
+  // memory and SSD fill up, then the next block finds no space.
+  EXPECT_EQ(i, 4 + ssd_blocks);
+  EXPECT_EQ(t.kv->lookup(c), i);
+  EXPECT_EQ(t.kv->lookup_linear(c), i);
+  for (size_t k = 0; k < i; k++) {
+    auto r = t.get(c[k]);
+    ASSERT_TRUE(r) << "block " << k << ": " << r.error().message();
+  }
+}
