@@ -94,6 +94,7 @@ int cxlkv_carve_create(struct cxlkv_dev *d, struct cxlkv_carve *c);
 int cxlkv_carve_remove(struct cxlkv_dev *d, const char *name, u32 flags);
 int cxlkv_memtype_set(struct cxlkv_dev *d, const char *name, u32 memtype);
 int cxlkv_format(struct cxlkv_dev *d, u32 max_nodes, u32 max_locks);
+int cxlkv_format_empty(struct cxlkv_dev *d, u32 max_nodes, bool force);
 
 /* mmap.c */
 int cxlkv_mmap(struct file *f, struct vm_area_struct *vma);

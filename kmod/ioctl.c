@@ -63,6 +63,30 @@ static int do_info(struct cxlkv_dev *d, void __user *arg)
 	return copy_to_user(arg, &in, sizeof(in)) ? -EFAULT : 0;
 }
 
+static int do_format(struct cxlkv_dev *d, void __user *arg)
+{
+	struct cxlkv_ioc_format a;
+	int ret;
+
+	if (copy_from_user(&a, arg, sizeof(a)))
+		return -EFAULT;
+	if (a.max_nodes < 1 || a.max_nodes > CXLKV_MAX_NODES ||
+	    (a.flags & ~CXLKV_FORMAT_F_FORCE) || !zeroed(a.reserved, sizeof(a.reserved)))
+		return -EINVAL;
+	if (!capable(CAP_SYS_ADMIN))
+		return -EPERM;
+	mutex_lock(&d->lock);
+	mutex_lock(&d->maps_lock);
+	ret = cxlkv_format_empty(d, a.max_nodes, a.flags & CXLKV_FORMAT_F_FORCE);
+	mutex_unlock(&d->maps_lock);
+	mutex_unlock(&d->lock);
+	if (ret == -EBUSY)
+		cxlkv_diag(d, "format refused: carves are mapped or lock slots owned on this host");
+	else if (ret == -EEXIST)
+		cxlkv_diag(d, "format refused: the pool holds a valid superblock (force to overwrite)");
+	return ret;
+}
+
 static int do_carve_create(struct cxlkv_dev *d, void __user *arg)
 {
 	struct cxlkv_carve c;
@@ -224,8 +248,8 @@ static int do_lock(struct cxlkv_file *cf, void __user *arg, bool alloc)
 
 	if (copy_from_user(&a, arg, sizeof(a)))
 		return -EFAULT;
-	if (!zeroed(a.reserved, sizeof(a.reserved)) || a.node || a.slot_off || a.grant_off ||
-	    (!alloc && a.lock_id == CXLKV_LOCK_ANY))
+	/* node, slot_off and grant_off are outputs: ignored on input */
+	if (!zeroed(a.reserved, sizeof(a.reserved)) || (!alloc && a.lock_id == CXLKV_LOCK_ANY))
 		return -EINVAL;
 	ret = alloc ? cxlkv_lock_alloc(cf, &a) : cxlkv_lock_free(cf, &a);
 	if (ret || !alloc)
@@ -268,11 +292,14 @@ long cxlkv_ioctl(struct file *f, unsigned int cmd, unsigned long arg)
 		return do_version(u);
 	case CXLKV_IOC_INFO:
 		return do_info(d, u);
+	case CXLKV_IOC_FORMAT:
 	case CXLKV_IOC_CARVE_CREATE:
 	case CXLKV_IOC_CARVE_REMOVE:
 	case CXLKV_IOC_MEMTYPE_SET:
 		if (!(f->f_mode & FMODE_WRITE))
 			return -EBADF;
+		if (cmd == CXLKV_IOC_FORMAT)
+			return do_format(d, u);
 		if (cmd == CXLKV_IOC_CARVE_CREATE)
 			return do_carve_create(d, u);
 		if (cmd == CXLKV_IOC_CARVE_REMOVE)

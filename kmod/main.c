@@ -155,9 +155,9 @@ static int __init cxlkv_init(void)
 	int ret;
 
 	if (format && (format_max_nodes < 1 || format_max_nodes > CXLKV_MAX_NODES ||
-		       format_max_locks < 1 || format_max_locks > CXLKV_MAX_LOCKS)) {
-		pr_err("cxlkv: format_max_nodes must be 1..%u and format_max_locks 1..%u\n",
-		       CXLKV_MAX_NODES, CXLKV_MAX_LOCKS);
+		       format_max_locks < CXLKV_MIN_LOCKS || format_max_locks > CXLKV_MAX_LOCKS)) {
+		pr_err("cxlkv: format_max_nodes must be 1..%u and format_max_locks %u..%u\n",
+		       CXLKV_MAX_NODES, CXLKV_MIN_LOCKS, CXLKV_MAX_LOCKS);
 		return -EINVAL;
 	}
 	if (cxlkv_node_id >= CXLKV_MAX_NODES) {

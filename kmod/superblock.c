@@ -249,10 +249,55 @@ out:
 	return ret;
 }
 
+/* A fresh superblock image (no carves), continuing the old generation. */
+static void sb_init(struct cxlkv_dev *d, struct cxlkv_superblock *sb, u32 max_nodes, u64 old_gen)
+{
+	memset(sb, 0, sizeof(*sb));
+	sb->magic = CXLKV_SB_MAGIC;
+	sb->layout_version = CXLKV_LAYOUT_VERSION;
+	sb->sb_size = CXLKV_SB_SIZE;
+	sb->pool_size = round_down(d->size, CXLKV_CARVE_ALIGN);
+	sb->max_nodes = max_nodes;
+	get_random_bytes(sb->pool_id, sizeof(sb->pool_id));
+	sb->format_time_ns = ktime_get_real_ns();
+	/* keep counting across formats so that a cached copy never looks current */
+	sb->generation = old_gen;
+}
+
+/*
+ * CXLKV_IOC_FORMAT: a superblock without carves, as Region::format writes;
+ * the runtime then creates the standard carves through the carve ioctls.
+ * Refused while anything on this host uses the pool.
+ */
+int cxlkv_format_empty(struct cxlkv_dev *d, u32 max_nodes, bool force)
+{
+	struct cxlkv_superblock *sb;
+	u64 gen = 0;
+	int ret;
+
+	if (d->nlocks || !list_empty(&d->maps))
+		return -EBUSY;
+	sb = kmalloc(sizeof(*sb), GFP_KERNEL);
+	if (!sb)
+		return -ENOMEM;
+	ret = cxlkv_sb_read_quiet(d, sb, true);
+	if (!ret && !force) {
+		ret = -EEXIST;
+		goto out;
+	}
+	if (sb->magic == CXLKV_SB_MAGIC)
+		gen = sb->generation;
+	sb_init(d, sb, max_nodes, gen);
+	ret = cxlkv_sb_write(d, sb);
+out:
+	kfree(sb);
+	return ret;
+}
+
 /*
  * format=1: a fresh superblock with one carve, the control carve, laid out
- * as uapi/cxlkv_ctrl.h describes.  The carve is written and flushed before
- * the superblock that makes it visible (rule 3).
+ * as uapi/cxlkv_ctrl.h and the runtime's plan_control() do.  The carve is
+ * written and flushed before the superblock that makes it visible (rule 3).
  */
 int cxlkv_format(struct cxlkv_dev *d, u32 max_nodes, u32 max_locks)
 {
@@ -271,12 +316,13 @@ int cxlkv_format(struct cxlkv_dev *d, u32 max_nodes, u32 max_locks)
 	h.max_locks = max_locks;
 	h.lease_off = sizeof(struct cxlkv_ctrl_header);
 	h.node_table_off = h.lease_off + sizeof(struct cxlkv_lease);
-	h.lock_table_off = round_up(h.node_table_off +
-				    (u64)max_nodes * sizeof(struct cxlkv_node_entry), PAGE_SIZE);
+	h.lock_table_off = h.node_table_off + (u64)max_nodes * sizeof(struct cxlkv_node_entry);
 	h.grant_table_off = h.lock_table_off +
 			    (u64)max_locks * max_nodes * sizeof(struct cxlkv_lock_slot);
 	h.doorbell_off = h.grant_table_off + (u64)max_locks * sizeof(struct cxlkv_lock_grant);
 	ctrl_bytes = h.doorbell_off + (u64)max_nodes * sizeof(struct cxlkv_doorbell);
+	if (WARN_ON_ONCE(ctrl_bytes != cxlkv_ctrl_carve_bytes(max_nodes, max_locks)))
+		return -EINVAL;
 	ctrl_size = round_up(ctrl_bytes, CXLKV_CARVE_ALIGN);
 	if (CXLKV_FIRST_CARVE_OFF + ctrl_size > pool_size) {
 		pr_err("%s: %llu bytes are too small for a %llu byte control carve\n",
@@ -296,16 +342,10 @@ int cxlkv_format(struct cxlkv_dev *d, u32 max_nodes, u32 max_locks)
 	clflush_cache_range(p, ctrl_size);
 	cxlkv_unmap(d, p, CXLKV_MEM_WB);
 
-	sb = kzalloc(sizeof(*sb), GFP_KERNEL);
+	sb = kmalloc(sizeof(*sb), GFP_KERNEL);
 	if (!sb)
 		return -ENOMEM;
-	sb->magic = CXLKV_SB_MAGIC;
-	sb->layout_version = CXLKV_LAYOUT_VERSION;
-	sb->sb_size = CXLKV_SB_SIZE;
-	sb->pool_size = pool_size;
-	sb->max_nodes = max_nodes;
-	get_random_bytes(sb->pool_id, sizeof(sb->pool_id));
-	sb->format_time_ns = ktime_get_real_ns();
+	sb_init(d, sb, max_nodes, 0);
 	sb->ncarves = 1;
 	strscpy(sb->carves[0].name, CXLKV_CARVE_CONTROL, CXLKV_CARVE_NAME_MAX);
 	sb->carves[0].offset = CXLKV_FIRST_CARVE_OFF;

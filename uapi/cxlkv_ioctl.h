@@ -68,6 +68,24 @@ struct cxlkv_ioc_info {
 };
 CXLKV_STATIC_ASSERT(sizeof(struct cxlkv_ioc_info) == 112, "ioc_info size");
 
+/* ---- format ------------------------------------------------------------- */
+
+/*
+ * FORMAT: write a fresh superblock without carves (what Region::format does
+ * for file-like pools); the runtime then creates the standard carves with
+ * CARVE_CREATE.  Needs CAP_SYS_ADMIN.  -EEXIST if a valid superblock is
+ * present and CXLKV_FORMAT_F_FORCE is not given; -EBUSY while carves are
+ * mapped or lock slots owned on this host.
+ */
+#define CXLKV_FORMAT_F_FORCE    (1u << 0)
+
+struct cxlkv_ioc_format {
+	__u32 max_nodes;          /* 1 .. CXLKV_MAX_NODES */
+	__u32 flags;              /* CXLKV_FORMAT_F_* */
+	__u64 reserved[3];
+};
+CXLKV_STATIC_ASSERT(sizeof(struct cxlkv_ioc_format) == 32, "ioc_format size");
+
 /* ---- carves -------------------------------------------------------------- */
 
 /*
@@ -168,6 +186,7 @@ CXLKV_STATIC_ASSERT(sizeof(struct cxlkv_ioc_lock_list) == 16 + 24 * CXLKV_LOCK_L
 
 #define CXLKV_IOC_GET_VERSION   _IOR(CXLKV_IOC_MAGIC, 0x00, struct cxlkv_ioc_version)
 #define CXLKV_IOC_INFO          _IOR(CXLKV_IOC_MAGIC, 0x01, struct cxlkv_ioc_info)
+#define CXLKV_IOC_FORMAT        _IOW(CXLKV_IOC_MAGIC, 0x02, struct cxlkv_ioc_format)
 #define CXLKV_IOC_CARVE_CREATE  _IOWR(CXLKV_IOC_MAGIC, 0x10, struct cxlkv_carve)
 #define CXLKV_IOC_CARVE_LOOKUP  _IOWR(CXLKV_IOC_MAGIC, 0x11, struct cxlkv_carve)
 #define CXLKV_IOC_CARVE_LIST    _IOR(CXLKV_IOC_MAGIC, 0x12, struct cxlkv_ioc_carve_list)

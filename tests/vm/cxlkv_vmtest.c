@@ -346,28 +346,31 @@ static void abi_mmap_memtype(int fd, const struct cxlkv_ioc_info *info)
 	      "%s", strerror(errno));
 	/* a fork()ed child's copy is a mapping too */
 	{
-		int pfd[2];
+		int up[2], down[2];
 		pid_t ch;
 		char b = 0;
 
-		if (pipe(pfd) == 0) {
+		if (pipe(up) == 0 && pipe(down) == 0) {
 			ch = fork();
 			if (ch == 0) {
-				if (write(pfd[1], "x", 1) != 1 || read(pfd[0], &b, 1) < 0)
+				/* tell the parent we exist, wait until it has counted */
+				if (write(up[1], "x", 1) != 1 || read(down[0], &b, 1) < 0)
 					_exit(1);
 				_exit(0);
 			}
-			if (read(pfd[0], &b, 1) == 1) {
+			if (read(up[0], &b, 1) == 1) {
 				m = mt_req("data", 0);
 				ioc(fd, CXLKV_IOC_MEMTYPE_GET, &m);
 				check(m.mappings == 2, "fork counts the child's mapping", "mappings %u",
 				      m.mappings);
 			}
-			if (write(pfd[1], "y", 1) != 1)
+			if (write(down[1], "y", 1) != 1)
 				b = 0;
 			waitpid(ch, NULL, 0);
-			close(pfd[0]);
-			close(pfd[1]);
+			close(up[0]);
+			close(up[1]);
+			close(down[0]);
+			close(down[1]);
 		}
 	}
 	munmap((void *)p, c.size);
@@ -450,7 +453,6 @@ static void abi_locks(int fd, const char *dev)
 	b.lock_id = 5;
 	expect_ok(ioc(fd, CXLKV_IOC_LOCK_ALLOC, &b), "lock alloc id 5");
 	b.lock_id = 1024;
-	b.node = 0; b.slot_off = 0; b.grant_off = 0;
 	expect_err(ioc(fd, CXLKV_IOC_LOCK_ALLOC, &b), EINVAL, "lock alloc id beyond max_locks");
 	memset(&b, 0, sizeof(b));
 	b.lock_id = 5;
@@ -624,6 +626,32 @@ static void abi_ddio(int fd)
 	expect_err(ioc(fd, CXLKV_IOC_DDIO_SET, &a), EINVAL, "ddio set bad enable");
 }
 
+static void abi_format(int fd)
+{
+	struct cxlkv_ioc_format f = { .max_nodes = 0 };
+	struct cxlkv_carve c = carve_req("control", 0, 0, 0);
+	struct cxlkv_ioc_info info;
+	void *p;
+
+	expect_err(ioc(fd, CXLKV_IOC_FORMAT, &f), EINVAL, "format with max_nodes 0");
+	f.max_nodes = 65;
+	expect_err(ioc(fd, CXLKV_IOC_FORMAT, &f), EINVAL, "format with max_nodes 65");
+	f.max_nodes = 8;
+	expect_err(ioc(fd, CXLKV_IOC_FORMAT, &f), EEXIST, "format of a valid pool without force");
+	f.flags = CXLKV_FORMAT_F_FORCE;
+	ioc(fd, CXLKV_IOC_CARVE_LOOKUP, &c);
+	p = map(fd, c.offset, c.size, PROT_READ, MAP_SHARED);
+	expect_err(ioc(fd, CXLKV_IOC_FORMAT, &f), EBUSY, "format while a carve is mapped");
+	if (p)
+		munmap(p, c.size);
+	expect_ok(ioc(fd, CXLKV_IOC_FORMAT, &f), "format with force");
+	memset(&info, 0, sizeof(info));
+	ioc(fd, CXLKV_IOC_INFO, &info);
+	check((info.flags & CXLKV_INFO_F_FORMATTED) && info.ncarves == 0 && info.max_nodes == 8,
+	      "format leaves an empty valid pool", "flags %#x ncarves %u max_nodes %u", info.flags,
+	      info.ncarves, info.max_nodes);
+}
+
 static int cmd_abi(const char *dev, const char *kind)
 {
 	struct cxlkv_ioc_info info;
@@ -648,6 +676,7 @@ static int cmd_abi(const char *dev, const char *kind)
 
 	r = rm_req("data", 0);
 	expect_ok(ioc(fd, CXLKV_IOC_CARVE_REMOVE, &r), "carve remove");
+	abi_format(fd);
 	close(fd);
 	printf("RESULT %s\n", failures ? "FAIL" : "PASS");
 	return failures ? 1 : 0;
@@ -671,7 +700,7 @@ static const unsigned long fuzz_cmds[] = {
 	CXLKV_IOC_GET_VERSION, CXLKV_IOC_INFO, CXLKV_IOC_CARVE_CREATE, CXLKV_IOC_CARVE_LOOKUP,
 	CXLKV_IOC_CARVE_LIST, CXLKV_IOC_CARVE_REMOVE, CXLKV_IOC_MEMTYPE_GET, CXLKV_IOC_MEMTYPE_SET,
 	CXLKV_IOC_DDIO_GET, CXLKV_IOC_DDIO_SET, CXLKV_IOC_LOCK_ALLOC, CXLKV_IOC_LOCK_FREE,
-	CXLKV_IOC_LOCK_LIST,
+	CXLKV_IOC_LOCK_LIST, CXLKV_IOC_FORMAT,
 };
 
 static const char *fuzz_names[] = { "control", "data", "kv", "a", "b.c", "zz-9", "x_y" };
@@ -696,6 +725,10 @@ static void fuzz_fill(unsigned char *buf, size_t n, unsigned long cmd)
 			c->size = (rnd() % 8) * MiB + (rnd() & 1 ? 0 : rnd() % 4096);
 			c->memtype = rnd() % 4;
 			c->flags = rnd() % 3;
+		} else if (cmd == CXLKV_IOC_FORMAT) {
+			memset(buf, 0, n);
+			((struct cxlkv_ioc_format *)buf)->max_nodes = rnd() % 70;
+			((struct cxlkv_ioc_format *)buf)->flags = rnd() % 3;
 		} else if (cmd == CXLKV_IOC_MEMTYPE_SET || cmd == CXLKV_IOC_MEMTYPE_GET) {
 			((struct cxlkv_ioc_memtype *)buf)->memtype = rnd() % 4;
 		} else if (cmd == CXLKV_IOC_LOCK_ALLOC || cmd == CXLKV_IOC_LOCK_FREE) {

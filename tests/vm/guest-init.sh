@@ -44,6 +44,13 @@ root_port() {
 cxlkvctl_checks() {
 	P="--pool dev:/dev/cxlkv0"
 	RP=$(root_port)
+	cxlkvctl $P format --force || return 1
+	cxlkvctl $P info || return 1
+	cxlkvctl $P carve rm kv --force || return 1
+	cxlkvctl $P carve create scratch --size 3M || return 1
+	cxlkvctl $P carve list | grep -q scratch || return 1
+	cxlkvctl $P carve rm scratch || return 1
+	cxlkvctl $P carve rm control 2>/dev/null && return 1
 	cxlkvctl $P module info || return 1
 	cxlkvctl $P --json module info || return 1
 	cxlkvctl $P memtype get control || return 1
@@ -53,11 +60,14 @@ cxlkvctl_checks() {
 	cxlkvctl $P memtype set nope uc 2>/dev/null && return 1
 	cxlkvctl $P lock list || return 1
 	cxlkvctl $P ddio status --pci "$RP" || return 1
-	# QEMU's root port is not an Intel IIO port: refused without --force,
-	# and with --force the bit does not latch.
+	# QEMU's root port is not an Intel IIO port: refused without --force;
+	# with --force the write happens (QEMU keeps bit 7 of 0x180) and is read
+	# back; the module restores the original value at rmmod.
 	cxlkvctl $P ddio off --pci "$RP" && return 1
-	cxlkvctl $P ddio off --pci "$RP" --force && return 1
+	cxlkvctl $P ddio on --pci "$RP" --force | grep -q 'DDIO (Use_Allocating_Flow_Wr) on' || return 1
+	cxlkvctl $P ddio off --pci "$RP" --force | grep -q 'DDIO (Use_Allocating_Flow_Wr) off' || return 1
 	cxlkvctl $P ddio status --pci 0000:00:00.0 && return 1
+	cxlkvctl $P ddio status --pci zz:1 && return 1
 	return 0
 }
 

@@ -70,6 +70,18 @@ class Backend {
   virtual Result<void> carve_added(const cxlkv_carve& /*carve*/) { return {}; }
   virtual Result<void> carve_removed(const cxlkv_carve& /*carve*/) { return {}; }
 
+  // Pools whose device owns the carve table (the kernel module, dev:): the
+  // superblock is mapped read-only, so Region sends format and carve changes
+  // to the device instead of writing the superblock, and shows the backend
+  // every carve table it reads so that carves made since (here or on another
+  // host) get mapped.  Other backends: Region writes the superblock itself.
+  virtual bool device_owns_carves() const { return false; }
+  virtual Result<void> device_format(uint32_t /*max_nodes*/, bool /*force*/) { return {}; }
+  // `want`: name, size, memtype, flags; returns the entry as placed.
+  virtual Result<cxlkv_carve> device_carve_create(const cxlkv_carve& want) { return want; }
+  virtual Result<void> device_carve_remove(std::string_view /*name*/, bool /*force*/) { return {}; }
+  virtual void carves_seen(const cxlkv_superblock& /*sb*/) {}
+
  protected:
   explicit Backend(PoolUri uri) : uri_(std::move(uri)) {}
   PoolUri uri_;

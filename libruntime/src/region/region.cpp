@@ -238,6 +238,17 @@ Result<std::unique_ptr<Region>> Region::format_attached(std::unique_ptr<Region> 
   CXLKV_TRY(r->backend_->lock_metadata());
   MetadataLock unlock(*r->backend_);
 
+  if (r->backend_->device_owns_carves()) {
+    // The device writes the superblock (and refuses what the path below
+    // refuses: a valid pool without force).
+    CXLKV_TRY(r->backend_->device_format(fopts.max_nodes, fopts.force));
+    auto sb = r->read_superblock();
+    if (!sb) return sb.error();
+    log().info("pool {}: formatted by the device ({} bytes, max_nodes {}, generation {})", r->uri_,
+               r->size_, sb->max_nodes, sb->generation);
+    return r;
+  }
+
   // Checked (again, for URI pools) under the metadata lock: another process
   // of this host may have formatted the pool since refuse_valid_pool() looked.
   cxlkv_superblock old = load_fresh(*r->domain_, r->base_);
@@ -294,6 +305,7 @@ Result<cxlkv_superblock> Region::read_superblock() const {
     log().warn("{}", v.error().message());
     return v.error();
   }
+  if (backend_) backend_->carves_seen(sb);
   std::lock_guard<std::mutex> g(mu_);
   if (sb.generation >= last_good_.generation) last_good_ = sb;
   return sb;
@@ -342,6 +354,17 @@ Result<CarveInfo> Region::carve_create(std::string_view name, uint64_t size, Mem
 Result<CarveInfo> Region::carve_create_locked(std::string_view name, uint64_t size, MemType mt,
                                               uint32_t flags) {
   const std::string C = "pool " + uri_ + ": carve '" + std::string(name) + "': ";
+  if (backend_->device_owns_carves()) {
+    cxlkv_carve want{};
+    std::memcpy(want.name, name.data(), name.size());
+    want.size = size;
+    want.memtype = static_cast<uint32_t>(mt);
+    want.flags = flags;
+    auto c = backend_->device_carve_create(want);
+    if (!c) return c.error();
+    (void)read_superblock();  // maps the new carve (carves_seen)
+    return to_info(c.value());
+  }
   auto cur = read_superblock();
   if (!cur) return Error(cur.error().code(), cur.error().message() + " (carve '" + std::string(name) +
                                                  "' not created)");
@@ -400,6 +423,11 @@ Result<void> Region::carve_remove(std::string_view name, bool force) {
 
 Result<void> Region::carve_remove_locked(std::string_view name, bool force) {
   const std::string C = "pool " + uri_ + ": carve '" + std::string(name) + "': ";
+  if (backend_->device_owns_carves()) {
+    CXLKV_TRY(backend_->device_carve_remove(name, force));
+    (void)read_superblock();
+    return {};
+  }
   auto cur = read_superblock();
   if (!cur) return Error(cur.error().code(), cur.error().message() + " (carve '" + std::string(name) +
                                                  "' not removed)");
