@@ -5,6 +5,7 @@
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <sys/ioctl.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstdlib>
@@ -13,6 +14,7 @@
 
 #include "cxlkv/region.hpp"
 #include "pool/format.hpp"
+#include "region/dev_lock_slots.hpp"
 #include "uapi/cxlkv_ioctl.h"
 
 namespace {
@@ -133,6 +135,36 @@ TEST_F(DevBackend, TheSuperblockPageIsReadOnly) {
   std::byte* base = r.value()->base();
   EXPECT_EQ(r.value()->superblock().magic, CXLKV_SB_MAGIC);
   EXPECT_DEATH({ *reinterpret_cast<volatile char*>(base) = 1; }, "");
+}
+
+TEST_F(DevBackend, LockSlotOwnershipIsExclusiveAndEndsWithTheProcess) {
+  auto r = cxlkv::Region::open(uri_);
+  ASSERT_TRUE(r.ok());
+  const cxlkv::Region& pool = *r.value();
+  ASSERT_TRUE(cxlkv::region::dev_own_lock_slot(pool, 200).ok());
+  auto again = cxlkv::region::dev_own_lock_slot(pool, 200);
+  ASSERT_FALSE(again.ok());
+  EXPECT_EQ(again.error().code(), -EBUSY) << again.error().message();
+
+  // A child owns lock 201 and dies without giving it back.
+  pid_t child = fork();
+  if (child == 0) {
+    auto c = cxlkv::Region::open(uri_);
+    _exit(c.ok() && cxlkv::region::dev_own_lock_slot(*c.value(), 201).ok() &&
+                  !cxlkv::region::dev_own_lock_slot(*c.value(), 200).ok()
+              ? 0
+              : 1);
+  }
+  int status = 0;
+  waitpid(child, &status, 0);
+  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "child could not own 201 or could own 200";
+  EXPECT_TRUE(cxlkv::region::dev_own_lock_slot(pool, 201).ok()) << "the kernel released the dead child's slot";
+
+  EXPECT_TRUE(cxlkv::region::dev_disown_lock_slot(pool, 200).ok());
+  EXPECT_TRUE(cxlkv::region::dev_disown_lock_slot(pool, 201).ok());
+  auto none = cxlkv::region::dev_disown_lock_slot(pool, 202);
+  ASSERT_FALSE(none.ok());
+  EXPECT_EQ(none.error().code(), -ENOENT);
 }
 
 }  // namespace
