@@ -26,6 +26,12 @@
 struct cxlkv_cuda_ops;
 struct cxlkv_copy_desc;
 
+namespace cxlkv {
+class KvStore;
+struct BlockKey;
+struct EngineLayout;
+}  // namespace cxlkv
+
 namespace cxlkv::gpu {
 
 // ---- the CUDA library -----------------------------------------------------
@@ -178,6 +184,8 @@ struct PagedLayout {
   Result<void> validate() const;
 
   static PagedLayout from_c(const cxlkv_gpu_layout& l);
+  // The KV store's EngineLayout (layout.hpp) whose bases are device pointers.
+  static PagedLayout from_engine(const EngineLayout& l);
   // Llama-3.1-8B geometry: 32 layers, 8 KV heads, head 128, fp16; 16-token
   // blocks are 64 chunks of 32 KiB (2 MiB).
   static PagedLayout llama31_8b(LayoutKind kind, uint64_t num_blocks, std::vector<uint64_t> tensors,
@@ -222,12 +230,49 @@ class GpuPool {
   Result<void> copy(std::span<const cxlkv_copy_desc> descs, void* stream);
   // Block until everything enqueued on `stream` so far has completed.
   Result<void> sync(void* stream);
+  // Block until the work enqueued on `stream` up to now has completed (an
+  // event, so later work of other callers on the stream is not waited for).
+  Result<void> wait_enqueued(void* stream);
 
  private:
   GpuPool() = default;
   Result<void> select_device() const;
   std::unique_ptr<PoolPin> pin_;
   int device_ = 0;
+};
+
+// ---- the KV store on the GPU path -----------------------------------------------
+
+struct GpuPublishReport {
+  size_t written = 0;         // reserved, gathered from the GPU and published by this call
+  size_t already_cached = 0;  // READY already: nothing written
+  size_t busy = 0;            // another writer holds it: nothing written
+};
+
+// publish / fetch of KvStore blocks straight between GPU tensors and pool
+// blocks, one kernel launch per batch.
+//   publish: reserve every block -> one gather -> wait for the DMA ->
+//            publish in chain order (rule 5: an index entry is written only
+//            after the DMA that filled its block has completed).
+//   fetch:   pin every block -> one scatter -> wait -> unpin (the pins keep
+//            eviction away while the GPU reads).
+// `devices[d]` is a GpuPool pinned over the store's MEM pool device d (the
+// same mapping, so location offsets are offsets into it).  Blocks on other
+// tiers or interleaved over several devices are refused with -EOPNOTSUPP.
+class KvGpu {
+ public:
+  KvGpu(KvStore& store, std::vector<GpuPool*> devices) : store_(store), devices_(std::move(devices)) {}
+
+  // chain[i]'s parent is chain[i-1]; chain[0]'s is `parent` (nullptr: first block).
+  Result<GpuPublishReport> publish(std::span<const BlockKey> chain, const BlockKey* parent,
+                                   const PagedLayout& layout, std::span<const uint64_t> block_ids, void* stream);
+  Result<void> fetch(std::span<const BlockKey> keys, const PagedLayout& layout,
+                     std::span<const uint64_t> block_ids, void* stream);
+
+ private:
+  Result<GpuPool*> device_for(uint8_t tier, uint8_t dev, const BlockKey& key) const;
+  KvStore& store_;
+  std::vector<GpuPool*> devices_;
 };
 
 }  // namespace cxlkv::gpu

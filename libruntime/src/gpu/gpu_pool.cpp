@@ -111,4 +111,13 @@ Result<void> GpuPool::sync(void* stream) {
   return {};
 }
 
+Result<void> GpuPool::wait_enqueued(void* stream) {
+  CXLKV_TRY(select_device());
+  const cxlkv_cuda_ops& o = library().ops();
+  void* ev = nullptr;
+  if (int rc = o.event_record(stream, &ev); rc < 0) return library().error(rc, "GPU wait: event record");
+  if (int rc = o.event_wait(ev); rc < 0) return library().error(rc, "GPU wait: enqueued work failed");
+  return {};
+}
+
 }  // namespace cxlkv::gpu

@@ -6,6 +6,7 @@
 
 #include "cuda/cxlkv_cuda_abi.h"
 #include "cxlkv/gpu.hpp"
+#include "cxlkv/layout.hpp"
 
 namespace cxlkv::gpu {
 
@@ -52,6 +53,19 @@ PagedLayout PagedLayout::from_c(const cxlkv_gpu_layout& l) {
   p.num_blocks = l.num_blocks;
   p.block_stride = l.block_stride;
   if (l.tensors) p.tensors.assign(l.tensors, l.tensors + l.ntensors);
+  return p;
+}
+
+PagedLayout PagedLayout::from_engine(const EngineLayout& e) {
+  PagedLayout p;
+  p.kind = e.order == LayoutOrder::block_first ? LayoutKind::block_first : LayoutKind::layer_first;
+  p.num_layers = e.num_layers;
+  p.num_kv_heads = e.num_kv_heads;
+  p.head_size = e.head_size;
+  p.block_tokens = e.block_size;
+  p.elem_bytes = e.dtype_bytes;
+  p.num_blocks = e.num_blocks;
+  for (std::byte* b : e.bases) p.tensors.push_back(reinterpret_cast<uintptr_t>(b));
   return p;
 }
 
