@@ -6,8 +6,10 @@
  *   cxlkv_vmtest abi DEV KIND         every ioctl, its error cases, mmap rules,
  *                                     lock slot release on close and on death, DDIO refusal
  *   cxlkv_vmtest fuzz DEV ITER SEED   random commands and argument buffers
- *   cxlkv_vmtest twohost DEV NODE N   one side of the two-guest test (node 0 also
- *                                     runs the lock grant loop)
+ *   cxlkv_vmtest twohost DEV NODE N [nolock]
+ *                                     one side of the two-guest test (node 0 also runs
+ *                                     the lock grant loop); nolock: increments without
+ *                                     the lock, to show the check catches lost updates
  *
  * Output: "ok <check>" / "FAIL <check>: why" lines, then "RESULT PASS" or
  * "RESULT FAIL"; tests/vm/run.sh parses them from the serial console.
@@ -996,7 +998,7 @@ static int phase_barrier(volatile struct twohost_lines *t, int node, uint64_t ph
 	return wait_for(&t->phase[!node][0], phase, 180, "the other node's phase");
 }
 
-static int cmd_twohost(const char *dev, int node, long n)
+static int cmd_twohost(const char *dev, int node, long n, int use_lock)
 {
 	struct cxlkv_ioc_info info;
 	struct cxlkv_carve c = carve_req("twohost", 2 * MiB, CXLKV_MEM_WB, 0), ctl;
@@ -1082,14 +1084,17 @@ static int cmd_twohost(const char *dev, int node, long n)
 		goto out;
 	t0 = now_ms();
 	for (i = 0; i < n; i++) {
-		if (lock_acquire(&lk)) {
+		/* use_lock == 0 shows that the check below catches lost updates */
+		if (use_lock && lock_acquire(&lk)) {
 			check(0, "twohost lock acquire", "timed out at increment %ld", i);
 			goto out;
 		}
 		bump(&t->counter[0]);
-		lock_release(&lk);
+		if (use_lock)
+			lock_release(&lk);
 	}
-	printf("twohost: node %d did %ld locked increments in %llu ms\n", node, n,
+	printf("twohost: node %d did %ld increments (%s) in %llu ms\n", node, n,
+	       use_lock ? "under the cross-host lock" : "WITHOUT the lock",
 	       (unsigned long long)(now_ms() - t0));
 	if (phase_barrier(t, node, 2))
 		goto out;
@@ -1119,10 +1124,11 @@ int main(int argc, char **argv)
 		return cmd_abi(argv[2], argv[3]);
 	if (argc == 5 && !strcmp(argv[1], "fuzz"))
 		return cmd_fuzz(argv[2], atol(argv[3]), strtoull(argv[4], NULL, 0));
-	if (argc == 5 && !strcmp(argv[1], "twohost"))
-		return cmd_twohost(argv[2], atoi(argv[3]), atol(argv[4]));
+	if ((argc == 5 || argc == 6) && !strcmp(argv[1], "twohost"))
+		return cmd_twohost(argv[2], atoi(argv[3]), atol(argv[4]),
+				   !(argc == 6 && !strcmp(argv[5], "nolock")));
 	fprintf(stderr, "usage: cxlkv_vmtest abi DEV phys|ivshmem|emulated\n"
 			"       cxlkv_vmtest fuzz DEV ITERATIONS SEED\n"
-			"       cxlkv_vmtest twohost DEV NODE N\n");
+			"       cxlkv_vmtest twohost DEV NODE N [nolock]\n");
 	return 2;
 }

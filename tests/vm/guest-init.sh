@@ -15,6 +15,7 @@ RUN=$(arg run)
 FUZZ=$(arg fuzz)
 N=$(arg n)
 BINS=$(arg bins | tr , ' ')
+NOLOCK=$(arg nolock)
 KO=/cxlkv/cxlkv.ko
 
 step() { # step NAME COMMAND...
@@ -120,12 +121,12 @@ ivshmem)
 	;;
 twohost0)
 	step insmod-node0 load node_id=0 format=1
-	step twohost cxlkv_vmtest twohost /dev/cxlkv0 0 "$N"
+	step twohost cxlkv_vmtest twohost /dev/cxlkv0 0 "$N" $NOLOCK
 	step rmmod rmmod cxlkv
 	;;
 twohost1)
 	step insmod-node1 load node_id=1
-	step twohost cxlkv_vmtest twohost /dev/cxlkv0 1 "$N"
+	step twohost cxlkv_vmtest twohost /dev/cxlkv0 1 "$N" $NOLOCK
 	step rmmod rmmod cxlkv
 	;;
 *)
