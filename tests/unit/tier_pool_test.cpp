@@ -410,3 +410,37 @@ TEST(TierPool, ReleasedOrForeignLocationIsNeverReadAsData) {
   EXPECT_EQ(st[1], -EINVAL);
   EXPECT_EQ(st[2], -EINVAL);
 }
+
+TEST(TierPool, PartitionsShareADeviceWithoutOverlapAndReadEachOthersBlocks) {
+  tier_test::ScratchDir dir;
+  TIER_REQUIRE_DIRECT_IO(dir);
+  auto o = small_pool();
+  o.devices = {dev(dir.file("shared"), 64 << 20, 1.0)};
+  o.partitions = 2;
+  auto a_opts = o, b_opts = o;
+  a_opts.partition = 0;
+  b_opts.partition = 1;
+  auto a = open_pool(a_opts);
+  auto b = open_pool(b_opts);  // another process opening the same device
+  ASSERT_TRUE(a && b);
+  Blocks wa(8, kBlock, 0), wb(8, kBlock, 100);
+  a->write_blocks(wa.writes, wa.loc, wa.status);
+  b->write_blocks(wb.writes, wb.loc, wb.status);
+  for (size_t i = 0; i < 8; i++) {
+    ASSERT_EQ(wa.status[i], 0);
+    ASSERT_EQ(wb.status[i], 0);
+    for (size_t j = 0; j < 8; j++)  // no extent handed out twice
+      EXPECT_TRUE(wa.loc[i].offset + kBlock <= wb.loc[j].offset || wb.loc[j].offset + kBlock <= wa.loc[i].offset);
+  }
+  std::vector<std::vector<unsigned char>> back;
+  auto st = read_back(*b, wa.loc, &back);  // b reads what a wrote
+  for (size_t i = 0; i < 8; i++) {
+    ASSERT_EQ(st[i], 0);
+    EXPECT_TRUE(block_matches(back[i].data(), kBlock, i));
+  }
+  b->release(wa.loc[0]);  // not b's to reuse: counted, not freed
+  EXPECT_EQ(b->device_info(0).foreign_releases, 1u);
+  EXPECT_EQ(a->device_info(0).used_bytes, 8u * kBlock);
+  o.partition = 2;
+  EXPECT_FALSE(SsdPool::open(o));  // partition out of range
+}

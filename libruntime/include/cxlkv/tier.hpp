@@ -62,6 +62,13 @@ struct SsdPoolOptions {
   // A device is taken out of placement after this many consecutive I/O
   // errors, or at once on ENODEV / ENXIO (the device disappeared).
   uint32_t offline_after_errors = 3;
+  // Processes sharing the devices (same paths in the same order; the
+  // medium is coherent because nothing is cached): process `partition` of
+  // `partitions` places blocks only in its own equal share of every device's
+  // data area and reads blocks anywhere in the data area.  An extent of
+  // another share released here is only counted (foreign_releases); its
+  // space returns when its owner restarts.
+  uint32_t partition = 0, partitions = 1;
   // Tests: per-device fault injection (index = device), may be shorter / empty.
   std::vector<std::shared_ptr<FaultInjector>> faults;
 };
@@ -80,7 +87,7 @@ struct SsdDeviceInfo {
   bool online = true;
   // counters
   uint64_t reads = 0, writes = 0, bytes_read = 0, bytes_written = 0;
-  uint64_t io_errors = 0, short_reads = 0, lost_blocks = 0;
+  uint64_t io_errors = 0, short_reads = 0, lost_blocks = 0, foreign_releases = 0;
 };
 
 struct SsdWrite {

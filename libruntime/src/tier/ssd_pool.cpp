@@ -33,6 +33,17 @@ struct DeviceSlot {
   std::atomic<bool> online{true};
   std::atomic<uint32_t> consecutive_errors{0};
   std::atomic<uint64_t> lost{0};
+  std::atomic<uint64_t> foreign_releases{0};
+  uint64_t data_begin = 0, data_end = 0;  // the whole data area (all partitions)
+  uint64_t own_begin = 0, own_end = 0;    // this process's partition of it
+
+  bool in_data(uint64_t off, uint64_t len) const { return off >= data_begin && off + len <= data_end; }
+  bool owned(uint64_t off) const { return off >= own_begin && off < own_end; }
+  // A location read or rewritten here must be allocated when it is ours;
+  // another partition's extent is trusted to the index that names it.
+  bool valid(uint64_t off, uint64_t len) const {
+    return owned(off) ? alloc->is_allocated(off, len) : in_data(off, alloc->round_up(len));
+  }
 };
 
 // One I/O of a batch: which block it serves and, when the caller's buffer
@@ -151,6 +162,9 @@ SsdPool::~SsdPool() = default;
 Result<std::unique_ptr<SsdPool>> SsdPool::open(const SsdPoolOptions& opts) {
   if (opts.devices.empty()) return Error(-EINVAL, "SSD pool: no devices configured");
   if (opts.devices.size() > UINT16_MAX) return Error(-EINVAL, "SSD pool: too many devices");
+  const uint32_t parts = std::max<uint32_t>(opts.partitions, 1);
+  if (opts.partition >= parts)
+    return Error(-EINVAL, "SSD pool: partition " + std::to_string(opts.partition) + " of " + std::to_string(parts));
   auto impl = std::make_unique<Impl>();
   impl->opts = opts;
   for (size_t i = 0; i < opts.devices.size(); i++) {
@@ -186,7 +200,18 @@ Result<std::unique_ptr<SsdPool>> SsdPool::open(const SsdPoolOptions& opts) {
       slot->source = "probe";
       CXLKV_TRY(tier::write_header(d, *layout, *pr));
     }
-    slot->alloc = std::make_unique<ExtentAllocator>(layout->data_offset, d.capacity() - layout->data_offset,
+    // This process's share of the data area (all of it unless partitioned),
+    // on 1 MiB boundaries so every share stays aligned for any block size.
+    const uint64_t align = std::max<uint64_t>(1ull << 20, d.logical_block());
+    slot->data_begin = layout->data_offset;
+    slot->data_end = d.capacity() / d.logical_block() * d.logical_block();
+    const uint64_t share = (slot->data_end - slot->data_begin) / parts / align * align;
+    slot->own_begin = slot->data_begin + share * opts.partition;
+    slot->own_end = opts.partition + 1 == parts ? slot->data_end : slot->own_begin + share;
+    if (slot->own_end <= slot->own_begin)
+      return Error(-ENOSPC, "SSD device " + d.path() + ": data area too small for " + std::to_string(parts) +
+                                " partitions");
+    slot->alloc = std::make_unique<ExtentAllocator>(slot->own_begin, slot->own_end - slot->own_begin,
                                                     d.logical_block());
     log().info("SSD pool: device {} = {}: {:.2f} GB/s ({}), {} data bytes", i, d.path(), slot->bandwidth_gbps,
                slot->source, slot->alloc->capacity());
@@ -222,6 +247,7 @@ SsdDeviceInfo SsdPool::device_info(size_t i) const {
   info.io_errors = c.errors;
   info.short_reads = c.short_reads;
   info.lost_blocks = s.lost;
+  info.foreign_releases = s.foreign_releases;
   return info;
 }
 
@@ -320,7 +346,7 @@ void SsdPool::read_blocks(std::span<const SsdRead> reads, std::span<int> status)
       lose(i, -ENODEV, "device is offline");
       continue;
     }
-    if (!s.alloc->is_allocated(l.offset, l.length)) {
+    if (!s.valid(l.offset, l.length)) {
       lose(i, -ESTALE, "extent is not allocated");
       continue;
     }
@@ -371,7 +397,7 @@ void SsdPool::write_at(std::span<const SsdRead> targets, std::span<int> status) 
       status[i] = -EINVAL;
     } else if (!m.devs[l.device]->online.load()) {
       status[i] = -ENODEV;
-    } else if (!m.devs[l.device]->alloc->is_allocated(l.offset, l.length)) {
+    } else if (!m.devs[l.device]->valid(l.offset, l.length)) {
       status[i] = -ESTALE;
     } else {
       dev_of[i] = l.device;
@@ -384,7 +410,12 @@ void SsdPool::write_at(std::span<const SsdRead> targets, std::span<int> status) 
 
 void SsdPool::release(const TierLocation& loc) {
   if (loc.tier != TierKind::kSsd || loc.device >= impl_->devs.size()) return;
-  if (!impl_->devs[loc.device]->alloc->free(loc.offset, loc.length))
+  DeviceSlot& s = *impl_->devs[loc.device];
+  if (!s.owned(loc.offset)) {
+    s.foreign_releases.fetch_add(1, std::memory_order_relaxed);  // another process's share
+    return;
+  }
+  if (!s.alloc->free(loc.offset, loc.length))
     log().error("SSD pool: release of device {} offset {} length {}: extent was not allocated", loc.device,
                 loc.offset, loc.length);
 }
