@@ -139,6 +139,7 @@ int cxlkv_lock_alloc(struct cxlkv_file *cf, struct cxlkv_ioc_lock *a)
 	struct cxlkv_dev *d = cf->dev;
 	struct ctrl_view v;
 	u32 id = a->lock_id;
+	bool again = false;
 	int ret;
 
 	mutex_lock(&d->lock);
@@ -152,6 +153,9 @@ int cxlkv_lock_alloc(struct cxlkv_file *cf, struct cxlkv_ioc_lock *a)
 	} else if (id >= v.h.max_locks) {
 		cxlkv_diag(d, "lock id %u is not below max_locks %u", id, v.h.max_locks);
 		ret = -EINVAL;
+	} else if (xa_load(&d->locks, id) == cf) {
+		/* owned by this file already: owning again is not an error */
+		again = true;
 	} else {
 		ret = xa_insert(&d->locks, id, cf, GFP_KERNEL);
 	}
@@ -159,10 +163,12 @@ int cxlkv_lock_alloc(struct cxlkv_file *cf, struct cxlkv_ioc_lock *a)
 		goto out;
 	ret = slot_update(d, &v, id, true, false, cf->tgid, NULL);
 	if (ret) {
-		xa_erase(&d->locks, id);
+		if (!again)
+			xa_erase(&d->locks, id);
 		goto out;
 	}
-	d->nlocks++;
+	if (!again)
+		d->nlocks++;
 	a->lock_id = id;
 	a->node = cxlkv_node_id;
 	a->slot_off = slot_off(&v, id);

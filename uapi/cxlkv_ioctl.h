@@ -150,6 +150,14 @@ CXLKV_STATIC_ASSERT(sizeof(struct cxlkv_ioc_ddio) == 48, "ioc_ddio size");
 
 /* ---- global lock slots ----------------------------------------------------- */
 
+/*
+ * LOCK_ALLOC makes the calling file the owner of this node's slot of a lock
+ * (-EBUSY if another file owns it; owning it again from the same file
+ * succeeds).  LOCK_FREE, and closing the file (also at process death), set
+ * the slot idle keeping its ticket.  Ownership is exclusive per node: own
+ * the slot before posting WAITING and free it after the release, so that
+ * the next process of this node can own it.
+ */
 #define CXLKV_LOCK_ANY          0xffffffffu  /* ALLOC: pick the lowest free id */
 
 struct cxlkv_ioc_lock {

@@ -21,7 +21,7 @@
 
 namespace cxlkv::region {
 
-// Own this node's slot of `lock_id`.  -EBUSY: owned by another file (a live
+// Own this node's slot of `lock_id` (again: succeeds).  -EBUSY: owned by another file (a live
 // holder, or a dead one not yet released); -EINVAL: lock_id >= max_locks or
 // node_id >= max_nodes; -ENOENT/-EUCLEAN: no usable control carve.
 Result<void> dev_own_lock_slot(const Region& r, uint32_t lock_id);
