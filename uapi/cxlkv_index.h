@@ -78,7 +78,7 @@ CXLKV_STATIC_ASSERT(sizeof(struct cxlkv_index_config) == 64, "index config is on
  * whole with publish_line (several nodes write it over time: rule 1).
  */
 struct cxlkv_index_stripe {
-	__u64 used_blocks;       /* WRITING + READY + EVICTING entries */
+	__u64 used_blocks;       /* WRITING + READY + EVICTING entries in memory (not on the SSD tier) */
 	__u64 used_bytes;        /* their payload bytes */
 	__u64 evictions;
 	__u64 reclaims;          /* WRITING entries of dead writers removed */

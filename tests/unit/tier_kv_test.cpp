@@ -48,12 +48,14 @@ class LimitedSpace final : public PayloadSpace {
 };
 
 struct TieredStore {
-  TieredStore(uint32_t mem_blocks, uint64_t ssd_bytes, bool promote, std::shared_ptr<FaultInjector> faults = nullptr)
+  TieredStore(uint32_t mem_blocks, uint64_t ssd_bytes, bool promote, std::shared_ptr<FaultInjector> faults = nullptr,
+              uint64_t index_max_blocks = 0)
       : pool(kPoolBytes), sim(pool.mem, pool.bytes, NonCoherentSimOptions{1, 0.0, 7}),
         range(kIndexBytes, kPoolBytes - kIndexBytes), space(range, mem_blocks) {
     IndexFormatOptions fo;
     fo.stripe_slots = 64;
     fo.max_stripes = 1;  // one stripe: eviction order is easy to reason about
+    fo.max_blocks = index_max_blocks;
     auto r = index_format(sim.node(0), pool.mem, kIndexBytes, fo);
     EXPECT_TRUE(r.ok()) << (r.ok() ? "" : r.error().message());
     live.set_incarnation(0, 100);
@@ -312,4 +314,23 @@ TEST(TierKv, ChainLongerThanBothTiersStopsWithNoSpaceAndStaysPrefixClosed) {
     auto r = t.get(c[k]);
     ASSERT_TRUE(r) << "block " << k << ": " << r.error().message();
   }
+}
+
+TEST(TierKv, IndexBlockCapacityLimitsMemoryOnlyAndDemotionRelievesIt) {
+  TieredStore t(1000, 32 << 20, /*promote=*/true, nullptr, /*index_max_blocks=*/4);
+  REQUIRE_STORE(t);
+  auto c = chain(7, 12);
+  for (size_t i = 0; i < c.size(); i++) ASSERT_TRUE(t.put(c, i).ok()) << "block " << i;
+  EXPECT_EQ(t.kv->lookup(c), 12u);
+  EXPECT_EQ(t.kv->index().counters().demotions, 8u);
+  EXPECT_EQ(t.kv->index().counters().evictions, 0u);
+  EXPECT_EQ(t.kv->index().usage().used_blocks, 4u);  // memory-tier blocks
+  EXPECT_EQ(t.space.used(), 4u);
+  // Memory is at its capacity: a hit on SSD is served but not promoted.
+  const BlockKey k = t.some_block_on_ssd(c);
+  auto r = t.get(k);
+  ASSERT_TRUE(r) << r.error().message();
+  EXPECT_EQ(t.tier_of(k), CXLKV_TIER_SSD);
+  EXPECT_EQ(t.kv->index().counters().promotions, 0u);
+  EXPECT_EQ(t.space.used(), 4u);
 }

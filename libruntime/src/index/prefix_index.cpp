@@ -363,9 +363,10 @@ void PrefixIndex::remove_locked(uint32_t stripe, uint32_t slot, cxlkv_index_entr
     write_entry(slot, e);
     st.tombstones++;
   }
-  st.used_blocks -= std::min<uint64_t>(st.used_blocks, 1);
-  if (loc.tier == CXLKV_TIER_MEM)  // used_bytes counts memory payload only (issue 6)
+  if (loc.tier == CXLKV_TIER_MEM) {  // issue 6: the capacity counts memory-tier blocks only
+    st.used_blocks -= std::min<uint64_t>(st.used_blocks, 1);
     st.used_bytes -= std::min<uint64_t>(st.used_bytes, loc.length);
+  }
   if (reclaim) {
     st.reclaims++;
     ctr_.reclaims++;
@@ -413,6 +414,7 @@ bool PrefixIndex::demote_locked(uint32_t stripe, uint32_t slot, cxlkv_index_entr
   write_entry(slot, e);  // rule 3: the SSD copy is complete (DMA done) before the entry names it
   space_->free(mem);
   cxlkv_index_stripe st = read_stripe(stripe);
+  st.used_blocks -= std::min<uint64_t>(st.used_blocks, 1);  // capacity counts memory-tier blocks
   st.used_bytes -= std::min<uint64_t>(st.used_bytes, mem.length);
   write_stripe(stripe, st);
   ctr_.demotions++;
@@ -751,8 +753,7 @@ Result<bool> PrefixIndex::relocate(uint32_t slot, const BlockKey& key, const Blo
   auto it = local_pins_.find(slot);
   if (e.pin_mask != (1ULL << node_) || it == local_pins_.end() || it->second != 1) return false;
   cxlkv_index_stripe st = read_stripe(s);
-  if (to.tier == CXLKV_TIER_MEM && cfg_.max_bytes &&
-      st.used_bytes + to.length > (cfg_.max_bytes + hdr_.nstripes - 1) / hdr_.nstripes)
+  if (to.tier == CXLKV_TIER_MEM && over_capacity(st, to.length))
     return false;  // would exceed the memory capacity share
   e.loc_off = to.offset;
   e.loc_len = to.length;
@@ -760,6 +761,7 @@ Result<bool> PrefixIndex::relocate(uint32_t slot, const BlockKey& key, const Blo
   e.loc_tier = to.tier;
   write_entry(slot, e);  // rule 3: the caller fenced the new payload before this
   if (to.tier == CXLKV_TIER_MEM) {
+    st.used_blocks++;
     st.used_bytes += to.length;
     write_stripe(s, st);
   }
