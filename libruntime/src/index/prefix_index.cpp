@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: MIT
 // PrefixIndex protocol (see prefix_index.hpp for the rules it follows).
 #include "index/prefix_index.hpp"
+#include "util/log.hpp"
 
 #include <time.h>
 
@@ -560,10 +561,16 @@ Result<Reservation> PrefixIndex::reserve(const BlockKey& key, const BlockKey* pa
       }
       if (e.key_lo != key.lo || e.key_hi != key.hi) continue;
       found = true;
-      if (e.state == CXLKV_ENTRY_WRITING && e.children == 0 && writer_dead(e)) {
+      if (e.state == CXLKV_ENTRY_WRITING && writer_dead(e)) {
         // The writer died mid-write: nothing was visible; reclaim and retry.
-        remove_locked(s, slot, e, /*reclaim=*/true, &parents);
-        break;
+        if (e.children == 0) {
+          remove_locked(s, slot, e, /*reclaim=*/true, &parents);
+        } else if (attempt < 4) {
+          // Its chain continues below: unwind the dead writer's leaves first.
+          g.unlock();
+          (void)reclaim_dead();
+        }
+        if (attempt < 4) break;
       }
       Reservation r;
       r.slot = slot;
@@ -585,6 +592,7 @@ Result<Reservation> PrefixIndex::reserve(const BlockKey& key, const BlockKey* pa
     auto loc = space_->alloc(bytes);
     if (!loc) {
       if (loc.error().code() != -ENOSPC) return done(loc.error());
+      log().debug("index: evicting for space: {}", loc.error().message());
       // Payload space is full: evict here first, then elsewhere (one stripe lock at a time).
       auto ev = evict_locked(s, &parents);
       if (!ev) return done(ev.error());

@@ -1,0 +1,157 @@
+// SPDX-License-Identifier: MIT
+// cxlkvctl index stats / stats: the prefix index's occupancy and every
+// node's KV counters and latency percentiles, read from the pool (no lock:
+// a snapshot; every line is invalidated before it is read, rule 4).
+#include <cstdio>
+#include <string>
+
+#include "command.hpp"
+#include "cxlkv/kv.hpp"
+#include "uapi/cxlkv_index.h"
+
+namespace {
+
+using namespace cxlkvctl;
+
+const void* index_carve(cxlkv::Region& r, uint64_t* size) {
+  auto c = r.carve(CXLKV_CARVE_INDEX);
+  if (!c) return nullptr;
+  *size = c->size;
+  return r.at(c->offset);
+}
+
+int cmd_index_stats(Context& ctx, const Args&) {
+  auto r = ctx.open_pool();
+  if (!r) return 1;
+  uint64_t size = 0;
+  const void* carve = index_carve(*r, &size);
+  if (!carve) return fail("pool " + r->uri() + " has no index carve");
+  cxlkv::MemoryDomain& d = r->domain();
+  auto* base = static_cast<const std::byte*>(carve);
+  auto h = d.read_fresh(reinterpret_cast<const cxlkv_index_header*>(base));
+  if (h.magic != CXLKV_INDEX_MAGIC) return fail("pool " + r->uri() + ": index carve is not formatted");
+  if (h.entry_off + h.nslots * 64 > size) return fail("pool " + r->uri() + ": index header is inconsistent");
+  auto cfg = d.read_fresh(reinterpret_cast<const cxlkv_index_config*>(base + 64));
+  uint64_t used_blocks = 0, used_bytes = 0, evictions = 0, reclaims = 0, tombstones = 0;
+  for (uint32_t s = 0; s < h.nstripes; s++) {
+    auto st = d.read_fresh(reinterpret_cast<const cxlkv_index_stripe*>(base + h.stripe_off + uint64_t(s) * 64));
+    used_blocks += st.used_blocks;
+    used_bytes += st.used_bytes;
+    evictions += st.evictions;
+    reclaims += st.reclaims;
+    tombstones += st.tombstones;
+  }
+  uint64_t by_state[6] = {};
+  uint64_t pinned = 0;
+  for (uint64_t i = 0; i < h.nslots; i++) {
+    auto e = d.read_fresh(reinterpret_cast<const cxlkv_index_entry*>(base + h.entry_off + i * 64));
+    bool valid = e.check == 0 ? e.state == 0 : e.check == cxlkv_index_entry_check(&e);
+    by_state[valid && e.state < 5 ? e.state : 5]++;
+    if (valid && e.state == CXLKV_ENTRY_READY && e.pin_mask) pinned++;
+  }
+  if (ctx.json) {
+    std::printf("{\"slots\": %llu, \"stripes\": %u, \"stripe_slots\": %u, \"max_blocks\": %llu, \"max_bytes\": %llu, "
+                "\"used_blocks\": %llu, \"used_bytes\": %llu, \"ready\": %llu, \"writing\": %llu, \"evicting\": %llu, "
+                "\"tombstones\": %llu, \"empty\": %llu, \"damaged\": %llu, \"pinned\": %llu, \"evictions\": %llu, "
+                "\"reclaims\": %llu, \"devices\": %u, \"interleave_stripe\": %u}\n",
+                (unsigned long long)h.nslots, h.nstripes, h.stripe_slots, (unsigned long long)cfg.max_blocks,
+                (unsigned long long)cfg.max_bytes, (unsigned long long)used_blocks, (unsigned long long)used_bytes,
+                (unsigned long long)by_state[CXLKV_ENTRY_READY], (unsigned long long)by_state[CXLKV_ENTRY_WRITING],
+                (unsigned long long)by_state[CXLKV_ENTRY_EVICTING], (unsigned long long)by_state[CXLKV_ENTRY_TOMBSTONE],
+                (unsigned long long)by_state[CXLKV_ENTRY_EMPTY], (unsigned long long)by_state[5],
+                (unsigned long long)pinned, (unsigned long long)evictions, (unsigned long long)reclaims, cfg.ndevices,
+                cfg.interleave_stripe);
+    return 0;
+  }
+  std::printf("index of %s\n", r->uri().c_str());
+  std::printf("  slots        %llu (%u stripes x %u), locks %u..%u\n", (unsigned long long)h.nslots, h.nstripes,
+              h.stripe_slots, h.lock_base, h.lock_base + h.nstripes - 1);
+  std::printf("  capacity     %s blocks, %s bytes\n",
+              cfg.max_blocks ? std::to_string(cfg.max_blocks).c_str() : "unbounded",
+              cfg.max_bytes ? std::to_string(cfg.max_bytes).c_str() : "unbounded");
+  std::printf("  used         %llu blocks, %llu bytes\n", (unsigned long long)used_blocks, (unsigned long long)used_bytes);
+  std::printf("  entries      ready %llu, writing %llu, evicting %llu, tombstone %llu, empty %llu, damaged %llu\n",
+              (unsigned long long)by_state[CXLKV_ENTRY_READY], (unsigned long long)by_state[CXLKV_ENTRY_WRITING],
+              (unsigned long long)by_state[CXLKV_ENTRY_EVICTING], (unsigned long long)by_state[CXLKV_ENTRY_TOMBSTONE],
+              (unsigned long long)by_state[CXLKV_ENTRY_EMPTY], (unsigned long long)by_state[5]);
+  std::printf("  pinned       %llu\n  evictions    %llu\n  reclaims     %llu\n", (unsigned long long)pinned,
+              (unsigned long long)evictions, (unsigned long long)reclaims);
+  std::printf("  interleave   %u device(s), stripe %u bytes\n", cfg.ndevices, cfg.interleave_stripe);
+  return 0;
+}
+
+int cmd_stats(Context& ctx, const Args& a) {
+  auto r = ctx.open_pool();
+  if (!r) return 1;
+  uint64_t size = 0;
+  const void* carve = index_carve(*r, &size);
+  if (!carve) return fail("pool " + r->uri() + " has no index carve");
+  auto nodes = cxlkv::read_pool_stats(r->domain(), carve);
+  cxlkv::KvStats total;
+  for (auto& n : nodes) total.add(n.stats);
+  const bool prom = a.flag("prometheus");
+  if (prom) {
+    for (int c = 0; c < CXLKV_CTR_COUNT; c++) {
+      std::printf("# TYPE cxlkv_kv_%s_total counter\n", cxlkv::counter_name(c));
+      for (auto& n : nodes)
+        std::printf("cxlkv_kv_%s_total{node=\"%u\"} %llu\n", cxlkv::counter_name(c), n.node,
+                    (unsigned long long)n.stats.counters[c]);
+    }
+    for (int l = 0; l < CXLKV_LAT_COUNT; l++) {
+      std::printf("# TYPE cxlkv_kv_%s_latency_us summary\n", cxlkv::latency_name(l));
+      for (auto& n : nodes)
+        for (double q : {0.5, 0.99})
+          std::printf("cxlkv_kv_%s_latency_us{node=\"%u\",quantile=\"%g\"} %.3f\n", cxlkv::latency_name(l), n.node, q,
+                      n.stats.latency_us(l, q * 100));
+    }
+    return 0;
+  }
+  if (ctx.json || a.flag("json")) {
+    std::printf("{\"nodes\": [");
+    for (size_t i = 0; i < nodes.size(); i++) {
+      std::printf("%s{\"node\": %u, \"pid\": %u", i ? ", " : "", nodes[i].node, nodes[i].pid);
+      for (int c = 0; c < CXLKV_CTR_COUNT; c++)
+        std::printf(", \"%s\": %llu", cxlkv::counter_name(c), (unsigned long long)nodes[i].stats.counters[c]);
+      std::printf("}");
+    }
+    std::printf("], \"total\": {");
+    for (int c = 0; c < CXLKV_CTR_COUNT; c++)
+      std::printf("%s\"%s\": %llu", c ? ", " : "", cxlkv::counter_name(c), (unsigned long long)total.counters[c]);
+    for (int l = 0; l < CXLKV_LAT_COUNT; l++)
+      std::printf(", \"%s_us_p50\": %.3f, \"%s_us_p99\": %.3f", cxlkv::latency_name(l), total.latency_us(l, 50),
+                  cxlkv::latency_name(l), total.latency_us(l, 99));
+    std::printf("}}\n");
+    return 0;
+  }
+  std::printf("kv statistics of %s (%zu node(s) reporting)\n", r->uri().c_str(), nodes.size());
+  for (int c = 0; c < CXLKV_CTR_COUNT; c++)
+    std::printf("  %-16s %llu\n", cxlkv::counter_name(c), (unsigned long long)total.counters[c]);
+  for (int l = 0; l < CXLKV_LAT_COUNT; l++)
+    std::printf("  %-8s latency p50 %.1f us  p99 %.1f us  (%llu ops)\n", cxlkv::latency_name(l),
+                total.latency_us(l, 50), total.latency_us(l, 99), (unsigned long long)total.latency_count(l));
+  for (auto& n : nodes)
+    std::printf("  node %-3u pid %-7u hits %llu misses %llu in %llu B out %llu B evictions %llu\n", n.node, n.pid,
+                (unsigned long long)n.stats.counters[CXLKV_CTR_HIT_BLOCKS],
+                (unsigned long long)n.stats.counters[CXLKV_CTR_MISS_BLOCKS],
+                (unsigned long long)n.stats.counters[CXLKV_CTR_BYTES_IN],
+                (unsigned long long)n.stats.counters[CXLKV_CTR_BYTES_OUT],
+                (unsigned long long)n.stats.counters[CXLKV_CTR_EVICTIONS]);
+  return 0;
+}
+
+}  // namespace
+
+CXLKVCTL_COMMAND({"index stats", "prefix index occupancy: slots, states, capacity, evictions",
+                  "usage: cxlkvctl --pool URI [--json] index stats\n\n"
+                  "Reads the index carve without taking locks (a snapshot) and prints slots,\n"
+                  "entries by state, pinned blocks, capacity limits and usage.\n",
+                  {},
+                  cmd_index_stats});
+
+CXLKVCTL_COMMAND({"stats", "KV counters and latencies of every node (text, --json, --prometheus)",
+                  "usage: cxlkvctl --pool URI stats [--json | --prometheus]\n\n"
+                  "Every node writes its counters (lookups, hits, misses, evictions, bytes in/out,\n"
+                  "...) and latency histograms into its own lines of the index carve; this sums\n"
+                  "them and prints p50/p99 latencies of lookup, publish and fetch.\n",
+                  {{"json", false, "JSON output"}, {"prometheus", false, "Prometheus exposition format"}},
+                  cmd_stats});
