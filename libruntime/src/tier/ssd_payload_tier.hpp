@@ -8,10 +8,12 @@
 //   SsdPool      device i, byte offset = LBA * 512 (always a multiple of
 //                the device's logical block, so the conversion is exact)
 //
-// SSD devices belong to the process that opened them (the extent allocator
-// lives in its memory).  device_base gives each process its own range of
-// device ids, so a location placed by another process is refused
-// (-EREMOTE) instead of being read from the wrong device.
+// Extent allocators live in process memory.  Processes that share SSD
+// devices open them with the same paths in the same order and disjoint
+// SsdPoolOptions::partition values: each places in its own share and reads
+// any block the index names.  Processes with private devices give each a
+// different device_base instead, so a location placed by another process is
+// refused (-EREMOTE) rather than read from the wrong device.
 #pragma once
 
 #include <atomic>
