@@ -116,6 +116,15 @@ TEST_F(Cxlkvctl, UnformattedPoolSaysHowToFormatIt) {
   EXPECT_TRUE(has(r.err, "format"));
 }
 
+TEST_F(Cxlkvctl, FormattingANewPoolWithoutASizeSaysSoAndCreatesNothing) {
+  for (const char* extra : {"", " --no-standard"}) {
+    Outcome r = on_pool(std::string("format") + extra);
+    EXPECT_EQ(r.status, 1);
+    EXPECT_TRUE(has(r.err, "does not exist yet; formatting it needs a size (--size)")) << r.err;
+    EXPECT_NE(access(path_.c_str(), F_OK), 0) << "format" << extra << " left a file behind";
+  }
+}
+
 TEST_F(Cxlkvctl, CarveCreateListRemove) {
   ASSERT_EQ(on_pool("format --size 32M --no-standard").status, 0);
   Outcome c = on_pool("carve create scratch --size 3M --memtype wc");

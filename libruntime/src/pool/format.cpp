@@ -34,6 +34,8 @@ Result<uint64_t> expected_pool_size(std::string_view uri, const PoolFormatOption
   if (o.size) return o.size;
   if (pu->kind == BackendKind::shm && pu->size) return pu->size;
   auto be = region::open_backend(pu.value(), {});
+  if (!be && be.error().code() == -ENOENT && (pu->kind == BackendKind::shm || pu->kind == BackendKind::file))
+    return region::needs_size_error(pu.value());
   if (!be) return be.error();
   return be.value()->size();
 }

@@ -97,6 +97,10 @@ Result<std::unique_ptr<Backend>> open_dev_backend(const PoolUri& uri, const Back
 // A pool in caller memory (Region::open_memory); no device, no flock.
 std::unique_ptr<Backend> make_memory_backend(const std::string& uri, void* base, uint64_t size);
 
+// "formatting a new pool needs a size" (-EINVAL), for format paths that
+// find no device and were given no size.
+Error needs_size_error(const PoolUri& uri);
+
 // Dispatch on uri.kind.
 Result<std::unique_ptr<Backend>> open_backend(const PoolUri& uri, const BackendOpenOptions& o);
 

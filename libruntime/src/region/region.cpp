@@ -217,6 +217,12 @@ Result<std::unique_ptr<Region>> Region::format(std::string_view uri, const Forma
     return Error(-EINVAL, "pool " + pu->uri + ": a " + std::string(to_string(pu->kind)) +
                               ": pool has the device's size; do not give one");
 
+  // A new shm:/file: pool needs a size; find out before creating an empty file.
+  if (resizable && want == 0) {
+    auto probe = region::open_backend(pu.value(), {});
+    if (!probe && probe.error().code() == -ENOENT) return region::needs_size_error(pu.value());
+  }
+
   // Look before touching anything: creating or resizing the device below
   // must not happen to a valid pool that is not meant to be overwritten.
   if (!fopts.force) CXLKV_TRY(refuse_valid_pool(pu.value(), opts));

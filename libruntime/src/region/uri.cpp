@@ -84,6 +84,12 @@ Result<PoolUri> parse_pool_uri(std::string_view uri) {
   return u;
 }
 
+Error needs_size_error(const PoolUri& uri) {
+  return Error(-EINVAL, "pool " + uri.uri + ": " + uri.path +
+                            " does not exist yet; formatting it needs a size (" +
+                            (uri.kind == BackendKind::shm ? "shm:NAME:SIZE or " : "") + "--size)");
+}
+
 Result<std::unique_ptr<Backend>> open_backend(const PoolUri& uri, const BackendOpenOptions& o) {
   switch (uri.kind) {
     case BackendKind::shm: return open_shm_backend(uri, o);
