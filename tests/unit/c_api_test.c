@@ -4,6 +4,7 @@
  * gather/scatter round trip, and errors for bad input.  Exit 0 = pass.
  */
 #include <errno.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -141,6 +142,28 @@ static void test_superblock_only(const char *uri)
 	cxlkv_pool_close(pool);
 }
 
+static void *fail_on_another_thread(void *arg)
+{
+	struct cxlkv_pool *pool;
+
+	(void)arg;
+	return (void *)(long)cxlkv_pool_open("other-thread-bad-uri", &pool);
+}
+
+/* cxlkv_last_error() is per thread: another thread's failure leaves ours. */
+static void test_last_error_is_per_thread(void)
+{
+	struct cxlkv_pool *pool;
+	pthread_t t;
+	void *rc = NULL;
+
+	CHECK(cxlkv_pool_open("main-thread-bad-uri", &pool) == -EINVAL);
+	CHECK(pthread_create(&t, NULL, fail_on_another_thread, NULL) == 0);
+	CHECK(pthread_join(t, &rc) == 0);
+	CHECK((long)rc == -EINVAL);
+	CHECK(strstr(cxlkv_last_error(), "main-thread-bad-uri") != NULL);
+}
+
 static void test_bad_input(const char *uri)
 {
 	struct cxlkv_pool *pool = (struct cxlkv_pool *)1;
@@ -172,6 +195,7 @@ int main(void)
 	test_gather_scatter(uri);
 	test_superblock_only(uri);
 	test_bad_input(uri);
+	test_last_error_is_per_thread();
 	unlink(path);
 	if (failures) {
 		fprintf(stderr, "c_api_test: %d check(s) failed\n", failures);
