@@ -120,7 +120,6 @@ class NodeContext {
   uint64_t beats_ = 0;
   std::atomic<bool> stop_{false};
   std::thread heartbeat_;
-  bool beating_ = false;  // this process holds the node's heartbeat ownership
 };
 
 struct NodeStatus {
@@ -178,6 +177,9 @@ struct PoolRange {
 class [[nodiscard]] LockGuard {
  public:
   static Result<LockGuard> take(TwoTierLock& lock, PoolRange protect = {});
+  // As take(), -ETIMEDOUT if not acquired within `timeout`.
+  static Result<LockGuard> take_for(TwoTierLock& lock, std::chrono::nanoseconds timeout,
+                                    PoolRange protect = {});
   LockGuard(LockGuard&& o) noexcept;
   LockGuard& operator=(LockGuard&&) = delete;
   ~LockGuard();
@@ -186,6 +188,7 @@ class [[nodiscard]] LockGuard {
 
  private:
   LockGuard(TwoTierLock* l, PoolRange r, Acquired how) : lock_(l), range_(r), how_(how) {}
+  static Result<LockGuard> entered(TwoTierLock& lock, Result<Acquired> r, PoolRange protect);
   TwoTierLock* lock_;
   PoolRange range_;
   Acquired how_;

@@ -7,6 +7,8 @@
 #include <optional>
 #include <vector>
 
+#include "cxlkv/alloc.hpp"
+#include "cxlkv/sync.hpp"
 #include "index/prefix_index.hpp"
 #include "region/backend.hpp"
 #include "region/superblock.hpp"
@@ -165,10 +167,10 @@ Result<void> lay_out_standard_pool(Region& r, const PoolLayout& L) {
   d.fence();
 
   // ---- layer initializers, called explicitly in this order --------------
-  // sync area: format_control(r, d, L) -- lease, node table, lock slots and
-  //            grants beyond the zero state, if any (call it here).
-  // sync area: format_alloc(r, d, L)   -- allocator bitmap / object store
-  //            header in the alloc carve (call it here).
+  // sync area: lease, node table, lock slots, grants (GRANT_NONE), doorbells.
+  CXLKV_TRY(format_control_carve(r, d, ControlFormatOptions{L.ctrl.max_locks}));
+  // sync area: chunk bitmap, chunk table, remote-free bitmaps, object store.
+  CXLKV_TRY(format_alloc_carve(r, d, AllocFormatOptions{}));
   // kvstore area: the prefix index (uapi/cxlkv_index.h) over the whole index carve.
   {
     IndexFormatOptions io;

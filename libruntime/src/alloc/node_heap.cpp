@@ -1,0 +1,353 @@
+// SPDX-License-Identifier: MIT
+// The node tier of the allocator.  Chunks the node owns are cut into blocks
+// of one size class; which blocks are free is node-local state (a bitmap
+// per chunk in node-local shared memory, shared by the node's processes
+// under heap_mu), so allocating and freeing locally touch no pool memory
+// and no cross-host lock.
+//
+//   alloc(class): current chunk of the class -> bump pointer or a free bit;
+//                 else a partial chunk; else drain remote frees; else a new
+//                 chunk from the global ChunkAllocator.
+//   free(off):    owned chunk -> set the free bit (a chunk whose blocks are
+//                 all free again goes back to the global bitmap);
+//                 another node's chunk -> remote free (uapi/cxlkv_alloc.h);
+//                 a LARGE run -> back to the global bitmap.
+// Lock order: heap_mu (node-local) -> ALLOC / REMOTE_FREE+self (global).
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <string>
+
+#include "alloc/heap_layout.hpp"
+#include "sync/node_local.hpp"
+#include "sync/robust_mutex.hpp"
+#include "util/log.hpp"
+
+namespace cxlkv {
+
+using alloc::HeapLocalHeader;
+using alloc::kNoChunk;
+using alloc::LocalChunk;
+
+struct NodeHeap::Impl {
+  NodeLocal* nl = nullptr;
+  HeapLocalHeader* hdr = nullptr;
+  LocalChunk* chunks = nullptr;
+  std::byte* bits = nullptr;  // per chunk free bitmaps
+  uint64_t bits_stride = 0;
+  uint64_t* free_bits(uint64_t c) const { return reinterpret_cast<uint64_t*>(bits + c * bits_stride); }
+};
+
+NodeHeap::NodeHeap(NodeContext& n, ChunkAllocator c) : node_(n), chunks_(c), impl_(std::make_unique<Impl>()) {}
+NodeHeap::~NodeHeap() = default;
+
+Result<std::unique_ptr<NodeHeap>> NodeHeap::open(NodeContext& node) {
+  auto ca = ChunkAllocator::open(node);
+  if (!ca) return ca.error();
+  NodeLocal& nl = node.local();
+  const auto& geo = ca->geometry();
+  auto layout = alloc::heap_local_layout(geo.nchunks, geo.chunk_size);
+  if (nl.heap_bytes < layout.total)
+    return Error(-EUCLEAN, "node-local memory /dev/shm/" + nl.name + ": heap area too small for this pool");
+  std::unique_ptr<NodeHeap> h(new NodeHeap(node, ca.value()));
+  Impl& I = *h->impl_;
+  I.nl = &nl;
+  I.hdr = reinterpret_cast<HeapLocalHeader*>(nl.heap);
+  I.chunks = reinterpret_cast<LocalChunk*>(nl.heap + layout.chunks_off);
+  I.bits = nl.heap + layout.bits_off;
+  I.bits_stride = (geo.chunk_size / CXLKV_ALLOC_MIN_BLOCK + 511) / 512 * 64;
+  sync::RobustLock g(&nl.hdr->heap_mu, "node heap");
+  if (I.hdr->nchunks == 0) {  // first process of this node: empty heap
+    I.hdr->nchunks = geo.nchunks;
+    I.hdr->chunk_size = geo.chunk_size;
+    I.hdr->bits_stride = I.bits_stride;
+    for (uint32_t c = 0; c < kSizeClasses; c++) I.hdr->cur[c] = I.hdr->partial[c] = kNoChunk;
+  }
+  return h;
+}
+
+namespace {
+
+uint32_t blocks_per_chunk(uint64_t chunk_size, uint32_t cls) {
+  return static_cast<uint32_t>(chunk_size / size_class_bytes(cls));
+}
+
+void partial_push(NodeHeap::Impl& I, uint32_t c) {
+  LocalChunk& lc = I.chunks[c];
+  if (lc.in_partial) return;
+  uint32_t& head = I.hdr->partial[lc.cls];
+  lc.prev = kNoChunk;
+  lc.next = head;
+  if (head != kNoChunk) I.chunks[head].prev = c;
+  head = c;
+  lc.in_partial = 1;
+}
+
+void partial_remove(NodeHeap::Impl& I, uint32_t c) {
+  LocalChunk& lc = I.chunks[c];
+  if (!lc.in_partial) return;
+  if (lc.prev != kNoChunk) I.chunks[lc.prev].next = lc.next;
+  else I.hdr->partial[lc.cls] = lc.next;
+  if (lc.next != kNoChunk) I.chunks[lc.next].prev = lc.prev;
+  lc.in_partial = 0;
+  lc.prev = lc.next = kNoChunk;
+}
+
+// Take one block from chunk c, or -1 if it has none.
+int64_t take_block(NodeHeap::Impl& I, uint32_t c, uint32_t cap) {
+  LocalChunk& lc = I.chunks[c];
+  if (lc.free_count) {
+    uint64_t* bits = I.free_bits(c);
+    const uint32_t nw = (cap + 63) / 64;
+    for (uint32_t k = 0; k < nw; k++) {
+      uint32_t w = (lc.hint + k) % nw;
+      if (bits[w]) {
+        uint32_t b = w * 64 + static_cast<uint32_t>(__builtin_ctzll(bits[w]));
+        bits[w] &= bits[w] - 1;
+        lc.free_count--;
+        lc.hint = w;
+        return b;
+      }
+    }
+  }
+  if (lc.bump < cap) return lc.bump++;
+  return -1;
+}
+
+// Return chunk c to the global bitmap once none of its blocks is in use.
+void maybe_return_chunk(NodeHeap& heap, NodeHeap::Impl& I, uint32_t c) {
+  LocalChunk& lc = I.chunks[c];
+  if (!lc.owned || lc.free_count != lc.bump || I.hdr->cur[lc.cls] == c) return;
+  partial_remove(I, c);
+  std::memset(I.free_bits(c), 0, I.bits_stride);
+  lc = LocalChunk{};
+  lc.prev = lc.next = kNoChunk;
+  auto r = heap.chunks().free_run(c);
+  if (!r) {
+    log().error("{}", r.error().message());
+    return;
+  }
+  I.hdr->stats.chunks_owned--;
+  I.hdr->stats.chunk_returns++;
+}
+
+Result<uint64_t> drain_locked(NodeHeap& heap, NodeHeap::Impl& I);
+
+}  // namespace
+
+Result<uint64_t> NodeHeap::alloc(uint64_t bytes) {
+  Impl& I = *impl_;
+  const auto& geo = chunks_.geometry();
+  const uint32_t cls = size_class_for(bytes, geo.chunk_size);
+  if (cls == kSizeClasses) {
+    // Large: a run of whole chunks from the global bitmap.
+    if (bytes > geo.nchunks * geo.chunk_size) {
+      sync::RobustLock g(&I.nl->hdr->heap_mu, "node heap");
+      I.hdr->stats.enospc++;
+      return Error(-ENOSPC, "pool " + node_.region().uri() + ": allocation of " + std::to_string(bytes) +
+                                " bytes exceeds the kv carve (" + std::to_string(geo.nchunks * geo.chunk_size) +
+                                " bytes)");
+    }
+    uint64_t n = (bytes + geo.chunk_size - 1) / geo.chunk_size;
+    auto first = chunks_.alloc_run(n, false, 0);
+    sync::RobustLock g(&I.nl->hdr->heap_mu, "node heap");
+    if (!first) {
+      I.hdr->stats.enospc++;
+      return first.error();
+    }
+    I.hdr->stats.allocs++;
+    I.hdr->stats.chunks_owned += n;
+    return chunks_.chunk_off(first.value());
+  }
+  const uint32_t cap = blocks_per_chunk(geo.chunk_size, cls);
+  sync::RobustLock g(&I.nl->hdr->heap_mu, "node heap");
+  bool drained = false;
+  for (;;) {
+    uint32_t c = I.hdr->cur[cls];
+    if (c != kNoChunk) {
+      int64_t b = take_block(I, c, cap);
+      if (b >= 0) {
+        I.hdr->stats.allocs++;
+        I.hdr->stats.bytes_in_use += size_class_bytes(cls);
+        return chunks_.chunk_off(c) + uint64_t(b) * size_class_bytes(cls);
+      }
+      I.hdr->cur[cls] = kNoChunk;  // full: it re-enters the partial list when a block is freed
+    }
+    if (I.hdr->partial[cls] != kNoChunk) {
+      uint32_t p = I.hdr->partial[cls];
+      partial_remove(I, p);
+      I.hdr->cur[cls] = p;
+      continue;
+    }
+    if (!drained) {
+      drained = true;
+      auto d = drain_locked(*this, I);
+      if (d && d.value()) continue;
+    }
+    auto first = chunks_.alloc_run(1, true, cls);
+    if (!first) {
+      I.hdr->stats.enospc++;
+      return first.error();
+    }
+    uint32_t nc = static_cast<uint32_t>(first.value());
+    LocalChunk& lc = I.chunks[nc];
+    lc = LocalChunk{};
+    lc.owned = 1;
+    lc.cls = cls;
+    lc.prev = lc.next = kNoChunk;
+    std::memset(I.free_bits(nc), 0, I.bits_stride);
+    I.hdr->cur[cls] = nc;
+    I.hdr->stats.chunks_owned++;
+    I.hdr->stats.chunk_refills++;
+  }
+}
+
+Result<void> NodeHeap::free(uint64_t off) {
+  Impl& I = *impl_;
+  const std::string who = "pool " + node_.region().uri() + ": free of offset " + std::to_string(off);
+  if (!chunks_.in_arena(off)) return Error(-EINVAL, who + ": not in the kv carve");
+  const uint32_t c = static_cast<uint32_t>(chunks_.chunk_of(off));
+  const uint64_t in_chunk = off - chunks_.chunk_off(c);
+  {
+    sync::RobustLock g(&I.nl->hdr->heap_mu, "node heap");
+    LocalChunk& lc = I.chunks[c];
+    if (lc.owned) {
+      const uint32_t sz = size_class_bytes(lc.cls);
+      const uint32_t b = static_cast<uint32_t>(in_chunk / sz);
+      if (in_chunk % sz || b >= lc.bump) return Error(-EINVAL, who + ": not the start of an allocated block");
+      uint64_t* bits = I.free_bits(c);
+      if (bits[b / 64] & (1ull << (b % 64))) return Error(-EINVAL, who + ": double free");
+      bits[b / 64] |= 1ull << (b % 64);
+      lc.free_count++;
+      I.hdr->stats.frees++;
+      I.hdr->stats.bytes_in_use -= sz;
+      if (I.hdr->cur[lc.cls] != c) partial_push(I, c);
+      maybe_return_chunk(*this, I, c);
+      return {};
+    }
+  }
+  cxlkv_chunk_desc cd = chunks_.desc(c);  // rule 4 (read fresh)
+  if (cd.kind == CXLKV_CHUNK_LARGE_HEAD) {
+    if (in_chunk) return Error(-EINVAL, who + ": not the start of a large allocation");
+    CXLKV_TRY(chunks_.free_run(c));
+    sync::RobustLock g(&I.nl->hdr->heap_mu, "node heap");
+    I.hdr->stats.frees++;
+    if (cd.owner == node_.node()) I.hdr->stats.chunks_owned -= cd.run;
+    return {};
+  }
+  if (cd.kind != CXLKV_CHUNK_SMALL || cd.owner >= node_.control().max_nodes() || cd.size_class >= kSizeClasses)
+    return Error(-EINVAL, who + ": not an allocated block");
+  if (cd.owner == node_.node())
+    return Error(-EUCLEAN, who + ": chunk " + std::to_string(c) +
+                               " is recorded as this node's, but node-local memory does not know it "
+                               "(node-local memory recreated?); block leaked");
+  // Remote free: mark the block in the owner's remote bitmap for this chunk.
+  const uint32_t sz = size_class_bytes(cd.size_class);
+  if (in_chunk % sz) return Error(-EINVAL, who + ": not the start of an allocated block");
+  const uint64_t b = in_chunk / sz;
+  const auto& h = chunks_.header();
+  std::byte* base = chunks_.carve_base();
+  auto* rbits = reinterpret_cast<uint64_t*>(base + h.remote_bits_off + uint64_t(c) * h.remote_bits_stride);
+  auto* pend = reinterpret_cast<uint64_t*>(base + h.pending_off + uint64_t(cd.owner) * h.pending_stride);
+  auto* inbox = reinterpret_cast<cxlkv_remote_inbox*>(base + h.inbox_off) + cd.owner;
+  MemoryDomain& d = node_.domain();
+  TwoTierLock lock(node_, CXLKV_LOCK_REMOTE_FREE_BASE + cd.owner);
+  {
+    auto g = LockGuard::take(lock);
+    if (!g) return g.error();
+    // rule 7: read-modify-write under the owner's REMOTE_FREE lock; rule 4
+    // fresh reads; rule 1: NT writes (any node writes these words).
+    uint64_t w = d.read_fresh(&rbits[b / 64]);
+    if (w & (1ull << (b % 64))) return Error(-EINVAL, who + ": double free (already freed remotely)");
+    d.write_nt(&rbits[b / 64], uint64_t(w | (uint64_t{1} << (b % 64))));
+    uint64_t pw = d.read_fresh(&pend[c / 64]);
+    d.write_nt(&pend[c / 64], uint64_t(pw | (uint64_t{1} << (c % 64))));
+    cxlkv_remote_inbox in = d.read_fresh(inbox);
+    in.pending++;
+    in.posted++;
+    d.fence();  // rule 3: bits before the count that announces them
+    d.publish_line(inbox, &in);
+    d.fence();
+  }
+  sync::RobustLock g(&I.nl->hdr->heap_mu, "node heap");
+  I.hdr->stats.frees++;
+  I.hdr->stats.remote_frees_sent++;
+  return {};
+}
+
+Result<uint64_t> NodeHeap::drain_remote_frees() {
+  sync::RobustLock g(&impl_->nl->hdr->heap_mu, "node heap");
+  return drain_locked(*this, *impl_);
+}
+
+namespace {
+// Caller holds heap_mu.
+Result<uint64_t> drain_locked(NodeHeap& heap, NodeHeap::Impl& I) {
+  NodeContext& node = heap.node();
+  MemoryDomain& d = node.domain();
+  const auto& h = heap.chunks().header();
+  std::byte* base = heap.chunks().carve_base();
+  const uint32_t me = node.node();
+  auto* inbox = reinterpret_cast<cxlkv_remote_inbox*>(base + h.inbox_off) + me;
+  if (d.read_fresh(&inbox->pending) == 0) return uint64_t{0};  // rule 4; a hint, checked again under the lock
+  auto* pend = reinterpret_cast<uint64_t*>(base + h.pending_off + uint64_t(me) * h.pending_stride);
+  TwoTierLock lock(node, CXLKV_LOCK_REMOTE_FREE_BASE + me);
+  auto g = LockGuard::take(lock);
+  if (!g) return g.error();
+  uint64_t drained = 0;
+  const uint64_t nw = (h.nchunks + 63) / 64;
+  d.invalidate(pend, nw * 8);  // rule 4
+  d.fence();
+  for (uint64_t wi = 0; wi < nw; wi++) {
+    uint64_t pw = d.read(&pend[wi]);
+    if (!pw) continue;
+    for (uint64_t m = pw; m; m &= m - 1) {
+      const uint32_t c = static_cast<uint32_t>(wi * 64 + __builtin_ctzll(m));
+      LocalChunk& lc = I.chunks[c];
+      auto* rbits = reinterpret_cast<uint64_t*>(base + h.remote_bits_off + uint64_t(c) * h.remote_bits_stride);
+      const uint32_t cap = blocks_per_chunk(h.chunk_size, lc.cls);
+      const uint32_t rw = (cap + 63) / 64;
+      d.invalidate(rbits, rw * 8);  // rule 4
+      d.fence();
+      uint64_t* fb = I.free_bits(c);
+      for (uint32_t k = 0; k < rw; k++) {
+        uint64_t w = d.read(&rbits[k]);
+        if (!w) continue;
+        d.write_nt(&rbits[k], uint64_t{0});  // rule 1
+        if (!lc.owned) continue;             // not ours any more (node-local memory recreated): leak
+        w &= ~fb[k];                         // never count a block twice
+        fb[k] |= w;
+        uint32_t cnt = static_cast<uint32_t>(__builtin_popcountll(w));
+        lc.free_count += cnt;
+        drained += cnt;
+        I.hdr->stats.bytes_in_use -= uint64_t(cnt) * size_class_bytes(lc.cls);
+      }
+      if (lc.owned && I.hdr->cur[lc.cls] != c && lc.free_count) partial_push(I, c);
+    }
+    d.write_nt(&pend[wi], uint64_t{0});  // rule 1
+  }
+  cxlkv_remote_inbox in = d.read_fresh(inbox);
+  in.pending = 0;
+  d.fence();  // rule 3: bitmaps cleared before the count says so
+  d.publish_line(inbox, &in);
+  d.fence();
+  I.hdr->stats.remote_frees_drained += drained;
+  return drained;
+}
+}  // namespace
+
+Result<uint64_t> NodeHeap::usable_size(uint64_t off) const {
+  if (!chunks_.in_arena(off)) return Error(-EINVAL, "offset " + std::to_string(off) + " is not in the kv carve");
+  cxlkv_chunk_desc cd = chunks_.desc(chunks_.chunk_of(off));
+  if (cd.kind == CXLKV_CHUNK_SMALL && cd.size_class < kSizeClasses) return uint64_t{size_class_bytes(cd.size_class)};
+  if (cd.kind == CXLKV_CHUNK_LARGE_HEAD) return uint64_t{cd.run} * chunks_.geometry().chunk_size;
+  return Error(-EINVAL, "offset " + std::to_string(off) + " is not an allocated block");
+}
+
+HeapStats NodeHeap::stats() const {
+  sync::RobustLock g(&impl_->nl->hdr->heap_mu, "node heap");
+  return impl_->hdr->stats;
+}
+
+}  // namespace cxlkv

@@ -1,0 +1,102 @@
+// SPDX-License-Identifier: MIT
+// The control carve: format initializer and validated view (layout in
+// uapi/cxlkv_ctrl.h).
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "cxlkv/sync.hpp"
+#include "util/log.hpp"
+
+namespace cxlkv {
+
+uint64_t control_carve_bytes(uint32_t max_nodes, uint32_t max_locks) {
+  return cxlkv_ctrl_carve_bytes(max_nodes, max_locks);
+}
+
+uint32_t control_max_locks_for(uint64_t carve_size, uint32_t max_nodes) {
+  uint64_t fixed = control_carve_bytes(max_nodes, 0);
+  if (carve_size <= fixed) return 0;
+  uint64_t per_lock = uint64_t(max_nodes + 1) * CXLKV_LINE_SIZE;
+  uint64_t n = (carve_size - fixed) / per_lock;
+  return static_cast<uint32_t>(std::min<uint64_t>(n, CXLKV_MAX_LOCKS));
+}
+
+Result<void> format_control_carve(Region& region, MemoryDomain& d, const ControlFormatOptions& opts) {
+  auto carve = region.carve(CXLKV_CARVE_CONTROL);
+  if (!carve) return carve.error();
+  const uint32_t nodes = region.max_nodes();
+  uint32_t locks = opts.max_locks;
+  uint32_t fit = control_max_locks_for(carve->size, nodes);
+  if (locks > fit) {
+    log().info("pool {}: control carve of {} bytes holds {} locks for {} nodes (asked {})",
+               region.uri(), carve->size, fit, nodes, locks);
+    locks = fit;
+  }
+  if (locks < CXLKV_MIN_LOCKS)
+    return Error(-ENOSPC, "pool " + region.uri() + ": control carve of " + std::to_string(carve->size) +
+                              " bytes holds only " + std::to_string(locks) + " locks for " +
+                              std::to_string(nodes) + " nodes (need " +
+                              std::to_string(CXLKV_MIN_LOCKS) + ")");
+  cxlkv_ctrl_header h{};
+  h.magic = CXLKV_CTRL_MAGIC;
+  h.version = CXLKV_CTRL_VERSION;
+  h.max_nodes = nodes;
+  h.max_locks = locks;
+  h.lease_off = CXLKV_LINE_SIZE;
+  h.node_table_off = 2 * CXLKV_LINE_SIZE;
+  h.lock_table_off = h.node_table_off + uint64_t(nodes) * CXLKV_LINE_SIZE;
+  h.grant_table_off = h.lock_table_off + uint64_t(locks) * nodes * CXLKV_LINE_SIZE;
+  h.doorbell_off = h.grant_table_off + uint64_t(locks) * CXLKV_LINE_SIZE;
+
+  std::byte* base = region.at(carve->offset);
+  const uint64_t used = h.doorbell_off + uint64_t(nodes) * CXLKV_LINE_SIZE;
+  // Format is a single-writer operation: plain stores, then flush every
+  // line (rule 3: data before the header that makes it valid).
+  std::vector<std::byte> zero(1 << 16);
+  for (uint64_t o = CXLKV_LINE_SIZE; o < used; o += zero.size()) {
+    size_t n = static_cast<size_t>(std::min<uint64_t>(zero.size(), used - o));
+    d.store(base + o, zero.data(), n);
+    d.flush(base + o, n);
+  }
+  cxlkv_lock_grant none{};
+  none.node = CXLKV_GRANT_NONE;
+  for (uint32_t l = 0; l < locks; l++) {
+    auto* g = reinterpret_cast<cxlkv_lock_grant*>(base + h.grant_table_off) + l;
+    d.publish_line(g, &none);  // rule 1: grants are written NT by whichever manager runs
+  }
+  d.fence();  // rule 3: the tables are in memory before the header says they exist
+  d.publish_line(base, &h);
+  d.fence();
+  return {};
+}
+
+Result<ControlCarve> ControlCarve::open(const Region& region, MemoryDomain& d) {
+  auto carve = region.carve(CXLKV_CARVE_CONTROL);
+  if (!carve) return carve.error();
+  ControlCarve c;
+  c.base_ = region.at(carve->offset);
+  c.hdr_ = d.read_fresh(reinterpret_cast<const cxlkv_ctrl_header*>(c.base_));  // rule 4
+  const auto& h = c.hdr_;
+  const std::string who = "pool " + region.uri() + ": control carve: ";
+  if (h.magic != CXLKV_CTRL_MAGIC)
+    return Error(-EUCLEAN, who + "not formatted (bad magic; run `cxlkvctl format`)");
+  if (h.version != CXLKV_CTRL_VERSION)
+    return Error(-EPROTO, who + "layout version " + std::to_string(h.version) + ", this runtime knows " +
+                              std::to_string(CXLKV_CTRL_VERSION));
+  if (h.max_nodes == 0 || h.max_nodes > CXLKV_MAX_NODES || h.max_nodes != region.max_nodes())
+    return Error(-EUCLEAN, who + "max_nodes " + std::to_string(h.max_nodes) + " does not match the superblock");
+  if (h.max_locks == 0 || h.max_locks > CXLKV_MAX_LOCKS)
+    return Error(-EUCLEAN, who + "max_locks " + std::to_string(h.max_locks) + " out of range");
+  const uint64_t end = h.doorbell_off + uint64_t(h.max_nodes) * CXLKV_LINE_SIZE;
+  if (h.lease_off % 64 || h.node_table_off % 64 || h.lock_table_off % 64 || h.grant_table_off % 64 ||
+      h.doorbell_off % 64 || end > carve->size ||
+      h.grant_table_off < h.lock_table_off + uint64_t(h.max_locks) * h.max_nodes * CXLKV_LINE_SIZE)
+    return Error(-EUCLEAN, who + "table offsets inconsistent or beyond the carve (" +
+                               std::to_string(carve->size) + " bytes)");
+  return c;
+}
+
+}  // namespace cxlkv

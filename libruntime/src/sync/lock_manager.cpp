@@ -1,0 +1,355 @@
+// SPDX-License-Identifier: MIT
+// The lock manager: grants the global tier of every lock, one waiting node
+// at a time, round-robin (DESIGN.md "Cross-host locking").
+//
+// Per round it reads the doorbell of every attached node (O(nodes)) to
+// learn new requests, polls the slot of the current holder of every active
+// lock (O(active locks)) to see releases, and grants released locks to the
+// next waiting node after the previous holder.  It never scans all slots
+// except once at start (to adopt the state a previous manager left) and
+// when a node's doorbell ring overflowed.  Everything it knows besides the
+// pool is in this process, so a successor rebuilds it from the pool.
+#include <sys/random.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <string>
+#include <vector>
+
+#include "cxlkv/sync.hpp"
+#include "sync/backoff.hpp"
+#include "util/log.hpp"
+
+namespace cxlkv {
+
+namespace {
+using Clock = std::chrono::steady_clock;
+
+constexpr uint32_t kNone = CXLKV_GRANT_NONE;
+
+uint64_t realtime_ns() {
+  timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  return uint64_t(ts.tv_sec) * 1000000000ull + uint64_t(ts.tv_nsec);
+}
+
+uint64_t waiting_word(uint64_t ticket) { return (ticket << CXLKV_SLOT_TICKET_SHIFT) | CXLKV_SLOT_WAITING; }
+}  // namespace
+
+struct LockManager::State {
+  struct Lock {
+    uint64_t waiters = 0;       // bit n: node n may be waiting (hint; the slot decides)
+    uint32_t holder = kNone;
+    uint64_t holder_ticket = 0;
+    uint32_t last = 0;          // last granted node, for round-robin
+    uint64_t grants = 0;
+    bool active = false;        // in `active`
+  };
+  uint64_t token = 0;
+  uint64_t lease_heartbeat = 0;
+  uint64_t epoch = 0;
+  Clock::time_point last_renew{};
+  Clock::time_point last_lease_check{};
+  Clock::time_point last_node_scan{};
+  std::vector<Lock> locks;
+  std::vector<uint32_t> active;     // lock ids with a holder or waiters
+  std::vector<uint64_t> db_seen;    // per node: doorbell seq processed
+  uint64_t watch = 0;               // nodes whose doorbells are polled
+  bool lease_lost = false;
+  std::atomic<uint64_t> rounds{0}, grants{0}, releases{0}, doorbells{0}, rescans{0}, sleeps{0};
+};
+
+LockManager::LockManager(Region& r, MemoryDomain& d, ControlCarve c, LockManagerOptions o)
+    : region_(r), domain_(d), ctrl_(c), opts_(o), st_(std::make_unique<State>()) {}
+
+LockManager::~LockManager() {
+  stop();
+  release_lease();
+}
+
+namespace {
+
+// Take the lease or explain who holds it.  No cross-host atomics: write our
+// token, wait for racing writers to land, and check we are still the owner.
+Result<cxlkv_lease> take_lease(Region& region, MemoryDomain& d, const ControlCarve& ctrl,
+                               const LockManagerOptions& o, uint64_t token) {
+  cxlkv_lease* lease = ctrl.lease();
+  const auto lease_dur = std::chrono::milliseconds(o.lease_ms);
+  const auto settle = std::chrono::milliseconds(std::max<uint32_t>(2, o.lease_ms / 50));
+  for (;;) {
+    cxlkv_lease cur = d.read_fresh(lease);  // rule 4
+    bool free = cur.owner == 0;
+    if (!free) {
+      // Live while (owner, heartbeat) keeps changing within lease_ms.
+      auto t0 = Clock::now();
+      bool live = false;
+      while (Clock::now() - t0 < lease_dur) {
+        usleep(std::max<uint32_t>(1000, o.lease_ms * 1000 / 20));
+        cxlkv_lease now = d.read_fresh(lease);  // rule 4
+        if (now.owner != cur.owner || now.heartbeat != cur.heartbeat) {
+          live = now.owner != 0;
+          cur = now;
+          if (now.owner == 0) free = true;
+          break;
+        }
+      }
+      if (live) {
+        if (o.wait_for_lease) continue;
+        return Error(-EBUSY, "pool " + region.uri() + ": lock manager lease held by a live manager (node " +
+                                 std::to_string(cur.node) + ", pid " + std::to_string(cur.pid) + ", epoch " +
+                                 std::to_string(cur.epoch) + ")");
+      }
+      if (!free)
+        log().warn("pool {}: lock manager lease of node {} pid {} expired (no renewal for {} ms); taking over",
+                   region.uri(), cur.node, cur.pid, o.lease_ms);
+    }
+    cxlkv_lease mine{};
+    mine.owner = token;
+    mine.heartbeat = 1;
+    mine.node = o.node;
+    mine.pid = static_cast<uint32_t>(getpid());
+    mine.lease_ms = o.lease_ms;
+    mine.epoch = cur.epoch + 1;
+    mine.renew_ns = realtime_ns();
+    d.publish_line(lease, &mine);  // rule 1: the lease line changes writer -> whole line, NT
+    d.fence();
+    std::this_thread::sleep_for(settle);
+    cxlkv_lease check = d.read_fresh(lease);  // rule 4
+    if (check.owner == token) return check;
+    if (!o.wait_for_lease)
+      return Error(-EBUSY, "pool " + region.uri() + ": lost the race for the lock manager lease to node " +
+                               std::to_string(check.node) + " pid " + std::to_string(check.pid));
+  }
+}
+
+}  // namespace
+
+Result<std::unique_ptr<LockManager>> LockManager::create(Region& region, MemoryDomain& d,
+                                                         const LockManagerOptions& opts) {
+  auto ctrl = ControlCarve::open(region, d);
+  if (!ctrl) return ctrl.error();
+  if (opts.lease_ms < 20) return Error(-EINVAL, "lock manager: lease_ms must be at least 20");
+  std::unique_ptr<LockManager> m(new LockManager(region, d, ctrl.value(), opts));
+  State& s = *m->st_;
+  while (s.token == 0)
+    if (getrandom(&s.token, sizeof s.token, 0) != sizeof s.token) s.token = realtime_ns() ^ getpid();
+  auto lease = take_lease(region, d, ctrl.value(), opts, s.token);
+  if (!lease) {
+    s.token = 0;  // nothing to release
+    return lease.error();
+  }
+  s.lease_heartbeat = lease->heartbeat;
+  s.epoch = lease->epoch;
+  s.last_renew = s.last_lease_check = Clock::now();
+
+  // Adopt what the previous manager left: current holders from the grants,
+  // waiters from a full slot scan (the only full scan in normal operation).
+  const uint32_t nodes = ctrl->max_nodes(), nlocks = ctrl->max_locks();
+  s.locks.resize(nlocks);
+  s.db_seen.resize(nodes);
+  for (uint32_t n = 0; n < nodes; n++) s.db_seen[n] = d.read_fresh(&ctrl->doorbell(n)->seq);  // rule 4
+  for (uint32_t l = 0; l < nlocks; l++) {
+    auto& L = s.locks[l];
+    L.last = nodes - 1;
+    cxlkv_lock_grant g = d.read_fresh(ctrl->grant(l));  // rule 4
+    L.grants = g.grants;
+    if (g.node < nodes && d.read_fresh(&ctrl->slot(l, g.node)->request) == waiting_word(g.ticket)) {
+      L.holder = g.node;
+      L.holder_ticket = g.ticket;
+      L.last = g.node;
+    }
+    for (uint32_t n = 0; n < nodes; n++) {
+      if (n == L.holder) continue;
+      uint64_t req = d.read_fresh(&ctrl->slot(l, n)->request);  // rule 4
+      if ((req & CXLKV_SLOT_STATE_MASK) == CXLKV_SLOT_WAITING) L.waiters |= 1ull << n;
+    }
+    if (L.holder != kNone || L.waiters) {
+      L.active = true;
+      s.active.push_back(l);
+    }
+  }
+  log().info("pool {}: lock manager started (epoch {}, {} locks, {} nodes, {} active)", region.uri(), s.epoch,
+             nlocks, nodes, s.active.size());
+  return m;
+}
+
+Result<bool> LockManager::run_once() {
+  State& s = *st_;
+  MemoryDomain& d = domain_;
+  const uint32_t nodes = ctrl_.max_nodes();
+  const uint32_t nlocks = ctrl_.max_locks();
+  if (s.lease_lost) return Error(-ENOLCK, "pool " + region_.uri() + ": lock manager lost its lease");
+  bool did = false;
+  s.rounds.fetch_add(1, std::memory_order_relaxed);
+  const auto now = Clock::now();
+  const auto lease_dur = std::chrono::milliseconds(opts_.lease_ms);
+
+  // ---- lease: renew every lease_ms/4, and check ownership at least every ms ----
+  if (now - s.last_lease_check >= std::chrono::milliseconds(1) || now - s.last_renew >= lease_dur / 4) {
+    cxlkv_lease cur = d.read_fresh(ctrl_.lease());  // rule 4
+    s.last_lease_check = now;
+    if (cur.owner != s.token) {
+      s.lease_lost = true;
+      log().error("pool {}: lock manager lease taken by node {} pid {} (epoch {}); this manager stops",
+                  region_.uri(), cur.node, cur.pid, cur.epoch);
+      return Error(-ENOLCK, "pool " + region_.uri() + ": lock manager lost its lease");
+    }
+    if (now - s.last_renew >= lease_dur / 4) {
+      cur.heartbeat = ++s.lease_heartbeat;
+      cur.renew_ns = realtime_ns();
+      d.publish_line(ctrl_.lease(), &cur);  // rule 1: whole line, NT
+      d.fence();                            // rule 3
+      s.last_renew = now;
+    }
+  }
+  // Self-fencing: a manager that could not renew for lease_ms/2 (stalled)
+  // grants nothing, so a successor never overlaps with it.
+  const bool may_grant = now - s.last_renew < lease_dur / 2;
+
+  // ---- which nodes to watch: attached ones (node table), refreshed every 20 ms ----
+  if (now - s.last_node_scan >= std::chrono::milliseconds(20)) {
+    s.last_node_scan = now;
+    uint64_t w = 0;
+    for (uint32_t n = 0; n < nodes; n++) {
+      uint32_t state = d.read_fresh(&ctrl_.node_entry(n)->state);  // rule 4
+      if (state == CXLKV_NODE_ACTIVE) w |= 1ull << n;
+    }
+    s.watch = w;
+  }
+
+  // ---- doorbells: new requests ----
+  for (uint64_t w = s.watch; w; w &= w - 1) {
+    const uint32_t n = static_cast<uint32_t>(__builtin_ctzll(w));
+    cxlkv_doorbell* db = ctrl_.doorbell(n);
+    d.invalidate(db, sizeof *db);  // rule 4
+    d.fence();
+    const uint64_t seq = d.read(&db->seq);  // seq before pending[]: the poster wrote them in the other order
+    if (seq == s.db_seen[n]) continue;
+    did = true;
+    s.doorbells.fetch_add(1, std::memory_order_relaxed);
+    auto note_waiter = [&](uint32_t l) {
+      if (l >= nlocks) return;
+      auto& L = s.locks[l];
+      L.waiters |= 1ull << n;
+      if (!L.active) {
+        L.active = true;
+        s.active.push_back(l);
+      }
+    };
+    if (seq - s.db_seen[n] >= CXLKV_DOORBELL_RING) {
+      // Fell behind the ring (or the node's seq restarted): rescan its slots.
+      s.rescans.fetch_add(1, std::memory_order_relaxed);
+      for (uint32_t l = 0; l < nlocks; l++) {
+        uint64_t req = d.read_fresh(&ctrl_.slot(l, n)->request);  // rule 4
+        if ((req & CXLKV_SLOT_STATE_MASK) == CXLKV_SLOT_WAITING) note_waiter(l);
+      }
+    } else {
+      uint32_t pending[CXLKV_DOORBELL_RING];
+      d.load(pending, db->pending, sizeof pending);
+      for (uint64_t q = s.db_seen[n]; q != seq; q++) note_waiter(pending[q % CXLKV_DOORBELL_RING]);
+    }
+    s.db_seen[n] = seq;
+  }
+
+  // ---- releases and grants of active locks ----
+  for (size_t i = 0; i < s.active.size();) {
+    const uint32_t l = s.active[i];
+    auto& L = s.locks[l];
+    if (L.holder != kNone) {
+      uint64_t req = d.read_fresh(&ctrl_.slot(l, L.holder)->request);  // rule 4: poll the holder
+      if (req != waiting_word(L.holder_ticket)) {
+        // IDLE (released / withdrawn / evicted) or a newer request.
+        if ((req & CXLKV_SLOT_STATE_MASK) == CXLKV_SLOT_WAITING) L.waiters |= 1ull << L.holder;
+        L.holder = kNone;
+        did = true;
+        s.releases.fetch_add(1, std::memory_order_relaxed);
+      }
+    }
+    if (L.holder == kNone && L.waiters && may_grant) {
+      for (uint32_t k = 1; k <= nodes && L.waiters; k++) {
+        const uint32_t n = (L.last + k) % nodes;
+        if (!(L.waiters & (1ull << n))) continue;
+        L.waiters &= ~(1ull << n);
+        uint64_t req = d.read_fresh(&ctrl_.slot(l, n)->request);  // rule 4: grant only a live request
+        if ((req & CXLKV_SLOT_STATE_MASK) != CXLKV_SLOT_WAITING) continue;
+        cxlkv_lock_grant g{};
+        g.ticket = req >> CXLKV_SLOT_TICKET_SHIFT;
+        g.node = n;
+        g.grants = ++L.grants;
+        d.publish_line(ctrl_.grant(l), &g);  // rule 1: the grant line changes writer at takeover -> NT
+        d.fence();                           // rule 3
+        L.holder = n;
+        L.holder_ticket = g.ticket;
+        L.last = n;
+        did = true;
+        s.grants.fetch_add(1, std::memory_order_relaxed);
+        break;
+      }
+    }
+    if (L.holder == kNone && !L.waiters) {
+      L.active = false;
+      s.active[i] = s.active.back();
+      s.active.pop_back();
+      continue;
+    }
+    i++;
+  }
+  return did;
+}
+
+Result<void> LockManager::run(const std::atomic<bool>& stop) {
+  sync::Backoff backoff(opts_.poll.spin_rounds, opts_.poll.yield_rounds, opts_.poll.max_sleep);
+  while (!stop.load(std::memory_order_relaxed)) {
+    auto r = run_once();
+    if (!r) return r.error();
+    if (r.value()) {
+      backoff.reset();
+    } else if (backoff.idle()) {
+      st_->sleeps.fetch_add(1, std::memory_order_relaxed);
+    }
+  }
+  return {};
+}
+
+void LockManager::start() {
+  if (thread_.joinable()) return;
+  stop_.store(false);
+  thread_ = std::thread([this] {
+    auto r = run(stop_);
+    if (!r) log().error("{}", r.error().message());
+  });
+}
+
+void LockManager::stop() {
+  stop_.store(true);
+  if (thread_.joinable()) thread_.join();
+}
+
+void LockManager::release_lease() {
+  State& s = *st_;
+  if (s.token == 0 || s.lease_lost) return;
+  cxlkv_lease cur = domain_.read_fresh(ctrl_.lease());  // rule 4
+  if (cur.owner == s.token) {
+    cur.owner = 0;
+    cur.renew_ns = realtime_ns();
+    domain_.publish_line(ctrl_.lease(), &cur);  // rule 1
+    domain_.fence();
+  }
+  s.token = 0;
+}
+
+LockManagerStats LockManager::stats() const {
+  LockManagerStats o;
+  o.rounds = st_->rounds.load();
+  o.grants = st_->grants.load();
+  o.releases = st_->releases.load();
+  o.doorbells = st_->doorbells.load();
+  o.rescans = st_->rescans.load();
+  o.sleeps = st_->sleeps.load();
+  o.epoch = st_->epoch;
+  return o;
+}
+
+}  // namespace cxlkv

@@ -1,0 +1,14 @@
+// SPDX-License-Identifier: MIT
+// Test-only switches (not part of the public API).  They exist so a test can
+// show that the NonCoherentSim tests catch a broken lock protocol.
+#pragma once
+
+namespace cxlkv::sync::testing {
+
+// When set, LockGuard skips the flush of its protected range before the
+// global release (coherence contract rule 3), so the next holder on another
+// node may read stale data.  Default off; never set outside tests.
+void set_break_lock_flush(bool on);
+bool break_lock_flush();
+
+}  // namespace cxlkv::sync::testing
