@@ -496,6 +496,12 @@ TEST(RegionPools, SecondHandleSeesCarveChangesOfTheFirst) {
 TEST(RegionPools, ReadWaitsOutAnUpdateInFlight) {
   TempPool p("inflight");
   auto r = format_ok(p.uri());
+  // The reader is patient enough that a loaded machine cannot deschedule
+  // the finisher past its window (the default 5 ms made this test flaky).
+  OpenOptions patient;
+  patient.torn_read_patience_us = 10'000'000;
+  auto reader = Region::open(p.uri(), patient);
+  ASSERT_TRUE(reader.ok()) << reader.error().message();
   // Another writer is midway through storing the image: checksum stale.
   auto* sb = r->at<cxlkv_superblock>(0);
   cxlkv_superblock good = *sb;
@@ -507,7 +513,7 @@ TEST(RegionPools, ReadWaitsOutAnUpdateInFlight) {
     region::seal_superblock(done);
     std::memcpy(static_cast<void*>(sb), &done, sizeof done);
   });
-  auto read = r->read_superblock();
+  auto read = reader.value()->read_superblock();
   finisher.join();
   ASSERT_TRUE(read.ok()) << read.error().message();
   EXPECT_EQ(read->generation, good.generation + 1);

@@ -50,6 +50,10 @@ struct OpenOptions {
   // Use this domain instead of making a host domain (not owned; must
   // outlive the Region).  Tests: a NonCoherentSim node over the pool memory.
   MemoryDomain* use_domain = nullptr;
+  // How long a superblock whose checksum does not match is re-read before
+  // the pool is called damaged (an update by another process or host may be
+  // in flight).  Tests that stage such an update raise it.
+  uint32_t torn_read_patience_us = 5000;
 };
 
 struct FormatOptions {
@@ -142,6 +146,7 @@ class Region {
   std::unique_ptr<MemoryDomain> owned_domain_;  // null when OpenOptions::use_domain
   MemoryDomain* domain_ = nullptr;
   std::mutex mu_carves_;                  // one carve change at a time in this process
+  uint32_t torn_read_patience_us_ = 5000;
   mutable std::mutex mu_;                 // last_good_
   mutable cxlkv_superblock last_good_{};  // last superblock that validated
 };

@@ -48,11 +48,6 @@ const char* to_string(MemType t) {
 
 namespace {
 
-// How long a superblock whose checksum does not match is re-read (every
-// 50 us) before it is called damaged: a writer stores the 4 KiB image in
-// microseconds; the margin is for a writer that is descheduled midway.
-constexpr auto kTornReadPatience = std::chrono::milliseconds(5);
-
 // Domain for a freshly mapped pool: the caller's (tests: a NonCoherentSim
 // node), or a host domain (make_host_domain throws on a forced instruction
 // path the CPU lacks; that becomes this pool's error).
@@ -141,6 +136,7 @@ Result<std::unique_ptr<Region>> Region::attach(std::string uri, BackendKind kind
   r->backend_ = std::move(be);
   r->owned_domain_ = std::move(domain->owned);
   r->domain_ = domain->d;
+  r->torn_read_patience_us_ = opts.torn_read_patience_us;
   return r;
 }
 
@@ -300,7 +296,9 @@ Result<cxlkv_superblock> Region::read_superblock() const {
   // A checksum mismatch on an otherwise plausible image is most likely an
   // update in flight (another process or host is storing the 4 KiB image
   // right now): re-read for a moment before calling the pool damaged.
-  auto give_up = std::chrono::steady_clock::now() + kTornReadPatience;
+  // Re-read every 50 us: a writer stores the 4 KiB image in microseconds;
+  // the patience (default 5 ms) covers a writer descheduled midway.
+  auto give_up = std::chrono::steady_clock::now() + std::chrono::microseconds(torn_read_patience_us_);
   while (sb.magic == CXLKV_SB_MAGIC && cxlkv_sb_checksum(&sb) != sb.checksum &&
          std::chrono::steady_clock::now() < give_up) {
     std::this_thread::sleep_for(std::chrono::microseconds(50));
