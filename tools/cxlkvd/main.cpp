@@ -1,0 +1,112 @@
+// SPDX-License-Identifier: MIT
+// cxlkvd: the lock manager daemon of one pool (DESIGN.md "Cross-host
+// locking").  Exactly one runs per pool: the manager lease in the control
+// carve makes a second one refuse while the first is alive and take over
+// once its lease has expired (--wait keeps trying instead of exiting).
+#include <signal.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+
+#include "cxlkv/region.hpp"
+#include "cxlkv/sync.hpp"
+
+namespace {
+
+std::atomic<bool> g_stop{false};
+
+void on_signal(int) { g_stop.store(true); }
+
+void usage() {
+  std::printf(
+      "usage: cxlkvd --pool URI [--node N] [--lease-ms MS] [--max-sleep-us US] [--wait] [--foreground]\n\n"
+      "Runs the lock manager of a cxlkv pool: grants the global tier of every\n"
+      "cross-host lock, round-robin among waiting nodes.  One manager per pool:\n"
+      "a second cxlkvd refuses (exit 3) while the first renews its lease, and\n"
+      "takes over once the lease has not been renewed for --lease-ms.\n\n"
+      "  --pool URI          shm:NAME:SIZE | file:PATH | dax:/dev/daxX.Y | dev:/dev/cxlkvN\n"
+      "                      (default: $CXLKV_POOL)\n"
+      "  --node N            this host's node id, recorded in the lease (default 0)\n"
+      "  --lease-ms MS       lease duration (default 2000)\n"
+      "  --max-sleep-us US   idle polling sleeps at most this long (default 200)\n"
+      "  --wait              wait for the lease instead of exiting when it is held\n"
+      "  --foreground        stay in the foreground (default: daemonize)\n"
+      "  -h, --help          this text\n\n"
+      "SIGTERM / SIGINT: stop granting, free the lease, exit 0.\n");
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string pool = std::getenv("CXLKV_POOL") ? std::getenv("CXLKV_POOL") : "";
+  cxlkv::LockManagerOptions mo;
+  bool foreground = false;
+  for (int i = 1; i < argc; i++) {
+    std::string a = argv[i];
+    auto next = [&](const char* what) -> const char* {
+      if (i + 1 >= argc) {
+        std::fprintf(stderr, "cxlkvd: %s needs a value\n", what);
+        std::exit(2);
+      }
+      return argv[++i];
+    };
+    if (a == "-h" || a == "--help") {
+      usage();
+      return 0;
+    } else if (a == "--pool") {
+      pool = next("--pool");
+    } else if (a == "--node") {
+      mo.node = static_cast<uint32_t>(std::strtoul(next("--node"), nullptr, 0));
+    } else if (a == "--lease-ms") {
+      mo.lease_ms = static_cast<uint32_t>(std::strtoul(next("--lease-ms"), nullptr, 0));
+    } else if (a == "--max-sleep-us") {
+      mo.poll.max_sleep = std::chrono::microseconds(std::strtoul(next("--max-sleep-us"), nullptr, 0));
+    } else if (a == "--wait") {
+      mo.wait_for_lease = true;
+    } else if (a == "--foreground" || a == "-f") {
+      foreground = true;
+    } else {
+      std::fprintf(stderr, "cxlkvd: unknown argument '%s' (see --help)\n", a.c_str());
+      return 2;
+    }
+  }
+  if (pool.empty()) {
+    std::fprintf(stderr, "cxlkvd: no pool: pass --pool URI or set CXLKV_POOL\n");
+    return 2;
+  }
+  auto region = cxlkv::Region::open(pool);
+  if (!region) {
+    std::fprintf(stderr, "cxlkvd: %s\n", region.error().message().c_str());
+    return 1;
+  }
+  struct sigaction sa {};
+  sa.sa_handler = on_signal;
+  sigaction(SIGTERM, &sa, nullptr);
+  sigaction(SIGINT, &sa, nullptr);
+  auto mgr = cxlkv::LockManager::create(*region.value(), mo);
+  if (!mgr) {
+    std::fprintf(stderr, "cxlkvd: %s\n", mgr.error().message().c_str());
+    return mgr.error().code() == -EBUSY ? 3 : 1;
+  }
+  if (!foreground && daemon(0, 0) != 0) {
+    std::fprintf(stderr, "cxlkvd: daemon: %s\n", std::strerror(errno));
+    return 1;
+  }
+  std::fprintf(stderr, "cxlkvd: managing locks of %s (epoch %lu)\n", pool.c_str(),
+               static_cast<unsigned long>(mgr.value()->stats().epoch));
+  auto r = mgr.value()->run(g_stop);
+  mgr.value()->release_lease();
+  if (!r) {
+    std::fprintf(stderr, "cxlkvd: %s\n", r.error().message().c_str());
+    return 1;
+  }
+  auto st = mgr.value()->stats();
+  std::fprintf(stderr, "cxlkvd: stopped (%lu grants, %lu rounds)\n", static_cast<unsigned long>(st.grants),
+               static_cast<unsigned long>(st.rounds));
+  return 0;
+}
