@@ -1,9 +1,17 @@
 #!/bin/sh
-# The main job on the embedded default pool (shm, no module, no CXL).
-# Interim (until the KV store lands): format the pool with the standard
-# carves and print its layout.
+# The main job: cxlkv-replay on an embedded shm pool (no module, no CXL).
+# A lock manager, prefill and decode worker processes (one node each) replay
+# the built-in workload, or a Mooncake JSONL trace with TRACE=path, then three
+# bounded capacities for their hit ratios.  Exit status 0 only with 0 errors
+# and (unbounded) a token hit ratio equal to the trace's prefix reuse.
+#   TRACE=path  REQUESTS=n  PREFILL=p  DECODE=d  REPLAY_ARGS="..."
 set -eu
 B=${CXLKV_BUILD:-build}
-POOL=${POOL:-shm:cxlkv-run:1G}
-echo "cxlkv: formatting $POOL with the standard carves"
-"$B/tools/cxlkvctl" --pool "$POOL" format --force
+set -- --prefill "${PREFILL:-2}" --decode "${DECODE:-2}"
+if [ -n "${TRACE:-}" ]; then
+	set -- "$@" --trace "$TRACE" --requests "${REQUESTS:-150}"
+elif [ -n "${REQUESTS:-}" ]; then
+	set -- "$@" --requests "$REQUESTS"
+fi
+# shellcheck disable=SC2086
+exec "$B/tools/cxlkv-replay" "$@" --sweep ${REPLAY_ARGS:-}

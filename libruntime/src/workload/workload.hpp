@@ -23,7 +23,7 @@ struct Request {
 };
 
 struct GeneratorOptions {
-  uint32_t requests = 400;
+  uint32_t requests = 100;
   double input_mean = 4449, input_std = 2424;
   double output_mean = 215, output_std = 263;
   // Fraction of requests that share no prefix with any other.

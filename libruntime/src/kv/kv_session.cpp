@@ -1,0 +1,148 @@
+// SPDX-License-Identifier: MIT
+// KvSession: a KvStore wired to the real pool layers of one node:
+//   stripe locks   -> the sync layer's two-tier locks (lock id lock_base + stripe)
+//   payload space  -> the node heap (chunk allocator + size classes) over the kv carve
+//   liveness       -> the control carve's node table (state, incarnation,
+//                     heartbeat age; a same-host pid that no longer exists is dead at once)
+#include <signal.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cstring>
+
+#include "cxlkv/alloc.hpp"
+#include "cxlkv/kv.hpp"
+#include "cxlkv/sync.hpp"
+#include "index/prefix_index.hpp"
+
+namespace cxlkv {
+namespace {
+
+class TwoTierStripeLocks final : public StripeLocks {
+ public:
+  TwoTierStripeLocks(NodeContext& node, uint32_t base, uint32_t n) {
+    for (uint32_t i = 0; i < n; i++) locks_.push_back(std::make_unique<TwoTierLock>(node, base + i));
+  }
+  Result<void> lock(uint32_t s) override {
+    if (s >= locks_.size()) return Error(-EINVAL, "index: stripe lock " + std::to_string(s) + " out of range");
+    auto r = locks_[s]->lock();
+    if (!r) return r.error();
+    // Acquired::recovered: a process of this node died inside the critical
+    // section.  Every index entry is a single self-checking line and an
+    // EVICTING leftover is finished by the next evictor, so the entries stay
+    // consistent; at worst the stripe's usage counters are off by one block.
+    return {};
+  }
+  void unlock(uint32_t s) override { (void)locks_[s]->unlock(); }
+
+ private:
+  std::vector<std::unique_ptr<TwoTierLock>> locks_;
+};
+
+class NodeTableLiveness final : public NodeLiveness {
+ public:
+  NodeTableLiveness(NodeContext& node) : node_(node) {
+    char h[64] = {};
+    gethostname(h, sizeof h - 1);
+    host_ = h;
+  }
+  bool alive(uint32_t n, uint32_t inc) override {
+    cxlkv_node_entry e;
+    if (!read(n, &e)) return false;
+    return static_cast<uint32_t>(e.incarnation) == inc && live(e);
+  }
+  bool node_alive(uint32_t n) override {
+    cxlkv_node_entry e;
+    return read(n, &e) && live(e);
+  }
+
+ private:
+  bool read(uint32_t n, cxlkv_node_entry* e) {
+    if (n >= node_.control().max_nodes()) return false;
+    *e = node_.domain().read_fresh(node_.control().node_entry(n));  // rule 4
+    return true;
+  }
+  bool live(const cxlkv_node_entry& e) {
+    if (e.state != CXLKV_NODE_ACTIVE) return false;
+    char h[33];
+    std::memcpy(h, e.host, 32);
+    h[32] = 0;
+    // Same host: the pid answers at once (kill -9 is seen immediately).
+    if (host_ == h && e.pid && kill(static_cast<pid_t>(e.pid), 0) != 0 && errno == ESRCH) return false;
+    timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    int64_t now_ns = int64_t(ts.tv_sec) * 1000000000 + ts.tv_nsec;
+    int64_t age_ms = (now_ns - int64_t(e.heartbeat_ns)) / 1000000;
+    return e.heartbeat_ns != 0 && age_ms < kNodeStaleMs;
+  }
+  NodeContext& node_;
+  std::string host_;
+};
+
+class HeapSpace final : public PayloadSpace {
+ public:
+  explicit HeapSpace(NodeHeap& heap) : heap_(heap) {}
+  Result<BlockLocation> alloc(uint64_t bytes) override {
+    auto off = heap_.alloc(bytes);
+    if (!off) {
+      // Other nodes may have freed blocks of ours (evictions): take them back once.
+      if (off.error().code() == -ENOSPC && heap_.drain_remote_frees().ok()) off = heap_.alloc(bytes);
+      if (!off) return off.error();
+    }
+    return BlockLocation{off.value(), static_cast<uint32_t>(bytes), 0, CXLKV_TIER_MEM};
+  }
+  void free(const BlockLocation& loc) override { (void)heap_.free(loc.offset); }
+
+ private:
+  NodeHeap& heap_;
+};
+
+class RealSession final : public KvSession {
+ public:
+  KvStore& store() override { return *store_; }
+  std::unique_ptr<NodeHeap> heap;
+  std::unique_ptr<TwoTierStripeLocks> locks;
+  std::unique_ptr<NodeTableLiveness> live;
+  std::unique_ptr<HeapSpace> space;
+  std::unique_ptr<KvStore> store_;
+};
+
+}  // namespace
+
+Result<std::unique_ptr<KvSession>> open_kv_session(Region& pool, NodeContext& node, const KvOpenOptions& opts) {
+  auto ic = pool.carve(CXLKV_CARVE_INDEX);
+  if (!ic) return Error(ic.error().code(), "kv: pool " + pool.uri() + " has no index carve (format it first)");
+  MemoryDomain& d = node.domain();
+  void* carve = pool.at(ic->offset);
+  auto hdr = d.read_fresh(reinterpret_cast<const cxlkv_index_header*>(carve));  // rule 4
+  if (hdr.magic != CXLKV_INDEX_MAGIC)
+    return Error(-ENODATA, "kv: pool " + pool.uri() + ": index carve is not formatted");
+  if (hdr.lock_base + hdr.nstripes > node.control().max_locks())
+    return Error(-EINVAL, "kv: index stripes need lock ids up to " + std::to_string(hdr.lock_base + hdr.nstripes) +
+                              ", the pool has " + std::to_string(node.control().max_locks()));
+  auto s = std::make_unique<RealSession>();
+  auto heap = NodeHeap::open(node);
+  if (!heap) return heap.error();
+  s->heap = std::move(heap.value());
+  s->locks = std::make_unique<TwoTierStripeLocks>(node, hdr.lock_base, hdr.nstripes);
+  s->live = std::make_unique<NodeTableLiveness>(node);
+  s->space = std::make_unique<HeapSpace>(*s->heap);
+  cxlkv_node_entry me = d.read_fresh(node.control().node_entry(node.node()));  // rule 4
+  KvDeps deps;
+  deps.index_domain = &d;
+  deps.index_carve = carve;
+  deps.index_bytes = ic->size;
+  deps.node = node.node();
+  deps.incarnation = me.incarnation;
+  deps.locks = s->locks.get();
+  deps.liveness = s->live.get();
+  deps.space = s->space.get();
+  deps.devices.push_back(PoolDevice{&d, pool.base(), pool.size()});
+  for (Region* r : opts.extra_devices) deps.devices.push_back(PoolDevice{&r->domain(), r->base(), r->size()});
+  auto kv = KvStore::create(std::move(deps));
+  if (!kv) return kv.error();
+  s->store_ = std::move(kv.value());
+  return std::unique_ptr<KvSession>(std::move(s));
+}
+
+}  // namespace cxlkv

@@ -1,0 +1,393 @@
+// SPDX-License-Identifier: MIT
+// cxlkv-replay: replays a serving workload through an embedded shm pool with
+// real KV bytes (see replay.hpp and --help).
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "cxlkv/kv.hpp"
+#include "cxlkv/region.hpp"
+#include "cxlkv/sync.hpp"
+#include "index/prefix_index.hpp"
+#include "pool/format.hpp"
+#include "replay.hpp"
+
+namespace replay {
+namespace {
+
+using namespace cxlkv;
+
+const char* kUsage =
+    "usage: cxlkv-replay [options]\n"
+    "\n"
+    "Replays a serving workload on an embedded shm pool with real KV bytes: a lock\n"
+    "manager, P prefill and D decode worker processes (one node each).  Prefill looks\n"
+    "up the longest cached prefix, fetches those blocks, produces and publishes the\n"
+    "rest; decode fetches and verifies every prompt block.\n"
+    "\n"
+    "  --trace FILE         Mooncake JSONL trace (default: built-in generator)\n"
+    "  --requests N         requests (generator: 100) / at most N requests (trace: all)\n"
+    "  --unique-fraction F  generator: share of requests with no shared prefix (0.3)\n"
+    "  --seed N             generator seed (1)\n"
+    "  --prefill P          prefill workers (2)\n"
+    "  --decode D           decode workers (2)\n"
+    "  --capacity BLOCKS    cache capacity in blocks (default unbounded)\n"
+    "  --sweep              also run three bounded capacities and print their hit ratios\n"
+    "  --pool-size SIZE     shm pool size (2G)\n"
+    "  --pool URI           use this pool URI (formatted here, e.g. shm:NAME:SIZE)\n"
+    "  --interleave N       stripe payload over N shm pools (1 or 2)\n"
+    "  --layers L --kv-heads H --head-size S   engine geometry of a 512-token block (8, 2, 64: 2 MiB)\n"
+    "  --time-scale X       trace time x X (0: as fast as possible)\n"
+    "  --no-verify          skip byte verification\n"
+    "  --json               print the summary as JSON on stdout\n"
+    "  --quiet              no progress line\n";
+
+uint64_t now_ns() {
+  timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return uint64_t(ts.tv_sec) * 1000000000ull + ts.tv_nsec;
+}
+
+struct Summary {
+  uint64_t requests = 0, input_tokens = 0, hit_tokens = 0;
+  uint64_t blocks_written = 0, blocks_read = 0, bytes = 0;
+  uint64_t errors = 0, decode_misses = 0, uncached = 0, lost_hits = 0, evictions = 0;
+  double seconds = 0, theory = 0;
+  double lat[3][2] = {};
+  uint64_t block_bytes = 0, capacity = 0;
+  double hit_ratio() const { return input_tokens ? double(hit_tokens) / double(input_tokens) : 0; }
+};
+
+Result<Summary> run_once(const Config& c, const std::vector<Request>& reqs, int argc, char** argv) {
+  Summary s;
+  const std::string tag = std::to_string(getpid()) + "-" + std::to_string(now_ns() % 100000);
+  Config cc = c;
+  bool own_pool = cc.pool_uri.empty();
+  if (own_pool) cc.pool_uri = "shm:cxlkv-replay-" + tag + ":" + std::to_string(cc.pool_size >> 20) + "M";
+  PoolFormatOptions fo;
+  fo.force = true;
+  fo.max_nodes = 16;
+  // One index slot per 16 KiB of pool: room for every block of the run.
+  fo.index_entries = cc.pool_size / (16 << 10);
+  auto region = format_pool(cc.pool_uri, fo);
+  if (!region) return region.error();
+  std::vector<std::string> extra;
+  for (uint32_t d = 1; d < cc.interleave; d++) {
+    std::string u = "shm:cxlkv-replay-" + tag + "-dev" + std::to_string(d) + ":" + std::to_string(cc.pool_size >> 20) + "M";
+    auto r2 = format_pool(u, fo);
+    if (!r2) return r2.error();
+    extra.push_back(u);
+  }
+  auto ic = region.value()->carve(CXLKV_CARVE_INDEX);
+  if (!ic) return ic.error();
+  IndexPolicy pol;
+  pol.max_blocks = cc.capacity_blocks;
+  pol.ndevices = static_cast<uint8_t>(cc.interleave);
+  pol.interleave_stripe = cc.interleave_stripe;
+  CXLKV_TRY(index_set_policy(region.value()->domain(), region.value()->at(ic->offset), pol));
+
+  // The lock manager: cxlkvd's job, here a thread of the parent (node 0 owns nothing else).
+  LockManagerOptions lo;
+  auto mgr = LockManager::create(*region.value(), lo);
+  if (!mgr) return mgr.error();
+  mgr.value()->start();
+
+  const std::string coord = "/cxlkv-replay-coord-" + tag;
+  int fd = shm_open(coord.c_str(), O_RDWR | O_CREAT | O_EXCL, 0600);
+  if (fd < 0) return Error(-errno, "coordination segment " + coord + ": " + std::strerror(errno));
+  size_t cb = coord_bytes(reqs.size());
+  if (ftruncate(fd, static_cast<off_t>(cb)) != 0) return Error(-errno, "ftruncate coordination segment");
+  void* m = mmap(nullptr, cb, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  close(fd);
+  if (m == MAP_FAILED) return Error(-errno, "mmap coordination segment");
+  Coord& co = *new (m) Coord();
+  co.nrequests = reqs.size();
+  co.start_ns = now_ns();
+
+  // Workers: fork/exec of ourselves with --worker, one node each.
+  std::vector<pid_t> kids;
+  const uint32_t nworkers = cc.prefill + cc.decode;
+  for (uint32_t w = 0; w < nworkers; w++) {
+    std::vector<std::string> args(argv, argv + argc);
+    args.push_back("--pool");
+    args.push_back(cc.pool_uri);
+    for (auto& e : extra) {
+      args.push_back("--extra-pool");
+      args.push_back(e);
+    }
+    args.push_back("--capacity");
+    args.push_back(std::to_string(cc.capacity_blocks));
+    args.push_back("--worker");
+    args.push_back(w < cc.prefill ? "prefill" : "decode");
+    args.push_back("--worker-index");
+    args.push_back(std::to_string(w));
+    args.push_back("--node");
+    args.push_back(std::to_string(w + 1));
+    args.push_back("--coord");
+    args.push_back(coord);
+    pid_t pid = fork();
+    if (pid == 0) {
+      std::vector<char*> av;
+      for (auto& a : args) av.push_back(a.data());
+      av.push_back(nullptr);
+      execv("/proc/self/exe", av.data());
+      _exit(127);
+    }
+    kids.push_back(pid);
+  }
+
+  uint64_t last_print = 0;
+  size_t running = kids.size();
+  uint64_t failed = 0;
+  std::vector<bool> reaped(kids.size(), false);
+  const uint64_t n = reqs.size();
+  while (running) {
+    for (size_t i = 0; i < kids.size(); i++) {
+      if (reaped[i]) continue;
+      int st;
+      if (waitpid(kids[i], &st, WNOHANG) == kids[i]) {
+        reaped[i] = true;
+        running--;
+        if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) {
+          failed++;
+          co.abort = 1;  // a stuck turn would hang the others
+          std::fprintf(stderr, "cxlkv-replay: worker %zu (pid %d) failed (%s %d)\n", i, kids[i],
+                       WIFEXITED(st) ? "exit" : "signal", WIFEXITED(st) ? WEXITSTATUS(st) : WTERMSIG(st));
+        }
+      }
+    }
+    uint64_t t = now_ns();
+    if (!cc.quiet && t - last_print > 250000000ull) {
+      last_print = t;
+      uint64_t in = 0, hit = 0, bytes = 0, errs = 0;
+      for (uint32_t w = 1; w <= nworkers; w++) {
+        in += co.workers[w].input_tokens;
+        hit += co.workers[w].hit_tokens;
+        bytes += co.workers[w].bytes_written + co.workers[w].bytes_read;
+        errs += co.workers[w].errors;
+      }
+      double sec = double(t - co.start_ns) / 1e9;
+      std::fprintf(stderr, "\r[cxlkv-replay] prefill %lu/%lu  decode %lu/%lu  token hit %.1f%%  %.2f GB/s  errors %lu   ",
+                   (unsigned long)co.prefilled.load(), (unsigned long)n, (unsigned long)co.decoded.load(),
+                   (unsigned long)n, in ? 100.0 * double(hit) / double(in) : 0.0, double(bytes) / 1e9 / sec,
+                   (unsigned long)errs);
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  s.seconds = double(now_ns() - co.start_ns) / 1e9;
+  if (!cc.quiet) std::fprintf(stderr, "\n");
+
+  for (uint32_t w = 1; w <= nworkers; w++) {
+    const WorkerCounters& k = co.workers[w];
+    if (w <= cc.prefill) {
+      s.requests += k.requests;
+      s.input_tokens += k.input_tokens;
+      s.hit_tokens += k.hit_tokens;
+    }
+    s.blocks_written += k.blocks_written;
+    s.blocks_read += k.blocks_read;
+    s.bytes += k.bytes_written + k.bytes_read;
+    s.errors += k.errors;
+    s.decode_misses += k.decode_misses;
+    s.uncached += k.uncached;
+    s.lost_hits += k.lost_hits;
+  }
+  s.errors += failed;
+  KvStats total;
+  for (auto& ns : read_pool_stats(region.value()->domain(), region.value()->at(ic->offset))) {
+    total.add(ns.stats);
+    s.evictions += ns.stats.counters[CXLKV_CTR_EVICTIONS];
+  }
+  for (int l = 0; l < 3; l++) {
+    s.lat[l][0] = total.latency_us(l, 50);
+    s.lat[l][1] = total.latency_us(l, 99);
+  }
+  s.capacity = cc.capacity_blocks;
+  mgr.value()->stop();
+  mgr.value().reset();
+  munmap(m, cb);
+  shm_unlink(coord.c_str());
+  region.value().reset();
+  if (own_pool) {
+    std::string name = cc.pool_uri.substr(4, cc.pool_uri.rfind(':') - 4);
+    shm_unlink(("/" + name).c_str());
+  }
+  for (auto& e : extra) shm_unlink(("/" + e.substr(4, e.rfind(':') - 4)).c_str());
+  return s;
+}
+
+void print_summary(const Summary& s, const Config& c, const char* title) {
+  std::fprintf(stderr,
+               "%s\n"
+               "  requests            %lu\n"
+               "  token hit ratio     %.4f   (trace's theoretical prefix reuse %.4f)\n"
+               "  blocks written      %lu   read %lu   (%lu KiB each)\n"
+               "  throughput          %.2f GB/s  over %.2f s\n"
+               "  latency p50/p99 us  lookup %.1f/%.1f  publish %.1f/%.1f  fetch %.1f/%.1f\n"
+               "  evictions           %lu   decode misses %lu   uncached %lu\n"
+               "  errors              %lu\n",
+               title, (unsigned long)s.requests, s.hit_ratio(), s.theory, (unsigned long)s.blocks_written,
+               (unsigned long)s.blocks_read, (unsigned long)(s.block_bytes >> 10), s.bytes / 1e9 / s.seconds,
+               s.seconds, s.lat[0][0], s.lat[0][1], s.lat[1][0], s.lat[1][1], s.lat[2][0], s.lat[2][1],
+               (unsigned long)s.evictions, (unsigned long)s.decode_misses, (unsigned long)s.uncached,
+               (unsigned long)s.errors);
+  (void)c;
+}
+
+bool parse(int argc, char** argv, Config* c, std::string* err) {
+  auto need = [&](int& i) -> const char* {
+    if (i + 1 >= argc) {
+      *err = std::string("option ") + argv[i] + " needs a value";
+      return nullptr;
+    }
+    return argv[++i];
+  };
+  auto num = [&](const char* v, double lo, double hi, double* out) {
+    char* e = nullptr;
+    double x = std::strtod(v, &e);
+    if (!v[0] || *e || x < lo || x > hi) {
+      *err = std::string("bad value '") + v + "'";
+      return false;
+    }
+    *out = x;
+    return true;
+  };
+  for (int i = 1; i < argc; i++) {
+    std::string a = argv[i];
+    const char* v;
+    double x;
+    if (a == "--trace") { if (!(v = need(i))) return false; c->trace = v; }
+    else if (a == "--requests") { if (!(v = need(i)) || !num(v, 1, 1e7, &x)) return false; c->max_requests = uint32_t(x); }
+    else if (a == "--unique-fraction") { if (!(v = need(i)) || !num(v, 0, 1, &x)) return false; c->gen.unique_fraction = x; }
+    else if (a == "--seed") { if (!(v = need(i)) || !num(v, 0, 1e18, &x)) return false; c->gen.seed = uint64_t(x); }
+    else if (a == "--prefill") { if (!(v = need(i)) || !num(v, 1, 32, &x)) return false; c->prefill = uint32_t(x); }
+    else if (a == "--decode") { if (!(v = need(i)) || !num(v, 0, 32, &x)) return false; c->decode = uint32_t(x); }
+    else if (a == "--capacity") { if (!(v = need(i)) || !num(v, 0, 1e12, &x)) return false; c->capacity_blocks = uint64_t(x); }
+    else if (a == "--sweep") c->sweep = true;
+    else if (a == "--pool-size") { if (!(v = need(i)) || !num(v, 64, 1e6, &x)) return false; c->pool_size = uint64_t(x) << 20; }
+    else if (a == "--pool") { if (!(v = need(i))) return false; c->pool_uri = v; }
+    else if (a == "--extra-pool") { if (!(v = need(i))) return false; c->extra_pools.push_back(v); }
+    else if (a == "--interleave") { if (!(v = need(i)) || !num(v, 1, 2, &x)) return false; c->interleave = uint32_t(x); }
+    else if (a == "--layers") { if (!(v = need(i)) || !num(v, 1, 128, &x)) return false; c->layers = uint32_t(x); }
+    else if (a == "--kv-heads") { if (!(v = need(i)) || !num(v, 1, 128, &x)) return false; c->kv_heads = uint32_t(x); }
+    else if (a == "--head-size") { if (!(v = need(i)) || !num(v, 1, 1024, &x)) return false; c->head_size = uint32_t(x); }
+    else if (a == "--time-scale") { if (!(v = need(i)) || !num(v, 0, 1e6, &x)) return false; c->time_scale = x; }
+    else if (a == "--no-verify") c->verify = false;
+    else if (a == "--json") c->json = true;
+    else if (a == "--quiet") c->quiet = true;
+    else if (a == "--worker") { if (!(v = need(i))) return false; c->worker = v; }
+    else if (a == "--worker-index") { if (!(v = need(i)) || !num(v, 0, 63, &x)) return false; c->worker_index = uint32_t(x); }
+    else if (a == "--node") { if (!(v = need(i)) || !num(v, 0, 63, &x)) return false; c->node = uint32_t(x); }
+    else if (a == "--coord") { if (!(v = need(i))) return false; c->coord = v; }
+    else if (a == "-h" || a == "--help") { std::fputs(kUsage, stdout); std::exit(0); }
+    else { *err = "unknown option '" + a + "' (see --help)"; return false; }
+  }
+  if (c->prefill + c->decode > 15) { *err = "at most 15 workers (nodes 1..15)"; return false; }
+  return true;
+}
+
+}  // namespace
+
+int run_parent(const Config& c, char** argv, int argc) {
+  std::string err;
+  std::vector<Request> reqs = load_workload(c, &err);
+  if (reqs.empty()) {
+    std::fprintf(stderr, "cxlkv-replay: %s\n", err.empty() ? "empty workload" : err.c_str());
+    return 1;
+  }
+  PrefixReuse th = theoretical_prefix_reuse(reqs);
+  const uint64_t block_bytes = uint64_t(kTraceBlockTokens) * c.kv_heads * c.head_size * 2 * 2 * c.layers;
+  // Unbounded runs need room for every distinct block (+ allocator slack).
+  Config cc = c;
+  if (c.pool_uri.empty()) {
+    uint64_t need = th.unique_blocks * block_bytes * 5 / 4 + (256ull << 20);
+    if (c.capacity_blocks) need = std::min<uint64_t>(need, c.capacity_blocks * block_bytes * 5 / 4 + (256ull << 20));
+    cc.pool_size = std::max<uint64_t>(c.pool_size, (need + (2ull << 20) - 1) & ~((2ull << 20) - 1));
+  }
+  auto r = run_once(cc, reqs, argc, argv);
+  if (!r) {
+    std::fprintf(stderr, "cxlkv-replay: %s\n", r.error().message().c_str());
+    return 1;
+  }
+  Summary s = r.value();
+  s.theory = th.ratio();
+  s.block_bytes = block_bytes;
+  std::vector<Summary> sweep;
+  if (c.sweep) {
+    for (double f : {0.1, 0.25, 0.5}) {
+      Config b = cc;
+      b.capacity_blocks = std::max<uint64_t>(16, uint64_t(double(th.unique_blocks) * f));
+      b.quiet = true;
+      auto rb = run_once(b, reqs, argc, argv);
+      if (!rb) {
+        std::fprintf(stderr, "cxlkv-replay: capacity %lu: %s\n", (unsigned long)b.capacity_blocks,
+                     rb.error().message().c_str());
+        return 1;
+      }
+      rb.value().theory = th.ratio();
+      rb.value().block_bytes = block_bytes;
+      sweep.push_back(rb.value());
+    }
+  }
+  if (!c.json || !c.quiet) {
+    print_summary(s, c, c.capacity_blocks ? "cxlkv-replay summary (bounded capacity)" : "cxlkv-replay summary (unbounded capacity)");
+    std::fprintf(stderr, "  fidelity            %s\n",
+                 c.capacity_blocks ? "n/a (bounded capacity)"
+                 : s.hit_tokens == th.reused_tokens ? "exact (replay hit tokens == theoretical reused tokens)"
+                                                     : "MISMATCH");
+    for (auto& b : sweep)
+      std::fprintf(stderr, "  capacity %7lu blocks (%4.1f%% of %lu distinct): token hit ratio %.4f, evictions %lu, errors %lu\n",
+                   (unsigned long)b.capacity, 100.0 * double(b.capacity) / double(th.unique_blocks),
+                   (unsigned long)th.unique_blocks, b.hit_ratio(), (unsigned long)b.evictions, (unsigned long)b.errors);
+  }
+  uint64_t errors = s.errors;
+  for (auto& b : sweep) errors += b.errors;
+  if (c.json) {
+    std::printf("{\"requests\": %lu, \"input_tokens\": %lu, \"hit_tokens\": %lu, \"token_hit_ratio\": %.6f, "
+                "\"theoretical_hit_tokens\": %lu, \"theoretical_hit_ratio\": %.6f, \"blocks_written\": %lu, "
+                "\"blocks_read\": %lu, \"block_bytes\": %lu, \"bytes\": %lu, \"seconds\": %.4f, \"gbps\": %.4f, "
+                "\"block_ops_per_s\": %.1f, "
+                "\"lookup_us_p50\": %.2f, \"lookup_us_p99\": %.2f, \"publish_us_p50\": %.2f, \"publish_us_p99\": %.2f, "
+                "\"fetch_us_p50\": %.2f, \"fetch_us_p99\": %.2f, \"evictions\": %lu, \"decode_misses\": %lu, "
+                "\"errors\": %lu, \"sweep\": [",
+                (unsigned long)s.requests, (unsigned long)s.input_tokens, (unsigned long)s.hit_tokens, s.hit_ratio(),
+                (unsigned long)th.reused_tokens, th.ratio(), (unsigned long)s.blocks_written,
+                (unsigned long)s.blocks_read, (unsigned long)block_bytes, (unsigned long)s.bytes, s.seconds,
+                s.bytes / 1e9 / s.seconds, double(s.blocks_written + s.blocks_read) / s.seconds, s.lat[0][0],
+                s.lat[0][1], s.lat[1][0], s.lat[1][1], s.lat[2][0], s.lat[2][1], (unsigned long)s.evictions,
+                (unsigned long)s.decode_misses, (unsigned long)errors);
+    for (size_t i = 0; i < sweep.size(); i++)
+      std::printf("%s{\"capacity_blocks\": %lu, \"token_hit_ratio\": %.6f, \"evictions\": %lu}", i ? ", " : "",
+                  (unsigned long)sweep[i].capacity, sweep[i].hit_ratio(), (unsigned long)sweep[i].evictions);
+    std::printf("]}\n");
+  }
+  if (errors) return 1;
+  if (!c.capacity_blocks && s.hit_tokens != th.reused_tokens) return 1;
+  return 0;
+}
+
+}  // namespace replay
+
+int main(int argc, char** argv) {
+  replay::Config c;
+  std::string err;
+  if (!replay::parse(argc, argv, &c, &err)) {
+    std::fprintf(stderr, "cxlkv-replay: %s\n", err.c_str());
+    return 2;
+  }
+  if (!c.worker.empty()) return replay::run_worker(c);
+  signal(SIGPIPE, SIG_IGN);
+  return replay::run_parent(c, argv, argc);
+}

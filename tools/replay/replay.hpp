@@ -1,0 +1,79 @@
+// SPDX-License-Identifier: MIT
+// cxlkv-replay: the main job.  One parent (pool owner + lock manager) and
+// P prefill + D decode worker processes, each attached as its own node.
+//
+// Fidelity: prefill workers take requests in trace order and do the
+// metadata phase (lookup + reserve of the missing blocks) one request at a
+// time in that order (a turn counter in the coordination segment), then
+// move payloads in parallel.  So a request sees every block an earlier
+// request cached or is still writing, and with unbounded capacity the token
+// hit ratio equals the trace's theoretical prefix reuse exactly.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "workload/workload.hpp"
+
+namespace replay {
+
+struct Config {
+  std::string pool_uri;          // default shm:cxlkv-replay-<pid>:<pool_size>
+  uint64_t pool_size = 2ull << 30;
+  std::string trace;             // empty: built-in generator
+  uint32_t max_requests = 0;     // trace: 0 = all; generator: requests
+  cxlkv::GeneratorOptions gen;
+  uint32_t prefill = 2, decode = 2;
+  // Engine geometry of one 512-token block: 8 layers x K,V x 512 tokens x 2
+  // KV heads x 64 x fp16 = 2 MiB, the size of one Llama-3.1-8B 16-token
+  // block (a small model keeps the default run quick).
+  uint32_t layers = 8, kv_heads = 2, head_size = 64;
+  uint64_t capacity_blocks = 0;  // 0: unbounded
+  bool sweep = false;            // also run three bounded capacities
+  double time_scale = 0;         // trace ms -> wall ms factor; 0: as fast as possible
+  bool json = false;
+  bool quiet = false;
+  bool verify = true;
+  uint32_t interleave = 1;       // pool devices to stripe payload over (1 or 2)
+  uint32_t interleave_stripe = 64 << 10;
+  // worker mode
+  std::string worker;            // "prefill" | "decode"
+  uint32_t worker_index = 0, node = 0;
+  std::string coord;
+  std::vector<std::string> extra_pools;
+};
+
+struct WorkerCounters {
+  std::atomic<uint64_t> requests{0}, input_tokens{0}, hit_tokens{0}, hit_blocks{0};
+  std::atomic<uint64_t> blocks_written{0}, blocks_read{0}, bytes_written{0}, bytes_read{0};
+  std::atomic<uint64_t> errors{0}, decode_misses{0}, uncached{0}, lost_hits{0};
+  std::atomic<uint64_t> done{0};  // 1 when the worker finished its loop
+  char pad[24];
+};
+
+// Shared between the parent and its workers (node-local shm, not the pool:
+// it stands in for the serving frontend that routes requests).
+struct Coord {
+  std::atomic<uint64_t> next_prefill{0}, next_decode{0}, turn{0};
+  std::atomic<uint64_t> prefilled{0}, decoded{0};
+  std::atomic<uint32_t> abort{0};
+  uint64_t start_ns = 0;
+  uint64_t nrequests = 0;
+  WorkerCounters workers[64];
+  std::atomic<uint8_t> ready[1];  // [nrequests]: 1 when request i is prefilled
+};
+
+size_t coord_bytes(uint64_t nrequests);
+
+int run_worker(const Config& c);
+int run_parent(const Config& c, char** argv, int argc);
+
+// Deterministic payload of a block: chunk j of the block with key (lo, hi).
+void fill_chunk(uint64_t key_lo, uint64_t key_hi, uint32_t j, std::byte* p, size_t n);
+bool check_chunk(uint64_t key_lo, uint64_t key_hi, uint32_t j, const std::byte* p, size_t n);
+
+std::vector<cxlkv::Request> load_workload(const Config& c, std::string* err);
+
+}  // namespace replay

@@ -1,0 +1,282 @@
+// SPDX-License-Identifier: MIT
+// Replay workers: prefill (lookup, fetch hits, produce + publish misses) and
+// decode (fetch and verify every prompt block).
+#include <fcntl.h>
+#include <sched.h>
+#include <sys/mman.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <thread>
+
+#include "cxlkv/kv.hpp"
+#include "cxlkv/layout.hpp"
+#include "cxlkv/region.hpp"
+#include "cxlkv/sync.hpp"
+#include "replay.hpp"
+
+namespace replay {
+
+using namespace cxlkv;
+
+size_t coord_bytes(uint64_t n) { return sizeof(Coord) + n; }
+
+static inline uint64_t mix(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ULL;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
+  return x ^ (x >> 31);
+}
+
+void fill_chunk(uint64_t lo, uint64_t hi, uint32_t j, std::byte* p, size_t n) {
+  uint64_t s = mix(lo ^ mix(hi + j));
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    uint64_t v = s + i * 0x9e3779b97f4a7c15ULL;
+    v ^= v >> 29;
+    std::memcpy(p + i, &v, 8);
+  }
+  for (; i < n; i++) p[i] = std::byte(s >> (i % 8));
+}
+
+bool check_chunk(uint64_t lo, uint64_t hi, uint32_t j, const std::byte* p, size_t n) {
+  uint64_t s = mix(lo ^ mix(hi + j));
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    uint64_t v = s + i * 0x9e3779b97f4a7c15ULL;
+    v ^= v >> 29;
+    if (std::memcmp(p + i, &v, 8) != 0) return false;
+  }
+  for (; i < n; i++)
+    if (p[i] != std::byte(s >> (i % 8))) return false;
+  return true;
+}
+
+std::vector<Request> load_workload(const Config& c, std::string* err) {
+  if (c.trace.empty()) {
+    GeneratorOptions g = c.gen;
+    if (c.max_requests) g.requests = c.max_requests;
+    return generate_workload(g);
+  }
+  auto r = read_trace(c.trace, c.max_requests);
+  if (!r) {
+    *err = r.error().message();
+    return {};
+  }
+  return std::move(r.value());
+}
+
+namespace {
+
+uint64_t now_ns() {
+  timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return uint64_t(ts.tv_sec) * 1000000000ull + ts.tv_nsec;
+}
+
+// A tiny paged KV cache of the engine: the worker's side of every transfer.
+struct Engine {
+  explicit Engine(const Config& c) {
+    layout.num_layers = c.layers;
+    layout.num_blocks = 8;
+    layout.block_size = kTraceBlockTokens;
+    layout.num_kv_heads = c.kv_heads;
+    layout.head_size = c.head_size;
+    layout.dtype_bytes = 2;
+    layout.order = LayoutOrder::layer_first;
+    per_tensor = layout.chunk_bytes() * layout.num_blocks;
+    store.resize(per_tensor * 2 * layout.num_layers);
+    for (uint32_t i = 0; i < 2 * layout.num_layers; i++) layout.bases.push_back(store.data() + i * per_tensor);
+  }
+  std::vector<Chunk> chunks(uint32_t engine_block) {
+    uint32_t id = engine_block % layout.num_blocks;
+    auto r = chunks_for_blocks(layout, {&id, 1});
+    return r.ok() ? r.value() : std::vector<Chunk>{};
+  }
+  EngineLayout layout;
+  uint64_t per_tensor;
+  std::vector<std::byte> store;
+};
+
+void wait_until(uint64_t t_ns) {
+  while (now_ns() < t_ns) std::this_thread::sleep_for(std::chrono::microseconds(200));
+}
+
+void spin_wait(const std::atomic<uint64_t>& v, uint64_t want, const std::atomic<uint32_t>& abort) {
+  for (uint32_t i = 0; v.load(std::memory_order_acquire) != want; i++) {
+    if (abort.load()) return;
+    if (i < 100) sched_yield();
+    else std::this_thread::sleep_for(std::chrono::microseconds(20));
+  }
+}
+
+}  // namespace
+
+int run_worker(const Config& c) {
+  auto fail = [&](const std::string& m) {
+    std::fprintf(stderr, "cxlkv-replay %s worker %u (node %u): %s\n", c.worker.c_str(), c.worker_index, c.node,
+                 m.c_str());
+    return 1;
+  };
+  std::string err;
+  std::vector<Request> reqs = load_workload(c, &err);
+  if (reqs.empty()) return fail(err.empty() ? "empty workload" : err);
+
+  int fd = shm_open(c.coord.c_str(), O_RDWR, 0);
+  if (fd < 0) return fail("coordination segment " + c.coord + ": " + std::strerror(errno));
+  void* m = mmap(nullptr, coord_bytes(reqs.size()), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  close(fd);
+  if (m == MAP_FAILED) return fail("mmap coordination segment: " + std::string(std::strerror(errno)));
+  Coord& co = *static_cast<Coord*>(m);
+  WorkerCounters& wc = co.workers[c.node];
+
+  auto region = Region::open(c.pool_uri);
+  if (!region) return fail(region.error().message());
+  std::vector<std::unique_ptr<Region>> extra;
+  KvOpenOptions ko;
+  for (auto& u : c.extra_pools) {
+    auto r = Region::open(u);
+    if (!r) return fail(r.error().message());
+    extra.push_back(std::move(r.value()));
+    ko.extra_devices.push_back(extra.back().get());
+  }
+  NodeOptions no;
+  no.node = c.node;
+  no.heartbeat = true;
+  auto node = NodeContext::attach(*region.value(), no);
+  if (!node) return fail(node.error().message());
+  auto session = open_kv_session(*region.value(), *node.value(), ko);
+  if (!session) return fail(session.error().message());
+  KvStore& kv = session.value()->store();
+
+  Engine eng(c);
+  const uint64_t block_bytes = eng.layout.block_bytes();
+  const bool prefill = c.worker == "prefill";
+  uint32_t eblock = 0;
+
+  auto fetch_verify = [&](const BlockKey& k, bool* missing) -> bool {
+    auto pin = kv.pin(k);
+    if (!pin) {
+      *missing = true;
+      return true;
+    }
+    auto ch = eng.chunks(eblock++);
+    bool ok = kv.fetch(*pin, ch).ok();
+    if (ok && c.verify)
+      for (uint32_t j = 0; j < ch.size(); j++)
+        ok &= check_chunk(k.lo, k.hi, j, static_cast<const std::byte*>(ch[j].addr), ch[j].len);
+    ok &= kv.unpin(*pin).ok();
+    if (ok) {
+      wc.blocks_read++;
+      wc.bytes_read += block_bytes;
+    }
+    return ok;
+  };
+
+  for (;;) {
+    if (co.abort.load()) break;
+    if (prefill) {
+      uint64_t r = co.next_prefill.fetch_add(1);
+      if (r >= reqs.size()) break;
+      const Request& q = reqs[r];
+      std::vector<BlockKey> keys = keys_from_ids(q.hash_ids);
+      // ---- metadata phase, in trace order --------------------------------
+      spin_wait(co.turn, r, co.abort);
+      if (c.time_scale > 0) wait_until(co.start_ns + uint64_t(double(q.timestamp_ms) * c.time_scale * 1e6));
+      size_t ready = kv.lookup(keys);
+      std::vector<KvReservation> mine;
+      std::vector<size_t> busy;
+      size_t hit = ready;
+      bool counting = true;
+      for (size_t i = ready; i < keys.size(); i++) {
+        auto res = kv.reserve(keys[i], i ? &keys[i - 1] : nullptr, block_bytes);
+        if (!res) {
+          // No space / parent evicted meanwhile: the rest is computed, not cached.
+          wc.uncached += keys.size() - i;
+          break;
+        }
+        if (res->reserved()) {
+          counting = false;
+          mine.push_back(*res);
+        } else {
+          if (counting) hit++;
+          if (res->status == 2) busy.push_back(i);
+        }
+      }
+      co.turn.store(r + 1, std::memory_order_release);
+      // ---- payload phase ---------------------------------------------------
+      for (size_t i = 0; i < hit; i++) {
+        if (std::find(busy.begin(), busy.end(), i) != busy.end())
+          kv.wait_ready(keys[i], std::chrono::milliseconds(10000));
+        bool missing = false;
+        if (!fetch_verify(keys[i], &missing)) {
+          wc.errors++;
+          std::fprintf(stderr, "cxlkv-replay: request %lu block %zu (%s): bytes differ from what was published\n",
+                       (unsigned long)r, i, to_hex(keys[i]).c_str());
+        }
+        if (missing) wc.lost_hits++;  // evicted between lookup and pin (bounded capacity)
+      }
+      for (size_t k = 0; k < mine.size(); k++) {
+        const KvReservation& res = mine[k];
+        auto ch = eng.chunks(eblock++);
+        for (uint32_t j = 0; j < ch.size(); j++)
+          fill_chunk(res.key.lo, res.key.hi, j, static_cast<std::byte*>(ch[j].addr), ch[j].len);
+        if (!kv.write(res, ch)) {
+          wc.errors++;
+          continue;
+        }
+        auto pub = kv.publish(res);
+        for (uint32_t t = 0; !pub && pub.error().code() == -EAGAIN && !co.abort.load(); t++) {
+          // The parent block is still being written by an earlier request.
+          if (t < 100) sched_yield();
+          else std::this_thread::sleep_for(std::chrono::microseconds(50));
+          pub = kv.publish(res);
+        }
+        if (!pub) {
+          // Parent's writer died: drop ours and everything after it.
+          for (size_t z = mine.size(); z-- > k;) (void)kv.abort(mine[z]);
+          wc.uncached += mine.size() - k;
+          break;
+        }
+        wc.blocks_written++;
+        wc.bytes_written += block_bytes;
+      }
+      wc.requests++;
+      wc.input_tokens += q.input_length;
+      wc.hit_tokens += hit_tokens(q, hit);
+      wc.hit_blocks += hit;
+      co.ready[r].store(1, std::memory_order_release);
+      co.prefilled++;
+    } else {
+      uint64_t r = co.next_decode.fetch_add(1);
+      if (r >= reqs.size()) break;
+      for (uint32_t i = 0; co.ready[r].load(std::memory_order_acquire) == 0; i++) {
+        if (co.abort.load()) break;
+        if (i < 100) sched_yield();
+        else std::this_thread::sleep_for(std::chrono::microseconds(50));
+      }
+      std::vector<BlockKey> keys = keys_from_ids(reqs[r].hash_ids);
+      for (size_t i = 0; i < keys.size(); i++) {
+        bool missing = false;
+        if (!fetch_verify(keys[i], &missing)) {
+          wc.errors++;
+          std::fprintf(stderr, "cxlkv-replay: decode of request %lu block %zu (%s): bytes differ\n",
+                       (unsigned long)r, i, to_hex(keys[i]).c_str());
+        }
+        if (missing) wc.decode_misses++;
+      }
+      wc.requests++;
+      co.decoded++;
+    }
+  }
+  kv.flush_stats();
+  wc.done = 1;
+  munmap(m, coord_bytes(reqs.size()));
+  return 0;
+}
+
+}  // namespace replay
