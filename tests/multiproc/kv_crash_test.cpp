@@ -1,0 +1,151 @@
+// SPDX-License-Identifier: MIT
+// Crash safety of the KV store across real processes: a writer killed with
+// SIGKILL mid-publish leaves no visible block and its reservations are
+// reclaimed; a reader killed holding a pin does not block eviction.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "cxlkv/kv.hpp"
+#include "cxlkv/region.hpp"
+#include "cxlkv/sync.hpp"
+#include "index/prefix_index.hpp"
+#include "pool/format.hpp"
+
+using namespace cxlkv;
+
+namespace {
+
+std::string helper() {
+  const char* t = std::getenv("CXLKV_TEST_TOOLS");
+  return std::string(t ? t : "tools") + "/../tests/kv_crash_helper";
+}
+
+struct Child {
+  pid_t pid = -1;
+  FILE* out = nullptr;
+};
+
+// Starts the helper and waits for its READY line.
+Child start(const std::vector<std::string>& args) {
+  int fd[2];
+  if (pipe(fd) != 0) return {};
+  Child c;
+  c.pid = fork();
+  if (c.pid == 0) {
+    dup2(fd[1], 1);
+    close(fd[0]);
+    std::vector<char*> av;
+    std::string h = helper();
+    av.push_back(h.data());
+    std::vector<std::string> a = args;
+    for (auto& s : a) av.push_back(s.data());
+    av.push_back(nullptr);
+    execv(h.c_str(), av.data());
+    _exit(127);
+  }
+  close(fd[1]);
+  c.out = fdopen(fd[0], "r");
+  char line[64] = {};
+  if (!fgets(line, sizeof line, c.out) || std::string(line) != "READY\n") c.pid = -1;
+  return c;
+}
+
+void kill9(Child& c) {
+  kill(c.pid, SIGKILL);
+  waitpid(c.pid, nullptr, 0);
+  fclose(c.out);
+}
+
+struct Pool {
+  Pool() {
+    uri = "shm:cxlkv-kvcrash-" + std::to_string(getpid()) + ":64M";
+    PoolFormatOptions fo;
+    fo.force = true;
+    region = std::move(format_pool(uri, fo).value());
+    mgr = std::move(LockManager::create(*region).value());
+    mgr->start();
+    NodeOptions no;
+    no.node = 1;
+    no.heartbeat = true;
+    node = std::move(NodeContext::attach(*region, no).value());
+    auto s = open_kv_session(*region, *node);
+    EXPECT_TRUE(s.ok()) << (s.ok() ? "" : s.error().message());
+    session = std::move(s.value());
+  }
+  ~Pool() {
+    session.reset();
+    node.reset();
+    mgr->stop();
+    mgr.reset();
+    region.reset();
+    std::string name = uri.substr(4, uri.rfind(':') - 4);
+    shm_unlink(("/" + name).c_str());
+  }
+  KvStore& kv() { return session->store(); }
+  std::string uri;
+  std::unique_ptr<Region> region;
+  std::unique_ptr<LockManager> mgr;
+  std::unique_ptr<NodeContext> node;
+  std::unique_ptr<KvSession> session;
+};
+
+bool put(KvStore& kv, const BlockKey& k, const BlockKey* parent, std::byte fill) {
+  std::vector<std::byte> buf(4096, fill);
+  Chunk ch{buf.data(), buf.size()};
+  auto r = kv.reserve(k, parent, buf.size());
+  return r && r->reserved() && kv.write(*r, {&ch, 1}) && kv.publish(*r);
+}
+
+}  // namespace
+
+TEST(KvCrash, WriterKilledMidPublishLeavesNoVisibleBlockAndIsReclaimed) {
+  Pool p;
+  std::vector<uint64_t> ids = {1, 2, 3};
+  auto keys = keys_from_ids(ids);
+  ASSERT_TRUE(put(p.kv(), keys[0], nullptr, std::byte{1}));
+  Child w = start({p.uri, "2", "writer", to_hex(keys[0]), to_hex(keys[1]), to_hex(keys[2])});
+  ASSERT_GT(w.pid, 0) << "helper did not get into position";
+  EXPECT_EQ(p.kv().index().find_state(keys[1]), uint32_t(CXLKV_ENTRY_WRITING));
+  kill9(w);
+  EXPECT_EQ(p.kv().lookup(keys), 1u) << "the half-written blocks are never visible";
+  EXPECT_FALSE(p.kv().wait_ready(keys[1], std::chrono::milliseconds(2000)));
+  // Another node writes them now: the dead writer's entries are reclaimed.
+  ASSERT_TRUE(put(p.kv(), keys[1], &keys[0], std::byte{2}));
+  ASSERT_TRUE(put(p.kv(), keys[2], &keys[1], std::byte{3}));
+  EXPECT_EQ(p.kv().lookup(keys), 3u);
+  auto pin = p.kv().pin(keys[2]);
+  ASSERT_TRUE(pin.ok());
+  std::vector<std::byte> got(4096);
+  Chunk ch{got.data(), got.size()};
+  ASSERT_TRUE(p.kv().fetch(*pin, {&ch, 1}).ok());
+  EXPECT_EQ(got[0], std::byte{3});
+  EXPECT_EQ(got[4095], std::byte{3});
+  ASSERT_TRUE(p.kv().unpin(*pin).ok());
+}
+
+TEST(KvCrash, ReaderKilledHoldingAPinDoesNotBlockEviction) {
+  Pool p;
+  std::vector<uint64_t> ids = {42};
+  auto keys = keys_from_ids(ids);
+  ASSERT_TRUE(put(p.kv(), keys[0], nullptr, std::byte{9}));
+  Child r = start({p.uri, "3", "reader", to_hex(keys[0])});
+  ASSERT_GT(r.pid, 0) << "helper did not get into position";
+  const uint32_t stripe = p.kv().index().stripe_of(keys[0]);
+  auto ev = p.kv().index().evict_one(stripe);
+  ASSERT_TRUE(ev.ok());
+  EXPECT_FALSE(ev.value()) << "a live reader's pin protects the block";
+  EXPECT_EQ(p.kv().lookup(keys), 1u);
+  kill9(r);
+  ev = p.kv().index().evict_one(stripe);
+  ASSERT_TRUE(ev.ok());
+  EXPECT_TRUE(ev.value()) << "the dead reader's pin is ignored";
+  EXPECT_EQ(p.kv().lookup(keys), 0u);
+}
