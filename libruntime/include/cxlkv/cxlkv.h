@@ -225,6 +225,68 @@ int cxlkv_gpu_sparse_read(struct cxlkv_gpu *gpu, const struct cxlkv_gpu_sparse_l
 /* Wait for everything enqueued on stream. */
 int cxlkv_gpu_sync(struct cxlkv_gpu *gpu, void *stream);
 
+/* ---- KV store (prefix index + blocks) -------------------------------------
+ * Write: reserve -> write (gather the engine's chunks) -> publish.
+ * Read:  lookup (longest cached prefix) -> pin -> fetch (scatter) -> unpin.
+ * A cxlkv_kv handle is one node of the pool (attached with heartbeats); use
+ * it from one thread at a time.  A lock manager must run for the pool.
+ * Block keys are 128-bit (keys.hpp: chained XXH3-128 with a fixed seed).
+ */
+struct cxlkv_kv;
+struct cxlkv_kv_key { uint64_t lo, hi; };
+
+struct cxlkv_kv_opts {
+	size_t   size;          /* sizeof(struct cxlkv_kv_opts) */
+	uint32_t node;          /* node id of this process */
+	uint32_t flags;         /* reserved, 0 */
+};
+int  cxlkv_kv_open(struct cxlkv_pool *pool, const struct cxlkv_kv_opts *opts, struct cxlkv_kv **out);
+void cxlkv_kv_close(struct cxlkv_kv *kv);
+
+/* Keys of the full blocks of `tokens` (block_tokens each), chained; extras
+ * (model id, salt) may be NULL.  Returns the number of keys (<= max). */
+int cxlkv_kv_block_keys(const uint32_t *tokens, size_t ntokens, size_t block_tokens,
+			const void *extras, size_t nextras, struct cxlkv_kv_key *out, size_t max);
+
+/* Number of leading blocks of chain[0..n) that are cached (no lock taken). */
+int cxlkv_kv_lookup(struct cxlkv_kv *kv, const struct cxlkv_kv_key *chain, size_t n);
+
+#define CXLKV_KV_RESERVED     0   /* this caller writes it */
+#define CXLKV_KV_EXISTS       1   /* already cached (READY) */
+#define CXLKV_KV_BUSY         2   /* another node is writing it */
+struct cxlkv_kv_block {           /* a reservation or a pin */
+	struct cxlkv_kv_key key;
+	uint32_t slot;
+	uint32_t status;          /* CXLKV_KV_* (reservations) */
+	uint64_t length;
+	uint64_t loc_off;
+	uint8_t  loc_dev, loc_tier, reserved[6];
+};
+/* parent: the previous block of the chain, NULL for the first.  Returns
+ * CXLKV_KV_RESERVED / _EXISTS / _BUSY, -ENOENT (parent not cached),
+ * -ENOSPC (everything pinned or being written), -EINVAL. */
+int cxlkv_kv_reserve(struct cxlkv_kv *kv, const struct cxlkv_kv_key *key, const struct cxlkv_kv_key *parent,
+		     uint64_t bytes, struct cxlkv_kv_block *out);
+int cxlkv_kv_write(struct cxlkv_kv *kv, const struct cxlkv_kv_block *res,
+		   const struct cxlkv_chunk *chunks, size_t nchunks);
+/* -EAGAIN: the parent is not published yet (retry). */
+int cxlkv_kv_publish(struct cxlkv_kv *kv, const struct cxlkv_kv_block *res);
+int cxlkv_kv_abort(struct cxlkv_kv *kv, const struct cxlkv_kv_block *res);
+/* -ENOENT: not cached. */
+int cxlkv_kv_pin(struct cxlkv_kv *kv, const struct cxlkv_kv_key *key, struct cxlkv_kv_block *out);
+int cxlkv_kv_fetch(struct cxlkv_kv *kv, const struct cxlkv_kv_block *pin,
+		   const struct cxlkv_chunk *chunks, size_t nchunks);
+int cxlkv_kv_unpin(struct cxlkv_kv *kv, const struct cxlkv_kv_block *pin);
+
+struct cxlkv_kv_stats {
+	size_t   size;                /* sizeof(struct cxlkv_kv_stats) */
+	uint64_t lookups, hit_blocks, miss_blocks, reserves, publishes, fetches;
+	uint64_t evictions, reclaims, bytes_in, bytes_out, nospc, errors;
+	double   lookup_us_p50, lookup_us_p99, publish_us_p50, publish_us_p99, fetch_us_p50, fetch_us_p99;
+};
+/* This handle's counters (the pool-wide view: cxlkvctl stats). */
+int cxlkv_kv_stats(struct cxlkv_kv *kv, struct cxlkv_kv_stats *out);
+
 #ifdef __cplusplus
 }
 #endif
