@@ -1,25 +1,41 @@
 // SPDX-License-Identifier: MIT
 #include "sync/kernel_slots.hpp"
 
-#include <atomic>
+#include <algorithm>
+#include <cerrno>
+#include <string>
 
 #include "cxlkv/sync.hpp"
-#include "util/log.hpp"
+#include "region/dev_lock_slots.hpp"
+#include "sync/backoff.hpp"
 
 namespace cxlkv::sync {
 
-void register_slot_owner(NodeContext& node, uint32_t lock_id) {
-  if (node.region().kind() != BackendKind::dev) return;
-  // HOOK (kmod area): the lock-slot ioctls of uapi/cxlkv_ioctl.h are not on
-  // main yet.  Once they are, register (lock_id, node) with the device file
-  // here, once per process and lock.  Until then, on dev: pools a slot of a
-  // dead process is released by the next local locker (EOWNERDEAD path in
-  // two_tier_lock.cpp) or by `cxlkvctl node evict`, as on shm: pools.
-  static std::atomic<bool> warned{false};
-  if (!warned.exchange(true))
-    log().warn("pool {}: kernel lock-slot registration not available in this build (lock {}); "
-               "dead holders are recovered by the next local locker",
-               node.region().uri(), lock_id);
+namespace {
+// How long a successor waits for the kernel to release a dead holder's
+// slot.  The release follows the holder's death by the time its files are
+// closed (milliseconds); longer means a live process of this host owns the
+// slot outside the node-local mutex, which is a bug worth reporting.
+constexpr std::chrono::seconds kMaxOwnWait{5};
+}  // namespace
+
+Result<void> own_slot(NodeContext& node, uint32_t lock_id, std::chrono::steady_clock::time_point deadline) {
+  const Region& r = node.region();
+  if (r.kind() != BackendKind::dev) return {};
+  deadline = std::min(deadline, std::chrono::steady_clock::now() + kMaxOwnWait);
+  Backoff backoff(0, 20, std::chrono::milliseconds(10));
+  for (;;) {
+    auto o = region::dev_own_lock_slot(r, lock_id);
+    if (o || o.error().code() != -EBUSY) return o;
+    if (std::chrono::steady_clock::now() >= deadline)
+      return Error(-EBUSY, o.error().message() + "; still owned after waiting for the kernel to release it (node " +
+                               std::to_string(node.node()) + ", device " + r.uri() + ")");
+    backoff.idle();
+  }
+}
+
+Result<void> disown_slot(NodeContext& node, uint32_t lock_id) {
+  return region::dev_disown_lock_slot(node.region(), lock_id);
 }
 
 }  // namespace cxlkv::sync

@@ -6,6 +6,9 @@
 //           globally) -> ticket + 1 -> slot := (ticket<<2)|WAITING (NT) ->
 //           doorbell -> poll the grant until it names (node, ticket).
 // release:  slot := (ticket<<2)|IDLE (NT) -> local mutex unlock.
+// dev: pools: the process's device file owns the slot from before WAITING
+//           until after the release (kernel_slots.hpp), so the module sets
+//           it IDLE if the process dies in between.
 // recovery: a local locker that gets EOWNERDEAD finds in the local entry
 //           what the dead process left in the pool (phase + ticket) and
 //           writes (ticket<<2)|IDLE itself, exactly as the kernel module does
@@ -111,6 +114,16 @@ Result<Acquired> TwoTierLock::acquire(std::chrono::nanoseconds timeout, bool bou
   }
 
   // ---- global tier ----
+  // dev: pools: own the slot before posting WAITING.  After a dead holder
+  // this waits (bounded) until the module has released its slot, so its
+  // IDLE write cannot land on top of our request.
+  if (auto o = sync::own_slot(node_, id_, deadline); !o) {
+    e.phase = LockPhase::idle;
+    sync::robust_mutex_unlock(&e.mu);
+    if (bounded && std::chrono::steady_clock::now() >= deadline)
+      return Error(-ETIMEDOUT, lock_name(node_, id_) + ": not acquired within the timeout: " + o.error().message());
+    return Error(o.error().code(), lock_name(node_, id_) + ": " + o.error().message());
+  }
   if (e.ticket == 0) {
     // First use since the node-local memory was created: continue from the
     // ticket in the pool so a ticket is never reused (rule 4: fresh read).
@@ -119,7 +132,6 @@ Result<Acquired> TwoTierLock::acquire(std::chrono::nanoseconds timeout, bool bou
   const uint64_t ticket = ++e.ticket;
   e.holder_pid = static_cast<uint32_t>(getpid());
   e.phase = LockPhase::requested;  // before the pool write: a crash after it is recovered
-  sync::register_slot_owner(node_, id_);
   d.write_nt(&slot->owner_pid, e.holder_pid);
   d.write_nt<__u64>(&slot->request, request_word(ticket, CXLKV_SLOT_WAITING));  // rule 1
   d.fence();  // rule 3: the request is in memory before the doorbell points at it
@@ -134,6 +146,8 @@ Result<Acquired> TwoTierLock::acquire(std::chrono::nanoseconds timeout, bool bou
       // seen by the manager as an immediate release (rule 1: NT).
       d.write_nt<__u64>(&slot->request, request_word(ticket, CXLKV_SLOT_IDLE));
       d.fence();  // rule 3
+      auto dis = sync::disown_slot(node_, id_);  // after the withdrawal is in memory
+      if (!dis) log().error("{}: {}", lock_name(node_, id_), dis.error().message());
       e.phase = LockPhase::idle;
       sync::robust_mutex_unlock(&e.mu);
       return Error(-ETIMEDOUT, lock_name(node_, id_) + ": not granted within the timeout (is a lock manager "
@@ -156,8 +170,12 @@ Result<void> TwoTierLock::unlock() {
   d.fence();  // rule 3: the critical section's flushed writes are ordered before the release
   d.write_nt<__u64>(&slot->request, request_word(e.ticket, CXLKV_SLOT_IDLE));  // rule 1
   d.fence();  // rule 3: release visible before another local process can start
+  // dev: pools: give the slot back after the release, before the next local
+  // process may take it (it would otherwise retry on -EBUSY).
+  auto dis = sync::disown_slot(node_, id_);
   e.phase = LockPhase::idle;
   sync::robust_mutex_unlock(&e.mu);
+  if (!dis) return Error(dis.error().code(), lock_name(node_, id_) + ": released, but " + dis.error().message());
   return {};
 }
 
