@@ -205,6 +205,11 @@ static void test_bad_input(struct cxlkv_pool *pool, struct cxlkv_node *a)
 	CHECK_ERR(cxlkv_lock_release(NULL, USER_LOCK), -EINVAL);
 	/* max_locks defaults to 1024. */
 	CHECK_ERR(cxlkv_lock_acquire(a, 1024), -EINVAL);
+	/* Ids below CXLKV_LOCK_FIRST_USER are cxlkv's own (index stripes, ...). */
+	CHECK_ERR(cxlkv_lock_acquire(a, 72), -EINVAL);
+	CHECK(strstr(cxlkv_last_error(), "reserved") != NULL);
+	CHECK_ERR(cxlkv_lock_acquire_timeout(a, 0, MS), -EINVAL);
+	CHECK_ERR(cxlkv_lock_release(a, 127), -EINVAL); /* CXLKV_LOCK_FIRST_USER - 1 */
 	CHECK_ERR(cxlkv_lock_acquire(a, UINT32_MAX), -EINVAL);
 	CHECK_ERR(cxlkv_lock_acquire_timeout(a, UINT32_MAX, MS), -EINVAL);
 	CHECK(cxlkv_lock_release(a, UINT32_MAX) < 0);

@@ -85,7 +85,8 @@ int cxlkv_scatter_read(struct cxlkv_pool *pool, uint64_t src_off,
 /*
  * A process attaches to a pool as one node (0 .. max_nodes-1); processes of
  * the same host use the same node id and share its node-local state.  Lock
- * ids below CXLKV_LOCK_FIRST_USER (128, uapi/cxlkv_ctrl.h) are reserved.
+ * ids below CXLKV_LOCK_FIRST_USER (128, uapi/cxlkv_ctrl.h) are reserved:
+ * the lock calls refuse them with -EINVAL.
  * A lock manager must run for the pool (cxlkvd, or
  * cxlkv_lock_manager_start() in-process).
  */

@@ -66,9 +66,21 @@ int cxlkv_node_attach(struct cxlkv_pool* pool, const struct cxlkv_node_opts* opt
 
 void cxlkv_node_detach(struct cxlkv_node* node) { delete node; }
 
+namespace {
+// Lock ids below CXLKV_LOCK_FIRST_USER belong to cxlkv's own layers (the
+// prefix index's stripe locks, the allocator, the object store); a C user
+// taking one would stall those layers on every host.
+int reserved_lock(const char* fn, uint32_t lock_id) {
+  return set_error(-EINVAL, std::string(fn) + ": lock id " + std::to_string(lock_id) +
+                                " is reserved for cxlkv's own locks (user lock ids start at " +
+                                std::to_string(CXLKV_LOCK_FIRST_USER) + ")");
+}
+}  // namespace
+
 int cxlkv_lock_acquire(struct cxlkv_node* node, uint32_t lock_id) {
   return guarded(__func__, [&] {
     if (!node) return einval(__func__);
+    if (lock_id < CXLKV_LOCK_FIRST_USER) return reserved_lock(__func__, lock_id);
     cxlkv::TwoTierLock l(*node->ctx, lock_id);
     return lock_result(l.lock());
   });
@@ -77,6 +89,7 @@ int cxlkv_lock_acquire(struct cxlkv_node* node, uint32_t lock_id) {
 int cxlkv_lock_acquire_timeout(struct cxlkv_node* node, uint32_t lock_id, uint64_t timeout_ns) {
   return guarded(__func__, [&] {
     if (!node) return einval(__func__);
+    if (lock_id < CXLKV_LOCK_FIRST_USER) return reserved_lock(__func__, lock_id);
     cxlkv::TwoTierLock l(*node->ctx, lock_id);
     return lock_result(l.try_lock_for(std::chrono::nanoseconds(timeout_ns)));
   });
@@ -85,6 +98,7 @@ int cxlkv_lock_acquire_timeout(struct cxlkv_node* node, uint32_t lock_id, uint64
 int cxlkv_lock_release(struct cxlkv_node* node, uint32_t lock_id) {
   return guarded(__func__, [&] {
     if (!node) return einval(__func__);
+    if (lock_id < CXLKV_LOCK_FIRST_USER) return reserved_lock(__func__, lock_id);
     cxlkv::TwoTierLock l(*node->ctx, lock_id);
     auto r = l.unlock();
     return r ? 0 : set_error(r.error());
