@@ -20,6 +20,7 @@
 #include "cxlkv/kv.hpp"
 #include "cxlkv/region.hpp"
 #include "cxlkv/sync.hpp"
+#include "cxlkv/tier.hpp"
 #include "index/prefix_index.hpp"
 #include "pool/format.hpp"
 #include "replay.hpp"
@@ -48,6 +49,12 @@ const char* kUsage =
     "  --pool-size SIZE     shm pool size (2G)\n"
     "  --pool URI           use this pool URI (formatted here, e.g. shm:NAME:SIZE)\n"
     "  --interleave N       stripe payload over N shm pools (1 or 2)\n"
+    "  --ssd PATH           add an SSD tier on this file (created if missing; O_DIRECT: a real\n"
+    "                       file system such as /tmp or /var/tmp; older tmpfs refuses it).  Blocks evicted\n"
+    "                       from memory are demoted to it, SSD hits promoted back.  Without\n"
+    "                       --capacity the memory capacity is bounded to 1/4 of the distinct\n"
+    "                       blocks so that demotion happens\n"
+    "  --ssd-size SIZE      SSD file size in MiB (default: room for every distinct block)\n"
     "  --layers L --kv-heads H --head-size S   engine geometry of a 512-token block (8, 2, 64: 2 MiB)\n"
     "  --time-scale X       trace time x X (0: as fast as possible)\n"
     "  --no-verify          skip byte verification\n"
@@ -64,6 +71,8 @@ struct Summary {
   uint64_t requests = 0, input_tokens = 0, hit_tokens = 0;
   uint64_t blocks_written = 0, blocks_read = 0, bytes = 0;
   uint64_t errors = 0, decode_misses = 0, uncached = 0, lost_hits = 0, evictions = 0;
+  uint64_t mem_hits = 0, mem_bytes = 0, ssd_hits = 0, ssd_bytes = 0, demotions = 0, promotions = 0;
+  bool ssd = false;
   double seconds = 0, theory = 0;
   double lat[3][2] = {};
   uint64_t block_bytes = 0, capacity = 0;
@@ -80,7 +89,7 @@ Result<Summary> run_once(const Config& c, const std::vector<Request>& reqs, int 
   fo.force = true;
   fo.max_nodes = 16;
   // One index slot per 16 KiB of pool: room for every block of the run.
-  fo.index_entries = cc.pool_size / (16 << 10);
+  fo.index_entries = std::max<uint64_t>(cc.pool_size / (16 << 10), cc.min_index_entries);
   auto region = format_pool(cc.pool_uri, fo);
   if (!region) return region.error();
   std::vector<std::string> extra;
@@ -203,7 +212,14 @@ Result<Summary> run_once(const Config& c, const std::vector<Request>& reqs, int 
     s.decode_misses += k.decode_misses;
     s.uncached += k.uncached;
     s.lost_hits += k.lost_hits;
+    s.mem_hits += k.mem_hits;
+    s.mem_bytes += k.mem_bytes;
+    s.ssd_hits += k.ssd_hits;
+    s.ssd_bytes += k.ssd_bytes;
+    s.demotions += k.demotions;
+    s.promotions += k.promotions;
   }
+  s.ssd = !cc.ssd_path.empty();
   s.errors += failed;
   KvStats total;
   for (auto& ns : read_pool_stats(region.value()->domain(), region.value()->at(ic->offset))) {
@@ -243,7 +259,14 @@ void print_summary(const Summary& s, const Config& c, const char* title) {
                s.seconds, s.lat[0][0], s.lat[0][1], s.lat[1][0], s.lat[1][1], s.lat[2][0], s.lat[2][1],
                (unsigned long)s.evictions, (unsigned long)s.decode_misses, (unsigned long)s.uncached,
                (unsigned long)s.errors);
-  (void)c;
+  std::fprintf(stderr,
+               "  tier mem            hits %lu   %.2f GB\n"
+               "  tier ssd            hits %lu   %.2f GB%s",
+               (unsigned long)s.mem_hits, double(s.mem_bytes) / 1e9, (unsigned long)s.ssd_hits,
+               double(s.ssd_bytes) / 1e9, s.ssd ? "" : "   (no SSD tier: SSD=path / --ssd)\n");
+  if (s.ssd)
+    std::fprintf(stderr, "   demotions %lu   promotions %lu   (%s)\n", (unsigned long)s.demotions,
+                 (unsigned long)s.promotions, c.ssd_path.c_str());
 }
 
 bool parse(int argc, char** argv, Config* c, std::string* err) {
@@ -280,6 +303,9 @@ bool parse(int argc, char** argv, Config* c, std::string* err) {
     else if (a == "--pool") { if (!(v = need(i))) return false; c->pool_uri = v; }
     else if (a == "--extra-pool") { if (!(v = need(i))) return false; c->extra_pools.push_back(v); }
     else if (a == "--interleave") { if (!(v = need(i)) || !num(v, 1, 2, &x)) return false; c->interleave = uint32_t(x); }
+    else if (a == "--ssd") { if (!(v = need(i))) return false; c->ssd_path = v; }
+    else if (a == "--ssd-size") { if (!(v = need(i)) || !num(v, 64, 1e8, &x)) return false; c->ssd_size = uint64_t(x) << 20; }
+    else if (a == "--min-index-entries") { if (!(v = need(i)) || !num(v, 0, 1e10, &x)) return false; c->min_index_entries = uint64_t(x); }
     else if (a == "--layers") { if (!(v = need(i)) || !num(v, 1, 128, &x)) return false; c->layers = uint32_t(x); }
     else if (a == "--kv-heads") { if (!(v = need(i)) || !num(v, 1, 128, &x)) return false; c->kv_heads = uint32_t(x); }
     else if (a == "--head-size") { if (!(v = need(i)) || !num(v, 1, 1024, &x)) return false; c->head_size = uint32_t(x); }
@@ -316,6 +342,33 @@ int run_parent(const Config& c, char** argv, int argc) {
     if (c.capacity_blocks) need = std::min<uint64_t>(need, c.capacity_blocks * block_bytes * 5 / 4 + (256ull << 20));
     cc.pool_size = std::max<uint64_t>(c.pool_size, (need + (2ull << 20) - 1) & ~((2ull << 20) - 1));
   }
+  if (!c.ssd_path.empty()) {
+    // The SSD tier matters only when memory is bounded: without --capacity,
+    // keep a quarter of the distinct blocks in memory so blocks get demoted.
+    if (!cc.capacity_blocks) cc.capacity_blocks = std::max<uint64_t>(16, th.unique_blocks / 4);
+    // The index names blocks on both tiers: a slot for every distinct block.
+    cc.min_index_entries = th.unique_blocks * 2 + 1024;
+    // Every worker places in its own share (prefill + decode + 1 shares);
+    // prefill workers demote, so give each prefill share room for all blocks.
+    const uint64_t parts = c.prefill + c.decode + 1;
+    if (!cc.ssd_size) cc.ssd_size = th.unique_blocks * block_bytes * parts / c.prefill * 5 / 4 + (256ull << 20);
+    // Create / grow the file and probe its bandwidth once here (cached in the
+    // device header), so the workers open it without probing concurrently.
+    SsdPoolOptions so;
+    so.devices.push_back(SsdDeviceConfig{c.ssd_path, cc.ssd_size, 0, false});
+    so.partitions = static_cast<uint32_t>(parts);
+    auto p = SsdPool::open(so);
+    if (!p) {
+      std::fprintf(stderr, "cxlkv-replay: SSD tier %s: %s\n", c.ssd_path.c_str(), p.error().message().c_str());
+      return 1;
+    }
+    if (!c.quiet) {
+      SsdDeviceInfo di = p.value()->device_info(0);
+      std::fprintf(stderr, "cxlkv-replay: SSD tier %s: %.1f GiB, %.2f GB/s (%s), memory capacity %lu blocks\n",
+                   c.ssd_path.c_str(), double(di.capacity) / double(1ull << 30), di.bandwidth_gbps,
+                   di.bandwidth_source, (unsigned long)cc.capacity_blocks);
+    }
+  }
   auto r = run_once(cc, reqs, argc, argv);
   if (!r) {
     std::fprintf(stderr, "cxlkv-replay: %s\n", r.error().message().c_str());
@@ -342,15 +395,19 @@ int run_parent(const Config& c, char** argv, int argc) {
     }
   }
   if (!c.json || !c.quiet) {
-    print_summary(s, c, c.capacity_blocks ? "cxlkv-replay summary (bounded capacity)" : "cxlkv-replay summary (unbounded capacity)");
+    print_summary(s, c, cc.capacity_blocks ? (s.ssd ? "cxlkv-replay summary (bounded memory capacity + SSD tier)"
+                                                     : "cxlkv-replay summary (bounded capacity)")
+                                           : "cxlkv-replay summary (unbounded capacity)");
     std::fprintf(stderr, "  fidelity            %s\n",
-                 c.capacity_blocks ? "n/a (bounded capacity)"
+                 cc.capacity_blocks ? "n/a (bounded capacity)"
                  : s.hit_tokens == th.reused_tokens ? "exact (replay hit tokens == theoretical reused tokens)"
                                                      : "MISMATCH");
     for (auto& b : sweep)
-      std::fprintf(stderr, "  capacity %7lu blocks (%4.1f%% of %lu distinct): token hit ratio %.4f, evictions %lu, errors %lu\n",
+      std::fprintf(stderr, "  capacity %7lu blocks (%4.1f%% of %lu distinct): token hit ratio %.4f, evictions %lu, "
+                   "hits mem/ssd %lu/%lu, errors %lu\n",
                    (unsigned long)b.capacity, 100.0 * double(b.capacity) / double(th.unique_blocks),
-                   (unsigned long)th.unique_blocks, b.hit_ratio(), (unsigned long)b.evictions, (unsigned long)b.errors);
+                   (unsigned long)th.unique_blocks, b.hit_ratio(), (unsigned long)b.evictions,
+                   (unsigned long)b.mem_hits, (unsigned long)b.ssd_hits, (unsigned long)b.errors);
   }
   uint64_t errors = s.errors;
   for (auto& b : sweep) errors += b.errors;
@@ -361,20 +418,26 @@ int run_parent(const Config& c, char** argv, int argc) {
                 "\"block_ops_per_s\": %.1f, "
                 "\"lookup_us_p50\": %.2f, \"lookup_us_p99\": %.2f, \"publish_us_p50\": %.2f, \"publish_us_p99\": %.2f, "
                 "\"fetch_us_p50\": %.2f, \"fetch_us_p99\": %.2f, \"evictions\": %lu, \"decode_misses\": %lu, "
-                "\"errors\": %lu, \"sweep\": [",
+                "\"errors\": %lu, \"capacity_blocks\": %lu, \"tier.mem.hits\": %lu, \"tier.mem.bytes\": %lu, "
+                "\"tier.ssd.hits\": %lu, \"tier.ssd.bytes\": %lu, \"tier.ssd.demotions\": %lu, "
+                "\"tier.ssd.promotions\": %lu, \"sweep\": [",
                 (unsigned long)s.requests, (unsigned long)s.input_tokens, (unsigned long)s.hit_tokens, s.hit_ratio(),
                 (unsigned long)th.reused_tokens, th.ratio(), (unsigned long)s.blocks_written,
                 (unsigned long)s.blocks_read, (unsigned long)block_bytes, (unsigned long)s.bytes, s.seconds,
                 s.bytes / 1e9 / s.seconds, double(s.blocks_written + s.blocks_read) / s.seconds, s.lat[0][0],
                 s.lat[0][1], s.lat[1][0], s.lat[1][1], s.lat[2][0], s.lat[2][1], (unsigned long)s.evictions,
-                (unsigned long)s.decode_misses, (unsigned long)errors);
+                (unsigned long)s.decode_misses, (unsigned long)errors, (unsigned long)cc.capacity_blocks,
+                (unsigned long)s.mem_hits, (unsigned long)s.mem_bytes, (unsigned long)s.ssd_hits,
+                (unsigned long)s.ssd_bytes, (unsigned long)s.demotions, (unsigned long)s.promotions);
     for (size_t i = 0; i < sweep.size(); i++)
-      std::printf("%s{\"capacity_blocks\": %lu, \"token_hit_ratio\": %.6f, \"evictions\": %lu}", i ? ", " : "",
-                  (unsigned long)sweep[i].capacity, sweep[i].hit_ratio(), (unsigned long)sweep[i].evictions);
+      std::printf("%s{\"capacity_blocks\": %lu, \"token_hit_ratio\": %.6f, \"evictions\": %lu, "
+                  "\"tier.mem.hits\": %lu, \"tier.ssd.hits\": %lu}", i ? ", " : "",
+                  (unsigned long)sweep[i].capacity, sweep[i].hit_ratio(), (unsigned long)sweep[i].evictions,
+                  (unsigned long)sweep[i].mem_hits, (unsigned long)sweep[i].ssd_hits);
     std::printf("]}\n");
   }
   if (errors) return 1;
-  if (!c.capacity_blocks && s.hit_tokens != th.reused_tokens) return 1;
+  if (!cc.capacity_blocks && s.hit_tokens != th.reused_tokens) return 1;
   return 0;
 }
 

@@ -38,6 +38,12 @@ struct Config {
   bool verify = true;
   uint32_t interleave = 1;       // pool devices to stripe payload over (1 or 2)
   uint32_t interleave_stripe = 64 << 10;
+  // SSD tier (issue 6): one file shared by all workers, each placing in its
+  // own partition (node of prefill + decode + 1).  Blocks evicted from the
+  // bounded memory capacity are demoted to it; an SSD hit promotes them back.
+  std::string ssd_path;          // empty: no SSD tier
+  uint64_t ssd_size = 0;         // 0: sized by the parent for the workload
+  uint64_t min_index_entries = 0;  // index slots for blocks on both tiers
   // worker mode
   std::string worker;            // "prefill" | "decode"
   uint32_t worker_index = 0, node = 0;
@@ -49,8 +55,12 @@ struct WorkerCounters {
   std::atomic<uint64_t> requests{0}, input_tokens{0}, hit_tokens{0}, hit_blocks{0};
   std::atomic<uint64_t> blocks_written{0}, blocks_read{0}, bytes_written{0}, bytes_read{0};
   std::atomic<uint64_t> errors{0}, decode_misses{0}, uncached{0}, lost_hits{0};
+  // Per-tier reads (hits) by the tier the pin reported (issue 6), and this
+  // node's demotions (MEM -> SSD on eviction) / promotions (SSD -> MEM on hit).
+  std::atomic<uint64_t> mem_hits{0}, mem_bytes{0}, ssd_hits{0}, ssd_bytes{0};
+  std::atomic<uint64_t> demotions{0}, promotions{0};
   std::atomic<uint64_t> done{0};  // 1 when the worker finished its loop
-  char pad[24];
+  char pad[40];
 };
 
 // Shared between the parent and its workers (node-local shm, not the pool:

@@ -17,6 +17,9 @@
 #include "cxlkv/layout.hpp"
 #include "cxlkv/region.hpp"
 #include "cxlkv/sync.hpp"
+#include "cxlkv/tier.hpp"
+#include "index/prefix_index.hpp"
+#include "tier/ssd_payload_tier.hpp"
 #include "replay.hpp"
 
 namespace replay {
@@ -144,6 +147,25 @@ int run_worker(const Config& c) {
     extra.push_back(std::move(r.value()));
     ko.extra_devices.push_back(extra.back().get());
   }
+  // SSD tier: the file the parent created and sized; this node places in
+  // its own partition (node of prefill + decode + 1, the parent is 0) and
+  // reads any block the index names.  The parent probed the bandwidth and
+  // cached it in the device header.
+  std::unique_ptr<SsdPool> ssd;
+  std::unique_ptr<SsdPayloadTier> ssd_tier;
+  if (!c.ssd_path.empty()) {
+    SsdPoolOptions so;
+    so.devices.push_back(SsdDeviceConfig{c.ssd_path, 0, 0, false});
+    so.partition = c.node;
+    so.partitions = c.prefill + c.decode + 1;
+    auto p = SsdPool::open(so);
+    if (!p) return fail(p.error().message());
+    ssd = std::move(p.value());
+    ssd_tier = std::make_unique<SsdPayloadTier>(*ssd);
+    ko.ssd_tier = ssd_tier.get();
+    ko.demote_on_evict = true;
+    ko.promote_on_hit = true;
+  }
   NodeOptions no;
   no.node = c.node;
   no.heartbeat = true;
@@ -165,6 +187,7 @@ int run_worker(const Config& c) {
       return true;
     }
     auto ch = eng.chunks(eblock++);
+    const bool from_ssd = pin->loc_tier == CXLKV_TIER_SSD;  // the tier this fetch reads
     bool ok = kv.fetch(*pin, ch).ok();
     if (ok && c.verify)
       for (uint32_t j = 0; j < ch.size(); j++)
@@ -173,6 +196,8 @@ int run_worker(const Config& c) {
     if (ok) {
       wc.blocks_read++;
       wc.bytes_read += block_bytes;
+      (from_ssd ? wc.ssd_hits : wc.mem_hits)++;
+      (from_ssd ? wc.ssd_bytes : wc.mem_bytes) += block_bytes;
     }
     return ok;
   };
@@ -274,6 +299,8 @@ int run_worker(const Config& c) {
     }
   }
   kv.flush_stats();
+  wc.demotions = kv.index().counters().demotions;
+  wc.promotions = kv.index().counters().promotions;
   wc.done = 1;
   munmap(m, coord_bytes(reqs.size()));
   return 0;

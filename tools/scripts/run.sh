@@ -4,7 +4,11 @@
 # the built-in workload, or a Mooncake JSONL trace with TRACE=path, then three
 # bounded capacities for their hit ratios.  Exit status 0 only with 0 errors
 # and (unbounded) a token hit ratio equal to the trace's prefix reuse.
-#   TRACE=path  REQUESTS=n  PREFILL=p  DECODE=d  REPLAY_ARGS="..."
+# SSD=path adds an SSD tier on that file (a real file system, e.g. /tmp, not
+# tmpfs): memory is then bounded (CAPACITY=blocks, default a quarter of the
+# distinct blocks), evicted blocks are demoted to the SSD, and the summary
+# shows both tiers' hits and bytes.
+#   TRACE=path  REQUESTS=n  PREFILL=p  DECODE=d  SSD=path  SSD_SIZE=MiB  CAPACITY=blocks  REPLAY_ARGS="..."
 set -eu
 B=${CXLKV_BUILD:-build}
 set -- --prefill "${PREFILL:-2}" --decode "${DECODE:-2}"
@@ -14,4 +18,5 @@ elif [ -n "${REQUESTS:-}" ]; then
 	set -- "$@" --requests "$REQUESTS"
 fi
 # shellcheck disable=SC2086
-exec "$B/tools/cxlkv-replay" "$@" --sweep ${REPLAY_ARGS:-}
+exec "$B/tools/cxlkv-replay" "$@" ${SSD:+--ssd "$SSD"} ${SSD_SIZE:+--ssd-size "$SSD_SIZE"} \
+	${CAPACITY:+--capacity "$CAPACITY"} --sweep ${REPLAY_ARGS:-}

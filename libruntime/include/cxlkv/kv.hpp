@@ -173,6 +173,10 @@ class KvStore {
 
 struct KvOpenOptions {
   std::vector<Region*> extra_devices;  // interleave set beyond the primary pool
+  // SSD tier (issue 6), optional; passed to KvDeps unchanged (see there).
+  PlacingTier* ssd_tier = nullptr;
+  bool demote_on_evict = false;
+  bool promote_on_hit = false;
 };
 class KvSession;  // owns the adapters (locks, liveness, heap) of one node
 Result<std::unique_ptr<KvSession>> open_kv_session(Region& pool, NodeContext& node,

@@ -139,6 +139,9 @@ Result<std::unique_ptr<KvSession>> open_kv_session(Region& pool, NodeContext& no
   deps.space = s->space.get();
   deps.devices.push_back(PoolDevice{&d, pool.base(), pool.size()});
   for (Region* r : opts.extra_devices) deps.devices.push_back(PoolDevice{&r->domain(), r->base(), r->size()});
+  deps.ssd_tier = opts.ssd_tier;  // issue 6
+  deps.demote_on_evict = opts.demote_on_evict;
+  deps.promote_on_hit = opts.promote_on_hit;
   auto kv = KvStore::create(std::move(deps));
   if (!kv) return kv.error();
   s->store_ = std::move(kv.value());
