@@ -72,10 +72,41 @@ cxlkvctl_checks() {
 	return 0
 }
 
+# The real TwoTierLock (lock_counter_helper) on /dev/cxlkv0, with a cxlkvd
+# manager: a holder killed with -9 has its global slot released by the
+# module (gone from `lock list`, request word IDLE), and another process then
+# takes the lock (recovering the node-local mutex: exit 4) and counts.
+lock_kill_checks() {
+	U=dev:/dev/cxlkv0
+	# node-local memory (robust local-tier mutexes) lives in /dev/shm
+	[ -d /dev/shm ] || { mkdir -p /dev/shm && mount -t tmpfs shm /dev/shm; } || return 1
+	cxlkvctl --pool $U format --force >/dev/null || return 1
+	cxlkvd --pool $U --foreground &
+	D=$!
+	lock_counter_helper $U 0 hold >/tmp/held &
+	H=$!
+	i=0
+	while ! grep -q held /tmp/held && [ $i -lt 100 ]; do sleep 0.1; i=$((i + 1)); done
+	grep -q held /tmp/held || { kill $D; return 1; }
+	cxlkvctl --pool $U lock list
+	cxlkvctl --pool $U lock list | grep -q "^128 *$H " || { kill $D; return 1; }
+	kill -9 $H
+	wait $H
+	sleep 0.2
+	cxlkvctl --pool $U lock list
+	if cxlkvctl --pool $U lock list | grep -q "^128 "; then kill $D; return 1; fi
+	lock_counter_helper $U 0 10
+	rc=$?
+	kill $D
+	wait $D
+	[ $rc = 4 ]
+}
+
 runtime_steps() {
 	for b in $BINS; do
 		case $b in
 		cxlkvctl) step runtime-cxlkvctl cxlkvctl_checks ;;
+		lock_counter_helper) step runtime-lock_counter_helper lock_kill_checks ;;
 		*) step runtime-$b env CXLKV_TEST_DEV=/dev/cxlkv0 $b ;;
 		esac
 	done
