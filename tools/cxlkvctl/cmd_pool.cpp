@@ -86,7 +86,10 @@ int print_info(const Context& ctx, const Region& r) {
                       ",\"max_nodes\":" + std::to_string(sb.max_nodes) +
                       (ctrl ? ",\"max_locks\":" + std::to_string(ctrl->max_locks) : std::string()) +
                       ",\"format_time_ns\":" + std::to_string(sb.format_time_ns) + ",\"carves\":[";
-    for (size_t i = 0; i < cs.size(); i++) out += (i ? "," : "") + carve_json(cs[i]);
+    for (size_t i = 0; i < cs.size(); i++) {
+      if (i) out += ',';
+      out += carve_json(cs[i]);
+    }
     out += "]}";
     std::printf("%s\n", out.c_str());
     return 0;
@@ -170,7 +173,10 @@ int cmd_carve_list(Context& ctx, const Args& a) {
   auto cs = r->carves();
   if (ctx.json) {
     std::string out = "[";
-    for (size_t i = 0; i < cs.size(); i++) out += (i ? "," : "") + carve_json(cs[i]);
+    for (size_t i = 0; i < cs.size(); i++) {
+      if (i) out += ',';
+      out += carve_json(cs[i]);
+    }
     std::printf("%s]\n", out.c_str());
   } else {
     print_carve_table(cs);
