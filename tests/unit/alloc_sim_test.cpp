@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <atomic>
 #include <map>
 #include <mutex>
 #include <random>
@@ -19,7 +20,8 @@ namespace {
 using testpool::TestPool;
 
 struct Harness {
-  explicit Harness(const char* tag, uint32_t nodes, double evict) : p(tag) {
+  explicit Harness(const char* tag, uint32_t nodes, double evict, uint64_t pool_bytes = 64ull << 20)
+      : p(tag, pool_bytes) {
     p.simulate(nodes + 1, evict, 9);
     for (uint32_t n = 0; n < nodes; n++) ctx.push_back(&p.attach(n));
     LockManagerOptions mo;
@@ -103,6 +105,132 @@ TEST(AllocSim, ExhaustionIsACleanEnospc) {
 
   ASSERT_FALSE(r.ok());
   EXPECT_EQ(r.error().code(), -ENOSPC);
+}
+
+TEST(AllocSizeClasses, MidSizeBlocksGetPowerOfTwoClassesUpToHalfAChunk) {
+  constexpr uint64_t kChunk = 2ull << 20;
+
+  const uint32_t c128 = size_class_for(128u << 10, kChunk);
+  const uint32_t just_over_64k = size_class_for((64u << 10) + 1, kChunk);
+  const uint32_t half = size_class_for(kChunk / 2, kChunk);
+
+  EXPECT_EQ(size_class_bytes(c128), 128u << 10);
+  EXPECT_EQ(size_class_bytes(just_over_64k), 128u << 10);  // worst case: under 2x
+  EXPECT_EQ(size_class_bytes(half), 1u << 20);
+  EXPECT_EQ(size_class_for(kChunk / 2 + 1, kChunk), kSizeClasses);  // whole chunks
+  // A class never holds fewer than 2 blocks of a chunk, whatever the chunk size.
+  EXPECT_EQ(size_class_for((32u << 10) + 1, 64u << 10), kSizeClasses);
+  EXPECT_EQ(size_class_for(512u << 10, 8ull << 20), size_class_for(512u << 10, kChunk));
+  EXPECT_EQ(size_class_for((1u << 20) + 1, 8ull << 20), kSizeClasses);  // above the largest class
+  for (uint64_t b = 64; b <= kChunk / 2; b = b * 3 / 2 + 1) {
+    uint64_t cb = size_class_bytes(size_class_for(b, kChunk));
+    EXPECT_GE(cb, b);
+    EXPECT_LE(cb, 2 * b) << b;
+  }
+}
+
+TEST(AllocSim, KvBlocksOf128KiBShareChunksUntilACleanEnospcAndAllChunksComeBack) {
+  Harness h("alloc-mid", 1, 0.0, 320ull << 20);
+  auto heap = NodeHeap::open(*h.ctx[0]);
+  ASSERT_TRUE(heap.ok()) << heap.error().message();
+  NodeHeap& hp = *heap.value();
+  const auto geo = hp.chunks().geometry();
+  const uint64_t block = 128u << 10;
+  const uint64_t ideal = geo.nchunks * geo.chunk_size / block;
+  std::vector<uint64_t> blocks;
+  Error last(0, "");
+  for (;;) {
+    auto off = hp.alloc(block);
+    if (!off) {
+      last = off.error();
+      break;
+    }
+    blocks.push_back(off.value());
+    ASSERT_LE(blocks.size(), ideal) << "more blocks than fit in the kv carve";
+  }
+
+  RecordProperty("blocks_128k", std::to_string(blocks.size()) + " of ideal " + std::to_string(ideal) + " in " +
+                                     std::to_string(geo.nchunks) + " chunks");
+  EXPECT_GE(blocks.size(), 1000u) << geo.nchunks << " chunks of " << geo.chunk_size;
+  EXPECT_GE(blocks.size() * 2, ideal);  // capacity within 2x of ideal (here: exactly ideal)
+  EXPECT_EQ(last.code(), -ENOSPC);
+  EXPECT_NE(last.message().find("exhausted"), std::string::npos) << last.message();
+  EXPECT_EQ(hp.usable_size(blocks.front()).value(), block);
+  EXPECT_EQ(hp.chunks().free_chunks(), 0u);
+  std::sort(blocks.begin(), blocks.end());
+  for (size_t i = 1; i < blocks.size(); i++) ASSERT_GE(blocks[i], blocks[i - 1] + block);
+
+  for (uint64_t o : blocks) ASSERT_TRUE(hp.free(o).ok());
+
+  // Exhaustion left no current chunk, so every chunk goes back to the global bitmap.
+  EXPECT_EQ(hp.chunks().free_chunks(), geo.nchunks);
+  EXPECT_EQ(hp.stats().chunks_owned, 0u);
+  EXPECT_EQ(hp.stats().bytes_in_use, 0u);
+  EXPECT_TRUE(hp.alloc(geo.chunk_size * geo.nchunks / 2).ok());  // a large run fits again
+}
+
+TEST(AllocSim, MixedSizesUpTo2MiBFromFourNodesNeverOverlap) {
+  Harness h("alloc-mixed", 4, 0.02, 512ull << 20);
+  std::mutex mu;
+  std::map<uint64_t, uint64_t> live;  // offset -> usable end, across all nodes
+  std::vector<std::vector<uint64_t>> handoff(4);
+  std::atomic<bool> overlap{false};
+  std::atomic<int> failures{0}, remote{0};
+  std::vector<std::thread> ts;
+  for (uint32_t n = 0; n < 4; n++) {
+    ts.emplace_back([&, n] {
+      auto heap = NodeHeap::open(*h.ctx[n]);
+      ASSERT_TRUE(heap.ok()) << heap.error().message();
+      NodeHeap& hp = *heap.value();
+      std::mt19937_64 rng(100 + n);
+      std::vector<uint64_t> mine;
+      for (int i = 0; i < 250; i++) {
+        const uint64_t top = 64u << (rng() % 16);  // 64 B .. 2 MiB, and sizes in between
+        const uint64_t sz = (rng() % 2) ? top : top / 2 + 1 + rng() % (top / 2);
+        auto off = hp.alloc(sz);
+        if (!off) {
+          failures++;
+          ADD_FAILURE() << "node " << n << " alloc " << sz << ": " << off.error().message();
+          return;
+        }
+        auto us = hp.usable_size(off.value());
+        if (!us || us.value() < sz) failures++;
+        const uint64_t end = off.value() + (us ? us.value() : sz);
+        {
+          std::lock_guard<std::mutex> g(mu);
+          auto it = live.upper_bound(off.value());
+          if (it != live.end() && it->first < end) overlap = true;
+          if (it != live.begin() && std::prev(it)->second > off.value()) overlap = true;
+          live[off.value()] = end;
+        }
+        mine.push_back(off.value());
+        while (mine.size() > 12) {  // bounded working set: ~ 4 x 12 blocks live
+          const size_t k = rng() % mine.size();
+          const uint64_t victim = mine[k];
+          mine.erase(mine.begin() + static_cast<long>(k));
+          std::lock_guard<std::mutex> g(mu);
+          live.erase(victim);
+          if (rng() % 2) handoff[(n + 1) % 4].push_back(victim);  // freed remotely by the neighbour
+          else if (!hp.free(victim).ok()) failures++;
+        }
+        std::vector<uint64_t> theirs;
+        {
+          std::lock_guard<std::mutex> g(mu);
+          theirs.swap(handoff[n]);
+        }
+        for (uint64_t o : theirs) {
+          auto r = hp.free(o);
+          if (!r) ADD_FAILURE() << r.error().message(), failures++;
+          remote++;
+        }
+      }
+    });
+  }
+  for (auto& t : ts) t.join();
+
+  EXPECT_FALSE(overlap.load());
+  EXPECT_EQ(failures.load(), 0);
+  EXPECT_GT(remote.load(), 0);
 }
 
 TEST(ObjectStoreSim, RootsPutOnOneNodeAreSeenAndDestroyedFromOthers) {

@@ -5,8 +5,9 @@
 //                   tracked in a bitmap in the pool under the global lock
 //                   CXLKV_LOCK_ALLOC.  Also serves large allocations as
 //                   runs of whole chunks.
-//   NodeHeap        the node tier: size classes (64 B .. 256 KiB, cache-line
-//                   multiples) cut from chunks the node owns; free lists in
+//   NodeHeap        the node tier: size classes (64 B .. 64 KiB, cache-line
+//                   multiples, then powers of two up to 1 MiB, at most half
+//                   a chunk) cut from chunks the node owns; free lists in
 //                   node-local shared memory, shared by the node's processes.
 //                   free() works for blocks of any node (remote frees go to
 //                   the owner's remote-free bitmaps in the pool).
@@ -39,8 +40,9 @@ uint64_t alloc_carve_bytes(uint64_t kv_bytes, uint32_t max_nodes, const AllocFor
 Result<void> format_alloc_carve(Region& region, MemoryDomain& domain,
                                 const AllocFormatOptions& opts = {});
 
-// Size classes: class c holds blocks of size_class_bytes(c).
-constexpr uint32_t kSizeClasses = 36;
+// Size classes: class c holds blocks of size_class_bytes(c).  Larger blocks
+// (over half a chunk, or over 1 MiB) are runs of whole chunks.
+constexpr uint32_t kSizeClasses = 40;
 uint32_t size_class_bytes(uint32_t c);
 // Smallest class holding `bytes`, or kSizeClasses if it needs whole chunks.
 uint32_t size_class_for(uint64_t bytes, uint64_t chunk_size);

@@ -15,20 +15,26 @@ namespace {
 uint64_t lines(uint64_t bytes) { return (bytes + CXLKV_LINE_SIZE - 1) / CXLKV_LINE_SIZE * CXLKV_LINE_SIZE; }
 uint64_t bitmap_bytes(uint64_t bits) { return lines((bits + 63) / 64 * 8); }
 
-// 64 B .. 64 KiB, four classes per doubling, all multiples of the line size.
+// 64 B .. 64 KiB, four classes per doubling, all multiples of the line size;
+// then powers of two 128 KiB .. 1 MiB for mid-size blocks (KV blocks), so a
+// block of up to half a chunk wastes less than half its class and carves a
+// chunk exactly.  Chunk descriptors store class indices: append only.
 constexpr uint32_t kClassBytes[kSizeClasses] = {
     64,    128,   192,   256,   320,   384,   448,   512,   640,   768,   896,   1024,
     1280,  1536,  1792,  2048,  2560,  3072,  3584,  4096,  5120,  6144,  7168,  8192,
-    10240, 12288, 14336, 16384, 20480, 24576, 28672, 32768, 40960, 49152, 57344, 65536};
+    10240, 12288, 14336, 16384, 20480, 24576, 28672, 32768, 40960, 49152, 57344, 65536,
+    131072, 262144, 524288, 1048576};
+static_assert(std::is_sorted(kClassBytes, kClassBytes + kSizeClasses));
 }  // namespace
 
 uint32_t size_class_bytes(uint32_t c) { return c < kSizeClasses ? kClassBytes[c] : 0; }
 
 uint32_t size_class_for(uint64_t bytes, uint64_t chunk_size) {
   if (bytes == 0) bytes = 1;
-  // A small class must give a chunk at least 8 blocks; otherwise whole chunks.
-  if (bytes > chunk_size / 8) return kSizeClasses;
+  // A class must give a chunk at least 2 blocks; otherwise whole chunks.
+  if (bytes > chunk_size / 2) return kSizeClasses;
   const uint32_t* p = std::lower_bound(kClassBytes, kClassBytes + kSizeClasses, bytes);
+  if (p == kClassBytes + kSizeClasses || *p > chunk_size / 2) return kSizeClasses;
   return static_cast<uint32_t>(p - kClassBytes);
 }
 
