@@ -126,6 +126,19 @@ TEST(Replay, BoundedCapacityStillReadsOnlyCorrectBytes) {
   EXPECT_LE(field(out, "hit_tokens"), field(out, "theoretical_hit_tokens")) << out;
 }
 
+TEST(Replay, PayloadStripedOverTwoPoolsIsReadBackByteExact) {
+  // --interleave 2 stripes every block over two shm pools; decode workers
+  // verify every byte they fetch, so a wrong stripe map is an error.
+  int st;
+  std::string out =
+      run("--requests 30 --interleave 2 --prefill 2 --decode 1 --layers 1 --head-size 16", &st);
+  ASSERT_EQ(st, 0) << out;
+  EXPECT_EQ(field(out, "errors"), 0u) << out;
+  EXPECT_GT(field(out, "blocks_read"), 0u) << out;
+  EXPECT_EQ(field(out, "decode_misses"), 0u) << out;
+  EXPECT_EQ(field(out, "hit_tokens"), field(out, "theoretical_hit_tokens")) << out;
+}
+
 TEST(Replay, BadOptionsAreRefused) {
   int st;
   run("--prefill 0", &st);
