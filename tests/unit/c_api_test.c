@@ -12,16 +12,7 @@
 
 #include "cxlkv/cxlkv.h"
 
-static int failures;
-
-#define CHECK(cond)                                                              \
-	do {                                                                     \
-		if (!(cond)) {                                                   \
-			fprintf(stderr, "%s:%d: CHECK(%s) failed; last error: %s\n", \
-				__FILE__, __LINE__, #cond, cxlkv_last_error());  \
-			failures++;                                              \
-		}                                                                \
-	} while (0)
+#include "c_check.h"
 
 #define MiB (1024ull * 1024ull)
 

@@ -13,27 +13,7 @@
 
 #include "cxlkv/cxlkv.h"
 
-static int failures;
-
-#define CHECK(cond)                                                              \
-	do {                                                                     \
-		if (!(cond)) {                                                   \
-			fprintf(stderr, "%s:%d: CHECK(%s) failed; last error: %s\n", \
-				__FILE__, __LINE__, #cond, cxlkv_last_error());  \
-			failures++;                                              \
-		}                                                                \
-	} while (0)
-
-/* A call failed with a negative errno and said why. */
-#define CHECK_ERR(expr, err)                                                     \
-	do {                                                                     \
-		int rc_ = (expr);                                                \
-		if (rc_ != (err) || cxlkv_last_error()[0] == '\0') {             \
-			fprintf(stderr, "%s:%d: %s = %d, expected %d with a message (\"%s\")\n", \
-				__FILE__, __LINE__, #expr, rc_, (err), cxlkv_last_error()); \
-			failures++;                                              \
-		}                                                                \
-	} while (0)
+#include "c_check.h"
 
 #define MiB (1024ull * 1024ull)
 #define POOL_SIZE (64 * MiB)

@@ -10,28 +10,12 @@
 #include <cstdlib>
 #include <string>
 
+#include "replay_run.hpp"
+
 namespace {
 
-std::string tools() {
-  const char* t = std::getenv("CXLKV_TEST_TOOLS");
-  return t ? t : "tools";
-}
-
-std::string run(const std::string& args, int* status) {
-  std::string cmd = tools() + "/cxlkv-replay --json --quiet " + args + " 2>/dev/null";
-  FILE* f = popen(cmd.c_str(), "r");
-  std::string out;
-  char buf[4096];
-  while (size_t n = fread(buf, 1, sizeof buf, f)) out.append(buf, n);
-  *status = pclose(f);
-  return out;
-}
-
-uint64_t field(const std::string& json, const std::string& name) {
-  size_t p = json.find("\"" + name + "\": ");
-  if (p == std::string::npos) return ~0ull;
-  return std::strtoull(json.c_str() + p + name.size() + 4, nullptr, 10);
-}
+using replay_run::field;
+using replay_run::run;
 
 double ratio(const std::string& json) {
   size_t p = json.find("\"token_hit_ratio\": ");
