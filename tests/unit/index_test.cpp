@@ -10,83 +10,10 @@
 #include "coherence/noncoherent_sim.hpp"
 #include "cxlkv/kv.hpp"
 #include "index/prefix_index.hpp"
-#include "unit/kv_test_support.hpp"
+#include "unit/index_sim_pool.hpp"
 
 using namespace cxlkv;
 using namespace cxlkv::test;
-
-namespace {
-
-constexpr uint64_t kPoolBytes = 8 << 20;
-constexpr uint64_t kIndexBytes = 2 << 20;
-
-// A simulated pool shared by `nodes` nodes: index carve at 0, payload after.
-struct SimPool {
-  explicit SimPool(uint32_t nodes, double evict_p = 0.0, IndexFormatOptions fo = small_index())
-      : pool(kPoolBytes), sim(pool.mem, pool.bytes, NonCoherentSimOptions{nodes, evict_p, 7}),
-        space(kIndexBytes, kPoolBytes - kIndexBytes) {
-    auto r = index_format(sim.node(0), pool.mem, kIndexBytes, fo);
-    EXPECT_TRUE(r.ok()) << (r.ok() ? "" : r.error().message());
-    for (uint32_t n = 0; n < nodes; n++) live.set_incarnation(n, 100 + n);
-  }
-  static IndexFormatOptions small_index() {
-    IndexFormatOptions o;
-    o.stripe_slots = 64;
-    o.max_stripes = 8;
-    return o;
-  }
-  std::unique_ptr<KvStore> store(uint32_t node, uint32_t inc = 0) {
-    KvDeps d;
-    d.index_domain = &sim.node(node);
-    d.index_carve = pool.mem;
-    d.index_bytes = kIndexBytes;
-    d.node = node;
-    d.incarnation = inc ? inc : 100 + node;
-    d.locks = &locks;
-    d.liveness = &live;
-    d.space = &space;
-    d.devices.push_back(PoolDevice{&sim.node(node), pool.mem, pool.bytes});
-    auto kv = KvStore::create(std::move(d));
-    EXPECT_TRUE(kv.ok()) << (kv.ok() ? "" : kv.error().message());
-    return kv.ok() ? std::move(kv.value()) : nullptr;
-  }
-  AlignedPool pool;
-  NonCoherentSim sim;
-  MutexStripeLocks locks;
-  TableLiveness live;
-  RangeSpace space;
-};
-
-std::vector<BlockKey> chain(uint64_t id, size_t n) {
-  std::vector<uint64_t> ids(n);
-  for (size_t i = 0; i < n; i++) ids[i] = id * 1000003 + i;
-  return keys_from_ids(ids);
-}
-
-// reserve -> write -> publish one block whose bytes derive from its key.
-Result<KvReservation> put(KvStore& kv, std::span<const BlockKey> c, size_t i, size_t bytes = 4096) {
-  auto r = kv.reserve(c[i], i ? &c[i - 1] : nullptr, bytes);
-  if (!r || !r->reserved()) return r;
-  std::vector<std::byte> buf(bytes);
-  fill_block(c[i], buf.data(), bytes);
-  Chunk ch{buf.data(), bytes};
-  CXLKV_TRY(kv.write(*r, {&ch, 1}));
-  CXLKV_TRY(kv.publish(*r));
-  return r;
-}
-
-bool fetch_ok(KvStore& kv, const BlockKey& k, size_t bytes = 4096) {
-  auto p = kv.pin(k);
-  if (!p) return false;
-  std::vector<std::byte> got(bytes), want(bytes);
-  Chunk ch{got.data(), bytes};
-  bool ok = kv.fetch(*p, {&ch, 1}).ok();
-  fill_block(k, want.data(), bytes);
-  EXPECT_TRUE(kv.unpin(*p).ok());
-  return ok && got == want;
-}
-
-}  // namespace
 
 TEST(PrefixIndex, UnformattedCarveIsRefusedWithAMessage) {
   AlignedPool pool(kPoolBytes);

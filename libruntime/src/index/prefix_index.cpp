@@ -224,12 +224,16 @@ cxlkv_index_entry PrefixIndex::read_entry(uint32_t slot) const {
   }
 }
 
-void PrefixIndex::write_entry(uint32_t slot, cxlkv_index_entry e) {
-  e.version++;
+uint32_t PrefixIndex::write_entry(uint32_t slot, cxlkv_index_entry e, bool bump) {
+  // The version changes with the block's identity, state or location only
+  // (not with pins, children, recency), so a pin or reservation stays valid
+  // (still_valid) while only bookkeeping changes.
+  if (bump) e.version++;
   e.check = cxlkv_index_entry_check(&e);
   // rule 1: entry lines have many writers over time: one whole-line NT publish.
   d_->publish_line(slot_ptr(slot), &e);
   d_->fence();  // rule 3: the entry is visible before the lock is released
+  return e.version;
 }
 
 void PrefixIndex::write_empty(uint32_t slot) {
@@ -456,7 +460,7 @@ Result<bool> PrefixIndex::evict_pass(uint32_t stripe, std::vector<uint32_t>* par
         continue;  // issue 6: this pass looks at one tier only
       bool changed = false;
       if (pins_live(e, &changed)) continue;
-      if (changed) write_entry(slot, e);  // dead nodes' pins cleared
+      if (changed) write_entry(slot, e, false);  // dead nodes' pins cleared
       uint32_t age = now - e.lru_ms;
       if (victim == CXLKV_INDEX_NO_SLOT || age > best_age) {
         victim = slot;
@@ -486,7 +490,7 @@ Result<void> PrefixIndex::drop_child(uint32_t parent_slot) {
   cxlkv_index_entry e = read_entry(parent_slot);
   if (live_state(e.state) && e.children > 0) {
     e.children--;
-    write_entry(parent_slot, e);
+    write_entry(parent_slot, e, false);
   }
   return {};
 }
@@ -501,7 +505,7 @@ Result<uint32_t> PrefixIndex::add_child(const BlockKey& parent) {
     return Error(-ENOENT, "index: parent block " + to_hex(parent) + " is not cached");
   cxlkv_index_entry e = read_entry(slot);
   e.children++;
-  write_entry(slot, e);
+  write_entry(slot, e, false);
   return slot;
 }
 
@@ -518,7 +522,10 @@ Result<Reservation> PrefixIndex::reserve(const BlockKey& key, const BlockKey* pa
     Reservation r;
     r.status = ReserveStatus::exists_ready;
     r.slot = find_ready(key, &r.loc);
-    if (r.slot != CXLKV_INDEX_NO_SLOT) return r;
+    if (r.slot != CXLKV_INDEX_NO_SLOT) {
+      r.version = entry(r.slot).version;
+      return r;
+    }
   }
 
   uint32_t parent_slot = CXLKV_INDEX_NO_SLOT;
@@ -576,6 +583,7 @@ Result<Reservation> PrefixIndex::reserve(const BlockKey& key, const BlockKey* pa
       r.slot = slot;
       r.loc = BlockLocation{e.loc_off, e.loc_len, e.loc_dev, e.loc_tier};
       r.status = e.state == CXLKV_ENTRY_READY ? ReserveStatus::exists_ready : ReserveStatus::busy;
+      r.version = e.version;
       return done(r);  // never written twice
     }
     if (found) continue;  // reclaimed a dead writer's entry: probe again
@@ -627,7 +635,7 @@ Result<Reservation> PrefixIndex::reserve(const BlockKey& key, const BlockKey* pa
     e.owner_inc = inc_lo_;
     e.parent_slot = parent_slot;
     e.lru_ms = now_ms();
-    write_entry(free_slot, e);
+    const uint32_t ver = write_entry(free_slot, e);
     if (old.state == CXLKV_ENTRY_TOMBSTONE && st.tombstones) st.tombstones--;
     st.used_blocks++;
     st.used_bytes += loc->length;
@@ -636,6 +644,7 @@ Result<Reservation> PrefixIndex::reserve(const BlockKey& key, const BlockKey* pa
     r.status = ReserveStatus::reserved;
     r.slot = free_slot;
     r.loc = loc.value();
+    r.version = ver;
     return done(r);
   }
 }
@@ -716,7 +725,7 @@ Result<BlockLocation> PrefixIndex::pin(const BlockKey& key, uint32_t* slot_out) 
   cxlkv_index_entry e = read_entry(slot);
   e.pin_mask |= 1ULL << node_;
   e.lru_ms = now_ms();
-  write_entry(slot, e);
+  write_entry(slot, e, false);
   {
     std::lock_guard<std::mutex> lk(pin_mu_);
     local_pins_[slot]++;
@@ -741,7 +750,7 @@ Result<void> PrefixIndex::unpin(uint32_t slot, const BlockKey& key) {
   if (e.key_lo != key.lo || e.key_hi != key.hi)
     return Error(-ESTALE, "index: unpin of block " + to_hex(key) + ": slot now holds another block");
   e.pin_mask &= ~(1ULL << node_);
-  write_entry(slot, e);
+  write_entry(slot, e, false);
   return {};
 }
 
@@ -810,7 +819,7 @@ Result<uint64_t> PrefixIndex::reclaim_dead() {
             bool changed = false;
             pins_live(e, &changed);
             if (changed) {
-              write_entry(slot, e);
+              write_entry(slot, e, false);
               this_pass++;
             }
           }

@@ -101,11 +101,23 @@ Result<cxlkv_index_config> index_policy(MemoryDomain& d, const void* carve);
 
 enum class ReserveStatus { reserved, exists_ready, busy };
 
+// Reservations and pins carry the entry version they saw (fencing, issue 12).
 struct Reservation {
   ReserveStatus status = ReserveStatus::busy;
   uint32_t slot = CXLKV_INDEX_NO_SLOT;
   BlockLocation loc;  // valid when reserved / exists_ready
+  uint32_t version = 0;
 };
+
+struct PinnedBlock {
+  uint32_t slot = CXLKV_INDEX_NO_SLOT;
+  BlockLocation loc;
+  uint32_t version = 0;
+};
+
+// Per-block statuses of the batch calls (CONTRACTS.md; same values as the
+// CXLKV_KV_* macros of cxlkv.h).
+constexpr int32_t kBlockReserved = 0, kBlockExists = 1, kBlockBusy = 2, kBlockMiss = 3;
 
 struct IndexCounters {  // what index operations did (KvStore turns these into stats)
   uint64_t evictions = 0, reclaims = 0;
@@ -190,6 +202,27 @@ class PrefixIndex {
   Result<uint64_t> reclaim_dead();
   IndexCounters counters() const { return ctr_; }
 
+  // ---- batches (CONTRACTS.md "PrefixIndex batch interface") ---------------
+  // keys[0] is a child of `parent` (nullptr: a root), keys[i] a child of
+  // keys[i-1].  Fills out[i] and status[i]; stops at the first block that can
+  // be neither reserved nor found (status -ECANCELED after it); blocks
+  // already reserved stay reserved.  Returns the number of leading blocks
+  // that are RESERVED or EXISTS.
+  Result<size_t> reserve_chain(const BlockKey* parent, std::span<const BlockKey> keys, uint64_t bytes,
+                               std::span<Reservation> out, std::span<int32_t> status);
+  // Each handles blocks independently (status per block); returns how many
+  // succeeded.  publish_many publishes in the given order (a chain parent
+  // first), so a child whose parent is published earlier in the call succeeds.
+  Result<size_t> publish_many(std::span<const uint32_t> slots, std::span<const BlockKey> keys,
+                              std::span<int32_t> status);
+  Result<size_t> abort_many(std::span<const uint32_t> slots, std::span<const BlockKey> keys,
+                            std::span<int32_t> status);
+  Result<size_t> pin_many(std::span<const BlockKey> keys, std::span<PinnedBlock> out, std::span<int32_t> status);
+  Result<size_t> unpin_many(std::span<const uint32_t> slots, std::span<const BlockKey> keys,
+                            std::span<int32_t> status);
+  // Is slot still holding `key` in `state` at `version`?  One fresh read (rule 4).
+  bool still_valid(uint32_t slot, const BlockKey& key, uint32_t state, uint32_t version) const;
+
   // ---- SSD tier hooks (issue 6) --------------------------------------------
   void set_demotion(DemotionTarget* t) { demotion_ = t; }
   // Promotion: block `key` at `slot`, READY at `from`, moves to `to`, whose
@@ -211,7 +244,8 @@ class PrefixIndex {
   // rule 4 read of one line; re-read until its checksum is valid.
   cxlkv_index_entry read_entry(uint32_t slot) const;
   // rule 1/3: seal (version, check), publish_line, fence.
-  void write_entry(uint32_t slot, cxlkv_index_entry e);
+  // Returns the version written (bumped unless `bump` is false).
+  uint32_t write_entry(uint32_t slot, cxlkv_index_entry e, bool bump = true);
   void write_empty(uint32_t slot);
   cxlkv_index_stripe read_stripe(uint32_t stripe) const;
   void write_stripe(uint32_t stripe, const cxlkv_index_stripe& s);

@@ -1,0 +1,238 @@
+// SPDX-License-Identifier: MIT
+// PrefixIndex batch calls (CONTRACTS.md): per-block statuses, chain order,
+// partial outcomes, fencing versions, and nothing leaked when the caller dies
+// mid-batch.  Every node runs on its own NonCoherentSim domain.
+#include <gtest/gtest.h>
+
+#include <map>
+
+#include "unit/index_sim_pool.hpp"
+
+using namespace cxlkv;
+using namespace cxlkv::test;
+
+namespace {
+
+struct Batch {
+  explicit Batch(size_t n) : res(n), pins(n), status(n, 99), slots(n) {}
+  std::vector<Reservation> res;
+  std::vector<PinnedBlock> pins;
+  std::vector<int32_t> status;
+  std::vector<uint32_t> slots;
+  void slots_from_res() {
+    for (size_t i = 0; i < res.size(); i++) slots[i] = res[i].slot;
+  }
+  void slots_from_pins() {
+    for (size_t i = 0; i < pins.size(); i++) slots[i] = pins[i].slot;
+  }
+};
+
+// Counts lock() calls per stripe (to check "each stripe lock once per call").
+class CountingLocks final : public StripeLocks {
+ public:
+  explicit CountingLocks(StripeLocks& inner) : inner_(inner) {}
+  Result<void> lock(uint32_t s) override {
+    count[s]++;
+    return inner_.lock(s);
+  }
+  void unlock(uint32_t s) override { inner_.unlock(s); }
+  uint32_t max_per_stripe() const {
+    uint32_t m = 0;
+    for (auto& [s, c] : count) m = std::max(m, c);
+    return m;
+  }
+  std::map<uint32_t, uint32_t> count;
+
+ private:
+  StripeLocks& inner_;
+};
+
+}  // namespace
+
+TEST(IndexBatch, ReserveChainReservesNewBlocksAndReportsCachedOnes) {
+  SimPool p(2);
+  auto a = p.store(0), b = p.store(1);
+  auto c = chain(101, 6);
+  for (size_t i = 0; i < 3; i++) ASSERT_TRUE(put(*a, c, i).ok());
+  Batch bt(6);
+  auto n = b->index().reserve_chain(nullptr, c, 4096, bt.res, bt.status);
+  ASSERT_TRUE(n.ok()) << n.error().message();
+  EXPECT_EQ(n.value(), 6u);
+  EXPECT_EQ(bt.status, (std::vector<int32_t>{kBlockExists, kBlockExists, kBlockExists, kBlockReserved,
+                                             kBlockReserved, kBlockReserved}));
+  for (size_t i = 0; i < 6; i++) {
+    EXPECT_NE(bt.res[i].slot, CXLKV_INDEX_NO_SLOT) << i;
+    EXPECT_TRUE(b->index().still_valid(bt.res[i].slot, c[i],
+                                       i < 3 ? CXLKV_ENTRY_READY : CXLKV_ENTRY_WRITING, bt.res[i].version))
+        << "the version handed out is the entry's version, block " << i;
+  }
+  EXPECT_EQ(a->lookup(c), 3u) << "reserved blocks are invisible";
+  bt.slots_from_res();
+  std::vector<int32_t> ps(3, 99);
+  auto pub = b->index().publish_many(std::span(bt.slots).subspan(3), std::span(c).subspan(3), ps);
+  ASSERT_TRUE(pub.ok());
+  EXPECT_EQ(pub.value(), 3u) << "a chain given parent first publishes in one call";
+  EXPECT_EQ(ps, (std::vector<int32_t>(3, kBlockReserved)));
+  EXPECT_EQ(a->lookup(c), 6u);
+  EXPECT_FALSE(b->index().still_valid(bt.res[3].slot, c[3], CXLKV_ENTRY_WRITING, bt.res[3].version))
+      << "publishing changed the entry: the reservation is settled";
+}
+
+TEST(IndexBatch, ReserveChainStopsAtABusyBlockAndKeepsWhatItHolds) {
+  SimPool p(2);
+  auto a = p.store(0), b = p.store(1);
+  auto c = chain(102, 5);
+  ASSERT_TRUE(put(*b, c, 0).ok());
+  ASSERT_TRUE(put(*b, c, 1).ok());
+  auto other = b->reserve(c[2], &c[1], 4096);  // node 1 is writing block 2
+  ASSERT_TRUE(other.ok() && other->reserved());
+  Batch bt(5);
+  auto n = a->index().reserve_chain(nullptr, c, 4096, bt.res, bt.status);
+  ASSERT_TRUE(n.ok());
+  EXPECT_EQ(n.value(), 2u);
+  EXPECT_EQ(bt.status, (std::vector<int32_t>{kBlockExists, kBlockExists, kBlockBusy, -ECANCELED, -ECANCELED}));
+  EXPECT_EQ(a->index().find_state(c[3]), uint32_t(CXLKV_ENTRY_EMPTY)) << "nothing attempted after the busy block";
+}
+
+TEST(IndexBatch, ReserveChainBelowAnUncachedParentFailsWithENOENT) {
+  SimPool p(1);
+  auto a = p.store(0);
+  auto c = chain(103, 3);
+  Batch bt(2);
+  auto n = a->index().reserve_chain(&c[0], std::span(c).subspan(1), 4096, bt.res, bt.status);
+  ASSERT_TRUE(n.ok());
+  EXPECT_EQ(n.value(), 0u);
+  EXPECT_EQ(bt.status, (std::vector<int32_t>{-ENOENT, -ECANCELED}));
+  EXPECT_EQ(p.space.in_use(), 0u);
+}
+
+TEST(IndexBatch, ReserveChainRefusesBadArguments) {
+  SimPool p(1);
+  auto a = p.store(0);
+  auto c = chain(104, 3);
+  Batch bt(3), small(2);
+  EXPECT_EQ(a->index().reserve_chain(nullptr, c, 4096, small.res, bt.status).error().code(), -EINVAL);
+  EXPECT_EQ(a->index().reserve_chain(nullptr, c, 4096, bt.res, small.status).error().code(), -EINVAL);
+  auto z = a->index().reserve_chain(nullptr, c, 0, bt.res, bt.status);
+  EXPECT_TRUE(!z.ok() || z.value() == 0u);
+  EXPECT_EQ(p.space.in_use(), 0u);
+}
+
+TEST(IndexBatch, PublishManyRefusesAChildBeforeItsParentPerBlock) {
+  SimPool p(1);
+  auto a = p.store(0);
+  auto c = chain(105, 2);
+  Batch bt(2);
+  ASSERT_EQ(a->index().reserve_chain(nullptr, c, 64, bt.res, bt.status).value(), 2u);
+  std::vector<uint32_t> slots{bt.res[1].slot, bt.res[0].slot};
+  std::vector<BlockKey> keys{c[1], c[0]};
+  std::vector<int32_t> st(2, 99);
+  auto n = a->index().publish_many(slots, keys, st);
+  ASSERT_TRUE(n.ok());
+  EXPECT_EQ(n.value(), 1u);
+  EXPECT_EQ(st[0], -EAGAIN) << "child given before its parent";
+  EXPECT_EQ(st[1], kBlockReserved);
+  EXPECT_EQ(a->index().publish_many(std::span(slots).first(1), std::span(keys).first(1), st).value(), 1u);
+  EXPECT_EQ(a->lookup(c), 2u);
+  // Publishing again, or a slot of another key, is refused per block.
+  std::vector<uint32_t> bad{bt.res[0].slot, 3u};
+  std::vector<BlockKey> bk{c[0], c[1]};
+  EXPECT_EQ(a->index().publish_many(bad, bk, st).value(), 0u);
+  EXPECT_EQ(st[0], -ESTALE);
+  EXPECT_EQ(st[1], -ESTALE);
+}
+
+TEST(IndexBatch, PinManyReportsMissesAndUnpinManyReleases) {
+  SimPool p(2);
+  auto a = p.store(0), b = p.store(1);
+  auto c = chain(106, 4);
+  for (size_t i = 0; i < 3; i++) ASSERT_TRUE(put(*a, c, i).ok());
+  Batch bt(4);
+  auto n = b->index().pin_many(c, bt.pins, bt.status);
+  ASSERT_TRUE(n.ok());
+  EXPECT_EQ(n.value(), 3u);
+  EXPECT_EQ(bt.status, (std::vector<int32_t>{0, 0, 0, kBlockMiss}));
+  for (size_t i = 0; i < 3; i++) {
+    EXPECT_TRUE(b->index().still_valid(bt.pins[i].slot, c[i], CXLKV_ENTRY_READY, bt.pins[i].version));
+    EXPECT_EQ(b->index().entry(bt.pins[i].slot).pin_mask, 2u) << "node 1's pin bit";
+  }
+  // Another node's pin does not invalidate ours (only identity changes do).
+  Batch bt2(3);
+  ASSERT_EQ(a->index().pin_many(std::span(c).first(3), bt2.pins, bt2.status).value(), 3u);
+  EXPECT_TRUE(b->index().still_valid(bt.pins[0].slot, c[0], CXLKV_ENTRY_READY, bt.pins[0].version));
+  bt.slots_from_pins();
+  std::vector<int32_t> us(3, 99);
+  EXPECT_EQ(b->index().unpin_many(std::span(bt.slots).first(3), std::span(c).first(3), us).value(), 3u);
+  EXPECT_EQ(us, (std::vector<int32_t>(3, 0)));
+  EXPECT_EQ(b->index().entry(bt.pins[0].slot).pin_mask, 1u) << "only node 0's pin is left";
+  EXPECT_EQ(b->index().unpin_many(std::span(bt.slots).first(1), std::span(c).first(1), us).value(), 0u)
+      << "unpinning twice is refused";
+  EXPECT_EQ(us[0], -EINVAL);
+}
+
+TEST(IndexBatch, AbortManyOfAChainGivenParentFirstFreesEverything) {
+  SimPool p(1);
+  auto a = p.store(0);
+  auto c = chain(107, 4);
+  Batch bt(4);
+  ASSERT_EQ(a->index().reserve_chain(nullptr, c, 4096, bt.res, bt.status).value(), 4u);
+  EXPECT_EQ(p.space.in_use(), 4u);
+  bt.slots_from_res();
+  std::vector<int32_t> st(4, 99);
+  auto n = a->index().abort_many(bt.slots, c, st);
+  ASSERT_TRUE(n.ok());
+  EXPECT_EQ(n.value(), 4u);
+  EXPECT_EQ(st, (std::vector<int32_t>(4, 0)));
+  EXPECT_EQ(p.space.in_use(), 0u);
+  EXPECT_EQ(a->index().find_state(c[0]), uint32_t(CXLKV_ENTRY_EMPTY));
+}
+
+TEST(IndexBatch, StillValidFailsOnceTheBlockIsEvictedAndTheSlotReused) {
+  IndexFormatOptions o = SimPool::small_index();
+  o.max_stripes = 1;
+  o.max_blocks = 1;
+  SimPool p(1, 0.0, o);
+  auto a = p.store(0);
+  auto x = chain(108, 1), y = chain(109, 1);
+  ASSERT_TRUE(put(*a, x, 0).ok());
+  Batch bt(1);
+  ASSERT_EQ(a->index().pin_many(x, bt.pins, bt.status).value(), 1u);
+  PinnedBlock old = bt.pins[0];
+  bt.slots_from_pins();
+  ASSERT_EQ(a->index().unpin_many(bt.slots, x, bt.status).value(), 1u);
+  ASSERT_TRUE(put(*a, y, 0).ok());  // evicts x
+  EXPECT_FALSE(a->index().still_valid(old.slot, x[0], CXLKV_ENTRY_READY, old.version));
+}
+
+// A caller that dies between reserving a chain and publishing all of it:
+// nothing it held stays blocked or allocated, and another node completes it.
+TEST(IndexBatch, CallerDyingMidBatchLeaksNothing) {
+  SimPool p(2, 0.02);
+  auto a = p.store(0), b = p.store(1);
+  auto c = chain(110, 6);
+  Batch bt(6);
+  ASSERT_EQ(a->index().reserve_chain(nullptr, c, 4096, bt.res, bt.status).value(), 6u);
+  bt.slots_from_res();
+  std::vector<int32_t> st(2, 99);
+  ASSERT_EQ(a->index().publish_many(std::span(bt.slots).first(2), std::span(c).first(2), st).value(), 2u);
+  p.sim.drop_all(0);
+  p.live.kill(0);  // dies with 4 blocks WRITING
+  EXPECT_EQ(b->lookup(c), 2u);
+  Batch bb(6);
+  size_t got = 0;
+  for (int attempt = 0; attempt < 4 && got < 6; attempt++) {
+    auto n = b->index().reserve_chain(nullptr, c, 4096, bb.res, bb.status);
+    ASSERT_TRUE(n.ok());
+    got = n.value();
+  }
+  ASSERT_EQ(got, 6u) << "the dead writer's blocks are taken over";
+  EXPECT_EQ(bb.status[0], kBlockExists);
+  EXPECT_EQ(bb.status[1], kBlockExists);
+  for (size_t i = 2; i < 6; i++) EXPECT_EQ(bb.status[i], kBlockReserved) << i;
+  EXPECT_EQ(p.space.in_use(), 6u) << "the dead writer's 4 payloads were freed, 4 new ones taken";
+  bb.slots_from_res();
+  std::vector<int32_t> ps(4, 99);
+  EXPECT_EQ(b->index().publish_many(std::span(bb.slots).subspan(2), std::span(c).subspan(2), ps).value(), 4u);
+  EXPECT_EQ(b->lookup(c), 6u);
+  EXPECT_EQ(p.space.double_frees, 0u);
+}
