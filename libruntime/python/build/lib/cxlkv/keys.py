@@ -1,0 +1,149 @@
+# SPDX-License-Identifier: MIT
+"""Block keys: 128-bit names of KV blocks.
+
+Two sources, one representation (a NumPy array of shape (n, 2), dtype
+uint64, columns (lo, hi), the layout of ``struct cxlkv_kv_key``):
+
+* ``block_keys(tokens, block_tokens, extras)`` -- keys from token ids, computed
+  by the C library (``cxlkv_kv_block_keys``), so they are the same keys as
+  every C, C++ and Python caller on every host computes:
+  ``key_i = XXH3_128(key_{i-1} || tokens_i (u32 LE) || extras, seed "cxlkvkey")``.
+
+* ``keys_from_hashes(hashes, namespace)`` -- keys from an engine's own block
+  hashes (vLLM's ``request.block_hashes``, SGLang's hex page hashes,
+  LMCache's chunk hashes).  Engine hashes are already chained by the engine,
+  so each maps on its own (a suffix of a chain maps to a suffix of keys):
+
+      key = BLAKE2b(digest_size=16, person=b"cxlkv-ekey-v1",
+                    data = u32le(len(ns)) || ns || tag || payload)
+
+  where ``ns`` is the namespace bytes (model, dtype, tensor-parallel rank: use
+  :func:`namespace`), and (tag, payload) is (b"b", the bytes) for bytes-like
+  hashes, (b"s", UTF-8) for str, (b"i", 32-byte little-endian two's
+  complement) for int; objects with a ``hash_value`` attribute (older vLLM
+  ``BlockHash`` tuples) use it.  The digest's bytes 0..7 are ``lo`` and 8..15
+  ``hi`` (little-endian); the all-zero key is reserved and becomes lo = 1.
+"""
+import ctypes as C
+import hashlib
+import struct
+
+import numpy as np
+
+from . import _lib
+
+KEY_DTYPE = np.uint64
+
+
+def empty(n):
+    """An (n, 2) uint64 key array."""
+    return np.zeros((n, 2), dtype=KEY_DTYPE)
+
+
+def as_keys(keys):
+    """Convert keys to a C-contiguous (n, 2) uint64 array.
+
+    Accepts such an array, a sequence of 128-bit ints, of 32-hex-digit strings
+    (hi then lo, as ``cxlkvctl`` prints them) or of (lo, hi) pairs."""
+    if isinstance(keys, np.ndarray):
+        a = np.ascontiguousarray(keys, dtype=KEY_DTYPE)
+        if a.ndim == 1 and a.size == 2:
+            a = a.reshape(1, 2)
+        if a.ndim != 2 or a.shape[1] != 2:
+            raise ValueError(f"cxlkv: key array must have shape (n, 2), got {keys.shape}")
+        return a
+    out = empty(len(keys))
+    for i, k in enumerate(keys):
+        if isinstance(k, int):
+            if k < 0 or k >> 128:
+                raise ValueError(f"cxlkv: key {k} is not a 128-bit unsigned int")
+            out[i, 0], out[i, 1] = k & 0xFFFFFFFFFFFFFFFF, k >> 64
+        elif isinstance(k, str):
+            if len(k) != 32:
+                raise ValueError(f"cxlkv: key {k!r} is not 32 hex digits")
+            v = int(k, 16)
+            out[i, 0], out[i, 1] = v & 0xFFFFFFFFFFFFFFFF, v >> 64
+        else:
+            lo, hi = k
+            out[i, 0], out[i, 1] = lo, hi
+    return out
+
+
+def to_int(key):
+    """One key (a row of a key array) as a 128-bit int."""
+    return int(key[0]) | (int(key[1]) << 64)
+
+
+def to_hex(key):
+    """One key as 32 hex digits, hi then lo (the text form of cxlkvctl)."""
+    return f"{int(key[1]):016x}{int(key[0]):016x}"
+
+
+def _key_ptr(a):
+    return a.ctypes.data_as(C.POINTER(_lib.KvKey))
+
+
+def block_keys(tokens, block_tokens, extras=b""):
+    """Chained keys of the full blocks of ``tokens`` (ints, a NumPy array or a
+    tensor of token ids, each < 2**32), ``block_tokens`` per block, with
+    ``extras`` bytes (model id, LoRA id, salt) hashed into every block.
+    The same keys as ``cxlkv_kv_block_keys`` / ``cxlkv::block_keys``."""
+    if hasattr(tokens, "detach"):
+        tokens = tokens.detach().cpu().numpy()
+    t = np.ascontiguousarray(np.asarray(tokens, dtype=np.int64))
+    if t.ndim != 1:
+        raise ValueError("cxlkv: tokens must be one-dimensional")
+    if t.size and (t.min() < 0 or t.max() > 0xFFFFFFFF):
+        raise ValueError("cxlkv: token ids must be in 0 .. 2**32-1")
+    if block_tokens <= 0:
+        raise ValueError("cxlkv: block_tokens must be positive")
+    t = t.astype(np.uint32)
+    ex = bytes(extras)
+    n = t.size // block_tokens  # a trailing partial block has no key
+    out = empty(n)
+    if n == 0:
+        return out
+    exbuf = C.create_string_buffer(ex, len(ex)) if ex else None
+    rc = _lib.lib().cxlkv_kv_block_keys(t.ctypes.data_as(C.POINTER(C.c_uint32)), n * block_tokens,
+                                         block_tokens, exbuf, len(ex), _key_ptr(out), n)
+    _lib.check(rc, "cxlkv_kv_block_keys")
+    return out[:rc]
+
+
+def namespace(model="", dtype="", tp_rank=0, tp_size=1, extra=""):
+    """Namespace bytes for :func:`keys_from_hashes`: keys of different models,
+    dtypes or tensor-parallel shards never meet."""
+    return f"model={model};dtype={dtype};tp={tp_rank}/{tp_size};{extra}".encode()
+
+
+def _encode_hash(h):
+    if hasattr(h, "hash_value"):
+        h = h.hash_value
+    if isinstance(h, (bytes, bytearray, memoryview)):
+        return b"b" + bytes(h)
+    if isinstance(h, str):
+        return b"s" + h.encode()
+    if isinstance(h, (int, np.integer)):
+        return b"i" + int(h).to_bytes(32, "little", signed=True)
+    raise TypeError(f"cxlkv: cannot hash a block hash of type {type(h).__name__}")
+
+
+def engine_key(h, ns=b""):
+    """The 128-bit key (lo, hi) of one engine block hash (see the module doc)."""
+    d = hashlib.blake2b(digest_size=16, person=b"cxlkv-ekey-v1")
+    d.update(struct.pack("<I", len(ns)))
+    d.update(ns)
+    d.update(_encode_hash(h))
+    lo, hi = struct.unpack("<QQ", d.digest())
+    if lo == 0 and hi == 0:
+        lo = 1
+    return lo, hi
+
+
+def keys_from_hashes(hashes, namespace=b""):
+    """Keys (an (n, 2) array) of an engine's block hashes, see the module doc."""
+    ns = bytes(namespace)
+    out = empty(len(hashes))
+    for i, h in enumerate(hashes):
+        out[i] = engine_key(h, ns)
+    return out

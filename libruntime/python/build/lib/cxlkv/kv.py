@@ -1,0 +1,406 @@
+# SPDX-License-Identifier: MIT
+"""The KV store: lookup, batched publish / fetch / pin / unpin, leases, GPU
+transfers.  Every batch is one C call (``cxlkv_kv_put_chain``,
+``cxlkv_kv_get_many``, ``cxlkv_kv_pin_many``, ...), never a call per block.
+
+Per-block results are ``int32`` status arrays with the codes of cxlkv.h:
+``RESERVED`` (0: done), ``EXISTS`` (1: already cached), ``BUSY`` (2: another
+node writes it), ``MISS`` (3: not cached), a negative errno for a failed
+block, ``-ECANCELED`` for a block not attempted after an earlier block of the
+same chain failed.
+"""
+import ctypes as C
+import errno
+import time
+
+import numpy as np
+
+from . import _lib
+from .keys import as_keys
+from .layout import PagedKV, buffer_chunks
+
+RESERVED, EXISTS, BUSY, MISS, CANCELED = _lib.RESERVED, _lib.EXISTS, _lib.BUSY, _lib.MISS, _lib.CANCELED
+NODE_ANY = _lib.NODE_ANY
+
+_KEYP = C.POINTER(_lib.KvKey)
+_CHP = C.POINTER(_lib.Chunk)
+_U32P = C.POINTER(C.c_uint32)
+_U64P = C.POINTER(C.c_uint64)
+_I32P = C.POINTER(C.c_int32)
+
+
+def _kp(a):
+    return a.ctypes.data_as(_KEYP)
+
+
+def status_name(s):
+    """Text of one per-block status code."""
+    s = int(s)
+    if s >= 0:
+        return {0: "RESERVED", 1: "EXISTS", 2: "BUSY", 3: "MISS"}.get(s, f"status {s}")
+    return f"{errno.errorcode.get(-s, str(-s))} ({__import__('os').strerror(-s)})"
+
+
+def put_ok(status):
+    """Blocks of a put that are in the pool now (written, or already there)."""
+    return (status == RESERVED) | (status == EXISTS)
+
+
+def get_ok(status):
+    """Blocks of a get that were read."""
+    return status == RESERVED
+
+
+class Gpu:
+    """The pool pinned for GPU DMA (``cxlkv_gpu_open_pool``).  ``reference``
+    uses the CPU reference backend (no GPU: "device pointers" are host memory),
+    for tests and examples."""
+
+    def __init__(self, pool, device=0, reference=False):
+        self.pool = pool
+        self._h = C.c_void_p()
+        o = _lib.GpuOpts(C.sizeof(_lib.GpuOpts), _lib.GPU_F_CPU_REFERENCE if reference else 0, device, 0)
+        _lib.check(_lib.lib().cxlkv_gpu_open_pool(pool.handle, C.byref(o), C.byref(self._h)),
+                   f"pin pool {pool.uri} for the GPU")
+
+    @staticmethod
+    def probe():
+        """(ok, message): whether a GPU path is usable here, and why not."""
+        msg = C.create_string_buffer(512)
+        rc = _lib.lib().cxlkv_gpu_probe(msg, len(msg))
+        return rc == 0, msg.value.decode(errors="replace")
+
+    @property
+    def pin_method(self):
+        return _lib.lib().cxlkv_gpu_pin_method(self._h).decode()
+
+    def close(self):
+        if self._h:
+            _lib.lib().cxlkv_gpu_close(self._h)
+            self._h = C.c_void_p()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def _current_stream(kv):
+    if not kv.is_cuda:
+        return None
+    import torch
+    return C.c_void_p(torch.cuda.current_stream().cuda_stream)
+
+
+class KvStore:
+    """One node's handle on a pool's KV store (``cxlkv_kv_open``).  Use it
+    from one thread at a time (the async :class:`cxlkv.aio.AsyncKv` owns its
+    own).  A lock manager must run for the pool (cxlkvd or
+    :class:`cxlkv.LockManager`).
+
+    ``metrics``: a :class:`cxlkv.metrics.Metrics` to count into (tokens,
+    bytes, latency histograms); ``block_tokens`` lets it count tokens."""
+
+    def __init__(self, pool, node, metrics=None, block_tokens=0):
+        self.pool = pool
+        self.node = node
+        self._h = C.c_void_p()
+        o = _lib.KvOpts(C.sizeof(_lib.KvOpts), node, 0)
+        _lib.check(_lib.lib().cxlkv_kv_open(pool.handle, C.byref(o), C.byref(self._h)),
+                   f"open KV store of {pool.uri} as node {node}")
+        self._lib = _lib.lib()
+        self.metrics = metrics
+        self.block_tokens = block_tokens
+
+    @property
+    def handle(self):
+        if not self._h:
+            raise ValueError("cxlkv: KV store is closed")
+        return self._h
+
+    def close(self):
+        if self._h:
+            self._lib.cxlkv_kv_close(self._h)
+            self._h = C.c_void_p()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass
+
+    # ---- lookup -------------------------------------------------------------
+    def lookup(self, keys):
+        """Number of leading blocks of the chain ``keys`` that are cached."""
+        k = as_keys(keys)
+        t0 = time.perf_counter()
+        n = _lib.check(self._lib.cxlkv_kv_lookup(self.handle, _kp(k), len(k)), "cxlkv_kv_lookup")
+        if self.metrics:
+            self.metrics.observe_lookup(len(k), n, self.block_tokens, time.perf_counter() - t0)
+        return n
+
+    # ---- bulk put / get -----------------------------------------------------
+    def _chunks(self, src, keys, block_ids):
+        if isinstance(src, PagedKV):
+            if block_ids is None:
+                raise ValueError("cxlkv: a PagedKV transfer needs block_ids (one per key)")
+            if len(block_ids) != len(keys):
+                raise ValueError(f"cxlkv: {len(keys)} keys but {len(block_ids)} block ids")
+            ch, counts = src.chunks(block_ids)
+            return ch, counts, src.block_bytes
+        if len(src) != len(keys):
+            raise ValueError(f"cxlkv: {len(keys)} keys but {len(src)} buffers")
+        ch, counts, sizes = buffer_chunks(src)
+        if len(sizes) and (sizes != sizes[0]).any():
+            raise ValueError("cxlkv: every block buffer of one put must have the same size")
+        return ch, counts, int(sizes[0]) if len(sizes) else 0
+
+    def put(self, keys, src, block_ids=None, parent=None, gpu=None, stream=None):
+        """Publish a chain of blocks: ``keys[0]`` is a child of ``parent`` (a
+        key, or None for a root), ``keys[i]`` of ``keys[i-1]``.  ``src`` is a
+        :class:`PagedKV` (with ``block_ids``, the engine blocks holding the
+        keys' KV) or a list of one contiguous buffer per key.  A CUDA PagedKV
+        (or ``gpu`` given) goes through the GPU path on ``stream`` (default:
+        the current CUDA stream).  Returns the status array; ``put_ok()``
+        tells which blocks are in the pool."""
+        k = as_keys(keys)
+        n = len(k)
+        status = np.zeros(n, dtype=np.int32)
+        if n == 0:
+            return status
+        par = as_keys([parent]) if parent is not None else None
+        t0 = time.perf_counter()
+        if isinstance(src, PagedKV) and (src.is_cuda or gpu is not None):
+            bytes_ = self._gpu_put(k, par, src, block_ids, gpu, stream, status)
+        else:
+            ch, counts, nbytes = self._chunks(src, k, block_ids)
+            bytes_ = nbytes
+            if _lib.has("cxlkv_kv_put_chain"):
+                rc = self._lib.cxlkv_kv_put_chain(self.handle, _kp(par) if par is not None else None, _kp(k), n,
+                                                  nbytes, ch.ctypes.data_as(_CHP), counts.ctypes.data_as(_U32P),
+                                                  status.ctypes.data_as(_I32P))
+                _lib.check(rc, "cxlkv_kv_put_chain")
+            else:
+                self._put_chain_single(k, par, nbytes, ch, counts, status)
+        if self.metrics:
+            self.metrics.observe_store(int((status == RESERVED).sum()) * bytes_, int(put_ok(status).sum()),
+                                       time.perf_counter() - t0)
+        return status
+
+    def get(self, keys, dst, block_ids=None, gpu=None, stream=None):
+        """Read blocks ``keys`` into ``dst`` (a :class:`PagedKV` with
+        ``block_ids``, or one buffer per key).  Returns the status array:
+        RESERVED (0) for a block read, MISS for one not cached; ``get_ok()``."""
+        k = as_keys(keys)
+        n = len(k)
+        status = np.zeros(n, dtype=np.int32)
+        if n == 0:
+            return status
+        t0 = time.perf_counter()
+        if isinstance(dst, PagedKV) and (dst.is_cuda or gpu is not None):
+            nbytes = self._gpu_get(k, dst, block_ids, gpu, stream, status)
+        else:
+            ch, counts, nbytes = self._chunks(dst, k, block_ids)
+            if _lib.has("cxlkv_kv_get_many"):
+                rc = self._lib.cxlkv_kv_get_many(self.handle, _kp(k), n, ch.ctypes.data_as(_CHP),
+                                                 counts.ctypes.data_as(_U32P), status.ctypes.data_as(_I32P))
+                _lib.check(rc, "cxlkv_kv_get_many")
+            else:
+                self._get_many_single(k, ch, counts, status)
+        if self.metrics:
+            self.metrics.observe_load(int(get_ok(status).sum()) * nbytes, time.perf_counter() - t0)
+        return status
+
+    # ---- GPU ------------------------------------------------------------------
+    def _gpu_put(self, k, par, kv, block_ids, gpu, stream, status):
+        if gpu is None:
+            raise ValueError("cxlkv: a CUDA transfer needs a cxlkv.Gpu (the pool pinned for DMA)")
+        if not _lib.has("cxlkv_kv_gpu_put_chain"):
+            raise NotImplementedError("cxlkv: this libcxlkv has no cxlkv_kv_gpu_put_chain")
+        ids = np.ascontiguousarray(block_ids, dtype=np.uint64)
+        if ids.size != len(k):
+            raise ValueError(f"cxlkv: {len(k)} keys but {ids.size} block ids")
+        lay, _keep = kv.gpu_layout()
+        s = stream if stream is not None else _current_stream(kv)
+        rc = self._lib.cxlkv_kv_gpu_put_chain(self.handle, gpu._h, C.byref(lay), _kp(par) if par is not None else None,
+                                              _kp(k), ids.ctypes.data_as(_U64P), len(k), s,
+                                              status.ctypes.data_as(_I32P))
+        _lib.check(rc, "cxlkv_kv_gpu_put_chain")
+        return kv.block_bytes
+
+    def _gpu_get(self, k, kv, block_ids, gpu, stream, status):
+        if gpu is None:
+            raise ValueError("cxlkv: a CUDA transfer needs a cxlkv.Gpu (the pool pinned for DMA)")
+        if not _lib.has("cxlkv_kv_gpu_get_many"):
+            raise NotImplementedError("cxlkv: this libcxlkv has no cxlkv_kv_gpu_get_many")
+        ids = np.ascontiguousarray(block_ids, dtype=np.uint64)
+        if ids.size != len(k):
+            raise ValueError(f"cxlkv: {len(k)} keys but {ids.size} block ids")
+        lay, _keep = kv.gpu_layout()
+        s = stream if stream is not None else _current_stream(kv)
+        rc = self._lib.cxlkv_kv_gpu_get_many(self.handle, gpu._h, C.byref(lay), _kp(k),
+                                             ids.ctypes.data_as(_U64P), len(k), s, status.ctypes.data_as(_I32P))
+        _lib.check(rc, "cxlkv_kv_gpu_get_many")
+        return kv.block_bytes
+
+    # ---- pins -----------------------------------------------------------------
+    def pin(self, keys):
+        """Pin blocks (they are not evicted while pinned): a :class:`Pins`
+        context manager that unpins on exit.  ``pins.status`` has RESERVED
+        for a pinned block, MISS for one not cached."""
+        k = as_keys(keys)
+        blocks = (_lib.KvBlock * max(len(k), 1))()
+        status = np.zeros(len(k), dtype=np.int32)
+        if _lib.has("cxlkv_kv_pin_many"):
+            rc = self._lib.cxlkv_kv_pin_many(self.handle, _kp(k), len(k), blocks, status.ctypes.data_as(_I32P))
+            _lib.check(rc, "cxlkv_kv_pin_many")
+        else:
+            for i in range(len(k)):
+                rc = self._lib.cxlkv_kv_pin(self.handle, _kp(k[i:i + 1]), C.byref(blocks[i]))
+                status[i] = MISS if rc == -errno.ENOENT else rc
+        return Pins(self, k, blocks, status)
+
+    # ---- leases -----------------------------------------------------------------
+    def lease(self, keys, consumer_id, consumer_node=NODE_ANY, ttl_ms=30000):
+        """Lease published blocks to a consumer (a request id; optionally its
+        node): they are not evicted until released, expired, or the consumer
+        node dies.  Returns the status array."""
+        if not _lib.has("cxlkv_kv_lease"):
+            raise NotImplementedError("cxlkv: this libcxlkv has no cxlkv_kv_lease")
+        k = as_keys(keys)
+        status = np.zeros(len(k), dtype=np.int32)
+        _lib.check(self._lib.cxlkv_kv_lease(self.handle, _kp(k), len(k), consumer_id, consumer_node, ttl_ms,
+                                            status.ctypes.data_as(_I32P)), "cxlkv_kv_lease")
+        return status
+
+    def lease_release(self, keys, consumer_id):
+        """The consumer's release of its lease on ``keys``."""
+        if not _lib.has("cxlkv_kv_lease_release"):
+            raise NotImplementedError("cxlkv: this libcxlkv has no cxlkv_kv_lease_release")
+        k = as_keys(keys)
+        status = np.zeros(len(k), dtype=np.int32)
+        _lib.check(self._lib.cxlkv_kv_lease_release(self.handle, _kp(k), len(k), consumer_id,
+                                                    status.ctypes.data_as(_I32P)), "cxlkv_kv_lease_release")
+        return status
+
+    # ---- stats -------------------------------------------------------------------
+    def stats(self):
+        """This handle's counters (dict); the pool-wide view is
+        :meth:`cxlkv.Pool.prometheus`."""
+        s = _lib.KvStats()
+        s.size = C.sizeof(s)
+        _lib.check(self._lib.cxlkv_kv_stats(self.handle, C.byref(s)), "cxlkv_kv_stats")
+        return {name: getattr(s, name) for name, _ in _lib.KvStats._fields_ if name != "size"}
+
+    # ---- fallbacks for a library without the batch calls (older libcxlkv) ----------
+    def _put_chain_single(self, k, par, nbytes, ch, counts, status):
+        L = self._lib
+        off = np.concatenate([[0], np.cumsum(counts, dtype=np.int64)])
+        chp = ch.ctypes.data
+        prev = par
+        failed = False
+        for i in range(len(k)):
+            if failed:
+                status[i] = CANCELED
+                continue
+            b = _lib.KvBlock()
+            rc = L.cxlkv_kv_reserve(self.handle, _kp(k[i:i + 1]), _kp(prev) if prev is not None else None, nbytes,
+                                    C.byref(b))
+            if rc == RESERVED:
+                w = L.cxlkv_kv_write(self.handle, C.byref(b), C.cast(chp + int(off[i]) * 16, _CHP), int(counts[i]))
+                p = L.cxlkv_kv_publish(self.handle, C.byref(b)) if w == 0 else w
+                if p != 0:
+                    L.cxlkv_kv_abort(self.handle, C.byref(b))
+                    rc = p
+            status[i] = rc
+            if rc not in (RESERVED, EXISTS):
+                failed = True
+            prev = k[i:i + 1]
+
+    def _get_many_single(self, k, ch, counts, status):
+        L = self._lib
+        off = np.concatenate([[0], np.cumsum(counts, dtype=np.int64)])
+        chp = ch.ctypes.data
+        for i in range(len(k)):
+            b = _lib.KvBlock()
+            rc = L.cxlkv_kv_pin(self.handle, _kp(k[i:i + 1]), C.byref(b))
+            if rc == -errno.ENOENT:
+                status[i] = MISS
+                continue
+            if rc == 0:
+                rc = L.cxlkv_kv_fetch(self.handle, C.byref(b), C.cast(chp + int(off[i]) * 16, _CHP), int(counts[i]))
+                L.cxlkv_kv_unpin(self.handle, C.byref(b))
+            status[i] = rc
+
+
+class Pins:
+    """Pinned blocks (from :meth:`KvStore.pin`); unpinned by :meth:`release`
+    or on leaving the ``with`` block."""
+
+    def __init__(self, store, keys, blocks, status):
+        self.store, self.keys, self._blocks, self.status = store, keys, blocks, status
+        self._released = False
+
+    @property
+    def pinned(self):
+        """Boolean mask of the blocks that are pinned."""
+        return self.status == RESERVED
+
+    def lengths(self):
+        return np.array([self._blocks[i].length for i in range(len(self.keys))], dtype=np.uint64)
+
+    def fetch(self, dst, block_ids=None):
+        """Read the pinned blocks into ``dst`` (PagedKV + block_ids, or buffers);
+        returns the status array (blocks not pinned keep their status)."""
+        st = self.status.copy()
+        ch, counts, _ = self.store._chunks(dst, self.keys, block_ids)
+        L = self.store._lib
+        if _lib.has("cxlkv_kv_fetch_many"):
+            _lib.check(L.cxlkv_kv_fetch_many(self.store.handle, self._blocks, len(self.keys), ch.ctypes.data_as(_CHP),
+                                             counts.ctypes.data_as(_U32P), st.ctypes.data_as(_I32P)),
+                       "cxlkv_kv_fetch_many")
+        else:
+            off = np.concatenate([[0], np.cumsum(counts, dtype=np.int64)])
+            for i in range(len(self.keys)):
+                if st[i] == RESERVED:
+                    st[i] = L.cxlkv_kv_fetch(self.store.handle, C.byref(self._blocks[i]),
+                                             C.cast(ch.ctypes.data + int(off[i]) * 16, _CHP), int(counts[i]))
+        return st
+
+    def release(self):
+        if self._released or not self.store._h:
+            return
+        self._released = True
+        L = self.store._lib
+        st = self.status.copy()
+        if _lib.has("cxlkv_kv_unpin_many"):
+            # Only pinned blocks are unpinned: the others are passed with their
+            # non-RESERVED status and skipped by count.
+            idx = np.nonzero(self.status == RESERVED)[0]
+            if idx.size:
+                blk = (_lib.KvBlock * idx.size)(*[self._blocks[int(i)] for i in idx])
+                out = np.zeros(idx.size, dtype=np.int32)
+                L.cxlkv_kv_unpin_many(self.store.handle, blk, idx.size, out.ctypes.data_as(_I32P))
+        else:
+            for i in range(len(self.keys)):
+                if st[i] == RESERVED:
+                    L.cxlkv_kv_unpin(self.store.handle, C.byref(self._blocks[i]))
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.release()
+
+    def __del__(self):
+        try:
+            self.release()
+        except Exception:
+            pass

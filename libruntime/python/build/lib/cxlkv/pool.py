@@ -1,0 +1,106 @@
+# SPDX-License-Identifier: MIT
+"""Pools (format / open / info) and the in-process lock manager."""
+import ctypes as C
+
+from . import _lib
+
+
+class Pool:
+    """An open cxlkv pool (``shm:NAME:SIZE``, ``file:PATH``, ``dax:/dev/daxX.Y``,
+    ``dev:/dev/cxlkvN``).  Use as a context manager or call :meth:`close`.
+
+    >>> Pool.format("shm:demo:268435456", max_nodes=4)
+    >>> with Pool("shm:demo:268435456") as pool:
+    ...     print(pool.info())
+    """
+
+    def __init__(self, uri):
+        self.uri = uri
+        self._h = C.c_void_p()
+        _lib.check(_lib.lib().cxlkv_pool_open(uri.encode(), C.byref(self._h)), f"open pool {uri}")
+
+    @staticmethod
+    def format(uri, pool_size=0, max_nodes=0, max_locks=0, index_entries=0, force=False):
+        """Format a pool (explicit, never implicit).  ``force`` overwrites a
+        valid pool.  0 means the library's default for every size."""
+        o = _lib.FormatOpts(C.sizeof(_lib.FormatOpts), pool_size, max_nodes,
+                            _lib.FORMAT_F_FORCE if force else 0, max_locks, 0, index_entries)
+        _lib.check(_lib.lib().cxlkv_pool_format(uri.encode(), C.byref(o)), f"format pool {uri}")
+
+    @property
+    def handle(self):
+        if not self._h:
+            raise ValueError(f"cxlkv: pool {self.uri} is closed")
+        return self._h
+
+    @property
+    def size(self):
+        """Bytes of the pool mapping."""
+        return int(_lib.lib().cxlkv_pool_size(self.handle))
+
+    @property
+    def base(self):
+        """Address of this process's mapping of the pool."""
+        return int(_lib.lib().cxlkv_pool_base(self.handle))
+
+    def carves(self):
+        """The carve table: a list of dicts (name, offset, size, memtype, flags)."""
+        arr = (_lib.CarveInfo * 64)()
+        n = _lib.check(_lib.lib().cxlkv_carve_list(self.handle, arr, 64), f"list carves of {self.uri}")
+        return [dict(name=c.name.decode(), offset=c.offset, size=c.size, memtype=c.memtype, flags=c.flags)
+                for c in arr[: min(n, 64)]]
+
+    def info(self):
+        """uri, size and carves of the pool."""
+        return dict(uri=self.uri, size=self.size, carves=self.carves())
+
+    def prometheus(self):
+        """Prometheus exposition of the pool's KV counters and latency
+        histograms (every node), the same text as ``cxlkvctl stats --prometheus``
+        (one definition: the C call ``cxlkv_stats_prometheus``)."""
+        from . import metrics
+        return metrics.pool_exposition(self)
+
+    def close(self):
+        if self._h:
+            _lib.lib().cxlkv_pool_close(self._h)
+            self._h = C.c_void_p()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass
+
+    def __repr__(self):
+        return f"Pool({self.uri!r})"
+
+
+class LockManager:
+    """The pool's lock manager on a thread of this process (one per pool; the
+    daemon ``cxlkvd`` is the usual owner).  ``wait`` waits for a previous
+    manager's lease instead of failing with EBUSY."""
+
+    def __init__(self, pool, node=0, lease_ms=0, wait=False):
+        self.pool = pool
+        self._h = C.c_void_p()
+        o = _lib.LockManagerOpts(C.sizeof(_lib.LockManagerOpts), node, lease_ms, 1 if wait else 0, 0)
+        _lib.check(_lib.lib().cxlkv_lock_manager_start(pool.handle, C.byref(o), C.byref(self._h)),
+                   f"start lock manager of {pool.uri}")
+
+    def stop(self):
+        if self._h:
+            _lib.lib().cxlkv_lock_manager_stop(self._h)
+            self._h = C.c_void_p()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.stop()

@@ -1,0 +1,91 @@
+# SPDX-License-Identifier: MIT
+"""Fixtures of the Python tests: a fresh shm pool per test with its lock
+manager running in the test process (as tests/unit/kv_c_api_test.c does),
+and helpers to run a function in another process (spawned, so it maps the
+pool and attaches as its own node, like another host)."""
+import itertools
+import multiprocessing as mp
+import os
+import sys
+
+import pytest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.abspath(os.path.join(HERE, "..", ".."))
+PKG = os.path.join(ROOT, "libruntime", "python")
+if PKG not in sys.path:
+    sys.path.insert(0, PKG)
+os.environ.setdefault("CXLKV_LIB", os.path.join(os.environ.get("CXLKV_BUILD", os.path.join(ROOT, "build")),
+                                               "libruntime", "libcxlkv.so"))
+os.environ["PYTHONPATH"] = PKG + os.pathsep + os.environ.get("PYTHONPATH", "")
+if HERE not in sys.path:
+    sys.path.insert(0, HERE)
+
+import cxlkv  # noqa: E402
+
+_seq = itertools.count()
+
+
+def make_uri(tag, size=256 << 20):
+    name = f"cxlkv-py-{tag}-{os.getpid()}-{next(_seq)}"
+    return f"shm:{name}:{size}", f"/dev/shm/{name}"
+
+
+class PoolEnv:
+    """A formatted pool, its lock manager and a KV store of node 1."""
+
+    def __init__(self, tag, size=256 << 20, max_nodes=8):
+        self.uri, self.path = make_uri(tag, size)
+        cxlkv.Pool.format(self.uri, max_nodes=max_nodes)
+        self.pool = cxlkv.Pool(self.uri)
+        self.mgr = cxlkv.LockManager(self.pool)
+        self._stores = []
+
+    def store(self, node=1, **kw):
+        s = cxlkv.KvStore(self.pool, node, **kw)
+        self._stores.append(s)
+        return s
+
+    def close(self):
+        for s in self._stores:
+            s.close()
+        self.mgr.stop()
+        self.pool.close()
+        try:
+            os.unlink(self.path)
+        except FileNotFoundError:
+            pass
+
+
+@pytest.fixture
+def env(request):
+    e = PoolEnv(request.node.name[:24].replace("[", "_").replace("]", "_"))
+    yield e
+    e.close()
+
+
+def run_in_process(fn, *args, timeout=240):
+    """Run fn(*args) in a spawned process; return its result (re-raising
+    its exception here)."""
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    p = ctx.Process(target=_child, args=(q, fn, args))
+    p.start()
+    try:
+        ok, val = q.get(timeout=timeout)
+    except Exception:
+        p.kill()
+        p.join()
+        raise AssertionError(f"process running {fn.__name__} gave no result (exit code {p.exitcode})")
+    p.join(timeout)
+    if not ok:
+        raise AssertionError(f"{fn.__name__} in another process failed:\n{val}")
+    return val
+
+
+def _child(q, fn, args):
+    import traceback
+    try:
+        q.put((True, fn(*args)))
+    except BaseException:
+        q.put((False, traceback.format_exc()))
