@@ -3,6 +3,9 @@
 // its --json summary.
 #pragma once
 
+#include <unistd.h>
+
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
@@ -30,6 +33,34 @@ inline uint64_t field(const std::string& json, const std::string& name) {
   size_t p = json.find("\"" + name + "\": ");
   if (p == std::string::npos) return ~0ull;
   return std::strtoull(json.c_str() + p + name.size() + 4, nullptr, 10);
+}
+
+// A number field of the summary (the first with that name); NaN when absent.
+inline double dfield(const std::string& json, const std::string& name, size_t from = 0) {
+  size_t p = json.find("\"" + name + "\": ", from);
+  if (p == std::string::npos) return std::nan("");
+  return std::strtod(json.c_str() + p + name.size() + 4, nullptr);
+}
+
+// The synthetic Mooncake trace, found by path: CXLKV_TRACE, else
+// shared/traces/synthetic_trace.jsonl in a parent of the source tree (the
+// repository's ../shared).  Empty when absent: tests that need it skip.
+inline std::string synthetic_trace() {
+  if (const char* t = std::getenv("CXLKV_TRACE")) return access(t, R_OK) == 0 ? t : "";
+  // This source file's folder (when the compiler named it absolutely) and the
+  // running binary's folder (the build tree inside the repository).
+  char exe[4096];
+  ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+  std::string from[2] = {__FILE__, n > 0 ? std::string(exe, size_t(n)) : std::string()};
+  for (std::string d : from) {
+    if (d.empty() || d[0] != '/') continue;
+    for (size_t p; (p = d.rfind('/')) != std::string::npos && p > 0;) {
+      d.resize(p);
+      std::string cand = d + "/shared/traces/synthetic_trace.jsonl";
+      if (access(cand.c_str(), R_OK) == 0) return cand;
+    }
+  }
+  return "";
 }
 
 }  // namespace replay_run

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -77,6 +78,61 @@ TEST(Workload, BadTraceLinesAreErrorsNamingTheLine) {
   EXPECT_FALSE(read_trace("/nonexistent/trace.jsonl").ok());
 }
 
+TEST(Workload, LruReferenceHitsCachedLeadingBlocksAndEvictsTheLeastRecentlyUsed) {
+  auto req = [](std::vector<uint64_t> ids) {
+    Request r;
+    r.input_length = uint32_t(ids.size() * kTraceBlockTokens);
+    r.hash_ids = std::move(ids);
+    return r;
+  };
+  // Capacity 2.  A [1,2]: both inserted (2 most recent).  B [1,2]: two hits.
+  // C [3]: 3 inserted, 1 (least recent) evicted.  D [1,2]: 1 missing, so 2 is
+  // no hit although cached (a prefix cache cannot use it); inserting 1 evicts
+  // 2, reinserting 2 evicts 3.
+  std::vector<Request> reqs = {req({1, 2}), req({1, 2}), req({3}), req({1, 2})};
+  auto lr = lru_reference(reqs, 2);
+  EXPECT_EQ(lr.input_tokens, 7u * kTraceBlockTokens);
+  EXPECT_EQ(lr.hit_blocks, 2u);
+  EXPECT_EQ(lr.hit_tokens, 2u * kTraceBlockTokens);
+  EXPECT_EQ(lr.evictions, 3u);
+  // With room for everything LRU is exactly the theoretical prefix reuse.
+  EXPECT_EQ(lru_reference(reqs, 100).hit_tokens, theoretical_prefix_reuse(reqs).reused_tokens);
+}
+
+TEST(Workload, LruReferenceOnTheSyntheticTraceMatchesTheIssueFigure) {
+  std::string path = replay_run::synthetic_trace();
+  if (path.empty()) GTEST_SKIP() << "synthetic trace not present";
+  auto reqs = read_trace(path);
+  ASSERT_TRUE(reqs.ok()) << reqs.error().message();
+  // Issue 11: block-LRU with a 2000-block capacity gets 0.147.
+  EXPECT_NEAR(lru_reference(reqs.value(), 2000).ratio(), 0.147, 0.001);
+}
+
+TEST(Replay, BoundedRunsPrintTheBlockLruReferenceAndTheSweepItsFourCapacities) {
+  GeneratorOptions g;
+  g.requests = 30;  // the replay's built-in generator with --requests 30 (seed 1)
+  auto reqs = generate_workload(g);
+  const uint64_t distinct = theoretical_prefix_reuse(reqs).unique_blocks;
+  int st;
+  std::string out = run("--requests 30 --capacity 40 --sweep --prefill 2 --decode 1 --layers 1 --head-size 16", &st);
+  ASSERT_EQ(st, 0) << out;
+  EXPECT_NEAR(replay_run::dfield(out, "lru_token_hit_ratio"), lru_reference(reqs, 40).ratio(), 1e-5) << out;
+  EXPECT_NEAR(replay_run::dfield(out, "hit_vs_lru"),
+              replay_run::dfield(out, "token_hit_ratio") / lru_reference(reqs, 40).ratio(), 1e-3) << out;
+  EXPECT_EQ(field(out, "distinct_blocks"), distinct) << out;
+  size_t sw = out.find("\"sweep\": [");
+  ASSERT_NE(sw, std::string::npos) << out;
+  size_t at = sw;
+  for (double f : kSweepFractions) {
+    at = out.find("\"capacity_blocks\": ", at + 1);
+    ASSERT_NE(at, std::string::npos) << "sweep point " << f << " missing: " << out;
+    uint64_t cap = std::max<uint64_t>(16, uint64_t(double(distinct) * f));
+    EXPECT_EQ(std::strtoull(out.c_str() + at + 19, nullptr, 10), cap) << out;
+    EXPECT_NEAR(replay_run::dfield(out, "lru_token_hit_ratio", at), lru_reference(reqs, cap).ratio(), 1e-5) << out;
+    EXPECT_EQ(replay_run::dfield(out, "errors", at), 0) << out;
+  }
+}
+
 TEST(Replay, UnboundedHitRatioEqualsTheoreticalReuseOnAGeneratedTrace) {
   GeneratorOptions g;
   g.requests = 40;
@@ -93,8 +149,8 @@ TEST(Replay, UnboundedHitRatioEqualsTheoreticalReuseOnAGeneratedTrace) {
 }
 
 TEST(Replay, UnboundedHitRatioEqualsTheoreticalReuseOnTheRealTrace) {
-  const char* path = "/work/shared/traces/synthetic_trace.jsonl";
-  if (access(path, R_OK) != 0) GTEST_SKIP() << path << " not present";
+  std::string path = replay_run::synthetic_trace();
+  if (path.empty()) GTEST_SKIP() << "synthetic trace not present";
   int st;
   std::string out = run(std::string("--trace ") + path + " --requests 30 --prefill 2 --decode 1 --layers 1 --head-size 16", &st);
   ASSERT_EQ(st, 0) << out;

@@ -5,7 +5,6 @@
 //   kv.publish_gbps              reserve + gather-write + publish
 //   kv.fetch_gbps                pin + scatter-read + unpin
 //   kv.interleave2_publish_gbps  publish with payload striped over two pools
-//   replay.block_ops_per_s       cxlkv-replay (default workload): blocks written + read per second
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -114,30 +113,6 @@ void bench_kv(bench::Results& res) {
   }
 }
 
-void bench_replay(bench::Results& res) {
-  char self[4096];
-  ssize_t len = readlink("/proc/self/exe", self, sizeof self - 1);
-  if (len <= 0) return;
-  self[len] = 0;
-  std::string dir(self);
-  dir = dir.substr(0, dir.rfind('/'));
-  std::string cmd = dir + "/cxlkv-replay --json --quiet --requests " +
-                    std::to_string(std::max(50, int(300 * bench::scale())));
-  FILE* f = popen(cmd.c_str(), "r");
-  if (!f) return;
-  std::string out;
-  char buf[4096];
-  while (size_t k = fread(buf, 1, sizeof buf, f)) out.append(buf, k);
-  int st = pclose(f);
-  size_t p = out.find("\"block_ops_per_s\": ");
-  if (st != 0 || p == std::string::npos) {
-    std::fprintf(stderr, "bench replay: cxlkv-replay failed (status %d)\n", st);
-    return;
-  }
-  res.set("replay.block_ops_per_s", std::atof(out.c_str() + p + 19));
-}
-
 }  // namespace
 
 CXLKV_BENCH({"kv", "KV block publish / fetch (2 MiB, 64 chunks) beside memcpy; two-pool interleave", bench_kv});
-CXLKV_BENCH({"replay", "the main job's block operations per second", bench_replay});

@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -45,7 +46,9 @@ const char* kUsage =
     "  --prefill P          prefill workers (2)\n"
     "  --decode D           decode workers (2)\n"
     "  --capacity BLOCKS    cache capacity in blocks (default unbounded)\n"
-    "  --sweep              also run three bounded capacities and print their hit ratios\n"
+    "  --capacity-fraction F  capacity as a fraction of the workload's distinct blocks\n"
+    "  --sweep              also run at 5%, 10%, 25% and 50% of the distinct blocks and\n"
+    "                       print each hit ratio beside the block-LRU reference's\n"
     "  --pool-size SIZE     shm pool size (2G)\n"
     "  --pool URI           use this pool URI (formatted here, e.g. shm:NAME:SIZE)\n"
     "  --interleave N       stripe payload over N shm pools (1 or 2)\n"
@@ -74,9 +77,12 @@ struct Summary {
   uint64_t mem_hits = 0, mem_bytes = 0, ssd_hits = 0, ssd_bytes = 0, demotions = 0, promotions = 0;
   bool ssd = false;
   double seconds = 0, theory = 0;
+  LruReference lru;  // block-LRU at the same capacity (issue 11); unbounded: == theory
   double lat[3][2] = {};
   uint64_t block_bytes = 0, capacity = 0;
   double hit_ratio() const { return input_tokens ? double(hit_tokens) / double(input_tokens) : 0; }
+  // Token hit ratio over the LRU reference's (1.0 when both are 0).
+  double vs_lru() const { return lru.ratio() > 0 ? hit_ratio() / lru.ratio() : (hit_ratio() > 0 ? INFINITY : 1.0); }
 };
 
 Result<Summary> run_once(const Config& c, const std::vector<Request>& reqs, int argc, char** argv) {
@@ -244,21 +250,47 @@ Result<Summary> run_once(const Config& c, const std::vector<Request>& reqs, int 
   return s;
 }
 
+// One flat JSON object, built field by field.
+class JsonOut {
+ public:
+  JsonOut& u(const char* k, uint64_t v) { return raw(k, std::to_string(v)); }
+  JsonOut& f(const char* k, double v, int prec = 4) {
+    char b[64];
+    if (std::isfinite(v)) std::snprintf(b, sizeof b, "%.*f", prec, v);
+    else std::snprintf(b, sizeof b, "null");
+    return raw(k, b);
+  }
+  JsonOut& raw(const char* k, const std::string& v) {
+    s_ += (s_.empty() ? "{" : ", ");
+    s_ += "\"" + std::string(k) + "\": " + v;
+    return *this;
+  }
+  std::string str() const { return s_.empty() ? "{}" : s_ + "}"; }
+
+ private:
+  std::string s_;
+};
+
 void print_summary(const Summary& s, const Config& c, const char* title) {
   std::fprintf(stderr,
                "%s\n"
                "  requests            %lu\n"
-               "  token hit ratio     %.4f   (trace's theoretical prefix reuse %.4f)\n"
+               "  token hit ratio     %.4f   (trace's theoretical prefix reuse %.4f)\n",
+               title, (unsigned long)s.requests, s.hit_ratio(), s.theory);
+  if (s.capacity)
+    std::fprintf(stderr, "  block-LRU reference %.4f   at the same %lu-block capacity: cxlkv / LRU = %.3fx\n",
+                 s.lru.ratio(), (unsigned long)s.capacity, s.vs_lru());
+  std::fprintf(stderr,
                "  blocks written      %lu   read %lu   (%lu KiB each)\n"
                "  throughput          %.2f GB/s  over %.2f s\n"
                "  latency p50/p99 us  lookup %.1f/%.1f  publish %.1f/%.1f  fetch %.1f/%.1f\n"
-               "  evictions           %lu   decode misses %lu   uncached %lu\n"
+               "  evictions           %lu   uncached blocks %lu   lost hits %lu\n"
+               "  decode misses       %lu   lease expiries n/a (no leases)\n"
                "  errors              %lu\n",
-               title, (unsigned long)s.requests, s.hit_ratio(), s.theory, (unsigned long)s.blocks_written,
-               (unsigned long)s.blocks_read, (unsigned long)(s.block_bytes >> 10), s.bytes / 1e9 / s.seconds,
-               s.seconds, s.lat[0][0], s.lat[0][1], s.lat[1][0], s.lat[1][1], s.lat[2][0], s.lat[2][1],
-               (unsigned long)s.evictions, (unsigned long)s.decode_misses, (unsigned long)s.uncached,
-               (unsigned long)s.errors);
+               (unsigned long)s.blocks_written, (unsigned long)s.blocks_read, (unsigned long)(s.block_bytes >> 10),
+               s.bytes / 1e9 / s.seconds, s.seconds, s.lat[0][0], s.lat[0][1], s.lat[1][0], s.lat[1][1],
+               s.lat[2][0], s.lat[2][1], (unsigned long)s.evictions, (unsigned long)s.uncached,
+               (unsigned long)s.lost_hits, (unsigned long)s.decode_misses, (unsigned long)s.errors);
   std::fprintf(stderr,
                "  tier mem            hits %lu   %.2f GB\n"
                "  tier ssd            hits %lu   %.2f GB%s",
@@ -267,6 +299,21 @@ void print_summary(const Summary& s, const Config& c, const char* title) {
   if (s.ssd)
     std::fprintf(stderr, "   demotions %lu   promotions %lu   (%s)\n", (unsigned long)s.demotions,
                  (unsigned long)s.promotions, c.ssd_path.c_str());
+}
+
+// The fields a bounded run and a sweep point share.
+void json_bounded(JsonOut& j, const Summary& s) {
+  j.u("capacity_blocks", s.capacity)
+      .f("token_hit_ratio", s.hit_ratio(), 6)
+      .f("lru_token_hit_ratio", s.lru.ratio(), 6)
+      .f("hit_vs_lru", s.vs_lru(), 6)
+      .u("evictions", s.evictions)
+      .u("uncached_blocks", s.uncached)
+      .u("lost_hits", s.lost_hits)
+      .u("decode_misses", s.decode_misses)
+      .u("errors", s.errors)
+      .u("tier.mem.hits", s.mem_hits)
+      .u("tier.ssd.hits", s.ssd_hits);
 }
 
 bool parse(int argc, char** argv, Config* c, std::string* err) {
@@ -298,6 +345,7 @@ bool parse(int argc, char** argv, Config* c, std::string* err) {
     else if (a == "--prefill") { if (!(v = need(i)) || !num(v, 1, 32, &x)) return false; c->prefill = uint32_t(x); }
     else if (a == "--decode") { if (!(v = need(i)) || !num(v, 0, 32, &x)) return false; c->decode = uint32_t(x); }
     else if (a == "--capacity") { if (!(v = need(i)) || !num(v, 0, 1e12, &x)) return false; c->capacity_blocks = uint64_t(x); }
+    else if (a == "--capacity-fraction") { if (!(v = need(i)) || !num(v, 0, 1, &x)) return false; c->capacity_fraction = x; }
     else if (a == "--sweep") c->sweep = true;
     else if (a == "--pool-size") { if (!(v = need(i)) || !num(v, 64, 1e6, &x)) return false; c->pool_size = uint64_t(x) << 20; }
     else if (a == "--pool") { if (!(v = need(i))) return false; c->pool_uri = v; }
@@ -337,9 +385,11 @@ int run_parent(const Config& c, char** argv, int argc) {
   const uint64_t block_bytes = uint64_t(kTraceBlockTokens) * c.kv_heads * c.head_size * 2 * 2 * c.layers;
   // Unbounded runs need room for every distinct block (+ allocator slack).
   Config cc = c;
+  if (c.capacity_fraction > 0)
+    cc.capacity_blocks = std::max<uint64_t>(16, uint64_t(double(th.unique_blocks) * c.capacity_fraction));
   if (c.pool_uri.empty()) {
     uint64_t need = th.unique_blocks * block_bytes * 5 / 4 + (256ull << 20);
-    if (c.capacity_blocks) need = std::min<uint64_t>(need, c.capacity_blocks * block_bytes * 5 / 4 + (256ull << 20));
+    if (cc.capacity_blocks) need = std::min<uint64_t>(need, cc.capacity_blocks * block_bytes * 5 / 4 + (256ull << 20));
     cc.pool_size = std::max<uint64_t>(c.pool_size, (need + (2ull << 20) - 1) & ~((2ull << 20) - 1));
   }
   if (!c.ssd_path.empty()) {
@@ -377,9 +427,10 @@ int run_parent(const Config& c, char** argv, int argc) {
   Summary s = r.value();
   s.theory = th.ratio();
   s.block_bytes = block_bytes;
+  if (s.capacity) s.lru = lru_reference(reqs, s.capacity);
   std::vector<Summary> sweep;
   if (c.sweep) {
-    for (double f : {0.1, 0.25, 0.5}) {
+    for (double f : kSweepFractions) {
       Config b = cc;
       b.capacity_blocks = std::max<uint64_t>(16, uint64_t(double(th.unique_blocks) * f));
       b.quiet = true;
@@ -391,6 +442,7 @@ int run_parent(const Config& c, char** argv, int argc) {
       }
       rb.value().theory = th.ratio();
       rb.value().block_bytes = block_bytes;
+      rb.value().lru = lru_reference(reqs, b.capacity_blocks);
       sweep.push_back(rb.value());
     }
   }
@@ -402,39 +454,61 @@ int run_parent(const Config& c, char** argv, int argc) {
                  cc.capacity_blocks ? "n/a (bounded capacity)"
                  : s.hit_tokens == th.reused_tokens ? "exact (replay hit tokens == theoretical reused tokens)"
                                                      : "MISMATCH");
+    if (!sweep.empty())
+      std::fprintf(stderr, "  sweep (%lu distinct blocks)   capacity   cxlkv    LRU      cxlkv/LRU  evictions  "
+                   "uncached  decode misses  errors\n", (unsigned long)th.unique_blocks);
     for (auto& b : sweep)
-      std::fprintf(stderr, "  capacity %7lu blocks (%4.1f%% of %lu distinct): token hit ratio %.4f, evictions %lu, "
-                   "hits mem/ssd %lu/%lu, errors %lu\n",
-                   (unsigned long)b.capacity, 100.0 * double(b.capacity) / double(th.unique_blocks),
-                   (unsigned long)th.unique_blocks, b.hit_ratio(), (unsigned long)b.evictions,
-                   (unsigned long)b.mem_hits, (unsigned long)b.ssd_hits, (unsigned long)b.errors);
+      std::fprintf(stderr, "    %4.1f%% of distinct         %8lu   %.4f   %.4f   %6.3fx   %9lu  %8lu  %13lu  %6lu\n",
+                   100.0 * double(b.capacity) / double(th.unique_blocks), (unsigned long)b.capacity, b.hit_ratio(),
+                   b.lru.ratio(), b.vs_lru(), (unsigned long)b.evictions, (unsigned long)b.uncached,
+                   (unsigned long)b.decode_misses, (unsigned long)b.errors);
   }
   uint64_t errors = s.errors;
   for (auto& b : sweep) errors += b.errors;
   if (c.json) {
-    std::printf("{\"requests\": %lu, \"input_tokens\": %lu, \"hit_tokens\": %lu, \"token_hit_ratio\": %.6f, "
-                "\"theoretical_hit_tokens\": %lu, \"theoretical_hit_ratio\": %.6f, \"blocks_written\": %lu, "
-                "\"blocks_read\": %lu, \"block_bytes\": %lu, \"bytes\": %lu, \"seconds\": %.4f, \"gbps\": %.4f, "
-                "\"block_ops_per_s\": %.1f, "
-                "\"lookup_us_p50\": %.2f, \"lookup_us_p99\": %.2f, \"publish_us_p50\": %.2f, \"publish_us_p99\": %.2f, "
-                "\"fetch_us_p50\": %.2f, \"fetch_us_p99\": %.2f, \"evictions\": %lu, \"decode_misses\": %lu, "
-                "\"errors\": %lu, \"capacity_blocks\": %lu, \"tier.mem.hits\": %lu, \"tier.mem.bytes\": %lu, "
-                "\"tier.ssd.hits\": %lu, \"tier.ssd.bytes\": %lu, \"tier.ssd.demotions\": %lu, "
-                "\"tier.ssd.promotions\": %lu, \"sweep\": [",
-                (unsigned long)s.requests, (unsigned long)s.input_tokens, (unsigned long)s.hit_tokens, s.hit_ratio(),
-                (unsigned long)th.reused_tokens, th.ratio(), (unsigned long)s.blocks_written,
-                (unsigned long)s.blocks_read, (unsigned long)block_bytes, (unsigned long)s.bytes, s.seconds,
-                s.bytes / 1e9 / s.seconds, double(s.blocks_written + s.blocks_read) / s.seconds, s.lat[0][0],
-                s.lat[0][1], s.lat[1][0], s.lat[1][1], s.lat[2][0], s.lat[2][1], (unsigned long)s.evictions,
-                (unsigned long)s.decode_misses, (unsigned long)errors, (unsigned long)cc.capacity_blocks,
-                (unsigned long)s.mem_hits, (unsigned long)s.mem_bytes, (unsigned long)s.ssd_hits,
-                (unsigned long)s.ssd_bytes, (unsigned long)s.demotions, (unsigned long)s.promotions);
-    for (size_t i = 0; i < sweep.size(); i++)
-      std::printf("%s{\"capacity_blocks\": %lu, \"token_hit_ratio\": %.6f, \"evictions\": %lu, "
-                  "\"tier.mem.hits\": %lu, \"tier.ssd.hits\": %lu}", i ? ", " : "",
-                  (unsigned long)sweep[i].capacity, sweep[i].hit_ratio(), (unsigned long)sweep[i].evictions,
-                  (unsigned long)sweep[i].mem_hits, (unsigned long)sweep[i].ssd_hits);
-    std::printf("]}\n");
+    JsonOut j;
+    j.u("requests", s.requests)
+        .u("input_tokens", s.input_tokens)
+        .u("hit_tokens", s.hit_tokens)
+        .f("token_hit_ratio", s.hit_ratio(), 6)
+        .u("theoretical_hit_tokens", th.reused_tokens)
+        .f("theoretical_hit_ratio", th.ratio(), 6)
+        .u("distinct_blocks", th.unique_blocks)
+        .u("capacity_blocks", s.capacity)
+        .f("lru_token_hit_ratio", s.capacity ? s.lru.ratio() : th.ratio(), 6)
+        .f("hit_vs_lru", s.capacity ? s.vs_lru() : 1.0, 6)
+        .u("blocks_written", s.blocks_written)
+        .u("blocks_read", s.blocks_read)
+        .u("block_bytes", block_bytes)
+        .u("bytes", s.bytes)
+        .f("seconds", s.seconds)
+        .f("gbps", s.bytes / 1e9 / s.seconds)
+        .f("block_ops_per_s", double(s.blocks_written + s.blocks_read) / s.seconds, 1)
+        .f("lookup_us_p50", s.lat[0][0], 2)
+        .f("lookup_us_p99", s.lat[0][1], 2)
+        .f("publish_us_p50", s.lat[1][0], 2)
+        .f("publish_us_p99", s.lat[1][1], 2)
+        .f("fetch_us_p50", s.lat[2][0], 2)
+        .f("fetch_us_p99", s.lat[2][1], 2)
+        .u("evictions", s.evictions)
+        .u("uncached_blocks", s.uncached)
+        .u("lost_hits", s.lost_hits)
+        .u("decode_misses", s.decode_misses)
+        .u("errors", errors)
+        .u("tier.mem.hits", s.mem_hits)
+        .u("tier.mem.bytes", s.mem_bytes)
+        .u("tier.ssd.hits", s.ssd_hits)
+        .u("tier.ssd.bytes", s.ssd_bytes)
+        .u("tier.ssd.demotions", s.demotions)
+        .u("tier.ssd.promotions", s.promotions);
+    std::string sw = "[";
+    for (size_t i = 0; i < sweep.size(); i++) {
+      JsonOut p;
+      json_bounded(p, sweep[i]);
+      sw += (i ? ", " : "") + p.str();
+    }
+    j.raw("sweep", sw + "]");
+    std::printf("%s\n", j.str().c_str());
   }
   if (errors) return 1;
   if (!cc.capacity_blocks && s.hit_tokens != th.reused_tokens) return 1;

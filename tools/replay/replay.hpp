@@ -31,7 +31,8 @@ struct Config {
   // block (a small model keeps the default run quick).
   uint32_t layers = 8, kv_heads = 2, head_size = 64;
   uint64_t capacity_blocks = 0;  // 0: unbounded
-  bool sweep = false;            // also run three bounded capacities
+  double capacity_fraction = 0;  // > 0: capacity = this share of the distinct blocks
+  bool sweep = false;            // also run at kSweepFractions of the distinct blocks
   double time_scale = 0;         // trace ms -> wall ms factor; 0: as fast as possible
   bool json = false;
   bool quiet = false;

@@ -1,8 +1,9 @@
 #!/bin/sh
 # The main job: cxlkv-replay on an embedded shm pool (no module, no CXL).
 # A lock manager, prefill and decode worker processes (one node each) replay
-# the built-in workload, or a Mooncake JSONL trace with TRACE=path, then three
-# bounded capacities for their hit ratios.  Exit status 0 only with 0 errors
+# the built-in workload, or a Mooncake JSONL trace with TRACE=path, then the
+# sweep: capacities of 5%, 10%, 25% and 50% of the distinct blocks, each hit
+# ratio beside the block-LRU reference's at the same capacity.  Exit status 0 only with 0 errors
 # and (unbounded) a token hit ratio equal to the trace's prefix reuse.
 # SSD=path adds an SSD tier on that file (a real file system, e.g. /tmp, not
 # tmpfs): memory is then bounded (CAPACITY=blocks, default a quarter of the

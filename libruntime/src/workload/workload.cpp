@@ -5,7 +5,9 @@
 #include <cmath>
 #include <cstring>
 #include <fstream>
+#include <list>
 #include <random>
+#include <unordered_map>
 #include <unordered_set>
 
 namespace cxlkv {
@@ -130,6 +132,36 @@ PrefixReuse theoretical_prefix_reuse(const std::vector<Request>& reqs) {
     for (uint64_t id : r.hash_ids) pr.unique_blocks += seen.insert(id).second;
   }
   return pr;
+}
+
+LruReference lru_reference(const std::vector<Request>& reqs, uint64_t capacity_blocks) {
+  LruReference lr;
+  std::list<uint64_t> order;  // front: most recently used
+  std::unordered_map<uint64_t, std::list<uint64_t>::iterator> where;
+  where.reserve(capacity_blocks ? capacity_blocks * 2 : 1024);
+  for (const Request& r : reqs) {
+    uint64_t lead = 0;
+    while (lead < r.hash_ids.size() && where.count(r.hash_ids[lead])) lead++;
+    lr.input_tokens += r.input_length;
+    lr.hit_tokens += hit_tokens(r, lead);
+    lr.hit_blocks += lead;
+    for (uint64_t id : r.hash_ids) {
+      auto it = where.find(id);
+      if (it != where.end()) {
+        order.splice(order.begin(), order, it->second);
+        continue;
+      }
+      if (capacity_blocks == 0) continue;
+      order.push_front(id);
+      where.emplace(id, order.begin());
+      if (order.size() > capacity_blocks) {
+        where.erase(order.back());
+        order.pop_back();
+        lr.evictions++;
+      }
+    }
+  }
+  return lr;
 }
 
 }  // namespace cxlkv

@@ -52,6 +52,25 @@ struct PrefixReuse {
 };
 PrefixReuse theoretical_prefix_reuse(const std::vector<Request>& reqs);
 
+// The block-LRU reference for a bounded cache of `capacity_blocks` blocks (issue
+// 11): a plain simulation in trace order.  A request hits its leading blocks
+// that are cached (a prefix cache can use nothing after the first miss), then
+// touches every block of its prompt in order: a cached block is refreshed, a
+// missing one inserted, and the least recently used block evicted while the
+// cache is over capacity.  Nothing is prefix-closed, so LRU keeps children of
+// evicted parents that can never hit; that is the baseline cxlkv must beat.
+struct LruReference {
+  uint64_t input_tokens = 0;
+  uint64_t hit_tokens = 0;
+  uint64_t hit_blocks = 0;
+  uint64_t evictions = 0;
+  double ratio() const { return input_tokens ? double(hit_tokens) / double(input_tokens) : 0.0; }
+};
+LruReference lru_reference(const std::vector<Request>& reqs, uint64_t capacity_blocks);
+
+// The capacities of `cxlkv-replay --sweep`: these fractions of the distinct blocks.
+inline constexpr double kSweepFractions[] = {0.05, 0.10, 0.25, 0.50};
+
 // Tokens covered by `hit_blocks` leading blocks of a request.
 inline uint64_t hit_tokens(const Request& r, uint64_t hit_blocks) {
   uint64_t t = hit_blocks * kTraceBlockTokens;

@@ -1,0 +1,98 @@
+// SPDX-License-Identifier: MIT
+// The main job, cxlkv-replay, as benchmarks (each beside its baseline):
+//   replay.block_ops_per_s     default workload (2 MiB blocks, unbounded): blocks written + read per second
+//   replay.hit_vs_lru_10pct    synthetic trace at a capacity of 10% of its distinct blocks: token hit
+//                              ratio / the block-LRU reference's at the same capacity (issue 11)
+//   replay.hit_vs_lru_25pct    the same at 25%
+//   replay.decode_misses       decode pins that found a prompt block gone, summed over the two
+//                              bounded runs (must be 0)
+// The trace is found by path (../shared/traces/synthetic_trace.jsonl beside the
+// source tree, or CXLKV_TRACE); the trace metrics are skipped when it is absent.
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cmath>
+#include <cstdlib>
+#include <string>
+
+#include "bench.hpp"
+
+namespace {
+
+std::string tool_dir() {
+  char self[4096];
+  ssize_t len = readlink("/proc/self/exe", self, sizeof self - 1);
+  if (len <= 0) return ".";
+  self[len] = 0;
+  std::string dir(self);
+  return dir.substr(0, dir.rfind('/'));
+}
+
+// `cxlkv-replay --json --quiet ARGS`: its stdout, empty on failure.
+std::string replay(const std::string& args) {
+  std::string cmd = tool_dir() + "/cxlkv-replay --json --quiet " + args;
+  FILE* f = popen(cmd.c_str(), "r");
+  if (!f) return "";
+  std::string out;
+  char buf[4096];
+  while (size_t k = fread(buf, 1, sizeof buf, f)) out.append(buf, k);
+  int st = pclose(f);
+  if (st != 0) std::fprintf(stderr, "bench replay: '%s' failed (status %d)\n", cmd.c_str(), st);
+  return out;
+}
+
+// A top-level number of the replay's --json summary; NaN when absent.
+double field(const std::string& json, const std::string& name) {
+  size_t p = json.find("\"" + name + "\": ");
+  if (p == std::string::npos) return std::nan("");
+  return std::atof(json.c_str() + p + name.size() + 4);
+}
+
+// The synthetic trace: CXLKV_TRACE, else shared/traces/ in a parent of this source file's folder.
+std::string find_trace() {
+  if (const char* t = std::getenv("CXLKV_TRACE")) return access(t, R_OK) == 0 ? t : "";
+  // This source file's folder (when the compiler named it absolutely) and the
+  // running binary's folder (the build tree inside the repository).
+  char exe[4096];
+  ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+  std::string from[2] = {__FILE__, n > 0 ? std::string(exe, size_t(n)) : std::string()};
+  for (std::string d : from) {
+    if (d.empty() || d[0] != '/') continue;
+    for (size_t p; (p = d.rfind('/')) != std::string::npos && p > 0;) {
+      d.resize(p);
+      std::string cand = d + "/shared/traces/synthetic_trace.jsonl";
+      if (access(cand.c_str(), R_OK) == 0) return cand;
+    }
+  }
+  return "";
+}
+
+void bench_replay(bench::Results& res) {
+  std::string out = replay("--requests " + std::to_string(std::max(50, int(300 * bench::scale()))));
+  res.set("replay.block_ops_per_s", field(out, "block_ops_per_s"));
+
+  std::string trace = find_trace();
+  if (trace.empty()) {
+    std::fprintf(stderr, "bench replay: synthetic trace not found (CXLKV_TRACE or ../shared/traces): "
+                         "replay.hit_vs_lru_* skipped\n");
+    return;
+  }
+  // 128 KiB blocks (1 layer, 1 KV head) so every capacity fits a small pool;
+  // CXLKV_BENCH_SCALE < 1 replays only the first requests of the trace.
+  std::string geo = "--trace " + trace + " --layers 1 --kv-heads 1 --head-size 64";
+  if (bench::scale() < 1) geo += " --requests " + std::to_string(std::max(200, int(3993 * bench::scale())));
+  double misses = 0;
+  for (int pct : {10, 25}) {
+    std::string o = replay(geo + " --capacity-fraction " + std::to_string(pct / 100.0));
+    res.set("replay.hit_vs_lru_" + std::to_string(pct) + "pct", field(o, "hit_vs_lru"));
+    misses += field(o, "decode_misses");
+    std::fprintf(stderr, "bench replay: %d%% capacity: token hit ratio %.4f, LRU %.4f, decode misses %.0f\n", pct,
+                 field(o, "token_hit_ratio"), field(o, "lru_token_hit_ratio"), field(o, "decode_misses"));
+  }
+  res.set("replay.decode_misses", misses);
+}
+
+}  // namespace
+
+CXLKV_BENCH({"replay", "the main job: block ops/s; hit ratio beside block-LRU on the synthetic trace", bench_replay});
