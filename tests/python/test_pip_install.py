@@ -18,7 +18,7 @@ def test_pip_installs_the_package_offline(tmp_path):
                        capture_output=True, text=True, timeout=300, cwd=tmp_path,
                        env=dict(os.environ, PIP_NO_INPUT="1"))
     assert r.returncode == 0, r.stdout + r.stderr
-    assert (target / "cxlkv" / "integrations" / "__init__.py").exists()
+    assert (target / "cxlkv" / "integrations" / "vllm.py").exists()
     code = ("import cxlkv, os; assert os.path.dirname(cxlkv.__file__).startswith(os.environ['T']); "
             "print(cxlkv.block_keys(list(range(32)), 16).shape)")
     env = dict(os.environ, PYTHONPATH=str(target), T=str(target))

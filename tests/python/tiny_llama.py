@@ -106,9 +106,11 @@ class TinyLlama(torch.nn.Module):
         return out.to(x.dtype)
 
     @torch.no_grad()
-    def forward(self, tokens, start, cache, block_table):
+    def forward(self, tokens, start, cache, block_table, pre_layer=None, post_layer=None):
         """Logits of ``tokens`` at positions start.., attending to the cached
-        positions 0..start-1 and to each other (causal); writes their KV."""
+        positions 0..start-1 and to each other (causal); writes their KV.
+        pre_layer(l) runs before layer l reads the cache, post_layer(l) after
+        it wrote its KV (where vLLM calls wait_for_layer_load / save_kv_layer)."""
         c = self.cfg
         n = len(tokens)
         pos = torch.arange(start, start + n, device=self.emb.device)
@@ -119,7 +121,11 @@ class TinyLlama(torch.nn.Module):
             k = (h @ b["wk"].T).view(n, c.kv_heads, c.head)
             v = (h @ b["wv"].T).view(n, c.kv_heads, c.head)
             q, k = self.rope(q, pos), self.rope(k, pos)
+            if pre_layer:
+                pre_layer(l)
             cache.write(l, block_table, start, k, v)
+            if post_layer:
+                post_layer(l)
             K, V = cache.read(l, block_table, start + n)
             rep = c.heads // c.kv_heads
             K = K.repeat_interleave(rep, dim=1)  # GQA: kv head j serves query heads j*rep..

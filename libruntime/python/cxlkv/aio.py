@@ -27,7 +27,7 @@ from .keys import as_keys
 from .kv import KvStore, get_ok, put_ok
 
 Completion = collections.namedtuple("Completion", "id op ok status error")
-Completion.__doc__ = """One finished request: ``op`` is "get", "put" or "exists"; ``status``
+Completion.__doc__ = """One finished request: ``op`` is "get", "put", "exists" or "exists_each"; ``status``
 the per-block int32 status array (for "exists": RESERVED for a cached
 block, MISS otherwise); ``ok`` whether every block succeeded; ``error`` a
 message for a failed call (CxlkvError text) or a cancellation, else None."""
@@ -36,8 +36,9 @@ message for a failed call (CxlkvError text) or a cancellation, else None."""
 class AsyncKv:
     """An asynchronous KV store of ``node`` on ``pool``."""
 
-    def __init__(self, pool, node, sub_batch=64, metrics=None, block_tokens=0):
+    def __init__(self, pool, node, sub_batch=64, metrics=None, block_tokens=0, gpu=None):
         self.sub_batch = max(1, int(sub_batch))
+        self.gpu = gpu  # a cxlkv.Gpu for PagedKV transfers on the GPU path
         self._efd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
         self._cv = threading.Condition()
         self._queue = collections.deque()
@@ -72,6 +73,11 @@ class AsyncKv:
     def submit_exists(self, keys):
         """Which blocks are cached (prefix of the chain): returns the request id."""
         return self._submit("exists", keys, None, None, None)
+
+    def submit_exists_each(self, keys):
+        """Which of ``keys`` are cached, each on its own (not a chain): one
+        batched pin + unpin.  Returns the request id."""
+        return self._submit("exists_each", keys, None, None, None)
 
     def cancel(self, rid):
         """Cancel a request: a queued one completes with every block
@@ -154,6 +160,10 @@ class AsyncKv:
         n = len(k)
         status = np.full(n, -errno.ECANCELED, np.int32)
         try:
+            if op == "exists_each":
+                with self._store.pin(k) as pins:
+                    status[:] = np.where(pins.pinned, _lib.RESERVED, _lib.MISS)
+                return Completion(rid, op, bool(pins.pinned.all()), status, None)
             if op == "exists":
                 hit = self._store.lookup(k)
                 status[:hit] = _lib.RESERVED
@@ -166,11 +176,13 @@ class AsyncKv:
                 hi = min(n, lo + self.sub_batch)
                 ids = None if block_ids is None else list(block_ids)[lo:hi]
                 part = buf if ids is not None else buf[lo:hi]
+                if op == "get" and isinstance(part, list) and len(part) != hi - lo:
+                    raise ValueError(f"{n} keys but {len(buf)} buffers")
                 if op == "get":
-                    status[lo:hi] = self._store.get(k[lo:hi], part, ids)
+                    status[lo:hi] = self._store.get(k[lo:hi], part, ids, gpu=self.gpu)
                 else:
                     par = parent if lo == 0 else k[lo - 1]
-                    status[lo:hi] = self._store.put(k[lo:hi], part, ids, parent=par)
+                    status[lo:hi] = self._store.put(k[lo:hi], part, ids, parent=par, gpu=self.gpu)
                     if not put_ok(status[lo:hi]).all():
                         break  # a chain stops at its first failed block (rest: -ECANCELED)
             ok = bool((get_ok(status) if op == "get" else put_ok(status)).all())

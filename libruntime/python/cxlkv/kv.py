@@ -17,7 +17,7 @@ import numpy as np
 
 from . import _lib
 from .keys import as_keys
-from .layout import PagedKV, buffer_chunks
+from .layout import PagedKV, RawChunks, buffer_chunks
 
 RESERVED, EXISTS, BUSY, MISS, CANCELED = _lib.RESERVED, _lib.EXISTS, _lib.BUSY, _lib.MISS, _lib.CANCELED
 NODE_ANY = _lib.NODE_ANY
@@ -155,6 +155,10 @@ class KvStore:
                 raise ValueError(f"cxlkv: {len(keys)} keys but {len(block_ids)} block ids")
             ch, counts = src.chunks(block_ids)
             return ch, counts, src.block_bytes
+        if isinstance(src, RawChunks):
+            if len(src) != len(keys):
+                raise ValueError(f"cxlkv: {len(keys)} keys but {len(src)} blocks of chunks")
+            return src.chunks, src.counts, src.block_bytes
         if len(src) != len(keys):
             raise ValueError(f"cxlkv: {len(keys)} keys but {len(src)} buffers")
         ch, counts, sizes = buffer_chunks(src)
@@ -166,7 +170,8 @@ class KvStore:
         """Publish a chain of blocks: ``keys[0]`` is a child of ``parent`` (a
         key, or None for a root), ``keys[i]`` of ``keys[i-1]``.  ``src`` is a
         :class:`PagedKV` (with ``block_ids``, the engine blocks holding the
-        keys' KV) or a list of one contiguous buffer per key.  A CUDA PagedKV
+        keys' KV), a :class:`RawChunks`, or a list of one contiguous buffer
+        per key.  A CUDA PagedKV
         (or ``gpu`` given) goes through the GPU path on ``stream`` (default:
         the current CUDA stream).  Returns the status array; ``put_ok()``
         tells which blocks are in the pool."""

@@ -182,3 +182,36 @@ def buffer_chunks(buffers):
         ch[i] = (p, n)
         sizes[i] = n
     return ch, np.ones(len(buffers), dtype=np.uint32), sizes
+
+
+class RawChunks:
+    """A caller-made chunk list: ``per_block`` consecutive (address, length)
+    pieces make one block (e.g. SGLang's ``get_page_buffer_meta`` pointers:
+    the K and V pieces of each page).  Every block must total the same bytes."""
+
+    def __init__(self, addrs, lens, per_block):
+        a = np.asarray(addrs, dtype=np.uint64).reshape(-1)
+        ln = np.broadcast_to(np.asarray(lens, dtype=np.uint64), a.shape)
+        if per_block <= 0 or a.size % per_block:
+            raise ValueError(f"cxlkv: {a.size} pieces do not split into blocks of {per_block}")
+        self.nblocks = a.size // per_block
+        self.chunks = np.empty(a.size, dtype=CHUNK_DTYPE)
+        self.chunks["addr"] = a
+        self.chunks["len"] = ln
+        sizes = ln.reshape(self.nblocks, per_block).sum(axis=1) if self.nblocks else np.zeros(0, np.uint64)
+        if sizes.size and (sizes != sizes[0]).any():
+            raise ValueError("cxlkv: blocks of one RawChunks must have the same size")
+        self.block_bytes = int(sizes[0]) if sizes.size else 0
+        self.counts = np.full(self.nblocks, per_block, dtype=np.uint32)
+
+    def __len__(self):
+        return self.nblocks
+
+    def __getitem__(self, sl):
+        """The blocks of a slice (a new RawChunks)."""
+        per = int(self.counts[0]) if self.nblocks else 1
+        idx = range(self.nblocks)[sl]
+        if not len(idx):
+            return RawChunks([], [], per)
+        lo, hi = idx[0] * per, (idx[-1] + 1) * per
+        return RawChunks(self.chunks["addr"][lo:hi], self.chunks["len"][lo:hi], per)

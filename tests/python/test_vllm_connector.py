@@ -1,0 +1,128 @@
+# SPDX-License-Identifier: MIT
+"""cxlkv.integrations.vllm driven through vLLM v1's call sequence: a prefill
+instance (producer) and a decode instance (consumer), each with its
+scheduler-role connector in this process and its worker-role connector in a
+worker process with a real model and paged cache; the decode instance's
+suffix logits on the KV handed over through the pool equal the logits on the
+locally computed prefix, bit for bit."""
+import multiprocessing as mp
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+import cxlkv
+from engine_fakes import Blocks, scheduler_output, vllm_config, vllm_request, vllm_role, vllm_worker
+from tiny_llama import Config, PagedCache, TinyLlama
+
+BS = 16
+
+
+class Worker:
+    def __init__(self, uri, node, kv_role, layout, nblocks=12):
+        ctx = mp.get_context("spawn")
+        self.conn, child = ctx.Pipe()
+        self.p = ctx.Process(target=vllm_worker, args=(child, uri, node, kv_role, BS, layout, nblocks))
+        self.p.start()
+
+    def step(self, meta, tokens, start, table):
+        self.conn.send(("step", meta, tokens, start, table))
+        if not self.conn.poll(240):
+            raise AssertionError("worker step timed out")
+        return self.conn.recv()
+
+    def stop(self):
+        self.conn.send(("stop",))
+        assert self.conn.poll(120) and self.conn.recv() == "stopped"
+        self.p.join(60)
+
+
+def test_module_imports_without_vllm():
+    import cxlkv.integrations.vllm as cv
+    assert "vLLM" in cv.__doc__ and "0.11" in cv.__doc__
+    cls = cv.CxlkvConnector
+    for m in ("get_num_new_matched_tokens", "update_state_after_alloc", "build_connector_meta", "request_finished",
+              "register_kv_caches", "start_load_kv", "wait_for_layer_load", "save_kv_layer", "wait_for_save",
+              "get_finished", "get_block_ids_with_load_errors", "shutdown"):
+        assert callable(getattr(cls, m)), m
+    try:
+        import vllm  # noqa: F401
+        assert any(c.__name__ == "KVConnectorBase_V1" for c in cls.__mro__)
+    except ImportError:
+        assert "vllm" not in sys.modules
+
+
+@pytest.mark.parametrize("d_layout", ["vllm", "flashinfer"])
+def test_prefill_to_decode_handoff_through_the_pool(env, d_layout):
+    from cxlkv.integrations import vllm as cv
+    rng = np.random.default_rng(3)
+    prompt = rng.integers(0, Config.vocab, 5 * BS + 3).tolist()
+    # ---- prefill instance: scheduler here, worker in its own process
+    sched_p = cv.CxlkvConnector(vllm_config(env.uri, 2, "kv_producer", BS), vllm_role("SCHEDULER"), None)
+    wp = Worker(env.uri, 4, "kv_producer", "vllm")
+    try:
+        req = vllm_request("req-1", prompt, BS)
+        assert sched_p.get_num_new_matched_tokens(req, 0) == (0, False)
+        table_p = [3, 7, 1, 0, 5, 2]
+        sched_p.update_state_after_alloc(req, Blocks(table_p), 0)
+        meta = sched_p.build_connector_meta(scheduler_output("req-1", table_p, 0, len(prompt)))
+        assert [len(t.keys) for t in meta.saves] == [5] and not meta.loads
+        assert not sched_p.build_connector_meta(scheduler_output("req-1", table_p, len(prompt), 0)).saves  # reset
+        _, errors, _ = wp.step(meta, prompt, 0, table_p)
+        assert errors == set()
+        delay, params = sched_p.request_finished(req, table_p)
+        assert delay is False
+    finally:
+        wp.stop()
+
+    # ---- decode instance: finds the prompt's blocks by vLLM's block hashes
+    sched_d = cv.CxlkvConnector(vllm_config(env.uri, 3, "kv_consumer", BS), vllm_role("SCHEDULER"), None)
+    wd = Worker(env.uri, 5, "kv_consumer", d_layout)
+    try:
+        req_d = vllm_request("req-1", prompt, BS, kv_transfer_params=params)
+        n, load_async = sched_d.get_num_new_matched_tokens(req_d, 0)
+        assert (n, load_async) == (5 * BS, False)
+        assert sched_d.get_num_new_matched_tokens(req_d, 2 * BS) == (3 * BS, False)  # beyond local prefix hits
+        sched_d.get_num_new_matched_tokens(req_d, 0)
+        table_d = [9, 4, 6, 2, 8, 1]
+        sched_d.update_state_after_alloc(req_d, Blocks(table_d), n)
+        meta = sched_d.build_connector_meta(scheduler_output("req-1", table_d, 0, len(prompt) - n))
+        assert [t.block_ids for t in meta.loads] == [table_d[:5]] and not meta.saves
+        logits, errors, _ = wd.step(meta, prompt[n:], n, table_d)
+        assert errors == set()
+
+        # the oracle: the same prompt prefilled in process, then the suffix
+        torch.set_num_threads(1)
+        model = TinyLlama(Config())
+        local = PagedCache("vllm", Config(), 12, BS, torch.float32)
+        model(prompt, 0, local, table_p)
+        want = model(prompt[n:], n, local, table_p)
+        assert torch.equal(logits, want)
+        assert sched_d.request_finished(req_d, table_d) == (False, None)
+
+        # a block gone at load time is reported by block id and recomputed
+        req_2 = vllm_request("req-2", prompt, BS)
+        sched_d.get_num_new_matched_tokens(req_2, 0)
+        table_2 = [0, 3, 5, 7, 10, 11]
+        sched_d.update_state_after_alloc(req_2, Blocks(table_2), n)
+        meta = sched_d.build_connector_meta(scheduler_output("req-2", table_2, 0, len(prompt) - n))
+        meta.loads[0].keys[2] = cxlkv.keys_from_hashes([b"evicted"])[0]
+        _, errors, _ = wd.step(meta, prompt[n:], n, table_2)
+        assert errors == {table_2[2]}
+    finally:
+        wd.stop()
+    sched_p.shutdown()
+    sched_d.shutdown()
+
+
+def test_a_short_prompt_fully_cached_still_leaves_the_last_token_to_compute(env):
+    from cxlkv.integrations import vllm as cv
+    kv = env.store(6)
+    prompt = list(range(2 * BS))
+    s = cv.CxlkvConnector(vllm_config(env.uri, 7, "kv_both", BS), vllm_role("SCHEDULER"), None)
+    req = vllm_request("r", prompt, BS)
+    keys = cxlkv.keys_from_hashes(req.block_hashes, s.namespace)
+    kv.put(keys, [np.zeros(64, np.uint8)] * 2)
+    assert s.get_num_new_matched_tokens(req, 0) == (BS, False)  # not 2*BS: vLLM computes the last token
+    s.shutdown()
