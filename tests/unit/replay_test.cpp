@@ -179,6 +179,26 @@ TEST(Replay, PayloadStripedOverTwoPoolsIsReadBackByteExact) {
   EXPECT_EQ(field(out, "hit_tokens"), field(out, "theoretical_hit_tokens")) << out;
 }
 
+TEST(Replay, ReportsEachStepsLatencyAndTheWholePublishAndFetchSeparately) {
+  int st;
+  std::string out = run("--requests 30 --prefill 2 --decode 1 --layers 1 --head-size 16", &st);
+  ASSERT_EQ(st, 0) << out;
+  for (const char* op : {"lookup", "reserve", "write", "publish", "pin", "fetch", "unpin", "whole_publish",
+                         "whole_fetch"}) {
+    std::string n = op;
+    EXPECT_GT(field(out, n + "_calls"), 0u) << n << ": " << out;
+    EXPECT_GT(replay_run::dfield(out, n + "_us_p50"), 0) << n << ": " << out;
+    EXPECT_GE(replay_run::dfield(out, n + "_us_p99"), replay_run::dfield(out, n + "_us_p50")) << n << ": " << out;
+  }
+  // One whole publish per request that wrote something, one whole fetch per
+  // decoded request (and per prefill with hits).
+  EXPECT_LE(field(out, "whole_publish_calls"), 30u) << out;
+  EXPECT_GE(field(out, "whole_fetch_calls"), 30u) << out;
+  // A whole publish contains at least one publish call, so its slowest
+  // requests are no faster than a typical publish.
+  EXPECT_GE(replay_run::dfield(out, "whole_publish_us_p99"), replay_run::dfield(out, "publish_us_p50")) << out;
+}
+
 TEST(Replay, BadOptionsAreRefused) {
   int st;
   run("--prefill 0", &st);

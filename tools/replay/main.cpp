@@ -78,7 +78,9 @@ struct Summary {
   bool ssd = false;
   double seconds = 0, theory = 0;
   LruReference lru;  // block-LRU at the same capacity (issue 11); unbounded: == theory
-  double lat[3][2] = {};
+  LatHist lat[kLatOps];  // merged over the workers
+  double p50(uint32_t op) const { return lat[op].percentile_us(50); }
+  double p99(uint32_t op) const { return lat[op].percentile_us(99); }
   uint64_t block_bytes = 0, capacity = 0;
   double hit_ratio() const { return input_tokens ? double(hit_tokens) / double(input_tokens) : 0; }
   // Token hit ratio over the LRU reference's (1.0 when both are 0).
@@ -224,18 +226,12 @@ Result<Summary> run_once(const Config& c, const std::vector<Request>& reqs, int 
     s.ssd_bytes += k.ssd_bytes;
     s.demotions += k.demotions;
     s.promotions += k.promotions;
+    for (uint32_t op = 0; op < kLatOps; op++) s.lat[op].merge(k.lat[op]);
   }
   s.ssd = !cc.ssd_path.empty();
   s.errors += failed;
-  KvStats total;
-  for (auto& ns : read_pool_stats(region.value()->domain(), region.value()->at(ic->offset))) {
-    total.add(ns.stats);
+  for (auto& ns : read_pool_stats(region.value()->domain(), region.value()->at(ic->offset)))
     s.evictions += ns.stats.counters[CXLKV_CTR_EVICTIONS];
-  }
-  for (int l = 0; l < 3; l++) {
-    s.lat[l][0] = total.latency_us(l, 50);
-    s.lat[l][1] = total.latency_us(l, 99);
-  }
   s.capacity = cc.capacity_blocks;
   mgr.value()->stop();
   mgr.value().reset();
@@ -283,14 +279,21 @@ void print_summary(const Summary& s, const Config& c, const char* title) {
   std::fprintf(stderr,
                "  blocks written      %lu   read %lu   (%lu KiB each)\n"
                "  throughput          %.2f GB/s  over %.2f s\n"
-               "  latency p50/p99 us  lookup %.1f/%.1f  publish %.1f/%.1f  fetch %.1f/%.1f\n"
                "  evictions           %lu   uncached blocks %lu   lost hits %lu\n"
                "  decode misses       %lu   lease expiries n/a (no leases)\n"
                "  errors              %lu\n",
                (unsigned long)s.blocks_written, (unsigned long)s.blocks_read, (unsigned long)(s.block_bytes >> 10),
-               s.bytes / 1e9 / s.seconds, s.seconds, s.lat[0][0], s.lat[0][1], s.lat[1][0], s.lat[1][1],
-               s.lat[2][0], s.lat[2][1], (unsigned long)s.evictions, (unsigned long)s.uncached,
+               s.bytes / 1e9 / s.seconds, s.seconds, (unsigned long)s.evictions, (unsigned long)s.uncached,
                (unsigned long)s.lost_hits, (unsigned long)s.decode_misses, (unsigned long)s.errors);
+  std::fprintf(stderr,
+               "  whole publish       p50 %.1f us   p99 %.1f us   (per request: reserve + write + publish of its new blocks)\n"
+               "  whole fetch         p50 %.1f us   p99 %.1f us   (per request: pin + fetch + unpin of the blocks it reads)\n"
+               "  latency p50/p99 us  lookup %.1f/%.1f  reserve %.1f/%.1f  write %.1f/%.1f  publish %.1f/%.1f\n"
+               "                      pin %.1f/%.1f  fetch %.1f/%.1f  unpin %.1f/%.1f   (per call)\n",
+               s.p50(kLatWholePublish), s.p99(kLatWholePublish), s.p50(kLatWholeFetch), s.p99(kLatWholeFetch),
+               s.p50(kLatLookup), s.p99(kLatLookup), s.p50(kLatReserve), s.p99(kLatReserve), s.p50(kLatWrite),
+               s.p99(kLatWrite), s.p50(kLatPublish), s.p99(kLatPublish), s.p50(kLatPin), s.p99(kLatPin),
+               s.p50(kLatFetch), s.p99(kLatFetch), s.p50(kLatUnpin), s.p99(kLatUnpin));
   std::fprintf(stderr,
                "  tier mem            hits %lu   %.2f GB\n"
                "  tier ssd            hits %lu   %.2f GB%s",
@@ -484,12 +487,7 @@ int run_parent(const Config& c, char** argv, int argc) {
         .f("seconds", s.seconds)
         .f("gbps", s.bytes / 1e9 / s.seconds)
         .f("block_ops_per_s", double(s.blocks_written + s.blocks_read) / s.seconds, 1)
-        .f("lookup_us_p50", s.lat[0][0], 2)
-        .f("lookup_us_p99", s.lat[0][1], 2)
-        .f("publish_us_p50", s.lat[1][0], 2)
-        .f("publish_us_p99", s.lat[1][1], 2)
-        .f("fetch_us_p50", s.lat[2][0], 2)
-        .f("fetch_us_p99", s.lat[2][1], 2)
+
         .u("evictions", s.evictions)
         .u("uncached_blocks", s.uncached)
         .u("lost_hits", s.lost_hits)
@@ -501,6 +499,11 @@ int run_parent(const Config& c, char** argv, int argc) {
         .u("tier.ssd.bytes", s.ssd_bytes)
         .u("tier.ssd.demotions", s.demotions)
         .u("tier.ssd.promotions", s.promotions);
+    for (uint32_t op = 0; op < kLatOps; op++) {
+      j.f((std::string(kLatNames[op]) + "_us_p50").c_str(), s.p50(op), 2);
+      j.f((std::string(kLatNames[op]) + "_us_p99").c_str(), s.p99(op), 2);
+      j.u((std::string(kLatNames[op]) + "_calls").c_str(), s.lat[op].count);
+    }
     std::string sw = "[";
     for (size_t i = 0; i < sweep.size(); i++) {
       JsonOut p;

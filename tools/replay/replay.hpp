@@ -52,6 +52,29 @@ struct Config {
   std::vector<std::string> extra_pools;
 };
 
+// Client-side latencies the workers measure around each KV call (issue 10
+// item 7): one histogram per operation, per worker, merged by the parent.
+// The single steps are per call; the whole publish is a request's reserve +
+// write + publish of its new blocks, the whole fetch a request's pin + fetch +
+// unpin of the blocks it reads (prefill hits, decode prompt).
+enum LatOp : uint32_t {
+  kLatLookup, kLatReserve, kLatWrite, kLatPublish, kLatPin, kLatFetch, kLatUnpin,
+  kLatWholePublish, kLatWholeFetch, kLatOps
+};
+inline constexpr const char* kLatNames[kLatOps] = {"lookup", "reserve", "write", "publish", "pin",
+                                                   "fetch", "unpin", "whole_publish", "whole_fetch"};
+// Four buckets per power of two of nanoseconds: bucket i = 4e + f holds
+// [2^e (1 + f/4), 2^e (1 + (f+1)/4)) ns, so a percentile (the bucket's upper
+// edge) is at most 25% above the truth.
+struct LatHist {
+  static constexpr uint32_t kBuckets = 160;  // up to 2^40 ns (18 min)
+  uint64_t count = 0;
+  uint64_t bucket[kBuckets] = {};
+  void add(uint64_t ns);
+  void merge(const LatHist& o);
+  double percentile_us(double pct) const;  // upper edge of the bucket; 0 when empty
+};
+
 struct WorkerCounters {
   std::atomic<uint64_t> requests{0}, input_tokens{0}, hit_tokens{0}, hit_blocks{0};
   std::atomic<uint64_t> blocks_written{0}, blocks_read{0}, bytes_written{0}, bytes_read{0};
@@ -61,6 +84,7 @@ struct WorkerCounters {
   std::atomic<uint64_t> mem_hits{0}, mem_bytes{0}, ssd_hits{0}, ssd_bytes{0};
   std::atomic<uint64_t> demotions{0}, promotions{0};
   std::atomic<uint64_t> done{0};  // 1 when the worker finished its loop
+  LatHist lat[kLatOps];           // written by this worker only, read after it exits
   char pad[40];
 };
 

@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <thread>
@@ -27,6 +28,35 @@ namespace replay {
 using namespace cxlkv;
 
 size_t coord_bytes(uint64_t n) { return sizeof(Coord) + n; }
+
+void LatHist::add(uint64_t ns) {
+  // Bucket = floor(4 * log2(ns)): the exponent and the two bits below the top one.
+  uint32_t b = 0;
+  if (ns >= 1) {
+    uint32_t e = 63 - uint32_t(__builtin_clzll(ns));
+    uint32_t frac = e >= 2 ? uint32_t(ns >> (e - 2)) & 3 : uint32_t(ns << (2 - e)) & 3;
+    b = std::min<uint32_t>(kBuckets - 1, e * 4 + frac);
+  }
+  bucket[b]++;
+  count++;
+}
+
+void LatHist::merge(const LatHist& o) {
+  count += o.count;
+  for (uint32_t i = 0; i < kBuckets; i++) bucket[i] += o.bucket[i];
+}
+
+double LatHist::percentile_us(double pct) const {
+  if (!count) return 0;
+  uint64_t want = std::max<uint64_t>(1, uint64_t(std::ceil(double(count) * pct / 100.0))), seen = 0;
+  for (uint32_t i = 0; i < kBuckets; i++)
+    if ((seen += bucket[i]) >= want) {
+      // Upper edge of bucket i: 2^(e) * (1 + (frac + 1) / 4).
+      uint32_t e = i / 4, frac = i % 4;
+      return std::ldexp(1.0 + (frac + 1) / 4.0, int(e)) / 1000.0;
+    }
+  return 0;
+}
 
 static inline uint64_t mix(uint64_t x) {
   x += 0x9e3779b97f4a7c15ULL;
@@ -180,26 +210,45 @@ int run_worker(const Config& c) {
   const bool prefill = c.worker == "prefill";
   uint32_t eblock = 0;
 
-  auto fetch_verify = [&](const BlockKey& k, bool* missing) -> bool {
+  auto lat = [&](LatOp op, uint64_t t0) {
+    uint64_t t = now_ns();
+    wc.lat[op].add(t - t0);
+    return t;
+  };
+  // Pin, fetch, verify and unpin one block.  An I/O error (the fetch or
+  // unpin call failed) is reported as such, apart from bytes that differ.
+  auto fetch_verify = [&](const BlockKey& k, uint64_t r, size_t i, const char* who, bool* missing) -> bool {
+    uint64_t t0 = now_ns();
     auto pin = kv.pin(k);
+    t0 = lat(kLatPin, t0);
     if (!pin) {
       *missing = true;
       return true;
     }
     auto ch = eng.chunks(eblock++);
     const bool from_ssd = pin->loc_tier == CXLKV_TIER_SSD;  // the tier this fetch reads
-    bool ok = kv.fetch(*pin, ch).ok();
-    if (ok && c.verify)
-      for (uint32_t j = 0; j < ch.size(); j++)
-        ok &= check_chunk(k.lo, k.hi, j, static_cast<const std::byte*>(ch[j].addr), ch[j].len);
-    ok &= kv.unpin(*pin).ok();
-    if (ok) {
-      wc.blocks_read++;
-      wc.bytes_read += block_bytes;
-      (from_ssd ? wc.ssd_hits : wc.mem_hits)++;
-      (from_ssd ? wc.ssd_bytes : wc.mem_bytes) += block_bytes;
+    auto f = kv.fetch(*pin, ch);
+    t0 = lat(kLatFetch, t0);
+    auto u = kv.unpin(*pin);
+    lat(kLatUnpin, t0);
+    const char* what = nullptr;
+    std::string why;
+    if (!f) what = "fetch failed (I/O error)", why = f.error().message();
+    else if (!u) what = "unpin failed", why = u.error().message();
+    else if (c.verify)
+      for (uint32_t j = 0; j < ch.size() && !what; j++)
+        if (!check_chunk(k.lo, k.hi, j, static_cast<const std::byte*>(ch[j].addr), ch[j].len))
+          what = "bytes differ from what was published", why = "chunk " + std::to_string(j);
+    if (what) {
+      std::fprintf(stderr, "cxlkv-replay: %s of request %lu block %zu (%s): %s: %s\n", who, (unsigned long)r, i,
+                   to_hex(k).c_str(), what, why.c_str());
+      return false;
     }
-    return ok;
+    wc.blocks_read++;
+    wc.bytes_read += block_bytes;
+    (from_ssd ? wc.ssd_hits : wc.mem_hits)++;
+    (from_ssd ? wc.ssd_bytes : wc.mem_bytes) += block_bytes;
+    return true;
   };
 
   for (;;) {
@@ -212,13 +261,17 @@ int run_worker(const Config& c) {
       // ---- metadata phase, in trace order --------------------------------
       spin_wait(co.turn, r, co.abort);
       if (c.time_scale > 0) wait_until(co.start_ns + uint64_t(double(q.timestamp_ms) * c.time_scale * 1e6));
+      uint64_t t0 = now_ns();
       size_t ready = kv.lookup(keys);
+      const uint64_t t_reserve = lat(kLatLookup, t0);
       std::vector<KvReservation> mine;
       std::vector<size_t> busy;
       size_t hit = ready;
       bool counting = true;
       for (size_t i = ready; i < keys.size(); i++) {
+        t0 = now_ns();
         auto res = kv.reserve(keys[i], i ? &keys[i - 1] : nullptr, block_bytes);
+        lat(kLatReserve, t0);
         if (!res) {
           // No space / parent evicted meanwhile: the rest is computed, not cached.
           wc.uncached += keys.size() - i;
@@ -232,25 +285,30 @@ int run_worker(const Config& c) {
           if (res->status == 2) busy.push_back(i);
         }
       }
+      const uint64_t reserve_ns = now_ns() - t_reserve;
       co.turn.store(r + 1, std::memory_order_release);
       // ---- payload phase ---------------------------------------------------
+      const uint64_t t_fetch = now_ns();
       for (size_t i = 0; i < hit; i++) {
         if (std::find(busy.begin(), busy.end(), i) != busy.end())
           kv.wait_ready(keys[i], std::chrono::milliseconds(10000));
         bool missing = false;
-        if (!fetch_verify(keys[i], &missing)) {
-          wc.errors++;
-          std::fprintf(stderr, "cxlkv-replay: request %lu block %zu (%s): bytes differ from what was published\n",
-                       (unsigned long)r, i, to_hex(keys[i]).c_str());
-        }
+        if (!fetch_verify(keys[i], r, i, "prefill", &missing)) wc.errors++;
         if (missing) wc.lost_hits++;  // evicted between lookup and pin (bounded capacity)
       }
+      if (hit) lat(kLatWholeFetch, t_fetch);
+      const uint64_t t_write = now_ns();
       for (size_t k = 0; k < mine.size(); k++) {
         const KvReservation& res = mine[k];
         auto ch = eng.chunks(eblock++);
         for (uint32_t j = 0; j < ch.size(); j++)
           fill_chunk(res.key.lo, res.key.hi, j, static_cast<std::byte*>(ch[j].addr), ch[j].len);
-        if (!kv.write(res, ch)) {
+        t0 = now_ns();
+        auto w = kv.write(res, ch);
+        t0 = lat(kLatWrite, t0);
+        if (!w) {
+          std::fprintf(stderr, "cxlkv-replay: prefill of request %lu block %s: write failed (I/O error): %s\n",
+                       (unsigned long)r, to_hex(res.key).c_str(), w.error().message().c_str());
           wc.errors++;
           continue;
         }
@@ -261,6 +319,7 @@ int run_worker(const Config& c) {
           else std::this_thread::sleep_for(std::chrono::microseconds(50));
           pub = kv.publish(res);
         }
+        lat(kLatPublish, t0);
         if (!pub) {
           // Parent's writer died: drop ours and everything after it.
           for (size_t z = mine.size(); z-- > k;) (void)kv.abort(mine[z]);
@@ -270,6 +329,7 @@ int run_worker(const Config& c) {
         wc.blocks_written++;
         wc.bytes_written += block_bytes;
       }
+      if (!mine.empty()) wc.lat[kLatWholePublish].add(reserve_ns + (now_ns() - t_write));
       wc.requests++;
       wc.input_tokens += q.input_length;
       wc.hit_tokens += hit_tokens(q, hit);
@@ -285,15 +345,13 @@ int run_worker(const Config& c) {
         else std::this_thread::sleep_for(std::chrono::microseconds(50));
       }
       std::vector<BlockKey> keys = keys_from_ids(reqs[r].hash_ids);
+      const uint64_t t_fetch = now_ns();
       for (size_t i = 0; i < keys.size(); i++) {
         bool missing = false;
-        if (!fetch_verify(keys[i], &missing)) {
-          wc.errors++;
-          std::fprintf(stderr, "cxlkv-replay: decode of request %lu block %zu (%s): bytes differ\n",
-                       (unsigned long)r, i, to_hex(keys[i]).c_str());
-        }
+        if (!fetch_verify(keys[i], r, i, "decode", &missing)) wc.errors++;
         if (missing) wc.decode_misses++;
       }
+      if (!keys.empty()) lat(kLatWholeFetch, t_fetch);
       wc.requests++;
       co.decoded++;
     }
