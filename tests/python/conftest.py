@@ -73,10 +73,10 @@ def run_in_process(fn, *args, timeout=240):
     p.start()
     try:
         ok, val = q.get(timeout=timeout)
-    except Exception:
+    except Exception as e:
         p.kill()
         p.join()
-        raise AssertionError(f"process running {fn.__name__} gave no result (exit code {p.exitcode})")
+        raise AssertionError(f"process running {fn.__name__} gave no result (exit code {p.exitcode}): {e!r}")
     p.join(timeout)
     if not ok:
         raise AssertionError(f"{fn.__name__} in another process failed:\n{val}")

@@ -87,3 +87,50 @@ def vllm_worker(conn, uri, node, kv_role, bs, layout, nblocks):
         errors = c.get_block_ids_with_load_errors()
         c.clear_connector_metadata()
         conn.send((logits, errors, done))
+
+
+class SGLangHostPool:
+    """SGLang's MHA host KV pool, layer_first: kv_buffer [2, layers, tokens,
+    heads, head]; get_page_buffer_meta(indices) names each page's K and V
+    piece of every layer (the upstream layer_first order)."""
+
+    layout = "layer_first"
+
+    def __init__(self, layers=3, tokens=256, heads=2, head=16, page_size=16, dtype=torch.bfloat16):
+        self.page_size, self.layer_num, self.size = page_size, layers, tokens
+        self.kv_buffer = torch.zeros(2, layers, tokens, heads, head, dtype=dtype)
+
+    def get_page_buffer_meta(self, indices):
+        ptrs, sizes = [], []
+        idx = indices.tolist()
+        for i in range(0, len(idx), self.page_size):
+            t = idx[i]
+            for l in range(self.layer_num):
+                for kv in range(2):
+                    piece = self.kv_buffer[kv, l, t:t + self.page_size]
+                    ptrs.append(piece.data_ptr())
+                    sizes.append(piece.numel() * piece.element_size())
+        return ptrs, sizes
+
+    def page(self, first_token):
+        return self.kv_buffer[:, :, first_token:first_token + self.page_size].clone()
+
+
+def sglang_config(model="tiny", tp_rank=0, tp_size=1, is_mla=False, extra=None):
+    return NS(tp_rank=tp_rank, tp_size=tp_size, pp_rank=0, pp_size=1, attn_cp_rank=0, attn_cp_size=1,
+              is_mla_model=is_mla, enable_storage_metrics=False, is_page_first_layout=False, model_name=model,
+              extra_config=extra)
+
+
+def sglang_prefetch(uri, node, keys, first_tokens):
+    """Another host's prefetch thread: batch_exists then batch_get_v1 into its host pool."""
+    from cxlkv.integrations import sglang as cs
+    b = cs.CxlkvHiCacheStorage(sglang_config(extra={"pool": uri, "node": node}))
+    host = SGLangHostPool()
+    b.register_mem_pool_host(host)
+    n = b.batch_exists(keys)
+    idx = torch.cat([torch.arange(t, t + host.page_size) for t in first_tokens[:n]]) if n else torch.zeros(0)
+    res = b.batch_get_v1(keys[:n], idx)
+    pages = [host.page(t).view(torch.int16).numpy() for t in first_tokens[:n]]  # plain arrays cross the queue
+    b.close()
+    return n, res, pages

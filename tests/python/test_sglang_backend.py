@@ -1,0 +1,112 @@
+# SPDX-License-Identifier: MIT
+"""cxlkv.integrations.sglang driven as SGLang HiCache drives an L3 backend:
+construct with the storage config, register the host pool, backup thread
+(batch_exists + batch_set_v1) and prefetch thread (batch_exists +
+batch_get_v1) at once, pages read back on another host bit for bit, never a
+None where SGLang indexes the result."""
+import hashlib
+import sys
+import threading
+
+import torch
+
+import cxlkv
+from conftest import run_in_process
+from engine_fakes import SGLangHostPool, sglang_config, sglang_prefetch
+
+
+def page_hashes(n, salt=b""):
+    out, prior = [], b""
+    for i in range(n):
+        prior = hashlib.sha256(prior + salt + i.to_bytes(4, "little")).digest()
+        out.append(prior.hex())
+    return out
+
+
+def test_module_imports_without_sglang():
+    import cxlkv.integrations.sglang as cs
+    assert "SGLang" in cs.__doc__ and "0.5" in cs.__doc__
+    cls = cs.CxlkvHiCacheStorage
+    for m in ("batch_exists", "batch_get_v1", "batch_set_v1", "get", "set", "exists", "batch_get", "batch_set",
+              "register_mem_pool_host"):
+        assert callable(getattr(cls, m)), m
+    try:
+        import sglang  # noqa: F401
+    except ImportError:
+        assert "sglang" not in sys.modules
+
+
+def test_backup_then_prefetch_on_another_host(env):
+    from cxlkv.integrations import sglang as cs
+    b = cs.CxlkvHiCacheStorage(sglang_config(extra={"pool": env.uri, "node": 2}), None)
+    host = SGLangHostPool()
+    b.register_mem_pool_host(host)
+    torch.manual_seed(0)
+    host.kv_buffer.copy_(torch.randn_like(host.kv_buffer, dtype=torch.float32).to(host.kv_buffer.dtype))
+    keys = page_hashes(6)
+    first = [0, 32, 16, 64, 48, 96]  # the host pool pages holding the 6 pages
+    idx = torch.cat([torch.arange(t, t + 16) for t in first])
+    # backup thread: what is missing, then write it; a prefetch thread at the same time
+    assert b.batch_exists(keys) == 0
+    results = {}
+
+    def backup():
+        results["set"] = b.batch_set_v1(keys[:4], idx[: 4 * 16])
+
+    def prefetch():
+        results["exists"] = b.batch_exists(keys)
+
+    ts = [threading.Thread(target=backup), threading.Thread(target=prefetch)]
+    [t.start() for t in ts]
+    [t.join(60) for t in ts]
+    assert results["set"] == [True] * 4 and results["exists"] in range(0, 5)
+    assert b.batch_set_v1(keys, idx) == [True] * 6  # 4 already there (EXISTS counts), 2 new
+    assert b.batch_exists(keys) == 6 and b.exists(keys[5]) and not b.exists(page_hashes(1, b"x")[0])
+
+    n, res, pages = run_in_process(sglang_prefetch, env.uri, 3, keys + page_hashes(1, b"missing"), first + [112])
+    assert n == 6 and res == [True] * 6
+    for p, t in zip(pages, first):
+        assert (p == host.page(t).view(torch.int16).numpy()).all()
+    # missing keys: a list of False, never None
+    miss = page_hashes(2, b"nope")
+    assert b.batch_get_v1(miss, torch.arange(0, 32)) == [False, False]
+    assert b.batch_get_v1([], torch.zeros(0)) == [] and b.batch_set_v1([], torch.zeros(0)) == []
+    # a bad host index list is reported per key, not raised
+    assert b.batch_set_v1(keys[:2], torch.arange(0, 8)) in ([False, False], [True, True])
+    b.close()
+
+
+def test_layer_first_pages_are_pool_blocks_in_the_engine_independent_order(env):
+    from cxlkv.integrations import sglang as cs
+    b = cs.CxlkvHiCacheStorage(sglang_config(extra={"pool": env.uri, "node": 2}))
+    host = SGLangHostPool(dtype=torch.float32)
+    b.register_mem_pool_host(host)
+    host.kv_buffer.copy_(torch.randn_like(host.kv_buffer))
+    keys = page_hashes(1)
+    assert b.batch_set_v1(keys, torch.arange(32, 48)) == [True]
+    out = torch.zeros(3, 2, 16, 2, 16)  # [layers, K|V, tokens, heads, head]
+    kv = env.store(4)
+    assert cxlkv.get_ok(kv.get(cxlkv.keys_from_hashes(keys, b.namespace), [out])).all()
+    assert torch.equal(out, host.kv_buffer[:, :, 32:48].transpose(0, 1))
+    b.close()
+
+
+def test_mla_only_rank_0_writes_and_old_interface(env):
+    from cxlkv.integrations import sglang as cs
+    r1 = cs.CxlkvHiCacheStorage(sglang_config(tp_rank=1, tp_size=2, is_mla=True, extra={"pool": env.uri, "node": 2}))
+    r0 = cs.CxlkvHiCacheStorage(sglang_config(tp_rank=0, tp_size=2, is_mla=True, extra={"pool": env.uri, "node": 3}))
+    for b in (r0, r1):
+        b.register_mem_pool_host(SGLangHostPool())
+    keys = page_hashes(2, b"mla")
+    assert r1.batch_set_v1(keys, torch.arange(0, 32)) == [True, True]
+    assert r1.batch_exists(keys) == 0  # rank 1 wrote nothing
+    assert r0.batch_set_v1(keys, torch.arange(0, 32)) == [True, True]
+    assert r1.batch_exists(keys) == 2  # and reads rank 0's pages
+    v = torch.arange(64, dtype=torch.float32)
+    assert r0.set("k-old", v)
+    t = torch.zeros(64)
+    assert r0.get("k-old", t) is t and torch.equal(t, v)
+    assert r0.get("k-none", torch.zeros(64)) is None
+    assert r0.batch_get(["k-old", "k-none"], [torch.zeros(64), torch.zeros(64)])[1] is None
+    r0.close()
+    r1.close()
