@@ -8,7 +8,9 @@
 #include <cstdio>
 #include <cstring>
 
+#include "cxlkv/cxlkv.h"
 #include "pool/format.hpp"
+#include <sys/stat.h>
 
 using namespace cxlkv;
 
@@ -158,4 +160,56 @@ TEST(PoolFormat, NoStandardFormatsTheSuperblockOnly) {
   auto r = format_pool(f.uri(), o);
   ASSERT_TRUE(r.ok());
   EXPECT_TRUE(r.value()->carves().empty());
+}
+
+// Issue 12: format_pool and cxlkv_pool_format never destroy a valid standard
+// pool without force, whatever size the URI names; published data (here: the
+// carves and a byte in the kv carve) survives the refusal.
+TEST(PoolFormat, ValidPoolOfAnotherSizeIsRefusedByFormatPoolAndTheCApi) {
+  std::string name = "cxlkv-pool-format-test-" + std::to_string(getpid());
+  std::string path = "/dev/shm/" + name;
+  uint64_t kv_off = 0;
+  {
+    PoolFormatOptions o;
+    auto r = format_pool("shm:" + name + ":64M", o);
+    ASSERT_TRUE(r.ok()) << r.error().message();
+    auto kv = r.value()->carve(CXLKV_CARVE_KV);
+    ASSERT_TRUE(kv.ok());
+    kv_off = kv->offset;
+    *r.value()->at(kv_off) = std::byte{0x5a};
+    r.value()->domain().flush(r.value()->at(kv_off), 1);
+  }
+  PoolFormatOptions o;
+  auto again = format_pool("shm:" + name + ":128M", o);
+  ASSERT_FALSE(again.ok());
+  EXPECT_EQ(again.error().code(), -EEXIST);
+  EXPECT_NE(again.error().message().find("64 MiB"), std::string::npos) << again.error().message();
+  EXPECT_NE(again.error().message().find("128 MiB"), std::string::npos) << again.error().message();
+
+  struct cxlkv_format_opts fo;
+  std::memset(&fo, 0, sizeof fo);
+  fo.size = sizeof fo;
+  int rc = cxlkv_pool_format(("shm:" + name + ":128M").c_str(), &fo);
+  EXPECT_EQ(rc, -EEXIST);
+  EXPECT_NE(std::string(cxlkv_last_error()).find("valid cxlkv pool of 64 MiB"), std::string::npos)
+      << cxlkv_last_error();
+  fo.pool_size = 32 * MiB;
+  rc = cxlkv_pool_format(("shm:" + name).c_str(), &fo);
+  EXPECT_EQ(rc, -EEXIST) << cxlkv_last_error();
+
+  struct stat st {};
+  ASSERT_EQ(stat(path.c_str(), &st), 0);
+  EXPECT_EQ(static_cast<uint64_t>(st.st_size), 64 * MiB);
+  auto still = Region::open("shm:" + name);
+  ASSERT_TRUE(still.ok()) << still.error().message();
+  EXPECT_EQ(still.value()->carves().size(), 4u);
+  EXPECT_EQ(*still.value()->at(kv_off), std::byte{0x5a});
+
+  fo.pool_size = 0;
+  fo.flags = CXLKV_FORMAT_F_FORCE;
+  rc = cxlkv_pool_format(("shm:" + name + ":128M").c_str(), &fo);
+  EXPECT_EQ(rc, 0) << cxlkv_last_error();
+  ASSERT_EQ(stat(path.c_str(), &st), 0);
+  EXPECT_EQ(static_cast<uint64_t>(st.st_size), 128 * MiB);
+  std::remove(path.c_str());
 }

@@ -119,6 +119,64 @@ TEST(RegionFormat, RefusalNeverResizesTheValidPool) {
   EXPECT_TRUE(Region::open(p.uri()).ok());
 }
 
+// Issue 12: `format shm:p:128M` over a valid 64 MiB pool used to resize and
+// reformat it (the shm: size check made the valid pool invisible to the
+// refusal).  Whatever size the URI names, a valid pool needs force, and the
+// error names both sizes.
+TEST(RegionFormat, ShmUriNamingAnotherSizeNeverDestroysAValidPool) {
+  std::string name = "cxlkv-region-test-resize-" + std::to_string(getpid());
+  std::string path = "/dev/shm/" + name;
+  {
+    auto r = Region::format("shm:" + name + ":64M", FormatOptions{});
+    ASSERT_TRUE(r.ok()) << r.error().message();
+    ASSERT_TRUE(r.value()->carve_create("keep", 2 * MiB, MemType::wb).ok());
+  }
+  for (auto [uri, as] : {std::pair<std::string, std::string>{"shm:" + name + ":128M", "as 128 MiB"},
+                         {"shm:" + name + ":32M", "as 32 MiB"}}) {
+    auto again = Region::format(uri, FormatOptions{});
+    ASSERT_FALSE(again.ok()) << uri;
+    EXPECT_EQ(again.error().code(), -EEXIST);
+    const std::string& m = again.error().message();
+    EXPECT_NE(m.find("valid cxlkv pool of 64 MiB"), std::string::npos) << m;
+    EXPECT_NE(m.find(as), std::string::npos) << m;
+    EXPECT_NE(m.find("force"), std::string::npos) << m;
+    struct stat st {};
+    ASSERT_EQ(stat(path.c_str(), &st), 0);
+    EXPECT_EQ(static_cast<uint64_t>(st.st_size), 64 * MiB) << "refusal resized the pool";
+    auto still = Region::open("shm:" + name);
+    ASSERT_TRUE(still.ok()) << still.error().message();
+    EXPECT_TRUE(still.value()->carve("keep").ok()) << "refusal reformatted the pool";
+  }
+  // The same pool, named by its own size, is refused as already formatted.
+  auto same = Region::format("shm:" + name + ":64M", FormatOptions{});
+  ASSERT_FALSE(same.ok());
+  EXPECT_EQ(same.error().code(), -EEXIST);
+  // With force the operator gets the new size.
+  FormatOptions fo;
+  fo.force = true;
+  auto forced = Region::format("shm:" + name + ":128M", fo);
+  ASSERT_TRUE(forced.ok()) << forced.error().message();
+  EXPECT_EQ(forced.value()->size(), 128 * MiB);
+  EXPECT_FALSE(forced.value()->carve("keep").ok());
+  std::remove(path.c_str());
+}
+
+TEST(RegionFormat, SizeOptionNamingAnotherSizeNamesBothSizes) {
+  TempPool p("othersize");
+  format_ok(p.uri(), 64 * MiB);
+  FormatOptions fo;
+  fo.size = 128 * MiB;
+  auto again = Region::format(p.uri(), fo);
+  ASSERT_FALSE(again.ok());
+  EXPECT_EQ(again.error().code(), -EEXIST);
+  EXPECT_NE(again.error().message().find("64 MiB (67108864 bytes"), std::string::npos) << again.error().message();
+  EXPECT_NE(again.error().message().find("as 128 MiB (134217728 bytes)"), std::string::npos)
+      << again.error().message();
+  struct stat st {};
+  ASSERT_EQ(stat(p.path().c_str(), &st), 0);
+  EXPECT_EQ(static_cast<uint64_t>(st.st_size), 64 * MiB);
+}
+
 TEST(RegionFormat, DamagedPoolMayBeReformattedWithoutForce) {
   TempPool p("damaged-reformat");
   format_ok(p.uri());

@@ -43,6 +43,18 @@ struct CarveInfo {
   uint32_t flags = 0;
 };
 
+// Huge pages for pools in tmpfs / hugetlbfs files (shm:, file:).
+//   off      4 KiB pages (default)
+//   prefer   map 2 MiB aligned with MADV_HUGEPAGE; when the file system gives
+//            no huge pages (/dev/shm mounted huge=never, the usual default)
+//            the pool works with 4 KiB pages and an info line says so
+//   require  the same, but an error when no huge pages are in effect
+// Huge pages take effect when the tmpfs is mounted huge=always or
+// huge=within_size (or huge=advise for pages first faulted by this mapping),
+// when /sys/kernel/mm/transparent_hugepage/shmem_enabled is "force", or for a
+// file: pool in a hugetlbfs mount.  Environment: CXLKV_HUGE_PAGES=prefer|require.
+enum class HugePages { off, prefer, require };
+
 struct OpenOptions {
   // Domain used for pool accesses; DomainMode::flush unless told otherwise
   // (coherent for tests on one host if explicitly asked).
@@ -54,6 +66,17 @@ struct OpenOptions {
   // the pool is called damaged (an update by another process or host may be
   // in flight).  Tests that stage such an update raise it.
   uint32_t torn_read_patience_us = 5000;
+  // Fault every page of a shm:/file: pool in when it is mapped (format and
+  // attach: MADV_POPULATE_WRITE, else a read touch of each page), so the data
+  // path never takes a first-touch page fault (a fresh 2 MiB block otherwise
+  // costs 512 faults, each zeroing a page that is then overwritten).  Cost:
+  // the pool's memory is committed at format (it is also allocated up front,
+  // see FormatOptions) and each attaching process builds page tables for the
+  // whole pool at attach: 2 MiB of page tables per GiB of pool with 4 KiB
+  // pages (4 KiB per GiB with 2 MiB pages), and attach takes time in
+  // proportion to the pool size.  CXLKV_PREFAULT=0 turns it off.
+  bool prefault = true;
+  HugePages huge_pages = HugePages::off;  // CXLKV_HUGE_PAGES when off
 };
 
 struct FormatOptions {
@@ -61,7 +84,13 @@ struct FormatOptions {
   // existing file's size).  Must be a multiple of 2 MiB, at least 4 MiB.
   uint64_t size = 0;
   uint32_t max_nodes = 16;  // 1 .. CXLKV_MAX_NODES
-  bool force = false;       // overwrite a pool that already holds a valid superblock
+  // Overwrite a pool that already holds a valid superblock.  Without it,
+  // format refuses a valid pool whatever size the URI or `size` names
+  // (-EEXIST; a different size is named beside the pool's own).
+  bool force = false;
+  // shm:/file: pools are allocated up front (posix_fallocate) at format, so
+  // a file system too small is an error here (-ENOSPC naming the sizes), not
+  // a SIGBUS in a writer later.
 };
 
 class Region {

@@ -37,10 +37,22 @@ bool parse_size(std::string_view text, uint64_t* out);
 
 struct BackendOpenOptions {
   // Create the device if missing / resize it to `size` (shm:, file: only;
-  // used by Region::format).  0 keeps the existing size.
+  // used by Region::format).  0 keeps the existing size.  A created or
+  // resized file is allocated up front when mapped (fd_backend.cpp).
   bool create = false;
   uint64_t size = 0;
+  // shm: open the device whatever size the URI names (format's look at an
+  // existing pool, which must see a valid pool of another size).
+  bool any_size = false;
+  // Mapping (shm:, file:): fault every page in at map(), and huge pages;
+  // see OpenOptions.  Probes that only read the superblock leave them off.
+  bool prefault = false;
+  HugePages huge_pages = HugePages::off;
 };
+
+// OpenOptions (and the CXLKV_PREFAULT / CXLKV_HUGE_PAGES environment) as
+// backend options for a mapping that is kept (attach, format).
+BackendOpenOptions attach_options(const OpenOptions& o);
 
 class Backend {
  public:

@@ -95,17 +95,35 @@ Error already_formatted(const std::string& uri, const cxlkv_superblock& sb) {
                             " carves); use force (cxlkvctl format --force) to overwrite it");
 }
 
-// -EEXIST if the device exists and holds a valid superblock for its size.
-Result<void> refuse_valid_pool(const region::PoolUri& pu, const OpenOptions& opts) {
-  auto be = region::open_backend(pu, {});
-  if (!be || be.value()->size() < sizeof(cxlkv_superblock)) return {};  // nothing valid there
+// -EEXIST if the device exists and holds a valid superblock for its size,
+// whatever size the URI or the options name (`want`, 0: none): formatting at
+// another size would truncate or grow the pool and destroy it just the same.
+Result<void> refuse_valid_pool(const region::PoolUri& pu, uint64_t want, const OpenOptions& opts) {
+  region::BackendOpenOptions probe;
+  probe.any_size = true;
+  auto be = region::open_backend(pu, probe);
+  if (!be) {
+    // Files that may not be opened (a symbolic link, another user's file)
+    // must not be created over either: say why now.
+    int c = be.error().code();
+    if (c == -ELOOP || c == -EPERM || c == -EACCES) return be.error();
+    return {};
+  }
+  uint64_t have = be.value()->size();
+  if (have < sizeof(cxlkv_superblock)) return {};  // nothing valid there
   auto base = be.value()->map();
   if (!base) return base.error();
   auto domain = make_domain(pu.uri, opts);
   if (!domain) return domain.error();
   cxlkv_superblock sb = load_fresh(*domain->d, base.value());
-  if (validate_superblock(pu.uri, &sb, sizeof sb, be.value()->size()).ok()) return already_formatted(pu.uri, sb);
-  return {};
+  if (!validate_superblock(pu.uri, &sb, sizeof sb, have).ok()) return {};
+  if (want && want != have)
+    return Error(-EEXIST, "pool " + pu.uri + ": " + pu.path + " holds a valid cxlkv pool of " + human_size(have) +
+                              " (" + std::to_string(have) + " bytes, generation " + std::to_string(sb.generation) +
+                              "); formatting it as " + human_size(want) + " (" + std::to_string(want) +
+                              " bytes) would destroy it; use force (cxlkvctl format --force) to reformat it "
+                              "at the new size");
+  return already_formatted(pu.uri, sb);
 }
 
 struct MetadataLock {
@@ -161,7 +179,7 @@ Result<std::unique_ptr<Region>> Region::validate_attached(std::unique_ptr<Region
 Result<std::unique_ptr<Region>> Region::open(std::string_view uri, const OpenOptions& opts) {
   auto pu = region::parse_pool_uri(uri);
   if (!pu) return pu.error();
-  auto be = region::open_backend(pu.value(), {});
+  auto be = region::open_backend(pu.value(), region::attach_options(opts));
   if (!be) return be.error();
   auto r = attach(pu->uri, pu->kind, std::move(be).value(), opts);
   if (!r) return r;
@@ -221,9 +239,9 @@ Result<std::unique_ptr<Region>> Region::format(std::string_view uri, const Forma
 
   // Look before touching anything: creating or resizing the device below
   // must not happen to a valid pool that is not meant to be overwritten.
-  if (!fopts.force) CXLKV_TRY(refuse_valid_pool(pu.value(), opts));
+  if (!fopts.force) CXLKV_TRY(refuse_valid_pool(pu.value(), want, opts));
 
-  region::BackendOpenOptions bo;
+  region::BackendOpenOptions bo = region::attach_options(opts);
   bo.create = resizable;
   bo.size = want;
   auto be = region::open_backend(pu.value(), bo);

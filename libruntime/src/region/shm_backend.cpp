@@ -21,7 +21,7 @@ Result<std::unique_ptr<Backend>> open_shm_backend(const PoolUri& uri, const Back
   if (!b) return b;
   // An existing shm: pool opened with a size in the URI must have that size:
   // two processes naming different sizes would disagree about the pool.
-  if (uri.size != 0 && b.value()->size() != uri.size)
+  if (uri.size != 0 && !o.any_size && b.value()->size() != uri.size)
     return Error(-EINVAL, "pool " + uri.uri + ": " + uri.path + " holds " +
                               std::to_string(b.value()->size()) + " bytes but the URI says " +
                               std::to_string(uri.size));
