@@ -13,6 +13,7 @@
 
 #include "sync/robust_mutex.hpp"
 #include "util/log.hpp"
+#include "util/safe_file.hpp"
 
 namespace cxlkv {
 
@@ -40,8 +41,16 @@ Result<NodeLocal*> NodeLocal::open(const std::string& name, uint32_t node,
   const uint64_t total = align_up(heap_off + heap_bytes, 4096);
 
   Fd f;
-  f.fd = ::shm_open(("/" + name).c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0660);
-  if (f.fd < 0) return sys_error(name, "shm_open");
+  {
+    // What shm_open("/NAME", O_CREAT) opens, without following a symbolic
+    // link and refusing a file another user planted (util/safe_file.hpp).
+    util::SafeOpenOptions so;
+    so.what = "node-local memory";
+    so.create = true;
+    auto sf = util::safe_open("/dev/shm/" + name, so);
+    if (!sf) return sf.error();
+    f.fd = sf->fd;
+  }
   // Serialise creation against the other processes of this node.
   if (::flock(f.fd, LOCK_EX) != 0) return sys_error(name, "flock");
   struct stat st {};

@@ -15,6 +15,7 @@
 #include <cstring>
 
 #include "util/log.hpp"
+#include "util/safe_file.hpp"
 
 namespace cxlkv::tier {
 
@@ -49,15 +50,22 @@ Result<std::unique_ptr<SsdDevice>> SsdDevice::open(const SsdDeviceOptions& opts)
   d->faults_ = opts.faults;
   const std::string& p = opts.path;
 
-  int flags = O_RDWR | O_DIRECT | O_CLOEXEC;
-  if (opts.create_bytes) flags |= O_CREAT;
-  d->fd_ = ::open(p.c_str(), flags, 0600);
-  if (d->fd_ < 0) {
-    int e = errno;
-    if (e == EINVAL)
-      return Error(-e, "SSD device " + p + ": the file system does not support O_DIRECT "
-                           "(the SSD tier never reads through the page cache)");
-    return Error(-e, "SSD device " + p + ": open: " + std::strerror(e));
+  {
+    // No symbolic links, exclusive creation, owner and mode checked
+    // (util/safe_file.hpp): the SSD file may live in a shared directory.
+    util::SafeOpenOptions so;
+    so.what = "SSD device";
+    so.create = opts.create_bytes != 0;
+    so.extra_flags = O_DIRECT;
+    so.allow_block_device = true;
+    auto sf = util::safe_open(p, so);
+    if (!sf) {
+      if (sf.error().code() == -EINVAL && sf.error().message().find(": open: ") != std::string::npos)
+        return Error(-EINVAL, "SSD device " + p + ": the file system does not support O_DIRECT "
+                                  "(the SSD tier never reads through the page cache)");
+      return sf.error();
+    }
+    d->fd_ = sf->fd;
   }
   struct stat st {};
   if (fstat(d->fd_, &st) != 0) return Error(-errno, "SSD device " + p + ": fstat: " + std::strerror(errno));
