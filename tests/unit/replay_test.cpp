@@ -2,17 +2,24 @@
 // The main job's fidelity: with unbounded capacity the replay's token hit
 // ratio equals the trace's theoretical prefix reuse, on a generated trace and
 // on the real trace when it is present; workload parsing and bad input.
+#include <dirent.h>
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <iterator>
 #include <string>
+#include <vector>
 
 #include "replay_run.hpp"
 
+#include "cxlkv/sync.hpp"
 #include "workload/workload.hpp"
 
 using namespace cxlkv;
@@ -197,6 +204,109 @@ TEST(Replay, ReportsEachStepsLatencyAndTheWholePublishAndFetchSeparately) {
   // A whole publish contains at least one publish call, so its slowest
   // requests are no faster than a typical publish.
   EXPECT_GE(replay_run::dfield(out, "whole_publish_us_p99"), replay_run::dfield(out, "publish_us_p50")) << out;
+}
+
+namespace {
+
+// Pids whose parent is `ppid` (from /proc/PID/stat).
+std::vector<pid_t> children_of(pid_t ppid) {
+  std::vector<pid_t> out;
+  DIR* d = opendir("/proc");
+  while (dirent* e = d ? readdir(d) : nullptr) {
+    pid_t pid = atoi(e->d_name);
+    if (pid <= 0) continue;
+    std::ifstream f(std::string("/proc/") + e->d_name + "/stat");
+    std::string line;
+    if (!std::getline(f, line)) continue;
+    size_t rp = line.rfind(')');
+    if (rp == std::string::npos) continue;
+    char state = 0;
+    int pp = 0;
+    if (sscanf(line.c_str() + rp + 1, " %c %d", &state, &pp) == 2 && pp == ppid && state != 'Z') out.push_back(pid);
+  }
+  if (d) closedir(d);
+  return out;
+}
+
+// Running (not gone, not a zombie waiting for its new parent to reap it).
+bool running(pid_t pid) {
+  std::ifstream f("/proc/" + std::to_string(pid) + "/stat");
+  std::string line;
+  if (!std::getline(f, line)) return false;
+  size_t rp = line.rfind(')');
+  return rp != std::string::npos && rp + 2 < line.size() && line[rp + 2] != 'Z' && line[rp + 2] != 'X';
+}
+
+std::vector<std::string> shm_entries_containing(const std::string& part) {
+  std::vector<std::string> out;
+  DIR* d = opendir("/dev/shm");
+  while (dirent* e = d ? readdir(d) : nullptr)
+    if (std::string(e->d_name).find(part) != std::string::npos) out.push_back(e->d_name);
+  if (d) closedir(d);
+  return out;
+}
+
+std::string slurp(const std::string& path) {
+  std::ifstream f(path);
+  return std::string(std::istreambuf_iterator<char>(f), {});
+}
+
+}  // namespace
+
+TEST(Replay, KillMinus9OfTheParentLeavesNoWorkerRunningAndNoPoolOrCoordinationSegment) {
+  // A slow run (trace time at wall speed) so that it is mid-way when killed.
+  const std::string err = "/tmp/cxlkv-replay-kill-test-" + std::to_string(getpid()) + ".err";
+  pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    int fd = open(err.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    dup2(fd, 2);
+    std::string exe = replay_run::tools() + "/cxlkv-replay";
+    execl(exe.c_str(), exe.c_str(), "--requests", "3000", "--time-scale", "1", "--prefill", "2", "--decode", "1",
+          "--layers", "1", "--head-size", "16", (char*)nullptr);
+    _exit(127);
+  }
+  const std::string mine = "cxlkv-replay-" + std::to_string(pid) + "-";
+  const std::string coord = "cxlkv-replay-coord-" + std::to_string(pid) + "-";
+  // Wait (bounded) until its 3 workers run and have attached: the pool's and
+  // the coordination segment's names are then unlinked.
+  std::vector<pid_t> workers;
+  bool progressing = false;
+  for (int i = 0; i < 400 && !progressing; i++) {
+    usleep(50000);
+    workers = children_of(pid);
+    progressing = workers.size() == 3 && shm_entries_containing(mine).empty() &&
+                  shm_entries_containing(coord).empty() && slurp(err).find("prefill ") != std::string::npos;
+  }
+  std::string log = slurp(err);
+  ASSERT_TRUE(progressing) << "replay did not start its 3 workers within 20 s; workers " << workers.size()
+                           << ", stderr: " << log;
+  size_t np = log.find("node-local files ");
+  ASSERT_NE(np, std::string::npos) << log;
+  const std::string node_prefix = log.substr(np + 17, log.find("..", np) - np - 17);
+
+  ASSERT_EQ(kill(pid, SIGKILL), 0);
+  waitpid(pid, nullptr, 0);
+  // Workers die with their parent (PR_SET_PDEATHSIG): bounded wait for it.
+  std::vector<pid_t> alive = workers;
+  for (int i = 0; i < 200 && !alive.empty(); i++) {
+    usleep(50000);
+    alive.erase(std::remove_if(alive.begin(), alive.end(), [](pid_t w) { return !running(w); }), alive.end());
+  }
+  EXPECT_TRUE(alive.empty()) << alive.size() << " workers still running 10 s after their parent was killed";
+  for (pid_t w : alive) kill(w, SIGKILL);
+  EXPECT_TRUE(shm_entries_containing(mine).empty()) << "pool left behind";
+  EXPECT_TRUE(shm_entries_containing(coord).empty()) << "coordination segment left behind";
+  // Only node-local files remain, and `cxlkvctl node gc` removes them since
+  // their pool no longer exists.
+  int st = std::system((replay_run::tools() + "/cxlkvctl node gc >/dev/null 2>&1").c_str());
+  std::remove(err.c_str());
+  if (st != 0) {
+    for (auto& n : shm_entries_containing(node_prefix)) NodeContext::unlink_local(n);
+    GTEST_SKIP() << "cxlkvctl node gc not available (status " << st << "): node-local files " << node_prefix
+                 << "* removed by the test";
+  }
+  EXPECT_TRUE(shm_entries_containing(node_prefix).empty()) << node_prefix << "* left after node gc";
 }
 
 TEST(Replay, BadOptionsAreRefused) {

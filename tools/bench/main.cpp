@@ -1,4 +1,7 @@
 // SPDX-License-Identifier: MIT
+#include <dirent.h>
+#include <signal.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include <cmath>
@@ -31,9 +34,38 @@ std::string shm_name(const std::string& what) {
   return "cxlkv-bench-" + what + "-" + std::to_string(getpid());
 }
 
+namespace {
+
+// Removes this process's benchmark pools (shm_name(): "cxlkv-bench-*-<pid>"),
+// whatever path the run took: at exit, on SIGINT / SIGTERM, after an error.
+void remove_my_pools() {
+  const std::string suffix = "-" + std::to_string(getpid());
+  DIR* d = opendir("/dev/shm");
+  if (!d) return;
+  std::vector<std::string> names;
+  while (dirent* e = readdir(d)) {
+    std::string n = e->d_name;
+    if (n.rfind("cxlkv-bench-", 0) == 0 && n.size() > suffix.size() &&
+        n.compare(n.size() - suffix.size(), suffix.size(), suffix) == 0)
+      names.push_back(n);
+  }
+  closedir(d);
+  for (auto& n : names) shm_unlink(("/" + n).c_str());
+}
+
+void on_stop_signal(int sig) {
+  remove_my_pools();  // not async-signal-safe in theory; the process ends right after
+  _exit(128 + sig);
+}
+
+}  // namespace
+
 }  // namespace bench
 
 int main(int argc, char** argv) {
+  std::atexit(bench::remove_my_pools);
+  signal(SIGINT, bench::on_stop_signal);
+  signal(SIGTERM, bench::on_stop_signal);
   std::string out = "build/bench/results.json";
   std::vector<std::string> only;
   for (int i = 1; i < argc; i++) {

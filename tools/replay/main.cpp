@@ -4,6 +4,7 @@
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/mman.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -87,8 +88,41 @@ struct Summary {
   double vs_lru() const { return lru.ratio() > 0 ? hit_ratio() / lru.ratio() : (hit_ratio() > 0 ? INFINITY : 1.0); }
 };
 
+// SIGINT / SIGTERM to the parent: stop the workers, clean up, exit 128+sig.
+volatile sig_atomic_t g_stop_signal = 0;
+void on_stop_signal(int sig) { g_stop_signal = sig; }
+
+// Everything one run creates outside this process, removed on every exit
+// path (issue 13): the worker processes (killed and reaped if still
+// running), the shm pools and the coordination segment (unlinked as soon as
+// every worker has them mapped, so that even a kill -9 of the parent leaves
+// only node-local files, which `cxlkvctl node gc` removes once their pool is
+// gone), and the node-local files of the run's nodes.
+struct RunFiles {
+  std::vector<std::string> shm;         // "/name" of pools and the coordination segment
+  std::vector<std::string> node_local;  // node-local shm names of nodes 0..workers
+  std::vector<pid_t> kids;
+  std::vector<bool> reaped;
+  void unlink_shared() {
+    for (auto& n : shm) shm_unlink(n.c_str());
+    shm.clear();
+  }
+  ~RunFiles() {
+    for (size_t i = 0; i < kids.size(); i++)
+      if (!reaped[i]) kill(kids[i], SIGKILL);
+    for (size_t i = 0; i < kids.size(); i++)
+      if (!reaped[i]) waitpid(kids[i], nullptr, 0);
+    unlink_shared();
+    for (auto& n : node_local) NodeContext::unlink_local(n);
+  }
+};
+
+std::string shm_name_of(const std::string& uri) { return "/" + uri.substr(4, uri.rfind(':') - 4); }
+
 Result<Summary> run_once(const Config& c, const std::vector<Request>& reqs, int argc, char** argv) {
+  if (g_stop_signal) return Error(-EINTR, "stopped by signal " + std::to_string(int(g_stop_signal)));
   Summary s;
+  RunFiles files;
   const std::string tag = std::to_string(getpid()) + "-" + std::to_string(now_ns() % 100000);
   Config cc = c;
   bool own_pool = cc.pool_uri.empty();
@@ -98,11 +132,19 @@ Result<Summary> run_once(const Config& c, const std::vector<Request>& reqs, int 
   fo.max_nodes = 16;
   // One index slot per 16 KiB of pool: room for every block of the run.
   fo.index_entries = std::max<uint64_t>(cc.pool_size / (16 << 10), cc.min_index_entries);
+  if (own_pool) files.shm.push_back(shm_name_of(cc.pool_uri));
   auto region = format_pool(cc.pool_uri, fo);
   if (!region) return region.error();
+  const uint32_t nworkers = cc.prefill + cc.decode;
+  for (uint32_t w = 0; w <= nworkers; w++)
+    files.node_local.push_back(NodeContext::default_local_name(*region.value(), w));
+  if (!cc.quiet)
+    std::fprintf(stderr, "cxlkv-replay: pool %s (node-local files %s..%u)\n", cc.pool_uri.c_str(),
+                 files.node_local[0].substr(0, files.node_local[0].rfind('-') + 1).c_str(), nworkers);
   std::vector<std::string> extra;
   for (uint32_t d = 1; d < cc.interleave; d++) {
     std::string u = "shm:cxlkv-replay-" + tag + "-dev" + std::to_string(d) + ":" + std::to_string(cc.pool_size >> 20) + "M";
+    files.shm.push_back(shm_name_of(u));
     auto r2 = format_pool(u, fo);
     if (!r2) return r2.error();
     extra.push_back(u);
@@ -120,22 +162,35 @@ Result<Summary> run_once(const Config& c, const std::vector<Request>& reqs, int 
   auto mgr = LockManager::create(*region.value(), lo);
   if (!mgr) return mgr.error();
   mgr.value()->start();
+  struct StopManager {
+    LockManager* m;
+    ~StopManager() { m->stop(); }
+  } stop_mgr{mgr.value().get()};
 
   const std::string coord = "/cxlkv-replay-coord-" + tag;
   int fd = shm_open(coord.c_str(), O_RDWR | O_CREAT | O_EXCL, 0600);
   if (fd < 0) return Error(-errno, "coordination segment " + coord + ": " + std::strerror(errno));
+  files.shm.push_back(coord);
   size_t cb = coord_bytes(reqs.size());
-  if (ftruncate(fd, static_cast<off_t>(cb)) != 0) return Error(-errno, "ftruncate coordination segment");
+  if (ftruncate(fd, static_cast<off_t>(cb)) != 0) {
+    int e = errno;
+    close(fd);
+    return Error(-e, "coordination segment " + coord + ": ftruncate: " + std::strerror(e));
+  }
   void* m = mmap(nullptr, cb, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   close(fd);
-  if (m == MAP_FAILED) return Error(-errno, "mmap coordination segment");
+  if (m == MAP_FAILED) return Error(-errno, "coordination segment " + coord + ": mmap: " + std::strerror(errno));
+  struct Unmap {
+    void* m;
+    size_t n;
+    ~Unmap() { munmap(m, n); }
+  } unmap{m, cb};
   Coord& co = *new (m) Coord();
   co.nrequests = reqs.size();
   co.start_ns = now_ns();
 
   // Workers: fork/exec of ourselves with --worker, one node each.
-  std::vector<pid_t> kids;
-  const uint32_t nworkers = cc.prefill + cc.decode;
+  const pid_t parent = getpid();
   for (uint32_t w = 0; w < nworkers; w++) {
     std::vector<std::string> args(argv, argv + argc);
     args.push_back("--pool");
@@ -154,28 +209,40 @@ Result<Summary> run_once(const Config& c, const std::vector<Request>& reqs, int 
     args.push_back(std::to_string(w + 1));
     args.push_back("--coord");
     args.push_back(coord);
+    std::vector<char*> av;
+    for (auto& a : args) av.push_back(a.data());
+    av.push_back(nullptr);
     pid_t pid = fork();
+    if (pid < 0) return Error(-errno, "fork of worker " + std::to_string(w) + ": " + std::strerror(errno));
     if (pid == 0) {
-      std::vector<char*> av;
-      for (auto& a : args) av.push_back(a.data());
-      av.push_back(nullptr);
+      // Die with the parent (it hosts the lock manager: without it every
+      // lock waits forever).  The signal survives exec; it fires when the
+      // forking thread exits, and this main thread lives as long as the
+      // run.  The parent may have died before prctl: check after it.
+      prctl(PR_SET_PDEATHSIG, SIGKILL);
+      if (getppid() != parent) _exit(1);
+      // Ctrl-C reaches the whole process group: the parent alone decides
+      // (it sets abort, the workers finish their request and exit).
+      signal(SIGINT, SIG_IGN);
       execv("/proc/self/exe", av.data());
       _exit(127);
     }
-    kids.push_back(pid);
+    files.kids.push_back(pid);
+    files.reaped.push_back(false);
   }
 
   uint64_t last_print = 0;
-  size_t running = kids.size();
+  size_t running = files.kids.size();
   uint64_t failed = 0;
-  std::vector<bool> reaped(kids.size(), false);
+  uint64_t stop_deadline = 0;
   const uint64_t n = reqs.size();
+  auto& kids = files.kids;
   while (running) {
     for (size_t i = 0; i < kids.size(); i++) {
-      if (reaped[i]) continue;
+      if (files.reaped[i]) continue;
       int st;
       if (waitpid(kids[i], &st, WNOHANG) == kids[i]) {
-        reaped[i] = true;
+        files.reaped[i] = true;
         running--;
         if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) {
           failed++;
@@ -185,7 +252,17 @@ Result<Summary> run_once(const Config& c, const std::vector<Request>& reqs, int 
         }
       }
     }
+    // Every worker has the pools and the coordination segment mapped: their
+    // names are no longer needed (see RunFiles).
+    if (!files.shm.empty() && co.attached.load() == nworkers) files.unlink_shared();
     uint64_t t = now_ns();
+    if (g_stop_signal && !stop_deadline) {
+      co.abort = 1;  // workers stop after their current request
+      stop_deadline = t + 5000000000ull;
+    }
+    if (stop_deadline && t > stop_deadline)
+      for (size_t i = 0; i < kids.size(); i++)
+        if (!files.reaped[i]) kill(kids[i], SIGKILL);
     if (!cc.quiet && t - last_print > 250000000ull) {
       last_print = t;
       uint64_t in = 0, hit = 0, bytes = 0, errs = 0;
@@ -203,6 +280,9 @@ Result<Summary> run_once(const Config& c, const std::vector<Request>& reqs, int 
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
+  if (g_stop_signal)
+    return Error(-EINTR, "stopped by signal " + std::to_string(int(g_stop_signal)) + " (" +
+                             strsignal(g_stop_signal) + "): workers stopped, pools and files removed");
   s.seconds = double(now_ns() - co.start_ns) / 1e9;
   if (!cc.quiet) std::fprintf(stderr, "\n");
 
@@ -233,16 +313,6 @@ Result<Summary> run_once(const Config& c, const std::vector<Request>& reqs, int 
   for (auto& ns : read_pool_stats(region.value()->domain(), region.value()->at(ic->offset)))
     s.evictions += ns.stats.counters[CXLKV_CTR_EVICTIONS];
   s.capacity = cc.capacity_blocks;
-  mgr.value()->stop();
-  mgr.value().reset();
-  munmap(m, cb);
-  shm_unlink(coord.c_str());
-  region.value().reset();
-  if (own_pool) {
-    std::string name = cc.pool_uri.substr(4, cc.pool_uri.rfind(':') - 4);
-    shm_unlink(("/" + name).c_str());
-  }
-  for (auto& e : extra) shm_unlink(("/" + e.substr(4, e.rfind(':') - 4)).c_str());
   return s;
 }
 
@@ -385,6 +455,18 @@ int run_parent(const Config& c, char** argv, int argc) {
     return 1;
   }
   PrefixReuse th = theoretical_prefix_reuse(reqs);
+  struct sigaction sa {};
+  sa.sa_handler = on_stop_signal;  // no SA_RESTART: sleeps and waits return early
+  sigaction(SIGINT, &sa, nullptr);
+  sigaction(SIGTERM, &sa, nullptr);
+  // The SSD file, when this run creates it, goes with the run.
+  struct RemoveFile {
+    std::string path;
+    ~RemoveFile() {
+      if (!path.empty()) unlink(path.c_str());
+    }
+  } ssd_file;
+  if (!c.ssd_path.empty() && access(c.ssd_path.c_str(), F_OK) != 0) ssd_file.path = c.ssd_path;
   const uint64_t block_bytes = uint64_t(kTraceBlockTokens) * c.kv_heads * c.head_size * 2 * 2 * c.layers;
   // Unbounded runs need room for every distinct block (+ allocator slack).
   Config cc = c;
@@ -425,7 +507,7 @@ int run_parent(const Config& c, char** argv, int argc) {
   auto r = run_once(cc, reqs, argc, argv);
   if (!r) {
     std::fprintf(stderr, "cxlkv-replay: %s\n", r.error().message().c_str());
-    return 1;
+    return g_stop_signal ? 128 + g_stop_signal : 1;
   }
   Summary s = r.value();
   s.theory = th.ratio();
@@ -441,7 +523,7 @@ int run_parent(const Config& c, char** argv, int argc) {
       if (!rb) {
         std::fprintf(stderr, "cxlkv-replay: capacity %lu: %s\n", (unsigned long)b.capacity_blocks,
                      rb.error().message().c_str());
-        return 1;
+        return g_stop_signal ? 128 + g_stop_signal : 1;
       }
       rb.value().theory = th.ratio();
       rb.value().block_bytes = block_bytes;

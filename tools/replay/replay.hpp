@@ -94,6 +94,7 @@ struct Coord {
   std::atomic<uint64_t> next_prefill{0}, next_decode{0}, turn{0};
   std::atomic<uint64_t> prefilled{0}, decoded{0};
   std::atomic<uint32_t> abort{0};
+  std::atomic<uint32_t> attached{0};  // workers that have the pools and this segment mapped
   uint64_t start_ns = 0;
   uint64_t nrequests = 0;
   WorkerCounters workers[64];

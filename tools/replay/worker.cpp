@@ -204,6 +204,7 @@ int run_worker(const Config& c) {
   auto session = open_kv_session(*region.value(), *node.value(), ko);
   if (!session) return fail(session.error().message());
   KvStore& kv = session.value()->store();
+  co.attached++;  // the parent may now unlink the pools' and this segment's names
 
   Engine eng(c);
   const uint64_t block_bytes = eng.layout.block_bytes();
