@@ -252,17 +252,25 @@ int cxlkv_kv_block_keys(const uint32_t *tokens, size_t ntokens, size_t block_tok
 /* Number of leading blocks of chain[0..n) that are cached (no lock taken). */
 int cxlkv_kv_lookup(struct cxlkv_kv *kv, const struct cxlkv_kv_key *chain, size_t n);
 
-#define CXLKV_KV_RESERVED     0   /* this caller writes it */
-#define CXLKV_KV_EXISTS       1   /* already cached (READY) */
+#define CXLKV_KV_RESERVED     0   /* this caller writes it / the operation succeeded on it */
+#define CXLKV_KV_EXISTS       1   /* already cached (READY): nothing to write */
 #define CXLKV_KV_BUSY         2   /* another node is writing it */
+#define CXLKV_KV_MISS         3   /* not cached: pin / fetch of a block that is not READY */
 struct cxlkv_kv_block {           /* a reservation or a pin */
 	struct cxlkv_kv_key key;
 	uint32_t slot;
-	uint32_t status;          /* CXLKV_KV_* (reservations) */
+	uint32_t status;          /* CXLKV_KV_*; from a batch call also (uint32_t) of a
+				     negative errno for a block it did not get */
 	uint64_t length;
 	uint64_t loc_off;
-	uint8_t  loc_dev, loc_tier, reserved[6];
+	uint8_t  loc_dev, loc_tier, reserved[2];
+	uint32_t version;         /* entry version seen at reserve / pin (fencing) */
 };
+#ifdef __cplusplus
+static_assert(sizeof(struct cxlkv_kv_block) == 48, "struct cxlkv_kv_block is 48 bytes");
+#else
+_Static_assert(sizeof(struct cxlkv_kv_block) == 48, "struct cxlkv_kv_block is 48 bytes");
+#endif
 /* parent: the previous block of the chain, NULL for the first.  Returns
  * CXLKV_KV_RESERVED / _EXISTS / _BUSY, -ENOENT (parent not cached),
  * -ENOSPC (everything pinned or being written), -EINVAL. */
@@ -278,6 +286,67 @@ int cxlkv_kv_pin(struct cxlkv_kv *kv, const struct cxlkv_kv_key *key, struct cxl
 int cxlkv_kv_fetch(struct cxlkv_kv *kv, const struct cxlkv_kv_block *pin,
 		   const struct cxlkv_chunk *chunks, size_t nchunks);
 int cxlkv_kv_unpin(struct cxlkv_kv *kv, const struct cxlkv_kv_block *pin);
+
+/* ---- KV store batches: many blocks per call -------------------------------
+ * Each call takes n blocks and `status` (n entries; may be NULL) and returns
+ * the number of blocks that succeeded, or a negative errno when the whole
+ * call is refused (bad arguments: then nothing was done).  status[i]:
+ *   CXLKV_KV_RESERVED (0)  reserved by this caller / the operation succeeded
+ *   CXLKV_KV_EXISTS        already cached (READY): nothing to write
+ *   CXLKV_KV_BUSY          another node is writing it
+ *   CXLKV_KV_MISS          not cached (pin / fetch / get)
+ *   -errno                 this block failed (-ENOSPC, -ENOENT parent not
+ *                          cached, -EAGAIN parent not yet published, -ESTALE
+ *                          handle no longer valid, -EIO, ...)
+ *   -ECANCELED             not attempted: an earlier block of the chain failed
+ * One block failing does not stop the others, except along a chain
+ * (reserve_chain, put_chain).  When some blocks fail, cxlkv_last_error()
+ * holds the message of the first one.
+ * Handles (struct cxlkv_kv_block) whose status is not CXLKV_KV_RESERVED (0)
+ * are skipped by write / publish / abort / fetch / unpin: their status[i] is
+ * the handle's status and they do not count.
+ * Chunk lists of all blocks are concatenated in `chunks`: block i has
+ * nchunks[i] of them (a skipped block's chunks are stepped over).
+ */
+/* keys[0] is a child of parent (NULL: a root), keys[i] a child of keys[i-1].
+ * Stops at the first block that can be neither reserved nor found (BUSY
+ * does not stop it); returns how many are RESERVED or EXISTS.  Blocks
+ * reserved stay reserved whatever happens later in the chain: write and
+ * publish them, or abort them. */
+int cxlkv_kv_reserve_chain(struct cxlkv_kv *kv, const struct cxlkv_kv_key *parent,
+			   const struct cxlkv_kv_key *keys, size_t n, uint64_t bytes,
+			   struct cxlkv_kv_block *out, int32_t *status);
+/* Writes the RESERVED blocks; the others are skipped. */
+int cxlkv_kv_write_many(struct cxlkv_kv *kv, const struct cxlkv_kv_block *blocks, size_t n,
+			const struct cxlkv_chunk *chunks, const uint32_t *nchunks, int32_t *status);
+/* Publishes in the given order (parents first).  Publish only blocks whose
+ * write succeeded and abort the others: publish cannot tell whether a
+ * payload was written. */
+int cxlkv_kv_publish_many(struct cxlkv_kv *kv, const struct cxlkv_kv_block *blocks, size_t n,
+			  int32_t *status);
+/* Aborts in reverse order (children before their parents). */
+int cxlkv_kv_abort_many(struct cxlkv_kv *kv, const struct cxlkv_kv_block *blocks, size_t n,
+			int32_t *status);
+/* out[i].status / status[i]: 0 pinned, CXLKV_KV_MISS, or -errno. */
+int cxlkv_kv_pin_many(struct cxlkv_kv *kv, const struct cxlkv_kv_key *keys, size_t n,
+		      struct cxlkv_kv_block *out, int32_t *status);
+int cxlkv_kv_fetch_many(struct cxlkv_kv *kv, const struct cxlkv_kv_block *pins, size_t n,
+			const struct cxlkv_chunk *chunks, const uint32_t *nchunks, int32_t *status);
+int cxlkv_kv_unpin_many(struct cxlkv_kv *kv, const struct cxlkv_kv_block *pins, size_t n,
+			int32_t *status);
+/* reserve_chain -> write the reserved blocks -> publish them, parents first
+ * (a parent another node is writing is waited for, up to 5 s).  status[i]:
+ * RESERVED (written and published by this call), EXISTS, BUSY (another node
+ * is writing it), -errno, -ECANCELED.  Every block this call reserved is
+ * published or aborted before it returns.  Returns how many blocks are
+ * RESERVED or EXISTS (EXISTS counts as success). */
+int cxlkv_kv_put_chain(struct cxlkv_kv *kv, const struct cxlkv_kv_key *parent,
+		       const struct cxlkv_kv_key *keys, size_t n, uint64_t bytes,
+		       const struct cxlkv_chunk *chunks, const uint32_t *nchunks, int32_t *status);
+/* pin -> fetch -> unpin.  status[i]: 0 fetched, CXLKV_KV_MISS, -errno.
+ * Returns how many were fetched. */
+int cxlkv_kv_get_many(struct cxlkv_kv *kv, const struct cxlkv_kv_key *keys, size_t n,
+		      const struct cxlkv_chunk *chunks, const uint32_t *nchunks, int32_t *status);
 
 struct cxlkv_kv_stats {
 	size_t   size;                /* sizeof(struct cxlkv_kv_stats) */

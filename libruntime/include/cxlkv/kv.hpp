@@ -83,13 +83,24 @@ struct NodeKvStats {
 };
 std::vector<NodeKvStats> read_pool_stats(MemoryDomain& d, const void* index_carve);
 
+// Per-block outcome of the batch calls: the values of cxlkv.h's CXLKV_KV_*
+// (>= 0), or a negative errno for a block that failed, -ECANCELED for one
+// the call did not attempt because an earlier block of its chain failed.
+inline constexpr int32_t kKvReserved = 0;  // this caller writes it / the operation succeeded on it
+inline constexpr int32_t kKvExists = 1;    // already READY: nothing to write
+inline constexpr int32_t kKvBusy = 2;      // another node is writing it
+inline constexpr int32_t kKvMiss = 3;      // not cached (pin / fetch of a block that is not READY)
+
 struct KvReservation {
   BlockKey key;
   uint32_t slot = 0xffffffffu;
-  uint32_t status = 0;   // 0 reserved (write it), 1 exists_ready, 2 busy (another writer)
+  // 0 reserved (write it), 1 exists_ready, 2 busy (another writer); from a
+  // batch call also uint32_t(-errno) for a block that was not reserved.
+  uint32_t status = 0;
   uint64_t length = 0;
   uint64_t loc_off = 0;
   uint8_t loc_dev = 0, loc_tier = 0;
+  uint32_t version = 0;  // entry version seen at reserve (fencing, issue 12)
   bool reserved() const { return status == 0; }
 };
 
@@ -99,6 +110,10 @@ struct KvPin {
   uint64_t length = 0;
   uint64_t loc_off = 0;
   uint8_t loc_dev = 0, loc_tier = 0;
+  // 0 pinned; from pin_many also kKvMiss or uint32_t(-errno) (not pinned).
+  uint32_t status = 0;
+  uint32_t version = 0;  // entry version seen at pin (fencing, issue 12)
+  bool pinned() const { return status == 0; }
 };
 
 // Everything a KvStore needs, given explicitly (tests give simulated parts;
@@ -142,6 +157,54 @@ class KvStore {
   Result<void> fetch(const KvPin& p, std::span<const Chunk> chunks);
   Result<void> unpin(const KvPin& p);
 
+  // ---- batches (one call for many blocks; status per block) ---------------
+  // Every batch call takes n blocks and `status` with n entries, returns the
+  // number of blocks that succeeded, or an Error when the whole call is
+  // refused (sizes that do not match, a chunk list shorter than `nchunks`
+  // says); then nothing was done.  A block that fails does not stop the
+  // others, except along a chain (reserve_chain / put_chain): the blocks
+  // after a failed one get -ECANCELED.  Handles whose status is not
+  // RESERVED (reservations) or 0 (pins) are skipped by write / publish /
+  // abort / fetch / unpin: their status[i] is the handle's status and they do
+  // not count.  Chunks of all blocks are concatenated: block i has
+  // nchunks[i] of them (skipped blocks' chunks are stepped over).  The
+  // message of the first failed block is last_block_error().
+  //
+  // keys[0] is a child of `parent` (nullptr: a root), keys[i] a child of
+  // keys[i-1].  out[i]/status[i]: RESERVED, EXISTS, BUSY or -errno; stops at
+  // the first block that can be neither reserved nor found (-ECANCELED after
+  // it).  Returns how many are RESERVED or EXISTS.  Reserved blocks stay
+  // reserved whatever happens later in the chain: write + publish or abort them.
+  Result<size_t> reserve_chain(const BlockKey* parent, std::span<const BlockKey> keys, uint64_t bytes,
+                               std::span<KvReservation> out, std::span<int32_t> status);
+  Result<size_t> write_many(std::span<const KvReservation> rs, std::span<const Chunk> chunks,
+                            std::span<const uint32_t> nchunks, std::span<int32_t> status);
+  // Publishes in the given order (parents first).  Publish only blocks whose
+  // write succeeded (abort the others): publish does not know whether the
+  // payload was written.
+  Result<size_t> publish_many(std::span<const KvReservation> rs, std::span<int32_t> status);
+  // Aborts in reverse order (children before their parents).
+  Result<size_t> abort_many(std::span<const KvReservation> rs, std::span<int32_t> status);
+  // out[i]/status[i]: 0 pinned, kKvMiss not cached, or -errno.
+  Result<size_t> pin_many(std::span<const BlockKey> keys, std::span<KvPin> out, std::span<int32_t> status);
+  Result<size_t> fetch_many(std::span<const KvPin> pins, std::span<const Chunk> chunks,
+                            std::span<const uint32_t> nchunks, std::span<int32_t> status);
+  Result<size_t> unpin_many(std::span<const KvPin> pins, std::span<int32_t> status);
+  // reserve_chain -> write the reserved blocks -> publish them, parents
+  // first (a parent another node is writing is waited for, bounded).
+  // status[i]: RESERVED (written and published by this call), EXISTS, BUSY
+  // (another node is writing it), -errno, -ECANCELED.  Every block this call
+  // reserved is published or aborted before it returns.  Returns how many
+  // blocks are RESERVED or EXISTS.
+  Result<size_t> put_chain(const BlockKey* parent, std::span<const BlockKey> keys, uint64_t bytes,
+                           std::span<const Chunk> chunks, std::span<const uint32_t> nchunks,
+                           std::span<int32_t> status);
+  // pin -> fetch -> unpin.  status[i]: 0 fetched, kKvMiss not cached,
+  // -errno.  Returns how many were fetched.
+  Result<size_t> get_many(std::span<const BlockKey> keys, std::span<const Chunk> chunks,
+                          std::span<const uint32_t> nchunks, std::span<int32_t> status);
+  const std::string& last_block_error() const { return block_error_; }
+
   // Wait until `key` is READY (or gone): for blocks another node is writing.
   // Returns true when READY, false when it disappeared / timed out.
   bool wait_ready(const BlockKey& key, std::chrono::milliseconds timeout);
@@ -159,6 +222,9 @@ class KvStore {
   void count(int c, uint64_t n = 1) { stats_.counters[c] += n; }
   void record(int which, std::chrono::steady_clock::time_point t0);
   void maybe_flush_stats();
+  void note_block_error(const Error& e);
+  Result<void> check_batch(const char* what, size_t n, size_t nstatus, std::span<const Chunk> chunks,
+                           const std::span<const uint32_t>* nchunks);
 
   KvDeps deps_;
   std::unique_ptr<PrefixIndex> index_;
@@ -167,6 +233,7 @@ class KvStore {
   std::unique_ptr<DemotionTarget> demotion_;  // issue 6: MEM -> SSD copy for the index
   KvStats stats_;
   uint64_t ops_since_flush_ = 0;
+  std::string block_error_;  // first failed block of the last batch call
 };
 
 // ---- wiring to the real pool (sync layer: two-tier locks, node heap) -------

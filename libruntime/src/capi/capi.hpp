@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cerrno>
+#include <cstring>
 #include <exception>
 #include <memory>
 #include <new>
@@ -25,11 +26,24 @@ int set_error(int neg_errno, const std::string& msg);
 inline int set_error(const Error& e) { return set_error(e.code(), e.message()); }
 void clear_error();
 
+// A message written inside a lambda with __func__ begins with "operator()";
+// name the C function instead (issue 13).
+inline void name_function(const char* fn) {
+  static constexpr char kLambda[] = "operator()";
+  const char* m = cxlkv_last_error();
+  if (std::strncmp(m, kLambda, sizeof kLambda - 1) == 0) {
+    std::string fixed = std::string(fn) + (m + sizeof kLambda - 1);
+    set_error(0, fixed);
+  }
+}
+
 // Run `f` (returning int), turning exceptions into -ENOMEM / -EIO + message.
 template <class F>
 int guarded(const char* fn, F&& f) noexcept {
   try {
-    return f();
+    int rc = f();
+    if (rc < 0) name_function(fn);
+    return rc;
   } catch (const std::bad_alloc&) {
     return set_error(-ENOMEM, std::string(fn) + ": out of memory");
   } catch (const std::exception& e) {

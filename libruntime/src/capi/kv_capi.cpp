@@ -1,6 +1,8 @@
 // SPDX-License-Identifier: MIT
 // C API of the KV store (cxlkv.h, "KV store" section) over KvSession.
+#include <climits>
 #include <cstring>
+#include <vector>
 
 #include "capi/capi.hpp"
 #include "cxlkv/kv.hpp"
@@ -27,6 +29,7 @@ KvReservation res_of(const cxlkv_kv_block* b) {
   r.loc_off = b->loc_off;
   r.loc_dev = b->loc_dev;
   r.loc_tier = b->loc_tier;
+  r.version = b->version;
   return r;
 }
 
@@ -38,11 +41,94 @@ KvPin pin_of(const cxlkv_kv_block* b) {
   p.loc_off = b->loc_off;
   p.loc_dev = b->loc_dev;
   p.loc_tier = b->loc_tier;
+  p.status = b->status;
+  p.version = b->version;
   return p;
+}
+
+void to_c(const KvReservation& r, cxlkv_kv_block* b) {
+  std::memset(b, 0, sizeof *b);
+  b->key = cxlkv_kv_key{r.key.lo, r.key.hi};
+  b->slot = r.slot;
+  b->status = r.status;
+  b->length = r.length;
+  b->loc_off = r.loc_off;
+  b->loc_dev = r.loc_dev;
+  b->loc_tier = r.loc_tier;
+  b->version = r.version;
+}
+
+void to_c(const KvPin& p, cxlkv_kv_block* b) {
+  std::memset(b, 0, sizeof *b);
+  b->key = cxlkv_kv_key{p.key.lo, p.key.hi};
+  b->slot = p.slot;
+  b->status = p.status;
+  b->length = p.length;
+  b->loc_off = p.loc_off;
+  b->loc_dev = p.loc_dev;
+  b->loc_tier = p.loc_tier;
+  b->version = p.version;
+}
+
+std::vector<BlockKey> keys_of(const cxlkv_kv_key* k, size_t n) {
+  std::vector<BlockKey> v(n);
+  for (size_t i = 0; i < n; i++) v[i] = key_of(&k[i]);
+  return v;
+}
+
+// The status array of a batch call: the caller's, or scratch when it passed NULL.
+struct StatusOut {
+  StatusOut(int32_t* user, size_t n) : p(user) {
+    if (!p) {
+      scratch.resize(n);
+      p = scratch.data();
+    }
+  }
+  std::span<int32_t> span(size_t n) { return {p, n}; }
+  int32_t* p;
+  std::vector<int32_t> scratch;
+};
+
+size_t total_chunks(const uint32_t* nchunks, size_t n) {
+  size_t t = 0;
+  for (size_t i = 0; i < n; i++) t += nchunks[i];
+  return t;
+}
+
+// Common argument checks of the batch calls; 0 or the -EINVAL to return.
+int check_batch(const char* fn, cxlkv_kv* kv, const void* items, size_t n, bool with_chunks,
+                const cxlkv_chunk* chunks, const uint32_t* nchunks) {
+  if (!kv) return capi::set_error(-EINVAL, std::string(fn) + ": kv is required");
+  if (n > INT_MAX) return capi::set_error(-EINVAL, std::string(fn) + ": " + std::to_string(n) + " blocks (at most INT_MAX)");
+  if (n && !items) return capi::set_error(-EINVAL, std::string(fn) + ": " + std::to_string(n) + " blocks but no array");
+  if (with_chunks && n) {
+    if (!nchunks) return capi::set_error(-EINVAL, std::string(fn) + ": nchunks is required");
+    if (!chunks && total_chunks(nchunks, n))
+      return capi::set_error(-EINVAL, std::string(fn) + ": chunks is required");
+  }
+  return 0;
+}
+
+// Turn a batch call's result into the C return value and last error.
+int batch_result(const Result<size_t>& r, KvStore& s) {
+  if (!r) return capi::set_error(r.error());
+  if (!s.last_block_error().empty()) capi::set_error(0, s.last_block_error());
+  else capi::clear_error();
+  return static_cast<int>(r.value());
 }
 
 int bad(const char* fn, const char* what) { return capi::set_error(-EINVAL, std::string(fn) + ": " + what); }
 
+template <class Handle, class Conv, class Op>
+int handle_batch(const char* fn, cxlkv_kv* kv, const cxlkv_kv_block* blocks, size_t n, int32_t* status, Conv conv,
+                 Op op) {
+  if (int e = check_batch(fn, kv, blocks, n, false, nullptr, nullptr)) return e;
+  StatusOut st(status, n);
+  std::vector<Handle> hs(n);
+  for (size_t i = 0; i < n; i++) hs[i] = conv(&blocks[i]);
+  KvStore& s = kv->session->store();
+  return batch_result(op(s, std::span<const Handle>(hs), st.span(n)), s);
+}
 }  // namespace
 
 extern "C" {
@@ -168,6 +254,113 @@ int cxlkv_kv_unpin(struct cxlkv_kv* kv, const struct cxlkv_kv_block* pin) {
     if (!kv || !pin) return bad(__func__, "kv and pin are required");
     auto r = kv->session->store().unpin(pin_of(pin));
     return r ? 0 : capi::set_error(r.error());
+  });
+}
+
+int cxlkv_kv_reserve_chain(struct cxlkv_kv* kv, const struct cxlkv_kv_key* parent, const struct cxlkv_kv_key* keys,
+                           size_t n, uint64_t bytes, struct cxlkv_kv_block* out, int32_t* status) {
+  return capi::guarded(__func__, [&] {
+    if (int e = check_batch("cxlkv_kv_reserve_chain", kv, keys, n, false, nullptr, nullptr)) return e;
+    if (n && !out) return bad("cxlkv_kv_reserve_chain", "out is required");
+    StatusOut st(status, n);
+    auto k = keys_of(keys, n);
+    std::vector<KvReservation> rs(n);
+    BlockKey pk = parent ? key_of(parent) : BlockKey{};
+    KvStore& s = kv->session->store();
+    auto r = s.reserve_chain(parent ? &pk : nullptr, k, bytes, rs, st.span(n));
+    if (r)
+      for (size_t i = 0; i < n; i++) to_c(rs[i], &out[i]);
+    return batch_result(r, s);
+  });
+}
+
+int cxlkv_kv_write_many(struct cxlkv_kv* kv, const struct cxlkv_kv_block* blocks, size_t n,
+                        const struct cxlkv_chunk* chunks, const uint32_t* nchunks, int32_t* status) {
+  return capi::guarded(__func__, [&] {
+    if (int e = check_batch("cxlkv_kv_write_many", kv, blocks, n, true, chunks, nchunks)) return e;
+    StatusOut st(status, n);
+    std::vector<KvReservation> rs(n);
+    for (size_t i = 0; i < n; i++) rs[i] = res_of(&blocks[i]);
+    KvStore& s = kv->session->store();
+    size_t nc = n ? total_chunks(nchunks, n) : 0;
+    return batch_result(s.write_many(rs, {chunks, nc}, {nchunks, n}, st.span(n)), s);
+  });
+}
+
+
+int cxlkv_kv_publish_many(struct cxlkv_kv* kv, const struct cxlkv_kv_block* blocks, size_t n, int32_t* status) {
+  return capi::guarded(__func__, [&] {
+    return handle_batch<KvReservation>("cxlkv_kv_publish_many", kv, blocks, n, status, res_of,
+                                       [](KvStore& s, auto h, auto st) { return s.publish_many(h, st); });
+  });
+}
+
+int cxlkv_kv_abort_many(struct cxlkv_kv* kv, const struct cxlkv_kv_block* blocks, size_t n, int32_t* status) {
+  return capi::guarded(__func__, [&] {
+    return handle_batch<KvReservation>("cxlkv_kv_abort_many", kv, blocks, n, status, res_of,
+                                       [](KvStore& s, auto h, auto st) { return s.abort_many(h, st); });
+  });
+}
+
+int cxlkv_kv_unpin_many(struct cxlkv_kv* kv, const struct cxlkv_kv_block* pins, size_t n, int32_t* status) {
+  return capi::guarded(__func__, [&] {
+    return handle_batch<KvPin>("cxlkv_kv_unpin_many", kv, pins, n, status, pin_of,
+                               [](KvStore& s, auto h, auto st) { return s.unpin_many(h, st); });
+  });
+}
+
+int cxlkv_kv_pin_many(struct cxlkv_kv* kv, const struct cxlkv_kv_key* keys, size_t n, struct cxlkv_kv_block* out,
+                      int32_t* status) {
+  return capi::guarded(__func__, [&] {
+    if (int e = check_batch("cxlkv_kv_pin_many", kv, keys, n, false, nullptr, nullptr)) return e;
+    if (n && !out) return bad("cxlkv_kv_pin_many", "out is required");
+    StatusOut st(status, n);
+    auto k = keys_of(keys, n);
+    std::vector<KvPin> ps(n);
+    KvStore& s = kv->session->store();
+    auto r = s.pin_many(k, ps, st.span(n));
+    if (r)
+      for (size_t i = 0; i < n; i++) to_c(ps[i], &out[i]);
+    return batch_result(r, s);
+  });
+}
+
+int cxlkv_kv_fetch_many(struct cxlkv_kv* kv, const struct cxlkv_kv_block* pins, size_t n,
+                        const struct cxlkv_chunk* chunks, const uint32_t* nchunks, int32_t* status) {
+  return capi::guarded(__func__, [&] {
+    if (int e = check_batch("cxlkv_kv_fetch_many", kv, pins, n, true, chunks, nchunks)) return e;
+    StatusOut st(status, n);
+    std::vector<KvPin> ps(n);
+    for (size_t i = 0; i < n; i++) ps[i] = pin_of(&pins[i]);
+    KvStore& s = kv->session->store();
+    size_t nc = n ? total_chunks(nchunks, n) : 0;
+    return batch_result(s.fetch_many(ps, {chunks, nc}, {nchunks, n}, st.span(n)), s);
+  });
+}
+
+int cxlkv_kv_put_chain(struct cxlkv_kv* kv, const struct cxlkv_kv_key* parent, const struct cxlkv_kv_key* keys,
+                       size_t n, uint64_t bytes, const struct cxlkv_chunk* chunks, const uint32_t* nchunks,
+                       int32_t* status) {
+  return capi::guarded(__func__, [&] {
+    if (int e = check_batch("cxlkv_kv_put_chain", kv, keys, n, true, chunks, nchunks)) return e;
+    StatusOut st(status, n);
+    auto k = keys_of(keys, n);
+    BlockKey pk = parent ? key_of(parent) : BlockKey{};
+    KvStore& s = kv->session->store();
+    size_t nc = n ? total_chunks(nchunks, n) : 0;
+    return batch_result(s.put_chain(parent ? &pk : nullptr, k, bytes, {chunks, nc}, {nchunks, n}, st.span(n)), s);
+  });
+}
+
+int cxlkv_kv_get_many(struct cxlkv_kv* kv, const struct cxlkv_kv_key* keys, size_t n, const struct cxlkv_chunk* chunks,
+                      const uint32_t* nchunks, int32_t* status) {
+  return capi::guarded(__func__, [&] {
+    if (int e = check_batch("cxlkv_kv_get_many", kv, keys, n, true, chunks, nchunks)) return e;
+    StatusOut st(status, n);
+    auto k = keys_of(keys, n);
+    KvStore& s = kv->session->store();
+    size_t nc = n ? total_chunks(nchunks, n) : 0;
+    return batch_result(s.get_many(k, {chunks, nc}, {nchunks, n}, st.span(n)), s);
   });
 }
 

@@ -1,0 +1,401 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * The KV store's batch calls from C (cxlkv.h, "KV store batches"): one call
+ * for a chain of blocks each way, a status per block, and what happens when
+ * some blocks fail: the others go on (or, along a chain, are cancelled),
+ * nothing stays reserved, and bad arguments refuse the whole call.
+ * Exit 0 = pass.
+ */
+#include <errno.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "cxlkv/cxlkv.h"
+
+#include "c_check.h"
+
+#define MiB (1024ull * 1024ull)
+#define POOL_SIZE (64 * MiB)
+#define HALF 4096
+#define BLOCK_BYTES (2 * HALF)
+#define NKEYS 8
+
+/* Block b's K and V halves. */
+static unsigned char kbuf[NKEYS][HALF], vbuf[NKEYS][HALF];
+static struct cxlkv_chunk in_chunks[2 * NKEYS];
+static uint32_t two[NKEYS] = {2, 2, 2, 2, 2, 2, 2, 2};
+
+static struct cxlkv_kv_key key(uint64_t a, uint64_t b)
+{
+	struct cxlkv_kv_key k = {a, b};
+	return k;
+}
+
+static void fill_all(void)
+{
+	for (int b = 0; b < NKEYS; b++) {
+		for (int i = 0; i < HALF; i++) {
+			kbuf[b][i] = (unsigned char)(b * 29 + i);
+			vbuf[b][i] = (unsigned char)(b * 13 + (i >> 2) + 3);
+		}
+		in_chunks[2 * b].addr = kbuf[b];
+		in_chunks[2 * b].len = HALF;
+		in_chunks[2 * b + 1].addr = vbuf[b];
+		in_chunks[2 * b + 1].len = HALF;
+	}
+}
+
+/* Read back blocks keys[0..n) (written from kbuf/vbuf[first..]) and compare. */
+static void check_bytes(struct cxlkv_kv *kv, const struct cxlkv_kv_key *keys, int n, int first)
+{
+	static unsigned char k2[NKEYS][HALF], v2[NKEYS][HALF];
+	struct cxlkv_chunk out[2 * NKEYS];
+	int32_t st[NKEYS];
+
+	memset(k2, 0, sizeof(k2));
+	memset(v2, 0, sizeof(v2));
+	for (int b = 0; b < n; b++) {
+		out[2 * b].addr = k2[b];
+		out[2 * b].len = HALF;
+		out[2 * b + 1].addr = v2[b];
+		out[2 * b + 1].len = HALF;
+	}
+	CHECK(cxlkv_kv_get_many(kv, keys, (size_t)n, out, two, st) == n);
+	for (int b = 0; b < n; b++) {
+		CHECK(st[b] == 0);
+		CHECK(memcmp(k2[b], kbuf[first + b], HALF) == 0 && memcmp(v2[b], vbuf[first + b], HALF) == 0);
+	}
+}
+
+static void test_block_struct(void)
+{
+	CHECK(sizeof(struct cxlkv_kv_block) == 48);
+	CHECK(offsetof(struct cxlkv_kv_block, version) == 44);
+	CHECK(CXLKV_KV_RESERVED == 0 && CXLKV_KV_EXISTS == 1 && CXLKV_KV_BUSY == 2 && CXLKV_KV_MISS == 3);
+}
+
+/* put_chain publishes a whole chain in one call; get_many reads it back. */
+static void test_put_chain_then_get_many(struct cxlkv_kv *kv, const struct cxlkv_kv_key *keys)
+{
+	int32_t st[NKEYS];
+
+	for (int i = 0; i < NKEYS; i++)
+		st[i] = 99;
+	CHECK(cxlkv_kv_lookup(kv, keys, NKEYS) == 0);
+	CHECK(cxlkv_kv_put_chain(kv, NULL, keys, 6, BLOCK_BYTES, in_chunks, two, st) == 6);
+	for (int i = 0; i < 6; i++)
+		CHECK(st[i] == CXLKV_KV_RESERVED);
+	CHECK(st[6] == 99); /* nothing written past n */
+	CHECK(cxlkv_kv_lookup(kv, keys, NKEYS) == 6);
+	check_bytes(kv, keys, 6, 0);
+
+	/* The chain again, two blocks longer: the cached ones are EXISTS (and
+	 * count as success), the new ones are written; status may be NULL. */
+	CHECK(cxlkv_kv_put_chain(kv, NULL, keys, NKEYS, BLOCK_BYTES, in_chunks, two, st) == NKEYS);
+	for (int i = 0; i < 6; i++)
+		CHECK(st[i] == CXLKV_KV_EXISTS);
+	CHECK(st[6] == CXLKV_KV_RESERVED && st[7] == CXLKV_KV_RESERVED);
+	CHECK(cxlkv_kv_put_chain(kv, NULL, keys, NKEYS, BLOCK_BYTES, in_chunks, two, NULL) == NKEYS);
+	CHECK(cxlkv_kv_lookup(kv, keys, NKEYS) == NKEYS);
+	check_bytes(kv, keys, NKEYS, 0);
+}
+
+/* A missing block is CXLKV_KV_MISS; the others are read, its buffer untouched. */
+static void test_get_many_with_a_miss(struct cxlkv_kv *kv, const struct cxlkv_kv_key *keys)
+{
+	struct cxlkv_kv_key ks[3] = {keys[0], key(0x1234, 0x5678), keys[2]};
+	static unsigned char b[3][BLOCK_BYTES];
+	struct cxlkv_chunk out[3] = {{b[0], BLOCK_BYTES}, {b[1], BLOCK_BYTES}, {b[2], BLOCK_BYTES}};
+	uint32_t one[3] = {1, 1, 1};
+	int32_t st[3];
+
+	memset(b, 0xee, sizeof(b));
+	CHECK(cxlkv_kv_get_many(kv, ks, 3, out, one, st) == 2);
+	CHECK(st[0] == 0 && st[1] == CXLKV_KV_MISS && st[2] == 0);
+	CHECK(memcmp(b[0], kbuf[0], HALF) == 0 && memcmp(b[0] + HALF, vbuf[0], HALF) == 0);
+	CHECK(memcmp(b[2], kbuf[2], HALF) == 0 && memcmp(b[2] + HALF, vbuf[2], HALF) == 0);
+	for (int i = 0; i < BLOCK_BYTES; i++)
+		if (b[1][i] != 0xee) {
+			CHECK(!"a missed block's buffer was written");
+			break;
+		}
+}
+
+/* A chain under a parent that is not cached: the first block fails with
+ * -ENOENT, the rest are cancelled, nothing is reserved. */
+static void test_reserve_chain_unknown_parent(struct cxlkv_kv *kv)
+{
+	struct cxlkv_kv_key parent = key(77, 78), ks[3] = {key(1, 100), key(2, 100), key(3, 100)};
+	struct cxlkv_kv_block out[3];
+	int32_t st[3];
+
+	CHECK(cxlkv_kv_reserve_chain(kv, &parent, ks, 3, BLOCK_BYTES, out, st) == 0);
+	CHECK(st[0] == -ENOENT && st[1] == -ECANCELED && st[2] == -ECANCELED);
+	CHECK(out[0].status == (uint32_t)-ENOENT && out[2].status == (uint32_t)-ECANCELED);
+	CHECK(cxlkv_last_error()[0] != '\0');
+	/* Such handles are skipped by the calls that take handles. */
+	CHECK(cxlkv_kv_publish_many(kv, out, 3, st) == 0);
+	CHECK(st[0] == -ENOENT && st[1] == -ECANCELED);
+	CHECK(cxlkv_kv_abort_many(kv, out, 3, st) == 0);
+	/* The first block, as a root, is free to reserve. */
+	CHECK(cxlkv_kv_reserve_chain(kv, NULL, ks, 1, BLOCK_BYTES, out, st) == 1 && st[0] == CXLKV_KV_RESERVED);
+	CHECK(cxlkv_kv_abort_many(kv, out, 1, st) == 1 && st[0] == 0);
+}
+
+/* Step by step: one write of four fails; the caller publishes the blocks
+ * before it and aborts it and the one after. */
+static void test_write_many_partial(struct cxlkv_kv *kv, const struct cxlkv_kv_key *keys)
+{
+	struct cxlkv_kv_key c[4] = {key(10, 200), key(11, 200), key(12, 200), key(13, 200)};
+	struct cxlkv_kv_key chain[NKEYS + 4];
+	struct cxlkv_kv_block rs[4];
+	uint32_t nch[4] = {2, 2, 1, 2}; /* block 2 gets only its K half: too short */
+	struct cxlkv_chunk chunks[7] = {in_chunks[0], in_chunks[1], in_chunks[2], in_chunks[3],
+					in_chunks[4], in_chunks[6], in_chunks[7]};
+	int32_t st[4];
+
+	CHECK(cxlkv_kv_reserve_chain(kv, &keys[NKEYS - 1], c, 4, BLOCK_BYTES, rs, st) == 4);
+	for (int i = 0; i < 4; i++) {
+		CHECK(st[i] == CXLKV_KV_RESERVED && rs[i].status == CXLKV_KV_RESERVED);
+		CHECK(memcmp(&rs[i].key, &c[i], sizeof(c[i])) == 0 && rs[i].length >= BLOCK_BYTES);
+	}
+	CHECK(cxlkv_kv_write_many(kv, rs, 4, chunks, nch, st) == 3);
+	CHECK(st[0] == 0 && st[1] == 0 && st[2] == -EINVAL && st[3] == 0);
+	CHECK(strstr(cxlkv_last_error(), "bytes") != NULL);
+	CHECK(cxlkv_kv_publish_many(kv, rs, 2, st) == 2);
+	CHECK(st[0] == 0 && st[1] == 0);
+	CHECK(cxlkv_kv_abort_many(kv, rs + 2, 2, st) == 2);
+	CHECK(st[0] == 0 && st[1] == 0);
+	memcpy(chain, keys, sizeof(keys[0]) * NKEYS);
+	memcpy(chain + NKEYS, c, sizeof(c));
+	CHECK(cxlkv_kv_lookup(kv, chain, NKEYS + 4) == NKEYS + 2);
+	/* Settled handles are refused: an aborted block cannot be published. */
+	CHECK(cxlkv_kv_publish_many(kv, rs + 2, 1, st) == 0 && st[0] < 0);
+	/* Nothing of blocks 2, 3 was left reserved. */
+	CHECK(cxlkv_kv_reserve_chain(kv, &c[1], c + 2, 2, BLOCK_BYTES, rs, st) == 2);
+	CHECK(st[0] == CXLKV_KV_RESERVED && st[1] == CXLKV_KV_RESERVED);
+	CHECK(cxlkv_kv_abort_many(kv, rs, 2, st) == 2);
+}
+
+/* publish_many goes in the given order: a child before its parent gets
+ * -EAGAIN and can be published once the parent is. */
+static void test_publish_order(struct cxlkv_kv *kv)
+{
+	struct cxlkv_kv_key d[2] = {key(20, 300), key(21, 300)};
+	struct cxlkv_kv_block rs[2], swapped[2];
+	int32_t st[2];
+
+	CHECK(cxlkv_kv_reserve_chain(kv, NULL, d, 2, BLOCK_BYTES, rs, st) == 2);
+	CHECK(cxlkv_kv_write_many(kv, rs, 2, in_chunks, two, st) == 2);
+	swapped[0] = rs[1];
+	swapped[1] = rs[0];
+	CHECK(cxlkv_kv_publish_many(kv, swapped, 2, st) == 1);
+	CHECK(st[0] == -EAGAIN && st[1] == 0);
+	CHECK(cxlkv_kv_lookup(kv, d, 2) == 1);
+	CHECK(cxlkv_kv_publish_many(kv, swapped, 1, st) == 1 && st[0] == 0);
+	CHECK(cxlkv_kv_lookup(kv, d, 2) == 2);
+	check_bytes(kv, d, 2, 0);
+}
+
+/* put_chain with a bad chunk list for block 2 of 4: 0 and 1 are published,
+ * 2 fails, 3 is cancelled, and neither 2 nor 3 stays reserved. */
+static void test_put_chain_partial(struct cxlkv_kv *kv)
+{
+	struct cxlkv_kv_key e[4] = {key(30, 400), key(31, 400), key(32, 400), key(33, 400)};
+	struct cxlkv_kv_block rs[2];
+	uint32_t nch[4] = {2, 2, 1, 2};
+	struct cxlkv_chunk chunks[7] = {in_chunks[0], in_chunks[1], in_chunks[2], in_chunks[3],
+					in_chunks[4], in_chunks[6], in_chunks[7]};
+	int32_t st[4];
+
+	CHECK(cxlkv_kv_put_chain(kv, NULL, e, 4, BLOCK_BYTES, chunks, nch, st) == 2);
+	CHECK(st[0] == 0 && st[1] == 0 && st[2] == -EINVAL && st[3] == -ECANCELED);
+	CHECK(strncmp(cxlkv_last_error(), "kv:", 3) == 0);
+	CHECK(cxlkv_kv_lookup(kv, e, 4) == 2);
+	check_bytes(kv, e, 2, 0);
+	/* Block 2 is not cached, so block 3 has no parent; 2 is free again. */
+	CHECK(cxlkv_kv_reserve_chain(kv, &e[2], &e[3], 1, BLOCK_BYTES, rs, st) == 0 && st[0] == -ENOENT);
+	CHECK(cxlkv_kv_reserve_chain(kv, &e[1], &e[2], 1, BLOCK_BYTES, rs, st) == 1 && st[0] == 0);
+	CHECK(cxlkv_kv_abort_many(kv, rs, 1, st) == 1);
+}
+
+/* pin_many / fetch_many / unpin_many, with a miss among them. */
+static void test_pin_fetch_unpin_many(struct cxlkv_kv *kv, const struct cxlkv_kv_key *keys)
+{
+	struct cxlkv_kv_key ks[3] = {keys[3], key(0xdead, 0xbeef), keys[4]};
+	struct cxlkv_kv_block pins[3];
+	static unsigned char b[3][BLOCK_BYTES];
+	struct cxlkv_chunk out[3] = {{b[0], BLOCK_BYTES}, {b[1], BLOCK_BYTES}, {b[2], BLOCK_BYTES}};
+	uint32_t one[3] = {1, 1, 1};
+	int32_t st[3];
+
+	CHECK(cxlkv_kv_pin_many(kv, ks, 3, pins, st) == 2);
+	CHECK(st[0] == 0 && st[1] == CXLKV_KV_MISS && st[2] == 0);
+	CHECK(pins[0].status == 0 && pins[1].status == CXLKV_KV_MISS && pins[2].status == 0);
+	CHECK(pins[0].length == BLOCK_BYTES);
+	CHECK(cxlkv_kv_fetch_many(kv, pins, 3, out, one, st) == 2);
+	CHECK(st[0] == 0 && st[1] == CXLKV_KV_MISS && st[2] == 0);
+	CHECK(memcmp(b[0], kbuf[3], HALF) == 0 && memcmp(b[2] + HALF, vbuf[4], HALF) == 0);
+	CHECK(cxlkv_kv_unpin_many(kv, pins, 3, st) == 2);
+	CHECK(st[0] == 0 && st[1] == CXLKV_KV_MISS && st[2] == 0);
+	/* Unpinning again: refused per block, the call itself succeeds. */
+	CHECK(cxlkv_kv_unpin_many(kv, pins, 3, st) == 0);
+	CHECK(st[0] < 0 && st[1] == CXLKV_KV_MISS && st[2] < 0);
+	CHECK(cxlkv_last_error()[0] != '\0');
+}
+
+/* Handles that are not RESERVED are skipped by write_many. */
+static void test_write_many_skips_existing(struct cxlkv_kv *kv, const struct cxlkv_kv_key *keys)
+{
+	struct cxlkv_kv_block rs[2];
+	int32_t st[2];
+	unsigned char before[HALF];
+
+	CHECK(cxlkv_kv_reserve_chain(kv, NULL, keys, 2, BLOCK_BYTES, rs, st) == 2);
+	CHECK(st[0] == CXLKV_KV_EXISTS && st[1] == CXLKV_KV_EXISTS);
+	memcpy(before, kbuf[0], HALF);
+	memset(kbuf[0], 0x55, HALF);
+	CHECK(cxlkv_kv_write_many(kv, rs, 2, in_chunks, two, st) == 0);
+	CHECK(st[0] == CXLKV_KV_EXISTS && st[1] == CXLKV_KV_EXISTS);
+	memcpy(kbuf[0], before, HALF);
+	check_bytes(kv, keys, 2, 0);
+}
+
+/* A chain longer than the pool: the leading blocks are published, the first
+ * that finds no space fails with -ENOSPC, the rest are cancelled. */
+static void test_put_chain_nospc(struct cxlkv_kv *kv)
+{
+	enum { N = 48 };
+	const size_t big = 2 * MiB;
+	struct cxlkv_kv_key ks[N];
+	struct cxlkv_chunk chunks[N];
+	uint32_t one[N];
+	int32_t st[N];
+	unsigned char *src = malloc(big + 64 * N), *dst = malloc(big);
+	int k;
+
+	if (!src || !dst) {
+		CHECK(!"out of memory");
+		free(src);
+		free(dst);
+		return;
+	}
+	for (size_t i = 0; i < big + 64 * N; i++)
+		src[i] = (unsigned char)(i * 7 + (i >> 9));
+	for (int i = 0; i < N; i++) {
+		ks[i] = key(1000 + (uint64_t)i, 500);
+		chunks[i].addr = src + 64 * i; /* each block's bytes differ */
+		chunks[i].len = big;
+		one[i] = 1;
+	}
+	k = cxlkv_kv_put_chain(kv, NULL, ks, N, big, chunks, one, st);
+	CHECK(k > 0 && k < N);
+	if (k > 0 && k < N) {
+		for (int i = 0; i < k; i++)
+			CHECK(st[i] == 0);
+		CHECK(st[k] == -ENOSPC);
+		for (int i = k + 1; i < N; i++)
+			CHECK(st[i] == -ECANCELED);
+		CHECK(strstr(cxlkv_last_error(), "space") != NULL);
+		CHECK(cxlkv_kv_lookup(kv, ks, N) == k);
+		/* The last published block reads back. */
+		CHECK(cxlkv_kv_get_many(kv, &ks[k - 1], 1, &(struct cxlkv_chunk){dst, big}, one, st) == 1);
+		CHECK(memcmp(dst, src + 64 * (k - 1), big) == 0);
+	}
+	free(src);
+	free(dst);
+}
+
+static void test_bad_arguments(struct cxlkv_kv *kv, const struct cxlkv_kv_key *keys)
+{
+	struct cxlkv_kv_block rs[2];
+	int32_t st[2];
+
+	CHECK_ERR(cxlkv_kv_put_chain(NULL, NULL, keys, 2, BLOCK_BYTES, in_chunks, two, st), -EINVAL);
+	CHECK(strncmp(cxlkv_last_error(), "cxlkv_kv_put_chain", 18) == 0);
+	CHECK_ERR(cxlkv_kv_put_chain(kv, NULL, NULL, 2, BLOCK_BYTES, in_chunks, two, st), -EINVAL);
+	CHECK_ERR(cxlkv_kv_put_chain(kv, NULL, keys, 2, BLOCK_BYTES, in_chunks, NULL, st), -EINVAL);
+	CHECK_ERR(cxlkv_kv_put_chain(kv, NULL, keys, 2, BLOCK_BYTES, NULL, two, st), -EINVAL);
+	CHECK_ERR(cxlkv_kv_get_many(kv, NULL, 2, in_chunks, two, st), -EINVAL);
+	CHECK_ERR(cxlkv_kv_reserve_chain(kv, NULL, keys, 2, BLOCK_BYTES, NULL, st), -EINVAL);
+	CHECK_ERR(cxlkv_kv_pin_many(kv, keys, 2, NULL, st), -EINVAL);
+	CHECK_ERR(cxlkv_kv_write_many(kv, NULL, 2, in_chunks, two, st), -EINVAL);
+	CHECK_ERR(cxlkv_kv_publish_many(NULL, rs, 2, st), -EINVAL);
+	CHECK_ERR(cxlkv_kv_abort_many(kv, NULL, 1, st), -EINVAL);
+	CHECK_ERR(cxlkv_kv_fetch_many(kv, rs, 1, in_chunks, NULL, st), -EINVAL);
+	CHECK_ERR(cxlkv_kv_unpin_many(kv, NULL, 1, st), -EINVAL);
+	/* Empty batches are fine and do nothing. */
+	CHECK(cxlkv_kv_put_chain(kv, NULL, NULL, 0, BLOCK_BYTES, NULL, NULL, NULL) == 0);
+	CHECK(cxlkv_kv_get_many(kv, NULL, 0, NULL, NULL, NULL) == 0);
+	/* Single-block calls name themselves in their messages (not "operator()"). */
+	CHECK_ERR(cxlkv_kv_lookup(NULL, keys, 1), -EINVAL);
+	CHECK(strncmp(cxlkv_last_error(), "cxlkv_kv_lookup", 15) == 0);
+	/* A zero-length block: the chain's first block fails, nothing is kept. */
+	CHECK(cxlkv_kv_reserve_chain(kv, NULL, keys, 2, 0, rs, st) == 0);
+	CHECK(st[0] == -EINVAL && st[1] == -ECANCELED);
+	CHECK(cxlkv_kv_lookup(kv, keys, NKEYS) == NKEYS);
+}
+
+int main(void)
+{
+	char name[96], uri[128], path[128];
+	struct cxlkv_format_opts fo;
+	struct cxlkv_lock_manager_opts mo;
+	struct cxlkv_kv_opts ko;
+	struct cxlkv_pool *pool = NULL;
+	struct cxlkv_lock_manager *mgr = NULL;
+	struct cxlkv_kv *kv = NULL;
+	struct cxlkv_kv_key keys[NKEYS];
+	uint32_t tokens[NKEYS * 16];
+
+	snprintf(name, sizeof(name), "cxlkv-kv-batch-c-api-test-%d", (int)getpid());
+	snprintf(uri, sizeof(uri), "shm:%s:%llu", name, (unsigned long long)POOL_SIZE);
+	snprintf(path, sizeof(path), "/dev/shm/%s", name);
+	memset(&fo, 0, sizeof(fo));
+	fo.size = sizeof(fo);
+	fo.max_nodes = 4;
+	CHECK(cxlkv_pool_format(uri, &fo) == 0);
+	CHECK(cxlkv_pool_open(uri, &pool) == 0);
+	if (!pool) {
+		unlink(path);
+		return 1;
+	}
+	memset(&mo, 0, sizeof(mo));
+	mo.size = sizeof(mo);
+	CHECK(cxlkv_lock_manager_start(pool, &mo, &mgr) == 0);
+	memset(&ko, 0, sizeof(ko));
+	ko.size = sizeof(ko);
+	ko.node = 1;
+	CHECK(cxlkv_kv_open(pool, &ko, &kv) == 0 && kv != NULL);
+	for (int i = 0; i < NKEYS * 16; i++)
+		tokens[i] = (uint32_t)(500 + i * 3);
+	CHECK(cxlkv_kv_block_keys(tokens, NKEYS * 16, 16, NULL, 0, keys, NKEYS) == NKEYS);
+	fill_all();
+
+	test_block_struct();
+	if (kv) {
+		test_put_chain_then_get_many(kv, keys);
+		test_get_many_with_a_miss(kv, keys);
+		test_reserve_chain_unknown_parent(kv);
+		test_write_many_partial(kv, keys);
+		test_publish_order(kv);
+		test_put_chain_partial(kv);
+		test_pin_fetch_unpin_many(kv, keys);
+		test_write_many_skips_existing(kv, keys);
+		test_bad_arguments(kv, keys);
+		test_put_chain_nospc(kv);
+	}
+	cxlkv_kv_close(kv);
+	cxlkv_lock_manager_stop(mgr);
+	cxlkv_pool_close(pool);
+	unlink(path);
+	if (failures) {
+		fprintf(stderr, "kv_batch_c_api_test: %d check(s) failed\n", failures);
+		return 1;
+	}
+	printf("kv_batch_c_api_test: pass\n");
+	return 0;
+}
