@@ -59,6 +59,7 @@ struct cxlkv_map_rec {
 struct cxlkv_file {
 	struct cxlkv_dev *dev;
 	pid_t tgid;			/* opener, recorded as lock slot owner_pid */
+	u32 nslots;			/* lock slots this file owns (dev->lock) */
 };
 
 /* Rate-limited diagnostic naming the device and the calling process. */
@@ -67,6 +68,11 @@ struct cxlkv_file {
 			    current->comm, task_tgid_nr(current), ##__VA_ARGS__)
 
 extern unsigned int cxlkv_node_id;
+extern int cxlkv_admin_gid;
+extern unsigned int cxlkv_max_slots_per_file;
+
+/* main.c: CAP_SYS_ADMIN, or membership of the admin_gid group. */
+bool cxlkv_admin(void);
 
 /* main.c */
 int cxlkv_dev_register(struct cxlkv_dev *d);

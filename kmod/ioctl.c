@@ -73,7 +73,7 @@ static int do_format(struct cxlkv_dev *d, void __user *arg)
 	if (a.max_nodes < 1 || a.max_nodes > CXLKV_MAX_NODES ||
 	    (a.flags & ~CXLKV_FORMAT_F_FORCE) || !zeroed(a.reserved, sizeof(a.reserved)))
 		return -EINVAL;
-	if (!capable(CAP_SYS_ADMIN))
+	if (!cxlkv_admin())
 		return -EPERM;
 	mutex_lock(&d->lock);
 	mutex_lock(&d->maps_lock);
@@ -249,7 +249,9 @@ static int do_lock(struct cxlkv_file *cf, void __user *arg, bool alloc)
 	if (copy_from_user(&a, arg, sizeof(a)))
 		return -EFAULT;
 	/* node, slot_off and grant_off are outputs: ignored on input */
-	if (!zeroed(a.reserved, sizeof(a.reserved)) || (!alloc && a.lock_id == CXLKV_LOCK_ANY))
+	if (!zeroed(a.reserved, sizeof(a.reserved)) || a.reserved0 ||
+	    (a.flags & ~CXLKV_LOCK_F_RUNTIME) || (!alloc && a.flags) ||
+	    (!alloc && a.lock_id == CXLKV_LOCK_ANY))
 		return -EINVAL;
 	ret = alloc ? cxlkv_lock_alloc(cf, &a) : cxlkv_lock_free(cf, &a);
 	if (ret || !alloc)
@@ -296,10 +298,15 @@ long cxlkv_ioctl(struct file *f, unsigned int cmd, unsigned long arg)
 	case CXLKV_IOC_CARVE_CREATE:
 	case CXLKV_IOC_CARVE_REMOVE:
 	case CXLKV_IOC_MEMTYPE_SET:
+		/* changes to the pool layout: a writable file and an administrator */
 		if (!(f->f_mode & FMODE_WRITE))
 			return -EBADF;
 		if (cmd == CXLKV_IOC_FORMAT)
 			return do_format(d, u);
+		if (!cxlkv_admin()) {
+			cxlkv_diag(d, "carve and memory type changes need CAP_SYS_ADMIN or the admin_gid group");
+			return -EPERM;
+		}
 		if (cmd == CXLKV_IOC_CARVE_CREATE)
 			return do_carve_create(d, u);
 		if (cmd == CXLKV_IOC_CARVE_REMOVE)
@@ -316,9 +323,11 @@ long cxlkv_ioctl(struct file *f, unsigned int cmd, unsigned long arg)
 	case CXLKV_IOC_DDIO_SET:
 		return do_ddio(d, u, true);
 	case CXLKV_IOC_LOCK_ALLOC:
-		return do_lock(cf, u, true);
 	case CXLKV_IOC_LOCK_FREE:
-		return do_lock(cf, u, false);
+		/* owning a slot sets pool state on the owner's behalf: writers only */
+		if (!(f->f_mode & FMODE_WRITE))
+			return -EBADF;
+		return do_lock(cf, u, cmd == CXLKV_IOC_LOCK_ALLOC);
 	case CXLKV_IOC_LOCK_LIST:
 		return do_lock_list(cf, u);
 	}

@@ -142,20 +142,35 @@ int cxlkv_lock_alloc(struct cxlkv_file *cf, struct cxlkv_ioc_lock *a)
 	bool again = false;
 	int ret;
 
+	/* Reserved ids are the runtime's own layers' (uapi/cxlkv_ctrl.h). */
+	if (id != CXLKV_LOCK_ANY && id < CXLKV_LOCK_FIRST_USER &&
+	    !(a->flags & CXLKV_LOCK_F_RUNTIME)) {
+		cxlkv_diag(d, "lock id %u is reserved for the cxlkv runtime (ids below %u)", id,
+			   CXLKV_LOCK_FIRST_USER);
+		return -EPERM;
+	}
 	mutex_lock(&d->lock);
 	ret = ctrl_get(d, &v);
 	if (ret)
 		goto out;
-	if (id == CXLKV_LOCK_ANY) {
-		ret = xa_alloc(&d->locks, &id, cf, XA_LIMIT(0, v.h.max_locks - 1), GFP_KERNEL);
-		if (ret == -EBUSY)
-			cxlkv_diag(d, "all %u lock slots of this node are owned", v.h.max_locks);
-	} else if (id >= v.h.max_locks) {
-		cxlkv_diag(d, "lock id %u is not below max_locks %u", id, v.h.max_locks);
-		ret = -EINVAL;
-	} else if (xa_load(&d->locks, id) == cf) {
+	if (id != CXLKV_LOCK_ANY && id < v.h.max_locks && xa_load(&d->locks, id) == cf) {
 		/* owned by this file already: owning again is not an error */
 		again = true;
+	} else if (id != CXLKV_LOCK_ANY && id >= v.h.max_locks) {
+		cxlkv_diag(d, "lock id %u is not below max_locks %u", id, v.h.max_locks);
+		ret = -EINVAL;
+	} else if (cxlkv_max_slots_per_file && cf->nslots >= cxlkv_max_slots_per_file) {
+		cxlkv_diag(d, "this file already owns %u lock slots (max_slots_per_file)", cf->nslots);
+		ret = -EDQUOT;
+	} else if (id == CXLKV_LOCK_ANY) {
+		if (v.h.max_locks <= CXLKV_LOCK_FIRST_USER)
+			ret = -EBUSY;
+		else
+			ret = xa_alloc(&d->locks, &id, cf,
+				       XA_LIMIT(CXLKV_LOCK_FIRST_USER, v.h.max_locks - 1), GFP_KERNEL);
+		if (ret == -EBUSY)
+			cxlkv_diag(d, "all lock slots %u..%u of this node are owned",
+				   CXLKV_LOCK_FIRST_USER, v.h.max_locks - 1);
 	} else {
 		ret = xa_insert(&d->locks, id, cf, GFP_KERNEL);
 	}
@@ -167,8 +182,10 @@ int cxlkv_lock_alloc(struct cxlkv_file *cf, struct cxlkv_ioc_lock *a)
 			xa_erase(&d->locks, id);
 		goto out;
 	}
-	if (!again)
+	if (!again) {
 		d->nlocks++;
+		cf->nslots++;
+	}
 	a->lock_id = id;
 	a->node = cxlkv_node_id;
 	a->slot_off = slot_off(&v, id);
@@ -179,13 +196,14 @@ out:
 	return ret;
 }
 
-/* Drop ownership of one slot (dev->lock held); the slot is set idle. */
-static void release_one(struct cxlkv_dev *d, const struct ctrl_view *v, u32 id)
+/* Drop ownership of one slot of `cf` (dev->lock held); the slot is set idle. */
+static void release_one(struct cxlkv_dev *d, struct cxlkv_file *cf, const struct ctrl_view *v, u32 id)
 {
 	if (v)
 		slot_update(d, v, id, true, true, 0, NULL);
 	xa_erase(&d->locks, id);
 	d->nlocks--;
+	cf->nslots--;
 }
 
 int cxlkv_lock_free(struct cxlkv_file *cf, struct cxlkv_ioc_lock *a)
@@ -201,7 +219,7 @@ int cxlkv_lock_free(struct cxlkv_file *cf, struct cxlkv_ioc_lock *a)
 	if (owner != cf)
 		goto out;
 	ret = ctrl_get(d, &v);
-	release_one(d, ret ? NULL : &v, a->lock_id);
+	release_one(d, cf, ret ? NULL : &v, a->lock_id);
 	a->node = cxlkv_node_id;
 out:
 	mutex_unlock(&d->lock);
@@ -226,7 +244,7 @@ void cxlkv_lock_release_all(struct cxlkv_file *cf)
 		if (!have_ctrl || id >= v.h.max_locks)
 			pr_warn_ratelimited("%s: lock slot %lu of pid %d dropped without setting it idle: control carve unreadable\n",
 					    d->name, id, cf->tgid);
-		release_one(d, have_ctrl && id < v.h.max_locks ? &v : NULL, id);
+		release_one(d, cf, have_ctrl && id < v.h.max_locks ? &v : NULL, id);
 	}
 out:
 	mutex_unlock(&d->lock);

@@ -16,6 +16,32 @@ unsigned int cxlkv_node_id;
 module_param_named(node_id, cxlkv_node_id, uint, 0444);
 MODULE_PARM_DESC(node_id, "this host's node id in the pool (0 .. max_nodes-1)");
 
+/*
+ * Permission model (kmod/README.md): the device file's own mode decides who
+ * may open it; writing ioctls need the file open for writing; carve and
+ * memory-type changes and format need CAP_SYS_ADMIN or admin_gid.
+ */
+int cxlkv_admin_gid = -1;
+module_param_named(admin_gid, cxlkv_admin_gid, int, 0644);
+MODULE_PARM_DESC(admin_gid, "group whose members may format, create/remove carves and set memory types without CAP_SYS_ADMIN (-1: none)");
+
+unsigned int cxlkv_max_slots_per_file = 256;
+module_param_named(max_slots_per_file, cxlkv_max_slots_per_file, uint, 0644);
+MODULE_PARM_DESC(max_slots_per_file, "lock slots one open file may own at once (0: no limit)");
+
+bool cxlkv_admin(void)
+{
+	int gid = READ_ONCE(cxlkv_admin_gid);
+
+	if (gid >= 0) {
+		kgid_t k = make_kgid(&init_user_ns, gid);
+
+		if (gid_valid(k) && in_group_p(k))
+			return true;
+	}
+	return capable(CAP_SYS_ADMIN);
+}
+
 static bool format;
 module_param(format, bool, 0444);
 MODULE_PARM_DESC(format, "write a fresh superblock and control carve on every backing at load (destroys the pool)");

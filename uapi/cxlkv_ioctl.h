@@ -158,14 +158,25 @@ CXLKV_STATIC_ASSERT(sizeof(struct cxlkv_ioc_ddio) == 48, "ioc_ddio size");
  * the slot before posting WAITING and free it after the release, so that
  * the next process of this node can own it.
  */
-#define CXLKV_LOCK_ANY          0xffffffffu  /* ALLOC: pick the lowest free id */
+/*
+ * Permissions (kmod/README.md): LOCK_ALLOC and LOCK_FREE need the file open
+ * for writing (-EBADF).  Ids below CXLKV_LOCK_FIRST_USER (uapi/cxlkv_ctrl.h)
+ * belong to the runtime's own layers: ALLOC of one needs
+ * CXLKV_LOCK_F_RUNTIME (else -EPERM), and CXLKV_LOCK_ANY never picks one.
+ * Each open file owns at most the module parameter max_slots_per_file slots
+ * (-EDQUOT beyond).
+ */
+#define CXLKV_LOCK_ANY          0xffffffffu  /* ALLOC: pick the lowest free id >= CXLKV_LOCK_FIRST_USER */
+#define CXLKV_LOCK_F_RUNTIME    (1u << 0)    /* ALLOC: the caller is the cxlkv runtime (reserved ids) */
 
 struct cxlkv_ioc_lock {
 	__u32 lock_id;            /* in: id or CXLKV_LOCK_ANY (ALLOC); out: id */
 	__u32 node;               /* out: this host's node id */
 	__u64 slot_off;           /* out: pool offset of struct cxlkv_lock_slot */
 	__u64 grant_off;          /* out: pool offset of the lock's struct cxlkv_lock_grant */
-	__u64 reserved[2];
+	__u32 flags;              /* in (ALLOC): CXLKV_LOCK_F_*; must be 0 for FREE */
+	__u32 reserved0;
+	__u64 reserved[1];
 };
 CXLKV_STATIC_ASSERT(sizeof(struct cxlkv_ioc_lock) == 40, "ioc_lock size");
 

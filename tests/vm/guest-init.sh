@@ -143,6 +143,11 @@ memmap)
 	step insmod-emulated load emulated_size=0x1000000 format=1 ivshmem=0
 	step abi-emulated cxlkv_vmtest abi /dev/cxlkv0 emulated
 	step rmmod-emulated rmmod cxlkv
+	# the permission model and the fuzz as uid 65534, on a fresh standard pool
+	step insmod-unpriv load emulated_size=0x1000000 format=1 ivshmem=0
+	step unpriv cxlkv_vmtest unpriv /dev/cxlkv0
+	step fuzz-unpriv cxlkv_vmtest fuzz-unpriv /dev/cxlkv0 "$FUZZ"
+	step rmmod-unpriv rmmod cxlkv
 	;;
 ivshmem)
 	step insmod-ivshmem load format=1

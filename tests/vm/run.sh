@@ -4,7 +4,10 @@
 #   1. memmap   memory reserved with memmap=64M$0x10000000 -> phys backing:
 #               every ioctl and its errors, mmap rules, PAT types, lock slot
 #               release on close and death, DDIO refusal on QEMU's root ports,
-#               runtime tests, ioctl fuzz, rmmod; then the emulated backing
+#               runtime tests, ioctl fuzz, rmmod; then the emulated backing;
+#               then, as uid 65534, the permission model (read-only file,
+#               CAP_SYS_ADMIN / admin_gid, reserved lock ids, slots per file)
+#               and the ioctl fuzz
 #   2. ivshmem  ivshmem-plain on a /dev/shm file -> ivshmem backing: the same
 #               ABI checks and the runtime tests
 #   3. twohost  two guests on one ivshmem file: data written in one is read
@@ -147,7 +150,8 @@ for b in $RUNTIME_BINS; do RT_STEPS="$RT_STEPS runtime-$b"; done
 if [ "${VMTEST_ONLY:-}" != twohost ]; then
 say "guest 1: memmap-reserved range, then the emulated range"
 boot memmap "memmap=64M\$0x10000000 vmtest.run=memmap $ARGS"
-check memmap insmod-phys abi-phys $RT_STEPS fuzz rmmod-phys ddio-restored insmod-emulated abi-emulated rmmod-emulated dmesg
+check memmap insmod-phys abi-phys $RT_STEPS fuzz rmmod-phys ddio-restored insmod-emulated abi-emulated rmmod-emulated \
+	insmod-unpriv unpriv fuzz-unpriv rmmod-unpriv dmesg
 fi
 if [ -z "${VMTEST_ONLY:-}" ]; then
 say "guest 2: ivshmem"

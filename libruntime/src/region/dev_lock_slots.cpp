@@ -50,6 +50,9 @@ Error slot_error(const Region& r, uint32_t id, int e, const char* what) {
     case EBUSY: why = "owned by another file on this host (a live holder, or a dead one not yet released)"; break;
     case ENOENT: why = "not owned by this process, or the pool has no control carve"; break;
     case EINVAL: why = "lock id or node id out of range for this pool"; break;
+    case EPERM: why = "the id is reserved for the cxlkv runtime (ids below " + std::to_string(CXLKV_LOCK_FIRST_USER) + ")"; break;
+    case EDQUOT: why = "this process owns as many slots as the module allows per file (max_slots_per_file)"; break;
+    case EBADF: why = "the device is not open for writing"; break;
     default: why = std::strerror(e);
   }
   return Error(-e, "pool " + r.uri() + ": lock " + std::to_string(id) + ": " + what + ": " + why);
@@ -63,6 +66,9 @@ Result<void> dev_own_lock_slot(const Region& r, uint32_t lock_id) {
   if (!fd) return fd.error();
   cxlkv_ioc_lock a{};
   a.lock_id = lock_id;
+  // The runtime's own layers use the reserved ids; the module refuses them
+  // to callers that do not say they are the runtime.
+  if (lock_id < CXLKV_LOCK_FIRST_USER) a.flags = CXLKV_LOCK_F_RUNTIME;
   if (::ioctl(fd.value(), CXLKV_IOC_LOCK_ALLOC, &a) != 0) return slot_error(r, lock_id, errno, "own slot");
   return {};
 }
