@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: MIT
 // cxlkvctl pool commands, run as a program: exit codes, stdout, stderr.
 #include <gtest/gtest.h>
+#include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -9,6 +10,7 @@
 #include <fstream>
 #include <sstream>
 #include <string>
+#include <vector>
 
 #include "uapi/cxlkv.h"
 
@@ -197,4 +199,189 @@ TEST_F(Cxlkvctl, EverySubcommandHasHelp) {
   Outcome top = run("--help");
   EXPECT_EQ(top.status, 0);
   EXPECT_TRUE(has(top.out, "carve create"));
+}
+
+// ---- cxlkvctl kv (issue 12) --------------------------------------------------
+
+namespace {
+
+// A formatted pool with a running lock manager (cxlkvd), as any node needs.
+class CxlkvctlKv : public Cxlkvctl {
+ protected:
+  void SetUp() override {
+    Cxlkvctl::SetUp();
+    if (IsSkipped()) return;
+    ASSERT_EQ(on_pool("format --size 64M").status, 0);
+    std::string d = tool_.substr(0, tool_.rfind('/')) + "/cxlkvd";
+    mgr_ = fork();
+    ASSERT_GE(mgr_, 0);
+    if (mgr_ == 0) {
+      execl(d.c_str(), d.c_str(), "--pool", uri_.c_str(), "--foreground", (char*)nullptr);
+      _exit(127);
+    }
+    for (const char* f : {".a", ".b", ".got"}) files_.push_back(path_ + f);
+    ssd_ = "/var/tmp/cxlkvctl-kv-ssd-" + tag_;
+  }
+  void TearDown() override {
+    if (mgr_ > 0) {
+      kill(mgr_, SIGTERM);
+      waitpid(mgr_, nullptr, 0);
+    }
+    for (auto& f : files_) std::remove(f.c_str());
+    std::remove(ssd_.c_str());
+    Cxlkvctl::TearDown();
+  }
+  void write(const std::string& path, const std::string& bytes) { std::ofstream(path, std::ios::binary) << bytes; }
+  static std::string noise(size_t n, uint32_t seed) {
+    std::string s(n, '\0');
+    for (size_t i = 0; i < n; i++) s[i] = char((seed = seed * 1103515245u + 12345u) >> 16);
+    return s;
+  }
+  pid_t mgr_ = -1;
+  std::vector<std::string> files_;
+  std::string ssd_;
+};
+
+}  // namespace
+
+TEST_F(CxlkvctlKv, PutThenGetReturnsTheFileByteForByteAndLsListsTheBlock) {
+  const std::string data = noise(100000, 1);
+  write(files_[0], data);
+  Outcome put = on_pool("kv put request-17/block-0 " + files_[0]);
+  ASSERT_EQ(put.status, 0) << put.err;
+  const std::string key = put.out.substr(0, 32);  // the string hashed to a key
+  Outcome get = on_pool("kv get request-17/block-0 " + files_[2]);
+  ASSERT_EQ(get.status, 0) << get.err;
+  EXPECT_EQ(slurp(files_[2]), data);
+  // The 32-hex-digit form names the same block.
+  std::remove(files_[2].c_str());
+  ASSERT_EQ(on_pool("kv get " + key + " " + files_[2]).status, 0);
+  EXPECT_EQ(slurp(files_[2]), data);
+  Outcome ls = on_pool("kv ls");
+  ASSERT_EQ(ls.status, 0) << ls.err;
+  EXPECT_TRUE(has(ls.out, key)) << ls.out;
+  EXPECT_TRUE(has(ls.out, "100000")) << ls.out;
+  Outcome js = on_pool("kv ls --json");
+  EXPECT_TRUE(has(js.out, "\"key\": \"" + key + "\", \"bytes\": 100000, \"tier\": \"mem\", \"state\": \"ready\""))
+      << js.out;
+}
+
+TEST_F(CxlkvctlKv, GetOfABlockThatIsNotCachedExitsNonZeroWithAMessageAndWritesNothing) {
+  Outcome r = on_pool("kv get 0123456789abcdef0123456789abcdef " + files_[2]);
+  EXPECT_EQ(r.status, 1);
+  EXPECT_TRUE(has(r.err, "0123456789abcdef0123456789abcdef is not cached")) << r.err;
+  EXPECT_NE(access(files_[2].c_str(), F_OK), 0) << "kv get created its output for a missing block";
+}
+
+TEST_F(CxlkvctlKv, PutOfACachedKeyIsRefusedAndKeepsTheOldBytesUntilRmRemovesIt) {
+  write(files_[0], noise(5000, 2));
+  write(files_[1], noise(7000, 3));
+  ASSERT_EQ(on_pool("kv put k " + files_[0]).status, 0);
+  Outcome again = on_pool("kv put k " + files_[1]);
+  EXPECT_EQ(again.status, 1);
+  EXPECT_TRUE(has(again.err, "already cached")) << again.err;
+  ASSERT_EQ(on_pool("kv get k " + files_[2]).status, 0);
+  EXPECT_EQ(slurp(files_[2]), slurp(files_[0]));
+  Outcome rm = on_pool("kv rm k");
+  ASSERT_EQ(rm.status, 0) << rm.err;
+  EXPECT_EQ(on_pool("kv get k " + files_[2]).status, 1);
+  Outcome rm2 = on_pool("kv rm k");
+  EXPECT_EQ(rm2.status, 1);
+  EXPECT_TRUE(has(rm2.err, "is not cached")) << rm2.err;
+  ASSERT_EQ(on_pool("kv put k " + files_[1]).status, 0) << "put after rm";
+  ASSERT_EQ(on_pool("kv get k " + files_[2]).status, 0);
+  EXPECT_EQ(slurp(files_[2]), slurp(files_[1]));
+}
+
+TEST_F(CxlkvctlKv, BadKeysFilesAndOptionsAreRefusedWithMessages) {
+  write(files_[0], "");
+  Outcome empty = on_pool("kv put k " + files_[0]);
+  EXPECT_EQ(empty.status, 1);
+  EXPECT_TRUE(has(empty.err, "empty")) << empty.err;
+  Outcome missing = on_pool("kv put k /nonexistent/file");
+  EXPECT_EQ(missing.status, 1);
+  EXPECT_TRUE(has(missing.err, "/nonexistent/file")) << missing.err;
+  EXPECT_NE(on_pool("kv put k").status, 0);
+  EXPECT_NE(on_pool("kv get").status, 0);
+  write(files_[0], "x");
+  Outcome node = on_pool("kv put k " + files_[0] + " --node 99");
+  EXPECT_EQ(node.status, 1);
+  EXPECT_TRUE(has(node.err, "--node")) << node.err;
+  Outcome cap = on_pool("kv put k " + files_[0] + " --mem-capacity -3");
+  EXPECT_EQ(cap.status, 1);
+  EXPECT_TRUE(has(cap.err, "--mem-capacity")) << cap.err;
+  // A symlink as output is not followed.
+  std::string link = path_ + ".link";
+  ASSERT_EQ(on_pool("kv put k " + files_[0]).status, 0);
+  ASSERT_EQ(symlink(files_[1].c_str(), link.c_str()), 0);
+  Outcome sl = on_pool("kv get k " + link);
+  std::remove(link.c_str());
+  EXPECT_EQ(sl.status, 1);
+  EXPECT_NE(access(files_[1].c_str(), F_OK), 0) << "kv get wrote through a symlink";
+}
+
+TEST_F(CxlkvctlKv, WithSsdTierAndMemoryCapacityEveryGetIsByteExactOrACleanFailureNeverWrongBytes) {
+  // --mem-capacity sets the pool's memory-tier bound; with --ssd, blocks
+  // evicted from memory are demoted to the file.  Each command is a new
+  // process (a restart of the SSD tier): a block read back is byte-exact, or
+  // the get fails with a message naming the block; never other bytes.
+  std::vector<std::string> data;
+  for (int i = 0; i < 12; i++) {
+    data.push_back(noise(3000 + 1000 * i, 10 + i));
+    write(files_[0], data.back());
+    Outcome p = on_pool("kv put blk" + std::to_string(i) + " " + files_[0] + " --ssd " + ssd_ +
+                        " --ssd-size 64M --mem-capacity 2");
+    if (i == 0 && p.status != 0 && has(p.err, "SSD tier")) GTEST_SKIP() << "no SSD tier here: " << p.err;
+    ASSERT_EQ(p.status, 0) << p.err;
+  }
+  Outcome st = on_pool("index stats --json");
+  EXPECT_TRUE(has(st.out, "\"max_blocks\": 2,")) << st.out;
+  int exact = 0, refused = 0;
+  for (int i = 0; i < 12; i++) {
+    std::remove(files_[2].c_str());
+    Outcome g = on_pool("kv get blk" + std::to_string(i) + " " + files_[2] + " --ssd " + ssd_);
+    if (g.status == 0) {
+      EXPECT_EQ(slurp(files_[2]), data[i]) << "block " << i << " returned other bytes";
+      exact++;
+    } else {
+      EXPECT_EQ(g.status, 1);
+      EXPECT_TRUE(has(g.err, "cxlkvctl: block ")) << g.err;
+      refused++;
+    }
+  }
+  EXPECT_GT(exact, 0);
+  RecordProperty("ssd_blocks_refused_after_restart", refused);
+}
+
+TEST_F(CxlkvctlKv, NodeCommandsLeaveNoNodeLocalFileAndTheNodeDetaches) {
+  write(files_[0], noise(4096, 5));
+  Outcome info = on_pool("info --json");
+  size_t p = info.out.find("\"pool_id\":\"");
+  ASSERT_NE(p, std::string::npos) << info.out;
+  const std::string prefix = "cxlkv-node-" + info.out.substr(p + 11, 32) + "-";
+  ASSERT_EQ(on_pool("kv put k " + files_[0]).status, 0);
+  ASSERT_EQ(on_pool("kv get k " + files_[2]).status, 0);
+  ASSERT_EQ(on_pool("kv rm k").status, 0);
+  std::string left;
+  for (int n = 0; n < 16; n++)
+    if (access(("/dev/shm/" + prefix + std::to_string(n)).c_str(), F_OK) == 0) left += " " + std::to_string(n);
+  EXPECT_TRUE(left.empty()) << "node-local files left for nodes" << left;
+  // The commands' processes are gone: any node still marked active names a
+  // pid that no longer runs (its heartbeat only goes stale later).
+  Outcome nodes = on_pool("node list --json");
+  for (size_t at = 0; (at = nodes.out.find("\"pid\": ", at)) != std::string::npos; at++) {
+    long pid = std::strtol(nodes.out.c_str() + at + 7, nullptr, 10);
+    if (pid > 0) {
+      EXPECT_NE(kill(pid_t(pid), 0), 0) << "pid " << pid << " still runs: " << nodes.out;
+    }
+  }
+}
+
+TEST_F(Cxlkvctl, KvCommandsWithoutALockManagerFailWithAMessageInsteadOfHanging) {
+  ASSERT_EQ(on_pool("format --size 64M").status, 0);
+  std::ofstream(path_ + ".a") << "x";
+  Outcome r = on_pool("kv put k " + path_ + ".a");
+  std::remove((path_ + ".a").c_str());
+  EXPECT_EQ(r.status, 1);
+  EXPECT_TRUE(has(r.err, "lock manager")) << r.err;
 }

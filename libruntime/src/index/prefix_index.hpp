@@ -200,6 +200,10 @@ class PrefixIndex {
   Result<bool> evict_one(uint32_t stripe);
   // Remove every entry left by dead writers and every dead node's pin bit.
   Result<uint64_t> reclaim_dead();
+  // Drop one READY block on an operator's request (cxlkvctl kv rm; in
+  // index_remove.cpp): -ENOENT not cached, -ENOTEMPTY it has cached children
+  // (prefix closure: remove them first), -EBUSY a live node pins it.
+  Result<void> remove(const BlockKey& key);
   IndexCounters counters() const { return ctr_; }
 
   // ---- batches (CONTRACTS.md "PrefixIndex batch interface") ---------------

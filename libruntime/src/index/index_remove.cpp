@@ -1,0 +1,42 @@
+// SPDX-License-Identifier: MIT
+// PrefixIndex::remove: an operator drops one cached block by key (cxlkvctl kv
+// rm).  The same removal as an eviction of that block (EVICTING, then
+// TOMBSTONE / EMPTY, payload freed, parent's child count dropped), refused
+// where an eviction would be: a block with cached children (the cache stays
+// prefix-closed) or one that a live node pins.
+#include <cerrno>
+#include <string>
+#include <vector>
+
+#include "index/prefix_index.hpp"
+
+namespace cxlkv {
+
+Result<void> PrefixIndex::remove(const BlockKey& key) {
+  if (key.is_zero()) return Error(-EINVAL, "index: the all-zero block key is reserved");
+  const uint32_t s = stripe_of(key);
+  std::vector<uint32_t> parents;
+  {
+    CXLKV_TRY(locks_->lock(s));  // rule 7: entries of stripe s change only under its lock
+    struct Unlock {
+      StripeLocks* l;
+      uint32_t s;
+      ~Unlock() { l->unlock(s); }
+    } unlock{locks_, s};
+    uint32_t slot = CXLKV_INDEX_NO_SLOT;
+    if (find_state(key, &slot) != CXLKV_ENTRY_READY)
+      return Error(-ENOENT, "index: block " + to_hex(key) + " is not cached");
+    cxlkv_index_entry e = read_entry(slot);
+    if (e.children != 0)
+      return Error(-ENOTEMPTY, "index: block " + to_hex(key) + " has " + std::to_string(e.children) +
+                                   " cached child block(s); remove them first (the cache is prefix-closed)");
+    bool changed = false;
+    if (pins_live(e, &changed))
+      return Error(-EBUSY, "index: block " + to_hex(key) + " is pinned by a live node");
+    remove_locked(s, slot, e, /*reclaim=*/false, &parents);
+  }
+  for (uint32_t p : parents) CXLKV_TRY(drop_child(p));
+  return {};
+}
+
+}  // namespace cxlkv

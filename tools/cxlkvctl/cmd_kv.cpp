@@ -1,0 +1,364 @@
+// SPDX-License-Identifier: MIT
+// cxlkvctl kv put | get | ls | rm: store and read single KV blocks from the
+// command line, for debugging by hand and for scripted restart checks
+// (issue 12).  put / get / rm attach as a node of the pool (a lock manager
+// must run, as for any node) and go through the KV store exactly as an
+// engine would; ls reads the index without a lock (a snapshot).
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "command.hpp"
+#include "cxlkv/keys.hpp"
+#include "cxlkv/kv.hpp"
+#include "cxlkv/sync.hpp"
+#include "cxlkv/tier.hpp"
+#include "index/prefix_index.hpp"
+#include "tier/ssd_payload_tier.hpp"
+#include "uapi/cxlkv_index.h"
+
+namespace cxlkvctl {
+namespace {
+
+using namespace cxlkv;
+
+// KEY: 32 hex digits name a key as such; any other string names the root
+// block key chain_key(0, no tokens, extras = the string's bytes), so the same
+// string always names the same key on every host.
+BlockKey key_of(const std::string& s) {
+  BlockKey k;
+  if (s.size() == 32 && parse_key(s, &k) && !k.is_zero()) return k;
+  return chain_key(BlockKey{}, {}, std::as_bytes(std::span(s.data(), s.size())));
+}
+
+const char* tier_name(uint8_t t) { return t == CXLKV_TIER_SSD ? "ssd" : "mem"; }
+
+// One node of the pool with a KV store, and everything it created removed
+// on every exit path: the node detaches and, when this command created its
+// node-local file, the file goes too.
+class KvNode {
+ public:
+  // Opens the pool, picks a node (--node N, else the highest never-attached
+  // one), checks that a lock manager answers, attaches the SSD tier and the
+  // memory capacity from the options.  nullptr after printing the error.
+  static std::unique_ptr<KvNode> open(Context& ctx, const Args& args, int* status);
+  ~KvNode() {
+    session_.reset();
+    ssd_tier_.reset();
+    ssd_.reset();
+    std::string local = node_ ? node_->local_shm_name() : "";
+    node_.reset();
+    if (created_local_ && !local.empty()) NodeContext::unlink_local(local);
+  }
+  KvStore& kv() { return session_->store(); }
+  Region& region() { return *region_; }
+
+ private:
+  std::unique_ptr<Region> region_;
+  std::unique_ptr<NodeContext> node_;
+  std::unique_ptr<SsdPool> ssd_;
+  std::unique_ptr<SsdPayloadTier> ssd_tier_;
+  std::unique_ptr<KvSession> session_;
+  bool created_local_ = false;
+};
+
+std::unique_ptr<KvNode> KvNode::open(Context& ctx, const Args& args, int* status) {
+  *status = 1;
+  std::unique_ptr<KvNode> n(new KvNode());
+  n->region_ = ctx.open_pool();
+  if (!n->region_) return nullptr;
+  Region& r = *n->region_;
+  auto ic = r.carve(CXLKV_CARVE_INDEX);
+  if (!ic) return fail("pool " + r.uri() + " has no index carve (format it first)"), nullptr;
+  auto h = r.domain().read_fresh(reinterpret_cast<const cxlkv_index_header*>(r.at(ic->offset)));  // rule 4
+  if (h.magic != CXLKV_INDEX_MAGIC) return fail("pool " + r.uri() + ": index carve is not formatted"), nullptr;
+
+  // The node: --node N, else the highest free one: never attached or
+  // evicted first, then one whose process is gone (a node of this host whose
+  // pid no longer runs, or a stale heartbeat).
+  auto nodes = list_nodes(r, r.domain());
+  if (nodes.empty()) return fail("pool " + r.uri() + ": no control carve"), nullptr;
+  char host[256] = {};
+  gethostname(host, sizeof host - 1);
+  auto gone = [&](const NodeStatus& s) {
+    if (s.state != CXLKV_NODE_ACTIVE) return true;
+    if (!s.alive) return true;
+    return s.host == host && s.pid != 0 && kill(pid_t(s.pid), 0) != 0 && errno == ESRCH;
+  };
+  NodeOptions no;
+  no.heartbeat = true;
+  if (auto v = args.value("node")) {
+    char* end = nullptr;
+    unsigned long x = std::strtoul(v->c_str(), &end, 10);
+    if (v->empty() || *end || x >= nodes.size())
+      return fail("--node: '" + *v + "' is not a node of pool " + r.uri() + " (0.." +
+                  std::to_string(nodes.size() - 1) + ")"), nullptr;
+    if (!gone(nodes[x])) return fail("node " + *v + " of pool " + r.uri() + " is alive (pid " +
+                                     std::to_string(nodes[x].pid) + "): choose another --node"), nullptr;
+    no.node = uint32_t(x);
+  } else {
+    size_t pick = 0;
+    for (size_t i = nodes.size(); i-- > 1 && !pick;)
+      if (nodes[i].state != CXLKV_NODE_ACTIVE) pick = i;
+    for (size_t i = nodes.size(); i-- > 1 && !pick;)
+      if (gone(nodes[i])) pick = i;
+    if (!pick) return fail("pool " + r.uri() + ": every node is alive; choose one with --node N"), nullptr;
+    no.node = uint32_t(pick);
+  }
+  const std::string local = NodeContext::default_local_name(r, no.node);
+  n->created_local_ = access(("/dev/shm/" + local).c_str(), F_OK) != 0;
+  auto node = NodeContext::attach(r, no);
+  if (!node) return fail(node.error().message()), nullptr;
+  n->node_ = std::move(node.value());
+
+  // A lock manager must run: take and release one stripe lock, bounded, so
+  // that a missing manager is a message and not a hang inside the store.
+  {
+    TwoTierLock probe(*n->node_, h.lock_base);
+    auto g = probe.try_lock_for(std::chrono::seconds(5));
+    if (!g) {
+      fail("pool " + r.uri() + ": no lock manager granted lock " + std::to_string(h.lock_base) +
+           " within 5 s (" + g.error().message() + "): start cxlkvd for this pool");
+      return nullptr;
+    }
+    (void)probe.unlock();
+  }
+
+  KvOpenOptions ko;
+  if (auto cap = args.value("mem-capacity")) {
+    char* end = nullptr;
+    unsigned long long x = std::strtoull(cap->c_str(), &end, 10);
+    if (cap->empty() || *end || (*cap)[0] == '-')
+      return fail("--mem-capacity: not a number of blocks: '" + *cap + "'"), nullptr;
+    // The pool-wide memory-tier capacity, as the replay and the KV store's
+    // owner set it (0: unbounded).
+    auto cur = index_policy(r.domain(), r.at(ic->offset));
+    if (!cur) return fail(cur.error().message()), nullptr;
+    IndexPolicy p;
+    p.max_blocks = x;
+    p.max_bytes = cur->max_bytes;
+    p.interleave_stripe = cur->interleave_stripe;
+    p.ndevices = cur->ndevices;
+    for (unsigned i = 0; i < CXLKV_INDEX_MAX_DEVICES; i++) p.weights[i] = cur->weights[i];
+    auto s = index_set_policy(r.domain(), r.at(ic->offset), p);
+    if (!s) return fail(s.error().message()), nullptr;
+  }
+  if (auto path = args.value("ssd")) {
+    std::string err;
+    SsdPoolOptions so;
+    uint64_t create = 0;
+    if (auto sz = args.size("ssd-size", &err)) create = *sz;
+    else if (!err.empty()) return fail(err), nullptr;
+    so.devices.push_back(SsdDeviceConfig{*path, create, 0, false});
+    auto p = SsdPool::open(so);
+    if (!p) return fail("SSD tier " + *path + ": " + p.error().message()), nullptr;
+    n->ssd_ = std::move(p.value());
+    n->ssd_tier_ = std::make_unique<SsdPayloadTier>(*n->ssd_);
+    ko.ssd_tier = n->ssd_tier_.get();
+    ko.demote_on_evict = true;
+    ko.promote_on_hit = true;
+  }
+  auto session = open_kv_session(r, *n->node_, ko);
+  if (!session) return fail(session.error().message()), nullptr;
+  n->session_ = std::move(session.value());
+  *status = 0;
+  return n;
+}
+
+Result<std::vector<std::byte>> read_file(const std::string& path) {
+  int fd = path == "-" ? dup(0) : ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return Error(-errno, path + ": " + std::strerror(errno));
+  std::vector<std::byte> data;
+  std::byte buf[1 << 16];
+  for (;;) {
+    ssize_t k = ::read(fd, buf, sizeof buf);
+    if (k < 0 && errno == EINTR) continue;
+    if (k < 0) {
+      int e = errno;
+      ::close(fd);
+      return Error(-e, path + ": read: " + std::strerror(e));
+    }
+    if (k == 0) break;
+    data.insert(data.end(), buf, buf + k);
+  }
+  ::close(fd);
+  return data;
+}
+
+Result<void> write_file(const std::string& path, const std::byte* p, size_t n) {
+  // No symlink followed; an existing regular file is replaced in place.
+  int fd = path == "-" ? dup(1) : ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0644);
+  if (fd < 0) return Error(-errno, path + ": " + std::strerror(errno));
+  for (size_t off = 0; off < n;) {
+    ssize_t k = ::write(fd, p + off, n - off);
+    if (k < 0 && errno == EINTR) continue;
+    if (k <= 0) {
+      int e = errno;
+      ::close(fd);
+      return Error(-e, path + ": write: " + std::strerror(e));
+    }
+    off += size_t(k);
+  }
+  if (::close(fd) != 0) return Error(-errno, path + ": close: " + std::strerror(errno));
+  return {};
+}
+
+int kv_put(Context& ctx, const Args& args) {
+  if (args.positional().size() != 2) return fail("kv put: expected KEY FILE (see --help)");
+  const BlockKey key = key_of(args.positional()[0]);
+  auto data = read_file(args.positional()[1]);
+  if (!data) return fail(data.error().message());
+  if (data->empty()) return fail(args.positional()[1] + ": empty: a KV block holds at least one byte");
+  int st;
+  auto n = KvNode::open(ctx, args, &st);
+  if (!n) return st;
+  KvStore& kv = n->kv();
+  auto res = kv.reserve(key, nullptr, data->size());
+  if (!res) return fail("block " + to_hex(key) + ": reserve: " + res.error().message());
+  if (!res->reserved())
+    return fail("block " + to_hex(key) + (res->status == 1 ? " is already cached" : " is being written by another node") +
+                ": nothing written (kv rm it first to replace it)");
+  Chunk c{data->data(), data->size()};
+  auto w = kv.write(*res, {&c, 1});
+  auto p = w ? kv.publish(*res) : Result<void>(w.error());
+  if (!p) {
+    (void)kv.abort(*res);
+    return fail("block " + to_hex(key) + ": " + (w ? "publish" : "write") + ": " + p.error().message());
+  }
+  if (ctx.json)
+    std::printf("{\"key\": \"%s\", \"bytes\": %zu, \"tier\": \"%s\"}\n", to_hex(key).c_str(), data->size(),
+                tier_name(res->loc_tier));
+  else
+    std::printf("%s  %zu bytes published\n", to_hex(key).c_str(), data->size());
+  return 0;
+}
+
+int kv_get(Context& ctx, const Args& args) {
+  if (args.positional().size() != 2) return fail("kv get: expected KEY FILE (see --help)");
+  const BlockKey key = key_of(args.positional()[0]);
+  int st;
+  auto n = KvNode::open(ctx, args, &st);
+  if (!n) return st;
+  KvStore& kv = n->kv();
+  auto pin = kv.pin(key);
+  if (!pin) {
+    if (pin.error().code() == -ENOENT) return fail("block " + to_hex(key) + " is not cached");
+    return fail("block " + to_hex(key) + ": pin: " + pin.error().message());
+  }
+  std::vector<std::byte> buf(pin->length);
+  Chunk c{buf.data(), buf.size()};
+  auto f = kv.fetch(*pin, {&c, 1});  // fails (never 0) when the block changed under it or fails its checks
+  auto u = kv.unpin(*pin);
+  if (!f) return fail("block " + to_hex(key) + ": fetch: " + f.error().message());
+  if (!u) return fail("block " + to_hex(key) + ": unpin: " + u.error().message());
+  auto w = write_file(args.positional()[1], buf.data(), buf.size());
+  if (!w) return fail(w.error().message());
+  if (args.positional()[1] != "-") {
+    if (ctx.json)
+      std::printf("{\"key\": \"%s\", \"bytes\": %zu, \"tier\": \"%s\"}\n", to_hex(key).c_str(), buf.size(),
+                  tier_name(pin->loc_tier));
+    else
+      std::printf("%s  %zu bytes read from the %s tier\n", to_hex(key).c_str(), buf.size(), tier_name(pin->loc_tier));
+  }
+  return 0;
+}
+
+int kv_rm(Context& ctx, const Args& args) {
+  if (args.positional().size() != 1) return fail("kv rm: expected KEY (see --help)");
+  const BlockKey key = key_of(args.positional()[0]);
+  int st;
+  auto n = KvNode::open(ctx, args, &st);
+  if (!n) return st;
+  auto r = n->kv().index().remove(key);
+  if (!r) return fail(r.error().message());
+  if (ctx.json) std::printf("{\"key\": \"%s\", \"removed\": true}\n", to_hex(key).c_str());
+  else std::printf("%s  removed\n", to_hex(key).c_str());
+  return 0;
+}
+
+int kv_ls(Context& ctx, const Args& args) {
+  auto r = ctx.open_pool();
+  if (!r) return 1;
+  auto ic = r->carve(CXLKV_CARVE_INDEX);
+  if (!ic) return fail("pool " + r->uri() + " has no index carve");
+  MemoryDomain& d = r->domain();
+  auto* base = static_cast<const std::byte*>(r->at(ic->offset));
+  auto h = d.read_fresh(reinterpret_cast<const cxlkv_index_header*>(base));  // rule 4
+  if (h.magic != CXLKV_INDEX_MAGIC) return fail("pool " + r->uri() + ": index carve is not formatted");
+  if (h.entry_off > ic->size || h.nslots > (ic->size - h.entry_off) / 64)
+    return fail("pool " + r->uri() + ": index header is inconsistent (entries beyond the carve)");
+  const bool all = args.flag("all");
+  static const char* kState[] = {"empty", "writing", "ready", "evicting", "tombstone"};
+  uint64_t listed = 0;
+  if (ctx.json) std::printf("[");
+  else std::printf("%-32s %10s %-4s %-9s %5s %8s\n", "KEY", "BYTES", "TIER", "STATE", "PINS", "CHILDREN");
+  for (uint64_t i = 0; i < h.nslots; i++) {
+    auto e = d.read_fresh(reinterpret_cast<const cxlkv_index_entry*>(base + h.entry_off + i * 64));
+    if (e.check != cxlkv_index_entry_check(&e)) continue;  // empty, or torn by a writer right now
+    if (e.state != CXLKV_ENTRY_READY && !(all && (e.state == CXLKV_ENTRY_WRITING || e.state == CXLKV_ENTRY_EVICTING)))
+      continue;
+    const std::string k = to_hex(BlockKey{e.key_lo, e.key_hi});
+    const int pins = __builtin_popcountll(e.pin_mask);
+    if (ctx.json)
+      std::printf("%s\n  {\"key\": \"%s\", \"bytes\": %u, \"tier\": \"%s\", \"state\": \"%s\", \"pinning_nodes\": %d, "
+                  "\"children\": %u}", listed ? "," : "", k.c_str(), e.loc_len, tier_name(e.loc_tier),
+                  kState[e.state < 5 ? e.state : 0], pins, e.children);
+    else
+      std::printf("%-32s %10u %-4s %-9s %5d %8u\n", k.c_str(), e.loc_len, tier_name(e.loc_tier),
+                  kState[e.state < 5 ? e.state : 0], pins, e.children);
+    listed++;
+  }
+  if (ctx.json) std::printf("\n]\n");
+  return 0;
+}
+
+const std::vector<Option> kNodeOptions = {
+    {"node", true, "attach as node N (default: the highest free node)"},
+    {"ssd", true, "attach the SSD tier on this file, as the KV store would (blocks evicted from memory go there)"},
+    {"ssd-size", true, "create / grow the SSD file to this size (e.g. 256M)"},
+    {"mem-capacity", true, "bound the memory tier to BLOCKS blocks (the pool-wide policy; 0: unbounded)"},
+};
+
+const char* kKeyHelp =
+    "KEY is 32 hex digits (a block key as `kv ls` prints it) or any other\n"
+    "string, which names the root block key chain_key(0, no tokens, extras =\n"
+    "the string's bytes): the same on every host.  put / get / rm attach as a\n"
+    "node of the pool; a lock manager (cxlkvd) must run, as for any node.";
+
+CXLKVCTL_COMMAND({"kv put", "store FILE as the KV block KEY (reserve, write, publish)",
+                  std::string("cxlkvctl kv put KEY FILE\n\n"
+                              "Stores the bytes of FILE (- for stdin) as one block, a root of the\n"
+                              "prefix index.  Fails if KEY is already cached (kv rm it first).\n\n") + kKeyHelp,
+                  kNodeOptions, kv_put});
+
+CXLKVCTL_COMMAND({"kv get", "read the KV block KEY into FILE (pin, fetch, unpin)",
+                  std::string("cxlkvctl kv get KEY FILE\n\n"
+                              "Writes the block's bytes to FILE (- for stdout; a symlink is refused).\n"
+                              "Exits 1 with a message when the block is not cached or fails its checks\n"
+                              "(changed while read, SSD checksum, I/O error).\n\n") + kKeyHelp,
+                  kNodeOptions, kv_get});
+
+CXLKVCTL_COMMAND({"kv rm", "remove the KV block KEY from the cache",
+                  std::string("cxlkvctl kv rm KEY\n\n"
+                              "Removes one cached block as an eviction would.  Refused while a live node\n"
+                              "pins it, or while it has cached children (the cache is prefix-closed:\n"
+                              "remove those first).\n\n") + kKeyHelp,
+                  kNodeOptions, kv_rm});
+
+CXLKVCTL_COMMAND({"kv ls", "list the cached KV blocks: key, bytes, tier, pins, children",
+                  "cxlkvctl kv ls\n\n"
+                  "Lists the READY blocks of the prefix index (a lock-free snapshot; no node\n"
+                  "attaches, no lock manager needed).",
+                  {{"all", false, "also list blocks being written or evicted"}},
+                  kv_ls});
+
+}  // namespace
+}  // namespace cxlkvctl
