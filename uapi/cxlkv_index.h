@@ -8,7 +8,10 @@
  *   +stripe_off    struct cxlkv_index_stripe   [nstripes]
  *   +stats_off     struct cxlkv_index_node_stats [max_nodes]
  *   +entry_off     struct cxlkv_index_entry    [nslots]
+ *   +ext_off       struct cxlkv_index_ext      [nslots]   (version 2)
  *
+ * ext_off is not stored: it is cxlkv_index_ext_off(header), the first 4 KiB
+ * boundary after the entries.
  * The table is fixed-size open addressing: slots are grouped into stripes of
  * stripe_slots consecutive slots; a key's home stripe is chosen by its hash
  * and it probes linearly, wrapping, inside that stripe only.  Every change
@@ -35,7 +38,7 @@
 
 /* "CXLKVIX1" */
 #define CXLKV_INDEX_MAGIC        0x315849564b4c5843ULL
-#define CXLKV_INDEX_VERSION      1u
+#define CXLKV_INDEX_VERSION      2u
 #define CXLKV_INDEX_NO_SLOT      0xffffffffu
 #define CXLKV_INDEX_STATS_LINES  16u
 
@@ -54,11 +57,18 @@ struct cxlkv_index_header {
 };
 CXLKV_STATIC_ASSERT(sizeof(struct cxlkv_index_header) == 64, "index header is one line");
 
+/* Offset of the extension records (from carve start). */
+static inline __u64 cxlkv_index_ext_off(const struct cxlkv_index_header *h)
+{
+	return (h->entry_off + h->nslots * 64 + 4095) / 4096 * 4096;
+}
+
 /*
  * Pool-wide policy, written by the operator (format, `cxlkvctl index config`)
  * while no worker runs; workers read it at attach (rule 4).
- * Capacity limits are split evenly over the stripes (keys hash uniformly), so
- * admission and eviction need only the one stripe lock they already hold.
+ * Capacity limits are pool-wide: the sum of the stripes' used_blocks /
+ * used_bytes (read in one sweep) is held to them, and eviction takes the
+ * pool-wide least recently used evictable leaf (see struct cxlkv_index_ext).
  */
 #define CXLKV_INDEX_MAX_DEVICES  8u
 struct cxlkv_index_config {
@@ -74,8 +84,13 @@ struct cxlkv_index_config {
 CXLKV_STATIC_ASSERT(sizeof(struct cxlkv_index_config) == 64, "index config is one line");
 
 /*
- * Per-stripe accounting, changed only under the stripe's lock and written
- * whole with publish_line (several nodes write it over time: rule 1).
+ * Per-stripe accounting and the head of the stripe's eviction list, changed
+ * only under the stripe's lock and written whole with publish_line (several
+ * nodes write it over time: rule 1).  A lock holder sets list_dirty (and
+ * publishes the line) before its first change to the stripe's list or
+ * counters and clears it with its last write before unlocking: a holder that
+ * dies in between leaves list_dirty set, and the next holder rebuilds the
+ * list and the counters from the entries (which are always self-consistent).
  */
 struct cxlkv_index_stripe {
 	__u64 used_blocks;       /* WRITING + READY + EVICTING entries in memory (not on the SSD tier) */
@@ -83,7 +98,12 @@ struct cxlkv_index_stripe {
 	__u64 evictions;
 	__u64 reclaims;          /* WRITING entries of dead writers removed */
 	__u64 tombstones;
-	__u8  reserved[24];
+	__u32 lru_head;          /* slot + 1 of the most recently used evictable leaf (0: list empty) */
+	__u32 lru_tail;          /* slot + 1 of the least recently used one: the eviction candidate */
+	__u32 tail_ms;           /* linked_ms of lru_tail: the pool-wide victim is the oldest tail */
+	__u32 list_dirty;        /* 1 while a holder changes the list / counters (crash repair) */
+	__u32 lease_expiries;    /* leases ended by their ttl or their consumer node's death */
+	__u32 lease_dead;        /* of which by the consumer node's death */
 };
 CXLKV_STATIC_ASSERT(sizeof(struct cxlkv_index_stripe) == 64, "index stripe is one line");
 
@@ -126,6 +146,38 @@ struct cxlkv_index_entry {
 	__u32 check;             /* 60 */
 };
 CXLKV_STATIC_ASSERT(sizeof(struct cxlkv_index_entry) == 64, "index entry is one line");
+
+/*
+ * Extension record of an entry (two per line, at cxlkv_index_ext_off + 32 *
+ * slot), written only under the stripe's lock with non-temporal stores (the
+ * line has many writers over time and two records: rule 1) and read under
+ * that lock after an invalidation (rule 4).
+ *
+ * Eviction list: every READY memory-tier leaf (children == 0) of a stripe is
+ * on the stripe's doubly linked list, most recently used at lru_head.  A
+ * block is linked at publish and when its last child goes, unlinked when it
+ * gains a child or leaves; a pin does not move it (it stamps the entry's
+ * lru_ms): the evictor finds lru_ms > linked_ms at the tail and moves it to
+ * the head instead (lazy promotion, CLOCK-like), so a victim costs O(1)
+ * expected entry reads.
+ *
+ * Handoff lease: a published block leased for a consumer is not evicted until
+ * lease_count releases, lease_expiry_ms passes, or lease_node (when not
+ * CXLKV_NODE_ANY) is dead.
+ */
+#define CXLKV_LEASE_NODE_ANY 0xffu
+struct cxlkv_index_ext {
+	__u32 lru_prev;          /* towards the head (more recent), or NO_SLOT */
+	__u32 lru_next;          /* towards the tail (older), or NO_SLOT */
+	__u32 linked_ms;         /* entry lru_ms when (re)linked */
+	__u8  linked;            /* 1: on the stripe's list */
+	__u8  lease_node;        /* consumer node or CXLKV_LEASE_NODE_ANY */
+	__u16 lease_count;       /* live leases (0: none) */
+	__u64 lease_consumer;    /* first consumer id (display, release check) */
+	__u32 lease_start_ms;    /* ms since config.epoch_ms */
+	__u32 lease_expiry_ms;   /* ms since config.epoch_ms */
+};
+CXLKV_STATIC_ASSERT(sizeof(struct cxlkv_index_ext) == 32, "two index ext records per line");
 
 /*
  * Per-node statistics, written only by that node (rule 2) with plain stores

@@ -1,97 +1,426 @@
 // SPDX-License-Identifier: MIT
 // PrefixIndex batch calls (CONTRACTS.md "PrefixIndex batch interface").
-#include "index/prefix_index.hpp"
-
+//
+// Each call takes the stripe locks of all its blocks once, together, in
+// ascending order (LockSet), does its work in the given order, and releases
+// them; a stripe line changed by the call is written once, at release.
+// reserve_chain makes room ahead of demand (pool-wide eviction, one stripe
+// lock at a time) before it takes its set; only when the pool is still full
+// under the set (a race with other reservers, or payload space that the
+// capacity limits do not cover) does it release the set, evict elsewhere and
+// take the set of the remaining blocks again (bounded).
+#include <algorithm>
 #include <string>
+
+#include "index/index_internal.hpp"
+#include "index/lock_set.hpp"
+#include "index/prefix_index.hpp"
+#include "util/log.hpp"
 
 namespace cxlkv {
 namespace {
 
-int32_t reserve_code(ReserveStatus s) {
-  switch (s) {
-    case ReserveStatus::reserved: return kBlockReserved;
-    case ReserveStatus::exists_ready: return kBlockExists;
-    default: return kBlockBusy;
-  }
-}
+constexpr uint32_t kNo = CXLKV_INDEX_NO_SLOT;
+constexpr int kReserveRounds = 8;
+
+BlockLocation loc_of(const cxlkv_index_entry& e) { return BlockLocation{e.loc_off, e.loc_len, e.loc_dev, e.loc_tier}; }
 
 }  // namespace
 
+size_t PrefixIndex::reserve_locked(LockSet& ls, const BlockKey* pkey, std::span<const BlockKey> keys, size_t from,
+                                   uint64_t bytes, std::span<Reservation> out, std::span<int32_t> status,
+                                   std::vector<uint32_t>* parents, bool* need_reclaim, uint32_t* held_parent) {
+  auto fail = [&](size_t i, int32_t code, std::string msg) {
+    status[i] = code;
+    block_error(code, std::move(msg));
+    return i;
+  };
+  uint32_t prev = kNo;
+  if (pkey) {
+    cxlkv_index_entry pe;
+    uint32_t ps = probe(*pkey, &pe, nullptr);
+    if (ps == kNo || (pe.state != CXLKV_ENTRY_READY && pe.state != CXLKV_ENTRY_WRITING))
+      return fail(from, -ENOENT, "index: parent block " + to_hex(*pkey) + " is not cached");
+    prev = ps;
+  }
+  // A count raised by an earlier round that ran out of space (see below).
+  bool carried = *held_parent != kNo && *held_parent == prev;
+  if (*held_parent != kNo && !carried) child_dropped(ls, *held_parent);
+  *held_parent = kNo;
+  for (size_t i = from; i < keys.size(); i++) {
+    const BlockKey& key = keys[i];
+    const uint32_t s = stripe_of(key);
+    bool parent_linked = carried && i == from;  // our children count on `prev` is raised
+    auto undo = [&] {
+      if (parent_linked) child_dropped(ls, prev);
+    };
+    // Out of space: keep the parent's count raised so that the caller's
+    // eviction outside this set cannot take the parent (it retries below it).
+    auto keep = [&] {
+      if (parent_linked) *held_parent = prev;
+    };
+    for (int attempt = 0;; attempt++) {
+      cxlkv_index_entry e;
+      uint32_t free_slot = kNo;
+      const uint32_t slot = probe(key, &e, &free_slot);
+      if (slot != kNo) {
+        if (e.state == CXLKV_ENTRY_EVICTING) {  // a dead evictor's leftover: finish it
+          remove_locked(ls, slot, e, /*reclaim=*/true, parents);
+          continue;
+        }
+        if (e.state == CXLKV_ENTRY_WRITING && writer_dead(e)) {
+          // The writer died mid-write: nothing was visible; reclaim it.
+          if (e.children == 0 && attempt < 8) {
+            remove_locked(ls, slot, e, /*reclaim=*/true, parents);
+            continue;
+          }
+          *need_reclaim = true;  // its chain continues below: unwound after unlocking
+          undo();
+          return fail(i, -EAGAIN, "index: block " + to_hex(key) + " was being written by dead node " +
+                                      std::to_string(e.owner_node) + " with blocks below it; reclaiming, retry");
+        }
+        undo();
+        out[i] = Reservation{e.state == CXLKV_ENTRY_READY ? ReserveStatus::exists_ready : ReserveStatus::busy, slot,
+                             loc_of(e), e.version};
+        if (e.state != CXLKV_ENTRY_READY) {
+          status[i] = kBlockBusy;  // never written twice
+          return i;
+        }
+        status[i] = kBlockExists;
+        prev = slot;
+        break;
+      }
+      // A new block.  Raise the parent's children count first: from here on
+      // the parent is not a leaf, so no eviction (ours included) takes it.
+      if (prev != kNo && !parent_linked) {
+        child_added(ls, prev);
+        parent_linked = true;
+      }
+      if (attempt > 64) {
+        undo();
+        return fail(i, -ENOSPC, "index: no space for block " + to_hex(key) + " after 64 evictions");
+      }
+      if (over_capacity(&ls, 1, bytes)) {
+        auto ev = evict_global(parents, &ls);
+        if (ev && ev.value()) continue;
+        keep();
+        return fail(i, -ENOSPC, "index: no space for block " + to_hex(key) + ": the pool is at its capacity of " +
+                                    std::to_string(cfg_.max_blocks) + " blocks / " + std::to_string(cfg_.max_bytes) +
+                                    " bytes and every block is pinned, leased, being written or has cached children");
+      }
+      if (free_slot == kNo) {
+        auto ev = evict_locked(ls, s, parents);
+        if (ev && ev.value()) continue;
+        keep();
+        return fail(i, -ENOSPC, "index: no space for block " + to_hex(key) + ": stripe " + std::to_string(s) +
+                                    " has no free slot and every block in it is pinned, leased, being written or "
+                                    "has cached children");
+      }
+      auto loc = space_->alloc(bytes);
+      if (!loc) {
+        if (loc.error().code() == -ENOSPC) {
+          log().debug("index: evicting for space: {}", loc.error().message());
+          auto ev = evict_global(parents, &ls);
+          if (ev && ev.value()) continue;
+          keep();
+        } else {
+          undo();
+        }
+        return fail(i, loc.error().code(),
+                    loc.error().code() == -ENOSPC
+                        ? "index: no space for block " + to_hex(key) + " (" + std::to_string(bytes) +
+                              " bytes): payload space is full and every block is pinned, leased, being written or "
+                              "has cached children"
+                        : loc.error().message());
+      }
+      cxlkv_index_entry old = read_entry(free_slot);
+      cxlkv_index_entry ne{};
+      ne.version = old.version;
+      ne.key_lo = key.lo;
+      ne.key_hi = key.hi;
+      ne.loc_off = loc->offset;
+      ne.loc_len = loc->length;
+      ne.loc_dev = loc->device;
+      ne.loc_tier = loc->tier;
+      ne.state = CXLKV_ENTRY_WRITING;
+      ne.owner_node = static_cast<uint8_t>(node_);
+      ne.owner_inc = inc_lo_;
+      ne.parent_slot = prev;
+      ne.lru_ms = now_ms();
+      ls.mark(s);
+      const uint32_t ver = write_entry(free_slot, ne);
+      cxlkv_index_ext x{};  // not listed (WRITING), no lease
+      x.lru_prev = x.lru_next = kNo;
+      x.lease_node = CXLKV_LEASE_NODE_ANY;
+      write_ext(free_slot, x);
+      cxlkv_index_stripe& st = ls.st(s);
+      if (old.state == CXLKV_ENTRY_TOMBSTONE && st.tombstones) st.tombstones--;
+      st.used_blocks++;
+      st.used_bytes += loc->length;
+      out[i] = Reservation{ReserveStatus::reserved, free_slot, loc.value(), ver};
+      status[i] = kBlockReserved;
+      prev = free_slot;
+      break;
+    }
+  }
+  return keys.size();
+}
+
 Result<size_t> PrefixIndex::reserve_chain(const BlockKey* parent, std::span<const BlockKey> keys, uint64_t bytes,
                                           std::span<Reservation> out, std::span<int32_t> status) {
+  begin_batch();
   if (out.size() < keys.size() || status.size() < keys.size())
     return Error(-EINVAL, "index: reserve_chain of " + std::to_string(keys.size()) + " blocks with " +
                               std::to_string(out.size()) + " results / " + std::to_string(status.size()) + " statuses");
-  size_t good = 0;
-  bool stopped = false;
-  for (size_t i = 0; i < keys.size(); i++) {
-    if (stopped) {
-      status[i] = -ECANCELED;
-      out[i] = Reservation{};
-      continue;
-    }
-    const BlockKey* p = i ? &keys[i - 1] : parent;
-    auto r = reserve(keys[i], p, bytes);
-    if (!r) {
-      status[i] = r.error().code();
-      out[i] = Reservation{};
-      stopped = true;
-      continue;
-    }
-    out[i] = r.value();
-    status[i] = reserve_code(r->status);
-    if (status[i] == kBlockBusy) {
-      stopped = true;
-      continue;
-    }
-    good++;
+  const size_t n = keys.size();
+  for (size_t i = 0; i < n; i++) {
+    status[i] = -ECANCELED;
+    out[i] = Reservation{};
   }
-  return good;
+  if (n == 0) return size_t(0);
+  // Bad arguments end the chain at the first bad block.
+  size_t m = n;
+  if (bytes == 0 || bytes > UINT32_MAX) {
+    status[0] = -EINVAL;
+    block_error(-EINVAL, "index: payload length " + std::to_string(bytes) + " is not 1 .. 4 GiB-1");
+    return size_t(0);
+  }
+  if (parent && parent->is_zero()) {
+    status[0] = -EINVAL;
+    block_error(-EINVAL, "index: the all-zero parent key is reserved");
+    return size_t(0);
+  }
+  for (size_t i = 0; i < n; i++) {
+    const BlockKey* p = i ? &keys[i - 1] : parent;
+    if (keys[i].is_zero() || (p && *p == keys[i])) {
+      m = i;
+      status[i] = -EINVAL;
+      block_error(-EINVAL, keys[i].is_zero() ? std::string("index: the all-zero block key is reserved")
+                                             : "index: block " + to_hex(keys[i]) + " is its own parent");
+      break;
+    }
+  }
+  auto settled = [&](size_t upto) {
+    size_t good = 0;
+    while (good < upto && (status[good] == kBlockReserved || status[good] == kBlockExists)) good++;
+    return good;
+  };
+  // 1. Lock-free: the leading blocks already cached (the shared prefix).
+  size_t lr = 0;
+  auto ready_prefix = [&] {
+    lr = 0;
+    for (; lr < m; lr++) {
+      cxlkv_index_entry e;
+      uint32_t sl = probe(keys[lr], &e, nullptr);
+      if (sl == kNo || e.state != CXLKV_ENTRY_READY) break;
+      out[lr] = Reservation{ReserveStatus::exists_ready, sl, loc_of(e), e.version};
+      status[lr] = kBlockExists;
+    }
+    for (size_t i = lr; i < m; i++) status[i] = -ECANCELED;
+  };
+  ready_prefix();
+  if (lr == m) return settled(m);
+  // 2. Room ahead of demand, one stripe lock at a time.
+  CXLKV_TRY(make_room(m - lr, (m - lr) * bytes));
+  if (lr > 0 && find_ready(keys[lr - 1]) == kNo) ready_prefix();  // our eviction took the prefix's end
+  // 3. The rest under one lock set.
+  size_t next = lr;
+  std::vector<uint32_t> parents;
+  bool need_reclaim = false;
+  uint32_t held_parent = kNo;  // parent whose children count a full round left raised
+  for (int round = 0; round < kReserveRounds && next < m; round++) {
+    const BlockKey* pkey = next ? &keys[next - 1] : parent;
+    std::vector<uint32_t> stripes;
+    for (size_t i = next; i < m; i++) stripes.push_back(stripe_of(keys[i]));
+    if (pkey) stripes.push_back(stripe_of(*pkey));
+    {
+      LockSet ls(*this);
+      if (auto a = ls.acquire(stripes); !a) {
+        status[next] = a.error().code();
+        block_error(a.error().code(), a.error().message());
+        break;
+      }
+      next = reserve_locked(ls, pkey, keys.first(m), next, bytes, out, status, &parents, &need_reclaim,
+                            &held_parent);
+    }
+    CXLKV_TRY(drop_children(parents));
+    if (next >= m || status[next] != -ENOSPC) break;
+    // Still full under the set: evict anywhere (lists of other stripes, the
+    // window scan), then take the set of the remaining blocks again.
+    auto ev = evict_any();
+    if (!ev || !ev.value()) break;
+    begin_batch();
+    status[next] = -ECANCELED;
+  }
+  if (held_parent != kNo) {  // the last round gave up: drop the count it kept
+    parents.push_back(held_parent);
+    CXLKV_TRY(drop_children(parents));
+  }
+  if (need_reclaim) (void)reclaim_dead();
+  // Other reservers raced us past the capacity: bring the pool back under it.
+  if (cfg_.max_blocks || cfg_.max_bytes) (void)make_room(0, 0);
+  return settled(m);
 }
 
 Result<size_t> PrefixIndex::publish_many(std::span<const uint32_t> slots, std::span<const BlockKey> keys,
                                          std::span<int32_t> status) {
+  begin_batch();
   if (slots.size() != keys.size() || status.size() < keys.size())
     return Error(-EINVAL, "index: publish_many: slots, keys and statuses differ in length");
+  std::vector<uint32_t> stripes;
+  for (uint32_t sl : slots)
+    if (sl < hdr_.nslots) stripes.push_back(sl / hdr_.stripe_slots);
+  LockSet ls(*this);
+  CXLKV_TRY(ls.acquire(stripes));
   size_t good = 0;
+  const uint32_t now = now_ms();
   for (size_t i = 0; i < keys.size(); i++) {
-    auto r = publish(slots[i], keys[i]);
-    status[i] = r ? kBlockReserved : r.error().code();
-    good += r.ok();
+    const uint32_t slot = slots[i];
+    const BlockKey& key = keys[i];
+    auto fail = [&](int32_t code, std::string msg) {
+      status[i] = code;
+      block_error(code, std::move(msg));
+    };
+    if (slot >= hdr_.nslots) {
+      fail(-EINVAL, "index: publish of slot " + std::to_string(slot) + " out of range");
+      continue;
+    }
+    cxlkv_index_entry e = read_entry(slot);
+    if (e.key_lo != key.lo || e.key_hi != key.hi || e.state != CXLKV_ENTRY_WRITING || e.owner_node != node_ ||
+        e.owner_inc != inc_lo_) {
+      fail(-ESTALE, "index: block " + to_hex(key) + " at slot " + std::to_string(slot) +
+                        " is not reserved by this node (state " + std::to_string(e.state) + ")");
+      continue;
+    }
+    if (e.parent_slot != kNo) {
+      // Prefix closure: a child becomes READY only after its parent.  The
+      // parent cannot disappear (our children count holds it); its line is
+      // read fresh (rule 4) and, if this call published it, already READY.
+      if (e.parent_slot >= hdr_.nslots) {
+        fail(-EUCLEAN, "index: block " + to_hex(key) + " names parent slot " + std::to_string(e.parent_slot));
+        continue;
+      }
+      cxlkv_index_entry p = read_entry(e.parent_slot);
+      if (p.state == CXLKV_ENTRY_WRITING) {
+        if (!live_->alive(p.owner_node, p.owner_inc) && !(p.owner_node == node_ && p.owner_inc == inc_lo_))
+          fail(-EOWNERDEAD, "index: parent of block " + to_hex(key) + " was being written by dead node " +
+                                std::to_string(p.owner_node));
+        else
+          fail(-EAGAIN, "index: parent of block " + to_hex(key) + " is not published yet");
+        continue;
+      }
+      if (p.state != CXLKV_ENTRY_READY) {
+        fail(-EUCLEAN, "index: parent of block " + to_hex(key) + " is in state " + std::to_string(p.state));
+        continue;
+      }
+    }
+    // rule 3 / rule 5: the caller flushed and fenced the payload; this entry
+    // write is the visibility boundary.
+    e.state = CXLKV_ENTRY_READY;
+    e.lru_ms = now;
+    write_entry(slot, e);
+    if (e.children == 0 && e.loc_tier == CXLKV_TIER_MEM) link(ls, slot, now, /*at_head=*/true);
+    status[i] = kBlockReserved;
+    good++;
   }
   return good;
 }
 
 Result<size_t> PrefixIndex::abort_many(std::span<const uint32_t> slots, std::span<const BlockKey> keys,
                                        std::span<int32_t> status) {
+  begin_batch();
   if (slots.size() != keys.size() || status.size() < keys.size())
     return Error(-EINVAL, "index: abort_many: slots, keys and statuses differ in length");
+  std::vector<uint32_t> stripes, parents;
+  for (uint32_t sl : slots)
+    if (sl < hdr_.nslots) stripes.push_back(sl / hdr_.stripe_slots);
   size_t good = 0;
-  // Leaf first: a chain given parent first is aborted from its end.
-  for (size_t j = keys.size(); j-- > 0;) {
-    auto r = abort(slots[j], keys[j]);
-    status[j] = r ? kBlockReserved : r.error().code();
-    good += r.ok();
+  {
+    LockSet ls(*this);
+    CXLKV_TRY(ls.acquire(stripes));
+    // Leaf first: a chain given parent first is aborted from its end, and a
+    // parent in a held stripe loses its child at once.
+    for (size_t j = keys.size(); j-- > 0;) {
+      const uint32_t slot = slots[j];
+      const BlockKey& key = keys[j];
+      if (slot >= hdr_.nslots) {
+        status[j] = -EINVAL;
+        block_error(-EINVAL, "index: abort of slot " + std::to_string(slot) + " out of range");
+        continue;
+      }
+      cxlkv_index_entry e = read_entry(slot);
+      if (e.key_lo != key.lo || e.key_hi != key.hi || e.state != CXLKV_ENTRY_WRITING || e.owner_node != node_ ||
+          e.owner_inc != inc_lo_) {
+        status[j] = -ESTALE;
+        block_error(-ESTALE, "index: abort of block " + to_hex(key) + ": not reserved by this node");
+        continue;
+      }
+      if (e.children) {
+        status[j] = -EBUSY;
+        block_error(-EBUSY, "index: abort of block " + to_hex(key) + ": " + std::to_string(e.children) +
+                                " children reserved below it (abort them first)");
+        continue;
+      }
+      remove_locked(ls, slot, e, /*reclaim=*/true, &parents);
+      status[j] = kBlockReserved;
+      good++;
+    }
   }
+  CXLKV_TRY(drop_children(parents));
   return good;
 }
 
 Result<size_t> PrefixIndex::pin_many(std::span<const BlockKey> keys, std::span<PinnedBlock> out,
                                      std::span<int32_t> status) {
+  begin_batch();
   if (out.size() < keys.size() || status.size() < keys.size())
     return Error(-EINVAL, "index: pin_many: fewer results or statuses than keys");
   size_t good = 0;
-  for (size_t i = 0; i < keys.size(); i++) {
-    uint32_t slot = CXLKV_INDEX_NO_SLOT;
-    auto r = pin(keys[i], &slot);
-    out[i] = PinnedBlock{};
-    if (!r) {
-      status[i] = r.error().code() == -ENOENT ? kBlockMiss : r.error().code();
-      continue;
+  std::vector<size_t> todo;
+  {
+    // Lock-free fast path: a block this process already pins (our node bit is set).
+    std::lock_guard<std::mutex> lk(pin_mu_);
+    for (size_t i = 0; i < keys.size(); i++) {
+      out[i] = PinnedBlock{};
+      status[i] = kBlockMiss;
+      if (keys[i].is_zero()) {
+        status[i] = -EINVAL;
+        block_error(-EINVAL, "index: the all-zero block key is reserved");
+        continue;
+      }
+      cxlkv_index_entry e;
+      uint32_t slot = probe(keys[i], &e, nullptr);
+      if (slot != kNo && e.state == CXLKV_ENTRY_READY) {
+        auto it = local_pins_.find(slot);
+        if (it != local_pins_.end() && it->second > 0 && (e.pin_mask >> node_ & 1)) {
+          it->second++;
+          out[i] = PinnedBlock{slot, loc_of(e), e.version};
+          status[i] = kBlockReserved;
+          good++;
+          continue;
+        }
+        todo.push_back(i);  // READY: pin it under the lock
+      }
     }
-    out[i].slot = slot;
-    out[i].loc = r.value();
-    out[i].version = entry(slot).version;
+  }
+  if (todo.empty()) return good;
+  std::vector<uint32_t> stripes;
+  for (size_t i : todo) stripes.push_back(stripe_of(keys[i]));
+  LockSet ls(*this);
+  CXLKV_TRY(ls.acquire(stripes));
+  const uint32_t now = now_ms();
+  for (size_t i : todo) {
+    cxlkv_index_entry e;
+    uint32_t slot = probe(keys[i], &e, nullptr);
+    if (slot == kNo || e.state != CXLKV_ENTRY_READY) continue;  // MISS
+    e.pin_mask |= 1ULL << node_;
+    e.lru_ms = now;  // recency: the evictor gives this leaf a second chance
+    write_entry(slot, e, false);
+    {
+      std::lock_guard<std::mutex> lk(pin_mu_);
+      local_pins_[slot]++;
+    }
+    out[i] = PinnedBlock{slot, loc_of(e), e.version};
     status[i] = kBlockReserved;
     good++;
   }
@@ -100,13 +429,45 @@ Result<size_t> PrefixIndex::pin_many(std::span<const BlockKey> keys, std::span<P
 
 Result<size_t> PrefixIndex::unpin_many(std::span<const uint32_t> slots, std::span<const BlockKey> keys,
                                        std::span<int32_t> status) {
+  begin_batch();
   if (slots.size() != keys.size() || status.size() < keys.size())
     return Error(-EINVAL, "index: unpin_many: slots, keys and statuses differ in length");
   size_t good = 0;
-  for (size_t i = 0; i < keys.size(); i++) {
-    auto r = unpin(slots[i], keys[i]);
-    status[i] = r ? kBlockReserved : r.error().code();
-    good += r.ok();
+  std::vector<size_t> todo;
+  {
+    std::lock_guard<std::mutex> lk(pin_mu_);
+    for (size_t i = 0; i < keys.size(); i++) {
+      auto it = local_pins_.find(slots[i]);
+      if (it == local_pins_.end() || it->second == 0) {
+        status[i] = -EINVAL;
+        block_error(-EINVAL, "index: unpin of block " + to_hex(keys[i]) + " that this process has not pinned");
+        continue;
+      }
+      if (--it->second > 0) {
+        status[i] = kBlockReserved;
+        good++;
+        continue;
+      }
+      local_pins_.erase(it);
+      todo.push_back(i);
+    }
+  }
+  if (todo.empty()) return good;
+  std::vector<uint32_t> stripes;
+  for (size_t i : todo) stripes.push_back(slots[i] / hdr_.stripe_slots);
+  LockSet ls(*this);
+  CXLKV_TRY(ls.acquire(stripes));
+  for (size_t i : todo) {
+    cxlkv_index_entry e = read_entry(slots[i]);
+    if (e.key_lo != keys[i].lo || e.key_hi != keys[i].hi) {
+      status[i] = -ESTALE;
+      block_error(-ESTALE, "index: unpin of block " + to_hex(keys[i]) + ": slot now holds another block");
+      continue;
+    }
+    e.pin_mask &= ~(1ULL << node_);
+    write_entry(slots[i], e, false);
+    status[i] = kBlockReserved;
+    good++;
   }
   return good;
 }

@@ -16,11 +16,22 @@
 //  * Crash safety: WRITING entries carry owner node + incarnation and pins are
 //    a per-node bit mask; entries of nodes that NodeLiveness reports dead are
 //    reclaimed / unpinned by whoever meets them, so nothing stays blocked.
-//  * Only one stripe lock is held at a time: parent `children` updates that
-//    follow an eviction are applied after the stripe lock is released.
+//  * Lock order: a call takes the stripe locks it needs once, all together,
+//    in ascending stripe order (LockSet), and takes no other lock while it
+//    holds them; a call needing a lock it does not hold (a parent's
+//    `children` drop after an eviction, a victim in another stripe) releases
+//    its set first.  So waits-for edges always go from a lower to a higher
+//    stripe: no deadlock.
+//  * Eviction (index_evict.cpp): pool-wide capacity; each stripe keeps its
+//    READY memory leaves on a list in the pool (uapi cxlkv_index_ext); the
+//    victim is the oldest list tail over all stripes, with lazy promotion of
+//    tails used since they were linked; prefix closure holds because only
+//    leaves are listed.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
+#include <string>
 #include <mutex>
 #include <span>
 #include <unordered_map>
@@ -122,6 +133,11 @@ constexpr int32_t kBlockReserved = 0, kBlockExists = 1, kBlockBusy = 2, kBlockMi
 struct IndexCounters {  // what index operations did (KvStore turns these into stats)
   uint64_t evictions = 0, reclaims = 0;
   uint64_t demotions = 0, promotions = 0;  // SSD tier hooks (issue 6)
+  uint64_t second_chances = 0;     // list tails found used since linked, moved to the head
+  uint64_t victim_reads = 0;       // entry reads spent choosing victims (cost per eviction)
+  uint64_t scan_evictions = 0;     // victims found by the fallback window scan
+  uint64_t lease_expiries = 0;     // leases this process found ended by ttl or consumer death
+  uint64_t list_repairs = 0;       // stripes whose list a dead holder left dirty, rebuilt
 };
 
 // ---- SSD tier hook (issue 6; the tier layer is libruntime/src/tier/) -------
@@ -147,13 +163,19 @@ struct IndexEntryView {
   uint32_t parent_slot = CXLKV_INDEX_NO_SLOT, children = 0;
   uint64_t pin_mask = 0;
   uint32_t owner_node = 0, owner_inc = 0, lru_ms = 0, version = 0;
+  // extension record (eviction list, lease)
+  bool linked = false;
+  uint32_t lease_count = 0, lease_node = CXLKV_LEASE_NODE_ANY, lease_start_ms = 0, lease_expiry_ms = 0;
+  uint64_t lease_consumer = 0;
 };
 
 struct IndexUsage {
   uint64_t slots = 0, stripes = 0, used_blocks = 0, used_bytes = 0, evictions = 0, reclaims = 0,
-           tombstones = 0;
+           tombstones = 0, lease_expiries = 0, lease_dead = 0, leased = 0;
   uint64_t by_state[5] = {};
 };
+
+class LockSet;
 
 class PrefixIndex {
  public:
@@ -177,7 +199,7 @@ class PrefixIndex {
   // probes; relies on prefix closure) or a linear scan (for comparison).
   size_t longest_prefix(std::span<const BlockKey> chain) const;
   size_t longest_prefix_linear(std::span<const BlockKey> chain) const;
-  uint64_t probes() const { return probes_; }  // lock-free entry reads so far
+  uint64_t probes() const { return probes_.load(std::memory_order_relaxed); }  // lock-free entry reads so far
 
   // ---- updates (each takes the stripe locks it needs) ---------------------
   // Reserve `key` (child of `parent`, or a root when parent is null) for
@@ -198,6 +220,8 @@ class PrefixIndex {
   // Evict one unpinned READY leaf (or reclaim a dead writer's entry) of
   // `stripe`; false if none.  Used under pressure and by tests.
   Result<bool> evict_one(uint32_t stripe);
+  // Evict the pool-wide least recently used evictable leaf; false if none.
+  Result<bool> evict_any();
   // Remove every entry left by dead writers and every dead node's pin bit.
   Result<uint64_t> reclaim_dead();
   // Drop one READY block on an operator's request (cxlkvctl kv rm; in
@@ -224,6 +248,8 @@ class PrefixIndex {
   Result<size_t> pin_many(std::span<const BlockKey> keys, std::span<PinnedBlock> out, std::span<int32_t> status);
   Result<size_t> unpin_many(std::span<const uint32_t> slots, std::span<const BlockKey> keys,
                             std::span<int32_t> status);
+  // Message of the first failed block of this thread's last batch call.
+  static std::string last_block_message();
   // Is slot still holding `key` in `state` at `version`?  One fresh read (rule 4).
   bool still_valid(uint32_t slot, const BlockKey& key, uint32_t state, uint32_t version) const;
 
@@ -242,50 +268,91 @@ class PrefixIndex {
   uint32_t stripe_of(const BlockKey& k) const;
 
  private:
+  friend class LockSet;
   PrefixIndex() = default;
   cxlkv_index_entry* slot_ptr(uint32_t slot) const;
   cxlkv_index_stripe* stripe_ptr(uint32_t stripe) const;
+  cxlkv_index_ext* ext_ptr(uint32_t slot) const;
+  // ---- codec (index_entry.cpp) ----------------------------------------------
   // rule 4 read of one line; re-read until its checksum is valid.
   cxlkv_index_entry read_entry(uint32_t slot) const;
-  // rule 1/3: seal (version, check), publish_line, fence.
-  // Returns the version written (bumped unless `bump` is false).
+  // rule 1/3: seal (version, check), publish_line, fence.  Returns the
+  // version written (bumped unless `bump` is false).
   uint32_t write_entry(uint32_t slot, cxlkv_index_entry e, bool bump = true);
   void write_empty(uint32_t slot);
   cxlkv_index_stripe read_stripe(uint32_t stripe) const;
   void write_stripe(uint32_t stripe, const cxlkv_index_stripe& s);
+  // All stripe lines in one invalidation sweep and one fence (rule 4).
+  std::vector<cxlkv_index_stripe> read_stripes() const;
+  cxlkv_index_ext read_ext(uint32_t slot) const;  // under the stripe lock
+  void write_ext(uint32_t slot, const cxlkv_index_ext& x);  // NT, under the stripe lock
   uint32_t home(const BlockKey& k) const;
   uint32_t now_ms() const;
   bool pins_live(cxlkv_index_entry& e, bool* changed);
   bool writer_dead(const cxlkv_index_entry& e);
-  // Under the stripe lock: remove entry at slot (payload freed).  Appends the
-  // parent slot to `parents` for a children decrement after unlocking.
-  void remove_locked(uint32_t stripe, uint32_t slot, cxlkv_index_entry e, bool reclaim,
-                     std::vector<uint32_t>* parents);
-  Result<bool> evict_locked(uint32_t stripe, std::vector<uint32_t>* parents);
+  // Probe the key's stripe (its lock held or not): slot of a live entry of
+  // `key` (else NO_SLOT) and the first reusable slot before the probe ended.
+  uint32_t probe(const BlockKey& key, cxlkv_index_entry* e, uint32_t* free_slot) const;
+
+  // ---- under a LockSet (index_evict.cpp) ------------------------------------
+  void link(LockSet& ls, uint32_t slot, uint32_t ms, bool at_head);
+  void unlink(LockSet& ls, uint32_t slot);
+  void child_added(LockSet& ls, uint32_t parent_slot);
+  // Children count down; a READY memory block left without children joins the list.
+  void child_dropped(LockSet& ls, uint32_t parent_slot);
+  void repair_stripe(LockSet& ls, uint32_t stripe);  // rebuild list + counters from the entries
+  // Remove entry at slot (payload freed).  A parent in a held stripe has its
+  // children count dropped at once, else its slot is appended to `parents`
+  // for drop_child() after unlocking.
+  void remove_locked(LockSet& ls, uint32_t slot, cxlkv_index_entry e, bool reclaim, std::vector<uint32_t>* parents);
+  // Evict from the stripe's list tail (lazy promotion of used tails); false
+  // if no victim whose linked_ms <= limit_ms was found in a few steps.
+  bool evict_from_list(LockSet& ls, uint32_t stripe, std::vector<uint32_t>* parents, uint32_t limit_ms);
+  // Read n consecutive entries in one invalidation sweep and one fence (rule 4).
+  void read_window(uint32_t first, uint32_t n, cxlkv_index_entry* out) const;
+  Result<bool> evict_locked(LockSet& ls, uint32_t stripe, std::vector<uint32_t>* parents);
   enum class EvictFrom { any, mem, ssd };  // which tier's blocks a pass may choose (issue 6)
-  Result<bool> evict_pass(uint32_t stripe, std::vector<uint32_t>* parents, EvictFrom from);
-  bool demote_locked(uint32_t stripe, uint32_t slot, cxlkv_index_entry e, std::vector<uint32_t>* parents);
-  Result<void> drop_child(uint32_t parent_slot);
-  Result<uint32_t> add_child(const BlockKey& parent);
-  bool over_capacity(const cxlkv_index_stripe& s, uint64_t add_bytes) const;
+  Result<bool> evict_pass(LockSet& ls, uint32_t stripe, std::vector<uint32_t>* parents, EvictFrom from);
+  bool demote_locked(LockSet& ls, uint32_t slot, cxlkv_index_entry e, std::vector<uint32_t>* parents);
+  // One victim pool-wide: the oldest list tail over all stripes (one sweep
+  // of the stripe lines), or only over the stripes `held` holds.
+  Result<bool> evict_global(std::vector<uint32_t>* parents, LockSet* held);
+  // Evict ahead of demand until `blocks` more blocks / `bytes` fit the
+  // pool-wide capacity (or nothing evictable is left).  No lock held.
+  Result<void> make_room(uint64_t blocks, uint64_t bytes);
+  Result<void> drop_children(std::vector<uint32_t>& parents);  // no lock held
+  bool lease_live(cxlkv_index_ext& x, uint32_t now, bool* ended_dead);
+  // Pool-wide usage: sweep of the stripe lines, held stripes from `ls`.
+  void pool_used(const LockSet* ls, uint64_t* blocks, uint64_t* bytes) const;
+  bool over_capacity(const LockSet* ls, uint64_t add_blocks, uint64_t add_bytes) const;
+
+  // ---- batch internals (index_batch.cpp) -------------------------------------
+  // Reserve keys[from..) under the held set; returns index of the first block
+  // not settled or keys.size().
+  size_t reserve_locked(LockSet& ls, const BlockKey* pkey, std::span<const BlockKey> keys, size_t from,
+                        uint64_t bytes, std::span<Reservation> out, std::span<int32_t> status,
+                        std::vector<uint32_t>* parents, bool* need_reclaim, uint32_t* held_parent);
+  void block_error(int32_t code, std::string msg);
+  static void begin_batch();  // remembers the first failure's message
 
   MemoryDomain* d_ = nullptr;
   std::byte* carve_ = nullptr;
   uint64_t bytes_ = 0;
   cxlkv_index_header hdr_{};
   cxlkv_index_config cfg_{};
+  uint64_t ext_off_ = 0;
   uint32_t node_ = 0;
   uint32_t inc_lo_ = 0;
   StripeLocks* locks_ = nullptr;
   NodeLiveness* live_ = nullptr;
   PayloadSpace* space_ = nullptr;
-  mutable uint64_t probes_ = 0;
+  mutable std::atomic<uint64_t> probes_{0};
   IndexCounters ctr_;
   DemotionTarget* demotion_ = nullptr;  // issue 6
   std::mutex pin_mu_;
   std::unordered_map<uint32_t, uint32_t> local_pins_;  // slot -> pins held by this process
-  uint32_t evict_hand_ = 0;
-  std::vector<uint32_t> stripe_hands_;  // per stripe: where the next eviction window starts
+  std::atomic<uint32_t> evict_hand_{0};
+  std::vector<uint32_t> stripe_hands_;  // fallback scan: where the next window of a stripe starts
 };
 
 }  // namespace cxlkv

@@ -1,0 +1,530 @@
+// SPDX-License-Identifier: MIT
+// Eviction: pool-wide capacity, per-stripe lists of evictable leaves in the
+// pool, the pool-wide victim (oldest list tail), removal, SSD demotion, and
+// the fallback window scan.
+//
+// Policy (what goes first and why):
+//  * Only READY memory leaves are candidates (prefix closure: a block with
+//    cached children stays, so every cached block's whole prefix is cached
+//    and can hit; plain block-LRU keeps children whose parent is gone, which
+//    can never hit again).
+//  * Among leaves, least recently used first, pool-wide: each stripe's list
+//    is ordered by the time a leaf was linked (publish, or last child gone)
+//    or promoted; a pin stamps the entry's lru_ms only, and the evictor moves
+//    a tail whose lru_ms is newer than its linked_ms to the head (second
+//    chance) instead of evicting it.  The victim stripe is the one whose tail
+//    is oldest (all stripe lines read in one sweep).
+//  * A parent whose last child is evicted joins its list at the tail when it
+//    is no more recent than the tail (it usually is as cold as the child it
+//    served), so a cold subtree is removed from its leaves up before warmer
+//    blocks go: the cold end of a chain goes first, its shared prefix last.
+//  * Pinned blocks, leased blocks (live lease) and WRITING blocks are never
+//    evicted; a reserve evicts instead of refusing while any other block can go.
+#include <algorithm>
+#include <string>
+
+#include "index/index_internal.hpp"
+#include "index/lock_set.hpp"
+#include "index/prefix_index.hpp"
+#include "util/log.hpp"
+
+namespace cxlkv {
+namespace {
+
+constexpr uint32_t kEvictWindow = 128;      // fallback scan window (slots)
+constexpr uint32_t kTailSteps = 16;         // list tails examined per eviction in one stripe
+constexpr uint32_t kCandidateStripes = 4;   // oldest tails tried per pool-wide victim
+constexpr uint32_t kNoLimit = UINT32_MAX;
+constexpr uint32_t kNo = CXLKV_INDEX_NO_SLOT;
+
+}  // namespace
+
+// ---- the list ----------------------------------------------------------------
+
+void PrefixIndex::link(LockSet& ls, uint32_t slot, uint32_t ms, bool at_head) {
+  const uint32_t s = slot / hdr_.stripe_slots;
+  ls.mark(s);
+  cxlkv_index_stripe& st = ls.st(s);
+  cxlkv_index_ext x = read_ext(slot);
+  if (x.linked) {
+    unlink(ls, slot);  // a move
+    x = read_ext(slot);
+  }
+  x.linked = 1;
+  x.linked_ms = ms;
+  if (lru_head(st) == kNo || lru_tail(st) == kNo) {
+    x.lru_prev = x.lru_next = kNo;
+    set_lru_head(st, slot);
+    set_lru_tail(st, slot);
+    st.tail_ms = ms;
+  } else if (at_head) {
+    const uint32_t head = lru_head(st);
+    cxlkv_index_ext h = read_ext(head);
+    h.lru_prev = slot;
+    write_ext(head, h);
+    x.lru_prev = kNo;
+    x.lru_next = head;
+    set_lru_head(st, slot);
+  } else {
+    const uint32_t tail = lru_tail(st);
+    cxlkv_index_ext t = read_ext(tail);
+    t.lru_next = slot;
+    write_ext(tail, t);
+    x.lru_next = kNo;
+    x.lru_prev = tail;
+    set_lru_tail(st, slot);
+    st.tail_ms = ms;
+  }
+  write_ext(slot, x);
+}
+
+void PrefixIndex::unlink(LockSet& ls, uint32_t slot) {
+  const uint32_t s = slot / hdr_.stripe_slots, base = s * hdr_.stripe_slots;
+  cxlkv_index_ext x = read_ext(slot);
+  if (!x.linked) return;
+  auto in_stripe = [&](uint32_t sl) { return sl == kNo || (sl >= base && sl < base + hdr_.stripe_slots); };
+  if (!in_stripe(x.lru_prev) || !in_stripe(x.lru_next)) {  // damaged links: rebuild
+    repair_stripe(ls, s);
+    x = read_ext(slot);
+    if (!x.linked) return;
+  }
+  ls.mark(s);
+  cxlkv_index_stripe& st = ls.st(s);
+  if (x.lru_prev != kNo) {
+    cxlkv_index_ext p = read_ext(x.lru_prev);
+    p.lru_next = x.lru_next;
+    write_ext(x.lru_prev, p);
+  } else {
+    set_lru_head(st, x.lru_next);
+  }
+  if (x.lru_next != kNo) {
+    cxlkv_index_ext n = read_ext(x.lru_next);
+    n.lru_prev = x.lru_prev;
+    write_ext(x.lru_next, n);
+  } else {
+    set_lru_tail(st, x.lru_prev);
+    st.tail_ms = x.lru_prev != kNo ? read_ext(x.lru_prev).linked_ms : 0;
+  }
+  x.linked = 0;
+  x.lru_prev = x.lru_next = kNo;
+  write_ext(slot, x);
+}
+
+void PrefixIndex::child_added(LockSet& ls, uint32_t parent_slot) {
+  cxlkv_index_entry e = read_entry(parent_slot);
+  e.children++;
+  write_entry(parent_slot, e, false);
+  if (e.children == 1) unlink(ls, parent_slot);  // no longer a leaf: not evictable
+}
+
+void PrefixIndex::child_dropped(LockSet& ls, uint32_t parent_slot) {
+  cxlkv_index_entry e = read_entry(parent_slot);
+  if (!live_index_state(e.state) || e.children == 0) return;
+  e.children--;
+  write_entry(parent_slot, e, false);
+  if (e.children == 0 && e.state == CXLKV_ENTRY_READY && e.loc_tier == CXLKV_TIER_MEM) {
+    // A leaf again.  Usually as cold as the child that just went: the tail.
+    const cxlkv_index_stripe& st = ls.st(parent_slot / hdr_.stripe_slots);
+    link(ls, parent_slot, e.lru_ms, /*at_head=*/lru_tail(st) != kNo && e.lru_ms > st.tail_ms);
+  }
+}
+
+void PrefixIndex::repair_stripe(LockSet& ls, uint32_t s) {
+  // A holder died mid-change (list_dirty) or links are damaged: rebuild the
+  // list and the counters from the entries, which are self-consistent lines.
+  LockSet::Held& h = ls.at(s);
+  h.marked = true;  // release() writes the line back clean
+  cxlkv_index_stripe& st = h.st;
+  const uint32_t base = s * hdr_.stripe_slots;
+  std::vector<std::pair<uint32_t, uint32_t>> leaves;  // (lru_ms, slot)
+  uint64_t blocks = 0, bytes = 0, tombs = 0;
+  for (uint32_t i = 0; i < hdr_.stripe_slots; i++) {
+    const uint32_t slot = base + i;
+    cxlkv_index_entry e = read_entry(slot);
+    if (live_index_state(e.state) && e.loc_tier == CXLKV_TIER_MEM) {
+      blocks++;
+      bytes += e.loc_len;
+    }
+    if (e.state == CXLKV_ENTRY_TOMBSTONE) tombs++;
+    if (e.state == CXLKV_ENTRY_READY && e.children == 0 && e.loc_tier == CXLKV_TIER_MEM) {
+      leaves.emplace_back(e.lru_ms, slot);
+    } else {
+      cxlkv_index_ext x = read_ext(slot);
+      if (x.linked) {
+        x.linked = 0;
+        x.lru_prev = x.lru_next = kNo;
+        write_ext(slot, x);
+      }
+    }
+  }
+  std::sort(leaves.begin(), leaves.end());  // oldest first = tail
+  for (size_t i = 0; i < leaves.size(); i++) {
+    cxlkv_index_ext x = read_ext(leaves[i].second);
+    x.linked = 1;
+    x.linked_ms = leaves[i].first;
+    x.lru_next = i ? leaves[i - 1].second : kNo;                     // older
+    x.lru_prev = i + 1 < leaves.size() ? leaves[i + 1].second : kNo;  // newer
+    write_ext(leaves[i].second, x);
+  }
+  set_lru_tail(st, leaves.empty() ? kNo : leaves.front().second);
+  set_lru_head(st, leaves.empty() ? kNo : leaves.back().second);
+  st.tail_ms = leaves.empty() ? 0 : leaves.front().first;
+  st.used_blocks = blocks;
+  st.used_bytes = bytes;
+  st.tombstones = tombs;
+  log().info("index: stripe {} rebuilt after an interrupted change ({} leaves listed)", s, leaves.size());
+}
+
+// ---- removal -------------------------------------------------------------------
+
+void PrefixIndex::remove_locked(LockSet& ls, uint32_t slot, cxlkv_index_entry e, bool reclaim,
+                                std::vector<uint32_t>* parents) {
+  const uint32_t stripe = slot / hdr_.stripe_slots;
+  const BlockLocation loc{e.loc_off, e.loc_len, e.loc_dev, e.loc_tier};
+  ls.mark(stripe);
+  unlink(ls, slot);
+  // EVICTING first: lock-free readers stop treating it as READY, and if we
+  // die here the next holder of this stripe lock finds EVICTING (nobody else
+  // can be mid-eviction while it holds the lock) and finishes the removal.
+  if (e.state != CXLKV_ENTRY_EVICTING) {
+    e.state = CXLKV_ENTRY_EVICTING;
+    e.version = write_entry(slot, e);
+  }
+  const uint32_t parent = e.parent_slot;
+  cxlkv_index_stripe& st = ls.st(stripe);
+  // A tombstone followed by EMPTY ends no probe that could reach further:
+  // make it EMPTY, and so on backwards, so probe lengths do not grow.
+  const uint32_t base = stripe * hdr_.stripe_slots, mask = hdr_.stripe_slots - 1;
+  auto next_of = [&](uint32_t sl) { return base + ((sl - base + 1) & mask); };
+  auto prev_of = [&](uint32_t sl) { return base + ((sl - base + mask) & mask); };
+  if (read_entry(next_of(slot)).state == CXLKV_ENTRY_EMPTY) {
+    write_empty(slot);
+    uint32_t p = prev_of(slot);
+    for (uint32_t k = 0; k < hdr_.stripe_slots - 1; k++, p = prev_of(p)) {
+      if (read_entry(p).state != CXLKV_ENTRY_TOMBSTONE) break;
+      write_empty(p);
+      if (st.tombstones) st.tombstones--;
+    }
+  } else {
+    e.state = CXLKV_ENTRY_TOMBSTONE;
+    e.pin_mask = 0;
+    e.children = 0;
+    e.parent_slot = CXLKV_INDEX_NO_SLOT;
+    write_entry(slot, e);
+    st.tombstones++;
+  }
+  if (loc.tier == CXLKV_TIER_MEM) {  // issue 6: the capacity counts memory-tier blocks only
+    st.used_blocks -= std::min<uint64_t>(st.used_blocks, 1);
+    st.used_bytes -= std::min<uint64_t>(st.used_bytes, loc.length);
+  }
+  if (reclaim) {
+    st.reclaims++;
+    ctr_.reclaims++;
+  } else {
+    st.evictions++;
+    ctr_.evictions++;
+  }
+  // The payload is handed back only once no entry points to it.
+  if (loc.tier == CXLKV_TIER_SSD) {
+    if (demotion_) demotion_->release(loc);  // issue 6: an SSD block leaves the SSD tier
+  } else {
+    space_->free(loc);
+  }
+  if (parent < hdr_.nslots) {
+    if (ls.holds(parent / hdr_.stripe_slots)) child_dropped(ls, parent);
+    else parents->push_back(parent);
+  }
+}
+
+Result<void> PrefixIndex::drop_children(std::vector<uint32_t>& parents) {
+  if (parents.empty()) return {};
+  std::vector<uint32_t> stripes;
+  for (uint32_t p : parents) stripes.push_back(p / hdr_.stripe_slots);
+  LockSet ls(*this);
+  CXLKV_TRY(ls.acquire(stripes));
+  for (uint32_t p : parents) child_dropped(ls, p);
+  parents.clear();
+  return {};
+}
+
+// ---- victims -------------------------------------------------------------------
+
+bool PrefixIndex::lease_live(cxlkv_index_ext& x, uint32_t now, bool* ended_dead) {
+  if (x.lease_count == 0) return false;
+  if (static_cast<int32_t>(now - x.lease_expiry_ms) >= 0) return false;  // expired
+  if (x.lease_node != CXLKV_LEASE_NODE_ANY && x.lease_node != node_ && !live_->node_alive(x.lease_node)) {
+    *ended_dead = true;  // the consumer's node is dead
+    return false;
+  }
+  return true;
+}
+
+bool PrefixIndex::evict_from_list(LockSet& ls, uint32_t s, std::vector<uint32_t>* parents, uint32_t limit_ms) {
+  cxlkv_index_stripe& st = ls.st(s);
+  const uint32_t now = now_ms(), base = s * hdr_.stripe_slots;
+  bool repaired = false;
+  for (uint32_t step = 0; step < kTailSteps && lru_tail(st) != kNo; step++) {
+    const uint32_t slot = lru_tail(st);
+    if (slot < base || slot >= base + hdr_.stripe_slots) {
+      if (repaired) return false;
+      repair_stripe(ls, s);
+      repaired = true;
+      continue;
+    }
+    cxlkv_index_entry e = read_entry(slot);
+    cxlkv_index_ext x = read_ext(slot);
+    ctr_.victim_reads += 2;
+    if (!x.linked || e.state != CXLKV_ENTRY_READY || e.children || e.loc_tier != CXLKV_TIER_MEM) {
+      if (repaired) return false;
+      repair_stripe(ls, s);  // the list disagrees with the entries
+      repaired = true;
+      continue;
+    }
+    if (static_cast<int32_t>(e.lru_ms - x.linked_ms) > 0) {
+      link(ls, slot, e.lru_ms, /*at_head=*/true);  // used since linked: second chance
+      ctr_.second_chances++;
+      continue;
+    }
+    if (x.linked_ms > limit_ms) return false;  // another stripe's tail is older
+    bool changed = false, dead = false;
+    const bool pinned = pins_live(e, &changed);
+    if (changed) write_entry(slot, e, false);  // dead nodes' pins cleared
+    if (pinned || lease_live(x, now, &dead)) {
+      link(ls, slot, now, /*at_head=*/true);  // in use: not a victim now
+      continue;
+    }
+    if (x.lease_count) {  // its lease ended by ttl or by the consumer node's death
+      ls.mark(s);
+      st.lease_expiries++;
+      if (dead) st.lease_dead++;
+      ctr_.lease_expiries++;
+    }
+    if (demotion_ && demote_locked(ls, slot, e, parents)) return true;  // issue 6: kept on the SSD tier
+    remove_locked(ls, slot, e, /*reclaim=*/false, parents);
+    return true;
+  }
+  return false;
+}
+
+Result<bool> PrefixIndex::evict_locked(LockSet& ls, uint32_t stripe, std::vector<uint32_t>* parents) {
+  if (evict_from_list(ls, stripe, parents, kNoLimit)) return true;
+  // Issue 6: with an SSD tier, a memory block is chosen first (and demoted);
+  // an SSD block is dropped only when no memory block can go.
+  if (demotion_) {
+    auto r = evict_pass(ls, stripe, parents, EvictFrom::mem);
+    if (!r || r.value()) return r;
+  }
+  return evict_pass(ls, stripe, parents, EvictFrom::any);
+}
+
+// Issue 6: move an unpinned READY block's payload to the SSD tier; the entry
+// stays READY (only its location changes), so lock-free readers and the
+// prefix closure never see a gap.  false: not demoted, evict it instead.
+bool PrefixIndex::demote_locked(LockSet& ls, uint32_t slot, cxlkv_index_entry e, std::vector<uint32_t>* parents) {
+  const uint32_t stripe = slot / hdr_.stripe_slots;
+  const BlockLocation mem{e.loc_off, e.loc_len, e.loc_dev, e.loc_tier};
+  auto to = demotion_->demote(mem);
+  if (!to && to.error().code() == -ENOSPC) {
+    // SSD tier full: drop this stripe's least recently used SSD leaf, retry once.
+    auto r = evict_pass(ls, stripe, parents, EvictFrom::ssd);
+    if (r && r.value()) to = demotion_->demote(mem);
+  }
+  if (!to) return false;
+  ls.mark(stripe);
+  unlink(ls, slot);  // leaves the memory tier
+  e = read_entry(slot);
+  e.loc_off = to->offset;
+  e.loc_len = to->length;
+  e.loc_dev = to->device;
+  e.loc_tier = to->tier;
+  write_entry(slot, e);  // rule 3: the SSD copy is complete (DMA done) before the entry names it
+  space_->free(mem);
+  cxlkv_index_stripe& st = ls.st(stripe);
+  st.used_blocks -= std::min<uint64_t>(st.used_blocks, 1);  // capacity counts memory-tier blocks
+  st.used_bytes -= std::min<uint64_t>(st.used_bytes, mem.length);
+  ctr_.demotions++;
+  return true;
+}
+
+void PrefixIndex::read_window(uint32_t first, uint32_t n, cxlkv_index_entry* out) const {
+  // rule 4 for a window: invalidate all its lines, one fence, load them all.
+  // Safe under the stripe lock: only lock holders write entries, so nothing
+  // changes between the sweep and the loads but lock-free readers' nothing.
+  d_->invalidate(slot_ptr(first), uint64_t(n) * 64);
+  d_->fence();
+  d_->load(out, slot_ptr(first), uint64_t(n) * 64);
+  probes_.fetch_add(n, std::memory_order_relaxed);
+  static const cxlkv_index_entry zero{};
+  for (uint32_t i = 0; i < n; i++) {
+    const cxlkv_index_entry& e = out[i];
+    bool ok = e.check ? e.check == cxlkv_index_entry_check(&e) : std::memcmp(&e, &zero, sizeof e) == 0;
+    if (!ok) out[i] = read_entry(first + i);  // damaged line: the careful path
+  }
+}
+
+Result<bool> PrefixIndex::evict_pass(LockSet& ls, uint32_t stripe, std::vector<uint32_t>* parents, EvictFrom from) {
+  // Fallback (what the lists do not hold): windows of kEvictWindow slots from
+  // a rotating hand, each read in one sweep; finishes EVICTING leftovers,
+  // reclaims dead writers' leaves, demotes non-leaves (issue 6), drops SSD
+  // leaves, else evicts the least recently used unpinned, unleased READY leaf.
+  const uint32_t base = stripe * hdr_.stripe_slots, mask = hdr_.stripe_slots - 1;
+  const uint32_t now = now_ms();
+  uint32_t& hand = stripe_hands_[stripe];
+  uint32_t scanned = 0;
+  std::vector<cxlkv_index_entry> win(std::min(kEvictWindow, hdr_.stripe_slots));
+  while (scanned < hdr_.stripe_slots) {
+    uint32_t victim = kNo, best_age = 0;
+    hand &= mask;
+    const uint32_t window = std::min({kEvictWindow, hdr_.stripe_slots - scanned, hdr_.stripe_slots - hand});
+    read_window(base + hand, window, win.data());
+    ctr_.victim_reads += window;
+    for (uint32_t i = 0; i < window; i++) {
+      const uint32_t slot = base + hand + i;
+      cxlkv_index_entry& e = win[i];
+      if (e.state == CXLKV_ENTRY_EVICTING) {
+        // Only a holder of this lock evicts: an EVICTING entry is the
+        // leftover of an evictor that died; finish its removal.
+        remove_locked(ls, slot, e, /*reclaim=*/true, parents);
+        return true;
+      }
+      // prefix closure: only leaves go (issue 6: any block may be demoted,
+      // it stays cached; a non-leaf that cannot be demoted stays put below)
+      if (e.children != 0 && from != EvictFrom::mem) continue;
+      if (e.state == CXLKV_ENTRY_WRITING && e.children == 0 && writer_dead(e)) {
+        remove_locked(ls, slot, e, /*reclaim=*/true, parents);  // dead writer: reclaim first
+        return true;
+      }
+      if (e.state != CXLKV_ENTRY_READY) continue;
+      if ((from == EvictFrom::mem && e.loc_tier != CXLKV_TIER_MEM) ||
+          (from == EvictFrom::ssd && e.loc_tier != CXLKV_TIER_SSD))
+        continue;  // issue 6: this pass looks at one tier only
+      bool changed = false, dead = false;
+      if (pins_live(e, &changed)) continue;
+      if (changed) write_entry(slot, e, false);  // dead nodes' pins cleared
+      cxlkv_index_ext x = read_ext(slot);
+      if (lease_live(x, now, &dead)) continue;
+      uint32_t age = now - e.lru_ms;
+      if (victim == kNo || age > best_age) {
+        victim = slot;
+        best_age = age;
+      }
+    }
+    hand = (hand + window) & mask;
+    scanned += window;
+    if (victim != kNo) {
+      cxlkv_index_entry ve = read_entry(victim);
+      ctr_.scan_evictions++;
+      if (demotion_ && from != EvictFrom::ssd && ve.loc_tier == CXLKV_TIER_MEM &&
+          demote_locked(ls, victim, ve, parents))
+        return true;  // issue 6: kept on the SSD tier instead of dropped
+      if (ve.children != 0) return false;  // issue 6: a block with cached children is never dropped
+      remove_locked(ls, victim, ve, /*reclaim=*/false, parents);
+      return true;
+    }
+  }
+  return false;
+}
+
+Result<bool> PrefixIndex::evict_global(std::vector<uint32_t>* parents, LockSet* held) {
+  std::vector<std::pair<uint32_t, uint32_t>> cand;  // (tail_ms, stripe)
+  if (held) {
+    for (const auto& h : held->held())
+      if (lru_tail(h.st) != kNo) cand.emplace_back(h.st.tail_ms, h.stripe);
+  } else {
+    std::vector<cxlkv_index_stripe> v = read_stripes();  // one sweep, one fence (rule 4)
+    for (uint32_t s = 0; s < hdr_.nstripes; s++)
+      if (lru_tail(v[s]) != kNo) cand.emplace_back(v[s].tail_ms, s);
+  }
+  std::sort(cand.begin(), cand.end());
+  if (cand.size() > kCandidateStripes) cand.resize(kCandidateStripes);
+  auto try_list = [&](uint32_t s, uint32_t limit) -> Result<bool> {
+    if (held) return evict_from_list(*held, s, parents, limit);
+    LockSet ls(*this);
+    CXLKV_TRY(ls.acquire({s}));
+    return evict_from_list(ls, s, parents, limit);
+  };
+  for (size_t i = 0; i < cand.size(); i++) {
+    auto r = try_list(cand[i].second, i + 1 < cand.size() ? cand[i + 1].first : kNoLimit);
+    if (!r || r.value()) return r;
+  }
+  if (!cand.empty()) {
+    auto r = try_list(cand[0].second, kNoLimit);
+    if (!r || r.value()) return r;
+  }
+  // Nothing on the lists could go: dead writers, EVICTING leftovers, SSD
+  // blocks and (issue 6) non-leaf demotion are found by the window scan.
+  if (held) {
+    for (const auto& h : held->held()) {
+      auto r = evict_locked(*held, h.stripe, parents);
+      if (!r || r.value()) return r;
+    }
+    return false;
+  }
+  for (uint32_t k = 0; k < hdr_.nstripes; k++) {
+    const uint32_t s = evict_hand_.fetch_add(1, std::memory_order_relaxed) % hdr_.nstripes;
+    LockSet ls(*this);
+    CXLKV_TRY(ls.acquire({s}));
+    auto r = evict_locked(ls, s, parents);
+    if (!r || r.value()) return r;
+  }
+  return false;
+}
+
+Result<bool> PrefixIndex::evict_one(uint32_t stripe) {
+  if (stripe >= hdr_.nstripes) return Error(-EINVAL, "index: stripe " + std::to_string(stripe) + " out of range");
+  std::vector<uint32_t> parents;
+  Result<bool> r = false;
+  {
+    LockSet ls(*this);
+    CXLKV_TRY(ls.acquire({stripe}));
+    r = evict_locked(ls, stripe, &parents);
+  }
+  CXLKV_TRY(drop_children(parents));
+  return r;
+}
+
+Result<bool> PrefixIndex::evict_any() {
+  std::vector<uint32_t> parents;
+  auto r = evict_global(&parents, nullptr);
+  CXLKV_TRY(drop_children(parents));
+  return r;
+}
+
+// ---- capacity ------------------------------------------------------------------
+
+void PrefixIndex::pool_used(const LockSet* ls, uint64_t* blocks, uint64_t* bytes) const {
+  *blocks = *bytes = 0;
+  std::vector<cxlkv_index_stripe> v = read_stripes();  // one sweep, one fence (rule 4)
+  for (uint32_t s = 0; s < hdr_.nstripes; s++) {
+    const cxlkv_index_stripe* st = &v[s];
+    if (ls) {
+      for (const auto& h : ls->held())
+        if (h.stripe == s) st = &h.st;  // our own uncommitted changes
+    }
+    *blocks += st->used_blocks;
+    *bytes += st->used_bytes;
+  }
+}
+
+bool PrefixIndex::over_capacity(const LockSet* ls, uint64_t add_blocks, uint64_t add_bytes) const {
+  if (!cfg_.max_blocks && !cfg_.max_bytes) return false;
+  uint64_t blocks, bytes;
+  pool_used(ls, &blocks, &bytes);
+  return (cfg_.max_blocks && blocks + add_blocks > cfg_.max_blocks) ||
+         (cfg_.max_bytes && bytes + add_bytes > cfg_.max_bytes);
+}
+
+Result<void> PrefixIndex::make_room(uint64_t blocks, uint64_t bytes) {
+  if (!cfg_.max_blocks && !cfg_.max_bytes) return {};
+  std::vector<uint32_t> parents;
+  for (uint64_t i = 0; i < 2 * blocks + 8 && over_capacity(nullptr, blocks, bytes); i++) {
+    auto r = evict_global(&parents, nullptr);
+    if (!r) return r.error();
+    // A parent left childless is a candidate for the very next victim.
+    CXLKV_TRY(drop_children(parents));
+    if (!r.value()) break;
+  }
+  return {};
+}
+
+}  // namespace cxlkv
