@@ -100,6 +100,7 @@ def test_prefill_to_decode_handoff_through_the_pool(env, d_layout):
         want = model(prompt[n:], n, local, table_p)
         assert torch.equal(logits, want)
         assert sched_d.request_finished(req_d, table_d) == (False, None)
+        assert sched_d.metrics.counters["cxlkv_client_hit_tokens_total"] >= 5 * BS
 
         # a block gone at load time is reported by block id and recomputed
         req_2 = vllm_request("req-2", prompt, BS)

@@ -7,6 +7,7 @@
 
 #include "command.hpp"
 #include "cxlkv/kv.hpp"
+#include "cxlkv/metrics.hpp"
 #include "uapi/cxlkv_index.h"
 
 namespace {
@@ -91,19 +92,7 @@ int cmd_stats(Context& ctx, const Args& a) {
   for (auto& n : nodes) total.add(n.stats);
   const bool prom = a.flag("prometheus");
   if (prom) {
-    for (int c = 0; c < CXLKV_CTR_COUNT; c++) {
-      std::printf("# TYPE cxlkv_kv_%s_total counter\n", cxlkv::counter_name(c));
-      for (auto& n : nodes)
-        std::printf("cxlkv_kv_%s_total{node=\"%u\"} %llu\n", cxlkv::counter_name(c), n.node,
-                    (unsigned long long)n.stats.counters[c]);
-    }
-    for (int l = 0; l < CXLKV_LAT_COUNT; l++) {
-      std::printf("# TYPE cxlkv_kv_%s_latency_us summary\n", cxlkv::latency_name(l));
-      for (auto& n : nodes)
-        for (double q : {0.5, 0.99})
-          std::printf("cxlkv_kv_%s_latency_us{node=\"%u\",quantile=\"%g\"} %.3f\n", cxlkv::latency_name(l), n.node, q,
-                      n.stats.latency_us(l, q * 100));
-    }
+    std::fputs(cxlkv::prometheus_exposition(nodes).c_str(), stdout);  // one definition: cxlkv/metrics.hpp
     return 0;
   }
   if (ctx.json || a.flag("json")) {

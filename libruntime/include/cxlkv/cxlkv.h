@@ -357,6 +357,12 @@ struct cxlkv_kv_stats {
 /* This handle's counters (the pool-wide view: cxlkvctl stats). */
 int cxlkv_kv_stats(struct cxlkv_kv *kv, struct cxlkv_kv_stats *out);
 
+/* Every node's KV counters and latency histograms as Prometheus text (the
+ * same names as `cxlkvctl stats --prometheus`: cxlkv/metrics.hpp), NUL
+ * terminated, truncated to len-1 bytes.  Returns the full text length
+ * (call with len 0 to size the buffer), or -errno. */
+int cxlkv_stats_prometheus(struct cxlkv_pool *pool, char *buf, size_t len);
+
 #ifdef __cplusplus
 }
 #endif

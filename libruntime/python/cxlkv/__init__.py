@@ -25,6 +25,7 @@ from .keys import as_keys, block_keys, engine_key, keys_from_hashes, namespace, 
 from .kv import Gpu, KvStore, Pins, get_ok, put_ok, status_name
 from .layout import PagedKV
 from .pool import LockManager, Pool
+from . import aio, metrics  # noqa: E402,F401
 
 __version__ = "0.1.0"
 

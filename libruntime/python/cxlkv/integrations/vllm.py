@@ -91,9 +91,9 @@ class CxlkvConnectorImpl:
         self.lease_ttl_ms = int(cfg.get("lease_ttl_ms", 60000))
         self.pool = cxlkv.Pool(cfg["pool"])
         self.node = int(cfg.get("node", 1))
-        self.metrics = cfg.get("metrics")
+        self.metrics = cxlkv.metrics.Metrics(labels={"engine": "vllm", "role": self._role_name.lower()})
         if self._role_name == "SCHEDULER":
-            self.store = cxlkv.KvStore(self.pool, self.node, block_tokens=self.block_size)
+            self.store = cxlkv.KvStore(self.pool, self.node, metrics=self.metrics, block_tokens=self.block_size)
             self._reqs = {}      # req_id -> dict(keys, saved, block_ids, request)
             self._loads = []     # this step's loads
             self._computed = {}  # req_id -> num_computed_tokens vLLM asked about
@@ -214,7 +214,8 @@ class CxlkvConnectorImpl:
         self.kv = cxlkv.PagedKV.vllm(kv_caches, kv_dim=kv_dim)
         if self.kv.is_cuda:
             self.gpu = cxlkv.Gpu(self.pool, device=first.device.index or 0)
-        self.aio = AsyncKv(self.pool, self.node, sub_batch=1 << 20, block_tokens=self.block_size, gpu=self.gpu)
+        self.aio = AsyncKv(self.pool, self.node, sub_batch=1 << 20, metrics=self.metrics, block_tokens=self.block_size,
+                           gpu=self.gpu)
 
     def start_load_kv(self, forward_context, **kwargs):
         """Submit this step's loads (one batched call) without waiting."""

@@ -1,0 +1,130 @@
+# SPDX-License-Identifier: MIT
+"""Metrics an engine operator expects, in Prometheus text format.
+
+Two sources, one naming scheme (``cxlkv_`` prefix, units in the name:
+``_seconds``, ``_bytes``, ``_total``):
+
+* The pool-wide KV statistics every node writes into the pool (counters and
+  latency histograms): :func:`pool_exposition` returns the text of the C call
+  ``cxlkv_stats_prometheus``, the very function behind ``cxlkvctl stats
+  --prometheus`` (one definition, ``libruntime/include/cxlkv/metrics.hpp``).
+* This process's client view (what an engine asked and got, in tokens):
+  :class:`Metrics`, counted by :class:`cxlkv.KvStore` (``metrics=``) and the
+  engine adapters: ``cxlkv_client_query_tokens_total``,
+  ``cxlkv_client_hit_tokens_total``, ``cxlkv_client_load_bytes_total``,
+  ``cxlkv_client_store_bytes_total``, ``cxlkv_client_lease_expiries_total``
+  and the histograms ``cxlkv_client_{lookup,load,store}_seconds``.
+"""
+import bisect
+import ctypes as C
+import threading
+
+from . import _lib
+
+# Histogram bucket bounds (seconds): 2^k ns for k = 10 .. 32, the pool's
+# octave buckets, so client and pool histograms line up.
+BUCKETS = tuple(2.0 ** k * 1e-9 for k in range(10, 33))
+
+
+def pool_exposition(pool):
+    """Prometheus text of every node's KV statistics in ``pool``."""
+    L = _lib.lib()
+    if not _lib.has("cxlkv_stats_prometheus"):
+        raise NotImplementedError("cxlkv: this libcxlkv has no cxlkv_stats_prometheus")
+    n = _lib.check(L.cxlkv_stats_prometheus(pool.handle, None, 0), f"metrics of {pool.uri}")
+    buf = C.create_string_buffer(n + 1)
+    _lib.check(L.cxlkv_stats_prometheus(pool.handle, buf, n + 1), f"metrics of {pool.uri}")
+    return buf.value.decode()
+
+
+class _Histogram:
+    def __init__(self):
+        self.counts = [0] * (len(BUCKETS) + 1)
+        self.sum = 0.0
+        self.n = 0
+
+    def observe(self, v):
+        self.counts[bisect.bisect_left(BUCKETS, v)] += 1
+        self.sum += v
+        self.n += 1
+
+
+class Metrics:
+    """Client-side counters and latency histograms of one process (thread-safe)."""
+
+    COUNTERS = {
+        "cxlkv_client_query_tokens_total": "Tokens whose KV was looked up",
+        "cxlkv_client_hit_tokens_total": "Tokens whose KV the pool held",
+        "cxlkv_client_load_bytes_total": "KV bytes loaded from the pool",
+        "cxlkv_client_store_bytes_total": "KV bytes stored into the pool",
+        "cxlkv_client_stored_blocks_total": "Blocks in the pool after a store (written or already there)",
+        "cxlkv_client_lease_expiries_total": "Leases that expired before their consumer released them",
+    }
+    HISTOGRAMS = {
+        "cxlkv_client_lookup_seconds": "Latency of a lookup call",
+        "cxlkv_client_load_seconds": "Latency of a load (get) call",
+        "cxlkv_client_store_seconds": "Latency of a store (put) call",
+    }
+
+    def __init__(self, labels=None):
+        self._lock = threading.Lock()
+        self.labels = dict(labels or {})
+        self.counters = {k: 0 for k in self.COUNTERS}
+        self.hist = {k: _Histogram() for k in self.HISTOGRAMS}
+
+    def inc(self, name, v=1):
+        with self._lock:
+            self.counters[name] += v
+
+    def observe_lookup(self, queried_blocks, hit_blocks, block_tokens, seconds):
+        with self._lock:
+            self.counters["cxlkv_client_query_tokens_total"] += queried_blocks * block_tokens
+            self.counters["cxlkv_client_hit_tokens_total"] += hit_blocks * block_tokens
+            self.hist["cxlkv_client_lookup_seconds"].observe(seconds)
+
+    def observe_load(self, nbytes, seconds):
+        with self._lock:
+            self.counters["cxlkv_client_load_bytes_total"] += nbytes
+            self.hist["cxlkv_client_load_seconds"].observe(seconds)
+
+    def observe_store(self, nbytes, blocks, seconds):
+        with self._lock:
+            self.counters["cxlkv_client_store_bytes_total"] += nbytes
+            self.counters["cxlkv_client_stored_blocks_total"] += blocks
+            self.hist["cxlkv_client_store_seconds"].observe(seconds)
+
+    def hit_rate(self):
+        """Hit tokens / queried tokens (0 when nothing was queried)."""
+        q = self.counters["cxlkv_client_query_tokens_total"]
+        return self.counters["cxlkv_client_hit_tokens_total"] / q if q else 0.0
+
+    def exposition(self):
+        """Prometheus text of this process's client metrics."""
+        lab = ",".join(f'{k}="{v}"' for k, v in sorted(self.labels.items()))
+        out = []
+        with self._lock:
+            for name, help_ in self.COUNTERS.items():
+                out += [f"# HELP {name} {help_}", f"# TYPE {name} counter",
+                        f"{name}{{{lab}}} {self.counters[name]}" if lab else f"{name} {self.counters[name]}"]
+            for name, help_ in self.HISTOGRAMS.items():
+                h = self.hist[name]
+                out += [f"# HELP {name} {help_}", f"# TYPE {name} histogram"]
+                acc = 0
+                pre = lab + "," if lab else ""
+                for le, c in zip(BUCKETS, h.counts):
+                    acc += c
+                    out.append(f'{name}_bucket{{{pre}le="{le:.9g}"}} {acc}')
+                out.append(f'{name}_bucket{{{pre}le="+Inf"}} {h.n}')
+                sfx = f"{{{lab}}}" if lab else ""
+                out += [f"{name}_sum{sfx} {h.sum:.9g}", f"{name}_count{sfx} {h.n}"]
+        return "\n".join(out) + "\n"
+
+
+def exposition(pool=None, metrics=None):
+    """The pool's text (if ``pool``) followed by the client metrics (if given)."""
+    parts = []
+    if pool is not None:
+        parts.append(pool_exposition(pool))
+    if metrics is not None:
+        parts.append(metrics.exposition())
+    return "".join(parts)

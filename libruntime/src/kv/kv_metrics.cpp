@@ -1,0 +1,83 @@
+// SPDX-License-Identifier: MIT
+// Prometheus names and exposition of the KV statistics (cxlkv/metrics.hpp).
+#include "cxlkv/metrics.hpp"
+
+#include <cmath>
+#include <cstdio>
+
+namespace cxlkv {
+namespace {
+
+// Indexed by enum cxlkv_index_counter (uapi/cxlkv_index.h).
+const MetricDesc kCounters[CXLKV_CTR_COUNT] = {
+    {"cxlkv_kv_lookups_total", "counter", "Prefix lookups (chains queried)"},
+    {"cxlkv_kv_hit_blocks_total", "counter", "Blocks found by lookups (hit blocks)"},
+    {"cxlkv_kv_miss_blocks_total", "counter", "Blocks queried by lookups and not found"},
+    {"cxlkv_kv_reserves_total", "counter", "Blocks reserved for writing"},
+    {"cxlkv_kv_reserve_exists_total", "counter", "Reservations answered: already cached"},
+    {"cxlkv_kv_publishes_total", "counter", "Blocks published"},
+    {"cxlkv_kv_aborts_total", "counter", "Reservations aborted"},
+    {"cxlkv_kv_fetches_total", "counter", "Blocks read"},
+    {"cxlkv_kv_pins_total", "counter", "Blocks pinned"},
+    {"cxlkv_kv_pin_misses_total", "counter", "Pins of blocks not cached"},
+    {"cxlkv_kv_evictions_total", "counter", "Blocks evicted"},
+    {"cxlkv_kv_reclaims_total", "counter", "Entries of dead writers reclaimed"},
+    {"cxlkv_kv_store_bytes_total", "counter", "Payload bytes written into the pool"},
+    {"cxlkv_kv_load_bytes_total", "counter", "Payload bytes read from the pool"},
+    {"cxlkv_kv_nospc_total", "counter", "Operations refused for lack of space"},
+    {"cxlkv_kv_errors_total", "counter", "Failed operations"},
+};
+const MetricDesc kLatencies[CXLKV_LAT_COUNT] = {
+    {"cxlkv_kv_lookup_seconds", "histogram", "Latency of a prefix lookup"},
+    {"cxlkv_kv_publish_seconds", "histogram", "Latency of a block publish"},
+    {"cxlkv_kv_fetch_seconds", "histogram", "Latency of a block fetch"},
+};
+const MetricDesc kBad{"cxlkv_unknown", "counter", "?"};
+
+void appendf(std::string& s, const char* fmt, auto... args) {
+  char buf[256];
+  int n = std::snprintf(buf, sizeof buf, fmt, args...);
+  if (n > 0) s.append(buf, std::min<size_t>(size_t(n), sizeof buf - 1));
+}
+
+}  // namespace
+
+const MetricDesc& counter_metric(int c) { return c >= 0 && c < int(CXLKV_CTR_COUNT) ? kCounters[c] : kBad; }
+const MetricDesc& latency_metric(int l) { return l >= 0 && l < int(CXLKV_LAT_COUNT) ? kLatencies[l] : kBad; }
+
+std::string prometheus_exposition(const std::vector<NodeKvStats>& nodes) {
+  std::string out;
+  for (int c = 0; c < int(CXLKV_CTR_COUNT); c++) {
+    const MetricDesc& m = kCounters[c];
+    appendf(out, "# HELP %s %s\n# TYPE %s %s\n", m.name, m.help, m.name, m.type);
+    for (auto& n : nodes)
+      appendf(out, "%s{node=\"%u\"} %llu\n", m.name, n.node, (unsigned long long)n.stats.counters[c]);
+  }
+  // Bucket b of the pool histograms counts [2^(b/2), 2^((b+1)/2)) ns
+  // (uapi/cxlkv_index.h); Prometheus buckets are cumulative at le = 2^k ns.
+  for (int l = 0; l < int(CXLKV_LAT_COUNT); l++) {
+    const MetricDesc& m = kLatencies[l];
+    appendf(out, "# HELP %s %s\n# TYPE %s %s\n", m.name, m.help, m.name, m.type);
+    for (auto& n : nodes) {
+      const uint32_t* h = n.stats.latency[l];
+      uint64_t acc = 0, total = 0;
+      double sum_s = 0;
+      for (unsigned b = 0; b < CXLKV_LAT_BUCKETS; b++) {
+        total += h[b];
+        sum_s += h[b] * std::sqrt(std::pow(2.0, b / 2.0) * std::pow(2.0, (b + 1) / 2.0)) * 1e-9;
+      }
+      unsigned b = 0;
+      for (int k = 10; k <= 32; k++) {  // le = 2^k ns: buckets b < 2k end at or below it
+        for (; b < 2u * unsigned(k) && b < CXLKV_LAT_BUCKETS; b++) acc += h[b];
+        appendf(out, "%s_bucket{node=\"%u\",le=\"%.9g\"} %llu\n", m.name, n.node, std::ldexp(1.0, k) * 1e-9,
+                (unsigned long long)acc);
+      }
+      appendf(out, "%s_bucket{node=\"%u\",le=\"+Inf\"} %llu\n", m.name, n.node, (unsigned long long)total);
+      appendf(out, "%s_sum{node=\"%u\"} %.9g\n", m.name, n.node, sum_s);
+      appendf(out, "%s_count{node=\"%u\"} %llu\n", m.name, n.node, (unsigned long long)total);
+    }
+  }
+  return out;
+}
+
+}  // namespace cxlkv
