@@ -403,6 +403,13 @@ TEST(PoolFiles, HugePagesFallBackOnATmpfsWithoutThem) {
   EXPECT_EQ(q.error().code(), -EOPNOTSUPP);
   EXPECT_TRUE(contains(q.error().message(), "huge pages required but the file system gave 4 KiB pages"))
       << q.error().message();
+  // A format that requires them leaves nothing behind.
+  std::string other = unique("nohuge-fmt");
+  Removed rm2{"/dev/shm/" + other};
+  auto f = Region::format("shm:" + other + ":8M", FormatOptions{}, require);
+  ASSERT_FALSE(f.ok());
+  EXPECT_EQ(f.error().code(), -EOPNOTSUPP);
+  EXPECT_NE(access(("/dev/shm/" + other).c_str(), F_OK), 0);
 }
 
 TEST(PoolFiles, HugePagesBackThePoolOnAHugeTmpfs) {

@@ -132,7 +132,14 @@ int cmd_format(Context& ctx, const Args& a) {
   else if (!err.empty()) return fail("format: " + err);
   o.force = a.flag("force");
   o.standard = !a.flag("no-standard");
-  auto r = cxlkv::format_pool(ctx.pool_uri, o);
+  cxlkv::OpenOptions oo;
+  oo.prefault = !a.flag("no-prefault");
+  if (auto h = a.value("huge-pages")) {
+    if (*h == "prefer") oo.huge_pages = cxlkv::HugePages::prefer;
+    else if (*h == "require") oo.huge_pages = cxlkv::HugePages::require;
+    else if (*h != "off") return fail("format: --huge-pages must be off, prefer or require, not '" + *h + "'");
+  }
+  auto r = cxlkv::format_pool(ctx.pool_uri, o, oo);
   if (!r) return fail(r.error().message());
   if (!ctx.json) std::printf("formatted %s\n", ctx.pool_uri.c_str());
   return print_info(ctx, *r.value());
@@ -200,13 +207,19 @@ CXLKVCTL_COMMAND({"format", "format a pool (superblock + standard carves)",
                   "Writes a fresh superblock and, unless --no-standard, the standard carves\n"
                   "control, index, alloc and kv.  Refuses to overwrite a valid pool unless --force.\n"
                   "shm:NAME:SIZE pools take their size from the URI; file: pools need --size\n"
-                  "when the file does not exist yet.",
+                  "when the file does not exist yet.  A valid pool is never overwritten without\n"
+                  "--force, whatever size the URI names.  shm:/file: pools are allocated in full\n"
+                  "(a file system too small fails here) and faulted in; the files are created\n"
+                  "exclusively with mode CXLKV_FILE_MODE (default 0600), never through a\n"
+                  "symbolic link.",
                   {{"size", true, "pool size (e.g. 256M, 4G); multiple of 2 MiB"},
                    {"max-nodes", true, "hosts that may attach (1..64, default 16)"},
                    {"max-locks", true, "global lock ids (default 1024)"},
                    {"index-entries", true, "prefix index entries (default: one per 64 KiB of kv)"},
                    {"force", false, "overwrite a pool that holds a valid superblock"},
-                   {"no-standard", false, "superblock only, no standard carves"}},
+                   {"no-standard", false, "superblock only, no standard carves"},
+                   {"huge-pages", true, "off (default), prefer or require 2 MiB pages (tmpfs huge=, hugetlbfs)"},
+                   {"no-prefault", false, "do not fault the pool's pages in now"}},
                   cmd_format});
 
 CXLKVCTL_COMMAND({"info", "show the superblock and carves",

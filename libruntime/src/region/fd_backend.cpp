@@ -48,6 +48,21 @@ bool fs_space(int fd, uint64_t* total, uint64_t* avail) {
   return true;
 }
 
+// "24 GiB", "18.5 GiB": file-system sizes in messages (human_size is exact).
+std::string approx_size(uint64_t b) {
+  static const char* unit[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};
+  int u = 0;
+  double v = static_cast<double>(b);
+  while (v >= 1024 && u < 5) {
+    v /= 1024;
+    u++;
+  }
+  char buf[32];
+  if (v == static_cast<double>(static_cast<uint64_t>(v))) std::snprintf(buf, sizeof buf, "%.0f %s", v, unit[u]);
+  else std::snprintf(buf, sizeof buf, "%.1f %s", v, unit[u]);
+  return buf;
+}
+
 bool on_hugetlbfs(int fd) {
   struct statfs f {};
   return ::fstatfs(fd, &f) == 0 && static_cast<uint64_t>(f.f_type) == HUGETLBFS_MAGIC;
@@ -112,7 +127,7 @@ Error FdBackend::space_error(const std::string& what, int err) const {
                     ": " + (err == EFAULT ? "the file system could not supply a page" : std::strerror(err));
   uint64_t total = 0, avail = 0;
   if (fs_space(s_.fd, &total, &avail))
-    msg += " (its file system holds " + human_size(total) + ", " + human_size(avail) + " free)";
+    msg += " (its file system holds " + approx_size(total) + ", " + approx_size(avail) + " free)";
   return Error(err == ENOMEM || err == EFAULT ? -ENOSPC : -err, msg);
 }
 
@@ -178,6 +193,7 @@ Result<std::byte*> FdBackend::map() {
   }
   base_ = static_cast<std::byte*>(p);
 
+  const bool formatting = s_.allocate;
   Result<void> r;
   if (s_.allocate) r = allocate_and_populate();
   else if (s_.prefault) r = populate();
@@ -197,6 +213,7 @@ Result<std::byte*> FdBackend::map() {
                                     : "not checked: prefault is off";
       if (s_.huge == HugePages::require && s_.prefault) {
         unmap();
+        if (formatting) undo_creation();
         return Error(-EOPNOTSUPP, "pool " + uri_.uri + ": huge pages required but " + why + " for " + s_.path);
       }
       log().info("pool {}: huge pages requested; {}", uri_.uri, why);
@@ -250,7 +267,7 @@ Result<std::unique_ptr<Backend>> open_fd_backend(const PoolUri& uri, const std::
     uint64_t have = static_cast<uint64_t>(f->st.st_blocks) * 512, total = 0, avail = 0;
     if (o.size > have && fs_space(s.fd, &total, &avail) && o.size - have > avail)
       return fail(Error(-ENOSPC, "pool " + uri.uri + ": cannot allocate " + human_size(o.size) + " for " + path +
-                                     ": its file system holds " + human_size(total) + ", " + human_size(avail) +
+                                     ": its file system holds " + approx_size(total) + ", " + approx_size(avail) +
                                      " free; the pool was not formatted"));
     if (::ftruncate(s.fd, static_cast<off_t>(o.size)) != 0)
       return fail(sys_error(uri, "resize " + path + " to " + std::to_string(o.size) + " bytes", errno));
