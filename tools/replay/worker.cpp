@@ -111,11 +111,15 @@ uint64_t now_ns() {
   return uint64_t(ts.tv_sec) * 1000000000ull + ts.tv_nsec;
 }
 
+// Blocks per batch call: a request's blocks go to the store in batches of
+// this many (one stripe-lock round per batch instead of per block).
+constexpr uint32_t kBatch = 16;
+
 // A tiny paged KV cache of the engine: the worker's side of every transfer.
 struct Engine {
   explicit Engine(const Config& c) {
     layout.num_layers = c.layers;
-    layout.num_blocks = 8;
+    layout.num_blocks = kBatch;  // one engine block per block of a batch
     layout.block_size = kTraceBlockTokens;
     layout.num_kv_heads = c.kv_heads;
     layout.head_size = c.head_size;
@@ -209,47 +213,91 @@ int run_worker(const Config& c) {
   Engine eng(c);
   const uint64_t block_bytes = eng.layout.block_bytes();
   const bool prefill = c.worker == "prefill";
-  uint32_t eblock = 0;
 
   auto lat = [&](LatOp op, uint64_t t0) {
     uint64_t t = now_ns();
     wc.lat[op].add(t - t0);
     return t;
   };
-  // Pin, fetch, verify and unpin one block.  An I/O error (the fetch or
-  // unpin call failed) is reported as such, apart from bytes that differ.
-  auto fetch_verify = [&](const BlockKey& k, uint64_t r, size_t i, const char* who, bool* missing) -> bool {
-    uint64_t t0 = now_ns();
-    auto pin = kv.pin(k);
-    t0 = lat(kLatPin, t0);
-    if (!pin) {
-      *missing = true;
-      return true;
+  // Chunks of engine blocks 0..n-1 (one batch), concatenated, with counts.
+  std::vector<Chunk> chunks;
+  std::vector<uint32_t> nchunks;
+  auto batch_chunks = [&](size_t n) {
+    chunks.clear();
+    nchunks.clear();
+    for (uint32_t b = 0; b < n; b++) {
+      auto ch = eng.chunks(b);
+      nchunks.push_back(uint32_t(ch.size()));
+      chunks.insert(chunks.end(), ch.begin(), ch.end());
     }
-    auto ch = eng.chunks(eblock++);
-    const bool from_ssd = pin->loc_tier == CXLKV_TIER_SSD;  // the tier this fetch reads
-    auto f = kv.fetch(*pin, ch);
-    t0 = lat(kLatFetch, t0);
-    auto u = kv.unpin(*pin);
-    lat(kLatUnpin, t0);
-    const char* what = nullptr;
-    std::string why;
-    if (!f) what = "fetch failed (I/O error)", why = f.error().message();
-    else if (!u) what = "unpin failed", why = u.error().message();
-    else if (c.verify)
-      for (uint32_t j = 0; j < ch.size() && !what; j++)
-        if (!check_chunk(k.lo, k.hi, j, static_cast<const std::byte*>(ch[j].addr), ch[j].len))
-          what = "bytes differ from what was published", why = "chunk " + std::to_string(j);
-    if (what) {
-      std::fprintf(stderr, "cxlkv-replay: %s of request %lu block %zu (%s): %s: %s\n", who, (unsigned long)r, i,
-                   to_hex(k).c_str(), what, why.c_str());
-      return false;
+  };
+  // The chunks of block b of the current batch.
+  auto block_chunks = [&](size_t b) {
+    size_t off = 0;
+    for (size_t i = 0; i < b; i++) off += nchunks[i];
+    return std::span<const Chunk>(chunks.data() + off, nchunks[b]);
+  };
+  auto report = [&](const char* who, uint64_t r, size_t i, const BlockKey& k, const char* what,
+                    const std::string& why) {
+    std::fprintf(stderr, "cxlkv-replay: %s of request %lu block %zu (%s): %s: %s\n", who, (unsigned long)r, i,
+                 to_hex(k).c_str(), what, why.c_str());
+  };
+  // Pin, fetch, verify and unpin keys[first..last) in batches: one pin_many,
+  // fetch_many and unpin_many call per batch.  Returns the blocks found
+  // missing (not cached at pin time); counts errors.  An I/O error (a fetch
+  // or unpin that failed) is reported as such, apart from bytes that differ.
+  auto read_blocks = [&](std::span<const BlockKey> keys, size_t first, uint64_t r, const char* who) -> uint64_t {
+    uint64_t missing = 0;
+    std::vector<KvPin> pins(kBatch);
+    std::vector<int32_t> pst(kBatch), fst(kBatch), ust(kBatch);
+    for (size_t at = first; at < keys.size(); at += kBatch) {
+      const size_t n = std::min<size_t>(kBatch, keys.size() - at);
+      auto ks = keys.subspan(at, n);
+      uint64_t t0 = now_ns();
+      auto pr = kv.pin_many(ks, {pins.data(), n}, {pst.data(), n});
+      t0 = lat(kLatPin, t0);
+      if (!pr) {
+        report(who, r, at, ks[0], "pin failed", pr.error().message());
+        wc.errors += n;
+        continue;
+      }
+      batch_chunks(n);
+      auto fr = kv.fetch_many({pins.data(), n}, chunks, nchunks, {fst.data(), n});
+      const std::string fetch_err = kv.last_block_error();
+      t0 = lat(kLatFetch, t0);
+      auto ur = kv.unpin_many({pins.data(), n}, {ust.data(), n});
+      const std::string unpin_err = kv.last_block_error();
+      lat(kLatUnpin, t0);
+      for (size_t b = 0; b < n; b++) {
+        if (pst[b] == kKvMiss) {
+          missing++;
+          continue;
+        }
+        const char* what = nullptr;
+        std::string why;
+        if (pst[b] != 0) what = "pin failed", why = std::strerror(-pst[b]);
+        else if (!fr) what = "fetch failed (I/O error)", why = fr.error().message();
+        else if (fst[b] != 0) what = "fetch failed (I/O error)", why = fetch_err.empty() ? std::strerror(-fst[b]) : fetch_err;
+        else if (!ur || ust[b] != 0) what = "unpin failed", why = ur ? unpin_err : ur.error().message();
+        else if (c.verify) {
+          auto ch = block_chunks(b);
+          for (uint32_t j = 0; j < ch.size() && !what; j++)
+            if (!check_chunk(ks[b].lo, ks[b].hi, j, static_cast<const std::byte*>(ch[j].addr), ch[j].len))
+              what = "bytes differ from what was published", why = "chunk " + std::to_string(j);
+        }
+        if (what) {
+          report(who, r, at + b, ks[b], what, why);
+          wc.errors++;
+          continue;
+        }
+        const bool from_ssd = pins[b].loc_tier == CXLKV_TIER_SSD;  // the tier this fetch read
+        wc.blocks_read++;
+        wc.bytes_read += block_bytes;
+        (from_ssd ? wc.ssd_hits : wc.mem_hits)++;
+        (from_ssd ? wc.ssd_bytes : wc.mem_bytes) += block_bytes;
+      }
     }
-    wc.blocks_read++;
-    wc.bytes_read += block_bytes;
-    (from_ssd ? wc.ssd_hits : wc.mem_hits)++;
-    (from_ssd ? wc.ssd_bytes : wc.mem_bytes) += block_bytes;
-    return true;
+    return missing;
   };
 
   for (;;) {
@@ -265,70 +313,89 @@ int run_worker(const Config& c) {
       uint64_t t0 = now_ns();
       size_t ready = kv.lookup(keys);
       const uint64_t t_reserve = lat(kLatLookup, t0);
+      // One reserve_chain call for the rest of the chain.
       std::vector<KvReservation> mine;
       std::vector<size_t> busy;
       size_t hit = ready;
-      bool counting = true;
-      for (size_t i = ready; i < keys.size(); i++) {
-        t0 = now_ns();
-        auto res = kv.reserve(keys[i], i ? &keys[i - 1] : nullptr, block_bytes);
-        lat(kLatReserve, t0);
-        if (!res) {
-          // No space / parent evicted meanwhile: the rest is computed, not cached.
-          wc.uncached += keys.size() - i;
-          break;
-        }
-        if (res->reserved()) {
-          counting = false;
-          mine.push_back(*res);
-        } else {
-          if (counting) hit++;
-          if (res->status == 2) busy.push_back(i);
+      if (ready < keys.size()) {
+        const size_t n = keys.size() - ready;
+        std::vector<KvReservation> out(n);
+        std::vector<int32_t> st(n);
+        auto rr = kv.reserve_chain(ready ? &keys[ready - 1] : nullptr, std::span(keys).subspan(ready), block_bytes,
+                                   out, st);
+        lat(kLatReserve, t_reserve);
+        bool counting = true;
+        for (size_t i = 0; i < n; i++) {
+          if (!rr || st[i] < 0) {
+            // No space / parent evicted meanwhile: the rest is computed, not cached.
+            wc.uncached += n - i;
+            break;
+          }
+          if (st[i] == kKvReserved) {
+            counting = false;
+            mine.push_back(out[i]);
+          } else if (counting) {
+            hit++;
+            if (st[i] == kKvBusy) busy.push_back(ready + i);
+          }
         }
       }
       const uint64_t reserve_ns = now_ns() - t_reserve;
       co.turn.store(r + 1, std::memory_order_release);
       // ---- payload phase ---------------------------------------------------
-      const uint64_t t_fetch = now_ns();
-      for (size_t i = 0; i < hit; i++) {
-        if (std::find(busy.begin(), busy.end(), i) != busy.end())
-          kv.wait_ready(keys[i], std::chrono::milliseconds(10000));
-        bool missing = false;
-        if (!fetch_verify(keys[i], r, i, "prefill", &missing)) wc.errors++;
-        if (missing) wc.lost_hits++;  // evicted between lookup and pin (bounded capacity)
+      if (hit) {
+        const uint64_t t_fetch = now_ns();
+        for (size_t i : busy) kv.wait_ready(keys[i], std::chrono::milliseconds(10000));
+        // evicted between lookup and pin (bounded capacity)
+        wc.lost_hits += read_blocks(std::span<const BlockKey>(keys.data(), hit), 0, r, "prefill");
+        lat(kLatWholeFetch, t_fetch);
       }
-      if (hit) lat(kLatWholeFetch, t_fetch);
       const uint64_t t_write = now_ns();
-      for (size_t k = 0; k < mine.size(); k++) {
-        const KvReservation& res = mine[k];
-        auto ch = eng.chunks(eblock++);
-        for (uint32_t j = 0; j < ch.size(); j++)
-          fill_chunk(res.key.lo, res.key.hi, j, static_cast<std::byte*>(ch[j].addr), ch[j].len);
-        t0 = now_ns();
-        auto w = kv.write(res, ch);
-        t0 = lat(kLatWrite, t0);
-        if (!w) {
-          std::fprintf(stderr, "cxlkv-replay: prefill of request %lu block %s: write failed (I/O error): %s\n",
-                       (unsigned long)r, to_hex(res.key).c_str(), w.error().message().c_str());
-          wc.errors++;
-          continue;
+      std::vector<int32_t> st(kBatch);
+      for (size_t at = 0; at < mine.size(); at += kBatch) {
+        const size_t n = std::min<size_t>(kBatch, mine.size() - at);
+        std::span<KvReservation> rs(mine.data() + at, n);
+        batch_chunks(n);
+        for (size_t b = 0; b < n; b++) {
+          auto ch = block_chunks(b);
+          for (uint32_t j = 0; j < ch.size(); j++)
+            fill_chunk(rs[b].key.lo, rs[b].key.hi, j, static_cast<std::byte*>(ch[j].addr), ch[j].len);
         }
-        auto pub = kv.publish(res);
-        for (uint32_t t = 0; !pub && pub.error().code() == -EAGAIN && !co.abort.load(); t++) {
-          // The parent block is still being written by an earlier request.
+        t0 = now_ns();
+        auto wr = kv.write_many(rs, chunks, nchunks, {st.data(), n});
+        t0 = lat(kLatWrite, t0);
+        // Publish the written prefix of the batch, parents first; a block
+        // after a failed write cannot be published (its parent is missing).
+        size_t good = 0;
+        while (good < n && wr && st[good] == kKvReserved) good++;
+        if (good < n) {
+          report("prefill", r, at + good, rs[good].key, "write failed (I/O error)",
+                 wr ? kv.last_block_error() : wr.error().message());
+          wc.errors++;
+        }
+        size_t published = 0;
+        for (uint32_t t = 0; published < good && !co.abort.load(); t++) {
+          auto pr = kv.publish_many(rs.subspan(published, good - published), {st.data(), good - published});
+          size_t k = 0;
+          while (pr && k < good - published && st[k] == kKvReserved) k++;
+          published += k;
+          // -EAGAIN: the parent block is still being written by an earlier
+          // request: retry the rest.  Anything else (the parent's writer
+          // died): drop ours and everything after it.
+          if (published == good || !pr || st[k] != -EAGAIN) break;
           if (t < 100) sched_yield();
           else std::this_thread::sleep_for(std::chrono::microseconds(50));
-          pub = kv.publish(res);
         }
         lat(kLatPublish, t0);
-        if (!pub) {
-          // Parent's writer died: drop ours and everything after it.
-          for (size_t z = mine.size(); z-- > k;) (void)kv.abort(mine[z]);
-          wc.uncached += mine.size() - k;
+        wc.blocks_written += published;
+        wc.bytes_written += published * block_bytes;
+        if (published < n) {
+          std::span<KvReservation> rest(mine.data() + at + published, mine.size() - at - published);
+          std::vector<int32_t> ast(rest.size());
+          (void)kv.abort_many(rest, ast);
+          wc.uncached += rest.size() - (good < n ? 1 : 0);
           break;
         }
-        wc.blocks_written++;
-        wc.bytes_written += block_bytes;
       }
       if (!mine.empty()) wc.lat[kLatWholePublish].add(reserve_ns + (now_ns() - t_write));
       wc.requests++;
@@ -347,11 +414,7 @@ int run_worker(const Config& c) {
       }
       std::vector<BlockKey> keys = keys_from_ids(reqs[r].hash_ids);
       const uint64_t t_fetch = now_ns();
-      for (size_t i = 0; i < keys.size(); i++) {
-        bool missing = false;
-        if (!fetch_verify(keys[i], r, i, "decode", &missing)) wc.errors++;
-        if (missing) wc.decode_misses++;
-      }
+      wc.decode_misses += read_blocks(keys, 0, r, "decode");
       if (!keys.empty()) lat(kLatWholeFetch, t_fetch);
       wc.requests++;
       co.decoded++;
