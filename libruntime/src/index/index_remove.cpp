@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "index/lock_set.hpp"
 #include "index/prefix_index.hpp"
 
 namespace cxlkv {
@@ -17,12 +18,8 @@ Result<void> PrefixIndex::remove(const BlockKey& key) {
   const uint32_t s = stripe_of(key);
   std::vector<uint32_t> parents;
   {
-    CXLKV_TRY(locks_->lock(s));  // rule 7: entries of stripe s change only under its lock
-    struct Unlock {
-      StripeLocks* l;
-      uint32_t s;
-      ~Unlock() { l->unlock(s); }
-    } unlock{locks_, s};
+    LockSet ls(*this);
+    CXLKV_TRY(ls.acquire({s}));  // rule 7: entries of stripe s change only under its lock
     uint32_t slot = CXLKV_INDEX_NO_SLOT;
     if (find_state(key, &slot) != CXLKV_ENTRY_READY)
       return Error(-ENOENT, "index: block " + to_hex(key) + " is not cached");
@@ -33,10 +30,9 @@ Result<void> PrefixIndex::remove(const BlockKey& key) {
     bool changed = false;
     if (pins_live(e, &changed))
       return Error(-EBUSY, "index: block " + to_hex(key) + " is pinned by a live node");
-    remove_locked(s, slot, e, /*reclaim=*/false, &parents);
+    remove_locked(ls, slot, e, /*reclaim=*/false, &parents);
   }
-  for (uint32_t p : parents) CXLKV_TRY(drop_child(p));
-  return {};
+  return drop_children(parents);
 }
 
 }  // namespace cxlkv
