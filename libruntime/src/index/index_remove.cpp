@@ -3,7 +3,7 @@
 // rm).  The same removal as an eviction of that block (EVICTING, then
 // TOMBSTONE / EMPTY, payload freed, parent's child count dropped), refused
 // where an eviction would be: a block with cached children (the cache stays
-// prefix-closed) or one that a live node pins.
+// prefix-closed), one that a live node pins, or one under a live lease.
 #include <cerrno>
 #include <string>
 #include <vector>
@@ -30,9 +30,15 @@ Result<void> PrefixIndex::remove(const BlockKey& key) {
     bool changed = false;
     if (pins_live(e, &changed))
       return Error(-EBUSY, "index: block " + to_hex(key) + " is pinned by a live node");
+    cxlkv_index_ext x = read_ext(slot);
+    bool consumer_dead = false;
+    if (lease_live(x, now_ms(), &consumer_dead))
+      return Error(-EBUSY, "index: block " + to_hex(key) + " is leased to consumer " +
+                               std::to_string(x.lease_consumer) + " (a handoff not yet consumed)");
     remove_locked(ls, slot, e, /*reclaim=*/false, &parents);
   }
-  return drop_children(parents);
+  CXLKV_TRY(drop_children(parents));
+  return {};
 }
 
 }  // namespace cxlkv

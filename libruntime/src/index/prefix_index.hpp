@@ -226,7 +226,7 @@ class PrefixIndex {
   Result<uint64_t> reclaim_dead();
   // Drop one READY block on an operator's request (cxlkvctl kv rm; in
   // index_remove.cpp): -ENOENT not cached, -ENOTEMPTY it has cached children
-  // (prefix closure: remove them first), -EBUSY a live node pins it.
+  // (prefix closure: remove them first), -EBUSY a live node pins or leases it.
   Result<void> remove(const BlockKey& key);
   IndexCounters counters() const { return ctr_; }
 
