@@ -231,6 +231,28 @@ TEST(PoolFiles, NodeLocalFilePreCreatedByAnotherUserIsRefused) {
   EXPECT_TRUE(contains(nl.error().message(), "owned by uid 65534")) << nl.error().message();
 }
 
+// `cxlkv-replay --ssd /tmp/NAME` after another user created /tmp/NAME 0666:
+// refused, and the file is not written.
+TEST(PoolFiles, SsdFilePreCreatedByAnotherUserIsRefused) {
+  NEED_ROOT();
+  std::string path = "/tmp/" + unique("squat-ssd");
+  Removed rm{path};
+  ASSERT_TRUE(as_other_user([&] {
+    int fd = open(path.c_str(), O_CREAT | O_EXCL | O_RDWR, 0666);
+    return fd >= 0 && fchmod(fd, 0666) == 0 && close(fd) == 0;
+  }));
+  tier::SsdDeviceOptions so;
+  so.path = path;
+  so.create_bytes = 8 * MiB;
+  auto d = tier::SsdDevice::open(so);
+  ASSERT_FALSE(d.ok());
+  EXPECT_EQ(d.error().code(), -EPERM);
+  EXPECT_TRUE(contains(d.error().message(), "SSD device: " + path + " is owned by uid 65534")) << d.error().message();
+  struct stat st {};
+  ASSERT_EQ(stat(path.c_str(), &st), 0);
+  EXPECT_EQ(st.st_size, 0);
+}
+
 TEST(PoolFiles, ExistingPoolOfAnotherUserIsNotOpened) {
   NEED_ROOT();
   std::string name = unique("theirs"), path = "/dev/shm/" + name;
