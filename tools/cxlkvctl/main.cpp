@@ -77,7 +77,11 @@ std::unique_ptr<cxlkv::Region> Context::open_pool() {
     fail("no pool given: use --pool URI or set CXLKV_POOL");
     return nullptr;
   }
-  auto r = cxlkv::Region::open(pool_uri);
+  // Operator commands read metadata and at most a block: faulting in the
+  // whole pool (seconds for a large one) would only slow them down.
+  cxlkv::OpenOptions oo;
+  oo.prefault = false;
+  auto r = cxlkv::Region::open(pool_uri, oo);
   if (!r) {
     fail(r.error().message());
     return nullptr;

@@ -79,7 +79,11 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "cxlkvd: no pool: pass --pool URI or set CXLKV_POOL\n");
     return 2;
   }
-  auto region = cxlkv::Region::open(pool);
+  // The lock manager touches the control carve only: no need to fault the
+  // whole pool in (OpenOptions::prefault).
+  cxlkv::OpenOptions oo;
+  oo.prefault = false;
+  auto region = cxlkv::Region::open(pool, oo);
   if (!region) {
     std::fprintf(stderr, "cxlkvd: %s\n", region.error().message().c_str());
     return 1;
