@@ -4,6 +4,10 @@
 //   kv_crash_helper POOL NODE writer KEYS...   reserve + write (not publish) KEYS as
 //                                              a chain below a published first key
 //   kv_crash_helper POOL NODE reader KEY       pin KEY
+//   kv_crash_helper POOL NODE batch-writer ROOT  put_chain a chain of 32 blocks below
+//                                              ROOT, then reserve_chain another and
+//                                              write_many half of it
+//   kv_crash_helper POOL NODE batch-reader KEYS... pin_many + fetch_many KEYS
 // Prints "READY" when in position, then sleeps until killed.
 #include <unistd.h>
 
@@ -46,6 +50,47 @@ int main(int argc, char** argv) {
       if (!r || !r->reserved()) return std::fprintf(stderr, "reserve failed\n"), 1;
       if (!kv.write(*r, {&ch, 1})) return 1;
     }
+  } else if (mode == "batch-writer") {
+    // Chain c = ids c*100+1 .. c*100+32 below ROOT; block i of chain c holds
+    // bytes c*32+i.  Chain 0 is put whole; chain 1 is reserved and half
+    // written, then the helper is killed before it publishes.
+    auto chain_of = [](uint64_t c) {
+      std::vector<uint64_t> ids(32);
+      for (size_t i = 0; i < ids.size(); i++) ids[i] = c * 100 + i + 1;
+      return keys_from_ids(ids);
+    };
+    std::vector<std::vector<std::byte>> bufs(32);
+    std::vector<Chunk> chunks(32);
+    std::vector<uint32_t> nchunks(32, 1);
+    std::vector<int32_t> st(32);
+    auto fill = [&](uint64_t c) {
+      for (size_t i = 0; i < bufs.size(); i++) {
+        bufs[i].assign(4096, std::byte(static_cast<uint8_t>(c * 32 + i)));
+        chunks[i] = Chunk{bufs[i].data(), bufs[i].size()};
+      }
+    };
+    fill(0);
+    auto put = kv.put_chain(&keys[0], chain_of(0), 4096, chunks, nchunks, st);
+    if (!put || put.value() != 32) return std::fprintf(stderr, "put_chain failed\n"), 1;
+    fill(1);
+    auto chain = chain_of(1);
+    std::vector<KvReservation> rs(32);
+    auto res = kv.reserve_chain(&keys[0], chain, 4096, rs, st);
+    if (!res || res.value() != 32) return std::fprintf(stderr, "reserve_chain failed\n"), 1;
+    auto w = kv.write_many(std::span(rs).first(16), chunks, nchunks, st);
+    if (!w || w.value() != 16) return std::fprintf(stderr, "write_many failed\n"), 1;
+  } else if (mode == "batch-reader") {
+    // pin_many + fetch_many, killed before unpin_many.
+    std::vector<std::vector<std::byte>> bufs(keys.size(), std::vector<std::byte>(4096));
+    std::vector<Chunk> chunks;
+    for (auto& b : bufs) chunks.push_back(Chunk{b.data(), b.size()});
+    std::vector<uint32_t> nchunks(keys.size(), 1);
+    std::vector<int32_t> st(keys.size());
+    std::vector<KvPin> pins(keys.size());
+    auto p = kv.pin_many(keys, pins, st);
+    if (!p || p.value() != keys.size()) return std::fprintf(stderr, "pin_many failed\n"), 1;
+    auto f = kv.fetch_many(pins, chunks, nchunks, st);
+    if (!f || f.value() != keys.size()) return std::fprintf(stderr, "fetch_many failed\n"), 1;
   } else if (mode == "reader") {
     if (!kv.pin(keys[0])) return std::fprintf(stderr, "pin failed\n"), 1;
   } else {

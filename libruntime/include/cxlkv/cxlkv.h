@@ -309,8 +309,9 @@ int cxlkv_kv_unpin(struct cxlkv_kv *kv, const struct cxlkv_kv_block *pin);
  * nchunks[i] of them (a skipped block's chunks are stepped over).
  */
 /* keys[0] is a child of parent (NULL: a root), keys[i] a child of keys[i-1].
- * Stops at the first block that can be neither reserved nor found (BUSY
- * does not stop it); returns how many are RESERVED or EXISTS.  Blocks
+ * Stops at the first block that is neither RESERVED nor EXISTS (a BUSY block,
+ * which another node is writing, stops it too: retry later); returns how
+ * many leading blocks are RESERVED or EXISTS.  Blocks
  * reserved stay reserved whatever happens later in the chain: write and
  * publish them, or abort them. */
 int cxlkv_kv_reserve_chain(struct cxlkv_kv *kv, const struct cxlkv_kv_key *parent,
@@ -335,7 +336,7 @@ int cxlkv_kv_fetch_many(struct cxlkv_kv *kv, const struct cxlkv_kv_block *pins, 
 int cxlkv_kv_unpin_many(struct cxlkv_kv *kv, const struct cxlkv_kv_block *pins, size_t n,
 			int32_t *status);
 /* reserve_chain -> write the reserved blocks -> publish them, parents first
- * (a parent another node is writing is waited for, up to 5 s).  status[i]:
+ * (a `parent` another node is writing is waited for, up to 5 s).  status[i]:
  * RESERVED (written and published by this call), EXISTS, BUSY (another node
  * is writing it), -errno, -ECANCELED.  Every block this call reserved is
  * published or aborted before it returns.  Returns how many blocks are

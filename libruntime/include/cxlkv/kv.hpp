@@ -172,8 +172,8 @@ class KvStore {
   //
   // keys[0] is a child of `parent` (nullptr: a root), keys[i] a child of
   // keys[i-1].  out[i]/status[i]: RESERVED, EXISTS, BUSY or -errno; stops at
-  // the first block that can be neither reserved nor found (-ECANCELED after
-  // it).  Returns how many are RESERVED or EXISTS.  Reserved blocks stay
+  // the first block that is neither RESERVED nor EXISTS (BUSY included;
+  // -ECANCELED after it).  Returns how many leading blocks are RESERVED or EXISTS.  Reserved blocks stay
   // reserved whatever happens later in the chain: write + publish or abort them.
   Result<size_t> reserve_chain(const BlockKey* parent, std::span<const BlockKey> keys, uint64_t bytes,
                                std::span<KvReservation> out, std::span<int32_t> status);
@@ -191,7 +191,7 @@ class KvStore {
                             std::span<const uint32_t> nchunks, std::span<int32_t> status);
   Result<size_t> unpin_many(std::span<const KvPin> pins, std::span<int32_t> status);
   // reserve_chain -> write the reserved blocks -> publish them, parents
-  // first (a parent another node is writing is waited for, bounded).
+  // first (a `parent` another node is writing is waited for, bounded).
   // status[i]: RESERVED (written and published by this call), EXISTS, BUSY
   // (another node is writing it), -errno, -ECANCELED.  Every block this call
   // reserved is published or aborted before it returns.  Returns how many

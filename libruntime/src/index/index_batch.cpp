@@ -249,6 +249,7 @@ Result<size_t> PrefixIndex::reserve_chain(const BlockKey* parent, std::span<cons
     // window scan), then take the set of the remaining blocks again.
     auto ev = evict_any();
     if (!ev || !ev.value()) break;
+    if (round + 1 == kReserveRounds) break;  // the last round's -ENOSPC and its message stand
     begin_batch();
     status[next] = -ECANCELED;
   }

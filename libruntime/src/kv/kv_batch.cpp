@@ -3,6 +3,7 @@
 // (semantics in cxlkv/kv.hpp and cxlkv.h).
 #include <cerrno>
 #include <chrono>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -17,6 +18,14 @@ constexpr auto kParentWait = std::chrono::milliseconds(5000);
 
 int32_t as_status(uint32_t handle_status) { return static_cast<int32_t>(handle_status); }
 uint32_t as_handle(int32_t status) { return static_cast<uint32_t>(status); }
+
+// The index's batch calls report a code per block and keep the first
+// failure's message; this is that message, or one made from the code.
+Error block_error(const char* op, const BlockKey& k, int32_t code) {
+  std::string m = PrefixIndex::last_block_message();
+  if (!m.empty()) return Error(code, m);
+  return Error(code, std::string("kv: ") + op + " of block " + to_hex(k) + ": " + std::strerror(-code));
+}
 
 // Walks the concatenated chunk lists block by block.
 class ChunkCursor {
@@ -66,31 +75,31 @@ Result<size_t> KvStore::reserve_chain(const BlockKey* parent, std::span<const Bl
     return Error(-EINVAL, "kv: reserve_chain: " + std::to_string(n) + " keys but room for " +
                               std::to_string(out.size()) + " reservations");
   CXLKV_TRY(check_batch("reserve_chain", n, status.size(), {}, nullptr));
-  size_t ok = 0;
-  bool stopped = false;
+  std::vector<Reservation> ix(n);
+  auto good = index_->reserve_chain(parent, keys, bytes, ix, status);
+  if (!good) return good.error();
   for (size_t i = 0; i < n; i++) {
-    if (stopped) {
-      out[i] = KvReservation{};
-      out[i].key = keys[i];
-      out[i].status = as_handle(-ECANCELED);
-      status[i] = -ECANCELED;
+    KvReservation& r = out[i];
+    r = KvReservation{};
+    r.key = keys[i];
+    r.status = as_handle(status[i]);
+    if (status[i] < 0) {
+      if (status[i] != -ECANCELED) {
+        count(status[i] == -ENOSPC ? CXLKV_CTR_NOSPC : CXLKV_CTR_ERRORS);
+        note_block_error(block_error("reserve", keys[i], status[i]));
+      }
       continue;
     }
-    auto r = reserve(keys[i], i ? &keys[i - 1] : parent, bytes);
-    if (!r) {
-      note_block_error(r.error());
-      out[i] = KvReservation{};
-      out[i].key = keys[i];
-      out[i].status = as_handle(r.error().code());
-      status[i] = r.error().code();
-      stopped = true;
-      continue;
-    }
-    out[i] = r.value();
-    status[i] = as_status(r->status);
-    if (status[i] == kKvReserved || status[i] == kKvExists) ok++;
+    r.slot = ix[i].slot;
+    r.length = ix[i].loc.length;
+    r.loc_off = ix[i].loc.offset;
+    r.loc_dev = ix[i].loc.device;
+    r.loc_tier = ix[i].loc.tier;
+    r.version = ix[i].version;
+    if (status[i] == kKvReserved) count(CXLKV_CTR_RESERVES);
+    else if (status[i] == kKvExists) count(CXLKV_CTR_RESERVE_EXISTS);
   }
-  return ok;
+  return good;
 }
 
 Result<size_t> KvStore::write_many(std::span<const KvReservation> rs, std::span<const Chunk> chunks,
@@ -112,36 +121,57 @@ Result<size_t> KvStore::write_many(std::span<const KvReservation> rs, std::span<
   return ok;
 }
 
-Result<size_t> KvStore::publish_many(std::span<const KvReservation> rs, std::span<int32_t> status) {
-  CXLKV_TRY(check_batch("publish_many", rs.size(), status.size(), {}, nullptr));
-  size_t ok = 0;
-  for (size_t i = 0; i < rs.size(); i++) {
-    if (!rs[i].reserved()) {
-      status[i] = as_status(rs[i].status);
+// The reserved blocks of `rs` (in order) as the index's slot / key lists;
+// the others get their handle's status.
+struct Picked {
+  std::vector<size_t> at;
+  std::vector<uint32_t> slots;
+  std::vector<BlockKey> keys;
+  std::vector<int32_t> status;
+};
+template <class Handle, class Take>
+static Picked pick(std::span<const Handle> hs, std::span<int32_t> status, Take take) {
+  Picked p;
+  for (size_t i = 0; i < hs.size(); i++) {
+    if (!take(hs[i])) {
+      status[i] = as_status(hs[i].status);
       continue;
     }
-    auto p = publish(rs[i]);
-    status[i] = p ? kKvReserved : p.error().code();
-    if (p) ok++;
-    else note_block_error(p.error());
+    p.at.push_back(i);
+    p.slots.push_back(hs[i].slot);
+    p.keys.push_back(hs[i].key);
   }
-  return ok;
+  p.status.resize(p.at.size());
+  return p;
+}
+
+Result<size_t> KvStore::publish_many(std::span<const KvReservation> rs, std::span<int32_t> status) {
+  CXLKV_TRY(check_batch("publish_many", rs.size(), status.size(), {}, nullptr));
+  Picked p = pick(rs, status, [](const KvReservation& r) { return r.reserved(); });
+  auto good = index_->publish_many(p.slots, p.keys, p.status);
+  if (!good) return good.error();
+  for (size_t j = 0; j < p.at.size(); j++) {
+    status[p.at[j]] = p.status[j];
+    if (p.status[j] == 0) count(CXLKV_CTR_PUBLISHES);
+    else {
+      if (p.status[j] != -EAGAIN) count(CXLKV_CTR_ERRORS);
+      note_block_error(block_error("publish", p.keys[j], p.status[j]));
+    }
+  }
+  return good;
 }
 
 Result<size_t> KvStore::abort_many(std::span<const KvReservation> rs, std::span<int32_t> status) {
   CXLKV_TRY(check_batch("abort_many", rs.size(), status.size(), {}, nullptr));
-  size_t ok = 0;
-  for (size_t i = rs.size(); i-- > 0;) {  // children before their parents
-    if (!rs[i].reserved()) {
-      status[i] = as_status(rs[i].status);
-      continue;
-    }
-    auto a = abort(rs[i]);
-    status[i] = a ? kKvReserved : a.error().code();
-    if (a) ok++;
-    else note_block_error(a.error());
+  Picked p = pick(rs, status, [](const KvReservation& r) { return r.reserved(); });
+  auto good = index_->abort_many(p.slots, p.keys, p.status);  // children before their parents
+  if (!good) return good.error();
+  for (size_t j = 0; j < p.at.size(); j++) {
+    status[p.at[j]] = p.status[j];
+    if (p.status[j] == 0) count(CXLKV_CTR_ABORTS);
+    else note_block_error(block_error("abort", p.keys[j], p.status[j]));
   }
-  return ok;
+  return good;
 }
 
 Result<size_t> KvStore::pin_many(std::span<const BlockKey> keys, std::span<KvPin> out, std::span<int32_t> status) {
@@ -150,22 +180,28 @@ Result<size_t> KvStore::pin_many(std::span<const BlockKey> keys, std::span<KvPin
     return Error(-EINVAL, "kv: pin_many: " + std::to_string(n) + " keys but room for " + std::to_string(out.size()) +
                               " pins");
   CXLKV_TRY(check_batch("pin_many", n, status.size(), {}, nullptr));
-  size_t ok = 0;
+  std::vector<PinnedBlock> ix(n);
+  auto good = index_->pin_many(keys, ix, status);
+  if (!good) return good.error();
   for (size_t i = 0; i < n; i++) {
-    auto p = pin(keys[i]);
-    if (p) {
-      out[i] = p.value();
-      status[i] = 0;
-      ok++;
+    KvPin& p = out[i];
+    p = KvPin{};
+    p.key = keys[i];
+    p.status = as_handle(status[i]);
+    if (status[i] != 0) {
+      count(CXLKV_CTR_PIN_MISSES);
+      if (status[i] != kKvMiss) note_block_error(block_error("pin", keys[i], status[i]));
       continue;
     }
-    out[i] = KvPin{};
-    out[i].key = keys[i];
-    status[i] = p.error().code() == -ENOENT ? kKvMiss : p.error().code();
-    out[i].status = as_handle(status[i]);
-    if (status[i] != kKvMiss) note_block_error(p.error());
+    count(CXLKV_CTR_PINS);
+    p.slot = ix[i].slot;
+    p.length = ix[i].loc.length;
+    p.loc_off = ix[i].loc.offset;
+    p.loc_dev = ix[i].loc.device;
+    p.loc_tier = ix[i].loc.tier;
+    p.version = ix[i].version;
   }
-  return ok;
+  return good;
 }
 
 Result<size_t> KvStore::fetch_many(std::span<const KvPin> pins, std::span<const Chunk> chunks,
@@ -189,18 +225,14 @@ Result<size_t> KvStore::fetch_many(std::span<const KvPin> pins, std::span<const 
 
 Result<size_t> KvStore::unpin_many(std::span<const KvPin> pins, std::span<int32_t> status) {
   CXLKV_TRY(check_batch("unpin_many", pins.size(), status.size(), {}, nullptr));
-  size_t ok = 0;
-  for (size_t i = 0; i < pins.size(); i++) {
-    if (!pins[i].pinned()) {
-      status[i] = as_status(pins[i].status);
-      continue;
-    }
-    auto u = unpin(pins[i]);
-    status[i] = u ? 0 : u.error().code();
-    if (u) ok++;
-    else note_block_error(u.error());
+  Picked p = pick(pins, status, [](const KvPin& k) { return k.pinned(); });
+  auto good = index_->unpin_many(p.slots, p.keys, p.status);
+  if (!good) return good.error();
+  for (size_t j = 0; j < p.at.size(); j++) {
+    status[p.at[j]] = p.status[j];
+    if (p.status[j] != 0) note_block_error(block_error("unpin", p.keys[j], p.status[j]));
   }
-  return ok;
+  return good;
 }
 
 Result<size_t> KvStore::put_chain(const BlockKey* parent, std::span<const BlockKey> keys, uint64_t bytes,
@@ -229,32 +261,41 @@ Result<size_t> KvStore::put_chain(const BlockKey* parent, std::span<const BlockK
       break;
     }
   }
-  // Publish the rest, parents first; a parent another node is writing is
-  // waited for (once per block, bounded), then the block is tried again.
-  size_t i = 0;
-  for (; i < cut; i++) {
-    if (!rs[i].reserved()) continue;
-    auto p = publish(rs[i]);
-    if (!p && p.error().code() == -EAGAIN) {
-      const BlockKey* pk = i ? &keys[i - 1] : parent;
-      if (pk && wait_ready(*pk, kParentWait)) p = publish(rs[i]);
-    }
-    if (!p) {
-      note_block_error(p.error());
-      keep_error();
-      status[i] = p.error().code();
-      cut = i;
-      break;
-    }
+  // Publish [0, cut) in one call, parents first.  Only the chain's first
+  // block can find its parent unpublished (another node writing `parent`):
+  // that parent is waited for (bounded) and the call repeated once.
+  auto publish_from = [&](size_t from) -> Result<size_t> {
+    std::span<const KvReservation> part(rs.data() + from, cut - from);
+    CXLKV_TRY(publish_many(part, std::span<int32_t>(st.data() + from, cut - from)));
+    keep_error();
+    for (size_t i = from; i < cut; i++)
+      if (rs[i].reserved() && st[i] != kKvReserved) return i;
+    return cut;
+  };
+  const std::string before_publish = first_error;
+  auto failed = publish_from(0);
+  if (!failed) return failed.error();
+  if (failed.value() < cut && st[failed.value()] == -EAGAIN && failed.value() == 0 && parent &&
+      wait_ready(*parent, kParentWait)) {
+    first_error = before_publish;
+    failed = publish_from(0);
+    if (!failed) return failed.error();
+  }
+  if (failed.value() < cut) {
+    status[failed.value()] = st[failed.value()];
+    cut = failed.value();
   }
   // Abort what was reserved from the cut on, children first.
-  for (size_t j = n; j-- > cut;) {
+  std::vector<KvReservation> undo;
+  for (size_t j = cut; j < n; j++) {
     if (!rs[j].reserved()) continue;
     if (j > cut) status[j] = -ECANCELED;
-    if (auto a = abort(rs[j]); !a) {
-      note_block_error(a.error());
-      keep_error();
-    }
+    undo.push_back(rs[j]);
+  }
+  if (!undo.empty()) {
+    std::vector<int32_t> ust(undo.size());
+    CXLKV_TRY(abort_many(undo, ust));
+    keep_error();
   }
   // Blocks after the cut that were not ours: another node's (BUSY) or
   // EXISTS blocks stay as reported; failed ones keep their error.

@@ -305,6 +305,7 @@ Result<KvReservation> KvStore::reserve(const BlockKey& key, const BlockKey* pare
   out.loc_off = r->loc.offset;
   out.loc_dev = r->loc.device;
   out.loc_tier = r->loc.tier;
+  out.version = r->version;
   if (out.reserved()) count(CXLKV_CTR_RESERVES);
   else count(CXLKV_CTR_RESERVE_EXISTS);
   return out;
@@ -347,20 +348,12 @@ Result<void> KvStore::abort(const KvReservation& r) {
 }
 
 Result<KvPin> KvStore::pin(const BlockKey& key) {
-  uint32_t slot = 0;
-  auto loc = index_->pin(key, &slot);
-  if (!loc) {
-    count(CXLKV_CTR_PIN_MISSES);
-    return loc.error();
-  }
-  count(CXLKV_CTR_PINS);
   KvPin p;
-  p.key = key;
-  p.slot = slot;
-  p.length = loc->length;
-  p.loc_off = loc->offset;
-  p.loc_dev = loc->device;
-  p.loc_tier = loc->tier;
+  int32_t st = 0;
+  auto n = pin_many({&key, 1}, {&p, 1}, {&st, 1});
+  if (!n) return n.error();
+  if (st == kKvMiss) return Error(-ENOENT, "kv: block " + to_hex(key) + " is not cached");
+  if (st != 0) return Error(st, block_error_);
   return p;
 }
 
