@@ -309,6 +309,23 @@ TEST(Replay, KillMinus9OfTheParentLeavesNoWorkerRunningAndNoPoolOrCoordinationSe
   EXPECT_TRUE(shm_entries_containing(node_prefix).empty()) << node_prefix << "* left after node gc";
 }
 
+TEST(Replay, BoundedReplayOfTheSyntheticTraceReadsOnlyCorrectBytesAndBeatsBlockLru) {
+  // Issue 11's targets on a bounded run that finishes in well under a minute:
+  // the first 800 requests at 10% of their distinct blocks, 128 KiB blocks,
+  // 2 prefill + 2 decode workers.
+  std::string path = replay_run::synthetic_trace();
+  if (path.empty()) GTEST_SKIP() << "synthetic trace not present";
+  int st;
+  std::string out = run("--trace " + path + " --requests 800 --capacity-fraction 0.1 --prefill 2 --decode 2 "
+                        "--layers 1 --kv-heads 1 --head-size 64", &st);
+  ASSERT_EQ(st, 0) << out;
+  EXPECT_EQ(field(out, "errors"), 0u) << out;
+  EXPECT_GT(field(out, "evictions"), 0u) << "capacity did not bind: " << out;
+  EXPECT_GE(replay_run::dfield(out, "hit_vs_lru"), 1.0) << out;
+  RecordProperty("hit_vs_lru", std::to_string(replay_run::dfield(out, "hit_vs_lru")));
+  RecordProperty("decode_misses", std::to_string(field(out, "decode_misses")));
+}
+
 TEST(Replay, BadOptionsAreRefused) {
   int st;
   run("--prefill 0", &st);
