@@ -169,3 +169,32 @@ def test_strided_views_are_gathered_by_runs(env):
     out = torch.zeros(4, 1, 2, 8, 2, 16)
     assert cxlkv.get_ok(kv.get(keys, cxlkv.PagedKV.block_first(out), [0, 1, 2, 3])).all()
     assert torch.equal(out[:, 0, 0], k) and torch.equal(out[:, 0, 1], v)
+
+
+def test_a_batch_is_one_c_call_not_calls_per_block(env):
+    kv = env.store()
+    L = _lib.lib()
+    calls = {}
+    names = ["cxlkv_kv_put_chain", "cxlkv_kv_get_many", "cxlkv_kv_reserve", "cxlkv_kv_write", "cxlkv_kv_publish",
+             "cxlkv_kv_pin", "cxlkv_kv_fetch", "cxlkv_kv_unpin", "cxlkv_kv_pin_many", "cxlkv_kv_unpin_many"]
+    orig = {n: getattr(L, n) for n in names}
+
+    def counting(n):
+        def f(*a):
+            calls[n] = calls.get(n, 0) + 1
+            return orig[n](*a)
+        return f
+
+    try:
+        for n in names:
+            setattr(L, n, counting(n))
+        keys = cxlkv.block_keys(np.arange(16 * 16), 16)
+        assert cxlkv.put_ok(kv.put(keys, [np.zeros(512, np.uint8)] * 16)).all()
+        assert cxlkv.get_ok(kv.get(keys, [np.zeros(512, np.uint8) for _ in range(16)])).all()
+        with kv.pin(keys) as p:
+            p.fetch([np.zeros(512, np.uint8) for _ in range(16)])
+    finally:
+        for n in names:
+            setattr(L, n, orig[n])
+    assert calls == {"cxlkv_kv_put_chain": 1, "cxlkv_kv_get_many": 1, "cxlkv_kv_pin_many": 1,
+                     "cxlkv_kv_unpin_many": 1}

@@ -4,4 +4,10 @@ set -eu
 B=${CXLKV_BUILD:-build}
 mkdir -p "$B/bench"
 "$B/tools/cxlkv-bench" --out "$B/bench/results.json"
+# py group: the Python package beside the kv group (merges py.* into the file).
+if /usr/bin/python3 -c "import numpy, torch" 2>/dev/null; then
+	CXLKV_BUILD="$B" /usr/bin/python3 tools/bench/py_bench.py --results "$B/bench/results.json" >/dev/null
+else
+	echo "bench: py group skipped (/usr/bin/python3 lacks numpy/torch: make deps)" >&2
+fi
 cat "$B/bench/results.json"

@@ -187,13 +187,10 @@ class KvStore:
         else:
             ch, counts, nbytes = self._chunks(src, k, block_ids)
             bytes_ = nbytes
-            if _lib.has("cxlkv_kv_put_chain"):
-                rc = self._lib.cxlkv_kv_put_chain(self.handle, _kp(par) if par is not None else None, _kp(k), n,
-                                                  nbytes, ch.ctypes.data_as(_CHP), counts.ctypes.data_as(_U32P),
-                                                  status.ctypes.data_as(_I32P))
-                _lib.check(rc, "cxlkv_kv_put_chain")
-            else:
-                self._put_chain_single(k, par, nbytes, ch, counts, status)
+            rc = self._lib.cxlkv_kv_put_chain(self.handle, _kp(par) if par is not None else None, _kp(k), n,
+                                              nbytes, ch.ctypes.data_as(_CHP), counts.ctypes.data_as(_U32P),
+                                              status.ctypes.data_as(_I32P))
+            _lib.check(rc, "cxlkv_kv_put_chain")
         if self.metrics:
             self.metrics.observe_store(int((status == RESERVED).sum()) * bytes_, int(put_ok(status).sum()),
                                        time.perf_counter() - t0)
@@ -213,12 +210,9 @@ class KvStore:
             nbytes = self._gpu_get(k, dst, block_ids, gpu, stream, status)
         else:
             ch, counts, nbytes = self._chunks(dst, k, block_ids)
-            if _lib.has("cxlkv_kv_get_many"):
-                rc = self._lib.cxlkv_kv_get_many(self.handle, _kp(k), n, ch.ctypes.data_as(_CHP),
-                                                 counts.ctypes.data_as(_U32P), status.ctypes.data_as(_I32P))
-                _lib.check(rc, "cxlkv_kv_get_many")
-            else:
-                self._get_many_single(k, ch, counts, status)
+            rc = self._lib.cxlkv_kv_get_many(self.handle, _kp(k), n, ch.ctypes.data_as(_CHP),
+                                             counts.ctypes.data_as(_U32P), status.ctypes.data_as(_I32P))
+            _lib.check(rc, "cxlkv_kv_get_many")
         if self.metrics:
             self.metrics.observe_load(int(get_ok(status).sum()) * nbytes, time.perf_counter() - t0)
         return status
@@ -263,13 +257,8 @@ class KvStore:
         k = as_keys(keys)
         blocks = (_lib.KvBlock * max(len(k), 1))()
         status = np.zeros(len(k), dtype=np.int32)
-        if _lib.has("cxlkv_kv_pin_many"):
-            rc = self._lib.cxlkv_kv_pin_many(self.handle, _kp(k), len(k), blocks, status.ctypes.data_as(_I32P))
-            _lib.check(rc, "cxlkv_kv_pin_many")
-        else:
-            for i in range(len(k)):
-                rc = self._lib.cxlkv_kv_pin(self.handle, _kp(k[i:i + 1]), C.byref(blocks[i]))
-                status[i] = MISS if rc == -errno.ENOENT else rc
+        rc = self._lib.cxlkv_kv_pin_many(self.handle, _kp(k), len(k), blocks, status.ctypes.data_as(_I32P))
+        _lib.check(rc, "cxlkv_kv_pin_many")
         return Pins(self, k, blocks, status)
 
     # ---- leases -----------------------------------------------------------------
@@ -304,46 +293,6 @@ class KvStore:
         _lib.check(self._lib.cxlkv_kv_stats(self.handle, C.byref(s)), "cxlkv_kv_stats")
         return {name: getattr(s, name) for name, _ in _lib.KvStats._fields_ if name != "size"}
 
-    # ---- fallbacks for a library without the batch calls (older libcxlkv) ----------
-    def _put_chain_single(self, k, par, nbytes, ch, counts, status):
-        L = self._lib
-        off = np.concatenate([[0], np.cumsum(counts, dtype=np.int64)])
-        chp = ch.ctypes.data
-        prev = par
-        failed = False
-        for i in range(len(k)):
-            if failed:
-                status[i] = CANCELED
-                continue
-            b = _lib.KvBlock()
-            rc = L.cxlkv_kv_reserve(self.handle, _kp(k[i:i + 1]), _kp(prev) if prev is not None else None, nbytes,
-                                    C.byref(b))
-            if rc == RESERVED:
-                w = L.cxlkv_kv_write(self.handle, C.byref(b), C.cast(chp + int(off[i]) * 16, _CHP), int(counts[i]))
-                p = L.cxlkv_kv_publish(self.handle, C.byref(b)) if w == 0 else w
-                if p != 0:
-                    L.cxlkv_kv_abort(self.handle, C.byref(b))
-                    rc = p
-            status[i] = rc
-            if rc not in (RESERVED, EXISTS):
-                failed = True
-            prev = k[i:i + 1]
-
-    def _get_many_single(self, k, ch, counts, status):
-        L = self._lib
-        off = np.concatenate([[0], np.cumsum(counts, dtype=np.int64)])
-        chp = ch.ctypes.data
-        for i in range(len(k)):
-            b = _lib.KvBlock()
-            rc = L.cxlkv_kv_pin(self.handle, _kp(k[i:i + 1]), C.byref(b))
-            if rc == -errno.ENOENT:
-                status[i] = MISS
-                continue
-            if rc == 0:
-                rc = L.cxlkv_kv_fetch(self.handle, C.byref(b), C.cast(chp + int(off[i]) * 16, _CHP), int(counts[i]))
-                L.cxlkv_kv_unpin(self.handle, C.byref(b))
-            status[i] = rc
-
 
 class Pins:
     """Pinned blocks (from :meth:`KvStore.pin`); unpinned by :meth:`release`
@@ -367,36 +316,21 @@ class Pins:
         st = self.status.copy()
         ch, counts, _ = self.store._chunks(dst, self.keys, block_ids)
         L = self.store._lib
-        if _lib.has("cxlkv_kv_fetch_many"):
-            _lib.check(L.cxlkv_kv_fetch_many(self.store.handle, self._blocks, len(self.keys), ch.ctypes.data_as(_CHP),
-                                             counts.ctypes.data_as(_U32P), st.ctypes.data_as(_I32P)),
-                       "cxlkv_kv_fetch_many")
-        else:
-            off = np.concatenate([[0], np.cumsum(counts, dtype=np.int64)])
-            for i in range(len(self.keys)):
-                if st[i] == RESERVED:
-                    st[i] = L.cxlkv_kv_fetch(self.store.handle, C.byref(self._blocks[i]),
-                                             C.cast(ch.ctypes.data + int(off[i]) * 16, _CHP), int(counts[i]))
+        # Blocks not pinned are skipped by the C call (their handle status is not 0).
+        _lib.check(L.cxlkv_kv_fetch_many(self.store.handle, self._blocks, len(self.keys), ch.ctypes.data_as(_CHP),
+                                         counts.ctypes.data_as(_U32P), st.ctypes.data_as(_I32P)),
+                   "cxlkv_kv_fetch_many")
         return st
 
     def release(self):
         if self._released or not self.store._h:
             return
         self._released = True
-        L = self.store._lib
-        st = self.status.copy()
-        if _lib.has("cxlkv_kv_unpin_many"):
-            # Only pinned blocks are unpinned: the others are passed with their
-            # non-RESERVED status and skipped by count.
-            idx = np.nonzero(self.status == RESERVED)[0]
-            if idx.size:
-                blk = (_lib.KvBlock * idx.size)(*[self._blocks[int(i)] for i in idx])
-                out = np.zeros(idx.size, dtype=np.int32)
-                L.cxlkv_kv_unpin_many(self.store.handle, blk, idx.size, out.ctypes.data_as(_I32P))
-        else:
-            for i in range(len(self.keys)):
-                if st[i] == RESERVED:
-                    L.cxlkv_kv_unpin(self.store.handle, C.byref(self._blocks[i]))
+        # One call; handles of blocks that were not pinned are skipped by it.
+        out = np.zeros(len(self.keys), dtype=np.int32)
+        if len(self.keys):
+            self.store._lib.cxlkv_kv_unpin_many(self.store.handle, self._blocks, len(self.keys),
+                                                out.ctypes.data_as(_I32P))
 
     def __enter__(self):
         return self
