@@ -1,5 +1,6 @@
 // SPDX-License-Identifier: MIT
 // cxlkvctl pool commands, run as a program: exit codes, stdout, stderr.
+#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/wait.h>
@@ -384,4 +385,36 @@ TEST_F(Cxlkvctl, KvCommandsWithoutALockManagerFailWithAMessageInsteadOfHanging) 
   std::remove((path_ + ".a").c_str());
   EXPECT_EQ(r.status, 1);
   EXPECT_TRUE(has(r.err, "lock manager")) << r.err;
+}
+
+TEST_F(Cxlkvctl, KvInterruptedWhileWaitingForALockRemovesItsNodeLocalFile) {
+  ASSERT_EQ(on_pool("format --size 64M").status, 0);
+  Outcome info = on_pool("info --json");
+  size_t p = info.out.find("\"pool_id\":\"");
+  ASSERT_NE(p, std::string::npos) << info.out;
+  const std::string prefix = "/dev/shm/cxlkv-node-" + info.out.substr(p + 11, 32) + "-";
+  std::ofstream(path_ + ".a") << "x";
+  // No lock manager: the command waits (up to 5 s) for its lock probe.
+  pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    int null = open("/dev/null", O_WRONLY);
+    dup2(null, 2);
+    execl(tool_.c_str(), tool_.c_str(), "--pool", uri_.c_str(), "kv", "put", "k", (path_ + ".a").c_str(), (char*)nullptr);
+    _exit(127);
+  }
+  // Wait (bounded) until it has attached: its node-local file exists.
+  std::string local;
+  for (int i = 0; i < 100 && local.empty(); i++) {
+    usleep(20000);
+    for (int n = 0; n < 16; n++)
+      if (access((prefix + std::to_string(n)).c_str(), F_OK) == 0) local = prefix + std::to_string(n);
+  }
+  ASSERT_FALSE(local.empty()) << "kv put never attached";
+  kill(pid, SIGINT);
+  int st = 0;
+  waitpid(pid, &st, 0);
+  std::remove((path_ + ".a").c_str());
+  EXPECT_TRUE(WIFSIGNALED(st) && WTERMSIG(st) == SIGINT) << "status " << st;
+  EXPECT_NE(access(local.c_str(), F_OK), 0) << local << " left behind";
 }

@@ -41,6 +41,15 @@ BlockKey key_of(const std::string& s) {
 
 const char* tier_name(uint8_t t) { return t == CXLKV_TIER_SSD ? "ssd" : "mem"; }
 
+// SIGINT / SIGTERM while attached (e.g. waiting for a lock): remove the
+// node-local file this command created, then end as the signal would.
+char g_local_path[256];
+void on_stop_signal(int sig) {
+  if (g_local_path[0]) unlink(g_local_path);  // async-signal-safe
+  signal(sig, SIG_DFL);
+  raise(sig);
+}
+
 // One node of the pool with a KV store, and everything it created removed
 // on every exit path: the node detaches and, when this command created its
 // node-local file, the file goes too.
@@ -57,6 +66,7 @@ class KvNode {
     std::string local = node_ ? node_->local_shm_name() : "";
     node_.reset();
     if (created_local_ && !local.empty()) NodeContext::unlink_local(local);
+    g_local_path[0] = 0;
   }
   KvStore& kv() { return session_->store(); }
   Region& region() { return *region_; }
@@ -115,6 +125,11 @@ std::unique_ptr<KvNode> KvNode::open(Context& ctx, const Args& args, int* status
   }
   const std::string local = NodeContext::default_local_name(r, no.node);
   n->created_local_ = access(("/dev/shm/" + local).c_str(), F_OK) != 0;
+  if (n->created_local_) {
+    std::snprintf(g_local_path, sizeof g_local_path, "/dev/shm/%s", local.c_str());
+    signal(SIGINT, on_stop_signal);
+    signal(SIGTERM, on_stop_signal);
+  }
   auto node = NodeContext::attach(r, no);
   if (!node) return fail(node.error().message()), nullptr;
   n->node_ = std::move(node.value());
