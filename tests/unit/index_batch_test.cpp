@@ -236,3 +236,45 @@ TEST(IndexBatch, CallerDyingMidBatchLeaksNothing) {
   EXPECT_EQ(b->lookup(c), 6u);
   EXPECT_EQ(p.space.double_frees, 0u);
 }
+
+TEST(IndexBatch, EachStripeLockIsTakenOncePerCall) {
+  SimPool p(1);
+  CountingLocks counting(p.locks);
+  KvDeps d;
+  d.index_domain = &p.sim.node(0);
+  d.index_carve = p.pool.mem;
+  d.index_bytes = kIndexBytes;
+  d.node = 0;
+  d.incarnation = 100;
+  d.locks = &counting;
+  d.liveness = &p.live;
+  d.space = &p.space;
+  d.devices.push_back(PoolDevice{&p.sim.node(0), p.pool.mem, p.pool.bytes});
+  auto kv = KvStore::create(std::move(d));
+  ASSERT_TRUE(kv.ok());
+  PrefixIndex& ix = (*kv)->index();
+  auto c = chain(111, 64);  // 64 blocks over 8 stripes
+  Batch bt(64);
+  ASSERT_EQ(ix.reserve_chain(nullptr, c, 256, bt.res, bt.status).value(), 64u);
+  EXPECT_EQ(counting.max_per_stripe(), 1u) << "reserve_chain";
+  EXPECT_GE(counting.count.size(), 4u);
+  bt.slots_from_res();
+  counting.count.clear();
+  ASSERT_EQ(ix.publish_many(bt.slots, c, bt.status).value(), 64u);
+  EXPECT_EQ(counting.max_per_stripe(), 1u) << "publish_many";
+  counting.count.clear();
+  ASSERT_EQ(ix.pin_many(c, bt.pins, bt.status).value(), 64u);
+  EXPECT_EQ(counting.max_per_stripe(), 1u) << "pin_many";
+  bt.slots_from_pins();
+  counting.count.clear();
+  ASSERT_EQ(ix.unpin_many(bt.slots, c, bt.status).value(), 64u);
+  EXPECT_EQ(counting.max_per_stripe(), 1u) << "unpin_many";
+  auto c2 = chain(112, 64);
+  Batch b2(64);
+  ASSERT_EQ(ix.reserve_chain(nullptr, c2, 256, b2.res, b2.status).value(), 64u);
+  b2.slots_from_res();
+  counting.count.clear();
+  ASSERT_EQ(ix.abort_many(b2.slots, c2, b2.status).value(), 64u);
+  EXPECT_EQ(counting.max_per_stripe(), 1u) << "abort_many";
+  EXPECT_EQ(p.space.in_use(), 64u);
+}

@@ -528,3 +528,47 @@ Result<void> PrefixIndex::make_room(uint64_t blocks, uint64_t bytes) {
 }
 
 }  // namespace cxlkv
+
+namespace cxlkv {
+
+uint64_t PrefixIndex::audit_lists(std::string* first) const {
+  uint64_t bad = 0;
+  auto problem = [&](std::string m) {
+    if (bad++ == 0 && first) *first = std::move(m);
+  };
+  const std::vector<cxlkv_index_stripe> v = read_stripes();
+  for (uint32_t s = 0; s < hdr_.nstripes; s++) {
+    const uint32_t base = s * hdr_.stripe_slots;
+    uint64_t leaves = 0, linked_flags = 0;
+    for (uint32_t i = 0; i < hdr_.stripe_slots; i++) {
+      cxlkv_index_entry e = read_entry(base + i);
+      if (e.state == CXLKV_ENTRY_READY && e.children == 0 && e.loc_tier == CXLKV_TIER_MEM) leaves++;
+      if (read_ext(base + i).linked) linked_flags++;
+    }
+    if (v[s].list_dirty) problem("stripe " + std::to_string(s) + ": list_dirty set");
+    uint64_t walked = 0;
+    uint32_t prev = kNo, slot = lru_head(v[s]);
+    while (slot != kNo && walked <= hdr_.stripe_slots) {
+      if (slot < base || slot >= base + hdr_.stripe_slots) {
+        problem("stripe " + std::to_string(s) + ": link to slot " + std::to_string(slot) + " outside it");
+        break;
+      }
+      cxlkv_index_entry e = read_entry(slot);
+      cxlkv_index_ext x = read_ext(slot);
+      if (!x.linked || x.lru_prev != prev)
+        problem("stripe " + std::to_string(s) + ": slot " + std::to_string(slot) + " badly linked");
+      if (e.state != CXLKV_ENTRY_READY || e.children || e.loc_tier != CXLKV_TIER_MEM)
+        problem("stripe " + std::to_string(s) + ": slot " + std::to_string(slot) + " listed but not an evictable leaf");
+      walked++;
+      prev = slot;
+      slot = x.lru_next;
+    }
+    if (prev != lru_tail(v[s])) problem("stripe " + std::to_string(s) + ": tail does not end the list");
+    if (walked != leaves || linked_flags != leaves)
+      problem("stripe " + std::to_string(s) + ": " + std::to_string(walked) + " listed, " +
+              std::to_string(linked_flags) + " flagged, " + std::to_string(leaves) + " READY memory leaves");
+  }
+  return bad;
+}
+
+}  // namespace cxlkv

@@ -264,6 +264,9 @@ class PrefixIndex {
 
   // ---- inspection ----------------------------------------------------------
   IndexUsage usage() const;            // lock-free snapshot
+  // Consistency of the eviction lists with the entries (tests, cxlkvctl):
+  // number of problems found; meaningful only while no node changes the index.
+  uint64_t audit_lists(std::string* first_problem = nullptr) const;
   IndexEntryView entry(uint32_t slot) const;
   uint32_t stripe_of(const BlockKey& k) const;
 
