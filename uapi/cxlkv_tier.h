@@ -8,7 +8,13 @@
  *
  *   [0, 4 KiB)                      this header
  *   [CXLKV_TIER_PROBE_OFF, +probe)  scratch area the bandwidth probe writes and reads
- *   [data_offset, capacity)         block payload extents (logical-block aligned)
+ *   [data_offset, capacity)         block extents (logical-block aligned)
+ *
+ * Every block extent starts with one logical block holding a
+ * struct cxlkv_ssd_block_header (the rest of that block is zero), followed by
+ * the payload, zero-padded to the logical block.  A read verifies the header
+ * (magic, header checksum, the key and length the index names) and the
+ * payload checksum; any mismatch makes the block a clean miss, never data.
  *
  * The device is written only by direct I/O (io_uring + O_DIRECT); nothing
  * here is shared through CPU caches, so the coherence rules do not apply.
@@ -55,6 +61,36 @@ static inline __u64 cxlkv_tier_header_checksum(const struct cxlkv_tier_dev_heade
 		x *= 0x100000001b3ULL;
 	}
 	return x;
+}
+
+/* "CXLKVSB1" little endian */
+#define CXLKV_SSD_BLOCK_MAGIC    0x3142535656584c43ULL
+
+struct cxlkv_ssd_block_header {
+	__u64 magic;              /*  0 CXLKV_SSD_BLOCK_MAGIC */
+	__u64 key_lo;             /*  8 the block key the extent holds */
+	__u64 key_hi;             /* 16 */
+	__u32 length;             /* 24 payload bytes */
+	__u32 flags;              /* 28 0 */
+	__u64 payload_hash;       /* 32 XXH3-64 of the payload bytes (seed 0) */
+	__u64 write_seq;          /* 40 writer's sequence number (diagnostics) */
+	__u64 reserved;           /* 48 0 */
+	__u64 header_check;       /* 56 cxlkv_ssd_block_header_check() */
+};
+CXLKV_STATIC_ASSERT(sizeof(struct cxlkv_ssd_block_header) == 64, "SSD block header is 64 bytes");
+
+/* FNV-1a 64 over bytes 0..55 of a block header; never 0. */
+static inline __u64 cxlkv_ssd_block_header_check(const struct cxlkv_ssd_block_header *h)
+{
+	const unsigned char *p = (const unsigned char *)h;
+	__u64 x = 0xcbf29ce484222325ULL;
+	unsigned long i;
+
+	for (i = 0; i < 56; i++) {
+		x ^= p[i];
+		x *= 0x100000001b3ULL;
+	}
+	return x ? x : 1;
 }
 
 #endif /* _UAPI_CXLKV_TIER_H */

@@ -102,3 +102,24 @@ TEST(TierExtentAllocator, RandomWorkloadMatchesAUnitBitmapModel) {
     ASSERT_EQ(a.free_bytes(), model_free);
   }
 }
+
+TEST(TierExtentAllocator, ReserveTakesExactlyAFreeRangeAndRefusesAnyOther) {
+  ExtentAllocator a(0, 64 * 4096, 4096);
+  ASSERT_TRUE(a.reserve(8 * 4096, 2 * 4096));
+  EXPECT_TRUE(a.is_allocated(8 * 4096, 2 * 4096));
+  EXPECT_EQ(a.free_bytes(), 62u * 4096);
+  EXPECT_FALSE(a.reserve(9 * 4096, 4096));        // already taken
+  EXPECT_FALSE(a.reserve(7 * 4096, 2 * 4096));    // overlaps a taken unit
+  EXPECT_FALSE(a.reserve(100, 4096));             // misaligned
+  EXPECT_FALSE(a.reserve(63 * 4096, 2 * 4096));   // past the end
+  EXPECT_FALSE(a.reserve(UINT64_MAX - 4095, 8192));  // would wrap
+  EXPECT_EQ(a.free_bytes(), 62u * 4096);
+  // First fit goes around the reserved range.
+  auto e = a.allocate(8 * 4096);
+  ASSERT_TRUE(e);
+  EXPECT_EQ(e->offset, 0u);
+  e = a.allocate(4096);
+  ASSERT_TRUE(e);
+  EXPECT_EQ(e->offset, 10u * 4096);
+  EXPECT_TRUE(a.free(8 * 4096, 2 * 4096));
+}

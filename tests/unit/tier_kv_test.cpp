@@ -50,8 +50,9 @@ class LimitedSpace final : public PayloadSpace {
 struct TieredStore {
   TieredStore(uint32_t mem_blocks, uint64_t ssd_bytes, bool promote, std::shared_ptr<FaultInjector> faults = nullptr,
               uint64_t index_max_blocks = 0)
-      : pool(kPoolBytes), sim(pool.mem, pool.bytes, NonCoherentSimOptions{1, 0.0, 7}),
-        range(kIndexBytes, kPoolBytes - kIndexBytes), space(range, mem_blocks) {
+      : pool(kPoolBytes), sim(pool.mem, pool.bytes, NonCoherentSimOptions{2, 0.0, 7}),
+        range(kIndexBytes, kPoolBytes - kIndexBytes), space(range, mem_blocks), ssd_bytes_(ssd_bytes),
+        promote_(promote), faults_(std::move(faults)) {
     IndexFormatOptions fo;
     fo.stripe_slots = 64;
     fo.max_stripes = 1;  // one stripe: eviction order is easy to reason about
@@ -59,32 +60,44 @@ struct TieredStore {
     auto r = index_format(sim.node(0), pool.mem, kIndexBytes, fo);
     EXPECT_TRUE(r.ok()) << (r.ok() ? "" : r.error().message());
     live.set_incarnation(0, 100);
+    live.set_incarnation(1, 200);
+    open_node();
+  }
+  // Opens (again: a restart of this node's process) the SSD pool, its tier
+  // and the KV store over the same index carve and SSD file.
+  void open_node() {
+    kv.reset();
+    tier.reset();
+    ssd.reset();
     if (!dir.ok() || !dir.direct_io_ok()) return;
     SsdPoolOptions so;
     so.probe_bytes = 64 * 1024;
-    so.devices.push_back({dir.file("ssd0"), ssd_bytes, 1.0, false});
-    if (faults) so.faults = {faults};
+    so.devices.push_back({dir.file("ssd0"), ssd_bytes_, 1.0, false});
+    if (faults_) so.faults = {faults_};
     auto sp = SsdPool::open(so);
     EXPECT_TRUE(sp) << (sp ? "" : sp.error().message());
     if (!sp) return;
     ssd = std::move(*sp);
     tier = std::make_unique<SsdPayloadTier>(*ssd);
+    auto kv_r = KvStore::create(deps(0, tier.get(), promote_));
+    EXPECT_TRUE(kv_r.ok()) << (kv_r.ok() ? "" : kv_r.error().message());
+    if (kv_r.ok()) kv = std::move(kv_r.value());
+  }
+  KvDeps deps(uint32_t node, PlacingTier* ssd_tier, bool promote) {
     KvDeps d;
-    d.index_domain = &sim.node(0);
+    d.index_domain = &sim.node(node);
     d.index_carve = pool.mem;
     d.index_bytes = kIndexBytes;
-    d.node = 0;
-    d.incarnation = 100;
+    d.node = node;
+    d.incarnation = node ? 200 : 100;
     d.locks = &locks;
     d.liveness = &live;
     d.space = &space;
-    d.devices.push_back(PoolDevice{&sim.node(0), pool.mem, pool.bytes});
-    d.ssd_tier = tier.get();
-    d.demote_on_evict = true;
+    d.devices.push_back(PoolDevice{&sim.node(node), pool.mem, pool.bytes});
+    d.ssd_tier = ssd_tier;
+    d.demote_on_evict = ssd_tier != nullptr;
     d.promote_on_hit = promote;
-    auto kv_r = KvStore::create(std::move(d));
-    EXPECT_TRUE(kv_r.ok()) << (kv_r.ok() ? "" : kv_r.error().message());
-    if (kv_r.ok()) kv = std::move(kv_r.value());
+    return d;
   }
   bool ready() const { return kv != nullptr; }
   BlockKey some_block_on_ssd(std::span<const BlockKey> c) {
@@ -135,7 +148,22 @@ struct TieredStore {
   std::unique_ptr<SsdPool> ssd;
   std::unique_ptr<SsdPayloadTier> tier;
   std::unique_ptr<KvStore> kv;
+  uint64_t ssd_bytes_;
+  bool promote_;
+  std::shared_ptr<FaultInjector> faults_;
 };
+
+// What a read of block k returned: its own bytes, a clean miss (an error,
+// nothing handed out), or bytes that are not k's (must never happen).
+struct ReadOutcome {
+  size_t right = 0, miss = 0, wrong = 0;
+};
+void tally(TieredStore& t, const BlockKey& k, ReadOutcome* o) {
+  auto r = t.get(k);
+  if (r) o->right++;
+  else if (r.error().code() == -EBADMSG) o->wrong++;  // get() compares the bytes
+  else o->miss++;
+}
 
 std::vector<BlockKey> chain(uint64_t id, size_t n) {
   std::vector<uint64_t> ids(n);
@@ -228,7 +256,7 @@ TEST(TierKv, FullSsdTierFallsBackToEvictionAndEverythingCachedStaysReadable) {
   // SSD data area: 4 MiB device - 1 MiB header/probe = 3 MiB = 48 blocks of 64 KiB.
   TieredStore t(4, 4 << 20, /*promote=*/false);
   REQUIRE_STORE(t);
-  const uint64_t ssd_blocks = t.ssd->device_info(0).data_bytes / kBlock;
+  const uint64_t ssd_blocks = t.ssd->device_info(0).data_bytes / t.ssd->extent_bytes(0, kBlock);
   std::vector<std::vector<BlockKey>> chains;
   for (uint64_t id = 100; id < 100 + ssd_blocks + 20; id++) {
     chains.push_back(chain(id, 1));
@@ -295,7 +323,7 @@ TEST(TierKv, PrefixClosureHoldsAcrossTiersUnderRandomWork) {
 TEST(TierKv, ChainLongerThanBothTiersStopsWithNoSpaceAndStaysPrefixClosed) {
   TieredStore t(4, 4 << 20, /*promote=*/false);
   REQUIRE_STORE(t);
-  const uint64_t ssd_blocks = t.ssd->device_info(0).data_bytes / kBlock;
+  const uint64_t ssd_blocks = t.ssd->device_info(0).data_bytes / t.ssd->extent_bytes(0, kBlock);
   auto c = chain(6, ssd_blocks + 10);
   size_t i = 0;
   for (; i < c.size(); i++) {
@@ -333,4 +361,158 @@ TEST(TierKv, IndexBlockCapacityLimitsMemoryOnlyAndDemotionRelievesIt) {
   EXPECT_EQ(t.tier_of(k), CXLKV_TIER_SSD);
   EXPECT_EQ(t.kv->index().counters().promotions, 0u);
   EXPECT_EQ(t.space.used(), 4u);
+}
+
+// ---- issue 12: SSD blocks know what they hold ---------------------------------
+
+namespace {
+std::vector<std::vector<BlockKey>> put_chains(TieredStore& t, uint64_t first_id, size_t n) {
+  std::vector<std::vector<BlockKey>> cs;
+  for (uint64_t id = first_id; id < first_id + n; id++) {
+    cs.push_back(chain(id, 1));
+    EXPECT_TRUE(t.put(cs.back(), 0).ok()) << "chain " << id;
+  }
+  return cs;
+}
+size_t on_ssd(TieredStore& t, const std::vector<std::vector<BlockKey>>& cs) {
+  size_t n = 0;
+  for (auto& c : cs) {
+    BlockLocation loc;
+    if (t.kv->index().find_ready(c[0], &loc) != CXLKV_INDEX_NO_SLOT && loc.tier == CXLKV_TIER_SSD) n++;
+  }
+  return n;
+}
+}  // namespace
+
+TEST(TierKv, AfterARestartBlocksPublishedLaterNeverTakeTheExtentsOfEarlierOnes) {
+  TieredStore t(2, 32 << 20, /*promote=*/false);
+  REQUIRE_STORE(t);
+  auto a = put_chains(t, 1000, 10);  // 8 of them demoted to the SSD tier
+  const size_t a_on_ssd = on_ssd(t, a);
+  ASSERT_GE(a_on_ssd, 8u);
+  t.open_node();  // the process restarts: new SSD pool, tier and store over the same index and file
+  ASSERT_TRUE(t.ready());
+  EXPECT_EQ(t.tier->stats().claimed, a_on_ssd);  // every SSD extent the index names is claimed again
+  auto b = put_chains(t, 2000, 10);  // demotes A's memory blocks and B's onto the SSD
+  ReadOutcome o;
+  for (auto& c : a) tally(t, c[0], &o);
+  for (auto& c : b) tally(t, c[0], &o);
+  EXPECT_EQ(o.wrong, 0u);
+  EXPECT_EQ(o.miss, 0u);  // with the extents claimed, nothing was overwritten
+  EXPECT_EQ(o.right, 20u);
+  EXPECT_EQ(t.tier->stats().bad, 0u);
+}
+
+TEST(TierKv, AnExtentOverwrittenWithAnotherBlockIsACleanMissAndItsEntryIsDropped) {
+  TieredStore t(2, 32 << 20, /*promote=*/false);
+  REQUIRE_STORE(t);
+  auto a = put_chains(t, 1000, 10);
+  ASSERT_GE(on_ssd(t, a), 8u);
+  {
+    // A process that opens the same SSD file without the index (so it claims
+    // nothing) hands out A's extents again, first fit, for blocks of other keys.
+    SsdPoolOptions so;
+    so.probe_bytes = 64 * 1024;
+    so.devices.push_back({t.dir.file("ssd0"), 0, 1.0, false});
+    auto other = SsdPool::open(so);
+    ASSERT_TRUE(other) << other.error().message();
+    SsdPayloadTier other_tier(**other);
+    std::vector<std::byte> buf(kBlock);
+    for (uint64_t id = 5000; id < 5010; id++) {
+      BlockKey k = chain(id, 1)[0];
+      fill_block(k, buf.data(), kBlock);
+      Chunk ch{buf.data(), kBlock};
+      ASSERT_TRUE(other_tier.place(k, {&ch, 1}));
+    }
+  }
+  ReadOutcome o;
+  size_t dropped = 0;
+  for (auto& c : a) {
+    const bool was_on_ssd = t.tier_of(c[0]) == CXLKV_TIER_SSD;
+    tally(t, c[0], &o);
+    if (was_on_ssd && t.kv->lookup(c) == 0) {
+      dropped++;
+    }
+  }
+  EXPECT_EQ(o.wrong, 0u);           // never B's bytes with status 0
+  EXPECT_GE(o.miss, 8u);            // A's SSD blocks now hold B: clean misses
+  EXPECT_EQ(dropped, o.miss);       // ... whose entries are gone, so lookups miss at once
+  EXPECT_EQ(t.tier->stats().bad, o.miss);
+}
+
+TEST(TierKv, TruncatingTheSsdFileMidRunMakesEveryAffectedBlockACleanMiss) {
+  for (bool regrow : {false, true}) {  // shorter file (short reads), or holes (zeros)
+    TieredStore t(2, 32 << 20, /*promote=*/false);
+    REQUIRE_STORE(t);
+    auto a = put_chains(t, 1000, 40);
+    ASSERT_GE(on_ssd(t, a), 38u);
+    BlockLocation mid;
+    ASSERT_NE(t.kv->index().find_ready(a[20][0], &mid), CXLKV_INDEX_NO_SLOT);
+    ASSERT_EQ(mid.tier, CXLKV_TIER_SSD);
+    const std::string f = t.dir.file("ssd0");
+    ASSERT_EQ(truncate(f.c_str(), static_cast<off_t>(mid.offset * 512)), 0);
+    if (regrow) {
+      ASSERT_EQ(truncate(f.c_str(), 32 << 20), 0);
+    }
+    ReadOutcome o;
+    for (auto& c : a) tally(t, c[0], &o);
+    EXPECT_EQ(o.wrong, 0u) << "regrow " << regrow;
+    EXPECT_GE(o.miss, 18u) << "regrow " << regrow;   // blocks 20.. (those on the SSD) are gone
+    EXPECT_GE(o.right, 20u) << "regrow " << regrow;  // the rest still serve
+    for (size_t i = 20; i < a.size(); i++) {
+      if (t.kv->lookup(a[i]) == 1) {
+        EXPECT_EQ(t.tier_of(a[i][0]), CXLKV_TIER_MEM) << "block " << i;
+      }
+    }
+  }
+}
+
+TEST(TierKv, ADamagedPayloadByteIsACleanMissNeverTheDamagedBytes) {
+  TieredStore t(2, 32 << 20, /*promote=*/false);
+  REQUIRE_STORE(t);
+  auto a = put_chains(t, 1000, 4);
+  BlockLocation loc;
+  ASSERT_NE(t.kv->index().find_ready(a[0][0], &loc), CXLKV_INDEX_NO_SLOT);
+  ASSERT_EQ(loc.tier, CXLKV_TIER_SSD);
+  int fd = ::open(t.dir.file("ssd0").c_str(), O_RDWR);
+  ASSERT_GE(fd, 0);
+  unsigned char x = 0;
+  const off_t at = static_cast<off_t>(loc.offset * 512 + t.ssd->extent_bytes(0, kBlock) - kBlock + 1234);
+  ASSERT_EQ(pread(fd, &x, 1, at), 1);
+  x ^= 0x40;
+  ASSERT_EQ(pwrite(fd, &x, 1, at), 1);
+  ::close(fd);
+  auto r = t.get(a[0][0]);
+  ASSERT_FALSE(r);
+  EXPECT_EQ(r.error().code(), -ENOENT) << r.error().message();
+  EXPECT_NE(r.error().message().find("fails its checks"), std::string::npos) << r.error().message();
+  EXPECT_EQ(t.tier->stats().bad, 1u);
+  EXPECT_EQ(t.kv->lookup(a[0]), 0u);  // dropped
+  for (size_t i = 1; i < a.size(); i++) ASSERT_TRUE(t.get(a[i][0])) << "block " << i;
+}
+
+TEST(TierKv, BlocksOnAnotherHostsSsdAreNotHitsThere) {
+  TieredStore t(2, 32 << 20, /*promote=*/false);
+  REQUIRE_STORE(t);
+  auto a = put_chains(t, 1000, 6);  // host 0 demotes 4 of them to its own SSD (device 0)
+  ASSERT_GE(on_ssd(t, a), 4u);
+  // Host 1: its own SSD (device 1), same index.
+  SsdPoolOptions so;
+  so.probe_bytes = 64 * 1024;
+  so.devices.push_back({t.dir.file("ssd1"), 16 << 20, 1.0, false});
+  auto sp = SsdPool::open(so);
+  ASSERT_TRUE(sp) << sp.error().message();
+  SsdPayloadTier tier1(**sp, /*device_base=*/1);
+  auto kv1 = KvStore::create(t.deps(1, &tier1, false));
+  ASSERT_TRUE(kv1.ok()) << kv1.error().message();
+  auto kv_none = KvStore::create(t.deps(1, nullptr, false));  // a node without any SSD tier
+  ASSERT_TRUE(kv_none.ok()) << kv_none.error().message();
+  EXPECT_EQ(tier1.stats().claimed, 0u);  // host 0's extents are not host 1's to account
+  for (auto& c : a) {
+    const bool remote = t.tier_of(c[0]) == CXLKV_TIER_SSD;
+    EXPECT_EQ(t.kv->lookup(c), 1u);  // host 0 reads its own SSD
+    EXPECT_EQ(kv1.value()->lookup(c), remote ? 0u : 1u);
+    EXPECT_EQ(kv_none.value()->lookup(c), remote ? 0u : 1u);
+  }
+  EXPECT_EQ(tier1.stats().reads, 0u);
 }

@@ -152,7 +152,7 @@ TEST(TierPool, ConsecutiveBlocksOfABatchShareOneContiguousExtentPerDevice) {
     EXPECT_EQ(b.loc[i].device, i < 4 ? 0 : 1);
     EXPECT_EQ(b.loc[i].tier, TierKind::kSsd);
     if (i % 4) {
-      EXPECT_EQ(b.loc[i].offset, b.loc[i - 1].offset + kBlock);
+      EXPECT_EQ(b.loc[i].offset, b.loc[i - 1].offset + p->extent_bytes(0, kBlock));  // header block + payload
     }
   }
 }
@@ -245,7 +245,7 @@ TEST(TierPool, TruncatedFileLosesItsTailBlocksAndTheTierKeepsServing) {
   EXPECT_EQ(st[0], 0);
   EXPECT_EQ(st[1], 0);
   EXPECT_TRUE(block_matches(back[1].data(), kBlock, 1));
-  for (size_t i = 2; i < 8; i++) EXPECT_EQ(st[i], -EIO) << "block " << i << " must be reported lost";
+  for (size_t i = 2; i < 8; i++) EXPECT_EQ(st[i], -EBADMSG) << "block " << i << " must be reported lost";
   EXPECT_EQ(p->lost_blocks(), 6u);
   EXPECT_EQ(p->device_info(0).short_reads, 6u);
   EXPECT_TRUE(p->device_info(0).online);  // the device itself answered
@@ -357,7 +357,7 @@ TEST(TierPool, FullTierReportsNoSpaceUntilBlocksAreReleased) {
   o.devices = {dev(dir.file("d0"), 4 << 20, 1.0)};
   auto p = open_pool(o);
   ASSERT_TRUE(p);
-  uint64_t fits = p->device_info(0).data_bytes / kBlock;
+  uint64_t fits = p->device_info(0).data_bytes / p->extent_bytes(0, kBlock);
   ASSERT_GT(fits, 2u);
   Blocks b(fits + 3, kBlock);
   p->write_blocks(b.writes, b.loc, b.status);
@@ -365,7 +365,6 @@ TEST(TierPool, FullTierReportsNoSpaceUntilBlocksAreReleased) {
   for (int s : b.status) (s == 0 ? ok : nospace) += (s == 0 || s == -ENOSPC);
   EXPECT_EQ(ok, fits);
   EXPECT_EQ(nospace, 3u);
-  EXPECT_EQ(p->placement(4), (std::vector<uint32_t>{0}));  // nothing left to place on
   p->release(b.loc[0]);
   Blocks c(1, kBlock, 900);
   p->write_blocks(c.writes, c.loc, c.status);
@@ -381,7 +380,7 @@ TEST(TierPool, FullDeviceSpillsItsShareToTheOthers) {
   o.devices = {dev(dir.file("small"), 4 << 20, 10.0), dev(dir.file("big"), 64 << 20, 1.0)};
   auto p = open_pool(o);
   ASSERT_TRUE(p);
-  uint64_t small_fits = p->device_info(0).data_bytes / kBlock;
+  uint64_t small_fits = p->device_info(0).data_bytes / p->extent_bytes(0, kBlock);
   Blocks b(small_fits * 2, kBlock);
   p->write_blocks(b.writes, b.loc, b.status);
   size_t on_small = 0;
@@ -426,11 +425,12 @@ TEST(TierPool, PartitionsShareADeviceWithoutOverlapAndReadEachOthersBlocks) {
   Blocks wa(8, kBlock, 0), wb(8, kBlock, 100);
   a->write_blocks(wa.writes, wa.loc, wa.status);
   b->write_blocks(wb.writes, wb.loc, wb.status);
+  const uint64_t ext = a->extent_bytes(0, kBlock);
   for (size_t i = 0; i < 8; i++) {
     ASSERT_EQ(wa.status[i], 0);
     ASSERT_EQ(wb.status[i], 0);
     for (size_t j = 0; j < 8; j++)  // no extent handed out twice
-      EXPECT_TRUE(wa.loc[i].offset + kBlock <= wb.loc[j].offset || wb.loc[j].offset + kBlock <= wa.loc[i].offset);
+      EXPECT_TRUE(wa.loc[i].offset + ext <= wb.loc[j].offset || wb.loc[j].offset + ext <= wa.loc[i].offset);
   }
   std::vector<std::vector<unsigned char>> back;
   auto st = read_back(*b, wa.loc, &back);  // b reads what a wrote
@@ -440,7 +440,113 @@ TEST(TierPool, PartitionsShareADeviceWithoutOverlapAndReadEachOthersBlocks) {
   }
   b->release(wa.loc[0]);  // not b's to reuse: counted, not freed
   EXPECT_EQ(b->device_info(0).foreign_releases, 1u);
-  EXPECT_EQ(a->device_info(0).used_bytes, 8u * kBlock);
+  EXPECT_EQ(a->device_info(0).used_bytes, 8u * ext);
   o.partition = 2;
   EXPECT_FALSE(SsdPool::open(o));  // partition out of range
+}
+
+// ---- issue 12: every SSD block carries its key, length and checksums ----------
+
+namespace {
+// One block of `key` (bytes of id `id`), written alone.
+TierLocation put_one(SsdPool& p, uint64_t key, uint64_t id, std::vector<unsigned char>* bytes) {
+  bytes->assign(kBlock, 0);
+  fill_block(bytes->data(), kBlock, id);
+  SsdWrite w{bytes->data(), kBlock, key, ~key};
+  TierLocation loc;
+  int st = 1;
+  p.write_blocks({&w, 1}, {&loc, 1}, {&st, 1});
+  EXPECT_EQ(st, 0);
+  return loc;
+}
+int get_one(SsdPool& p, const TierLocation& loc, uint64_t key, std::vector<unsigned char>* out) {
+  out->assign(loc.length, 0xEE);
+  SsdRead r{loc, out->data(), key, ~key};
+  int st = 1;
+  p.read_blocks({&r, 1}, {&st, 1});
+  return st;
+}
+bool untouched(const std::vector<unsigned char>& b) {
+  for (unsigned char c : b)
+    if (c != 0xEE) return false;
+  return true;
+}
+}  // namespace
+
+TEST(TierPool, AReopenedPoolThatClaimsNothingReusesExtentsButTheOldKeyReadsACleanMiss) {
+  tier_test::ScratchDir dir;
+  TIER_REQUIRE_DIRECT_IO(dir);
+  auto o = small_pool();
+  o.devices = {dev(dir.file("d0"), 32 << 20, 1.0)};
+  std::vector<unsigned char> a, b, back;
+  TierLocation la;
+  {
+    auto p = open_pool(o);
+    ASSERT_TRUE(p);
+    la = put_one(*p, 11, 1, &a);
+  }
+  auto p = open_pool(o);  // restart, without claiming what the index names
+  ASSERT_TRUE(p);
+  TierLocation lb = put_one(*p, 22, 2, &b);
+  ASSERT_EQ(lb.offset, la.offset);  // first fit: A's extent handed out again
+  EXPECT_EQ(get_one(*p, la, 11, &back), -ESTALE);  // A: a miss, never B's bytes
+  EXPECT_TRUE(untouched(back));
+  ASSERT_EQ(get_one(*p, lb, 22, &back), 0);
+  EXPECT_EQ(back, b);
+  EXPECT_EQ(p->device_info(0).bad_blocks, 1u);
+}
+
+TEST(TierPool, AClaimedExtentIsNeverHandedOutAgainAndBadClaimsAreRefused) {
+  tier_test::ScratchDir dir;
+  TIER_REQUIRE_DIRECT_IO(dir);
+  auto o = small_pool();
+  o.devices = {dev(dir.file("d0"), 32 << 20, 1.0)};
+  std::vector<unsigned char> a, b, back;
+  TierLocation la;
+  {
+    auto p = open_pool(o);
+    ASSERT_TRUE(p);
+    la = put_one(*p, 11, 1, &a);
+  }
+  auto p = open_pool(o);
+  ASSERT_TRUE(p);
+  ASSERT_TRUE(p->claim(la));
+  EXPECT_FALSE(p->claim(la));  // named twice
+  TierLocation lb = put_one(*p, 22, 2, &b);
+  EXPECT_NE(lb.offset, la.offset);
+  ASSERT_EQ(get_one(*p, la, 11, &back), 0);
+  EXPECT_EQ(back, a);
+  // Locations a damaged index entry could hold: refused, nothing changes.
+  const uint64_t used = p->device_info(0).used_bytes;
+  for (TierLocation bad : {TierLocation{9, TierKind::kSsd, la.offset, kBlock},
+                           TierLocation{0, TierKind::kMem, la.offset, kBlock},
+                           TierLocation{0, TierKind::kSsd, la.offset + 512, kBlock},
+                           TierLocation{0, TierKind::kSsd, UINT64_MAX - 4095, kBlock},
+                           TierLocation{0, TierKind::kSsd, 1ull << 62, UINT32_MAX},
+                           TierLocation{0, TierKind::kSsd, 0, kBlock},  // the device header
+                           TierLocation{0, TierKind::kSsd, la.offset, 0}}) {
+    EXPECT_FALSE(p->claim(bad)) << bad.device << " " << bad.offset << " " << bad.length;
+    EXPECT_NE(get_one(*p, bad, 11, &back), 0) << bad.offset;
+    EXPECT_TRUE(untouched(back));
+  }
+  EXPECT_EQ(p->device_info(0).used_bytes, used);
+}
+
+TEST(TierPool, AReadNamingAnotherKeyOrLengthIsRefused) {
+  tier_test::ScratchDir dir;
+  TIER_REQUIRE_DIRECT_IO(dir);
+  auto o = small_pool();
+  o.devices = {dev(dir.file("d0"), 32 << 20, 1.0)};
+  auto p = open_pool(o);
+  ASSERT_TRUE(p);
+  std::vector<unsigned char> a, back;
+  TierLocation la = put_one(*p, 11, 1, &a);
+  EXPECT_EQ(get_one(*p, la, 12, &back), -ESTALE);
+  EXPECT_TRUE(untouched(back));
+  TierLocation shorter = la;
+  shorter.length = kBlock - 512;
+  EXPECT_EQ(get_one(*p, shorter, 11, &back), -ESTALE);
+  EXPECT_TRUE(untouched(back));
+  ASSERT_EQ(get_one(*p, la, 11, &back), 0);
+  EXPECT_EQ(back, a);
 }

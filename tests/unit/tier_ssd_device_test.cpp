@@ -240,3 +240,44 @@ TEST(TierSsdDevice, LoopDeviceReportsItsLogicalBlockSize) {
   ASSERT_EQ(d->run(r), 0);
   EXPECT_TRUE(block_matches(buf.data(), buf.size(), 8));
 }
+
+// Issue 12: the file is pre-allocated at open, so a file system without room
+// is reported there (by name and size), not found later as failed writes.
+TEST(TierSsdDevice, AFullFileSystemIsReportedAtOpen) {
+  tier_test::ScratchDir dir;
+  if (!dir.ok()) GTEST_SKIP() << "no scratch directory";
+  const std::string mnt = dir.file("small-fs");
+  std::filesystem::create_directory(mnt);
+  if (std::system(("mount -t tmpfs -o size=4m cxlkv-tier-test '" + mnt + "' 2>/dev/null").c_str()) != 0)
+    GTEST_SKIP() << "cannot mount a small tmpfs here (needs root)";
+  struct Unmount {
+    std::string m;
+    // Lazy: io_uring may drop its file reference a moment after close.
+    ~Unmount() { (void)std::system(("umount -l '" + m + "' 2>/dev/null").c_str()); }
+  } unmount{mnt};
+  SsdDeviceOptions o;
+  o.path = mnt + "/dev0";
+  o.create_bytes = 64ull << 20;  // 64 MiB on a 4 MiB file system
+  auto d = SsdDevice::open(o);
+  if (!d && d.error().code() == -EINVAL) GTEST_SKIP() << "no O_DIRECT on tmpfs here: " << d.error().message();
+  ASSERT_FALSE(d) << "a 64 MiB device opened on a 4 MiB file system";
+  EXPECT_EQ(d.error().code(), -ENOSPC) << d.error().message();
+  EXPECT_NE(d.error().message().find(o.path), std::string::npos) << d.error().message();
+  EXPECT_NE(d.error().message().find("67108864"), std::string::npos) << d.error().message();
+  // An existing sparse file of that size is refused the same way.
+  const std::string sparse = mnt + "/sparse";
+  int fd = ::open(sparse.c_str(), O_RDWR | O_CREAT, 0600);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(ftruncate(fd, 64 << 20), 0);
+  ::close(fd);
+  o.path = sparse;
+  o.create_bytes = 0;
+  d = SsdDevice::open(o);
+  ASSERT_FALSE(d);
+  EXPECT_EQ(d.error().code(), -ENOSPC) << d.error().message();
+  // A size that fits opens.
+  o.path = mnt + "/fits";
+  o.create_bytes = 1 << 20;
+  d = SsdDevice::open(o);
+  ASSERT_TRUE(d) << d.error().message();
+}

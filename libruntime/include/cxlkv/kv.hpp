@@ -56,11 +56,38 @@ class PayloadTier {
 
 // A payload tier that chooses its own locations: the SSD tier (issue 6,
 // libruntime/src/tier/ssd_payload_tier.hpp).  Blocks enter it by demotion.
+//
+// Issue 12: the tier records each block's key with it and checks it on
+// read, so the keyed calls below are the ones the KV store uses; a read
+// whose block no longer holds `key` (or fails its checksum) is a clean miss:
+// -ESTALE or -EBADMSG, never data.
 class PlacingTier : public PayloadTier {
  public:
-  // Places and writes a block made of `chunks`; -ENOSPC when the tier is full.
-  virtual Result<BlockLocation> place(std::span<const Chunk> chunks) = 0;
+  // Places and writes block `key` made of `chunks`; -ENOSPC when the tier is full.
+  virtual Result<BlockLocation> place(const BlockKey& key, std::span<const Chunk> chunks) = 0;
   virtual void release(const BlockLocation& loc) = 0;
+  // Reads block `key` at `loc` into `chunks` after checking that it holds it.
+  virtual Result<void> read_block(const BlockKey& key, const BlockLocation& loc, std::span<const Chunk> chunks) = 0;
+  // One read per block, issued together (several in flight): status[i] = 0
+  // or a negative errno as read_block.  blocks[i] = chunks[first[i] ..
+  // first[i] + count[i]).  The default loops over read_block.
+  struct BlockRead {
+    BlockKey key;
+    BlockLocation const* loc = nullptr;
+    std::span<const Chunk> chunks;
+  };
+  virtual void read_many(std::span<const BlockRead> blocks, std::span<int32_t> status) {
+    for (size_t i = 0; i < blocks.size(); i++) {
+      auto r = read_block(blocks[i].key, *blocks[i].loc, blocks[i].chunks);
+      status[i] = r ? 0 : r.error().code();
+    }
+  }
+  // At attach: `loc` is named by an index entry that survived a restart;
+  // its space must not be handed out again.
+  virtual void claim(const BlockLocation& loc) { (void)loc; }
+  // Whether this process can read a block at `loc` (SSD locations are per
+  // host: another host's SSD is not a hit here).
+  virtual bool readable(const BlockLocation& loc) const { (void)loc; return true; }
 };
 
 struct KvStats {
@@ -134,6 +161,12 @@ struct KvDeps {
   PlacingTier* ssd_tier = nullptr;
   bool demote_on_evict = false;
   bool promote_on_hit = false;
+  // Issue 12: lookup stops at the first block on an SSD this store cannot
+  // read (another host's, or any SSD without ssd_tier), so such blocks are
+  // never counted as hits.  It checks each block of the found prefix (one
+  // lock-free probe each); a deployment whose SSD tiers all share devices
+  // may turn it off.
+  bool lookup_checks_readable = true;
 };
 
 class KvStore {
@@ -219,6 +252,12 @@ class KvStore {
   KvStore() = default;
   Result<void> payload_io(const BlockLocation& loc, std::span<const Chunk> chunks, bool write);
   void promote(const KvPin& p, const BlockLocation& from, std::span<const Chunk> chunks);  // issue 6
+  // Issue 12 (SSD tier): keyed, checked read; a block that fails its checks
+  // is dropped from the index and reported as a miss (-ENOENT).
+  Result<void> ssd_fetch(const KvPin& p, const BlockLocation& loc, std::span<const Chunk> chunks);
+  void claim_ssd_blocks();                                              // at create
+  size_t readable_prefix(std::span<const BlockKey> chain, size_t n);   // lookup
+  std::vector<std::pair<uint32_t, BlockKey>> dropped_pins_;             // pins consumed by a drop
   void count(int c, uint64_t n = 1) { stats_.counters[c] += n; }
   void record(int which, std::chrono::steady_clock::time_point t0);
   void maybe_flush_stats();

@@ -12,6 +12,15 @@
 //   read_blocks        group reads per device, issue all devices in parallel;
 //                      a failed or short read reports that block lost
 //   release            give a block's extent back
+//   claim              mark an extent a surviving index entry names as in
+//                      use (at attach: the index is the record of which
+//                      extents are allocated, so a restart never hands out
+//                      an extent that still holds a published block)
+//
+// Every extent starts with a header block (uapi/cxlkv_tier.h: key, length,
+// payload checksum); a read whose header or payload does not match what the
+// caller expects is a clean miss (-ESTALE: the extent holds another block;
+// -EBADMSG: damaged or truncated), counted and logged, never data.
 //
 // A location (device, tier, offset, length) is what the prefix index stores
 // for a block: the global lookup table of the tiered pool.
@@ -88,16 +97,20 @@ struct SsdDeviceInfo {
   // counters
   uint64_t reads = 0, writes = 0, bytes_read = 0, bytes_written = 0;
   uint64_t io_errors = 0, short_reads = 0, lost_blocks = 0, foreign_releases = 0;
+  uint64_t bad_blocks = 0;        // reads refused by the block header / payload checksum
+  uint64_t claimed = 0;           // extents claimed at attach (named by the index)
 };
 
 struct SsdWrite {
   const void* data = nullptr;
   uint32_t length = 0;
+  uint64_t key_lo = 0, key_hi = 0;  // recorded in the block header
 };
 
 struct SsdRead {
   TierLocation location;
   void* data = nullptr;   // receives location.length bytes
+  uint64_t key_lo = 0, key_hi = 0;  // the key the block must hold (read_blocks) / write (write_at)
 };
 
 class SsdPool {
@@ -123,9 +136,11 @@ class SsdPool {
                     std::span<int> status);
 
   // Reads a batch, grouped per device, devices in parallel.  status[i] = 0
-  // and data filled, or a negative errno: the block is lost (I/O error,
-  // short read, offline device, location not allocated) and its buffer
-  // must not be used.
+  // and data filled (the block header holds reads[i]'s key and length and
+  // both checksums match), or a negative errno and its buffer must not be
+  // used: -ESTALE the extent holds another block or is not allocated,
+  // -EBADMSG damaged (no header, bad checksum, short read of a truncated
+  // file), -EIO / -ENODEV the device failed, -EINVAL not a location here.
   void read_blocks(std::span<const SsdRead> reads, std::span<int> status);
 
   // Rewrites blocks in place at locations this pool handed out (status as
@@ -134,6 +149,16 @@ class SsdPool {
 
   // Returns the block's extent to its device's free space.
   void release(const TierLocation& loc);
+
+  // Marks the extent of a block that an index entry names as allocated
+  // (this process's partition only; others are their owners' business).
+  // false when the location is not a valid extent of this pool or the
+  // extent is already allocated (two entries naming one extent).
+  bool claim(const TierLocation& loc);
+
+  // Bytes an extent of a `length`-byte block takes on device `device`
+  // (the header block plus the payload rounded up to the logical block).
+  uint64_t extent_bytes(size_t device, uint64_t length) const;
 
   // Blocks reported lost by read_blocks so far.
   uint64_t lost_blocks() const;

@@ -323,11 +323,11 @@ Result<bool> PrefixIndex::evict_locked(LockSet& ls, uint32_t stripe, std::vector
 bool PrefixIndex::demote_locked(LockSet& ls, uint32_t slot, cxlkv_index_entry e, std::vector<uint32_t>* parents) {
   const uint32_t stripe = slot / hdr_.stripe_slots;
   const BlockLocation mem{e.loc_off, e.loc_len, e.loc_dev, e.loc_tier};
-  auto to = demotion_->demote(mem);
+  auto to = demotion_->demote(BlockKey{e.key_lo, e.key_hi}, mem);  // issue 12: the SSD block records its key
   if (!to && to.error().code() == -ENOSPC) {
     // SSD tier full: drop this stripe's least recently used SSD leaf, retry once.
     auto r = evict_pass(ls, stripe, parents, EvictFrom::ssd);
-    if (r && r.value()) to = demotion_->demote(mem);
+    if (r && r.value()) to = demotion_->demote(BlockKey{e.key_lo, e.key_hi}, mem);
   }
   if (!to) return false;
   ls.mark(stripe);

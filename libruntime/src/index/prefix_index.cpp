@@ -163,6 +163,30 @@ Result<bool> PrefixIndex::relocate(uint32_t slot, const BlockKey& key, const Blo
   return true;
 }
 
+Result<bool> PrefixIndex::drop_damaged(uint32_t slot, const BlockKey& key, const BlockLocation& at) {
+  if (slot >= hdr_.nslots) return Error(-EINVAL, "index: slot " + std::to_string(slot) + " out of range");
+  const uint32_t s = slot / hdr_.stripe_slots;
+  std::vector<uint32_t> parents;
+  {
+    LockSet ls(*this);
+    CXLKV_TRY(ls.acquire({s}));
+    cxlkv_index_entry e = read_entry(slot);
+    if (e.key_lo != key.lo || e.key_hi != key.hi || e.state != CXLKV_ENTRY_READY || e.loc_off != at.offset ||
+        e.loc_dev != at.device || e.loc_tier != at.tier || e.children != 0)
+      return false;  // moved, evicted, or a parent (prefix closure): not ours to drop
+    std::lock_guard<std::mutex> lk(pin_mu_);
+    auto it = local_pins_.find(slot);
+    bool changed = false;
+    pins_live(e, &changed);
+    const uint64_t others = e.pin_mask & ~(1ULL << node_);
+    if (others != 0 || (it != local_pins_.end() && it->second > 1)) return false;  // someone else reads it
+    if (it != local_pins_.end()) local_pins_.erase(it);
+    remove_locked(ls, slot, e, /*reclaim=*/false, &parents);
+  }
+  CXLKV_TRY(drop_children(parents));
+  return true;
+}
+
 Result<uint64_t> PrefixIndex::reclaim_dead() {
   uint64_t n = 0;
   // Leaves first; a dead writer's chain unwinds over repeated passes.

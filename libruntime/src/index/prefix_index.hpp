@@ -152,7 +152,8 @@ class DemotionTarget {
   virtual ~DemotionTarget() = default;
   // Copies the payload at `mem` to the SSD tier; its new location, or
   // -ENOSPC when the tier is full (the block is then evicted as before).
-  virtual Result<BlockLocation> demote(const BlockLocation& mem) = 0;
+  // `key` is the block's (issue 12: the SSD tier records it with the block).
+  virtual Result<BlockLocation> demote(const BlockKey& key, const BlockLocation& mem) = 0;
   virtual void release(const BlockLocation& ssd) = 0;
 };
 
@@ -261,6 +262,13 @@ class PrefixIndex {
   // `from`).  false: not moved, the caller frees `to`; true: the caller
   // releases `from`.
   Result<bool> relocate(uint32_t slot, const BlockKey& key, const BlockLocation& from, const BlockLocation& to);
+  // Issue 12: the payload of block `key` at `slot`, READY at `at`, failed
+  // its checks (an SSD block whose header names another key, or a bad
+  // checksum): remove the entry so later lookups miss instead of failing
+  // again.  The caller's pin on it is consumed.  Only a leaf that no other
+  // live node or local pin holds is removed (prefix closure, readers);
+  // false: left in place (it will miss again, and go once it is a leaf).
+  Result<bool> drop_damaged(uint32_t slot, const BlockKey& key, const BlockLocation& at);
 
   // ---- inspection ----------------------------------------------------------
   IndexUsage usage() const;            // lock-free snapshot

@@ -13,6 +13,7 @@
 #include "index/prefix_index.hpp"
 #include "kv/interleave.hpp"
 #include "transfer/cpu_copy.hpp"
+#include "util/log.hpp"
 
 namespace cxlkv {
 namespace {
@@ -131,12 +132,12 @@ int latency_bucket(uint64_t ns) {
 class TierDemotion final : public DemotionTarget {
  public:
   TierDemotion(PayloadTier& mem, PlacingTier& ssd) : mem_(mem), ssd_(ssd) {}
-  Result<BlockLocation> demote(const BlockLocation& m) override {
+  Result<BlockLocation> demote(const BlockKey& key, const BlockLocation& m) override {
     staging_.resize(m.length);
     Chunk c{staging_.data(), m.length};
     auto r = mem_.read(m, {&c, 1});
     if (!r) return r.error();
-    return ssd_.place({&c, 1});
+    return ssd_.place(key, {&c, 1});  // issue 12: the SSD block records its key
   }
   void release(const BlockLocation& loc) override { ssd_.release(loc); }
 
@@ -244,6 +245,7 @@ Result<std::unique_ptr<KvStore>> KvStore::create(KvDeps deps) {
     kv->demotion_ = std::make_unique<TierDemotion>(*kv->mem_tier_, *dp.ssd_tier);
     kv->index_->set_demotion(kv->demotion_.get());
   }
+  if (dp.ssd_tier) kv->claim_ssd_blocks();  // issue 12: before this store places anything
   return kv;
 }
 
@@ -282,6 +284,7 @@ void KvStore::flush_stats() {
 size_t KvStore::lookup(std::span<const BlockKey> chain) {
   auto t0 = std::chrono::steady_clock::now();
   size_t n = index_->longest_prefix(chain);
+  if (n && deps_.lookup_checks_readable) n = readable_prefix(chain, n);  // issue 12
   count(CXLKV_CTR_LOOKUPS);
   count(CXLKV_CTR_HIT_BLOCKS, n);
   count(CXLKV_CTR_MISS_BLOCKS, chain.size() - n);
@@ -360,7 +363,7 @@ Result<KvPin> KvStore::pin(const BlockKey& key) {
 Result<void> KvStore::fetch(const KvPin& p, std::span<const Chunk> chunks) {
   auto t0 = std::chrono::steady_clock::now();
   BlockLocation loc{p.loc_off, static_cast<uint32_t>(p.length), p.loc_dev, p.loc_tier};
-  auto res = payload_io(loc, chunks, false);
+  auto res = loc.tier == CXLKV_TIER_SSD && deps_.ssd_tier ? ssd_fetch(p, loc, chunks) : payload_io(loc, chunks, false);
   if (!res) {
     count(CXLKV_CTR_ERRORS);
     return res;
@@ -391,7 +394,14 @@ void KvStore::promote(const KvPin& p, const BlockLocation& from, std::span<const
   }
 }
 
-Result<void> KvStore::unpin(const KvPin& p) { return index_->unpin(p.slot, p.key); }
+Result<void> KvStore::unpin(const KvPin& p) {
+  for (auto it = dropped_pins_.begin(); it != dropped_pins_.end(); ++it)
+    if (it->first == p.slot && it->second == p.key) {  // issue 12: the drop consumed this pin
+      dropped_pins_.erase(it);
+      return {};
+    }
+  return index_->unpin(p.slot, p.key);
+}
 
 bool KvStore::wait_ready(const BlockKey& key, std::chrono::milliseconds timeout) {
   auto deadline = std::chrono::steady_clock::now() + timeout;
@@ -412,5 +422,43 @@ bool KvStore::wait_ready(const BlockKey& key, std::chrono::milliseconds timeout)
 }
 
 Result<uint64_t> KvStore::reclaim_dead() { return index_->reclaim_dead(); }
+
+// ---- SSD tier checks (issue 12) ----------------------------------------------
+
+// The index is the record of which SSD extents hold blocks: every SSD
+// location a surviving entry names is claimed before this store places
+// anything, so a restarted tier never hands out an extent that a published
+// block still occupies.
+void KvStore::claim_ssd_blocks() {
+  const auto& h = index_->header();
+  for (uint64_t slot = 0; slot < h.nslots; slot++) {
+    IndexEntryView v = index_->entry(static_cast<uint32_t>(slot));
+    if (v.loc.tier != CXLKV_TIER_SSD) continue;
+    if (v.state != CXLKV_ENTRY_READY && v.state != CXLKV_ENTRY_EVICTING && v.state != CXLKV_ENTRY_WRITING) continue;
+    deps_.ssd_tier->claim(v.loc);
+  }
+}
+
+size_t KvStore::readable_prefix(std::span<const BlockKey> chain, size_t n) {
+  for (size_t i = 0; i < n; i++) {
+    BlockLocation loc;
+    if (index_->find_ready(chain[i], &loc) == CXLKV_INDEX_NO_SLOT) return i;  // gone meanwhile
+    if (loc.tier == CXLKV_TIER_SSD && !(deps_.ssd_tier && deps_.ssd_tier->readable(loc))) return i;
+  }
+  return n;
+}
+
+Result<void> KvStore::ssd_fetch(const KvPin& p, const BlockLocation& loc, std::span<const Chunk> chunks) {
+  auto r = deps_.ssd_tier->read_block(p.key, loc, chunks);
+  if (r || (r.error().code() != -ESTALE && r.error().code() != -EBADMSG)) return r;
+  // The SSD block does not hold this key or is damaged: a clean miss.  The
+  // entry goes (when it is an unshared leaf) so later lookups miss at once.
+  auto d = index_->drop_damaged(p.slot, p.key, loc);
+  const bool dropped = d && d.value();
+  if (dropped) dropped_pins_.emplace_back(p.slot, p.key);
+  log().warn("kv: {}; {}", r.error().message(),
+             dropped ? "entry dropped from the index" : "entry kept (it has children or other readers)");
+  return Error(-ENOENT, r.error().message() + (dropped ? "; dropped from the index" : ""));
+}
 
 }  // namespace cxlkv

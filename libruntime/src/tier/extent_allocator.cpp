@@ -31,6 +31,13 @@ std::optional<Extent> ExtentAllocator::allocate(uint64_t bytes) {
   return std::nullopt;
 }
 
+// [offset, offset + length) lies in the managed range; no sum can wrap
+// (offsets come from index entries, which may be damaged).
+bool ExtentAllocator::inside(uint64_t offset, uint64_t length) const {
+  const uint64_t end = base_ + capacity_;
+  return offset >= base_ && offset <= end && length <= end - offset;
+}
+
 bool ExtentAllocator::overlaps_free(uint64_t offset, uint64_t length) const {
   // The free run starting at or before `offset`, and any that starts inside.
   auto it = free_.upper_bound(offset);
@@ -43,8 +50,7 @@ bool ExtentAllocator::overlaps_free(uint64_t offset, uint64_t length) const {
 
 bool ExtentAllocator::free(uint64_t offset, uint64_t length) {
   length = round_up(length);
-  if (length == 0 || offset % unit_ || offset < base_ || offset + length > base_ + capacity_)
-    return false;
+  if (length == 0 || offset % unit_ || !inside(offset, length)) return false;
   std::lock_guard lk(mu_);
   if (overlaps_free(offset, length)) return false;  // double free: keep the map consistent
   uint64_t start = offset, len = length;
@@ -66,9 +72,25 @@ bool ExtentAllocator::free(uint64_t offset, uint64_t length) {
   return true;
 }
 
+bool ExtentAllocator::reserve(uint64_t offset, uint64_t length) {
+  length = round_up(length);
+  if (length == 0 || offset % unit_ || !inside(offset, length)) return false;
+  std::lock_guard lk(mu_);
+  auto it = free_.upper_bound(offset);
+  if (it == free_.begin()) return false;
+  --it;  // the free run starting at or before offset
+  const uint64_t run_off = it->first, run_len = it->second;
+  if (run_off + run_len < offset + length) return false;  // not wholly inside one free run
+  free_.erase(it);
+  if (offset > run_off) free_.emplace(run_off, offset - run_off);
+  if (run_off + run_len > offset + length) free_.emplace(offset + length, run_off + run_len - offset - length);
+  free_bytes_ -= length;
+  return true;
+}
+
 bool ExtentAllocator::is_allocated(uint64_t offset, uint64_t length) const {
   length = round_up(length);
-  if (length == 0 || offset < base_ || offset + length > base_ + capacity_) return false;
+  if (length == 0 || !inside(offset, length)) return false;
   std::lock_guard lk(mu_);
   return !overlaps_free(offset, length);
 }

@@ -26,7 +26,10 @@ class ExtentAllocator {
   ExtentAllocator(uint64_t base, uint64_t bytes, uint32_t unit);
 
   uint32_t unit() const { return unit_; }
-  uint64_t round_up(uint64_t bytes) const { return (bytes + unit_ - 1) & ~uint64_t(unit_ - 1); }
+  // Saturates instead of wrapping (a damaged length must not round to 0).
+  uint64_t round_up(uint64_t bytes) const {
+    return bytes > UINT64_MAX - unit_ ? UINT64_MAX & ~uint64_t(unit_ - 1) : (bytes + unit_ - 1) & ~uint64_t(unit_ - 1);
+  }
 
   // A contiguous extent of round_up(bytes), or nothing when no free run is large enough.
   std::optional<Extent> allocate(uint64_t bytes);
@@ -35,6 +38,9 @@ class ExtentAllocator {
   // Returns false (and changes nothing) if any of it is already free or
   // outside the managed range.
   bool free(uint64_t offset, uint64_t length);
+  // Takes exactly [offset, offset + round_up(length)) out of the free
+  // space; false (nothing changed) unless all of it is free and inside.
+  bool reserve(uint64_t offset, uint64_t length);
   // True when every byte of the range is allocated.
   bool is_allocated(uint64_t offset, uint64_t length) const;
 
@@ -44,6 +50,7 @@ class ExtentAllocator {
 
  private:
   bool overlaps_free(uint64_t offset, uint64_t length) const;
+  bool inside(uint64_t offset, uint64_t length) const;
 
   mutable std::mutex mu_;
   uint64_t base_;

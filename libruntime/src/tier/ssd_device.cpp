@@ -5,6 +5,7 @@
 #include <linux/fs.h>
 #include <sys/ioctl.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <sys/syscall.h>
 #include <sys/uio.h>
 #include <unistd.h>
@@ -83,15 +84,30 @@ Result<std::unique_ptr<SsdDevice>> SsdDevice::open(const SsdDeviceOptions& opts)
     d->capacity_ = bytes;
   } else if (S_ISREG(st.st_mode)) {
     uint64_t size = static_cast<uint64_t>(st.st_size);
-    if (opts.create_bytes > size) {
-      // Allocate the blocks now (unwritten extents) so the data path never
-      // pays for block allocation; fall back to a sparse file.
-      if (fallocate(d->fd_, 0, 0, static_cast<off_t>(opts.create_bytes)) != 0 &&
-          ftruncate(d->fd_, static_cast<off_t>(opts.create_bytes)) != 0)
-        return Error(-errno, "SSD device " + p + ": cannot size to " +
-                                 std::to_string(opts.create_bytes) + " bytes: " + std::strerror(errno));
-      size = opts.create_bytes;
+    const uint64_t want = std::max(size, opts.create_bytes);
+    // Allocate every block now (unwritten extents), also those of an
+    // existing sparse file: a full file system is reported here, at open,
+    // not discovered later as failed writes, and the data path never pays
+    // for block allocation.  Only a file system without fallocate gets a
+    // sparse file (with a warning).
+    if (want > 0 && fallocate(d->fd_, 0, 0, static_cast<off_t>(want)) != 0) {
+      const int e = errno;
+      if (e == ENOSPC || e == EDQUOT || e == EFBIG) {
+        std::string free_txt;
+        struct statvfs vs {};
+        if (fstatvfs(d->fd_, &vs) == 0)
+          free_txt = " (" + std::to_string(uint64_t(vs.f_bavail) * vs.f_frsize) + " bytes free)";
+        return Error(-e, "SSD device " + p + ": cannot allocate " + std::to_string(want) + " bytes: " +
+                             std::strerror(e) + free_txt);
+      }
+      if (e != EOPNOTSUPP && e != ENOSYS)
+        return Error(-e, "SSD device " + p + ": fallocate of " + std::to_string(want) + " bytes: " + std::strerror(e));
+      log().warn("SSD device {}: the file system cannot pre-allocate ({}); using a sparse file", p, std::strerror(e));
+      if (opts.create_bytes > size && ftruncate(d->fd_, static_cast<off_t>(opts.create_bytes)) != 0)
+        return Error(-errno, "SSD device " + p + ": cannot size to " + std::to_string(opts.create_bytes) +
+                                 " bytes: " + std::strerror(errno));
     }
+    size = want;
     dio_alignment(d->fd_, &d->logical_block_, &d->memory_align_);
     d->capacity_ = size;
   } else {

@@ -11,7 +11,10 @@
 #include "tier/extent_allocator.hpp"
 #include "tier/placement.hpp"
 #include "tier/ssd_device.hpp"
+#include "uapi/cxlkv_tier.h"
 #include "util/log.hpp"
+
+#include <xxhash.h>
 
 namespace cxlkv {
 
@@ -37,25 +40,78 @@ struct DeviceSlot {
   uint64_t data_begin = 0, data_end = 0;  // the whole data area (all partitions)
   uint64_t own_begin = 0, own_end = 0;    // this process's partition of it
 
-  bool in_data(uint64_t off, uint64_t len) const { return off >= data_begin && off + len <= data_end; }
+  std::atomic<uint64_t> bad{0};
+  std::atomic<uint64_t> claimed{0};
+
+  // Header block + payload rounded up to the logical block (saturating:
+  // a damaged length never wraps to a small extent).
+  uint64_t extent_bytes(uint64_t len) const {
+    uint64_t p = alloc->round_up(len);
+    return p > UINT64_MAX - alloc->unit() ? UINT64_MAX : p + alloc->unit();
+  }
+  // Overflow-safe: locations come from index entries, which may be damaged.
+  bool in_data(uint64_t off, uint64_t len) const {
+    return off >= data_begin && off <= data_end && len <= data_end - off && off % alloc->unit() == 0;
+  }
   bool owned(uint64_t off) const { return off >= own_begin && off < own_end; }
   // A location read or rewritten here must be allocated when it is ours;
-  // another partition's extent is trusted to the index that names it.
+  // another partition's extent is trusted to the index that names it (the
+  // block header still has to match on read).
   bool valid(uint64_t off, uint64_t len) const {
-    return owned(off) ? alloc->is_allocated(off, len) : in_data(off, alloc->round_up(len));
+    const uint64_t ext = extent_bytes(len);
+    return owned(off) ? alloc->is_allocated(off, ext) : in_data(off, ext);
   }
 };
 
-// One I/O of a batch: which block it serves and, when the caller's buffer
-// cannot be used for O_DIRECT as is, the aligned bounce buffer it goes through.
+// Fills the header block of an extent (the rest of the block stays zero).
+void put_block_header(std::byte* extent, const void* payload, uint32_t len, uint64_t key_lo, uint64_t key_hi,
+                      uint64_t seq) {
+  cxlkv_ssd_block_header h{};
+  h.magic = CXLKV_SSD_BLOCK_MAGIC;
+  h.key_lo = key_lo;
+  h.key_hi = key_hi;
+  h.length = len;
+  h.payload_hash = XXH3_64bits(payload, len);
+  h.write_seq = seq;
+  h.header_check = cxlkv_ssd_block_header_check(&h);
+  std::memcpy(extent, &h, sizeof h);
+}
+
+// Checks an extent read back against the key and length the index names.
+// 0, -ESTALE (a valid block of another key or length: the extent was reused)
+// or -EBADMSG (not a valid block: damaged, never written, or a hole).
+int check_block(const std::byte* extent, uint32_t header_bytes, const SsdRead& r, const char** why) {
+  cxlkv_ssd_block_header h;
+  std::memcpy(&h, extent, sizeof h);
+  if (h.magic != CXLKV_SSD_BLOCK_MAGIC) {
+    *why = "no block header (never written, overwritten or a hole)";
+    return -EBADMSG;
+  }
+  if (h.header_check != cxlkv_ssd_block_header_check(&h)) {
+    *why = "block header checksum mismatch";
+    return -EBADMSG;
+  }
+  if (h.key_lo != r.key_lo || h.key_hi != r.key_hi) {
+    *why = "extent holds another block's key";
+    return -ESTALE;
+  }
+  if (h.length != r.location.length) {
+    *why = "block header length differs from the location's";
+    return -ESTALE;
+  }
+  if (XXH3_64bits(extent + header_bytes, h.length) != h.payload_hash) {
+    *why = "payload checksum mismatch";
+    return -EBADMSG;
+  }
+  return 0;
+}
+
+// One I/O of a batch: which block it serves and the aligned staging buffer
+// holding the whole extent (header block + payload).
 struct BlockIo {
   size_t block;
   AlignedBuffer bounce;
 };
-
-bool direct_ok(const SsdDevice& d, const void* p, uint32_t len) {
-  return reinterpret_cast<uintptr_t>(p) % d.memory_align() == 0 && len % d.logical_block() == 0;
-}
 
 }  // namespace
 
@@ -63,13 +119,14 @@ struct SsdPool::Impl {
   SsdPoolOptions opts;
   std::vector<std::unique_ptr<DeviceSlot>> devs;
   std::atomic<uint64_t> lost{0};
+  std::atomic<uint64_t> write_seq{1};
 
   // The bandwidth each device takes part in placement with: 0 when it is
-  // offline or has no free extent left.
+  // offline or has no free extent left for a block of min_free payload bytes.
   std::vector<double> live_bandwidth(uint64_t min_free) const {
     std::vector<double> bw(devs.size(), 0.0);
     for (size_t i = 0; i < devs.size(); i++)
-      if (devs[i]->online.load() && devs[i]->alloc->largest_free() >= min_free)
+      if (devs[i]->online.load() && devs[i]->alloc->largest_free() >= devs[i]->extent_bytes(min_free))
         bw[i] = devs[i]->bandwidth_gbps;
     return bw;
   }
@@ -98,7 +155,7 @@ struct SsdPool::Impl {
                      [&](size_t a, size_t b) { return devs[a]->bandwidth_gbps > devs[b]->bandwidth_gbps; });
     for (size_t i : order) {
       if (!devs[i]->online.load()) continue;
-      if (auto e = devs[i]->alloc->allocate(bytes)) return std::make_pair(i, *e);
+      if (auto e = devs[i]->alloc->allocate(devs[i]->extent_bytes(bytes))) return std::make_pair(i, *e);
     }
     return std::nullopt;
   }
@@ -118,18 +175,17 @@ std::vector<size_t> SsdPool::Impl::issue_writes(std::span<const SsdWrite> blocks
     SsdIo io;
     io.op = IoOp::kWrite;
     io.offset = loc[i].offset;
-    io.length = static_cast<uint32_t>(s.alloc->round_up(blocks[i].length));
-    BlockIo b{i, {}};
-    if (direct_ok(*s.dev, blocks[i].data, blocks[i].length)) {
-      io.buf = const_cast<void*>(blocks[i].data);  // only read from
-    } else {
-      // Unaligned buffer or a length that is not a whole number of logical
-      // blocks: stage through an aligned buffer, padded with zeroes.
-      b.bounce = AlignedBuffer(io.length, std::max<size_t>(4096, s.dev->memory_align()));
-      std::memcpy(b.bounce.data(), blocks[i].data, blocks[i].length);
-      std::memset(b.bounce.data() + blocks[i].length, 0, io.length - blocks[i].length);
-      io.buf = b.bounce.data();
-    }
+    io.length = static_cast<uint32_t>(s.extent_bytes(blocks[i].length));
+    // Stage header block + payload (zero-padded) in one aligned buffer: one
+    // O_DIRECT write per block, header and payload land together.
+    const uint32_t hb = s.alloc->unit();
+    BlockIo b{i, AlignedBuffer(io.length, std::max<size_t>(4096, s.dev->memory_align()))};
+    std::memset(b.bounce.data(), 0, hb);
+    std::memcpy(b.bounce.data() + hb, blocks[i].data, blocks[i].length);
+    std::memset(b.bounce.data() + hb + blocks[i].length, 0, io.length - hb - blocks[i].length);
+    put_block_header(b.bounce.data(), blocks[i].data, blocks[i].length, blocks[i].key_lo, blocks[i].key_hi,
+                     write_seq.fetch_add(1, std::memory_order_relaxed));
+    io.buf = b.bounce.data();
     ios[dev_of[i]].push_back(io);
     meta[dev_of[i]].push_back(std::move(b));
   }
@@ -148,7 +204,7 @@ std::vector<size_t> SsdPool::Impl::issue_writes(std::span<const SsdWrite> blocks
         continue;
       }
       status[i] = io.short_transfer ? -EIO : io.status;
-      if (free_on_error) devs[dv]->alloc->free(loc[i].offset, loc[i].length);
+      if (free_on_error) devs[dv]->alloc->free(loc[i].offset, devs[dv]->extent_bytes(loc[i].length));
       note_error(dv, io.status, io.short_transfer);
       failed.push_back(i);
     }
@@ -248,6 +304,8 @@ SsdDeviceInfo SsdPool::device_info(size_t i) const {
   info.short_reads = c.short_reads;
   info.lost_blocks = s.lost;
   info.foreign_releases = s.foreign_releases;
+  info.bad_blocks = s.bad;
+  info.claimed = s.claimed;
   return info;
 }
 
@@ -277,17 +335,17 @@ void SsdPool::write_blocks(std::span<const SsdWrite> blocks, std::span<TierLocat
     ExtentAllocator& a = *m.devs[dv]->alloc;
     uint64_t total = 0;
     for (size_t i = first; i < last; i++)
-      if (status[i] != -EINVAL) total += a.round_up(blocks[i].length);
+      if (status[i] != -EINVAL) total += m.devs[dv]->extent_bytes(blocks[i].length);
     std::optional<tier::Extent> run = total ? a.allocate(total) : std::nullopt;
     uint64_t at = run ? run->offset : 0;
     for (size_t i = first; i < last; i++) {
       if (status[i] == -EINVAL) continue;
       std::optional<tier::Extent> e;
       if (run) {
-        e = tier::Extent{at, a.round_up(blocks[i].length)};
+        e = tier::Extent{at, m.devs[dv]->extent_bytes(blocks[i].length)};
         at += e->length;
       } else {
-        e = a.allocate(blocks[i].length);  // fragmented: block by block
+        e = a.allocate(m.devs[dv]->extent_bytes(blocks[i].length));  // fragmented: block by block
       }
       if (!e) {
         spilled.push_back(i);
@@ -353,14 +411,11 @@ void SsdPool::read_blocks(std::span<const SsdRead> reads, std::span<int> status)
     SsdIo io;
     io.op = IoOp::kRead;
     io.offset = l.offset;
-    io.length = static_cast<uint32_t>(s.alloc->round_up(l.length));
-    BlockIo b{i, {}};
-    if (direct_ok(*s.dev, reads[i].data, l.length)) {
-      io.buf = reads[i].data;
-    } else {
-      b.bounce = AlignedBuffer(io.length, std::max<size_t>(4096, s.dev->memory_align()));
-      io.buf = b.bounce.data();
-    }
+    io.length = static_cast<uint32_t>(s.extent_bytes(l.length));
+    // The whole extent (header block + payload) into one staging buffer;
+    // the caller's buffer receives only verified payload.
+    BlockIo b{i, AlignedBuffer(io.length, std::max<size_t>(4096, s.dev->memory_align()))};
+    io.buf = b.bounce.data();
     ios[l.device].push_back(io);
     meta[l.device].push_back(std::move(b));
   }
@@ -372,12 +427,25 @@ void SsdPool::read_blocks(std::span<const SsdRead> reads, std::span<int> status)
       const SsdIo& io = ios[dv][k];
       BlockIo& b = meta[dv][k];
       if (io.status == 0) {
-        if (b.bounce.data()) std::memcpy(reads[b.block].data, b.bounce.data(), reads[b.block].location.length);
         m.note_ok(dv);
+        const char* why = "";
+        int bad = check_block(b.bounce.data(), m.devs[dv]->alloc->unit(), reads[b.block], &why);
+        if (bad) {
+          m.devs[dv]->bad.fetch_add(1, std::memory_order_relaxed);
+          lose(b.block, bad, why);
+          continue;
+        }
+        std::memcpy(reads[b.block].data, b.bounce.data() + m.devs[dv]->alloc->unit(),
+                    reads[b.block].location.length);
         continue;
       }
-      // Never hand out what a failed or short read left in the buffer.
-      lose(b.block, io.short_transfer ? -EIO : io.status, io.short_transfer ? "short read" : std::strerror(-io.status));
+      // Never hand out what a failed or short read left in the buffer.  A
+      // short read means the extent is not there any more (the file was
+      // truncated): like a bad checksum, the block is gone (-EBADMSG).
+      if (io.short_transfer) m.devs[dv]->bad.fetch_add(1, std::memory_order_relaxed);
+      lose(b.block, io.short_transfer ? -EBADMSG : io.status,
+           io.short_transfer ? "short read: the extent lies past the end of the device (truncated?)"
+                             : std::strerror(-io.status));
       m.note_error(dv, io.status, io.short_transfer);
     }
   }
@@ -391,7 +459,7 @@ void SsdPool::write_at(std::span<const SsdRead> targets, std::span<int> status) 
   std::vector<size_t> todo;
   for (size_t i = 0; i < targets.size(); i++) {
     const TierLocation& l = targets[i].location;
-    blocks[i] = {targets[i].data, l.length};
+    blocks[i] = {targets[i].data, l.length, targets[i].key_lo, targets[i].key_hi};
     loc[i] = l;
     if (l.tier != TierKind::kSsd || l.device >= m.devs.size() || !l.length || !targets[i].data) {
       status[i] = -EINVAL;
@@ -415,9 +483,24 @@ void SsdPool::release(const TierLocation& loc) {
     s.foreign_releases.fetch_add(1, std::memory_order_relaxed);  // another process's share
     return;
   }
-  if (!s.alloc->free(loc.offset, loc.length))
+  if (!s.alloc->free(loc.offset, s.extent_bytes(loc.length)))
     log().error("SSD pool: release of device {} offset {} length {}: extent was not allocated", loc.device,
                 loc.offset, loc.length);
+}
+
+bool SsdPool::claim(const TierLocation& loc) {
+  if (loc.tier != TierKind::kSsd || loc.device >= impl_->devs.size() || loc.length == 0) return false;
+  DeviceSlot& s = *impl_->devs[loc.device];
+  const uint64_t ext = s.extent_bytes(loc.length);
+  if (!s.in_data(loc.offset, ext)) return false;
+  if (!s.owned(loc.offset)) return true;  // another partition's: its owner claims it
+  if (!s.alloc->reserve(loc.offset, ext)) return false;
+  s.claimed.fetch_add(1, std::memory_order_relaxed);
+  return true;
+}
+
+uint64_t SsdPool::extent_bytes(size_t device, uint64_t length) const {
+  return impl_->devs.at(device)->extent_bytes(length);
 }
 
 uint64_t SsdPool::lost_blocks() const { return impl_->lost.load(); }
