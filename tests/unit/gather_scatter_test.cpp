@@ -124,6 +124,72 @@ TEST(GatherScatter, PlainLoadsWithoutInvalidateWouldHaveReadStaleBytes) {
   EXPECT_NE(scratch, src.concatenated());
 }
 
+// Counts the fences and invalidations a copy issues on the simulated node it
+// wraps; `skip_invalidate` drops the block invalidation (a broken reader).
+class CountingDomain final : public MemoryDomain {
+ public:
+  CountingDomain(MemoryDomain& d, bool skip_invalidate = false) : d_(d), skip_(skip_invalidate) {}
+  DomainMode mode() const override { return d_.mode(); }
+  std::string describe() const override { return "counting(" + d_.describe() + ")"; }
+  void load(void* dst, const void* s, size_t n) override { d_.load(dst, s, n); }
+  void store(void* p, const void* s, size_t n) override { d_.store(p, s, n); }
+  void store_nt(void* p, const void* s, size_t n) override { d_.store_nt(p, s, n); }
+  void flush(const void* p, size_t n) override { d_.flush(p, n); }
+  void flush_bulk(const void* p, size_t n) override { d_.flush_bulk(p, n); }
+  void invalidate(const void* p, size_t n) override {
+    invalidations++;
+    if (!skip_) d_.invalidate(p, n);
+  }
+  void invalidate_payload(const void* p, size_t n) override { invalidate(p, n); }
+  void fence() override {
+    fences++;
+    d_.fence();
+  }
+  void copy_to_pool(void* p, const void* s, size_t n) override { d_.copy_to_pool(p, s, n); }
+  void copy_from_pool(void* dst, const void* s, size_t n) override {
+    invalidate(s, n);
+    fence();
+    load(dst, s, n);
+  }
+  void publish_line(void* p, const void* s) override { d_.publish_line(p, s); }
+  int fences = 0, invalidations = 0;
+
+ private:
+  MemoryDomain& d_;
+  bool skip_;
+};
+
+TEST(GatherScatter, ScatterReadInvalidatesTheWholeBlockWithOneFence) {
+  AlignedBuf pool(1 << 20);
+  NonCoherentSim sim(pool.p, pool.n, {.nodes = 2, .evict_probability = 0.01, .seed = 11});
+  std::mt19937 rng(4);
+  ChunkList src(rng, 32, 8000);
+  std::vector<unsigned char> scratch(src.bytes);
+  sim.node(1).load(scratch.data(), pool.p, src.bytes);  // stale lines on the reader
+  ASSERT_TRUE(gather_write(sim.node(0), pool.p, src.chunks).ok());
+  CountingDomain reader(sim.node(1));
+  ChunkList back = src.zeroed_like();
+  ASSERT_TRUE(scatter_read(reader, pool.p, back.chunks).ok());
+  EXPECT_EQ(back.concatenated(), src.concatenated());
+  EXPECT_EQ(reader.fences, 1) << "one fence per block, not one per chunk (32 chunks)";
+  EXPECT_EQ(reader.invalidations, 1);
+}
+
+TEST(GatherScatter, ScatterReadWithoutItsInvalidationIsCaughtBySim) {
+  // The same read with the block invalidation removed returns stale bytes.
+  AlignedBuf pool(1 << 20);
+  NonCoherentSim sim(pool.p, pool.n, {.nodes = 2, .seed = 11});
+  std::mt19937 rng(4);
+  ChunkList src(rng, 32, 8000);
+  std::vector<unsigned char> scratch(src.bytes);
+  sim.node(1).load(scratch.data(), pool.p, src.bytes);
+  ASSERT_TRUE(gather_write(sim.node(0), pool.p, src.chunks).ok());
+  CountingDomain broken(sim.node(1), /*skip_invalidate=*/true);
+  ChunkList back = src.zeroed_like();
+  ASSERT_TRUE(scatter_read(broken, pool.p, back.chunks).ok());
+  EXPECT_NE(back.concatenated(), src.concatenated());
+}
+
 TEST(GatherScatter, EmptyListMovesNothing) {
   auto d = make_host_domain();
   auto w = gather_write(*d, nullptr, {});

@@ -56,6 +56,13 @@ class MemoryDomain {
   // the next fence().  copy_from_pool: invalidates first where needed.
   virtual void copy_to_pool(void* pool_dst, const void* src, size_t n) = 0;
   virtual void copy_from_pool(void* dst, const void* pool_src, size_t n) = 0;
+  // The same split in two, so that a block read as many pieces is
+  // invalidated in one sweep with one fence (rules 4/6) instead of a fence
+  // per piece: invalidate_payload(block) ; fence() ; load_payload(piece)...
+  // invalidate_payload may use the bulk instruction (clflushopt), which the
+  // following fence orders before the loads.
+  virtual void invalidate_payload(const void* p, size_t n) { invalidate(p, n); }
+  virtual void load_payload(void* dst, const void* pool_src, size_t n) { load(dst, pool_src, n); }
 
   // Publish one aligned 64-byte line with a single store where the CPU has
   // movdir64b, else NT stores; visible to other hosts after fence().

@@ -95,6 +95,18 @@ class HostDomain final : public MemoryDomain {
     std::memcpy(dst, pool_src, n);
   }
 
+  void invalidate_payload(const void* p, size_t n) override {
+    if (mode_ == DomainMode::flush && n != 0) invalidate_bulk_(p, n);  // rule 6; the caller fences (rule 4)
+  }
+
+  void load_payload(void* dst, const void* pool_src, size_t n) override {
+    if (stream_loads_) {
+      stream_load_copy(dst, pool_src, n);  // rule 6 on WC: whole-line streaming reads
+      return;
+    }
+    std::memcpy(dst, pool_src, n);
+  }
+
   void publish_line(void* pool_dst64, const void* src64) override {
     if (movdir64b_ && (reinterpret_cast<uintptr_t>(pool_dst64) & (kLine - 1)) == 0) {
       publish_movdir64b(pool_dst64, src64);  // rule 3: the whole line in one store

@@ -55,6 +55,12 @@ class MemTier final : public PayloadTier {
         if (loc.offset + ext > devs_[d].size)
           return Error(-EFAULT, "kv: interleaved block at " + std::to_string(loc.offset) + " exceeds device " +
                                     std::to_string(d));
+      if (!wr) {
+        // rules 4/6: each device's part of the block is invalidated in one
+        // sweep, then one fence per device orders it before the loads.
+        for (uint32_t d = 0; d < set_.devices(); d++) devs_[d].domain->invalidate_payload(devs_[d].base + loc.offset, ext);
+        for (uint32_t d = 0; d < set_.devices(); d++) devs_[d].domain->fence();
+      }
       uint64_t x = 0;  // logical block offset
       for (const Chunk& c : chunks) {
         auto* p = static_cast<std::byte*>(c.addr);
@@ -66,7 +72,7 @@ class MemTier final : public PayloadTier {
           uint64_t n = std::min(left, run);
           std::byte* pool = devs_[dev].base + loc.offset + doff;
           if (wr) devs_[dev].domain->copy_to_pool(pool, p, n);
-          else devs_[dev].domain->copy_from_pool(p, pool, n);
+          else devs_[dev].domain->load_payload(p, pool, n);  // invalidated above
           p += n;
           x += n;
           left -= n;

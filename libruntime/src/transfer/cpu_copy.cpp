@@ -50,9 +50,14 @@ Result<size_t> scatter_read(MemoryDomain& d, const void* pool_src, std::span<con
   auto total = check(pool_src, chunks, "scatter_read");
   if (!total) return total;
   const char* src = static_cast<const char*>(pool_src);
+  if (*total == 0) return total;
+  // rules 4/6: the whole block is invalidated in one sweep and one fence
+  // orders it before every load, instead of a fence per chunk.
+  d.invalidate_payload(src, *total);
+  d.fence();
   for (const Chunk& c : chunks) {
     if (c.len == 0) continue;
-    d.copy_from_pool(c.addr, src, c.len);  // rule 6: invalidates its range first in flush mode
+    d.load_payload(c.addr, src, c.len);
     src += c.len;
   }
   return total;

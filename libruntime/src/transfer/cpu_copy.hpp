@@ -7,8 +7,9 @@
 //                 payload never sits dirty in our cache, rule 1/3), then one
 //                 fence, so the block is in memory when this returns and the
 //                 caller may publish the index entry that points to it.
-//   scatter_read  pool block -> chunks, with the domain's copy_from_pool
-//                 (invalidate, fence, load in flush mode: rules 4/6).
+//   scatter_read  pool block -> chunks: the whole block is invalidated in
+//                 one sweep, one fence, then each chunk is loaded (rules
+//                 4/6; one fence per block, not per chunk).
 //
 // Both return the number of bytes moved, or an Error (-EINVAL for a null
 // pointer with a non-zero length, -EOVERFLOW when the lengths overflow);
