@@ -1,7 +1,8 @@
 # SPDX-License-Identifier: MIT
-"""GPU transfers of paged tensors through cxlkv_kv_gpu_put_chain /
-cxlkv_kv_gpu_get_many (the CPU reference backend here, CUDA when present),
-and handoff leases.  Each runs when the loaded libcxlkv has the calls."""
+"""GPU transfers of paged tensors (cxlkv_kv_gpu_put_chain / _get_many, or
+the batch calls around one gather / scatter launch where the library lacks
+them) through the CPU reference backend, and handoff leases (run when the
+loaded libcxlkv has cxlkv_kv_lease)."""
 import numpy as np
 import pytest
 import torch
@@ -9,8 +10,6 @@ import torch
 import cxlkv
 from cxlkv import _lib
 
-needs_gpu_kv = pytest.mark.skipif(not _lib.has("cxlkv_kv_gpu_put_chain"),
-                                  reason="libcxlkv lacks cxlkv_kv_gpu_put_chain / cxlkv_kv_gpu_get_many")
 needs_leases = pytest.mark.skipif(not _lib.has("cxlkv_kv_lease"), reason="libcxlkv lacks cxlkv_kv_lease")
 
 
@@ -19,7 +18,6 @@ def test_gpu_probe_says_why_not():
     assert isinstance(ok, bool) and msg
 
 
-@needs_gpu_kv
 @pytest.mark.parametrize("layout", ["vllm", "block_first"])
 def test_reference_backend_moves_paged_blocks_like_the_cpu_path(env, layout):
     layers, blocks, bt, heads, head = 2, 6, 8, 2, 16
@@ -43,6 +41,12 @@ def test_reference_backend_moves_paged_blocks_like_the_cpu_path(env, layout):
         st = kv.get(keys, cxlkv.PagedKV.block_first(out2), [5, 4, 3], gpu=gpu)
         assert cxlkv.get_ok(st).all()
         assert torch.equal(out2[[5, 4, 3]], ref[[4, 0, 2]])
+        # a miss is a per-block status; blocks already there are EXISTS
+        more = cxlkv.block_keys(np.arange(4 * bt), bt)
+        st = kv.get(more, cxlkv.PagedKV.block_first(out2), [0, 1, 2, 3], gpu=gpu)
+        assert st.tolist() == [0, 0, 0, cxlkv.MISS]
+        st = kv.put(more, src, [4, 0, 2, 1], gpu=gpu)
+        assert st.tolist() == [cxlkv.EXISTS] * 3 + [cxlkv.RESERVED]
 
 
 @needs_leases
