@@ -349,6 +349,24 @@ int cxlkv_kv_put_chain(struct cxlkv_kv *kv, const struct cxlkv_kv_key *parent,
 int cxlkv_kv_get_many(struct cxlkv_kv *kv, const struct cxlkv_kv_key *keys, size_t n,
 		      const struct cxlkv_chunk *chunks, const uint32_t *nchunks, int32_t *status);
 
+/* ---- KV store batches with GPU tensors ---------------------------------------
+ * Blocks of a paged GPU layout by key, one call per batch: GPU block
+ * block_ids[i] <-> key keys[i], one kernel launch per pool device.  `gpu`
+ * must have been opened over the pool of `kv` (cxlkv_gpu_open_pool with the
+ * pool given to cxlkv_kv_open); the blocks are layout-sized
+ * (cxlkv_gpu_layout_block_bytes).  Statuses and return values as in
+ * cxlkv_kv_put_chain / cxlkv_kv_get_many.  put_chain waits for the DMA
+ * (stream) before it publishes anything (rule 5); get_many returns after the
+ * copies completed (the pins are held until then).  Blocks on the SSD tier
+ * or interleaved over several devices fail with -EOPNOTSUPP.
+ */
+int cxlkv_kv_gpu_put_chain(struct cxlkv_kv *kv, struct cxlkv_gpu *gpu, const struct cxlkv_gpu_layout *layout,
+			   const struct cxlkv_kv_key *parent, const struct cxlkv_kv_key *keys,
+			   const uint64_t *block_ids, size_t n, void *stream, int32_t *status);
+int cxlkv_kv_gpu_get_many(struct cxlkv_kv *kv, struct cxlkv_gpu *gpu, const struct cxlkv_gpu_layout *layout,
+			  const struct cxlkv_kv_key *keys, const uint64_t *block_ids, size_t n, void *stream,
+			  int32_t *status);
+
 struct cxlkv_kv_stats {
 	size_t   size;                /* sizeof(struct cxlkv_kv_stats) */
 	uint64_t lookups, hit_blocks, miss_blocks, reserves, publishes, fetches;

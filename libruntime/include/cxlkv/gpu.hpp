@@ -268,6 +268,17 @@ class KvGpu {
                                    const PagedLayout& layout, std::span<const uint64_t> block_ids, void* stream);
   Result<void> fetch(std::span<const BlockKey> keys, const PagedLayout& layout,
                      std::span<const uint64_t> block_ids, void* stream);
+  // The same with a status per block (KvStore::put_chain / get_many
+  // semantics; cxlkv_kv_gpu_put_chain / _get_many): put_chain gathers the
+  // reserved blocks in one launch per device, waits for the DMA (rule 5),
+  // then publishes them parents first and aborts what it could not write;
+  // get_many pins, scatters the pinned blocks in one launch per device,
+  // waits, and unpins.  Return the number of blocks RESERVED or EXISTS /
+  // fetched.
+  Result<size_t> put_chain(const BlockKey* parent, std::span<const BlockKey> keys, const PagedLayout& layout,
+                           std::span<const uint64_t> block_ids, void* stream, std::span<int32_t> status);
+  Result<size_t> get_many(std::span<const BlockKey> keys, const PagedLayout& layout,
+                          std::span<const uint64_t> block_ids, void* stream, std::span<int32_t> status);
 
  private:
   Result<GpuPool*> device_for(uint8_t tier, uint8_t dev, const BlockKey& key) const;

@@ -232,6 +232,14 @@ class KvStore {
   Result<size_t> put_chain(const BlockKey* parent, std::span<const BlockKey> keys, uint64_t bytes,
                            std::span<const Chunk> chunks, std::span<const uint32_t> nchunks,
                            std::span<int32_t> status);
+  // The end of put_chain for callers that write the payload themselves (the
+  // GPU path): `rs` from reserve_chain, written[i] 0 where block i's payload
+  // is in the pool (flushed / DMA complete, rule 3/5), else -errno.  Publishes
+  // the reserved blocks before the first one not written, parents first, and
+  // aborts the rest; fills status[i] as put_chain does and returns its count.
+  Result<size_t> settle_chain(const BlockKey* parent, std::span<const BlockKey> keys,
+                              std::span<const KvReservation> rs, std::span<const int32_t> written,
+                              std::span<int32_t> status);
   // pin -> fetch -> unpin.  status[i]: 0 fetched, kKvMiss not cached,
   // -errno.  Returns how many were fetched.
   Result<size_t> get_many(std::span<const BlockKey> keys, std::span<const Chunk> chunks,
@@ -247,6 +255,7 @@ class KvStore {
   const KvStats& stats() const { return stats_; }
   void flush_stats();  // copy this node's stats into the pool now
   uint32_t node() const { return deps_.node; }
+  const std::vector<PoolDevice>& devices() const { return deps_.devices; }
 
  private:
   KvStore() = default;

@@ -19,7 +19,14 @@ struct cxlkv_pool {
   std::unique_ptr<cxlkv::Region> region;
 };
 
+namespace cxlkv {
+class KvStore;
+}
+
 namespace cxlkv::capi {
+
+// The KvStore behind a cxlkv_kv handle (kv_capi.cpp), for other C API files.
+KvStore& kv_store(cxlkv_kv* kv);
 
 // Record `msg` as this thread's last error and return `neg_errno`.
 int set_error(int neg_errno, const std::string& msg);

@@ -16,6 +16,8 @@ struct cxlkv_kv {
   std::unique_ptr<KvSession> session;
 };
 
+KvStore& capi::kv_store(cxlkv_kv* kv) { return kv->session->store(); }
+
 namespace {
 
 BlockKey key_of(const cxlkv_kv_key* k) { return BlockKey{k->lo, k->hi}; }

@@ -11,6 +11,9 @@
 
 #include "cxlkv/cxlkv.h"
 #include "cxlkv/gpu.hpp"
+#include "cxlkv/kv.hpp"
+#include <climits>
+#include <vector>
 #include "capi/capi.hpp"
 
 struct cxlkv_gpu {
@@ -136,4 +139,59 @@ int cxlkv_gpu_sync(cxlkv_gpu* g, void* stream) {
   });
 }
 
+}  // extern "C"
+
+namespace {
+// Common part of the two KV batch calls: arguments, the KvGpu over `g`,
+// the status array, and the C return value.
+template <class Op>
+int kv_gpu_batch(const char* fn, cxlkv_kv* kv, cxlkv_gpu* g, const cxlkv_gpu_layout* layout,
+                 const cxlkv_kv_key* keys, const uint64_t* ids, size_t n, int32_t* status, Op op) {
+  return guarded(fn, [&] {
+    auto bad = [&](const std::string& m) { return fail(Error(-EINVAL, std::string(fn) + ": " + m)); };
+    if (!kv || !g || !layout) return bad("kv, gpu and layout are required");
+    if (layout->size < sizeof(cxlkv_gpu_layout)) return bad("layout.size is too small");
+    if (n > INT_MAX) return bad("too many blocks");
+    if (n && (!keys || !ids)) return bad("keys and block_ids are required");
+    cxlkv::KvStore& store = cxlkv::capi::kv_store(kv);
+    const auto& devs = store.devices();
+    if (devs.empty() || g->pool->pin().base() != devs[0].base)
+      return bad("gpu is not opened over this kv's pool (cxlkv_gpu_open_pool with the pool given to cxlkv_kv_open)");
+    auto l = gpu::PagedLayout::from_c(*layout);
+    std::vector<int32_t> scratch;
+    if (!status) {
+      scratch.resize(n);
+      status = scratch.data();
+    }
+    std::vector<cxlkv::BlockKey> k(n);
+    for (size_t i = 0; i < n; i++) k[i] = cxlkv::BlockKey{keys[i].lo, keys[i].hi};
+    gpu::KvGpu kg(store, {g->pool.get()});
+    Result<size_t> r = op(kg, l, std::span<const cxlkv::BlockKey>(k), std::span<const uint64_t>(ids, n),
+                          std::span<int32_t>(status, n));
+    if (!r) return fail(Error(r.error().code(), std::string(fn) + ": " + r.error().message()));
+    if (!store.last_block_error().empty()) cxlkv::capi::set_error(0, store.last_block_error());
+    else cxlkv::capi::clear_error();
+    return static_cast<int>(r.value());
+  });
+}
+}  // namespace
+
+extern "C" {
+int cxlkv_kv_gpu_put_chain(cxlkv_kv* kv, cxlkv_gpu* g, const cxlkv_gpu_layout* layout, const cxlkv_kv_key* parent,
+                           const cxlkv_kv_key* keys, const uint64_t* block_ids, size_t n, void* stream,
+                           int32_t* status) {
+  cxlkv::BlockKey pk = parent ? cxlkv::BlockKey{parent->lo, parent->hi} : cxlkv::BlockKey{};
+  return kv_gpu_batch("cxlkv_kv_gpu_put_chain", kv, g, layout, keys, block_ids, n, status,
+                      [&](gpu::KvGpu& kg, const gpu::PagedLayout& l, auto k, auto ids, auto st) {
+                        return kg.put_chain(parent ? &pk : nullptr, k, l, ids, stream, st);
+                      });
+}
+
+int cxlkv_kv_gpu_get_many(cxlkv_kv* kv, cxlkv_gpu* g, const cxlkv_gpu_layout* layout, const cxlkv_kv_key* keys,
+                          const uint64_t* block_ids, size_t n, void* stream, int32_t* status) {
+  return kv_gpu_batch("cxlkv_kv_gpu_get_many", kv, g, layout, keys, block_ids, n, status,
+                      [&](gpu::KvGpu& kg, const gpu::PagedLayout& l, auto k, auto ids, auto st) {
+                        return kg.get_many(k, l, ids, stream, st);
+                      });
+}
 }  // extern "C"

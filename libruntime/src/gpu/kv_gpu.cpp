@@ -175,4 +175,87 @@ Result<void> KvGpu::fetch(std::span<const BlockKey> keys, const PagedLayout& lay
   return u;
 }
 
+Result<size_t> KvGpu::put_chain(const BlockKey* parent, std::span<const BlockKey> keys, const PagedLayout& layout,
+                                std::span<const uint64_t> block_ids, void* stream, std::span<int32_t> status) {
+  CXLKV_TRY(layout.validate());
+  const size_t n = keys.size();
+  if (block_ids.size() != n || status.size() < n)
+    return Error(-EINVAL, "GPU put_chain: " + std::to_string(n) + " keys, " + std::to_string(block_ids.size()) +
+                              " GPU blocks, " + std::to_string(status.size()) + " status entries");
+  const uint64_t bytes = layout.block_bytes();
+  std::vector<KvReservation> rs(n);
+  CXLKV_TRY(store_.reserve_chain(parent, keys, bytes, rs, status));
+  std::vector<int32_t> written(n, kKvReserved);
+  std::map<GpuPool*, DeviceBatch> batches;
+  std::map<GpuPool*, std::vector<size_t>> members;
+  for (size_t i = 0; i < n; i++) {
+    if (!rs[i].reserved()) continue;
+    auto dev = device_for(rs[i].loc_tier, rs[i].loc_dev, keys[i]);
+    int32_t bad = !dev ? dev.error().code() : rs[i].length != bytes ? -EINVAL : 0;
+    if (bad) {  // this block and everything after it stay unwritten
+      for (size_t j = i; j < n; j++) written[j] = bad;
+      log().warn("GPU put_chain: block {}: {}", to_hex(keys[i]),
+                 !dev ? dev.error().message() : "reserved length differs from the layout's block");
+      break;
+    }
+    batches[dev.value()].ids.push_back(block_ids[i]);
+    batches[dev.value()].offs.push_back(rs[i].loc_off);
+    members[dev.value()].push_back(i);
+  }
+  for (auto& [gp, b] : batches) {
+    auto g = gp->gather(layout, b.ids, b.offs, stream);
+    if (!g)
+      for (size_t i : members[gp]) written[i] = g.error().code();
+  }
+  // rule 5: the index entries are written only after the DMA has completed
+  // (a failed launch is waited for too, before its space can be reused).
+  for (auto& [gp, b] : batches) {
+    auto w = gp->wait_enqueued(stream);
+    if (!w)
+      for (size_t i : members[gp]) written[i] = w.error().code();
+  }
+  return store_.settle_chain(parent, keys, rs, written, status);
+}
+
+Result<size_t> KvGpu::get_many(std::span<const BlockKey> keys, const PagedLayout& layout,
+                               std::span<const uint64_t> block_ids, void* stream, std::span<int32_t> status) {
+  CXLKV_TRY(layout.validate());
+  const size_t n = keys.size();
+  if (block_ids.size() != n || status.size() < n)
+    return Error(-EINVAL, "GPU get_many: " + std::to_string(n) + " keys, " + std::to_string(block_ids.size()) +
+                              " GPU blocks, " + std::to_string(status.size()) + " status entries");
+  const uint64_t bytes = layout.block_bytes();
+  std::vector<KvPin> pins(n);
+  CXLKV_TRY(store_.pin_many(keys, pins, status));
+  std::map<GpuPool*, DeviceBatch> batches;
+  std::map<GpuPool*, std::vector<size_t>> members;
+  for (size_t i = 0; i < n; i++) {
+    if (!pins[i].pinned()) continue;
+    auto dev = device_for(pins[i].loc_tier, pins[i].loc_dev, keys[i]);
+    if (!dev || pins[i].length != bytes) {
+      status[i] = !dev ? dev.error().code() : -EINVAL;
+      continue;
+    }
+    batches[dev.value()].ids.push_back(block_ids[i]);
+    batches[dev.value()].offs.push_back(pins[i].loc_off);
+    members[dev.value()].push_back(i);
+  }
+  for (auto& [gp, b] : batches)
+    if (auto sc = gp->scatter(layout, b.ids, b.offs, stream); !sc)
+      for (size_t i : members[gp]) status[i] = sc.error().code();
+  // The pins outlive the DMA reading the blocks, even after a failure.
+  for (auto& [gp, b] : batches)
+    if (auto w = gp->wait_enqueued(stream); !w)
+      for (size_t i : members[gp])
+        if (status[i] == 0) status[i] = w.error().code();
+  std::vector<int32_t> ust(n);
+  CXLKV_TRY(store_.unpin_many(pins, ust));
+  size_t ok = 0;
+  for (size_t i = 0; i < n; i++) {
+    if (status[i] == 0 && pins[i].pinned() && ust[i] != 0) status[i] = ust[i];
+    if (status[i] == 0) ok++;
+  }
+  return ok;
+}
+
 }  // namespace cxlkv::gpu

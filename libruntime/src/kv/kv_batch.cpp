@@ -241,22 +241,33 @@ Result<size_t> KvStore::put_chain(const BlockKey* parent, std::span<const BlockK
   const size_t n = keys.size();
   CXLKV_TRY(check_batch("put_chain", n, status.size(), chunks, &nchunks));
   std::vector<KvReservation> rs(n);
+  std::vector<int32_t> written(n);
+  CXLKV_TRY(reserve_chain(parent, keys, bytes, rs, status));
+  std::string first_error = block_error_;
+  CXLKV_TRY(write_many(rs, chunks, nchunks, written));
+  if (first_error.empty()) first_error = block_error_;
+  auto ok = settle_chain(parent, keys, rs, written, status);
+  if (!first_error.empty()) block_error_ = first_error;
+  return ok;
+}
+
+Result<size_t> KvStore::settle_chain(const BlockKey* parent, std::span<const BlockKey> keys,
+                                     std::span<const KvReservation> rs, std::span<const int32_t> written,
+                                     std::span<int32_t> status) {
+  const size_t n = keys.size();
+  if (rs.size() < n || written.size() < n || status.size() < n)
+    return Error(-EINVAL, "kv: settle_chain: " + std::to_string(n) + " keys with fewer handles or statuses");
   std::vector<int32_t> st(n);
   std::string first_error;
   auto keep_error = [&] {
     if (first_error.empty()) first_error = block_error_;
   };
-  CXLKV_TRY(reserve_chain(parent, keys, bytes, rs, status));
-  keep_error();
-  CXLKV_TRY(write_many(rs, chunks, nchunks, st));
-  keep_error();
-
   // From the first reserved block whose write failed on, nothing can be
   // published (its children would wait for it forever): those are aborted.
   size_t cut = n;
   for (size_t i = 0; i < n; i++) {
-    if (rs[i].reserved() && st[i] != kKvReserved) {
-      status[i] = st[i];
+    if (rs[i].reserved() && written[i] != kKvReserved) {
+      status[i] = written[i];
       cut = i;
       break;
     }
