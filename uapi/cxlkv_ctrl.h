@@ -42,10 +42,15 @@ CXLKV_STATIC_ASSERT(sizeof(struct cxlkv_ctrl_header) == 64, "ctrl header is one 
 /*
  * Node table entry.  Written by the node it describes (one heartbeat
  * process per node) and, to evict a dead node, by an operator; so the line
- * is only ever written whole with non-temporal stores (rule 1).  Liveness:
- * `heartbeat` advances every beat (default 250 ms); a reader compares
- * heartbeat_ns with its own clock (hosts are NTP-synchronised) or watches
- * `heartbeat` change.
+ * is only ever written whole with non-temporal stores (rule 1).
+ *
+ * Liveness (one rule for the lock manager, the index and the tools): a node
+ * whose host_id equals the reader's own is on the reader's host and is dead
+ * exactly when its process (pid, start_time) is gone -- a stopped (SIGSTOP)
+ * process is alive however old its heartbeat; a node on another host is dead
+ * when its heartbeat is older than the staleness limit (3 s), judged on the
+ * reader's clock (hosts are NTP-synchronised).  `heartbeat` advances every
+ * beat (heartbeat_ms, 0 = the node runs no heartbeat thread).
  */
 enum cxlkv_node_state {
 	CXLKV_NODE_ABSENT  = 0,
@@ -55,11 +60,14 @@ enum cxlkv_node_state {
 
 struct cxlkv_node_entry {
 	__u64 heartbeat;         /* advanced periodically while the node is alive */
-	__u64 heartbeat_ns;      /* writer's CLOCK_REALTIME at the last beat, for display */
+	__u64 heartbeat_ns;      /* writer's CLOCK_REALTIME at the last beat */
 	__u32 state;             /* enum cxlkv_node_state */
 	__u32 pid;               /* process that owns the node's heartbeat */
 	__u64 incarnation;       /* random per attach; tells restarts apart */
-	char  host[32];          /* NUL-terminated hostname, informational */
+	__u64 start_time;        /* pid's start time: /proc/PID/stat field 22 (clock ticks since boot) */
+	__u32 host_id;           /* hash of the host's boot_id and pid namespace: equal = same host */
+	__u32 heartbeat_ms;      /* beat period, 0: no heartbeat thread */
+	char  host[16];          /* NUL-terminated hostname (truncated), informational */
 };
 CXLKV_STATIC_ASSERT(sizeof(struct cxlkv_node_entry) == 64, "node entry is one line");
 
@@ -109,15 +117,17 @@ enum cxlkv_slot_state {
 	CXLKV_SLOT_IDLE    = 0,
 	CXLKV_SLOT_WAITING = 1,
 	CXLKV_SLOT_LOCKED  = 2,	/* derived: WAITING + granted; never stored in request */
+	CXLKV_SLOT_STICKY  = 3,	/* released, but the node keeps the grant (sticky grant) */
 };
 #define CXLKV_SLOT_STATE_MASK   0x3ULL
 #define CXLKV_SLOT_TICKET_SHIFT 2
 
 struct cxlkv_lock_slot {
 	__u64 request;           /* (ticket << 2) | state, node-written */
-	__u32 owner_pid;         /* informational: pid of the holder/waiter */
+	__u32 owner_pid;         /* pid of the holder/waiter (liveness on its host) */
 	__u32 reserved0;
-	__u8  reserved1[48];
+	__u64 owner_start;       /* owner_pid's start time (/proc/PID/stat field 22), 0 unknown */
+	__u8  reserved1[40];
 };
 CXLKV_STATIC_ASSERT(sizeof(struct cxlkv_lock_slot) == 64, "lock slot is one line");
 
@@ -128,12 +138,38 @@ CXLKV_STATIC_ASSERT(sizeof(struct cxlkv_lock_slot) == 64, "lock slot is one line
  * and the ticket of its WAITING request.  A stale read can only show an
  * older grant, and an older grant never names the current ticket, so stale
  * reads delay but never admit two holders.
+ *
+ * Sticky grants.  A holder that releases may write (ticket << 2) | STICKY
+ * instead of IDLE: it is out of the critical section but keeps the grant.
+ * To re-enter it writes (ticket << 2) | WAITING again (same ticket), fences,
+ * and reads the grant fresh: if it still names (node, ticket) and is not
+ * REVOKED, it holds the lock; otherwise it requests anew with ticket + 1.
+ * The manager revokes a kept grant when another node waits: it writes the
+ * grant with CXLKV_GRANT_REVOKED set (same node and ticket), fences, then
+ * reads the holder's slot fresh; the lock is free once the slot no longer
+ * reads (ticket << 2) | WAITING.  Both sides store, fence, then load (the
+ * Dekker pattern), so at least one of them sees the other: either the node
+ * sees REVOKED and backs off, or the manager sees WAITING and waits for the
+ * release.  A grant written for a fresh request has flags 0, or CONTENDED
+ * when other nodes wait as well: then the holder's release writes IDLE, and
+ * the lock goes round-robin without a revocation round.
+ *
+ * Dead nodes.  The manager never writes a node's slot.  A request or hold
+ * whose owner is dead (liveness rule above; on the manager's host: owner_pid
+ * with owner_start gone) is ignored: a dead holder's lock is granted to the
+ * next waiter, a dead waiter is skipped.  The node's next process on that
+ * host finds the dead owner through its robust node-local mutex and writes
+ * the slot IDLE itself.
  */
+#define CXLKV_GRANT_REVOKED     0x1u
+/* Set in a fresh grant when other nodes wait too: the holder releases IDLE
+ * (hands the lock on at once) instead of keeping it sticky. */
+#define CXLKV_GRANT_CONTENDED   0x2u
 #define CXLKV_GRANT_NONE        0xffffffffu
 struct cxlkv_lock_grant {
 	__u64 ticket;            /* ticket of the granted request */
 	__u32 node;              /* granted node or CXLKV_GRANT_NONE */
-	__u32 reserved0;
+	__u32 flags;             /* CXLKV_GRANT_REVOKED: a kept (sticky) grant is being taken back */
 	__u64 grants;            /* number of grants so far (statistics) */
 	__u8  reserved1[40];
 };

@@ -2,6 +2,7 @@
 // Helper process for the multi-process lock tests: attaches to a pool as one
 // node and increments a non-atomic counter in the pool under a cross-host lock.
 //   lock_counter_helper URI NODE ITERS          count ITERS times, exit 0
+//   lock_counter_helper URI NODE ITERS BURST    pause 1-3 ms after every BURST iterations
 //   lock_counter_helper URI NODE hold           take the lock, print "held", sleep forever
 // Exit 0 ok, 1 error, 4 lock acquired by recovery (EOWNERDEAD) at least once.
 #include <unistd.h>
@@ -18,8 +19,8 @@
 using namespace std::chrono_literals;
 
 int main(int argc, char** argv) {
-  if (argc != 4) {
-    std::fprintf(stderr, "usage: lock_counter_helper URI NODE ITERS|hold\n");
+  if (argc != 4 && argc != 5) {
+    std::fprintf(stderr, "usage: lock_counter_helper URI NODE ITERS|hold [BURST]\n");
     return 2;
   }
   auto region = cxlkv::Region::open(argv[1]);
@@ -40,6 +41,7 @@ int main(int argc, char** argv) {
   cxlkv::TwoTierLock lock(*node.value(), CXLKV_LOCK_FIRST_USER);
   const bool hold = std::strcmp(argv[3], "hold") == 0;
   const long iters = hold ? 1 : std::atol(argv[3]);
+  const long burst = argc == 5 ? std::atol(argv[4]) : 0;
   bool recovered = false;
   for (long i = 0; i < iters; i++) {
     auto g = cxlkv::LockGuard::take_for(lock, 30s, {counter, 64});
@@ -50,6 +52,11 @@ int main(int argc, char** argv) {
     if (g.value().how() == cxlkv::Acquired::recovered) recovered = true;
     uint64_t v = d.read(counter);  // the guard invalidated the line (rule 4)
     d.write(counter, v + 1);       // the guard flushes it before release (rule 3)
+    if (burst > 0 && i % burst == burst - 1) {
+      (void)g.value().release();
+      usleep(static_cast<useconds_t>(1000 + 1000 * ((i / burst + no.node) % 3)));
+      continue;
+    }
     if (hold) {
       std::printf("held\n");
       std::fflush(stdout);

@@ -99,6 +99,24 @@ TEST(LockMultiproc, FourProcessesAsFourNodesCountExactly) {
   EXPECT_EQ(p.counter(), 4u * iters);
 }
 
+TEST(LockMultiproc, ProcessesInBurstsKeepAndRevokeStickyGrantsAndCountExactly) {
+  Pool p("sticky");
+  auto mgr = LockManager::create(*p.region);
+  ASSERT_TRUE(mgr.ok()) << mgr.error().message();
+  mgr.value()->start();
+  const int iters = 400;
+  std::vector<pid_t> kids;
+  for (int n = 0; n < 3; n++)
+    kids.push_back(spawn({helper(), p.uri, std::to_string(n), std::to_string(iters), "20"}));
+  for (pid_t k : kids) EXPECT_EQ(wait_exit(k), 0);
+  mgr.value()->stop();
+  auto st = mgr.value()->stats();
+
+  EXPECT_EQ(p.counter(), 3u * iters);
+  EXPECT_GT(st.revokes, 0u) << "no kept grant was revoked";
+  EXPECT_LT(st.grants, 3u * iters) << "no acquisition used a kept (sticky) grant";
+}
+
 TEST(LockMultiproc, KilledHolderIsRecoveredByTheNextLocalWaiter) {
   Pool p("kill-holder");
   auto mgr = LockManager::create(*p.region);

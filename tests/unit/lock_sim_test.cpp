@@ -26,11 +26,14 @@ struct CounterRun {
   int max_holders = 0;
   int timeouts = 0;
   std::vector<uint64_t> per_node;
+  LockManagerStats mgr;
 };
 
 // `nodes` simulated nodes each increment a non-atomic counter in the pool
 // `iters` times under the lock; the manager is simulated node `nodes`.
-CounterRun run_counter(TestPool& p, uint32_t nodes, int iters, double evict) {
+// burst > 0: each node pauses 1-3 ms after every `burst` acquisitions, so
+// grants are often uncontended (kept sticky) and later revoked.
+CounterRun run_counter(TestPool& p, uint32_t nodes, int iters, double evict, int burst = 0) {
   p.simulate(nodes + 1, evict, 42);
   std::vector<NodeContext*> ctx;
   for (uint32_t n = 0; n < nodes; n++) ctx.push_back(&p.attach(n));
@@ -73,11 +76,13 @@ CounterRun run_counter(TestPool& p, uint32_t nodes, int iters, double evict) {
         out.per_node[n]++;
         auto r = g.value().release();
         if (!r) ADD_FAILURE() << r.error().message();
+        if (burst && i % burst == burst - 1) std::this_thread::sleep_for(std::chrono::microseconds(1000 + 1000 * ((i + n) % 3)));
       }
     });
   }
   for (auto& t : threads) t.join();
   mgr.value()->stop();
+  out.mgr = mgr.value()->stats();
   std::memcpy(&out.final_count, counter, 8);  // what memory holds, not any node's cache
   out.max_holders = max_holders.load();
   out.timeouts = timeouts.load();
@@ -106,6 +111,89 @@ TEST(LockSim, MissingReleaseFlushIsCaught) {
               static_cast<unsigned long>(r.final_count), 4u * 150u);
   EXPECT_EQ(r.max_holders, 1);  // the lock itself still excludes ...
   EXPECT_NE(r.final_count, 4u * 150u) << "broken protocol went undetected";  // ... but data is lost
+}
+
+TEST(LockSim, StickyGrantsRevokedUnderEvictionsCountExactly) {
+  // Bursts with pauses: a node often re-enters on its kept grant, and the
+  // manager revokes it when another node asks (uapi/cxlkv_ctrl.h "Sticky grants").
+  TestPool p("lock-sim-sticky");
+  auto r = run_counter(p, 4, 120, 0.05, /*burst=*/10);
+
+  EXPECT_EQ(r.timeouts, 0);
+  EXPECT_EQ(r.max_holders, 1);
+  EXPECT_EQ(r.final_count, 4u * 120u);
+  EXPECT_GT(r.mgr.revokes, 0u) << "no sticky grant was ever revoked: the run did not exercise revocation";
+  EXPECT_LT(r.mgr.grants, 4u * 120u) << "every acquisition went through the manager: no sticky re-entry";
+}
+
+TEST(LockSim, MissingGrantInvalidateOnStickyReentryIsCaught) {
+  // The sticky re-entry reads the grant without invalidating it first
+  // (rule 4 removed): a node acts on its cached, unrevoked copy while the
+  // manager has given the lock to another node.  The simulator must show it.
+  TestPool p("lock-sim-sticky-broken");
+  sync::testing::set_break_sticky_invalidate(true);
+  auto r = run_counter(p, 4, 120, 0.01, /*burst=*/10);
+  sync::testing::set_break_sticky_invalidate(false);
+
+  std::printf("broken sticky re-entry: max holders %d, memory holds %lu of %u increments\n", r.max_holders,
+              static_cast<unsigned long>(r.final_count), 4u * 120u);
+  EXPECT_TRUE(r.max_holders > 1 || r.final_count != 4u * 120u) << "broken protocol went undetected";
+}
+
+TEST(LockSim, StickyReentryNeedsNoManagerAndLeavesTheSlotSticky) {
+  TestPool p("lock-sim-sticky-fast");
+  p.simulate(2, 0.02, 3);
+  auto& a = p.attach(0);
+  LockManagerOptions mo;
+  mo.node = 1;
+  auto mgr = LockManager::create(*p.region, p.domain(1), mo);
+  ASSERT_TRUE(mgr.ok()) << mgr.error().message();
+  mgr.value()->start();
+  TwoTierLock l(a, kLock);
+  ASSERT_TRUE(l.lock().ok());
+  ASSERT_TRUE(l.unlock().ok());
+  mgr.value()->stop();  // no manager from here on
+
+  uint64_t req = p.domain(1).read_fresh(&a.control().slot(kLock, 0)->request);
+  auto again = l.try_lock_for(200ms);
+
+  EXPECT_EQ(req & CXLKV_SLOT_STATE_MASK, uint64_t{CXLKV_SLOT_STICKY});
+  ASSERT_TRUE(again.ok()) << again.error().message();
+  EXPECT_TRUE(l.unlock().ok());
+}
+
+TEST(LockSim, KeptGrantIsRevokedForAnotherNodeAndTheKeeperAsksAgain) {
+  TestPool p("lock-sim-revoke");
+  p.simulate(3, 0.02, 5);
+  auto& a = p.attach(0);
+  auto& b = p.attach(1);
+  LockManagerOptions mo;
+  mo.node = 2;
+  auto mgr = LockManager::create(*p.region, p.domain(2), mo);
+  ASSERT_TRUE(mgr.ok()) << mgr.error().message();
+  mgr.value()->start();
+  TwoTierLock la(a, kLock), lb(b, kLock);
+  ASSERT_TRUE(la.lock().ok());
+  ASSERT_TRUE(la.unlock().ok());  // node 0 keeps the grant
+
+  auto gb = lb.try_lock_for(5s);  // node 1 asks: the manager must revoke node 0's grant
+  ASSERT_TRUE(gb.ok()) << gb.error().message();
+  std::atomic<bool> a_got{false};
+  std::thread ta([&] {
+    if (la.try_lock_for(5s).ok()) {
+      a_got = true;
+      (void)la.unlock();
+    }
+  });
+  std::this_thread::sleep_for(50ms);
+  const bool a_got_while_b_held = a_got.load();
+  ASSERT_TRUE(lb.unlock().ok());
+  ta.join();
+  mgr.value()->stop();
+
+  EXPECT_FALSE(a_got_while_b_held) << "node 0 re-entered on a revoked grant";
+  EXPECT_TRUE(a_got.load());
+  EXPECT_GE(mgr.value()->stats().revokes, 1u);
 }
 
 TEST(LockSim, LockGuardProtectedRangeCarriesDataBetweenNodes) {

@@ -1,7 +1,12 @@
 // SPDX-License-Identifier: MIT
 // Benchmarks of the sync area, each beside its baseline in the same run:
-//   lock.uncontended_ns_p50 vs lock.pthread_ns_p50 (process-shared mutex)
-//   lock.handoff_ns_p50 (two nodes alternating), lock.fairness_max_over_min (4 nodes)
+//   lock.uncontended_ns_p50 (sticky grant kept) vs lock.pthread_ns_p50
+//     (process-shared mutex) and lock.uncontended_nosticky_ns_p50 (every
+//     acquisition a round trip through the manager, the protocol before
+//     sticky grants)
+//   lock.handoff_ns_p50 / _p99: 4 nodes contending, time from one node's
+//     release to the next waiting node's acquisition;
+//   lock.fairness_max_over_min: acquisitions per node in that run
 //   alloc.mops vs alloc.malloc_mops (alloc + free pairs, 64 B .. 4 KiB)
 #include <pthread.h>
 #include <sys/mman.h>
@@ -30,6 +35,13 @@ double p50(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
+double pct(std::vector<double> v, double q) {
+  if (v.empty()) return 0;
+  size_t k = std::min(v.size() - 1, static_cast<size_t>(q * double(v.size())));
+  std::nth_element(v.begin(), v.begin() + k, v.end());
+  return v[k];
+}
+
 double ns_since(Clock::time_point t0) {
   return std::chrono::duration<double, std::nano>(Clock::now() - t0).count();
 }
@@ -52,6 +64,13 @@ void bench_sync(bench::Results& res) {
     no.node = n;
     nodes.push_back(std::move(cxlkv::NodeContext::attach(r, no).value()));
   }
+  std::unique_ptr<cxlkv::NodeContext> nosticky;
+  {
+    cxlkv::NodeOptions no;
+    no.node = 4;
+    no.sticky = false;
+    nosticky = std::move(cxlkv::NodeContext::attach(r, no).value());
+  }
   cxlkv::LockManagerOptions mo;
   mo.node = 7;
   auto mgr = cxlkv::LockManager::create(r, mo);
@@ -62,7 +81,7 @@ void bench_sync(bench::Results& res) {
   mgr.value()->start();
   const int iters = static_cast<int>(3000 * bench::scale());
 
-  {  // uncontended: one node, acquire + release
+  {  // uncontended: one node, acquire + release (sticky: the grant stays)
     cxlkv::TwoTierLock l(*nodes[0], CXLKV_LOCK_FIRST_USER);
     std::vector<double> t;
     for (int i = 0; i < iters; i++) {
@@ -72,6 +91,17 @@ void bench_sync(bench::Results& res) {
       t.push_back(ns_since(t0));
     }
     res.set("lock.uncontended_ns_p50", p50(t));
+  }
+  {  // the same without sticky grants: every acquisition asks the manager
+    cxlkv::TwoTierLock l(*nosticky, CXLKV_LOCK_FIRST_USER + 3);
+    std::vector<double> t;
+    for (int i = 0; i < iters; i++) {
+      auto t0 = Clock::now();
+      (void)l.lock();
+      (void)l.unlock();
+      t.push_back(ns_since(t0));
+    }
+    res.set("lock.uncontended_nosticky_ns_p50", p50(t));
   }
   {  // baseline: process-shared pthread mutex in shared memory
     auto* m = static_cast<pthread_mutex_t*>(
@@ -90,40 +120,38 @@ void bench_sync(bench::Results& res) {
     res.set("lock.pthread_ns_p50", p50(t));
     munmap(m, 4096);
   }
-  {  // handoff: two nodes alternating on one lock; per acquisition latency
-    std::vector<double> t[2];
-    std::vector<std::thread> th;
-    for (int n = 0; n < 2; n++)
-      th.emplace_back([&, n] {
-        cxlkv::TwoTierLock l(*nodes[n], CXLKV_LOCK_FIRST_USER + 1);
-        for (int i = 0; i < iters / 2; i++) {
-          auto t0 = Clock::now();
-          (void)l.lock();
-          t[n].push_back(ns_since(t0));
-          (void)l.unlock();
-        }
-      });
-    for (auto& x : th) x.join();
-    t[0].insert(t[0].end(), t[1].begin(), t[1].end());
-    res.set("lock.handoff_ns_p50", p50(t[0]));
-  }
-  {  // fairness: four nodes contending for a fixed time
+  {  // 4 nodes contending for a fixed time: handoff latency and fairness
     std::atomic<bool> stop{false};
+    std::atomic<int64_t> last_release{0};
+    std::atomic<int> last_node{-1};
     std::vector<uint64_t> grants(4);
+    std::vector<std::vector<double>> hand(4);
     std::vector<std::thread> th;
+    auto now_ns = [] { return std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch()).count(); };
     for (int n = 0; n < 4; n++)
       th.emplace_back([&, n] {
         cxlkv::TwoTierLock l(*nodes[n], CXLKV_LOCK_FIRST_USER + 2);
         while (!stop.load()) {
-          if (l.lock().ok()) {
-            grants[n]++;
-            (void)l.unlock();
-          }
+          const int64_t asked = now_ns();
+          if (!l.lock().ok()) continue;
+          const int64_t got = now_ns();
+          // A handoff: another node released after we asked.
+          const int64_t rel = last_release.load();
+          if (last_node.load() != n && rel > asked) hand[n].push_back(double(got - rel));
+          grants[n]++;
+          last_node.store(n);
+          last_release.store(now_ns());
+          (void)l.unlock();
         }
       });
     std::this_thread::sleep_for(std::chrono::milliseconds(static_cast<int>(1000 * bench::scale())));
     stop = true;
     for (auto& x : th) x.join();
+    std::vector<double> all;
+    for (auto& h : hand) all.insert(all.end(), h.begin(), h.end());
+    res.set("lock.handoff_ns_p50", p50(all));
+    res.set("lock.handoff_ns_p99", pct(all, 0.99));
+    res.set("lock.handoffs", double(all.size()));
     auto [mn, mx] = std::minmax_element(grants.begin(), grants.end());
     res.set("lock.fairness_max_over_min", *mn ? double(*mx) / double(*mn) : 1e9);
   }
@@ -163,6 +191,8 @@ void bench_sync(bench::Results& res) {
   mgr.value()->stop();
   mgr.value().reset();
   for (uint32_t n = 0; n < 4; n++) cxlkv::NodeContext::unlink_local(nodes[n]->local_shm_name());
+  cxlkv::NodeContext::unlink_local(nosticky->local_shm_name());
+  nosticky.reset();
   nodes.clear();
   rr.value().reset();
   shm_unlink(("/" + name).c_str());

@@ -82,6 +82,10 @@ struct NodeOptions {
   bool heartbeat = false;           // run a heartbeat thread (one process per node beats)
   uint32_t heartbeat_ms = 250;
   std::string local_shm_name;       // default "cxlkv-node-<pool id hex>-<node>"
+  // Sticky grants: a release keeps the global grant until the manager
+  // revokes it for another node (re-acquisition: local lock + one fresh
+  // read).  Ignored on dev: pools (the module owns slots per process file).
+  bool sticky = true;
 };
 
 struct NodeLocal;  // node-local shared memory (libruntime/src/sync/node_local.hpp)
@@ -101,6 +105,7 @@ class NodeContext {
   const ControlCarve& control() const { return ctrl_; }
   NodeLocal& local() const { return *local_; }
   const std::string& local_shm_name() const { return local_name_; }
+  bool sticky() const { return sticky_; }
 
   // Publish one heartbeat now (the heartbeat thread calls this).
   void beat();
@@ -118,9 +123,33 @@ class NodeContext {
   std::string local_name_;
   uint64_t incarnation_ = 0;
   uint64_t beats_ = 0;
+  uint32_t heartbeat_ms_ = 0;
+  bool sticky_ = true;
   std::atomic<bool> stop_{false};
   std::thread heartbeat_;
 };
+
+// ---- liveness (CONTRACTS.md "Liveness"; rule in uapi/cxlkv_ctrl.h) ---------------
+
+// This host (boot + pid namespace) as recorded in node entries' host_id.
+uint32_t this_host_id();
+// Start time of process `pid` (/proc/PID/stat field 22); 0: no such process
+// or a zombie.  self_start_time(): this process's, read once.
+uint64_t process_start_time(uint32_t pid);
+uint64_t self_start_time();
+uint32_t self_pid();  // getpid(), cached (refreshed in a forked child)
+// Is the process (pid, start_time) of this host still running?  A stopped
+// process is running; a reused pid (other start time) is not.
+bool process_alive(uint32_t pid, uint64_t start_time);
+
+struct NodeVerdict {
+  bool alive = false;
+  bool local = false;  // on this host: judged by its process, not its heartbeat
+  std::string why;     // "process 123 gone", "heartbeat 4100 ms ago (stale)", ...
+};
+// The one liveness rule: ACTIVE, and on this host its process runs, on
+// another host its heartbeat is younger than kNodeStaleMs.
+NodeVerdict judge_node(const cxlkv_node_entry& e);
 
 struct NodeStatus {
   uint32_t node = 0;
@@ -129,7 +158,9 @@ struct NodeStatus {
   uint64_t heartbeat = 0;
   uint64_t heartbeat_ns = 0;
   int64_t age_ms = -1;  // now - heartbeat_ns on this host's clock, -1 if never beat
-  bool alive = false;   // ACTIVE and age below the staleness limit
+  bool alive = false;   // judge_node(): process on this host, heartbeat elsewhere
+  bool local = false;   // on this host
+  std::string why;      // judge_node()'s reason
   std::string host;
   uint32_t waiting_or_holding = 0;  // slots of this node not IDLE
 };
@@ -143,6 +174,10 @@ std::vector<NodeStatus> list_nodes(const Region& region, MemoryDomain& domain);
 Result<uint32_t> evict_node(Region& region, MemoryDomain& domain, uint32_t node, bool force);
 
 // ---- the two-tier lock ----------------------------------------------------------
+
+// Who holds or last held lock `id`, whether that holder is alive, and the
+// lock manager's lease: what a timed-out acquire reports.
+std::string describe_lock(NodeContext& node, uint32_t id);
 
 enum class Acquired {
   clean,      // normal acquisition
@@ -197,8 +232,8 @@ class [[nodiscard]] LockGuard {
 // ---- the lock manager ------------------------------------------------------------
 
 struct PollPolicy {
-  uint32_t spin_rounds = 200;               // busy rounds after the last activity
-  uint32_t yield_rounds = 200;              // then sched_yield() rounds
+  uint32_t spin_rounds = 8;                 // busy rounds after the last activity (few: a waiter may share the CPU)
+  uint32_t yield_rounds = 2000;             // then sched_yield() rounds
   std::chrono::microseconds max_sleep{200};  // then sleeps doubling up to this (added latency bound)
 };
 
@@ -207,10 +242,18 @@ struct LockManagerOptions {
   uint32_t lease_ms = 2000;   // a successor takes over after this long without renewal
   bool wait_for_lease = false;  // create(): wait until the lease can be taken instead of -EBUSY
   PollPolicy poll{};
+  // How often the liveness of a holder that others wait for (and of waiters
+  // before a grant) is re-checked; a dead holder's lock moves on within
+  // this plus the liveness rule's own delay (process: at once; remote
+  // heartbeat: kNodeStaleMs).
+  std::chrono::milliseconds liveness_check{10};
 };
 
 struct LockManagerStats {
   uint64_t rounds = 0, grants = 0, releases = 0, doorbells = 0, rescans = 0, sleeps = 0;
+  uint64_t revokes = 0;       // sticky grants taken back for another node
+  uint64_t dead_holders = 0;  // locks taken from a dead holder
+  uint64_t dead_waiters = 0;  // requests of dead waiters skipped
   uint64_t epoch = 0;
 };
 

@@ -62,19 +62,9 @@ class NodeTableLiveness final : public NodeLiveness {
     *e = node_.domain().read_fresh(node_.control().node_entry(n));  // rule 4
     return true;
   }
-  bool live(const cxlkv_node_entry& e) {
-    if (e.state != CXLKV_NODE_ACTIVE) return false;
-    char h[33];
-    std::memcpy(h, e.host, 32);
-    h[32] = 0;
-    // Same host: the pid answers at once (kill -9 is seen immediately).
-    if (host_ == h && e.pid && kill(static_cast<pid_t>(e.pid), 0) != 0 && errno == ESRCH) return false;
-    timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    int64_t now_ns = int64_t(ts.tv_sec) * 1000000000 + ts.tv_nsec;
-    int64_t age_ms = (now_ns - int64_t(e.heartbeat_ns)) / 1000000;
-    return e.heartbeat_ns != 0 && age_ms < kNodeStaleMs;
-  }
+  // The liveness rule of the sync layer (CONTRACTS.md "Liveness"): a node of
+  // this host by its process (pid + start time), another host's by heartbeat.
+  bool live(const cxlkv_node_entry& e) { return judge_node(e).alive; }
   NodeContext& node_;
   std::string host_;
 };

@@ -9,6 +9,7 @@
 // except once at start (to adopt the state a previous manager left) and
 // when a node's doorbell ring overflowed.  Everything it knows besides the
 // pool is in this process, so a successor rebuilds it from the pool.
+#include <sched.h>
 #include <sys/random.h>
 #include <time.h>
 #include <unistd.h>
@@ -36,6 +37,7 @@ uint64_t realtime_ns() {
 }
 
 uint64_t waiting_word(uint64_t ticket) { return (ticket << CXLKV_SLOT_TICKET_SHIFT) | CXLKV_SLOT_WAITING; }
+uint64_t sticky_word(uint64_t ticket) { return (ticket << CXLKV_SLOT_TICKET_SHIFT) | CXLKV_SLOT_STICKY; }
 }  // namespace
 
 struct LockManager::State {
@@ -45,7 +47,19 @@ struct LockManager::State {
     uint64_t holder_ticket = 0;
     uint32_t last = 0;          // last granted node, for round-robin
     uint64_t grants = 0;
+    bool revoked = false;       // the holder's grant carries CXLKV_GRANT_REVOKED
+    uint64_t polled_req = 0;    // holder's request word read in this round's sweep
     bool active = false;        // in `active`
+    Clock::time_point next_live_check{};
+  };
+  // Per node: what the node table says (refreshed with the node scan) and a
+  // cache of the last process check, so a grant costs no /proc read.
+  struct NodeInfo {
+    cxlkv_node_entry entry{};
+    uint32_t pid = 0;
+    uint64_t start = 0;
+    bool alive = false;
+    Clock::time_point checked{};
   };
   uint64_t token = 0;
   uint64_t lease_heartbeat = 0;
@@ -57,8 +71,10 @@ struct LockManager::State {
   std::vector<uint32_t> active;     // lock ids with a holder or waiters
   std::vector<uint64_t> db_seen;    // per node: doorbell seq processed
   uint64_t watch = 0;               // nodes whose doorbells are polled
+  std::vector<NodeInfo> nodes;
   bool lease_lost = false;
   std::atomic<uint64_t> rounds{0}, grants{0}, releases{0}, doorbells{0}, rescans{0}, sleeps{0};
+  std::atomic<uint64_t> revokes{0}, dead_holders{0}, dead_waiters{0};
 };
 
 LockManager::LockManager(Region& r, MemoryDomain& d, ControlCarve c, LockManagerOptions o)
@@ -149,23 +165,30 @@ Result<std::unique_ptr<LockManager>> LockManager::create(Region& region, MemoryD
   const uint32_t nodes = ctrl->max_nodes(), nlocks = ctrl->max_locks();
   s.locks.resize(nlocks);
   s.db_seen.resize(nodes);
+  s.nodes.resize(nodes);
   for (uint32_t n = 0; n < nodes; n++) s.db_seen[n] = d.read_fresh(&ctrl->doorbell(n)->seq);  // rule 4
   for (uint32_t l = 0; l < nlocks; l++) {
     auto& L = s.locks[l];
     L.last = nodes - 1;
     cxlkv_lock_grant g = d.read_fresh(ctrl->grant(l));  // rule 4
     L.grants = g.grants;
-    if (g.node < nodes && d.read_fresh(&ctrl->slot(l, g.node)->request) == waiting_word(g.ticket)) {
-      L.holder = g.node;
-      L.holder_ticket = g.ticket;
-      L.last = g.node;
+    if (g.node < nodes) {
+      const uint64_t req = d.read_fresh(&ctrl->slot(l, g.node)->request);  // rule 4
+      const bool revoked = g.flags & CXLKV_GRANT_REVOKED;
+      // In use, or kept (sticky) and not revoked: the grant still stands.
+      if (req == waiting_word(g.ticket) || (req == sticky_word(g.ticket) && !revoked)) {
+        L.holder = g.node;
+        L.holder_ticket = g.ticket;
+        L.revoked = revoked;
+        L.last = g.node;
+      }
     }
     for (uint32_t n = 0; n < nodes; n++) {
       if (n == L.holder) continue;
       uint64_t req = d.read_fresh(&ctrl->slot(l, n)->request);  // rule 4
       if ((req & CXLKV_SLOT_STATE_MASK) == CXLKV_SLOT_WAITING) L.waiters |= 1ull << n;
     }
-    if (L.holder != kNone || L.waiters) {
+    if (L.waiters) {
       L.active = true;
       s.active.push_back(l);
     }
@@ -213,18 +236,22 @@ Result<bool> LockManager::run_once() {
     s.last_node_scan = now;
     uint64_t w = 0;
     for (uint32_t n = 0; n < nodes; n++) {
-      uint32_t state = d.read_fresh(&ctrl_.node_entry(n)->state);  // rule 4
-      if (state == CXLKV_NODE_ACTIVE) w |= 1ull << n;
+      s.nodes[n].entry = d.read_fresh(ctrl_.node_entry(n));  // rule 4
+      if (s.nodes[n].entry.state == CXLKV_NODE_ACTIVE) w |= 1ull << n;
     }
     s.watch = w;
   }
 
-  // ---- doorbells: new requests ----
+  // ---- doorbells: new requests.  One sweep: invalidate every watched
+  // doorbell, one fence, then load them (rule 4 for all of them at once). ----
+  for (uint64_t w = s.watch; w; w &= w - 1) {
+    const uint32_t n = static_cast<uint32_t>(__builtin_ctzll(w));
+    d.invalidate(ctrl_.doorbell(n), sizeof(cxlkv_doorbell));
+  }
+  d.fence();  // rule 4: the invalidations complete before the loads below
   for (uint64_t w = s.watch; w; w &= w - 1) {
     const uint32_t n = static_cast<uint32_t>(__builtin_ctzll(w));
     cxlkv_doorbell* db = ctrl_.doorbell(n);
-    d.invalidate(db, sizeof *db);  // rule 4
-    d.fence();
     const uint64_t seq = d.read(&db->seq);  // seq before pending[]: the poster wrote them in the other order
     if (seq == s.db_seen[n]) continue;
     did = true;
@@ -247,24 +274,94 @@ Result<bool> LockManager::run_once() {
       }
     } else {
       uint32_t pending[CXLKV_DOORBELL_RING];
-      d.load(pending, db->pending, sizeof pending);
+      d.load(pending, db->pending, sizeof pending);  // same line as seq: invalidated above
       for (uint64_t q = s.db_seen[n]; q != seq; q++) note_waiter(pending[q % CXLKV_DOORBELL_RING]);
     }
     s.db_seen[n] = seq;
   }
 
-  // ---- releases and grants of active locks ----
+  // ---- holders of active locks (locks somebody waits for): one sweep of
+  // invalidations, one fence, then the loads (rule 4). ----
+  bool any_polled = false;
+  for (uint32_t l : s.active)
+    if (s.locks[l].holder != kNone) {
+      any_polled = true;
+      d.invalidate(ctrl_.slot(l, s.locks[l].holder), sizeof(cxlkv_lock_slot));
+    }
+  if (any_polled) d.fence();  // rule 4: all invalidations complete before the loads
+  for (uint32_t l : s.active)
+    if (s.locks[l].holder != kNone) s.locks[l].polled_req = d.read(&ctrl_.slot(l, s.locks[l].holder)->request);
+
+  // Liveness of the owner of node n's slot of lock l (a waiting or holding
+  // request): on this host its process (pid + start time), else the node's
+  // heartbeat.  Cached per node for opts_.liveness_check.
+  auto owner_alive = [&](uint32_t n, const cxlkv_lock_slot& sl) {
+    State::NodeInfo& ni = s.nodes[n];
+    const bool local = ni.entry.host_id != 0 && ni.entry.host_id == this_host_id();
+    if (local) {
+      if (ni.pid == sl.owner_pid && ni.start == sl.owner_start && now - ni.checked < opts_.liveness_check)
+        return ni.alive;
+      ni.pid = sl.owner_pid;
+      ni.start = sl.owner_start;
+      ni.alive = process_alive(sl.owner_pid, sl.owner_start);
+    } else {
+      if (ni.pid == 0 && now - ni.checked < opts_.liveness_check) return ni.alive;
+      ni.pid = 0;
+      ni.entry = d.read_fresh(ctrl_.node_entry(n));  // rule 4
+      ni.alive = judge_node(ni.entry).alive;
+    }
+    ni.checked = now;
+    return ni.alive;
+  };
+  auto write_grant = [&](uint32_t l, uint32_t n, uint64_t ticket, uint32_t flags) {
+    cxlkv_lock_grant g{};
+    g.ticket = ticket;
+    g.node = n;
+    g.flags = flags;
+    g.grants = s.locks[l].grants;
+    d.publish_line(ctrl_.grant(l), &g);  // rule 1: the grant line changes writer at takeover -> NT
+  };
+
+  // ---- releases, revocations, dead holders, grants ----
   for (size_t i = 0; i < s.active.size();) {
     const uint32_t l = s.active[i];
     auto& L = s.locks[l];
     if (L.holder != kNone) {
-      uint64_t req = d.read_fresh(&ctrl_.slot(l, L.holder)->request);  // rule 4: poll the holder
-      if (req != waiting_word(L.holder_ticket)) {
-        // IDLE (released / withdrawn / evicted) or a newer request.
+      uint64_t req = L.polled_req;  // read fresh in the sweep above (rule 4)
+      const bool in_use = req == waiting_word(L.holder_ticket);
+      const bool kept = req == sticky_word(L.holder_ticket) && !L.revoked;
+      const bool others = (L.waiters & ~(1ull << L.holder)) != 0;
+      if (!in_use && !kept) {
+        // IDLE (released / withdrawn / module), a revoked sticky, or a newer request.
         if ((req & CXLKV_SLOT_STATE_MASK) == CXLKV_SLOT_WAITING) L.waiters |= 1ull << L.holder;
         L.holder = kNone;
         did = true;
         s.releases.fetch_add(1, std::memory_order_relaxed);
+      } else if (others && !L.revoked && may_grant) {
+        // Another node waits: take the grant back.  Dekker with the holder's
+        // sticky re-entry: grant REVOKED, fence, then read its slot fresh.
+        write_grant(l, L.holder, L.holder_ticket, CXLKV_GRANT_REVOKED);
+        d.fence();  // rule 3 + Dekker: the revocation is in memory before we look at the slot
+        L.revoked = true;
+        did = true;
+        s.revokes.fetch_add(1, std::memory_order_relaxed);
+        req = d.read_fresh(&ctrl_.slot(l, L.holder)->request);  // rule 4
+        if (req != waiting_word(L.holder_ticket)) {
+          if ((req & CXLKV_SLOT_STATE_MASK) == CXLKV_SLOT_WAITING) L.waiters |= 1ull << L.holder;
+          L.holder = kNone;
+          s.releases.fetch_add(1, std::memory_order_relaxed);
+        }
+        L.next_live_check = now + opts_.liveness_check;
+      } else if (others && in_use && now >= L.next_live_check) {
+        // Others wait for a holder in its critical section: is it alive?
+        L.next_live_check = now + opts_.liveness_check;
+        if (!owner_alive(L.holder, d.read_fresh(ctrl_.slot(l, L.holder)))) {  // rule 4
+          log().warn("pool {}: lock {}: holder node {} (ticket {}) is dead; granting the next waiter",
+                     region_.uri(), l, L.holder, L.holder_ticket);
+          L.holder = kNone;
+          did = true;
+          s.dead_holders.fetch_add(1, std::memory_order_relaxed);
+        }
       }
     }
     if (L.holder == kNone && L.waiters && may_grant) {
@@ -272,23 +369,30 @@ Result<bool> LockManager::run_once() {
         const uint32_t n = (L.last + k) % nodes;
         if (!(L.waiters & (1ull << n))) continue;
         L.waiters &= ~(1ull << n);
-        uint64_t req = d.read_fresh(&ctrl_.slot(l, n)->request);  // rule 4: grant only a live request
+        const cxlkv_lock_slot sl = d.read_fresh(ctrl_.slot(l, n));  // rule 4: grant only a live request
+        const uint64_t req = sl.request;
         if ((req & CXLKV_SLOT_STATE_MASK) != CXLKV_SLOT_WAITING) continue;
-        cxlkv_lock_grant g{};
-        g.ticket = req >> CXLKV_SLOT_TICKET_SHIFT;
-        g.node = n;
-        g.grants = ++L.grants;
-        d.publish_line(ctrl_.grant(l), &g);  // rule 1: the grant line changes writer at takeover -> NT
-        d.fence();                           // rule 3
+        if (!owner_alive(n, sl)) {
+          s.dead_waiters.fetch_add(1, std::memory_order_relaxed);
+          continue;
+        }
+        ++L.grants;
+        // Others still waiting: tell the holder not to keep the grant.
+        write_grant(l, n, req >> CXLKV_SLOT_TICKET_SHIFT, L.waiters ? CXLKV_GRANT_CONTENDED : 0u);
+        d.fence();  // rule 3
         L.holder = n;
-        L.holder_ticket = g.ticket;
+        L.holder_ticket = req >> CXLKV_SLOT_TICKET_SHIFT;
+        L.revoked = false;
         L.last = n;
+        L.next_live_check = now + opts_.liveness_check;
         did = true;
         s.grants.fetch_add(1, std::memory_order_relaxed);
         break;
       }
     }
-    if (L.holder == kNone && !L.waiters) {
+    if (!L.waiters) {
+      // Nobody waits: stop polling.  A kept or held grant stays in L.holder
+      // and is looked at again when a doorbell names this lock.
       L.active = false;
       s.active[i] = s.active.back();
       s.active.pop_back();
@@ -306,6 +410,9 @@ Result<void> LockManager::run(const std::atomic<bool>& stop) {
     if (!r) return r.error();
     if (r.value()) {
       backoff.reset();
+      // Something changed (a grant, a release): let a waiter that shares
+      // this CPU run now instead of after our spin phase (2-core machines).
+      sched_yield();
     } else if (backoff.idle()) {
       st_->sleeps.fetch_add(1, std::memory_order_relaxed);
     }
@@ -348,6 +455,9 @@ LockManagerStats LockManager::stats() const {
   o.doorbells = st_->doorbells.load();
   o.rescans = st_->rescans.load();
   o.sleeps = st_->sleeps.load();
+  o.revokes = st_->revokes.load();
+  o.dead_holders = st_->dead_holders.load();
+  o.dead_waiters = st_->dead_waiters.load();
   o.epoch = st_->epoch;
   return o;
 }

@@ -62,6 +62,8 @@ Result<std::unique_ptr<NodeContext>> NodeContext::attach(Region& region, MemoryD
                             heap_bytes.value());
   if (!nl) return nl.error();
   nc->local_.reset(nl.value());
+  nc->sticky_ = opts.sticky;
+  nc->heartbeat_ms_ = opts.heartbeat ? (opts.heartbeat_ms ? opts.heartbeat_ms : 250) : 0;
   if (getrandom(&nc->incarnation_, sizeof nc->incarnation_, 0) != sizeof nc->incarnation_)
     nc->incarnation_ = realtime_ns() ^ uint64_t(getpid());
 
@@ -104,9 +106,14 @@ void NodeContext::beat() {
   e.heartbeat = ++beats_ + (incarnation_ & 0xffffffff00000000ull);
   e.heartbeat_ns = realtime_ns();
   e.state = CXLKV_NODE_ACTIVE;
-  e.pid = static_cast<uint32_t>(getpid());
+  e.pid = self_pid();
   e.incarnation = incarnation_;
-  gethostname(e.host, sizeof e.host - 1);
+  e.start_time = self_start_time();  // liveness on this host: pid + start time
+  e.host_id = this_host_id();
+  e.heartbeat_ms = heartbeat_ms_;
+  char h[256] = {};
+  gethostname(h, sizeof h - 1);
+  std::memcpy(e.host, h, sizeof e.host - 1);
   // rule 1: the entry is also written by operators (evict): whole line, NT.
   domain_.publish_line(ctrl_.node_entry(node_), &e);
   domain_.fence();
@@ -126,7 +133,10 @@ std::vector<NodeStatus> list_nodes(const Region& region, MemoryDomain& d) {
     s.heartbeat = e.heartbeat;
     s.heartbeat_ns = e.heartbeat_ns;
     s.age_ms = e.heartbeat_ns ? static_cast<int64_t>((int64_t(now) - int64_t(e.heartbeat_ns)) / 1000000) : -1;
-    s.alive = s.state == CXLKV_NODE_ACTIVE && s.age_ms >= 0 && s.age_ms < kNodeStaleMs;
+    NodeVerdict v = judge_node(e);
+    s.alive = v.alive;
+    s.local = v.local;
+    s.why = v.why;
     s.host = std::string(e.host, strnlen(e.host, sizeof e.host));
     if (s.state != CXLKV_NODE_ABSENT) {
       for (uint32_t l = 0; l < ctrl->max_locks(); l++) {
@@ -147,9 +157,9 @@ Result<uint32_t> evict_node(Region& region, MemoryDomain& d, uint32_t node, bool
                               std::to_string(ctrl->max_nodes()) + ")");
   auto st = list_nodes(region, d);
   if (st[node].alive && !force)
-    return Error(-EBUSY, "pool " + region.uri() + ": node " + std::to_string(node) + " looks alive (heartbeat " +
-                             std::to_string(st[node].age_ms) + " ms ago, pid " + std::to_string(st[node].pid) +
-                             " on " + st[node].host + "); use --force to evict anyway");
+    return Error(-EBUSY, "pool " + region.uri() + ": node " + std::to_string(node) + " is alive (" + st[node].why +
+                             ", pid " + std::to_string(st[node].pid) + " on " + st[node].host +
+                             "); use --force to evict anyway");
   uint32_t released = 0;
   for (uint32_t l = 0; l < ctrl->max_locks(); l++) {
     auto* slot = ctrl->slot(l, node);

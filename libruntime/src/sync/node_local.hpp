@@ -28,6 +28,8 @@ enum class LockPhase : uint32_t {
   idle = 0,       // global slot IDLE (or released)
   requested = 1,  // slot written WAITING with `ticket`, not yet granted
   held = 2,       // granted: holds the global lock with `ticket`
+  cached = 3,     // released with a sticky grant: slot (ticket<<2)|STICKY, re-entry
+                  // needs only the slot write and one fresh read of the grant
 };
 
 struct alignas(64) LocalLockEntry {
@@ -35,6 +37,7 @@ struct alignas(64) LocalLockEntry {
   uint64_t ticket;      // last ticket this node used for the lock; 0: not yet read from the slot
   LockPhase phase;
   uint32_t holder_pid;
+  uint32_t grant_flags;  // flags of the grant this node holds (CXLKV_GRANT_CONTENDED: do not keep it)
 };
 static_assert(sizeof(LocalLockEntry) == 64);
 

@@ -11,4 +11,10 @@ namespace cxlkv::sync::testing {
 void set_break_lock_flush(bool on);
 bool break_lock_flush();
 
+// When set, the sticky re-entry skips the invalidation of the grant line
+// before reading it (rule 4), so a node may act on its cached copy of a
+// grant the manager has since revoked and given to another node.
+void set_break_sticky_invalidate(bool on);
+bool break_sticky_invalidate();
+
 }  // namespace cxlkv::sync::testing

@@ -13,6 +13,7 @@
 //           what the dead process left in the pool (phase + ticket) and
 //           writes (ticket<<2)|IDLE itself, exactly as the kernel module does
 //           for a closed file on a dev: pool; the write is idempotent.
+#include <time.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -32,7 +33,10 @@ namespace cxlkv {
 namespace sync::testing {
 namespace {
 std::atomic<bool> g_break_lock_flush{false};
+std::atomic<bool> g_break_sticky_invalidate{false};
 }
+void set_break_sticky_invalidate(bool on) { g_break_sticky_invalidate.store(on); }
+bool break_sticky_invalidate() { return g_break_sticky_invalidate.load(std::memory_order_relaxed); }
 void set_break_lock_flush(bool on) { g_break_lock_flush.store(on); }
 bool break_lock_flush() { return g_break_lock_flush.load(std::memory_order_relaxed); }
 }  // namespace sync::testing
@@ -68,7 +72,64 @@ void ring_doorbell(NodeContext& n, uint32_t id) {
   h->doorbell_seq = seq + 1;
 }
 
+// The slot's owner (pid + start time): the manager on this host judges a
+// holder or waiter dead by it (rule 1: the line is also written by the
+// module on dev: pools -> NT).
+void write_owner(MemoryDomain& d, cxlkv_lock_slot* slot, uint32_t pid) {
+  d.write_nt(&slot->owner_pid, pid);
+  d.write_nt<__u64>(&slot->owner_start, self_start_time());
+}
+
+// A fast-path attempt that failed left (ticket<<2)|WAITING with the old
+// ticket; withdraw it before giving up (rule 1: NT; rule 3: fence).
+void withdraw_after_fast_path(MemoryDomain& d, cxlkv_lock_slot* slot, const LocalLockEntry& e) {
+  if (e.phase != LockPhase::requested) return;
+  d.write_nt<__u64>(&slot->request, request_word(e.ticket, CXLKV_SLOT_IDLE));
+  d.fence();
+}
+
+constexpr uint32_t kSpinPolls = 8;
+constexpr uint32_t kYieldPolls = 64;
+constexpr std::chrono::microseconds kMaxSleep{20};
+
 }  // namespace
+
+std::string describe_lock(NodeContext& n, uint32_t id) {
+  MemoryDomain& d = n.domain();
+  const ControlCarve& c = n.control();
+  if (id >= c.max_locks()) return "no such lock";
+  std::string out;
+  const cxlkv_lock_grant g = d.read_fresh(c.grant(id));  // rule 4
+  if (g.node >= c.max_nodes()) {
+    out = "not granted to any node";
+  } else {
+    const cxlkv_lock_slot s = d.read_fresh(c.slot(id, g.node));  // rule 4
+    const cxlkv_node_entry e = d.read_fresh(c.node_entry(g.node));  // rule 4
+    const uint64_t st = s.request & CXLKV_SLOT_STATE_MASK;
+    const bool holds = (s.request >> CXLKV_SLOT_TICKET_SHIFT) == g.ticket && st == CXLKV_SLOT_WAITING;
+    const bool keeps = (s.request >> CXLKV_SLOT_TICKET_SHIFT) == g.ticket && st == CXLKV_SLOT_STICKY;
+    out = holds ? "held by node " : keeps ? "kept idle (sticky) by node " : "last granted to node ";
+    out += std::to_string(g.node);
+    NodeVerdict v = judge_node(e);
+    if (holds && v.local) {
+      bool alive = process_alive(s.owner_pid, s.owner_start);
+      out += " (pid " + std::to_string(s.owner_pid) + (alive ? ", alive" : ", dead: process gone") + ")";
+    } else {
+      out += std::string(" (node ") + (v.alive ? "alive" : "dead") + ": " + v.why + ")";
+    }
+  }
+  const cxlkv_lease l = d.read_fresh(c.lease());  // rule 4
+  if (l.owner == 0) {
+    out += "; no lock manager holds the pool's lease (start one: `cxlkvd --pool " + n.region().uri() + "`)";
+  } else {
+    timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    int64_t age = (int64_t(ts.tv_sec) * 1000000000 + ts.tv_nsec - int64_t(l.renew_ns)) / 1000000;
+    out += "; lock manager: node " + std::to_string(l.node) + " pid " + std::to_string(l.pid) + ", lease renewed " +
+           std::to_string(age) + " ms ago" + (age > int64_t(l.lease_ms) ? " (expired: is it still running?)" : "");
+  }
+  return out;
+}
 
 TwoTierLock::TwoTierLock(NodeContext& node, uint32_t lock_id) : node_(node), id_(lock_id) {}
 
@@ -89,20 +150,21 @@ Result<Acquired> TwoTierLock::acquire(std::chrono::nanoseconds timeout, bool bou
                                 : std::chrono::steady_clock::time_point::max();
 
   // ---- local tier ----
-  const std::string what = "node-local lock " + std::to_string(id_);
-  auto lr = bounded ? sync::robust_mutex_lock_until(&e.mu, deadline, what.c_str())
-                    : sync::robust_mutex_lock(&e.mu, what.c_str());
+  auto lr = bounded ? sync::robust_mutex_lock_until(&e.mu, deadline, "node-local lock")
+                    : sync::robust_mutex_lock(&e.mu, "node-local lock");
   if (!lr) {
     if (lr.error().code() == -ETIMEDOUT)
-      return Error(-ETIMEDOUT, lock_name(node_, id_) + ": not acquired within the timeout (held on this node)");
-    return lr.error();
+      return Error(-ETIMEDOUT, lock_name(node_, id_) + ": not acquired within the timeout (held on this node by pid " +
+                                   std::to_string(e.holder_pid) + ")");
+    return Error(lr.error().code(), lock_name(node_, id_) + ": " + lr.error().message());
   }
   Acquired how = Acquired::clean;
   if (lr.value() == sync::LockOutcome::owner_died) {
     how = Acquired::recovered;
     if (e.phase != LockPhase::idle) {
-      // The dead process requested or held the global lock: withdraw /
-      // release its request (rule 1: the request word is multi-writer -> NT).
+      // The dead process requested, held or kept the global lock: withdraw /
+      // release it, sticky grant included (rule 1: the request word is
+      // multi-writer -> NT).
       d.write_nt<__u64>(&slot->request, request_word(e.ticket, CXLKV_SLOT_IDLE));
       d.fence();  // rule 3
     }
@@ -112,12 +174,39 @@ Result<Acquired> TwoTierLock::acquire(std::chrono::nanoseconds timeout, bool bou
     e.phase = LockPhase::idle;
     sync::robust_mutex_consistent(&e.mu);
   }
+  const uint32_t me = self_pid();
+
+  // ---- sticky fast path: this node kept the grant at its last release ----
+  if (e.phase == LockPhase::cached) {
+    const uint64_t ticket = e.ticket;
+    e.phase = LockPhase::requested;  // before the pool write: a crash after it is recovered
+    if (e.holder_pid != me) {
+      write_owner(d, slot, me);
+      d.fence();  // rule 3: the owner is in memory before the request that names it
+      e.holder_pid = me;
+    }
+    d.write_nt<__u64>(&slot->request, request_word(ticket, CXLKV_SLOT_WAITING));  // rule 1
+    if (!sync::testing::break_sticky_invalidate()) d.invalidate(grant, sizeof *grant);  // rule 4
+    // Dekker (uapi/cxlkv_ctrl.h "Sticky grants"): our WAITING is in memory
+    // before the grant is loaded, and the load misses (rule 4) -- a manager
+    // that revoked before this fence is seen; one that did not sees WAITING.
+    d.fence();
+    const cxlkv_lock_grant g = d.read(grant);
+    if (g.node == node_.node() && g.ticket == ticket && !(g.flags & CXLKV_GRANT_REVOKED)) {
+      e.grant_flags = g.flags;
+      e.phase = LockPhase::held;
+      return how;
+    }
+    // Revoked (another node waits) or regranted: request anew below; the new
+    // ticket's WAITING replaces this one, which the manager reads as a release.
+  }
 
   // ---- global tier ----
   // dev: pools: own the slot before posting WAITING.  After a dead holder
   // this waits (bounded) until the module has released its slot, so its
   // IDLE write cannot land on top of our request.
   if (auto o = sync::own_slot(node_, id_, deadline); !o) {
+    withdraw_after_fast_path(d, slot, e);
     e.phase = LockPhase::idle;
     sync::robust_mutex_unlock(&e.mu);
     if (bounded && std::chrono::steady_clock::now() >= deadline)
@@ -130,18 +219,28 @@ Result<Acquired> TwoTierLock::acquire(std::chrono::nanoseconds timeout, bool bou
     e.ticket = d.read_fresh(&slot->request) >> CXLKV_SLOT_TICKET_SHIFT;
   }
   const uint64_t ticket = ++e.ticket;
-  e.holder_pid = static_cast<uint32_t>(getpid());
   e.phase = LockPhase::requested;  // before the pool write: a crash after it is recovered
-  d.write_nt(&slot->owner_pid, e.holder_pid);
+  if (e.holder_pid != me || d.read_fresh(&slot->owner_pid) != me) {  // rule 4
+    write_owner(d, slot, me);
+    d.fence();  // rule 3: the owner is in memory before the request that names it
+  }
+  e.holder_pid = me;
   d.write_nt<__u64>(&slot->request, request_word(ticket, CXLKV_SLOT_WAITING));  // rule 1
   d.fence();  // rule 3: the request is in memory before the doorbell points at it
   ring_doorbell(node_, id_);
 
-  sync::Backoff backoff(2000, 200, std::chrono::microseconds(50));
+  // Spin briefly (a grant right after a release is the common contended
+  // case), then yield, then sleep (bounded): on a machine with fewer cores
+  // than waiters the manager must get the CPU to grant anything at all.
+  sync::Backoff backoff(kSpinPolls, kYieldPolls, kMaxSleep);
   for (uint64_t polls = 0;; polls++) {
     cxlkv_lock_grant g = d.read_fresh(grant);  // rule 4: invalidate before every poll read
-    if (g.node == node_.node() && g.ticket == ticket) break;
+    if (g.node == node_.node() && g.ticket == ticket) {
+      e.grant_flags = g.flags;
+      break;
+    }
     if (bounded && (polls & 15) == 15 && std::chrono::steady_clock::now() >= deadline) {
+      std::string why = describe_lock(node_, id_);
       // Withdraw: same word as a release, so a grant racing with us is
       // seen by the manager as an immediate release (rule 1: NT).
       d.write_nt<__u64>(&slot->request, request_word(ticket, CXLKV_SLOT_IDLE));
@@ -150,9 +249,7 @@ Result<Acquired> TwoTierLock::acquire(std::chrono::nanoseconds timeout, bool bou
       if (!dis) log().error("{}: {}", lock_name(node_, id_), dis.error().message());
       e.phase = LockPhase::idle;
       sync::robust_mutex_unlock(&e.mu);
-      return Error(-ETIMEDOUT, lock_name(node_, id_) + ": not granted within the timeout (is a lock manager "
-                                                      "running for this pool? `cxlkvd --pool " +
-                                   node_.region().uri() + "`)");
+      return Error(-ETIMEDOUT, lock_name(node_, id_) + ": not granted within the timeout: " + why);
     }
     backoff.idle();
   }
@@ -162,18 +259,24 @@ Result<Acquired> TwoTierLock::acquire(std::chrono::nanoseconds timeout, bool bou
 
 Result<void> TwoTierLock::unlock() {
   LocalLockEntry& e = node_.local().locks[id_ < node_.control().max_locks() ? id_ : 0];
-  if (id_ >= node_.control().max_locks() || e.phase != LockPhase::held ||
-      e.holder_pid != static_cast<uint32_t>(getpid()))
+  if (id_ >= node_.control().max_locks() || e.phase != LockPhase::held || e.holder_pid != self_pid())
     return Error(-EPERM, lock_name(node_, id_) + ": unlock of a lock this process does not hold");
   MemoryDomain& d = node_.domain();
   cxlkv_lock_slot* slot = node_.control().slot(id_, node_.node());
+  // Sticky release: keep the grant (the manager revokes it when another node
+  // waits).  Not on dev: pools, whose module owns the slot per process file
+  // and sets it IDLE when the file gives it up.
+  // A grant given while others waited (CONTENDED) is handed on at once.
+  const bool sticky = node_.sticky() && node_.region().kind() != BackendKind::dev &&
+                      !(e.grant_flags & (CXLKV_GRANT_CONTENDED | CXLKV_GRANT_REVOKED));
   d.fence();  // rule 3: the critical section's flushed writes are ordered before the release
-  d.write_nt<__u64>(&slot->request, request_word(e.ticket, CXLKV_SLOT_IDLE));  // rule 1
+  d.write_nt<__u64>(&slot->request, request_word(e.ticket, sticky ? CXLKV_SLOT_STICKY : CXLKV_SLOT_IDLE));  // rule 1
   d.fence();  // rule 3: release visible before another local process can start
+  Result<void> dis;
   // dev: pools: give the slot back after the release, before the next local
   // process may take it (it would otherwise retry on -EBUSY).
-  auto dis = sync::disown_slot(node_, id_);
-  e.phase = LockPhase::idle;
+  if (!sticky) dis = sync::disown_slot(node_, id_);
+  e.phase = sticky ? LockPhase::cached : LockPhase::idle;
   sync::robust_mutex_unlock(&e.mu);
   if (!dis) return Error(dis.error().code(), lock_name(node_, id_) + ": released, but " + dis.error().message());
   return {};
