@@ -83,6 +83,7 @@ struct WorkerCounters {
   // node's demotions (MEM -> SSD on eviction) / promotions (SSD -> MEM on hit).
   std::atomic<uint64_t> mem_hits{0}, mem_bytes{0}, ssd_hits{0}, ssd_bytes{0};
   std::atomic<uint64_t> demotions{0}, promotions{0};
+  std::atomic<uint64_t> lease_expiries{0};  // leases this worker's index found ended (ttl / consumer death)
   std::atomic<uint64_t> done{0};  // 1 when the worker finished its loop
   LatHist lat[kLatOps];           // written by this worker only, read after it exits
   char pad[40];

@@ -438,6 +438,7 @@ int run_worker(const Config& c) {
   kv.flush_stats();
   wc.demotions = kv.index().counters().demotions;
   wc.promotions = kv.index().counters().promotions;
+  wc.lease_expiries = kv.index().counters().lease_expiries;
   wc.done = 1;
   munmap(m, coord_bytes(reqs.size()));
   return 0;
