@@ -309,6 +309,60 @@ static void test_put_chain_nospc(struct cxlkv_kv *kv)
 	free(dst);
 }
 
+/* Handles are checked against the index (issue 12): settled, reused, forged
+ * or out-of-range reservations and pins are refused, nothing is read or
+ * written through them. */
+static void test_handles_are_validated(struct cxlkv_kv *kv, const struct cxlkv_kv_key *keys)
+{
+	struct cxlkv_kv_key f[2] = {key(40, 600), key(41, 600)};
+	struct cxlkv_kv_block rs[2], res, pin, forged;
+	static unsigned char b[BLOCK_BYTES];
+	struct cxlkv_chunk out = {b, BLOCK_BYTES};
+	int32_t st[2];
+
+	/* A write after publish would overwrite a published block: -ESTALE. */
+	CHECK(cxlkv_kv_put_chain(kv, NULL, f, 1, BLOCK_BYTES, in_chunks, two, st) == 1);
+	CHECK(cxlkv_kv_reserve_chain(kv, &f[0], &f[1], 1, BLOCK_BYTES, rs, st) == 1);
+	CHECK(cxlkv_kv_write_many(kv, rs, 1, in_chunks, two, st) == 1);
+	CHECK(cxlkv_kv_publish(kv, &rs[0]) == 0);
+	CHECK_ERR(cxlkv_kv_write(kv, &rs[0], in_chunks, 2), -ESTALE);
+	CHECK_ERR(cxlkv_kv_publish(kv, &rs[0]), -ESTALE);
+	/* An aborted reservation cannot write into whatever reuses its space. */
+	CHECK(cxlkv_kv_reserve(kv, &keys[0], NULL, 1, &res) == CXLKV_KV_EXISTS);
+	CHECK(cxlkv_kv_reserve_chain(kv, &f[1], &f[0], 0, BLOCK_BYTES, rs, st) == 0);
+	{
+		struct cxlkv_kv_key g = key(42, 600);
+		CHECK(cxlkv_kv_reserve(kv, &g, &f[1], BLOCK_BYTES, &res) == CXLKV_KV_RESERVED);
+		CHECK(cxlkv_kv_abort(kv, &res) == 0);
+		CHECK_ERR(cxlkv_kv_write(kv, &res, in_chunks, 2), -ESTALE);
+		CHECK_ERR(cxlkv_kv_publish(kv, &res), -ESTALE);
+		/* A reservation whose version is not the entry's (reclaimed and reused). */
+		CHECK(cxlkv_kv_reserve(kv, &g, &f[1], BLOCK_BYTES, &res) == CXLKV_KV_RESERVED);
+		forged = res;
+		forged.version++;
+		CHECK_ERR(cxlkv_kv_write(kv, &forged, in_chunks, 2), -ESTALE);
+		CHECK(cxlkv_kv_publish_many(kv, &forged, 1, st) == 0 && st[0] == -ESTALE);
+		CHECK(cxlkv_kv_abort(kv, &res) == 0);
+	}
+	/* Pins: a forged location is never read; a wrong version or slot is refused. */
+	CHECK(cxlkv_kv_pin(kv, &f[0], &pin) == 0);
+	memset(b, 0xab, sizeof(b));
+	forged = pin;
+	forged.loc_off = 0; /* the superblock */
+	CHECK_ERR(cxlkv_kv_fetch(kv, &forged, &out, 1), -EINVAL);
+	CHECK(b[0] == 0xab && b[BLOCK_BYTES - 1] == 0xab);
+	forged = pin;
+	forged.version += 7;
+	CHECK_ERR(cxlkv_kv_fetch(kv, &forged, &out, 1), -ESTALE);
+	forged = pin;
+	forged.slot = 0x7fffffff;
+	CHECK_ERR(cxlkv_kv_fetch(kv, &forged, &out, 1), -EINVAL);
+	CHECK(b[0] == 0xab);
+	CHECK(cxlkv_kv_fetch(kv, &pin, &out, 1) == 0);
+	CHECK(memcmp(b, kbuf[0], HALF) == 0);
+	CHECK(cxlkv_kv_unpin(kv, &pin) == 0);
+}
+
 static void test_bad_arguments(struct cxlkv_kv *kv, const struct cxlkv_kv_key *keys)
 {
 	struct cxlkv_kv_block rs[2];
@@ -386,6 +440,7 @@ int main(void)
 		test_pin_fetch_unpin_many(kv, keys);
 		test_write_many_skips_existing(kv, keys);
 		test_bad_arguments(kv, keys);
+		test_handles_are_validated(kv, keys);
 		test_put_chain_nospc(kv);
 	}
 	cxlkv_kv_close(kv);

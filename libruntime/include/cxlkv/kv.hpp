@@ -271,6 +271,8 @@ class KvStore {
   void record(int which, std::chrono::steady_clock::time_point t0);
   void maybe_flush_stats();
   void note_block_error(const Error& e);
+  Result<void> check_handle(const char* op, uint32_t slot, const BlockKey& key, uint32_t state, uint32_t version,
+                            const BlockLocation& loc, bool owned);
   Result<void> check_batch(const char* what, size_t n, size_t nstatus, std::span<const Chunk> chunks,
                            const std::span<const uint32_t>* nchunks);
 

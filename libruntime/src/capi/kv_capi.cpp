@@ -189,14 +189,7 @@ int cxlkv_kv_reserve(struct cxlkv_kv* kv, const struct cxlkv_kv_key* key, const 
     BlockKey pk = parent ? key_of(parent) : BlockKey{};
     auto r = kv->session->store().reserve(key_of(key), parent ? &pk : nullptr, bytes);
     if (!r) return capi::set_error(r.error());
-    std::memset(out, 0, sizeof *out);
-    out->key = *key;
-    out->slot = r->slot;
-    out->status = r->status;
-    out->length = r->length;
-    out->loc_off = r->loc_off;
-    out->loc_dev = r->loc_dev;
-    out->loc_tier = r->loc_tier;
+    to_c(r.value(), out);
     return static_cast<int>(r->status);
   });
 }
@@ -231,13 +224,7 @@ int cxlkv_kv_pin(struct cxlkv_kv* kv, const struct cxlkv_kv_key* key, struct cxl
     if (!kv || !key || !out) return bad(__func__, "kv, key and out are required");
     auto p = kv->session->store().pin(key_of(key));
     if (!p) return capi::set_error(p.error());
-    std::memset(out, 0, sizeof *out);
-    out->key = *key;
-    out->slot = p->slot;
-    out->length = p->length;
-    out->loc_off = p->loc_off;
-    out->loc_dev = p->loc_dev;
-    out->loc_tier = p->loc_tier;
+    to_c(p.value(), out);
     return 0;
   });
 }

@@ -133,8 +133,9 @@ template <class Handle, class Take>
 static Picked pick(std::span<const Handle> hs, std::span<int32_t> status, Take take) {
   Picked p;
   for (size_t i = 0; i < hs.size(); i++) {
-    if (!take(hs[i])) {
-      status[i] = as_status(hs[i].status);
+    int32_t refused = 0;
+    if (!take(hs[i], &refused)) {
+      status[i] = refused ? refused : as_status(hs[i].status);
       continue;
     }
     p.at.push_back(i);
@@ -147,7 +148,18 @@ static Picked pick(std::span<const Handle> hs, std::span<int32_t> status, Take t
 
 Result<size_t> KvStore::publish_many(std::span<const KvReservation> rs, std::span<int32_t> status) {
   CXLKV_TRY(check_batch("publish_many", rs.size(), status.size(), {}, nullptr));
-  Picked p = pick(rs, status, [](const KvReservation& r) { return r.reserved(); });
+  // Fencing: a reservation whose entry changed (reclaimed while this
+  // process was paused, forged, settled) is refused before the index call.
+  Picked p = pick(rs, status, [&](const KvReservation& r, int32_t* refused) {
+    if (!r.reserved()) return false;
+    BlockLocation loc{r.loc_off, static_cast<uint32_t>(r.length), r.loc_dev, r.loc_tier};
+    auto c = check_handle("publish", r.slot, r.key, CXLKV_ENTRY_WRITING, r.version, loc, true);
+    if (c) return true;
+    count(CXLKV_CTR_ERRORS);
+    note_block_error(c.error());
+    *refused = c.error().code();
+    return false;
+  });
   auto good = index_->publish_many(p.slots, p.keys, p.status);
   if (!good) return good.error();
   for (size_t j = 0; j < p.at.size(); j++) {
@@ -163,7 +175,7 @@ Result<size_t> KvStore::publish_many(std::span<const KvReservation> rs, std::spa
 
 Result<size_t> KvStore::abort_many(std::span<const KvReservation> rs, std::span<int32_t> status) {
   CXLKV_TRY(check_batch("abort_many", rs.size(), status.size(), {}, nullptr));
-  Picked p = pick(rs, status, [](const KvReservation& r) { return r.reserved(); });
+  Picked p = pick(rs, status, [](const KvReservation& r, int32_t*) { return r.reserved(); });
   auto good = index_->abort_many(p.slots, p.keys, p.status);  // children before their parents
   if (!good) return good.error();
   for (size_t j = 0; j < p.at.size(); j++) {
@@ -225,7 +237,7 @@ Result<size_t> KvStore::fetch_many(std::span<const KvPin> pins, std::span<const 
 
 Result<size_t> KvStore::unpin_many(std::span<const KvPin> pins, std::span<int32_t> status) {
   CXLKV_TRY(check_batch("unpin_many", pins.size(), status.size(), {}, nullptr));
-  Picked p = pick(pins, status, [](const KvPin& k) { return k.pinned(); });
+  Picked p = pick(pins, status, [](const KvPin& k, int32_t*) { return k.pinned(); });
   auto good = index_->unpin_many(p.slots, p.keys, p.status);
   if (!good) return good.error();
   for (size_t j = 0; j < p.at.size(); j++) {

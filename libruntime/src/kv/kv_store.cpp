@@ -327,14 +327,50 @@ Result<void> KvStore::payload_io(const BlockLocation& loc, std::span<const Chunk
   return Error(-ENODEV, "kv: no payload tier " + std::to_string(loc.tier) + " in this store");
 }
 
+// Fencing (issue 12): a handle is honoured only while the index entry it
+// names is unchanged: same key, state and version at its slot, at the
+// location the handle carries (a forged or stale location is never read or
+// written), and for a reservation owned by this node's incarnation.  One
+// fresh read of the entry line (rule 4).
+Result<void> KvStore::check_handle(const char* op, uint32_t slot, const BlockKey& key, uint32_t state,
+                                   uint32_t version, const BlockLocation& loc, bool owned) {
+  if (slot >= index_->header().nslots)
+    return Error(-EINVAL, std::string("kv: ") + op + " of block " + to_hex(key) + ": slot " + std::to_string(slot) +
+                              " is out of range (not a handle of this pool)");
+  IndexEntryView e = index_->entry(slot);
+  const char* why = nullptr;
+  if (e.key != key) why = "the slot now holds another block";
+  else if (e.state != state) why = state == CXLKV_ENTRY_READY ? "it is no longer cached (evicted or aborted)"
+                                                               : "it is no longer reserved (published, aborted or reclaimed)";
+  else if (e.version != version) why = "the entry changed since the handle was made (reclaimed and reused)";
+  else if (e.loc.offset != loc.offset || e.loc.length != loc.length || e.loc.device != loc.device ||
+           e.loc.tier != loc.tier)
+    return Error(-EINVAL, std::string("kv: ") + op + " of block " + to_hex(key) +
+                              ": the handle's location does not match the index entry (forged handle)");
+  else if (owned && (e.owner_node != deps_.node || e.owner_inc != static_cast<uint32_t>(deps_.incarnation)))
+    why = "another node owns the reservation";
+  if (why) return Error(-ESTALE, std::string("kv: ") + op + " of block " + to_hex(key) + ": " + why);
+  return {};
+}
+
 Result<void> KvStore::write(const KvReservation& r, std::span<const Chunk> chunks) {
   if (!r.reserved()) return Error(-EINVAL, "kv: block " + to_hex(r.key) + " is not reserved by this call");
   auto t0 = std::chrono::steady_clock::now();
   BlockLocation loc{r.loc_off, static_cast<uint32_t>(r.length), r.loc_dev, r.loc_tier};
+  if (auto c = check_handle("write", r.slot, r.key, CXLKV_ENTRY_WRITING, r.version, loc, true); !c) {
+    count(CXLKV_CTR_ERRORS);
+    return c;
+  }
   auto res = payload_io(loc, chunks, true);
   if (!res) {
     count(CXLKV_CTR_ERRORS);
     return res;
+  }
+  // A writer paused past its liveness (SIGSTOP, swap storm) finds its
+  // reservation reclaimed here and must not publish.
+  if (!index_->still_valid(r.slot, r.key, CXLKV_ENTRY_WRITING, r.version)) {
+    count(CXLKV_CTR_ERRORS);
+    return Error(-ESTALE, "kv: write of block " + to_hex(r.key) + ": the reservation was reclaimed during the write");
   }
   count(CXLKV_CTR_BYTES_IN, r.length);
   record(CXLKV_LAT_PUBLISH, t0);
@@ -343,6 +379,8 @@ Result<void> KvStore::write(const KvReservation& r, std::span<const Chunk> chunk
 
 Result<void> KvStore::publish(const KvReservation& r) {
   if (!r.reserved()) return Error(-EINVAL, "kv: block " + to_hex(r.key) + " is not reserved by this call");
+  BlockLocation loc{r.loc_off, static_cast<uint32_t>(r.length), r.loc_dev, r.loc_tier};
+  CXLKV_TRY(check_handle("publish", r.slot, r.key, CXLKV_ENTRY_WRITING, r.version, loc, true));
   auto res = index_->publish(r.slot, r.key);
   if (res) count(CXLKV_CTR_PUBLISHES);
   else if (res.error().code() != -EAGAIN) count(CXLKV_CTR_ERRORS);
@@ -369,10 +407,21 @@ Result<KvPin> KvStore::pin(const BlockKey& key) {
 Result<void> KvStore::fetch(const KvPin& p, std::span<const Chunk> chunks) {
   auto t0 = std::chrono::steady_clock::now();
   BlockLocation loc{p.loc_off, static_cast<uint32_t>(p.length), p.loc_dev, p.loc_tier};
+  if (!p.pinned()) return Error(-EINVAL, "kv: fetch of block " + to_hex(p.key) + ": not pinned by this call");
+  if (auto c = check_handle("fetch", p.slot, p.key, CXLKV_ENTRY_READY, p.version, loc, false); !c) {
+    count(CXLKV_CTR_ERRORS);
+    return c;
+  }
   auto res = loc.tier == CXLKV_TIER_SSD && deps_.ssd_tier ? ssd_fetch(p, loc, chunks) : payload_io(loc, chunks, false);
   if (!res) {
     count(CXLKV_CTR_ERRORS);
     return res;
+  }
+  // Validate after copying: a block evicted and reused under the copy (a
+  // reader paused past its liveness lost its pin) fails, never returns 0.
+  if (!index_->still_valid(p.slot, p.key, CXLKV_ENTRY_READY, p.version)) {
+    count(CXLKV_CTR_ERRORS);
+    return Error(-ESTALE, "kv: fetch of block " + to_hex(p.key) + ": the block changed while it was read (bytes discarded)");
   }
   count(CXLKV_CTR_FETCHES);
   count(CXLKV_CTR_BYTES_OUT, p.length);
