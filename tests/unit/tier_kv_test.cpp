@@ -49,10 +49,10 @@ class LimitedSpace final : public PayloadSpace {
 
 struct TieredStore {
   TieredStore(uint32_t mem_blocks, uint64_t ssd_bytes, bool promote, std::shared_ptr<FaultInjector> faults = nullptr,
-              uint64_t index_max_blocks = 0)
+              uint64_t index_max_blocks = 0, std::vector<double> ssd_gbps = {1.0})
       : pool(kPoolBytes), sim(pool.mem, pool.bytes, NonCoherentSimOptions{2, 0.0, 7}),
         range(kIndexBytes, kPoolBytes - kIndexBytes), space(range, mem_blocks), ssd_bytes_(ssd_bytes),
-        promote_(promote), faults_(std::move(faults)) {
+        promote_(promote), faults_(std::move(faults)), ssd_gbps_(std::move(ssd_gbps)) {
     IndexFormatOptions fo;
     fo.stripe_slots = 64;
     fo.max_stripes = 1;  // one stripe: eviction order is easy to reason about
@@ -72,7 +72,8 @@ struct TieredStore {
     if (!dir.ok() || !dir.direct_io_ok()) return;
     SsdPoolOptions so;
     so.probe_bytes = 64 * 1024;
-    so.devices.push_back({dir.file("ssd0"), ssd_bytes_, 1.0, false});
+    for (size_t i = 0; i < ssd_gbps_.size(); i++)
+      so.devices.push_back({dir.file("ssd" + std::to_string(i)), ssd_bytes_, ssd_gbps_[i], false});
     if (faults_) so.faults = {faults_};
     auto sp = SsdPool::open(so);
     EXPECT_TRUE(sp) << (sp ? "" : sp.error().message());
@@ -151,6 +152,7 @@ struct TieredStore {
   uint64_t ssd_bytes_;
   bool promote_;
   std::shared_ptr<FaultInjector> faults_;
+  std::vector<double> ssd_gbps_;
 };
 
 // What a read of block k returned: its own bytes, a clean miss (an error,
@@ -515,4 +517,90 @@ TEST(TierKv, BlocksOnAnotherHostsSsdAreNotHitsThere) {
     EXPECT_EQ(kv_none.value()->lookup(c), remote ? 0u : 1u);
   }
   EXPECT_EQ(tier1.stats().reads, 0u);
+}
+
+// ---- issue 12 item 6: placement and parallel reads on the real KV path ---------
+
+TEST(TierKv, DemotionsOneBlockAtATimeSplitInProportionToDeviceBandwidth) {
+  // Two SSD devices at a 2:1 bandwidth ratio; the store demotes each block
+  // as memory fills, one call per block.
+  TieredStore t(2, 32 << 20, /*promote=*/false, nullptr, 0, {2.0, 1.0});
+  REQUIRE_STORE(t);
+  auto a = put_chains(t, 1000, 32);  // 30 demotions
+  size_t per_dev[2] = {0, 0};
+  for (auto& c : a) {
+    BlockLocation loc;
+    ASSERT_NE(t.kv->index().find_ready(c[0], &loc), CXLKV_INDEX_NO_SLOT);
+    if (loc.tier == CXLKV_TIER_SSD) per_dev[loc.device]++;
+  }
+  EXPECT_EQ(per_dev[0], 20u);  // not 30/0
+  EXPECT_EQ(per_dev[1], 10u);
+  ReadOutcome o;
+  for (auto& c : a) tally(t, c[0], &o);
+  EXPECT_EQ(o.right, 32u);
+}
+
+TEST(TierKv, GetManyReadsItsSsdBlocksTogetherSeveralInFlight) {
+  TieredStore t(2, 32 << 20, /*promote=*/false);
+  REQUIRE_STORE(t);
+  auto a = put_chains(t, 1000, 18);  // 16 on the SSD
+  std::vector<BlockKey> keys;
+  for (auto& c : a)
+    if (t.tier_of(c[0]) == CXLKV_TIER_SSD) keys.push_back(c[0]);
+  ASSERT_EQ(keys.size(), 16u);
+  // Baseline: one block per call is one I/O in flight.
+  ASSERT_TRUE(t.get(keys[0]));
+  EXPECT_EQ(t.ssd->device_info(0).peak_in_flight, 1u);
+  const uint64_t submits_before = t.ssd->device_info(0).submits;
+  std::vector<std::vector<std::byte>> bufs(keys.size(), std::vector<std::byte>(kBlock));
+  std::vector<Chunk> chunks;
+  std::vector<uint32_t> nchunks(keys.size(), 1);
+  for (auto& b : bufs) chunks.push_back({b.data(), kBlock});
+  std::vector<int32_t> st(keys.size(), 99);
+  auto n = t.kv->get_many(keys, chunks, nchunks, st);
+  ASSERT_TRUE(n) << n.error().message();
+  EXPECT_EQ(n.value(), keys.size());
+  for (size_t i = 0; i < keys.size(); i++) {
+    EXPECT_EQ(st[i], 0) << i;
+    std::vector<std::byte> want(kBlock);
+    fill_block(keys[i], want.data(), kBlock);
+    EXPECT_TRUE(bufs[i] == want) << "block " << i;
+  }
+  EXPECT_GE(t.ssd->device_info(0).peak_in_flight, 8u);                 // all queued at once
+  EXPECT_LE(t.ssd->device_info(0).submits - submits_before, 4u);       // in a few submissions, not 16
+  EXPECT_EQ(t.tier->stats().reads, 1u + keys.size());
+}
+
+TEST(TierKv, GetManyOfADamagedSsdBlockIsAMissAndTheOthersAreServed) {
+  TieredStore t(2, 32 << 20, /*promote=*/false);
+  REQUIRE_STORE(t);
+  auto a = put_chains(t, 1000, 6);
+  std::vector<BlockKey> keys;
+  for (auto& c : a) keys.push_back(c[0]);
+  BlockLocation loc;
+  ASSERT_NE(t.kv->index().find_ready(keys[0], &loc), CXLKV_INDEX_NO_SLOT);
+  ASSERT_EQ(loc.tier, CXLKV_TIER_SSD);
+  int fd = ::open(t.dir.file("ssd0").c_str(), O_RDWR);
+  ASSERT_GE(fd, 0);
+  const char junk[16] = "not a block hdr";
+  ASSERT_EQ(pwrite(fd, junk, sizeof junk, static_cast<off_t>(loc.offset * 512)), 16);  // the header
+  ::close(fd);
+  std::vector<std::vector<std::byte>> bufs(keys.size(), std::vector<std::byte>(kBlock));
+  std::vector<Chunk> chunks;
+  std::vector<uint32_t> nchunks(keys.size(), 1);
+  for (auto& b : bufs) chunks.push_back({b.data(), kBlock});
+  std::vector<int32_t> st(keys.size(), 99);
+  auto n = t.kv->get_many(keys, chunks, nchunks, st);
+  ASSERT_TRUE(n) << n.error().message();
+  EXPECT_EQ(st[0], kKvMiss);
+  EXPECT_EQ(n.value(), keys.size() - 1);
+  for (size_t i = 1; i < keys.size(); i++) {
+    EXPECT_EQ(st[i], 0) << i;
+    std::vector<std::byte> want(kBlock);
+    fill_block(keys[i], want.data(), kBlock);
+    EXPECT_TRUE(bufs[i] == want) << "block " << i;
+  }
+  EXPECT_EQ(t.kv->lookup(std::span(&keys[0], 1)), 0u);  // dropped
+  ASSERT_TRUE(t.kv->get_many(keys, chunks, nchunks, st));
+  EXPECT_EQ(st[0], kKvMiss);  // now a miss at pin
 }

@@ -50,3 +50,37 @@ TEST(TierPlacement, DeviceWithoutBandwidthTakesNoPart) {
   EXPECT_EQ(c, (std::vector<uint32_t>{6, 0, 2}));
   EXPECT_EQ(place_batch(std::vector<double>{0, 0}, 5), (std::vector<uint32_t>{0, 0}));
 }
+
+TEST(TierPlacement, SingleBlockBatchesCarryTheirShareAndSplitInProportion) {
+  using cxlkv::tier::place_batch_carry;
+  for (auto bw : {std::vector<double>{2, 1}, std::vector<double>{1, 2, 3}, std::vector<double>{5, 0, 1}}) {
+    std::vector<double> credit;
+    std::vector<uint64_t> total(bw.size(), 0);
+    double sum = 0;
+    for (double b : bw) sum += b;
+    for (uint64_t placed = 1; placed <= 600; placed++) {
+      auto c = place_batch_carry(bw, 1, &credit);
+      for (size_t i = 0; i < c.size(); i++) total[i] += c[i];
+      for (size_t i = 0; i < bw.size(); i++)  // at every point, within one block of the share
+        ASSERT_LT(std::fabs(double(total[i]) - bw[i] / sum * double(placed)), 1.0 + 1e-9)
+            << "device " << i << " after " << placed;
+    }
+  }
+  std::vector<double> credit;
+  std::vector<uint64_t> total(2, 0);
+  for (int k = 0; k < 30; k++) {
+    auto c = place_batch_carry(std::vector<double>{2, 1}, 1, &credit);
+    total[0] += c[0], total[1] += c[1];
+  }
+  EXPECT_EQ(total, (std::vector<uint64_t>{20, 10}));  // not 30/0
+  // Mixed batch sizes keep the running split too.
+  std::vector<uint64_t> t2(3, 0);
+  uint64_t placed = 0;
+  credit.clear();
+  for (uint64_t n : {1u, 2u, 7u, 1u, 1u, 13u, 3u, 1u}) {
+    auto c = place_batch_carry(std::vector<double>{1, 2, 3}, n, &credit);
+    placed += n;
+    for (size_t i = 0; i < 3; i++) t2[i] += c[i];
+    for (size_t i = 0; i < 3; i++) ASSERT_LT(std::fabs(double(t2[i]) - (i + 1) / 6.0 * double(placed)), 1.0 + 1e-9);
+  }
+}

@@ -267,6 +267,11 @@ class KvStore {
   void claim_ssd_blocks();                                              // at create
   size_t readable_prefix(std::span<const BlockKey> chain, size_t n);   // lookup
   std::vector<std::pair<uint32_t, BlockKey>> dropped_pins_;             // pins consumed by a drop
+  bool consume_dropped_pin(const KvPin& p);
+  // fetch_many's SSD blocks in one PlacingTier::read_many (several in
+  // flight); done[i] tells which blocks it settled; returns how many succeeded.
+  size_t fetch_ssd_batch(std::span<const KvPin> pins, std::span<const std::span<const Chunk>> chunks,
+                         std::span<int32_t> status, std::vector<bool>* done);
   void count(int c, uint64_t n = 1) { stats_.counters[c] += n; }
   void record(int which, std::chrono::steady_clock::time_point t0);
   void maybe_flush_stats();

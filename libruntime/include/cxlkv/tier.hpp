@@ -99,6 +99,8 @@ struct SsdDeviceInfo {
   uint64_t io_errors = 0, short_reads = 0, lost_blocks = 0, foreign_releases = 0;
   uint64_t bad_blocks = 0;        // reads refused by the block header / payload checksum
   uint64_t claimed = 0;           // extents claimed at attach (named by the index)
+  uint64_t submits = 0;           // io_uring submissions (one per batch of queued I/Os)
+  uint64_t peak_in_flight = 0;    // most I/Os in flight on the device at once
 };
 
 struct SsdWrite {

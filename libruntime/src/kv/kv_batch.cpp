@@ -220,9 +220,14 @@ Result<size_t> KvStore::fetch_many(std::span<const KvPin> pins, std::span<const 
                                    std::span<const uint32_t> nchunks, std::span<int32_t> status) {
   CXLKV_TRY(check_batch("fetch_many", pins.size(), status.size(), chunks, &nchunks));
   ChunkCursor cur(chunks, nchunks);
-  size_t ok = 0;
+  std::vector<std::span<const Chunk>> spans(pins.size());
+  for (auto& c : spans) c = cur.next();
+  // Issue 12 item 6: the SSD-tier blocks are read together, several in flight.
+  std::vector<bool> done;
+  size_t ok = fetch_ssd_batch(pins, spans, status, &done);
   for (size_t i = 0; i < pins.size(); i++) {
-    auto c = cur.next();
+    if (done[i]) continue;
+    auto c = spans[i];
     if (!pins[i].pinned()) {
       status[i] = as_status(pins[i].status);
       continue;
@@ -237,7 +242,8 @@ Result<size_t> KvStore::fetch_many(std::span<const KvPin> pins, std::span<const 
 
 Result<size_t> KvStore::unpin_many(std::span<const KvPin> pins, std::span<int32_t> status) {
   CXLKV_TRY(check_batch("unpin_many", pins.size(), status.size(), {}, nullptr));
-  Picked p = pick(pins, status, [](const KvPin& k, int32_t*) { return k.pinned(); });
+  // A pin consumed by dropping its damaged SSD block (issue 12) unpins as 0.
+  Picked p = pick(pins, status, [this](const KvPin& k, int32_t*) { return k.pinned() && !consume_dropped_pin(k); });
   auto good = index_->unpin_many(p.slots, p.keys, p.status);
   if (!good) return good.error();
   for (size_t j = 0; j < p.at.size(); j++) {

@@ -450,11 +450,7 @@ void KvStore::promote(const KvPin& p, const BlockLocation& from, std::span<const
 }
 
 Result<void> KvStore::unpin(const KvPin& p) {
-  for (auto it = dropped_pins_.begin(); it != dropped_pins_.end(); ++it)
-    if (it->first == p.slot && it->second == p.key) {  // issue 12: the drop consumed this pin
-      dropped_pins_.erase(it);
-      return {};
-    }
+  if (consume_dropped_pin(p)) return {};  // issue 12: the drop consumed this pin
   return index_->unpin(p.slot, p.key);
 }
 
@@ -514,6 +510,81 @@ Result<void> KvStore::ssd_fetch(const KvPin& p, const BlockLocation& loc, std::s
   log().warn("kv: {}; {}", r.error().message(),
              dropped ? "entry dropped from the index" : "entry kept (it has children or other readers)");
   return Error(-ENOENT, r.error().message() + (dropped ? "; dropped from the index" : ""));
+}
+
+bool KvStore::consume_dropped_pin(const KvPin& p) {
+  for (auto it = dropped_pins_.begin(); it != dropped_pins_.end(); ++it)
+    if (it->first == p.slot && it->second == p.key) {
+      dropped_pins_.erase(it);
+      return true;
+    }
+  return false;
+}
+
+size_t KvStore::fetch_ssd_batch(std::span<const KvPin> pins, std::span<const std::span<const Chunk>> chunks,
+                                std::span<int32_t> status, std::vector<bool>* done) {
+  done->assign(pins.size(), false);
+  if (!deps_.ssd_tier) return 0;
+  auto t0 = std::chrono::steady_clock::now();
+  std::vector<BlockLocation> locs;
+  std::vector<PlacingTier::BlockRead> rd;
+  std::vector<size_t> at;
+  locs.reserve(pins.size());  // rd points into locs
+  for (size_t i = 0; i < pins.size(); i++) {
+    const KvPin& p = pins[i];
+    if (!p.pinned() || p.loc_tier != CXLKV_TIER_SSD) continue;
+    BlockLocation loc{p.loc_off, static_cast<uint32_t>(p.length), p.loc_dev, p.loc_tier};
+    if (auto c = check_handle("fetch", p.slot, p.key, CXLKV_ENTRY_READY, p.version, loc, false); !c) {
+      (*done)[i] = true;  // the same handle checks as fetch()
+      status[i] = c.error().code();
+      count(CXLKV_CTR_ERRORS);
+      note_block_error(c.error());
+      continue;
+    }
+    locs.push_back(loc);
+    at.push_back(i);
+  }
+  if (at.empty()) return 0;
+  for (size_t k = 0; k < at.size(); k++) rd.push_back({pins[at[k]].key, &locs[k], chunks[at[k]]});
+  std::vector<int32_t> st(at.size(), -EIO);
+  deps_.ssd_tier->read_many(rd, st);
+  size_t ok = 0;
+  for (size_t k = 0; k < at.size(); k++) {
+    const size_t i = at[k];
+    const KvPin& p = pins[i];
+    (*done)[i] = true;
+    if (st[k] == 0 && !index_->still_valid(p.slot, p.key, CXLKV_ENTRY_READY, p.version)) {
+      // As fetch(): the block changed while it was read; the bytes are discarded.
+      status[i] = -ESTALE;
+      count(CXLKV_CTR_ERRORS);
+      note_block_error(Error(-ESTALE, "kv: fetch of block " + to_hex(p.key) +
+                                          ": the block changed while it was read (bytes discarded)"));
+      continue;
+    }
+    if (st[k] == 0) {
+      status[i] = 0;
+      ok++;
+      count(CXLKV_CTR_FETCHES);
+      count(CXLKV_CTR_BYTES_OUT, p.length);
+      if (deps_.promote_on_hit) promote(p, locs[k], chunks[i]);
+      continue;
+    }
+    count(CXLKV_CTR_ERRORS);
+    if (st[k] == -ESTALE || st[k] == -EBADMSG) {
+      // A clean miss, as in ssd_fetch: the entry goes when it is an unshared leaf.
+      auto d = index_->drop_damaged(p.slot, p.key, locs[k]);
+      if (d && d.value()) dropped_pins_.emplace_back(p.slot, p.key);
+      log().warn("kv: SSD block {} at device {} LBA {} fails its checks ({}): a miss{}", to_hex(p.key),
+                 locs[k].device, locs[k].offset, std::strerror(-st[k]),
+                 d && d.value() ? "; dropped from the index" : "");
+      status[i] = kKvMiss;
+      continue;
+    }
+    status[i] = st[k];
+    note_block_error(Error(st[k], "kv: SSD block " + to_hex(p.key) + " lost: " + std::strerror(-st[k])));
+  }
+  record(CXLKV_LAT_FETCH, t0);
+  return ok;
 }
 
 }  // namespace cxlkv

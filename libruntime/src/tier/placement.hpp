@@ -15,6 +15,16 @@ namespace cxlkv::tier {
 // bandwidth[i] <= 0 means device i takes no part (offline or full).
 std::vector<uint32_t> place_batch(std::span<const double> bandwidth, uint64_t n);
 
+// The same across calls (issue 12 item 6): `credit` (one entry per device,
+// kept by the caller, starts at 0) carries each device's fractional share
+// from one batch to the next, so a stream of small batches -- the KV store
+// demotes one block at a time -- still splits in proportion: device i gets
+// exact_i = p_i * n + credit_i rounded by largest remainder, and keeps
+// exact_i - count_i.  Over any run of batches, every device's total is
+// within one block of p_i times the blocks placed.  A device that takes no
+// part has its credit reset.
+std::vector<uint32_t> place_batch_carry(std::span<const double> bandwidth, uint64_t n, std::vector<double>* credit);
+
 // p_i for each device (0 for the ones that take no part).
 std::vector<double> placement_ratios(std::span<const double> bandwidth);
 

@@ -287,6 +287,8 @@ void SsdDevice::worker() {
     for (SsdIo* io : take)
       if (prepare(io)) inflight++;
     if (inflight == 0) continue;
+    if (inflight > counters_.peak_in_flight.load(std::memory_order_relaxed))
+      counters_.peak_in_flight.store(inflight, std::memory_order_relaxed);  // only this thread writes it
 
     // One system call submits everything prepared and waits for a completion.
     int r = io_uring_submit_and_wait(&ring_, 1);

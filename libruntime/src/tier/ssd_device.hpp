@@ -95,6 +95,7 @@ class SsdDevice {
   struct Counters {
     std::atomic<uint64_t> reads{0}, writes{0}, bytes_read{0}, bytes_written{0};
     std::atomic<uint64_t> errors{0}, short_reads{0}, fixed_ios{0}, submits{0};
+    std::atomic<uint64_t> peak_in_flight{0};  // most I/Os the ring has held at once
   };
   const Counters& counters() const { return counters_; }
 

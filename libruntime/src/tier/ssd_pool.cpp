@@ -2,6 +2,7 @@
 // SsdPool: the pool organizer of the SSD tier (see cxlkv/tier.hpp).
 #include <algorithm>
 #include <atomic>
+#include <mutex>
 #include <cerrno>
 #include <cstring>
 #include <numeric>
@@ -120,6 +121,8 @@ struct SsdPool::Impl {
   std::vector<std::unique_ptr<DeviceSlot>> devs;
   std::atomic<uint64_t> lost{0};
   std::atomic<uint64_t> write_seq{1};
+  std::mutex placement_mu;
+  std::vector<double> placement_credit;  // per device, see place_batch_carry
 
   // The bandwidth each device takes part in placement with: 0 when it is
   // offline or has no free extent left for a block of min_free payload bytes.
@@ -306,6 +309,8 @@ SsdDeviceInfo SsdPool::device_info(size_t i) const {
   info.foreign_releases = s.foreign_releases;
   info.bad_blocks = s.bad;
   info.claimed = s.claimed;
+  info.submits = c.submits;
+  info.peak_in_flight = c.peak_in_flight;
   return info;
 }
 
@@ -325,7 +330,13 @@ void SsdPool::write_blocks(std::span<const SsdWrite> blocks, std::span<TierLocat
 
   // Placement: consecutive (layer-wise ordered) blocks go to the same
   // device, and each device's run gets one contiguous extent when possible.
-  std::vector<uint32_t> count = tier::place_batch(m.live_bandwidth(1), n);
+  std::vector<uint32_t> count;
+  {
+    // Issue 12 item 6: the split carries over from batch to batch, so the
+    // KV store's one-block demotions still land in proportion.
+    std::lock_guard lk(m.placement_mu);
+    count = tier::place_batch_carry(m.live_bandwidth(1), n, &m.placement_credit);
+  }
   std::vector<size_t> spilled;
   size_t next = 0;
   for (size_t dv = 0; dv < ndev; dv++) {
