@@ -2,6 +2,8 @@
 // cxlkvctl index stats / stats: the prefix index's occupancy and every
 // node's KV counters and latency percentiles, read from the pool (no lock:
 // a snapshot; every line is invalidated before it is read, rule 4).
+#include <time.h>
+
 #include <cstdio>
 #include <string>
 
@@ -33,7 +35,8 @@ int cmd_index_stats(Context& ctx, const Args&) {
   if (h.magic != CXLKV_INDEX_MAGIC) return fail("pool " + r->uri() + ": index carve is not formatted");
   if (h.entry_off + h.nslots * 64 > size) return fail("pool " + r->uri() + ": index header is inconsistent");
   auto cfg = d.read_fresh(reinterpret_cast<const cxlkv_index_config*>(base + 64));
-  uint64_t used_blocks = 0, used_bytes = 0, evictions = 0, reclaims = 0, tombstones = 0;
+  uint64_t used_blocks = 0, used_bytes = 0, evictions = 0, reclaims = 0, tombstones = 0, lease_expiries = 0,
+           lease_dead = 0;
   for (uint32_t s = 0; s < h.nstripes; s++) {
     auto st = d.read_fresh(reinterpret_cast<const cxlkv_index_stripe*>(base + h.stripe_off + uint64_t(s) * 64));
     used_blocks += st.used_blocks;
@@ -41,6 +44,8 @@ int cmd_index_stats(Context& ctx, const Args&) {
     evictions += st.evictions;
     reclaims += st.reclaims;
     tombstones += st.tombstones;
+    lease_expiries += st.lease_expiries;
+    lease_dead += st.lease_dead;
   }
   uint64_t by_state[6] = {};
   uint64_t pinned = 0;
@@ -54,13 +59,15 @@ int cmd_index_stats(Context& ctx, const Args&) {
     std::printf("{\"slots\": %llu, \"stripes\": %u, \"stripe_slots\": %u, \"max_blocks\": %llu, \"max_bytes\": %llu, "
                 "\"used_blocks\": %llu, \"used_bytes\": %llu, \"ready\": %llu, \"writing\": %llu, \"evicting\": %llu, "
                 "\"tombstones\": %llu, \"empty\": %llu, \"damaged\": %llu, \"pinned\": %llu, \"evictions\": %llu, "
-                "\"reclaims\": %llu, \"devices\": %u, \"interleave_stripe\": %u}\n",
+                "\"reclaims\": %llu, \"lease_expiries\": %llu, \"lease_dead\": %llu, \"devices\": %u, "
+                "\"interleave_stripe\": %u}\n",
                 (unsigned long long)h.nslots, h.nstripes, h.stripe_slots, (unsigned long long)cfg.max_blocks,
                 (unsigned long long)cfg.max_bytes, (unsigned long long)used_blocks, (unsigned long long)used_bytes,
                 (unsigned long long)by_state[CXLKV_ENTRY_READY], (unsigned long long)by_state[CXLKV_ENTRY_WRITING],
                 (unsigned long long)by_state[CXLKV_ENTRY_EVICTING], (unsigned long long)by_state[CXLKV_ENTRY_TOMBSTONE],
                 (unsigned long long)by_state[CXLKV_ENTRY_EMPTY], (unsigned long long)by_state[5],
-                (unsigned long long)pinned, (unsigned long long)evictions, (unsigned long long)reclaims, cfg.ndevices,
+                (unsigned long long)pinned, (unsigned long long)evictions, (unsigned long long)reclaims,
+                (unsigned long long)lease_expiries, (unsigned long long)lease_dead, cfg.ndevices,
                 cfg.interleave_stripe);
     return 0;
   }
@@ -77,7 +84,59 @@ int cmd_index_stats(Context& ctx, const Args&) {
               (unsigned long long)by_state[CXLKV_ENTRY_EMPTY], (unsigned long long)by_state[5]);
   std::printf("  pinned       %llu\n  evictions    %llu\n  reclaims     %llu\n", (unsigned long long)pinned,
               (unsigned long long)evictions, (unsigned long long)reclaims);
+  std::printf("  lease ends   %llu (%llu by a dead consumer node)\n", (unsigned long long)lease_expiries,
+              (unsigned long long)lease_dead);
   std::printf("  interleave   %u device(s), stripe %u bytes\n", cfg.ndevices, cfg.interleave_stripe);
+  return 0;
+}
+
+// Handoff leases (uapi cxlkv_index_ext): a lock-free snapshot, rule 4 reads.
+int cmd_index_leases(Context& ctx, const Args&) {
+  auto r = ctx.open_pool();
+  if (!r) return 1;
+  uint64_t size = 0;
+  const void* carve = index_carve(*r, &size);
+  if (!carve) return fail("pool " + r->uri() + " has no index carve");
+  cxlkv::MemoryDomain& d = r->domain();
+  auto* base = static_cast<const std::byte*>(carve);
+  auto h = d.read_fresh(reinterpret_cast<const cxlkv_index_header*>(base));
+  if (h.magic != CXLKV_INDEX_MAGIC) return fail("pool " + r->uri() + ": index carve is not formatted");
+  if (h.version != CXLKV_INDEX_VERSION) return fail("pool " + r->uri() + ": index layout version " + std::to_string(h.version));
+  const uint64_t ext_off = cxlkv_index_ext_off(&h);
+  if (h.nslots > (1ull << 32) || h.entry_off > size || ext_off > size || h.nslots * 32 > size - ext_off)
+    return fail("pool " + r->uri() + ": index header is inconsistent");
+  auto cfg = d.read_fresh(reinterpret_cast<const cxlkv_index_config*>(base + 64));
+  timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  const uint32_t now = static_cast<uint32_t>(uint64_t(ts.tv_sec) * 1000 + uint64_t(ts.tv_nsec) / 1000000 - cfg.epoch_ms);
+  if (!ctx.json) std::printf("%-32s %6s %20s %5s %6s %10s %12s\n", "block", "slot", "consumer", "node", "count", "age_ms", "expires_ms");
+  else std::printf("[");
+  size_t n = 0;
+  for (uint64_t i = 0; i < h.nslots; i++) {
+    cxlkv_index_ext x;
+    d.invalidate(base + ext_off + i * 32, 32);  // rule 4
+    d.fence();
+    d.load(&x, base + ext_off + i * 32, 32);
+    if (!x.lease_count) continue;
+    auto e = d.read_fresh(reinterpret_cast<const cxlkv_index_entry*>(base + h.entry_off + i * 64));
+    if (e.state != CXLKV_ENTRY_READY) continue;
+    char key[40];
+    std::snprintf(key, sizeof key, "%016llx%016llx", (unsigned long long)e.key_hi, (unsigned long long)e.key_lo);
+    const std::string node = x.lease_node == CXLKV_LEASE_NODE_ANY ? "any" : std::to_string(x.lease_node);
+    const int32_t left = static_cast<int32_t>(x.lease_expiry_ms - now);
+    if (ctx.json)
+      std::printf("%s{\"block\": \"%s\", \"slot\": %llu, \"consumer\": %llu, \"node\": \"%s\", \"count\": %u, "
+                  "\"age_ms\": %u, \"expires_ms\": %d}",
+                  n ? ", " : "", key, (unsigned long long)i, (unsigned long long)x.lease_consumer, node.c_str(),
+                  x.lease_count, now - x.lease_start_ms, left);
+    else
+      std::printf("%-32s %6llu %20llu %5s %6u %10u %12d%s\n", key, (unsigned long long)i,
+                  (unsigned long long)x.lease_consumer, node.c_str(), x.lease_count, now - x.lease_start_ms, left,
+                  left <= 0 ? " (expired)" : "");
+    n++;
+  }
+  if (ctx.json) std::printf("]\n");
+  else std::printf("%zu lease(s)\n", n);
   return 0;
 }
 
@@ -136,6 +195,14 @@ CXLKVCTL_COMMAND({"index stats", "prefix index occupancy: slots, states, capacit
                   "entries by state, pinned blocks, capacity limits and usage.\n",
                   {},
                   cmd_index_stats});
+
+CXLKVCTL_COMMAND({"index leases", "handoff leases: block, consumer, node, age, time to expiry",
+                  "usage: cxlkvctl --pool URI [--json] index leases\n\n"
+                  "Lists the blocks leased to a consumer (cxlkv_kv_lease): consumer id, consumer\n"
+                  "node (any: not ended by a node's death), number of consumers, age and time\n"
+                  "left until expiry.  A lock-free snapshot.\n",
+                  {},
+                  cmd_index_leases});
 
 CXLKVCTL_COMMAND({"stats", "KV counters and latencies of every node (text, --json, --prometheus)",
                   "usage: cxlkvctl --pool URI stats [--json | --prometheus]\n\n"

@@ -367,6 +367,24 @@ int cxlkv_kv_gpu_get_many(struct cxlkv_kv *kv, struct cxlkv_gpu *gpu, const stru
 			  const struct cxlkv_kv_key *keys, const uint64_t *block_ids, size_t n, void *stream,
 			  int32_t *status);
 
+/* ---- handoff leases ----------------------------------------------------
+ * A producer leases published blocks for a consumer (consumer_id: e.g. the
+ * request id; consumer_node: its node, or CXLKV_NODE_ANY): a leased block is
+ * never evicted until the consumer releases it, ttl_ms passes, or the
+ * consumer's node is dead.  Both return how many blocks succeeded, or -errno
+ * when the whole call is refused (NULL kv/keys, ttl_ms 0, a node beyond the
+ * pool's nodes).
+ * lease status[i]:   0 leased, CXLKV_KV_MISS not cached, -errno.
+ * release status[i]: 0 released, -ENOENT not leased to this consumer,
+ *                    -ETIMEDOUT the lease had ended already (expired or its
+ *                    node died; released all the same), CXLKV_KV_MISS.
+ * `cxlkvctl index leases` lists leases with their age. */
+#define CXLKV_NODE_ANY 0xffffffffu
+int cxlkv_kv_lease(struct cxlkv_kv *kv, const struct cxlkv_kv_key *keys, size_t n, uint64_t consumer_id,
+		   uint32_t consumer_node, uint32_t ttl_ms, int32_t *status);
+int cxlkv_kv_lease_release(struct cxlkv_kv *kv, const struct cxlkv_kv_key *keys, size_t n, uint64_t consumer_id,
+			   int32_t *status);
+
 struct cxlkv_kv_stats {
 	size_t   size;                /* sizeof(struct cxlkv_kv_stats) */
 	uint64_t lookups, hit_blocks, miss_blocks, reserves, publishes, fetches;

@@ -246,6 +246,19 @@ class KvStore {
                           std::span<const uint32_t> nchunks, std::span<int32_t> status);
   const std::string& last_block_error() const { return block_error_; }
 
+  // ---- handoff leases (kv_lease.cpp) ----------------------------------------
+  // A producer leases published blocks for a consumer (a request id; its
+  // node, or kLeaseNodeAny): they are not evicted until the consumer releases
+  // them, ttl_ms passes, or the consumer's node is dead.  status[i]: 0
+  // leased, kKvMiss not cached, -errno.  Returns how many were leased.
+  static constexpr uint32_t kLeaseNodeAny = 0xffffffffu;
+  Result<size_t> lease(std::span<const BlockKey> keys, uint64_t consumer, uint32_t consumer_node, uint32_t ttl_ms,
+                       std::span<int32_t> status);
+  // The consumer's release.  status[i]: 0 released, -ENOENT not leased to
+  // this consumer, -ETIMEDOUT the lease had already ended (expired, or its
+  // node was declared dead), kKvMiss not cached.  Returns how many were released.
+  Result<size_t> lease_release(std::span<const BlockKey> keys, uint64_t consumer, std::span<int32_t> status);
+
   // Wait until `key` is READY (or gone): for blocks another node is writing.
   // Returns true when READY, false when it disappeared / timed out.
   bool wait_ready(const BlockKey& key, std::chrono::milliseconds timeout);

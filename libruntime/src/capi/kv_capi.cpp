@@ -385,3 +385,8 @@ int cxlkv_kv_stats(struct cxlkv_kv* kv, struct cxlkv_kv_stats* out) {
 }
 
 }  // extern "C"
+
+// Leases (lease_capi.cpp) reach the store of a handle through this.
+namespace cxlkv::capi {
+KvStore* kv_store_of(cxlkv_kv* kv) { return kv && kv->session ? &kv->session->store() : nullptr; }
+}  // namespace cxlkv::capi

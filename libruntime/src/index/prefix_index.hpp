@@ -249,6 +249,30 @@ class PrefixIndex {
   Result<size_t> pin_many(std::span<const BlockKey> keys, std::span<PinnedBlock> out, std::span<int32_t> status);
   Result<size_t> unpin_many(std::span<const uint32_t> slots, std::span<const BlockKey> keys,
                             std::span<int32_t> status);
+  // ---- handoff leases (index_lease.cpp) ---------------------------------------
+  // A producer leases READY blocks for a consumer (a request id; the
+  // consuming node or kLeaseNodeAny): they are not evicted (nor demoted)
+  // until the consumer releases them, ttl_ms passes, or the consumer node is
+  // dead.  A block leased by several consumers keeps one record: a count, the
+  // latest expiry, the first consumer id, and node "any" when their nodes
+  // differ.  status[i]: 0 leased, kBlockMiss not cached (READY), -errno.
+  static constexpr uint32_t kLeaseNodeAny = 0xffffffffu;
+  Result<size_t> lease_many(std::span<const BlockKey> keys, uint64_t consumer, uint32_t consumer_node,
+                            uint32_t ttl_ms, std::span<int32_t> status);
+  // status[i]: 0 released, -ENOENT not leased (or not to this consumer),
+  // -ETIMEDOUT the lease had expired / its consumer node was declared dead
+  // (released all the same), kBlockMiss block not cached.
+  Result<size_t> release_many(std::span<const BlockKey> keys, uint64_t consumer, std::span<int32_t> status);
+  struct LeaseView {
+    BlockKey key;
+    uint32_t slot = 0, count = 0, node = kLeaseNodeAny;
+    uint64_t consumer = 0;
+    uint32_t age_ms = 0;          // since the first lease of the record
+    int64_t expires_in_ms = 0;    // negative: expired
+    bool live = false;            // still protects the block (not expired, node alive)
+  };
+  std::vector<LeaseView> leases() const;  // lock-free snapshot for display
+
   // Message of the first failed block of this thread's last batch call.
   static std::string last_block_message();
   // Is slot still holding `key` in `state` at `version`?  One fresh read (rule 4).
