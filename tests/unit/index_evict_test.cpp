@@ -222,6 +222,9 @@ TEST(IndexEvict, ListsStayConsistentUnderNonCoherentSimWithRandomEvictions) {
           kr.slot = res[i].slot;
           kr.length = res[i].loc.length;
           kr.loc_off = res[i].loc.offset;
+          kr.loc_dev = res[i].loc.device;
+          kr.loc_tier = res[i].loc.tier;
+          kr.version = res[i].version;
           Chunk ch{buf.data(), buf.size()};
           if (!kv->write(kr, {&ch, 1})) bad++;
           slots.push_back(res[i].slot);
