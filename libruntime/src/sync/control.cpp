@@ -90,12 +90,29 @@ Result<ControlCarve> ControlCarve::open(const Region& region, MemoryDomain& d) {
     return Error(-EUCLEAN, who + "max_nodes " + std::to_string(h.max_nodes) + " does not match the superblock");
   if (h.max_locks == 0 || h.max_locks > CXLKV_MAX_LOCKS)
     return Error(-EUCLEAN, who + "max_locks " + std::to_string(h.max_locks) + " out of range");
-  const uint64_t end = h.doorbell_off + uint64_t(h.max_nodes) * CXLKV_LINE_SIZE;
-  if (h.lease_off % 64 || h.node_table_off % 64 || h.lock_table_off % 64 || h.grant_table_off % 64 ||
-      h.doorbell_off % 64 || end > carve->size ||
-      h.grant_table_off < h.lock_table_off + uint64_t(h.max_locks) * h.max_nodes * CXLKV_LINE_SIZE)
-    return Error(-EUCLEAN, who + "table offsets inconsistent or beyond the carve (" +
-                               std::to_string(carve->size) + " bytes)");
+  // Issue 12: every table lies inside the carve, after the header, on a line
+  // boundary, and overlaps no other table; all arithmetic is overflow-safe
+  // (a huge or wrapping offset must not reach another carve).
+  struct Table {
+    const char* field;
+    uint64_t off, len;
+  };
+  const uint64_t L = CXLKV_LINE_SIZE;
+  const Table t[] = {{"lease_off", h.lease_off, L},
+                     {"node_table_off", h.node_table_off, uint64_t(h.max_nodes) * L},
+                     {"lock_table_off", h.lock_table_off, uint64_t(h.max_locks) * h.max_nodes * L},
+                     {"grant_table_off", h.grant_table_off, uint64_t(h.max_locks) * L},
+                     {"doorbell_off", h.doorbell_off, uint64_t(h.max_nodes) * L}};
+  for (const Table& a : t) {
+    if (a.off % L || a.off < L || a.off > carve->size || a.len > carve->size - a.off)
+      return Error(-EUCLEAN, who + a.field + " " + std::to_string(a.off) + " (+" + std::to_string(a.len) +
+                                 " bytes) is not a line-aligned range inside the carve of " +
+                                 std::to_string(carve->size) + " bytes after its header");
+    for (const Table& b : t)
+      if (&a != &b && a.off < b.off + b.len && b.off < a.off + a.len)  // both in range: no overflow
+        return Error(-EUCLEAN, who + a.field + " " + std::to_string(a.off) + " overlaps " + b.field + " " +
+                                   std::to_string(b.off));
+  }
   return c;
 }
 
