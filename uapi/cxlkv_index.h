@@ -38,9 +38,9 @@
 
 /* "CXLKVIX1" */
 #define CXLKV_INDEX_MAGIC        0x315849564b4c5843ULL
-#define CXLKV_INDEX_VERSION      2u
+#define CXLKV_INDEX_VERSION      3u
 #define CXLKV_INDEX_NO_SLOT      0xffffffffu
-#define CXLKV_INDEX_STATS_LINES  16u
+#define CXLKV_INDEX_STATS_LINES  40u
 
 struct cxlkv_index_header {
 	__u64 magic;             /* CXLKV_INDEX_MAGIC */
@@ -203,18 +203,33 @@ enum cxlkv_index_counter {
 	CXLKV_CTR_ERRORS,
 	CXLKV_CTR_COUNT
 };
-enum cxlkv_index_latency { CXLKV_LAT_LOOKUP = 0, CXLKV_LAT_PUBLISH, CXLKV_LAT_FETCH, CXLKV_LAT_COUNT };
+/* One histogram per step of the write and read paths (a batch call adds
+ * its time divided by its blocks once per block) and one per whole request:
+ * PUT = reserve + write + publish of a put_chain call, GET = pin + fetch +
+ * unpin of a get_many call. */
+enum cxlkv_index_latency {
+	CXLKV_LAT_LOOKUP = 0,
+	CXLKV_LAT_RESERVE,
+	CXLKV_LAT_WRITE,
+	CXLKV_LAT_PUBLISH,
+	CXLKV_LAT_PIN,
+	CXLKV_LAT_FETCH,
+	CXLKV_LAT_UNPIN,
+	CXLKV_LAT_PUT,
+	CXLKV_LAT_GET,
+	CXLKV_LAT_COUNT
+};
 #define CXLKV_LAT_BUCKETS 64u
 
 struct cxlkv_index_node_stats {
 	__u64 counters[CXLKV_CTR_COUNT];                    /* 2 lines */
-	__u32 latency[CXLKV_LAT_COUNT][CXLKV_LAT_BUCKETS];  /* 12 lines */
+	__u32 latency[CXLKV_LAT_COUNT][CXLKV_LAT_BUCKETS];  /* 36 lines */
 	__u64 updated_ms;                                   /* writer's clock, for display */
 	__u32 pid;
 	__u8  reserved[116];
 };
 CXLKV_STATIC_ASSERT(sizeof(struct cxlkv_index_node_stats) == CXLKV_INDEX_STATS_LINES * 64,
-		    "node stats are 16 lines");
+		    "node stats are 40 lines");
 
 /* FNV-1a 32 over bytes 0..59 of an entry, never 0 for a non-empty line. */
 static inline __u32 cxlkv_index_entry_check(const struct cxlkv_index_entry *e)

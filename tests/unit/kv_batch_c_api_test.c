@@ -363,6 +363,27 @@ static void test_handles_are_validated(struct cxlkv_kv *kv, const struct cxlkv_k
 	CHECK(cxlkv_kv_unpin(kv, &pin) == 0);
 }
 
+/* Every step has its own latency, and the whole publish / fetch too. */
+static void test_stats_latencies(struct cxlkv_kv *kv)
+{
+	struct cxlkv_kv_stats s;
+
+	memset(&s, 0, sizeof(s));
+	s.size = sizeof(s);
+	CHECK(cxlkv_kv_stats(kv, &s) == 0 && s.size == sizeof(s));
+	CHECK(s.reserve_us_p50 > 0 && s.write_us_p50 > 0 && s.publish_us_p50 > 0);
+	CHECK(s.pin_us_p50 > 0 && s.fetch_us_p50 > 0 && s.unpin_us_p50 > 0);
+	CHECK(s.put_us_p50 > 0 && s.get_us_p50 > 0);
+	CHECK(s.put_us_p99 >= s.put_us_p50 && s.get_us_p99 >= s.get_us_p50);
+	/* A whole put of a chain takes longer than one of its steps per block. */
+	CHECK(s.put_us_p99 >= s.publish_us_p50);
+	/* An older, smaller struct gets its prefix only. */
+	memset(&s, 0, sizeof(s));
+	s.size = offsetof(struct cxlkv_kv_stats, reserve_us_p50);
+	CHECK(cxlkv_kv_stats(kv, &s) == 0 && s.size == offsetof(struct cxlkv_kv_stats, reserve_us_p50));
+	CHECK(s.fetch_us_p50 > 0 && s.reserve_us_p50 == 0);
+}
+
 static void test_bad_arguments(struct cxlkv_kv *kv, const struct cxlkv_kv_key *keys)
 {
 	struct cxlkv_kv_block rs[2];
@@ -441,6 +462,7 @@ int main(void)
 		test_write_many_skips_existing(kv, keys);
 		test_bad_arguments(kv, keys);
 		test_handles_are_validated(kv, keys);
+		test_stats_latencies(kv);
 		test_put_chain_nospc(kv);
 	}
 	cxlkv_kv_close(kv);

@@ -389,7 +389,14 @@ struct cxlkv_kv_stats {
 	size_t   size;                /* sizeof(struct cxlkv_kv_stats) */
 	uint64_t lookups, hit_blocks, miss_blocks, reserves, publishes, fetches;
 	uint64_t evictions, reclaims, bytes_in, bytes_out, nospc, errors;
+	/* Per block: publish = the index entry (not the payload write), fetch =
+	 * the payload read. */
 	double   lookup_us_p50, lookup_us_p99, publish_us_p50, publish_us_p99, fetch_us_p50, fetch_us_p99;
+	/* since the batch calls: the other steps, per block, and the whole
+	 * publish (put_chain call) / whole fetch (get_many call) */
+	double   reserve_us_p50, reserve_us_p99, write_us_p50, write_us_p99;
+	double   pin_us_p50, pin_us_p99, unpin_us_p50, unpin_us_p99;
+	double   put_us_p50, put_us_p99, get_us_p50, get_us_p99;
 };
 /* This handle's counters (the pool-wide view: cxlkvctl stats). */
 int cxlkv_kv_stats(struct cxlkv_kv *kv, struct cxlkv_kv_stats *out);

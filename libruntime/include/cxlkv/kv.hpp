@@ -99,7 +99,7 @@ struct KvStats {
   uint64_t latency_count(int which) const;
 };
 const char* counter_name(int c);  // "lookups", "hit_blocks", ...
-const char* latency_name(int l);  // "lookup", "publish", "fetch"
+const char* latency_name(int l);  // "lookup", "reserve", "write", "publish", "pin", "fetch", "unpin", "put", "get"
 
 // Read every node's statistics from an index carve (for the CLI / replay).
 struct NodeKvStats {
@@ -286,7 +286,8 @@ class KvStore {
   size_t fetch_ssd_batch(std::span<const KvPin> pins, std::span<const std::span<const Chunk>> chunks,
                          std::span<int32_t> status, std::vector<bool>* done);
   void count(int c, uint64_t n = 1) { stats_.counters[c] += n; }
-  void record(int which, std::chrono::steady_clock::time_point t0);
+  // One sample per block: a batch of `blocks` adds its time / blocks, blocks times.
+  void record(int which, std::chrono::steady_clock::time_point t0, size_t blocks = 1);
   void maybe_flush_stats();
   void note_block_error(const Error& e);
   Result<void> check_handle(const char* op, uint32_t slot, const BlockKey& key, uint32_t state, uint32_t version,

@@ -378,8 +378,21 @@ int cxlkv_kv_stats(struct cxlkv_kv* kv, struct cxlkv_kv_stats* out) {
     s.publish_us_p99 = st.latency_us(CXLKV_LAT_PUBLISH, 99);
     s.fetch_us_p50 = st.latency_us(CXLKV_LAT_FETCH, 50);
     s.fetch_us_p99 = st.latency_us(CXLKV_LAT_FETCH, 99);
-    std::memcpy(out, &s, std::min(out->size, sizeof s));
-    out->size = std::min(out->size, sizeof s);
+    s.reserve_us_p50 = st.latency_us(CXLKV_LAT_RESERVE, 50);
+    s.reserve_us_p99 = st.latency_us(CXLKV_LAT_RESERVE, 99);
+    s.write_us_p50 = st.latency_us(CXLKV_LAT_WRITE, 50);
+    s.write_us_p99 = st.latency_us(CXLKV_LAT_WRITE, 99);
+    s.pin_us_p50 = st.latency_us(CXLKV_LAT_PIN, 50);
+    s.pin_us_p99 = st.latency_us(CXLKV_LAT_PIN, 99);
+    s.unpin_us_p50 = st.latency_us(CXLKV_LAT_UNPIN, 50);
+    s.unpin_us_p99 = st.latency_us(CXLKV_LAT_UNPIN, 99);
+    s.put_us_p50 = st.latency_us(CXLKV_LAT_PUT, 50);
+    s.put_us_p99 = st.latency_us(CXLKV_LAT_PUT, 99);
+    s.get_us_p50 = st.latency_us(CXLKV_LAT_GET, 50);
+    s.get_us_p99 = st.latency_us(CXLKV_LAT_GET, 99);
+    const size_t given = std::min(out->size, sizeof s);
+    std::memcpy(out, &s, given);
+    out->size = given;
     return 0;
   });
 }

@@ -2,6 +2,7 @@
 // KvStore batch calls: many blocks per call, a status per block
 // (semantics in cxlkv/kv.hpp and cxlkv.h).
 #include <cerrno>
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <string>
@@ -76,7 +77,9 @@ Result<size_t> KvStore::reserve_chain(const BlockKey* parent, std::span<const Bl
                               std::to_string(out.size()) + " reservations");
   CXLKV_TRY(check_batch("reserve_chain", n, status.size(), {}, nullptr));
   std::vector<Reservation> ix(n);
+  auto t0 = std::chrono::steady_clock::now();
   auto good = index_->reserve_chain(parent, keys, bytes, ix, status);
+  record(CXLKV_LAT_RESERVE, t0, n);
   if (!good) return good.error();
   for (size_t i = 0; i < n; i++) {
     KvReservation& r = out[i];
@@ -160,7 +163,9 @@ Result<size_t> KvStore::publish_many(std::span<const KvReservation> rs, std::spa
     *refused = c.error().code();
     return false;
   });
+  auto t0 = std::chrono::steady_clock::now();
   auto good = index_->publish_many(p.slots, p.keys, p.status);
+  record(CXLKV_LAT_PUBLISH, t0, p.at.size());
   if (!good) return good.error();
   for (size_t j = 0; j < p.at.size(); j++) {
     status[p.at[j]] = p.status[j];
@@ -193,7 +198,9 @@ Result<size_t> KvStore::pin_many(std::span<const BlockKey> keys, std::span<KvPin
                               " pins");
   CXLKV_TRY(check_batch("pin_many", n, status.size(), {}, nullptr));
   std::vector<PinnedBlock> ix(n);
+  auto t0 = std::chrono::steady_clock::now();
   auto good = index_->pin_many(keys, ix, status);
+  record(CXLKV_LAT_PIN, t0, n);
   if (!good) return good.error();
   for (size_t i = 0; i < n; i++) {
     KvPin& p = out[i];
@@ -244,7 +251,9 @@ Result<size_t> KvStore::unpin_many(std::span<const KvPin> pins, std::span<int32_
   CXLKV_TRY(check_batch("unpin_many", pins.size(), status.size(), {}, nullptr));
   // A pin consumed by dropping its damaged SSD block (issue 12) unpins as 0.
   Picked p = pick(pins, status, [this](const KvPin& k, int32_t*) { return k.pinned() && !consume_dropped_pin(k); });
+  auto t0 = std::chrono::steady_clock::now();
   auto good = index_->unpin_many(p.slots, p.keys, p.status);
+  record(CXLKV_LAT_UNPIN, t0, p.at.size());
   if (!good) return good.error();
   for (size_t j = 0; j < p.at.size(); j++) {
     status[p.at[j]] = p.status[j];
@@ -258,6 +267,7 @@ Result<size_t> KvStore::put_chain(const BlockKey* parent, std::span<const BlockK
                                   std::span<int32_t> status) {
   const size_t n = keys.size();
   CXLKV_TRY(check_batch("put_chain", n, status.size(), chunks, &nchunks));
+  const auto t0 = std::chrono::steady_clock::now();
   std::vector<KvReservation> rs(n);
   std::vector<int32_t> written(n);
   CXLKV_TRY(reserve_chain(parent, keys, bytes, rs, status));
@@ -266,6 +276,7 @@ Result<size_t> KvStore::put_chain(const BlockKey* parent, std::span<const BlockK
   if (first_error.empty()) first_error = block_error_;
   auto ok = settle_chain(parent, keys, rs, written, status);
   if (!first_error.empty()) block_error_ = first_error;
+  if (n) record(CXLKV_LAT_PUT, t0);  // the whole publish of this request
   return ok;
 }
 
@@ -339,6 +350,7 @@ Result<size_t> KvStore::get_many(std::span<const BlockKey> keys, std::span<const
                                  std::span<const uint32_t> nchunks, std::span<int32_t> status) {
   const size_t n = keys.size();
   CXLKV_TRY(check_batch("get_many", n, status.size(), chunks, &nchunks));
+  const auto t0 = std::chrono::steady_clock::now();
   std::vector<KvPin> pins(n);
   std::vector<int32_t> st(n);
   std::string first_error;
@@ -359,6 +371,7 @@ Result<size_t> KvStore::get_many(std::span<const BlockKey> keys, std::span<const
     if (status[i] == 0) ok++;
   }
   block_error_ = first_error;
+  if (n) record(CXLKV_LAT_GET, t0);  // the whole fetch of this request
   return ok;
 }
 

@@ -29,8 +29,14 @@ const MetricDesc kCounters[CXLKV_CTR_COUNT] = {
 };
 const MetricDesc kLatencies[CXLKV_LAT_COUNT] = {
     {"cxlkv_kv_lookup_seconds", "histogram", "Latency of a prefix lookup"},
-    {"cxlkv_kv_publish_seconds", "histogram", "Latency of a block publish"},
-    {"cxlkv_kv_fetch_seconds", "histogram", "Latency of a block fetch"},
+    {"cxlkv_kv_reserve_seconds", "histogram", "Latency of a block reserve"},
+    {"cxlkv_kv_write_seconds", "histogram", "Latency of a block payload write"},
+    {"cxlkv_kv_publish_seconds", "histogram", "Latency of a block publish (the index entry)"},
+    {"cxlkv_kv_pin_seconds", "histogram", "Latency of a block pin"},
+    {"cxlkv_kv_fetch_seconds", "histogram", "Latency of a block payload fetch"},
+    {"cxlkv_kv_unpin_seconds", "histogram", "Latency of a block unpin"},
+    {"cxlkv_kv_put_seconds", "histogram", "Latency of a whole publish (reserve + write + publish of a put_chain call)"},
+    {"cxlkv_kv_get_seconds", "histogram", "Latency of a whole fetch (pin + fetch + unpin of a get_many call)"},
 };
 const MetricDesc kBad{"cxlkv_unknown", "counter", "?"};
 

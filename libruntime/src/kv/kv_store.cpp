@@ -166,7 +166,8 @@ const char* counter_name(int c) {
 }
 
 const char* latency_name(int l) {
-  static const char* names[CXLKV_LAT_COUNT] = {"lookup", "publish", "fetch"};
+  static const char* names[CXLKV_LAT_COUNT] = {"lookup", "reserve", "write", "publish", "pin",
+                                              "fetch",  "unpin",   "put",   "get"};
   return l >= 0 && l < int(CXLKV_LAT_COUNT) ? names[l] : "?";
 }
 
@@ -259,9 +260,10 @@ KvStore::~KvStore() {
   if (index_) flush_stats();
 }
 
-void KvStore::record(int which, std::chrono::steady_clock::time_point t0) {
+void KvStore::record(int which, std::chrono::steady_clock::time_point t0, size_t blocks) {
+  if (blocks == 0) return;
   auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count();
-  stats_.latency[which][latency_bucket(static_cast<uint64_t>(ns))]++;
+  stats_.latency[which][latency_bucket(static_cast<uint64_t>(ns) / blocks)] += static_cast<uint32_t>(blocks);
   maybe_flush_stats();
 }
 
@@ -301,7 +303,9 @@ size_t KvStore::lookup(std::span<const BlockKey> chain) {
 size_t KvStore::lookup_linear(std::span<const BlockKey> chain) { return index_->longest_prefix_linear(chain); }
 
 Result<KvReservation> KvStore::reserve(const BlockKey& key, const BlockKey* parent, uint64_t bytes) {
+  auto t0 = std::chrono::steady_clock::now();
   auto r = index_->reserve(key, parent, bytes);
+  record(CXLKV_LAT_RESERVE, t0);
   if (!r) {
     count(r.error().code() == -ENOSPC ? CXLKV_CTR_NOSPC : CXLKV_CTR_ERRORS);
     return r.error();
@@ -373,7 +377,7 @@ Result<void> KvStore::write(const KvReservation& r, std::span<const Chunk> chunk
     return Error(-ESTALE, "kv: write of block " + to_hex(r.key) + ": the reservation was reclaimed during the write");
   }
   count(CXLKV_CTR_BYTES_IN, r.length);
-  record(CXLKV_LAT_PUBLISH, t0);
+  record(CXLKV_LAT_WRITE, t0);
   return {};
 }
 
@@ -381,7 +385,9 @@ Result<void> KvStore::publish(const KvReservation& r) {
   if (!r.reserved()) return Error(-EINVAL, "kv: block " + to_hex(r.key) + " is not reserved by this call");
   BlockLocation loc{r.loc_off, static_cast<uint32_t>(r.length), r.loc_dev, r.loc_tier};
   CXLKV_TRY(check_handle("publish", r.slot, r.key, CXLKV_ENTRY_WRITING, r.version, loc, true));
+  auto t0 = std::chrono::steady_clock::now();
   auto res = index_->publish(r.slot, r.key);
+  record(CXLKV_LAT_PUBLISH, t0);
   if (res) count(CXLKV_CTR_PUBLISHES);
   else if (res.error().code() != -EAGAIN) count(CXLKV_CTR_ERRORS);
   return res;
@@ -451,7 +457,10 @@ void KvStore::promote(const KvPin& p, const BlockLocation& from, std::span<const
 
 Result<void> KvStore::unpin(const KvPin& p) {
   if (consume_dropped_pin(p)) return {};  // issue 12: the drop consumed this pin
-  return index_->unpin(p.slot, p.key);
+  auto t0 = std::chrono::steady_clock::now();
+  auto r = index_->unpin(p.slot, p.key);
+  record(CXLKV_LAT_UNPIN, t0);
+  return r;
 }
 
 bool KvStore::wait_ready(const BlockKey& key, std::chrono::milliseconds timeout) {
