@@ -4,6 +4,7 @@
 //   lock_counter_helper URI NODE ITERS          count ITERS times, exit 0
 //   lock_counter_helper URI NODE ITERS BURST    pause 1-3 ms after every BURST iterations
 //   lock_counter_helper URI NODE hold           take the lock, print "held", sleep forever
+//   lock_counter_helper URI NODE mgrhold        also host the pool's lock manager (lease 300 ms)
 // Exit 0 ok, 1 error, 4 lock acquired by recovery (EOWNERDEAD) at least once.
 #include <unistd.h>
 
@@ -11,6 +12,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <string>
 
 #include "cxlkv/region.hpp"
@@ -39,7 +41,20 @@ int main(int argc, char** argv) {
   auto kv = region.value()->carve(CXLKV_CARVE_KV).value();
   auto* counter = region.value()->at<uint64_t>(kv.offset);
   cxlkv::TwoTierLock lock(*node.value(), CXLKV_LOCK_FIRST_USER);
-  const bool hold = std::strcmp(argv[3], "hold") == 0;
+  std::unique_ptr<cxlkv::LockManager> mgr;
+  if (std::strcmp(argv[3], "mgrhold") == 0) {
+    cxlkv::LockManagerOptions mo;
+    mo.node = no.node;
+    mo.lease_ms = 300;
+    auto m = cxlkv::LockManager::create(*region.value(), mo);
+    if (!m) {
+      std::fprintf(stderr, "helper: %s\n", m.error().message().c_str());
+      return 1;
+    }
+    mgr = std::move(m.value());
+    mgr->start();
+  }
+  const bool hold = std::strcmp(argv[3], "hold") == 0 || mgr;
   const long iters = hold ? 1 : std::atol(argv[3]);
   const long burst = argc == 5 ? std::atol(argv[4]) : 0;
   bool recovered = false;

@@ -3,6 +3,7 @@
 // counts, kill -9 of a holder, kill -9 of the manager (cxlkvd).
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -26,6 +27,10 @@ using namespace std::chrono_literals;
 std::string helper() {
   const char* t = std::getenv("CXLKV_TEST_TOOLS");
   return std::string(t ? t : "tools") + "/../tests/lock_counter_helper";
+}
+std::string cxlkvctl() {
+  const char* t = std::getenv("CXLKV_TEST_TOOLS");
+  return std::string(t ? t : "tools") + "/cxlkvctl";
 }
 std::string cxlkvd() {
   const char* t = std::getenv("CXLKV_TEST_TOOLS");
@@ -58,6 +63,34 @@ int wait_exit(pid_t pid) {
   int st = 0;
   waitpid(pid, &st, 0);
   return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+}
+
+// Watchdog: wait at most `bound` for `pid` to exit; on timeout kill it and
+// fail naming what the test waited for.  Returns the exit code (or -1).
+int wait_within(pid_t pid, std::chrono::milliseconds bound, const std::string& what) {
+  auto t0 = std::chrono::steady_clock::now();
+  for (;;) {
+    int st = 0;
+    pid_t r = waitpid(pid, &st, WNOHANG);
+    if (r == pid) return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+    if (std::chrono::steady_clock::now() - t0 > bound) {
+      kill(pid, SIGKILL);
+      waitpid(pid, &st, 0);
+      ADD_FAILURE() << "watchdog: waited " << bound.count() << " ms for " << what << " (pid " << pid << "); killed it";
+      return -1;
+    }
+    std::this_thread::sleep_for(5ms);
+  }
+}
+
+// Start `argv` and wait for its first stdout line ("held").
+pid_t spawn_holder(const std::vector<std::string>& argv) {
+  int fd = -1;
+  pid_t pid = spawn(argv, &fd);
+  char buf[8] = {};
+  if (read(fd, buf, sizeof buf - 1) <= 0) ADD_FAILURE() << "holder " << argv[2] << " did not report 'held'";
+  close(fd);
+  return pid;
 }
 
 struct Pool {
@@ -139,6 +172,102 @@ TEST(LockMultiproc, KilledHolderIsRecoveredByTheNextLocalWaiter) {
   EXPECT_EQ(p.counter(), 1u + 10u + 10u);
 }
 
+TEST(LockMultiproc, KilledHolderOnAnotherNodeIsPassedOverWithoutEvict) {
+  Pool p("dead-holder");
+  auto mgr = LockManager::create(*p.region);
+  ASSERT_TRUE(mgr.ok()) << mgr.error().message();
+  mgr.value()->start();
+  pid_t holder = spawn_holder({helper(), p.uri, "0", "hold"});
+  pid_t waiter = spawn({helper(), p.uri, "1", "5"});  // waits on the global tier
+  std::this_thread::sleep_for(100ms);
+  kill(holder, SIGKILL);
+  wait_exit(holder);
+
+  // No `node evict`: the manager sees node 0's process gone and grants node 1.
+  EXPECT_EQ(wait_within(waiter, 5000ms, "node 1 to get the lock of killed node 0"), 0);
+  auto st = mgr.value()->stats();
+  mgr.value()->stop();
+  EXPECT_EQ(p.counter(), 1u + 5u);
+  EXPECT_GE(st.dead_holders, 1u);
+}
+
+TEST(LockMultiproc, KilledWaiterIsSkippedAndTheNextWaiterGetsTheLock) {
+  Pool p("dead-waiter");
+  auto mgr = LockManager::create(*p.region);
+  ASSERT_TRUE(mgr.ok()) << mgr.error().message();
+  mgr.value()->start();
+  NodeOptions no;
+  no.node = 0;
+  auto n0 = NodeContext::attach(*p.region, no);
+  ASSERT_TRUE(n0.ok()) << n0.error().message();
+  TwoTierLock l0(*n0.value(), CXLKV_LOCK_FIRST_USER);
+  ASSERT_TRUE(l0.lock().ok());
+  pid_t dead = spawn({helper(), p.uri, "1", "5"});  // next in round-robin order after node 0
+  std::this_thread::sleep_for(200ms);
+  kill(dead, SIGKILL);
+  wait_exit(dead);
+  pid_t next = spawn({helper(), p.uri, "2", "5"});
+  std::this_thread::sleep_for(100ms);
+  ASSERT_TRUE(l0.unlock().ok());
+
+  EXPECT_EQ(wait_within(next, 5000ms, "node 2 to get the lock past killed waiter node 1"), 0);
+  auto st = mgr.value()->stats();
+  mgr.value()->stop();
+  EXPECT_EQ(p.counter(), 5u);
+  EXPECT_GE(st.dead_waiters, 1u);
+}
+
+TEST(LockMultiproc, KilledManagerHostThatHeldTheLockIsRecoveredByASuccessor) {
+  Pool p("dead-mgr-host");
+  pid_t host = spawn_holder({helper(), p.uri, "0", "mgrhold"});  // manager + holder in one process
+  pid_t waiter = spawn({helper(), p.uri, "1", "5"});
+  std::this_thread::sleep_for(100ms);
+  kill(host, SIGKILL);
+  wait_exit(host);
+  pid_t d2 = spawn({cxlkvd(), "--pool", p.uri, "--foreground", "--lease-ms", "300", "--wait"});
+
+  // The successor takes the expired lease, adopts the grant of dead node 0,
+  // sees its process gone and grants node 1.
+  EXPECT_EQ(wait_within(waiter, 8000ms, "node 1 to get the lock after the manager host died holding it"), 0);
+  kill(d2, SIGTERM);
+  EXPECT_EQ(wait_within(d2, 5000ms, "cxlkvd to stop on SIGTERM"), 0);
+  EXPECT_EQ(p.counter(), 1u + 5u);
+}
+
+TEST(LockMultiproc, StoppedHolderIsAliveAndATimedOutAcquireSaysWhoHoldsIt) {
+  Pool p("stopped");
+  auto mgr = LockManager::create(*p.region);
+  ASSERT_TRUE(mgr.ok()) << mgr.error().message();
+  mgr.value()->start();
+  pid_t holder = spawn_holder({helper(), p.uri, "3", "hold"});
+  kill(holder, SIGSTOP);
+  std::this_thread::sleep_for(std::chrono::milliseconds(kNodeStaleMs + 300));  // heartbeat now stale
+  NodeOptions no;
+  no.node = 1;
+  auto n1 = NodeContext::attach(*p.region, no);
+  ASSERT_TRUE(n1.ok()) << n1.error().message();
+  TwoTierLock l1(*n1.value(), CXLKV_LOCK_FIRST_USER);
+
+  auto nodes = list_nodes(*p.region, p.region->domain());
+  auto r = l1.try_lock_for(300ms);
+
+  EXPECT_TRUE(nodes[3].alive) << nodes[3].why;  // stopped, not dead
+  EXPECT_TRUE(nodes[3].local);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.error().code(), -ETIMEDOUT);
+  EXPECT_NE(r.error().message().find("held by node 3 (pid " + std::to_string(holder) + ", alive)"), std::string::npos)
+      << r.error().message();
+  kill(holder, SIGKILL);
+  wait_exit(holder);
+  auto after = list_nodes(*p.region, p.region->domain());
+  EXPECT_FALSE(after[3].alive);
+  EXPECT_NE(after[3].why.find("gone"), std::string::npos) << after[3].why;
+  auto got = l1.try_lock_for(5s);
+  EXPECT_TRUE(got.ok()) << (got.ok() ? "" : got.error().message());
+  if (got.ok()) (void)l1.unlock();
+  mgr.value()->stop();
+}
+
 TEST(LockMultiproc, KilledManagerIsReplacedWithinTheLease) {
   Pool p("kill-mgr");
   pid_t d1 = spawn({cxlkvd(), "--pool", p.uri, "--foreground", "--lease-ms", "200"});
@@ -159,6 +288,74 @@ TEST(LockMultiproc, KilledManagerIsReplacedWithinTheLease) {
   kill(d2, SIGTERM);
   EXPECT_EQ(wait_exit(d2), 0);  // clean shutdown frees the lease
   EXPECT_EQ(p.counter(), 400u);
+}
+
+TEST(LockTools, CxlkvdRefusesBadNumbersAndNodesBeyondThePool) {
+  Pool p("cxlkvd-args");
+  auto run = [&](std::vector<std::string> extra) {
+    std::vector<std::string> a = {cxlkvd(), "--pool", p.uri, "--foreground"};
+    a.insert(a.end(), extra.begin(), extra.end());
+    return wait_within(spawn(a), 5000ms, "cxlkvd to refuse its arguments");
+  };
+  EXPECT_EQ(run({"--lease-ms", "abc"}), 2);                    // not a number
+  EXPECT_EQ(run({"--lease-ms", "18446744073709551617"}), 2);   // would wrap
+  EXPECT_EQ(run({"--lease-ms", "-5"}), 2);
+  EXPECT_EQ(run({"--node", "999"}), 2);                        // beyond CXLKV_MAX_NODES
+  EXPECT_EQ(run({"--node", "8"}), 2);                          // beyond this pool's 8 nodes
+}
+
+TEST(LockTools, NodeEvictOfAnEmptyIdIsRefusedAndEvictsNothing) {
+  Pool p("evict-empty");
+  NodeOptions no;
+  no.node = 0;
+  auto n0 = NodeContext::attach(*p.region, no);
+  ASSERT_TRUE(n0.ok());
+  for (const char* bad : {"", "-1", "4294967296", "1x"})
+    EXPECT_EQ(wait_within(spawn({cxlkvctl(), "--pool", p.uri, "node", "evict", bad, "--force"}), 5000ms,
+                          "cxlkvctl node evict to refuse"),
+              1)
+        << "node evict '" << bad << "'";
+
+  EXPECT_EQ(list_nodes(*p.region, p.region->domain())[0].state, CXLKV_NODE_ACTIVE);
+}
+
+TEST(LockTools, NodeGcRemovesNodeLocalFilesOfVanishedPoolsOnly) {
+  Pool p("gc");
+  NodeOptions no;
+  no.node = 2;
+  std::string kept;
+  {
+    auto n = NodeContext::attach(*p.region, no);
+    ASSERT_TRUE(n.ok());
+    kept = n.value()->local_shm_name();
+  }
+  // A node-local file of a pool that does not exist (random pool id).
+  char stale[80];
+  std::snprintf(stale, sizeof stale, "cxlkv-node-%08x%024x-1", static_cast<unsigned>(getpid()), 0xdeadu);
+  int fd = shm_open((std::string("/") + stale).c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
+  ASSERT_GE(fd, 0);
+  close(fd);
+
+  auto res = gc_node_local({}, /*dry_run=*/false);
+
+  bool saw_stale = false, saw_kept = false;
+  for (const auto& g : res) {
+    if (g.name == stale) {
+      saw_stale = true;
+      EXPECT_TRUE(g.removed) << g.why;
+    }
+    if (g.name == kept) {
+      saw_kept = true;
+      EXPECT_FALSE(g.removed) << g.why;
+      EXPECT_EQ(g.why, "pool exists");
+    }
+  }
+  EXPECT_TRUE(saw_stale);
+  EXPECT_TRUE(saw_kept);
+  EXPECT_NE(access((std::string("/dev/shm/") + stale).c_str(), F_OK), 0);
+  EXPECT_EQ(access(("/dev/shm/" + kept).c_str(), F_OK), 0);
+  EXPECT_TRUE(remove_node_local(*p.region, 2).ok());
+  EXPECT_NE(access(("/dev/shm/" + kept).c_str(), F_OK), 0);
 }
 
 }  // namespace

@@ -181,13 +181,20 @@ static void test_bad_input(struct cxlkv_pool *pool, struct cxlkv_node *a)
 	CHECK_ERR(cxlkv_lock_manager_start(pool, NULL, NULL), -EINVAL);
 
 	CHECK_ERR(cxlkv_lock_acquire(NULL, USER_LOCK), -EINVAL);
+	/* Errors name the C function, not a C++ lambda ("operator()"). */
+	CHECK(strncmp(cxlkv_last_error(), "cxlkv_lock_acquire:", 19) == 0);
 	CHECK_ERR(cxlkv_lock_acquire_timeout(NULL, USER_LOCK, MS), -EINVAL);
+	CHECK(strncmp(cxlkv_last_error(), "cxlkv_lock_acquire_timeout:", 27) == 0);
+	CHECK_ERR(cxlkv_node_remove_local(NULL, 0), -EINVAL);
+	CHECK(strncmp(cxlkv_last_error(), "cxlkv_node_remove_local:", 24) == 0);
+	CHECK_ERR(cxlkv_node_remove_local(pool, 4), -EINVAL); /* max_nodes 4 */
 	CHECK_ERR(cxlkv_lock_release(NULL, USER_LOCK), -EINVAL);
 	/* max_locks defaults to 1024. */
 	CHECK_ERR(cxlkv_lock_acquire(a, 1024), -EINVAL);
 	/* Ids below CXLKV_LOCK_FIRST_USER are cxlkv's own (index stripes, ...). */
 	CHECK_ERR(cxlkv_lock_acquire(a, 72), -EINVAL);
 	CHECK(strstr(cxlkv_last_error(), "reserved") != NULL);
+	CHECK(strncmp(cxlkv_last_error(), "cxlkv_lock_acquire:", 19) == 0);
 	CHECK_ERR(cxlkv_lock_acquire_timeout(a, 0, MS), -EINVAL);
 	CHECK_ERR(cxlkv_lock_release(a, 127), -EINVAL); /* CXLKV_LOCK_FIRST_USER - 1 */
 	CHECK_ERR(cxlkv_lock_acquire(a, UINT32_MAX), -EINVAL);
@@ -250,6 +257,10 @@ int main(void)
 	cxlkv_node_detach(b);
 	cxlkv_node_detach(a);
 	cxlkv_lock_manager_stop(mgr);
+	/* Remove what this program created; a second removal finds nothing and is fine. */
+	CHECK(cxlkv_node_remove_local(pool, 0) == 0);
+	CHECK(cxlkv_node_remove_local(pool, 1) == 0);
+	CHECK(cxlkv_node_remove_local(pool, 1) == 0);
 	cxlkv_pool_close(pool);
 	unlink(path);
 	if (failures) {

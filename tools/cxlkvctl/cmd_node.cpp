@@ -1,6 +1,10 @@
 // SPDX-License-Identifier: MIT
 // cxlkvctl node list | node evict N: the node table of the control carve.
+#include <array>
+#include <cerrno>
+#include <cstdint>
 #include <cstdio>
+#include <cstring>
 #include <cstdlib>
 #include <string>
 
@@ -49,11 +53,21 @@ int node_list(Context& ctx, const Args& args) {
   return 0;
 }
 
+// A node id: decimal digits only, no sign, no wrap-around.
+bool parse_node(const std::string& s, unsigned long* out) {
+  if (s.empty() || s.size() > 10 || s.find_first_not_of("0123456789") != std::string::npos) return false;
+  errno = 0;
+  unsigned long v = std::strtoul(s.c_str(), nullptr, 10);
+  if (errno || v > UINT32_MAX) return false;
+  *out = v;
+  return true;
+}
+
 int node_evict(Context& ctx, const Args& args) {
   if (args.positional().size() != 1) return fail("node evict: expected one node id (see --help)");
-  char* end = nullptr;
-  unsigned long n = std::strtoul(args.positional()[0].c_str(), &end, 0);
-  if (!end || *end) return fail("node evict: not a node id: '" + args.positional()[0] + "'");
+  unsigned long n = 0;
+  if (!parse_node(args.positional()[0], &n))
+    return fail("node evict: not a node id: '" + args.positional()[0] + "' (a decimal number from 0 to max_nodes-1)");
   auto r = ctx.open_pool();
   if (!r) return 1;
   auto res = cxlkv::evict_node(*r, r->domain(), static_cast<uint32_t>(n), args.flag("force"));
@@ -62,6 +76,37 @@ int node_evict(Context& ctx, const Args& args) {
     std::printf("{\"node\": %lu, \"evicted\": true, \"slots_released\": %u}\n", n, res.value());
   else
     std::printf("node %lu evicted; %u global lock slot(s) released\n", n, res.value());
+  return 0;
+}
+
+int node_gc(Context& ctx, const Args& args) {
+  std::vector<std::array<uint8_t, 16>> keep;
+  if (!ctx.pool_uri.empty()) {  // a pool on a file or device: keep its node-local files
+    auto r = ctx.open_pool();
+    if (!r) return 1;
+    std::array<uint8_t, 16> id{};
+    std::memcpy(id.data(), r->superblock().pool_id, 16);
+    keep.push_back(id);
+  }
+  const bool dry = args.flag("dry-run");
+  auto res = cxlkv::gc_node_local(keep, dry);
+  unsigned removed = 0;
+  if (ctx.json) std::printf("[");
+  bool first = true;
+  for (const auto& g : res) {
+    removed += g.removed;
+    if (ctx.json) {
+      std::printf("%s\n  {\"file\": \"/dev/shm/%s\", \"node\": %u, \"removed\": %s, \"why\": \"%s\"}",
+                  first ? "" : ",", g.name.c_str(), g.node, g.removed ? "true" : "false", g.why.c_str());
+      first = false;
+    } else {
+      std::printf("/dev/shm/%s: %s\n", g.name.c_str(), g.why.c_str());
+    }
+  }
+  if (ctx.json)
+    std::printf("\n]\n");
+  else
+    std::printf("%u node-local file(s) removed, %zu kept\n", removed, res.size() - removed);
   return 0;
 }
 
@@ -80,6 +125,15 @@ CXLKVCTL_COMMAND({"node evict", "release every global lock slot of a dead node",
                   "heartbeat is fresh unless --force.",
                   {{"force", false, "evict even if the node looks alive"}},
                   node_evict});
+
+CXLKVCTL_COMMAND({"node gc", "remove node-local files of pools that no longer exist",
+                  "cxlkvctl [--pool URI] node gc [--dry-run]\n\n"
+                  "Removes /dev/shm/cxlkv-node-<pool id>-<node> files whose pool is gone: no\n"
+                  "shm pool in /dev/shm has that pool id, it is not the pool named by --pool\n"
+                  "(pass it for pools on files or devices), and no process maps the file.\n"
+                  "cxlkvd runs this at start.",
+                  {{"dry-run", false, "only say what would be removed"}},
+                  node_gc});
 
 }  // namespace
 }  // namespace cxlkvctl

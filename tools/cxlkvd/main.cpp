@@ -6,6 +6,7 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <array>
 #include <atomic>
 #include <cerrno>
 #include <cstdio>
@@ -21,6 +22,25 @@ namespace {
 std::atomic<bool> g_stop{false};
 
 void on_signal(int) { g_stop.store(true); }
+
+// Strict unsigned parse: decimal digits only, no wrap-around; exits 2 with
+// a message naming the option otherwise.
+uint64_t number(const char* opt, const char* v, uint64_t max) {
+  const std::string s = v;
+  errno = 0;
+  unsigned long long n = 0;
+  if (!s.empty() && s.find_first_not_of("0123456789") == std::string::npos) n = std::strtoull(v, nullptr, 10);
+  if (s.empty() || s.find_first_not_of("0123456789") != std::string::npos) {
+    std::fprintf(stderr, "cxlkvd: %s: '%s' is not a number\n", opt, v);
+    std::exit(2);
+  }
+  if (errno == ERANGE || n > max) {
+    std::fprintf(stderr, "cxlkvd: %s: %s is out of range (at most %llu)\n", opt, v,
+                 static_cast<unsigned long long>(max));
+    std::exit(2);
+  }
+  return n;
+}
 
 void usage() {
   std::printf(
@@ -61,11 +81,11 @@ int main(int argc, char** argv) {
     } else if (a == "--pool") {
       pool = next("--pool");
     } else if (a == "--node") {
-      mo.node = static_cast<uint32_t>(std::strtoul(next("--node"), nullptr, 0));
+      mo.node = static_cast<uint32_t>(number("--node", next("--node"), CXLKV_MAX_NODES - 1));
     } else if (a == "--lease-ms") {
-      mo.lease_ms = static_cast<uint32_t>(std::strtoul(next("--lease-ms"), nullptr, 0));
+      mo.lease_ms = static_cast<uint32_t>(number("--lease-ms", next("--lease-ms"), 3600000));
     } else if (a == "--max-sleep-us") {
-      mo.poll.max_sleep = std::chrono::microseconds(std::strtoul(next("--max-sleep-us"), nullptr, 0));
+      mo.poll.max_sleep = std::chrono::microseconds(number("--max-sleep-us", next("--max-sleep-us"), 1000000));
     } else if (a == "--wait") {
       mo.wait_for_lease = true;
     } else if (a == "--foreground" || a == "-f") {
@@ -87,6 +107,18 @@ int main(int argc, char** argv) {
   if (!region) {
     std::fprintf(stderr, "cxlkvd: %s\n", region.error().message().c_str());
     return 1;
+  }
+  if (mo.node >= region.value()->max_nodes()) {
+    std::fprintf(stderr, "cxlkvd: --node %u: pool %s has nodes 0..%u only\n", mo.node, pool.c_str(),
+                 region.value()->max_nodes() - 1);
+    return 2;
+  }
+  // Node-local files of pools that no longer exist (issue 13: leaks).
+  {
+    std::array<uint8_t, 16> id{};
+    std::memcpy(id.data(), region.value()->superblock().pool_id, 16);
+    for (const auto& g : cxlkv::gc_node_local({id}, false))
+      if (g.removed) std::fprintf(stderr, "cxlkvd: removed stale node-local file /dev/shm/%s\n", g.name.c_str());
   }
   struct sigaction sa {};
   sa.sa_handler = on_signal;

@@ -105,6 +105,10 @@ struct cxlkv_node_opts {
 int  cxlkv_node_attach(struct cxlkv_pool *pool, const struct cxlkv_node_opts *opts,
 		       struct cxlkv_node **out);
 void cxlkv_node_detach(struct cxlkv_node *node);
+/* Remove this host's node-local file of `node` (/dev/shm/cxlkv-node-<pool
+ * id>-<node>) once no process of that node uses it: what a tool created.
+ * A missing file is not an error.  0 or -errno (-EINVAL: node out of range). */
+int  cxlkv_node_remove_local(struct cxlkv_pool *pool, uint32_t node);
 
 /* 0 acquired; 1 acquired after recovering from a holder on this node that
  * died (its data may be half-updated); -ETIMEDOUT (timed), -errno. */

@@ -18,6 +18,7 @@
 
 #include <pthread.h>
 
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <cstddef>
@@ -172,6 +173,24 @@ std::vector<NodeStatus> list_nodes(const Region& region, MemoryDomain& domain);
 // file) and mark it EVICTED.  Refuses a node that looks alive unless force.
 // Returns the number of slots released.
 Result<uint32_t> evict_node(Region& region, MemoryDomain& domain, uint32_t node, bool force);
+
+// ---- node-local files ------------------------------------------------------------
+
+// One /dev/shm/cxlkv-node-<pool id>-<node> file looked at by gc_node_local().
+struct NodeLocalGc {
+  std::string name;      // file name in /dev/shm
+  std::string pool_id;   // hex, from the name
+  uint32_t node = 0;
+  bool removed = false;
+  std::string why;       // "pool exists", "pool not found; removed", ...
+};
+// Remove node-local files of pools that no longer exist: a file is kept when
+// its pool id is that of an shm pool in /dev/shm or one of `keep_pools`
+// (pools on files or devices the caller knows), or when a process maps it.
+std::vector<NodeLocalGc> gc_node_local(const std::vector<std::array<uint8_t, 16>>& keep_pools, bool dry_run);
+// Remove this host's node-local file of (pool, node), e.g. after a tool's
+// last process of that node detached.  Missing is not an error.
+Result<void> remove_node_local(const Region& region, uint32_t node);
 
 // ---- the two-tier lock ----------------------------------------------------------
 

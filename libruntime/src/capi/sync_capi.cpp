@@ -49,8 +49,8 @@ int lock_result(const cxlkv::Result<cxlkv::Acquired>& r) {
 extern "C" {
 
 int cxlkv_node_attach(struct cxlkv_pool* pool, const struct cxlkv_node_opts* opts, struct cxlkv_node** out) {
-  return guarded(__func__, [&] {
-    if (!pool || !opts || !out) return einval(__func__);
+  return guarded(__func__, [&, fn = __func__] {
+    if (!pool || !opts || !out) return einval(fn);
     cxlkv::NodeOptions o;
     o.node = opts->node;
     if (CXLKV_OPT_HAS(opts, flags)) o.heartbeat = (opts->flags & CXLKV_NODE_F_HEARTBEAT) != 0;
@@ -66,6 +66,16 @@ int cxlkv_node_attach(struct cxlkv_pool* pool, const struct cxlkv_node_opts* opt
 
 void cxlkv_node_detach(struct cxlkv_node* node) { delete node; }
 
+int cxlkv_node_remove_local(struct cxlkv_pool* pool, uint32_t node) {
+  return guarded(__func__, [&, fn = __func__] {
+    if (!pool) return einval(fn);
+    auto r = cxlkv::remove_node_local(*pool->region, node);
+    if (!r) return set_error(r.error().code(), std::string(fn) + ": " + r.error().message());
+    cxlkv::capi::clear_error();
+    return 0;
+  });
+}
+
 namespace {
 // Lock ids below CXLKV_LOCK_FIRST_USER belong to cxlkv's own layers (the
 // prefix index's stripe locks, the allocator, the object store); a C user
@@ -78,27 +88,27 @@ int reserved_lock(const char* fn, uint32_t lock_id) {
 }  // namespace
 
 int cxlkv_lock_acquire(struct cxlkv_node* node, uint32_t lock_id) {
-  return guarded(__func__, [&] {
-    if (!node) return einval(__func__);
-    if (lock_id < CXLKV_LOCK_FIRST_USER) return reserved_lock(__func__, lock_id);
+  return guarded(__func__, [&, fn = __func__] {
+    if (!node) return einval(fn);
+    if (lock_id < CXLKV_LOCK_FIRST_USER) return reserved_lock(fn, lock_id);
     cxlkv::TwoTierLock l(*node->ctx, lock_id);
     return lock_result(l.lock());
   });
 }
 
 int cxlkv_lock_acquire_timeout(struct cxlkv_node* node, uint32_t lock_id, uint64_t timeout_ns) {
-  return guarded(__func__, [&] {
-    if (!node) return einval(__func__);
-    if (lock_id < CXLKV_LOCK_FIRST_USER) return reserved_lock(__func__, lock_id);
+  return guarded(__func__, [&, fn = __func__] {
+    if (!node) return einval(fn);
+    if (lock_id < CXLKV_LOCK_FIRST_USER) return reserved_lock(fn, lock_id);
     cxlkv::TwoTierLock l(*node->ctx, lock_id);
     return lock_result(l.try_lock_for(std::chrono::nanoseconds(timeout_ns)));
   });
 }
 
 int cxlkv_lock_release(struct cxlkv_node* node, uint32_t lock_id) {
-  return guarded(__func__, [&] {
-    if (!node) return einval(__func__);
-    if (lock_id < CXLKV_LOCK_FIRST_USER) return reserved_lock(__func__, lock_id);
+  return guarded(__func__, [&, fn = __func__] {
+    if (!node) return einval(fn);
+    if (lock_id < CXLKV_LOCK_FIRST_USER) return reserved_lock(fn, lock_id);
     cxlkv::TwoTierLock l(*node->ctx, lock_id);
     auto r = l.unlock();
     return r ? 0 : set_error(r.error());
@@ -107,8 +117,8 @@ int cxlkv_lock_release(struct cxlkv_node* node, uint32_t lock_id) {
 
 int cxlkv_lock_manager_start(struct cxlkv_pool* pool, const struct cxlkv_lock_manager_opts* opts,
                              struct cxlkv_lock_manager** out) {
-  return guarded(__func__, [&] {
-    if (!pool || !out) return einval(__func__);
+  return guarded(__func__, [&, fn = __func__] {
+    if (!pool || !out) return einval(fn);
     cxlkv::LockManagerOptions o;
     if (CXLKV_OPT_HAS(opts, node)) o.node = opts->node;
     if (CXLKV_OPT_HAS(opts, lease_ms) && opts->lease_ms) o.lease_ms = opts->lease_ms;
@@ -124,8 +134,8 @@ int cxlkv_lock_manager_start(struct cxlkv_pool* pool, const struct cxlkv_lock_ma
 void cxlkv_lock_manager_stop(struct cxlkv_lock_manager* mgr) { delete mgr; }
 
 int cxlkv_alloc(struct cxlkv_node* node, uint64_t size, uint64_t* off) {
-  return guarded(__func__, [&] {
-    if (!node || !off) return einval(__func__);
+  return guarded(__func__, [&, fn = __func__] {
+    if (!node || !off) return einval(fn);
     auto h = heap_of(node);
     if (!h) return set_error(h.error());
     auto r = h.value()->alloc(size);
@@ -136,8 +146,8 @@ int cxlkv_alloc(struct cxlkv_node* node, uint64_t size, uint64_t* off) {
 }
 
 int cxlkv_free(struct cxlkv_node* node, uint64_t off) {
-  return guarded(__func__, [&] {
-    if (!node) return einval(__func__);
+  return guarded(__func__, [&, fn = __func__] {
+    if (!node) return einval(fn);
     auto h = heap_of(node);
     if (!h) return set_error(h.error());
     auto r = h.value()->free(off);
@@ -146,8 +156,8 @@ int cxlkv_free(struct cxlkv_node* node, uint64_t off) {
 }
 
 int cxlkv_heap_stats(struct cxlkv_node* node, struct cxlkv_heap_stats* out) {
-  return guarded(__func__, [&] {
-    if (!node || !out) return einval(__func__);
+  return guarded(__func__, [&, fn = __func__] {
+    if (!node || !out) return einval(fn);
     auto h = heap_of(node);
     if (!h) return set_error(h.error());
     auto s = h.value()->stats();
@@ -165,8 +175,8 @@ int cxlkv_heap_stats(struct cxlkv_node* node, struct cxlkv_heap_stats* out) {
 }
 
 int cxlkv_obj_put(struct cxlkv_node* node, const char* name, uint64_t off) {
-  return guarded(__func__, [&] {
-    if (!node || !name) return einval(__func__);
+  return guarded(__func__, [&, fn = __func__] {
+    if (!node || !name) return einval(fn);
     auto s = cxlkv::ObjectStore::open(*node->ctx);
     if (!s) return set_error(s.error());
     auto r = s.value().put(name, off);
@@ -175,8 +185,8 @@ int cxlkv_obj_put(struct cxlkv_node* node, const char* name, uint64_t off) {
 }
 
 int cxlkv_obj_get(struct cxlkv_node* node, const char* name, uint64_t* off) {
-  return guarded(__func__, [&] {
-    if (!node || !name || !off) return einval(__func__);
+  return guarded(__func__, [&, fn = __func__] {
+    if (!node || !name || !off) return einval(fn);
     auto s = cxlkv::ObjectStore::open(*node->ctx);
     if (!s) return set_error(s.error());
     auto r = s.value().get(name);
@@ -187,8 +197,8 @@ int cxlkv_obj_get(struct cxlkv_node* node, const char* name, uint64_t* off) {
 }
 
 int cxlkv_obj_destroy(struct cxlkv_node* node, const char* name) {
-  return guarded(__func__, [&] {
-    if (!node || !name) return einval(__func__);
+  return guarded(__func__, [&, fn = __func__] {
+    if (!node || !name) return einval(fn);
     auto s = cxlkv::ObjectStore::open(*node->ctx);
     if (!s) return set_error(s.error());
     auto r = s.value().destroy(name);

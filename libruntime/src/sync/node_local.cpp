@@ -110,3 +110,123 @@ NodeLocal::~NodeLocal() {
 }
 
 }  // namespace cxlkv
+
+// ---- garbage collection of node-local files (cxlkvctl node gc, cxlkvd) ----
+
+#include <dirent.h>
+
+#include <fstream>
+#include <set>
+
+#include "cxlkv/sync.hpp"
+
+namespace cxlkv {
+
+namespace {
+constexpr const char* kShmDir = "/dev/shm";
+constexpr const char* kNodePrefix = "cxlkv-node-";
+
+std::string hex16(const uint8_t id[16]) {
+  char buf[33];
+  for (int i = 0; i < 16; i++) std::snprintf(buf + 2 * i, 3, "%02x", id[i]);
+  return buf;
+}
+
+// Pool ids of the shm pools that exist: regular files in /dev/shm that
+// start with a cxlkv superblock.
+std::set<std::string> shm_pool_ids() {
+  std::set<std::string> ids;
+  DIR* d = ::opendir(kShmDir);
+  if (!d) return ids;
+  while (dirent* de = ::readdir(d)) {
+    std::string n = de->d_name;
+    if (n == "." || n == ".." || n.rfind(kNodePrefix, 0) == 0) continue;
+    int fd = ::openat(dirfd(d), de->d_name, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+    if (fd < 0) continue;
+    struct stat st {};
+    cxlkv_superblock sb{};
+    if (::fstat(fd, &st) == 0 && S_ISREG(st.st_mode) &&
+        ::pread(fd, &sb, 48, 0) == 48 && sb.magic == CXLKV_SB_MAGIC)
+      ids.insert(hex16(sb.pool_id));
+    ::close(fd);
+  }
+  ::closedir(d);
+  return ids;
+}
+
+// pid of a process that maps /dev/shm/NAME, or 0.
+uint32_t mapped_by(const std::string& name) {
+  const std::string needle = std::string(kShmDir) + "/" + name;
+  DIR* d = ::opendir("/proc");
+  if (!d) return 0;
+  uint32_t found = 0;
+  while (dirent* de = ::readdir(d)) {
+    char* end = nullptr;
+    unsigned long pid = std::strtoul(de->d_name, &end, 10);
+    if (!pid || *end) continue;
+    std::ifstream maps(std::string("/proc/") + de->d_name + "/maps");
+    std::string line;
+    while (std::getline(maps, line))
+      if (line.size() >= needle.size() && line.compare(line.size() - needle.size(), needle.size(), needle) == 0) {
+        found = static_cast<uint32_t>(pid);
+        break;
+      }
+    if (found) break;
+  }
+  ::closedir(d);
+  return found;
+}
+}  // namespace
+
+std::vector<NodeLocalGc> gc_node_local(const std::vector<std::array<uint8_t, 16>>& keep_pools, bool dry_run) {
+  std::set<std::string> live = shm_pool_ids();
+  for (const auto& id : keep_pools) live.insert(hex16(id.data()));
+  std::vector<NodeLocalGc> out;
+  DIR* d = ::opendir(kShmDir);
+  if (!d) return out;
+  std::vector<std::string> names;
+  while (dirent* de = ::readdir(d))
+    if (std::string(de->d_name).rfind(kNodePrefix, 0) == 0) names.push_back(de->d_name);
+  ::closedir(d);
+  for (const auto& n : names) {
+    NodeLocalGc g;
+    g.name = n;
+    // cxlkv-node-<32 hex pool id>-<node>
+    const std::string rest = n.substr(std::strlen(kNodePrefix));
+    g.pool_id = rest.substr(0, std::min<size_t>(32, rest.size()));
+    if (rest.size() < 34 || rest[32] != '-') {
+      g.why = "name does not follow cxlkv-node-<pool id>-<node>; left alone";
+      out.push_back(g);
+      continue;
+    }
+    g.node = static_cast<uint32_t>(std::strtoul(rest.c_str() + 33, nullptr, 10));
+    if (live.count(g.pool_id)) {
+      g.why = "pool exists";
+    } else if (uint32_t pid = mapped_by(n)) {
+      g.why = "pool not found, but mapped by pid " + std::to_string(pid);
+    } else if (dry_run) {
+      g.why = "pool not found (would remove)";
+    } else if (::unlink((std::string(kShmDir) + "/" + n).c_str()) == 0) {
+      g.removed = true;
+      g.why = "pool not found; removed";
+    } else {
+      g.why = std::string("pool not found; unlink failed: ") + std::strerror(errno);
+    }
+    out.push_back(g);
+  }
+  return out;
+}
+
+Result<void> remove_node_local(const Region& region, uint32_t node) {
+  if (node >= region.max_nodes())
+    return Error(-EINVAL, "pool " + region.uri() + ": node " + std::to_string(node) + " out of range (max_nodes " +
+                              std::to_string(region.max_nodes()) + ")");
+  const std::string name = NodeContext::default_local_name(region, node);
+  if (::shm_unlink(("/" + name).c_str()) != 0 && errno != ENOENT) {
+    int e = errno;
+    return Error(-e, "node-local memory /dev/shm/" + name + ": unlink: " + std::strerror(e));
+  }
+  return {};
+}
+
+}  // namespace cxlkv
