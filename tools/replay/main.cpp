@@ -50,6 +50,7 @@ const char* kUsage =
     "  --capacity-fraction F  capacity as a fraction of the workload's distinct blocks\n"
     "  --sweep              also run at 5%, 10%, 25% and 50% of the distinct blocks and\n"
     "                       print each hit ratio beside the block-LRU reference's\n"
+    "  --lease-ms MS        ttl of the handoff leases prefill takes for decode (30000)\n"
     "  --pool-size SIZE     shm pool size (2G)\n"
     "  --pool URI           use this pool URI (formatted here, e.g. shm:NAME:SIZE)\n"
     "  --interleave N       stripe payload over N shm pools (1 or 2)\n"
@@ -75,7 +76,7 @@ struct Summary {
   uint64_t requests = 0, input_tokens = 0, hit_tokens = 0;
   uint64_t blocks_written = 0, blocks_read = 0, bytes = 0;
   uint64_t errors = 0, decode_misses = 0, uncached = 0, lost_hits = 0, evictions = 0;
-  uint64_t lease_expiries = 0;
+  uint64_t lease_expiries = 0, not_handed_off = 0, expired_misses = 0, lease_errors = 0;
   uint64_t mem_hits = 0, mem_bytes = 0, ssd_hits = 0, ssd_bytes = 0, demotions = 0, promotions = 0;
   bool ssd = false;
   double seconds = 0, theory = 0;
@@ -308,6 +309,9 @@ Result<Summary> run_once(const Config& c, const std::vector<Request>& reqs, int 
     s.demotions += k.demotions;
     s.promotions += k.promotions;
     s.lease_expiries += k.lease_expiries;
+    s.not_handed_off += k.not_handed_off;
+    s.expired_misses += k.expired_misses;
+    s.lease_errors += k.lease_errors;
     for (uint32_t op = 0; op < kLatOps; op++) s.lat[op].merge(k.lat[op]);
   }
   s.ssd = !cc.ssd_path.empty();
@@ -352,11 +356,15 @@ void print_summary(const Summary& s, const Config& c, const char* title) {
                "  blocks written      %lu   read %lu   (%lu KiB each)\n"
                "  throughput          %.2f GB/s  over %.2f s\n"
                "  evictions           %lu   uncached blocks %lu   lost hits %lu\n"
-               "  decode misses       %lu   lease expiries %lu (handoff leases: not taken yet, see README)\n"
+               "  decode misses       %lu   (blocks handed off to a decode and gone before it read them: errors)\n"
+               "  handoff             %lu blocks not handed off (not cached when prefill leased)   lease expiries %lu\n"
+               "                      %lu decode misses excused: their lease had ended (ttl or consumer node dead)   "
+               "lease errors %lu\n"
                "  errors              %lu\n",
                (unsigned long)s.blocks_written, (unsigned long)s.blocks_read, (unsigned long)(s.block_bytes >> 10),
                s.bytes / 1e9 / s.seconds, s.seconds, (unsigned long)s.evictions, (unsigned long)s.uncached,
-               (unsigned long)s.lost_hits, (unsigned long)s.decode_misses, (unsigned long)s.lease_expiries,
+               (unsigned long)s.lost_hits, (unsigned long)s.decode_misses, (unsigned long)s.not_handed_off,
+               (unsigned long)s.lease_expiries, (unsigned long)s.expired_misses, (unsigned long)s.lease_errors,
                (unsigned long)s.errors);
   std::fprintf(stderr,
                "  whole publish       p50 %.1f us   p99 %.1f us   (per request: reserve + write + publish of its new blocks)\n"
@@ -388,6 +396,9 @@ void json_bounded(JsonOut& j, const Summary& s) {
       .u("lost_hits", s.lost_hits)
       .u("decode_misses", s.decode_misses)
       .u("lease_expiries", s.lease_expiries)
+      .u("not_handed_off", s.not_handed_off)
+      .u("expired_lease_misses", s.expired_misses)
+      .u("lease_errors", s.lease_errors)
       .u("errors", s.errors)
       .u("tier.mem.hits", s.mem_hits)
       .u("tier.ssd.hits", s.ssd_hits);
@@ -424,6 +435,7 @@ bool parse(int argc, char** argv, Config* c, std::string* err) {
     else if (a == "--capacity") { if (!(v = need(i)) || !num(v, 0, 1e12, &x)) return false; c->capacity_blocks = uint64_t(x); }
     else if (a == "--capacity-fraction") { if (!(v = need(i)) || !num(v, 0, 1, &x)) return false; c->capacity_fraction = x; }
     else if (a == "--sweep") c->sweep = true;
+    else if (a == "--lease-ms") { if (!(v = need(i)) || !num(v, 1, 86400000, &x)) return false; c->lease_ms = uint32_t(x); }
     else if (a == "--pool-size") { if (!(v = need(i)) || !num(v, 64, 1e6, &x)) return false; c->pool_size = uint64_t(x) << 20; }
     else if (a == "--pool") { if (!(v = need(i))) return false; c->pool_uri = v; }
     else if (a == "--extra-pool") { if (!(v = need(i))) return false; c->extra_pools.push_back(v); }
@@ -579,6 +591,9 @@ int run_parent(const Config& c, char** argv, int argc) {
         .u("lost_hits", s.lost_hits)
         .u("decode_misses", s.decode_misses)
         .u("lease_expiries", s.lease_expiries)
+        .u("not_handed_off", s.not_handed_off)
+        .u("expired_lease_misses", s.expired_misses)
+        .u("lease_errors", s.lease_errors)
         .u("errors", errors)
         .u("tier.mem.hits", s.mem_hits)
         .u("tier.mem.bytes", s.mem_bytes)

@@ -38,6 +38,7 @@ struct Config {
   bool quiet = false;
   bool verify = true;
   uint32_t interleave = 1;       // pool devices to stripe payload over (1 or 2)
+  uint32_t lease_ms = 30000;     // ttl of the handoff leases prefill takes for decode
   uint32_t interleave_stripe = 64 << 10;
   // SSD tier (issue 6): one file shared by all workers, each placing in its
   // own partition (node of prefill + decode + 1).  Blocks evicted from the
@@ -83,7 +84,11 @@ struct WorkerCounters {
   // node's demotions (MEM -> SSD on eviction) / promotions (SSD -> MEM on hit).
   std::atomic<uint64_t> mem_hits{0}, mem_bytes{0}, ssd_hits{0}, ssd_bytes{0};
   std::atomic<uint64_t> demotions{0}, promotions{0};
-  std::atomic<uint64_t> lease_expiries{0};  // leases this worker's index found ended (ttl / consumer death)
+  std::atomic<uint64_t> lease_expiries{0};
+  // Handoff (issue 11): blocks a prefill could not hand off (not cached at
+  // lease time), decode misses excused because the block's lease had ended
+  // (ttl or consumer death: -ETIMEDOUT at release), leases that failed.
+  std::atomic<uint64_t> not_handed_off{0}, expired_misses{0}, lease_errors{0};  // leases this worker's index found ended (ttl / consumer death)
   std::atomic<uint64_t> done{0};  // 1 when the worker finished its loop
   LatHist lat[kLatOps];           // written by this worker only, read after it exits
   char pad[40];
@@ -99,7 +104,10 @@ struct Coord {
   uint64_t start_ns = 0;
   uint64_t nrequests = 0;
   WorkerCounters workers[64];
-  std::atomic<uint8_t> ready[1];  // [nrequests]: 1 when request i is prefilled
+  // [nrequests]: 0 until request i is prefilled, then 1 + the number of its
+  // leading blocks the prefill handed off (published or found, and leased
+  // for the request's decode).
+  std::atomic<uint32_t> ready[1];
 };
 
 size_t coord_bytes(uint64_t nrequests);

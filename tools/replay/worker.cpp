@@ -27,7 +27,7 @@ namespace replay {
 
 using namespace cxlkv;
 
-size_t coord_bytes(uint64_t n) { return sizeof(Coord) + n; }
+size_t coord_bytes(uint64_t n) { return sizeof(Coord) + n * sizeof(std::atomic<uint32_t>); }
 
 void LatHist::add(uint64_t ns) {
   // Bucket = floor(4 * log2(ns)): the exponent and the two bits below the top one.
@@ -246,7 +246,10 @@ int run_worker(const Config& c) {
   // fetch_many and unpin_many call per batch.  Returns the blocks found
   // missing (not cached at pin time); counts errors.  An I/O error (a fetch
   // or unpin that failed) is reported as such, apart from bytes that differ.
-  auto read_blocks = [&](std::span<const BlockKey> keys, size_t first, uint64_t r, const char* who) -> uint64_t {
+  // Prefill (leased != nullptr): lease each pinned block for request r's
+  // decode while the pin holds it, marking leased[i].
+  auto read_blocks = [&](std::span<const BlockKey> keys, size_t first, uint64_t r, const char* who,
+                         std::vector<char>* leased = nullptr, std::vector<size_t>* missed = nullptr) -> uint64_t {
     uint64_t missing = 0;
     std::vector<KvPin> pins(kBatch);
     std::vector<int32_t> pst(kBatch), fst(kBatch), ust(kBatch);
@@ -261,6 +264,14 @@ int run_worker(const Config& c) {
         wc.errors += n;
         continue;
       }
+      if (leased) {
+        std::vector<int32_t> lst(n);
+        auto lr = kv.lease(ks, r + 1, KvStore::kLeaseNodeAny, c.lease_ms, lst);
+        for (size_t b = 0; b < n; b++) {
+          if (lr && lst[b] == 0) (*leased)[at + b] = 1;
+          else if (pst[b] == 0) wc.lease_errors++;  // pinned, yet not leased
+        }
+      }
       batch_chunks(n);
       auto fr = kv.fetch_many({pins.data(), n}, chunks, nchunks, {fst.data(), n});
       const std::string fetch_err = kv.last_block_error();
@@ -271,6 +282,7 @@ int run_worker(const Config& c) {
       for (size_t b = 0; b < n; b++) {
         if (pst[b] == kKvMiss) {
           missing++;
+          if (missed) missed->push_back(at + b);
           continue;
         }
         const char* what = nullptr;
@@ -316,6 +328,7 @@ int run_worker(const Config& c) {
       // One reserve_chain call for the rest of the chain.
       std::vector<KvReservation> mine;
       std::vector<size_t> busy;
+      std::vector<char> leased(keys.size(), 0);  // handed off to request r's decode
       size_t hit = ready;
       if (ready < keys.size()) {
         const size_t n = keys.size() - ready;
@@ -362,7 +375,7 @@ int run_worker(const Config& c) {
         const uint64_t t_fetch = now_ns();
         for (size_t i : busy) kv.wait_ready(keys[i], std::chrono::milliseconds(10000));
         // evicted between lookup and pin (bounded capacity)
-        wc.lost_hits += read_blocks(std::span<const BlockKey>(keys.data(), hit), 0, r, "prefill");
+        wc.lost_hits += read_blocks(std::span<const BlockKey>(keys.data(), hit), 0, r, "prefill", &leased);
         lat(kLatWholeFetch, t_fetch);
       }
       const uint64_t t_write = now_ns();
@@ -402,6 +415,22 @@ int run_worker(const Config& c) {
           else std::this_thread::sleep_for(std::chrono::microseconds(50));
         }
         lat(kLatPublish, t0);
+        if (published) {
+          // Hand the new blocks off to this request's decode: leased blocks
+          // are not evicted before it releases them (or the lease ends).
+          std::vector<BlockKey> pk(published);
+          std::vector<int32_t> lst(published);
+          for (size_t b = 0; b < published; b++) pk[b] = rs[b].key;
+          auto lr = kv.lease(pk, r + 1, KvStore::kLeaseNodeAny, c.lease_ms, lst);
+          for (size_t b = 0; b < published; b++) {
+            if (lr && lst[b] == 0) {
+              for (size_t i = 0; i < keys.size(); i++)
+                if (keys[i] == pk[b]) leased[i] = 1;
+            } else {
+              wc.lease_errors++;
+            }
+          }
+        }
         wc.blocks_written += published;
         wc.bytes_written += published * block_bytes;
         if (published < n) {
@@ -417,7 +446,10 @@ int run_worker(const Config& c) {
       wc.input_tokens += q.input_length;
       wc.hit_tokens += hit_tokens(q, hit);
       wc.hit_blocks += hit;
-      co.ready[r].store(1, std::memory_order_release);
+      uint32_t handoff = 0;
+      while (handoff < keys.size() && leased[handoff]) handoff++;
+      wc.not_handed_off += keys.size() - handoff;
+      co.ready[r].store(1 + handoff, std::memory_order_release);
       co.prefilled++;
     } else {
       uint64_t r = co.next_decode.fetch_add(1);
@@ -427,10 +459,32 @@ int run_worker(const Config& c) {
         if (i < 100) sched_yield();
         else std::this_thread::sleep_for(std::chrono::microseconds(50));
       }
-      std::vector<BlockKey> keys = keys_from_ids(reqs[r].hash_ids);
+      std::vector<BlockKey> all = keys_from_ids(reqs[r].hash_ids);
+      // The blocks its prefill handed off: each must be here (its lease
+      // keeps it) unless the lease ended first.
+      const uint32_t rd = co.ready[r].load(std::memory_order_acquire);
+      std::vector<BlockKey> keys(all.begin(), all.begin() + std::min<size_t>(all.size(), rd ? rd - 1 : 0));
       const uint64_t t_fetch = now_ns();
-      wc.decode_misses += read_blocks(keys, 0, r, "decode");
+      std::vector<size_t> missed;
+      uint64_t misses = read_blocks(keys, 0, r, "decode", nullptr, &missed);
       if (!keys.empty()) lat(kLatWholeFetch, t_fetch);
+      if (!keys.empty()) {
+        std::vector<int32_t> rst(keys.size());
+        auto rl = kv.lease_release(keys, r + 1, rst);
+        for (size_t i : missed) {
+          if (rl && rst[i] == -ETIMEDOUT) {
+            wc.expired_misses++;  // its lease ended (ttl or our node declared dead): excused, named in the summary
+            misses--;
+          } else {
+            report("decode", r, i, keys[i], "decode miss",
+                   "a block handed off to this request was evicted before it was read (lease not honoured)");
+            wc.errors++;
+          }
+        }
+        for (size_t i = 0; i < keys.size(); i++)
+          if (rl && rst[i] < 0 && rst[i] != -ETIMEDOUT && rst[i] != kKvMiss) wc.lease_errors++;
+      }
+      wc.decode_misses += misses;
       wc.requests++;
       co.decoded++;
     }
