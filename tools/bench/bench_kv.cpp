@@ -2,6 +2,8 @@
 // KV block transfer benchmarks, 2 MiB blocks (Llama-3.1-8B geometry: 64
 // chunks of 32 KiB per 16-token block), flush-mode domain over shm pools:
 //   kv.memcpy_baseline_gbps      plain memcpy of the same bytes into the pool (baseline)
+//   kv.gather_write_gbps         the same chunks gathered into pool blocks, no index (baseline of publish)
+//   kv.scatter_read_gbps         pool blocks scattered into the same chunks, no index (baseline of fetch)
 //   kv.publish_gbps              reserve + gather-write + publish
 //   kv.fetch_gbps                pin + scatter-read + unpin
 //   kv.interleave2_publish_gbps  publish with payload striped over two pools
@@ -16,6 +18,7 @@
 #include "bench.hpp"
 #include "cxlkv/layout.hpp"
 #include "kv_bench_support.hpp"
+#include "transfer/cpu_copy.hpp"
 
 namespace {
 
@@ -79,6 +82,18 @@ void bench_kv(bench::Results& res) {
     }
     double sec = std::chrono::duration<double>(clk::now() - t0).count();
     res.set("kv.memcpy_baseline_gbps", double(n * kBlock) / sec / 1e9);
+
+    // Baselines of publish / fetch: the raw copy of the same engine chunks
+    // into / out of the same pool (flush-mode domain), no index work.
+    cxlkv::MemoryDomain& dom = p.regions[0]->domain();
+    t0 = clk::now();
+    for (size_t i = 0; i < n; i++) (void)cxlkv::gather_write(dom, dst + (i % slots) * kBlock, e.chunks(uint32_t(i)));
+    sec = std::chrono::duration<double>(clk::now() - t0).count();
+    res.set("kv.gather_write_gbps", double(n * kBlock) / sec / 1e9);
+    t0 = clk::now();
+    for (size_t i = 0; i < n; i++) (void)cxlkv::scatter_read(dom, dst + (i % slots) * kBlock, e.chunks(uint32_t(i)));
+    sec = std::chrono::duration<double>(clk::now() - t0).count();
+    res.set("kv.scatter_read_gbps", double(n * kBlock) / sec / 1e9);
 
     (void)publish_rate(p, e, 0x5000000, 256);  // warm-up: fault in the pool pages
     res.set("kv.publish_gbps", publish_rate(p, e, 0x6000000, n));
