@@ -11,6 +11,8 @@
 #include "cxlkv/region.hpp"
 #include "cxlkv/sync.hpp"
 #include "pool/format.hpp"
+#include "alloc/heap_layout.hpp"
+#include "uapi/cxlkv_alloc.h"
 #include "uapi/cxlkv_ctrl.h"
 
 using namespace cxlkv;
@@ -81,4 +83,47 @@ TEST(ControlHeader, EveryDamagedOffsetIsRefusedNamingThePoolAndTheField) {
   ASSERT_FALSE(open.ok());
   *h = good;
   ASSERT_TRUE(ControlCarve::open(region, region.domain()).ok());  // the original opens again
+}
+
+// The allocator's header: its arena is the kv carve, its sizes cannot wrap.
+TEST(AllocHeader, EveryDamagedSizeOrArenaFieldIsRefusedNamingThePoolAndTheField) {
+  TempPool f;
+  f.path += "-alloc";
+  PoolFormatOptions o;
+  o.size = 64ull << 20;
+  auto r = format_pool(f.uri(), o);
+  ASSERT_TRUE(r.ok()) << r.error().message();
+  Region& region = *r.value();
+  auto carve = region.carve(CXLKV_CARVE_ALLOC);
+  ASSERT_TRUE(carve);
+  auto* h = reinterpret_cast<cxlkv_alloc_header*>(region.at(carve->offset));
+  const cxlkv_alloc_header good = *h;
+  ASSERT_TRUE(alloc::read_alloc_header(region, region.domain()).ok());
+  struct Case {
+    const char* field;
+    size_t at;
+    uint64_t value;
+  };
+  const Case cases[] = {
+      {"arena_off", offsetof(cxlkv_alloc_header, arena_off), 0},  // the superblock
+      {"arena_off", offsetof(cxlkv_alloc_header, arena_off), carve->offset},  // another carve
+      {"arena_off", offsetof(cxlkv_alloc_header, arena_off), UINT64_MAX - 4095},
+      {"nchunks", offsetof(cxlkv_alloc_header, nchunks), 0},
+      {"nchunks", offsetof(cxlkv_alloc_header, nchunks), good.nchunks + 1},
+      {"nchunks", offsetof(cxlkv_alloc_header, nchunks), 1ull << 60},  // nchunks * chunk_size wraps
+      {"chunk_size", offsetof(cxlkv_alloc_header, chunk_size), 0},
+      {"chunk_size", offsetof(cxlkv_alloc_header, chunk_size), 3ull << 20},
+      {"chunk_size", offsetof(cxlkv_alloc_header, chunk_size), 1ull << 63},
+  };
+  for (const Case& c : cases) {
+    *h = good;
+    std::memcpy(reinterpret_cast<std::byte*>(h) + c.at, &c.value, sizeof c.value);
+    auto open = alloc::read_alloc_header(region, region.domain());
+    ASSERT_FALSE(open.ok()) << c.field << " = " << c.value << " was accepted";
+    EXPECT_EQ(open.error().code(), -EUCLEAN);
+    EXPECT_NE(open.error().message().find(region.uri()), std::string::npos) << open.error().message();
+    EXPECT_NE(open.error().message().find(c.field), std::string::npos) << open.error().message();
+  }
+  *h = good;
+  ASSERT_TRUE(alloc::read_alloc_header(region, region.domain()).ok());
 }

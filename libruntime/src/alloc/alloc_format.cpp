@@ -77,6 +77,19 @@ Result<cxlkv_alloc_header> read_alloc_header(const Region& region, MemoryDomain&
   if (h.magic != CXLKV_ALLOC_MAGIC) return Error(-EUCLEAN, who + "not formatted (bad magic; run `cxlkvctl format`)");
   if (h.version != CXLKV_ALLOC_VERSION)
     return Error(-EPROTO, who + "layout version " + std::to_string(h.version) + " unknown");
+  // Issue 12: the arena is the kv carve, checked field by field before any
+  // arithmetic on them (a huge nchunks would wrap plan_alloc's sizes and
+  // nchunks * chunk_size).
+  if (h.chunk_size < CXLKV_MIN_CHUNK_SIZE || h.chunk_size > CXLKV_MAX_CHUNK_SIZE || (h.chunk_size & (h.chunk_size - 1)))
+    return Error(-EUCLEAN, who + "chunk_size " + std::to_string(h.chunk_size) + " is not a power of two in range");
+  auto kv = region.carve(CXLKV_CARVE_KV);
+  if (!kv) return Error(-EUCLEAN, who + "the pool has no kv carve for the allocator's arena");
+  if (h.arena_off != kv->offset)
+    return Error(-EUCLEAN, who + "arena_off " + std::to_string(h.arena_off) + " is not the kv carve's offset " +
+                               std::to_string(kv->offset));
+  if (h.nchunks == 0 || h.nchunks > kv->size / h.chunk_size)
+    return Error(-EUCLEAN, who + "nchunks " + std::to_string(h.nchunks) + " of " + std::to_string(h.chunk_size) +
+                               " bytes do not fit the kv carve of " + std::to_string(kv->size) + " bytes");
   uint64_t need = 0;
   auto expect = plan_alloc(h.nchunks, h.chunk_size, h.arena_off, h.max_nodes,
                            objstore::objstore_entries_for(h.objstore_bytes), &need);
