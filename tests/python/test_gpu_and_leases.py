@@ -1,21 +1,53 @@
 # SPDX-License-Identifier: MIT
-"""GPU transfers of paged tensors (cxlkv_kv_gpu_put_chain / _get_many, or
-the batch calls around one gather / scatter launch where the library lacks
-them) through the CPU reference backend, and handoff leases (run when the
-loaded libcxlkv has cxlkv_kv_lease)."""
+"""GPU transfers of paged tensors through cxlkv_kv_gpu_put_chain /
+cxlkv_kv_gpu_get_many (one C call per batch; the CPU reference backend stands
+in for the GPU here), and handoff leases through cxlkv_kv_lease /
+cxlkv_kv_lease_release, with lease ends in the shared Prometheus definition."""
+import errno
+import os
+import re
+import subprocess
+import time
+
 import numpy as np
 import pytest
 import torch
 
 import cxlkv
 from cxlkv import _lib
+from cxlkv.metrics import Metrics
 
-needs_leases = pytest.mark.skipif(not _lib.has("cxlkv_kv_lease"), reason="libcxlkv lacks cxlkv_kv_lease")
+from conftest import ROOT
 
 
 def test_gpu_probe_says_why_not():
     ok, msg = cxlkv.Gpu.probe()
     assert isinstance(ok, bool) and msg
+
+
+class CallCounter:
+    """Counts calls of libcxlkv functions made through the package."""
+
+    def __init__(self, names):
+        self.L = _lib.lib()
+        self.names = names
+        self.calls = {}
+        self.orig = {n: getattr(self.L, n) for n in names}
+
+    def _wrap(self, n):
+        def f(*a):
+            self.calls[n] = self.calls.get(n, 0) + 1
+            return self.orig[n](*a)
+        return f
+
+    def __enter__(self):
+        for n in self.names:
+            setattr(self.L, n, self._wrap(n))
+        return self
+
+    def __exit__(self, *exc):
+        for n in self.names:
+            setattr(self.L, n, self.orig[n])
 
 
 @pytest.mark.parametrize("layout", ["vllm", "block_first"])
@@ -49,7 +81,23 @@ def test_reference_backend_moves_paged_blocks_like_the_cpu_path(env, layout):
         assert st.tolist() == [cxlkv.EXISTS] * 3 + [cxlkv.RESERVED]
 
 
-@needs_leases
+def test_a_gpu_batch_is_one_c_call(env):
+    layers, blocks, bt, heads, head = 2, 8, 4, 2, 8
+    t = torch.randn(blocks, layers, 2, bt, heads, head)
+    src = cxlkv.PagedKV.block_first(t)
+    names = ["cxlkv_kv_gpu_put_chain", "cxlkv_kv_gpu_get_many", "cxlkv_kv_reserve_chain", "cxlkv_kv_publish_many",
+             "cxlkv_kv_pin_many", "cxlkv_kv_unpin_many", "cxlkv_gpu_gather", "cxlkv_gpu_scatter", "cxlkv_gpu_sync"]
+    with cxlkv.Gpu(env.pool, reference=True) as gpu:
+        kv = env.store()
+        keys = cxlkv.block_keys(np.arange(8 * bt), bt)
+        out = torch.zeros_like(t)
+        with CallCounter(names) as cc:
+            assert cxlkv.put_ok(kv.put(keys, src, list(range(8)), gpu=gpu)).all()
+            assert cxlkv.get_ok(kv.get(keys, cxlkv.PagedKV.block_first(out), list(range(7, -1, -1)), gpu=gpu)).all()
+        assert cc.calls == {"cxlkv_kv_gpu_put_chain": 1, "cxlkv_kv_gpu_get_many": 1}
+        assert torch.equal(out, t.flip(0))
+
+
 def test_a_lease_names_its_consumer_and_is_released(env):
     kv = env.store(2)
     keys = cxlkv.block_keys(np.arange(2 * 16), 16)
@@ -58,5 +106,53 @@ def test_a_lease_names_its_consumer_and_is_released(env):
     assert (st == cxlkv.RESERVED).all()
     consumer = env.store(3)
     assert (consumer.lease_release(keys, 77) == cxlkv.RESERVED).all()
+    # released: a second release finds no lease of this consumer
+    assert (consumer.lease_release(keys, 77) == -errno.ENOENT).all()
     missing = cxlkv.block_keys(np.arange(16) + 999, 16)
-    assert kv.lease(missing, consumer_id=78)[0] != cxlkv.RESERVED
+    assert kv.lease(missing, consumer_id=78)[0] == cxlkv.MISS
+
+
+LEASE_LINE = re.compile(r"^(cxlkv_kv_lease_[a-z_]+_total) (\d+)$", re.M)
+
+
+def pool_lease_counters(text):
+    return {m.group(1): int(m.group(2)) for m in LEASE_LINE.finditer(text)}
+
+
+def test_an_expired_lease_is_reported_and_counted_in_the_shared_metrics(env):
+    producer = env.store(2)
+    m = Metrics()
+    consumer = env.store(3, metrics=m)
+    keys = cxlkv.block_keys(np.arange(3 * 16), 16)
+    assert cxlkv.put_ok(producer.put(keys, [np.zeros(256, np.uint8)] * 3)).all()
+    text = env.pool.prometheus()
+    assert "# TYPE cxlkv_kv_lease_expiries_total counter" in text
+    assert pool_lease_counters(text) == {"cxlkv_kv_lease_expiries_total": 0, "cxlkv_kv_lease_dead_consumer_total": 0}
+    assert (producer.lease(keys[:2], consumer_id=5, ttl_ms=1) == cxlkv.RESERVED).all()
+    assert (producer.lease(keys[2:], consumer_id=5, ttl_ms=600000) == cxlkv.RESERVED).all()
+    time.sleep(0.05)
+    st = consumer.lease_release(keys, 5)
+    assert st.tolist() == [-errno.ETIMEDOUT, -errno.ETIMEDOUT, cxlkv.RESERVED]
+    assert m.counters["cxlkv_client_lease_expiries_total"] == 2
+    text = env.pool.prometheus()
+    assert pool_lease_counters(text) == {"cxlkv_kv_lease_expiries_total": 2, "cxlkv_kv_lease_dead_consumer_total": 0}
+    ctl = os.path.join(os.environ.get("CXLKV_TEST_TOOLS", os.path.join(ROOT, "build", "tools")), "cxlkvctl")
+    if not os.path.exists(ctl):
+        pytest.skip("cxlkvctl not built")
+    producer.close()
+    consumer.close()
+    out = subprocess.run([ctl, "--pool", env.uri, "stats", "--prometheus"], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout == env.pool.prometheus()  # one definition (cxlkv/metrics.hpp)
+    assert pool_lease_counters(out.stdout)["cxlkv_kv_lease_expiries_total"] == 2
+
+
+def test_a_lease_to_a_dead_consumer_node_ends_and_is_counted_as_dead(env):
+    producer = env.store(2)
+    keys = cxlkv.block_keys(np.arange(16) + 4242, 16)
+    assert cxlkv.put_ok(producer.put(keys, [np.zeros(256, np.uint8)])).all()
+    # Node 6 never attached to the pool: judged dead, so its lease is over at once.
+    assert (producer.lease(keys, consumer_id=9, consumer_node=6, ttl_ms=600000) == cxlkv.RESERVED).all()
+    assert producer.lease_release(keys, 9).tolist() == [-errno.ETIMEDOUT]
+    assert pool_lease_counters(env.pool.prometheus()) == {"cxlkv_kv_lease_expiries_total": 1,
+                                                          "cxlkv_kv_lease_dead_consumer_total": 1}

@@ -140,13 +140,13 @@ _PROTOS = {
     "cxlkv_kv_unpin_many": (_I, [_P, _BLKP, _SZ, _I32P], True),
     "cxlkv_kv_put_chain": (_I, [_P, _KEYP, _KEYP, _SZ, _U64, _CHP, _U32P, _I32P], True),
     "cxlkv_kv_get_many": (_I, [_P, _KEYP, _SZ, _CHP, _U32P, _I32P], True),
-    "cxlkv_kv_gpu_put_chain": (_I, [_P, _P, _LAYP, _KEYP, _KEYP, _U64P, _SZ, _P, _I32P], False),
-    "cxlkv_kv_gpu_get_many": (_I, [_P, _P, _LAYP, _KEYP, _U64P, _SZ, _P, _I32P], False),
-    # leases (index helper)
-    "cxlkv_kv_lease": (_I, [_P, _KEYP, _SZ, _U64, _U32, _U32, _I32P], False),
-    "cxlkv_kv_lease_release": (_I, [_P, _KEYP, _SZ, _U64, _I32P], False),
+    "cxlkv_kv_gpu_put_chain": (_I, [_P, _P, _LAYP, _KEYP, _KEYP, _U64P, _SZ, _P, _I32P], True),
+    "cxlkv_kv_gpu_get_many": (_I, [_P, _P, _LAYP, _KEYP, _U64P, _SZ, _P, _I32P], True),
+    # handoff leases
+    "cxlkv_kv_lease": (_I, [_P, _KEYP, _SZ, _U64, _U32, _U32, _I32P], True),
+    "cxlkv_kv_lease_release": (_I, [_P, _KEYP, _SZ, _U64, _I32P], True),
     # metrics: one Prometheus exposition shared with `cxlkvctl stats --prometheus`
-    "cxlkv_stats_prometheus": (_I, [_P, C.c_char_p, _SZ], False),
+    "cxlkv_stats_prometheus": (_I, [_P, C.c_char_p, _SZ], True),
     # GPU path
     "cxlkv_gpu_probe": (_I, [C.c_char_p, _SZ], True),
     "cxlkv_gpu_open": (_I, [_P, _U64, C.POINTER(GpuOpts), C.POINTER(_P)], True),

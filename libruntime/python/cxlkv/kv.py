@@ -226,9 +226,6 @@ class KvStore:
             raise ValueError(f"cxlkv: {len(k)} keys but {ids.size} block ids")
         lay, _keep = kv.gpu_layout()
         s = stream if stream is not None else _current_stream(kv)
-        if not _lib.has("cxlkv_kv_gpu_put_chain"):
-            self._gpu_put_batched(k, par, kv, lay, ids, gpu, s, status)
-            return kv.block_bytes
         rc = self._lib.cxlkv_kv_gpu_put_chain(self.handle, gpu._h, C.byref(lay), _kp(par) if par is not None else None,
                                               _kp(k), ids.ctypes.data_as(_U64P), len(k), s,
                                               status.ctypes.data_as(_I32P))
@@ -243,73 +240,10 @@ class KvStore:
             raise ValueError(f"cxlkv: {len(k)} keys but {ids.size} block ids")
         lay, _keep = kv.gpu_layout()
         s = stream if stream is not None else _current_stream(kv)
-        if not _lib.has("cxlkv_kv_gpu_get_many"):
-            self._gpu_get_batched(k, lay, ids, gpu, s, status)
-            return kv.block_bytes
         rc = self._lib.cxlkv_kv_gpu_get_many(self.handle, gpu._h, C.byref(lay), _kp(k),
                                              ids.ctypes.data_as(_U64P), len(k), s, status.ctypes.data_as(_I32P))
         _lib.check(rc, "cxlkv_kv_gpu_get_many")
         return kv.block_bytes
-
-    # The GPU path from the batch calls, for a libcxlkv without
-    # cxlkv_kv_gpu_put_chain / _get_many: a constant number of C calls per
-    # batch (reserve_chain, one gather launch, sync, publish_many).
-    @staticmethod
-    def _gpu_offsets(blocks, idx):
-        offs = np.array([blocks[int(i)].loc_off for i in idx], dtype=np.uint64)
-        local = np.array([blocks[int(i)].loc_dev == 0 and blocks[int(i)].loc_tier == 0 for i in idx], dtype=bool)
-        return offs, local
-
-    def _gpu_put_batched(self, k, par, kv, lay, ids, gpu, stream, status):
-        L, n = self._lib, len(k)
-        blocks = (_lib.KvBlock * n)()
-        sp = status.ctypes.data_as(_I32P)
-        _lib.check(L.cxlkv_kv_reserve_chain(self.handle, _kp(par) if par is not None else None, _kp(k), n,
-                                            kv.block_bytes, blocks, sp), "cxlkv_kv_reserve_chain")
-        mine = np.nonzero(status == RESERVED)[0]
-        if not mine.size:
-            return
-        offs, local = self._gpu_offsets(blocks, mine)
-        ok = False
-        if local.all():
-            sel = np.ascontiguousarray(ids[mine])
-            rc = L.cxlkv_gpu_gather(gpu._h, C.byref(lay), sel.ctypes.data_as(_U64P), offs.ctypes.data_as(_U64P),
-                                    mine.size, stream)
-            # Rule 5: the DMA has completed before the index entries that
-            # point at its payload are published.
-            ok = rc == 0 and L.cxlkv_gpu_sync(gpu._h, stream) == 0
-        if not ok:
-            err = -errno.EIO if local.all() else -errno.EXDEV  # EXDEV: payload not in the pinned pool range
-            L.cxlkv_kv_abort_many(self.handle, blocks, n, None)
-            status[mine] = err
-            status[mine[-1] + 1:][status[mine[-1] + 1:] >= 0] = CANCELED
-            return
-        st = np.zeros(n, dtype=np.int32)
-        L.cxlkv_kv_publish_many(self.handle, blocks, n, st.ctypes.data_as(_I32P))
-        status[mine] = st[mine]
-
-    def _gpu_get_batched(self, k, lay, ids, gpu, stream, status):
-        L, n = self._lib, len(k)
-        blocks = (_lib.KvBlock * n)()
-        _lib.check(L.cxlkv_kv_pin_many(self.handle, _kp(k), n, blocks, status.ctypes.data_as(_I32P)),
-                   "cxlkv_kv_pin_many")
-        try:
-            pinned = np.nonzero(status == RESERVED)[0]
-            if not pinned.size:
-                return
-            offs, local = self._gpu_offsets(blocks, pinned)
-            status[pinned[~local]] = -errno.EXDEV
-            go = pinned[local]
-            if go.size:
-                sel = np.ascontiguousarray(ids[go])
-                rc = L.cxlkv_gpu_scatter(gpu._h, C.byref(lay), sel.ctypes.data_as(_U64P),
-                                         np.ascontiguousarray(offs[local]).ctypes.data_as(_U64P), go.size, stream)
-                if rc == 0:
-                    rc = L.cxlkv_gpu_sync(gpu._h, stream)  # the copy is done before the pins go
-                if rc != 0:
-                    status[go] = rc
-        finally:
-            L.cxlkv_kv_unpin_many(self.handle, blocks, n, None)
 
     # ---- pins -----------------------------------------------------------------
     def pin(self, keys):
@@ -328,8 +262,6 @@ class KvStore:
         """Lease published blocks to a consumer (a request id; optionally its
         node): they are not evicted until released, expired, or the consumer
         node dies.  Returns the status array."""
-        if not _lib.has("cxlkv_kv_lease"):
-            raise NotImplementedError("cxlkv: this libcxlkv has no cxlkv_kv_lease")
         k = as_keys(keys)
         status = np.zeros(len(k), dtype=np.int32)
         _lib.check(self._lib.cxlkv_kv_lease(self.handle, _kp(k), len(k), consumer_id, consumer_node, ttl_ms,
@@ -337,13 +269,19 @@ class KvStore:
         return status
 
     def lease_release(self, keys, consumer_id):
-        """The consumer's release of its lease on ``keys``."""
-        if not _lib.has("cxlkv_kv_lease_release"):
-            raise NotImplementedError("cxlkv: this libcxlkv has no cxlkv_kv_lease_release")
+        """The consumer's release of its lease on ``keys``.  Per block:
+        RESERVED (released), ``-ETIMEDOUT`` (the lease had ended: its ttl
+        passed or its consumer node died; counted in the metrics'
+        ``cxlkv_client_lease_expiries_total``), MISS (not cached), ``-ENOENT``
+        (not leased to this consumer)."""
         k = as_keys(keys)
         status = np.zeros(len(k), dtype=np.int32)
         _lib.check(self._lib.cxlkv_kv_lease_release(self.handle, _kp(k), len(k), consumer_id,
                                                     status.ctypes.data_as(_I32P)), "cxlkv_kv_lease_release")
+        if self.metrics:
+            ended = int((status == -errno.ETIMEDOUT).sum())
+            if ended:
+                self.metrics.inc("cxlkv_client_lease_expiries_total", ended)
         return status
 
     # ---- stats -------------------------------------------------------------------

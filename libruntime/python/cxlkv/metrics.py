@@ -29,8 +29,6 @@ BUCKETS = tuple(2.0 ** k * 1e-9 for k in range(10, 33))
 def pool_exposition(pool):
     """Prometheus text of every node's KV statistics in ``pool``."""
     L = _lib.lib()
-    if not _lib.has("cxlkv_stats_prometheus"):
-        raise NotImplementedError("cxlkv: this libcxlkv has no cxlkv_stats_prometheus")
     n = _lib.check(L.cxlkv_stats_prometheus(pool.handle, None, 0), f"metrics of {pool.uri}")
     buf = C.create_string_buffer(n + 1)
     _lib.check(L.cxlkv_stats_prometheus(pool.handle, buf, n + 1), f"metrics of {pool.uri}")
@@ -58,7 +56,7 @@ class Metrics:
         "cxlkv_client_load_bytes_total": "KV bytes loaded from the pool",
         "cxlkv_client_store_bytes_total": "KV bytes stored into the pool",
         "cxlkv_client_stored_blocks_total": "Blocks in the pool after a store (written or already there)",
-        "cxlkv_client_lease_expiries_total": "Leases that expired before their consumer released them",
+        "cxlkv_client_lease_expiries_total": "Leases this process released after they had ended (ttl or consumer death)",
     }
     HISTOGRAMS = {
         "cxlkv_client_lookup_seconds": "Latency of a lookup call",

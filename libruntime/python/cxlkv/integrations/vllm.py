@@ -192,12 +192,12 @@ class CxlkvConnectorImpl:
         st = self._reqs.pop(rid, None)
         params = None
         keys = self._keys(request)
-        if self.kv_role == "kv_producer" and st is not None and st["saved"] and cxlkv._lib.has("cxlkv_kv_lease"):
+        if self.kv_role == "kv_producer" and st is not None and st["saved"]:
             cid = consumer_id(rid)
             status = self.store.lease(keys[: st["saved"]], cid, cxlkv.NODE_ANY, self.lease_ttl_ms)
             params = dict(cxlkv_lease=cid, cxlkv_blocks=int((status == cxlkv.RESERVED).sum()))
         tp = getattr(request, "kv_transfer_params", None) or {}
-        if "cxlkv_lease" in tp and cxlkv._lib.has("cxlkv_kv_lease_release"):
+        if "cxlkv_lease" in tp:
             self.store.lease_release(keys[: int(tp.get("cxlkv_blocks", len(keys)))], int(tp["cxlkv_lease"]))
         return False, params
 
