@@ -488,11 +488,16 @@ int run_parent(const Config& c, char** argv, int argc) {
   Config cc = c;
   if (c.capacity_fraction > 0)
     cc.capacity_blocks = std::max<uint64_t>(16, uint64_t(double(th.unique_blocks) * c.capacity_fraction));
-  if (c.pool_uri.empty()) {
+  // A pool this run creates holds its capacity's payload (+ allocator slack),
+  // so the capacity limit, not payload space, bounds the cache; each sweep
+  // point sizes its own.
+  auto size_pool = [&](Config& k) {
+    if (!c.pool_uri.empty()) return;
     uint64_t need = th.unique_blocks * block_bytes * 5 / 4 + (256ull << 20);
-    if (cc.capacity_blocks) need = std::min<uint64_t>(need, cc.capacity_blocks * block_bytes * 5 / 4 + (256ull << 20));
-    cc.pool_size = std::max<uint64_t>(c.pool_size, (need + (2ull << 20) - 1) & ~((2ull << 20) - 1));
-  }
+    if (k.capacity_blocks) need = std::min<uint64_t>(need, k.capacity_blocks * block_bytes * 5 / 4 + (256ull << 20));
+    k.pool_size = std::max<uint64_t>(c.pool_size, (need + (2ull << 20) - 1) & ~((2ull << 20) - 1));
+  };
+  size_pool(cc);
   if (!c.ssd_path.empty()) {
     // The SSD tier matters only when memory is bounded: without --capacity,
     // keep a quarter of the distinct blocks in memory so blocks get demoted.
@@ -534,6 +539,7 @@ int run_parent(const Config& c, char** argv, int argc) {
     for (double f : kSweepFractions) {
       Config b = cc;
       b.capacity_blocks = std::max<uint64_t>(16, uint64_t(double(th.unique_blocks) * f));
+      size_pool(b);
       b.quiet = true;
       auto rb = run_once(b, reqs, argc, argv);
       if (!rb) {
