@@ -196,6 +196,59 @@ TEST(LockSim, KeptGrantIsRevokedForAnotherNodeAndTheKeeperAsksAgain) {
   EXPECT_GE(mgr.value()->stats().revokes, 1u);
 }
 
+TEST(LockSim, ManagerSweepsEveryWatchedDoorbellWithOneFencePerRound) {
+  // Issue 10: the manager invalidates all watched doorbells in one sweep
+  // and fences once, instead of a fence per doorbell.  Six attached nodes:
+  // every round loads each of their doorbells, and a round costs one fence
+  // (plus the lease check at most every ms and the node-table sweep every
+  // 20 ms, spread over the rounds).  A fence per doorbell would be >= 6.
+  TestPool p("lock-sim-sweep");
+  p.simulate(8, 0.0);
+  for (uint32_t n = 0; n < 6; n++) p.attach(n);
+  LockManagerOptions mo;
+  mo.node = 7;
+  auto mgr = LockManager::create(*p.region, p.domain(7), mo);
+  ASSERT_TRUE(mgr.ok()) << mgr.error().message();
+  ASSERT_TRUE(mgr.value()->run_once().ok());  // first round: lease and node table
+  const SimCounters before = p.sim->counters(7);
+  constexpr int kRounds = 2000;
+
+  for (int i = 0; i < kRounds; i++) ASSERT_TRUE(mgr.value()->run_once().ok());
+
+  const SimCounters after = p.sim->counters(7);
+  const double fences = double(after.fences - before.fences) / kRounds;
+  const double loads = double(after.loads - before.loads) / kRounds;
+  std::printf("manager round with 6 watched doorbells: %.3f fences, %.2f loads\n", fences, loads);
+  EXPECT_GE(loads, 6.0) << "not every watched doorbell was read in every round";
+  EXPECT_LT(fences, 1.5) << "the doorbell sweep is not one fence per round";
+}
+
+TEST(LockSim, DoorbellsReadWithoutInvalidateAreCaught) {
+  // The sweep with its invalidations removed (test switch): the manager
+  // keeps reading its cached copy of the node's doorbell, never sees the
+  // request, and the acquisition times out.  Restored, it is granted.
+  TestPool p("lock-sim-doorbell-broken");
+  p.simulate(3, 0.0);
+  auto& a = p.attach(0);
+  LockManagerOptions mo;
+  mo.node = 2;
+  sync::testing::set_break_doorbell_invalidate(true);
+  auto mgr = LockManager::create(*p.region, p.domain(2), mo);
+  ASSERT_TRUE(mgr.ok()) << mgr.error().message();
+  mgr.value()->start();
+  TwoTierLock l(a, kLock);
+
+  auto broken = l.try_lock_for(300ms);
+  sync::testing::set_break_doorbell_invalidate(false);
+  auto fixed = l.try_lock_for(10s);
+  mgr.value()->stop();
+
+  ASSERT_FALSE(broken.ok()) << "a request was granted although the manager never invalidated the doorbell";
+  EXPECT_EQ(broken.error().code(), -ETIMEDOUT);
+  ASSERT_TRUE(fixed.ok()) << fixed.error().message();
+  EXPECT_TRUE(l.unlock().ok());
+}
+
 TEST(LockSim, LockGuardProtectedRangeCarriesDataBetweenNodes) {
   TestPool p("lock-sim-guard");
   p.simulate(3, 0.02, 7);

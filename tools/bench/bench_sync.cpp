@@ -1,9 +1,12 @@
 // SPDX-License-Identifier: MIT
 // Benchmarks of the sync area, each beside its baseline in the same run:
 //   lock.uncontended_ns_p50 (sticky grant kept) vs lock.pthread_ns_p50
-//     (process-shared mutex) and lock.uncontended_nosticky_ns_p50 (every
+//     (process-shared mutex), lock.uncontended_nosticky_ns_p50 (every
 //     acquisition a round trip through the manager, the protocol before
-//     sticky grants)
+//     sticky grants) and lock.uncontended_floor_ns_p50 (the memory
+//     operations of a sticky re-entry + release alone: two NT stores that
+//     must reach memory and one fresh read -- what no implementation of
+//     this protocol can beat on the machine)
 //   lock.handoff_ns_p50 / _p99: 4 nodes contending, time from one node's
 //     release to the next waiting node's acquisition;
 //   lock.fairness_max_over_min: acquisitions per node in that run
@@ -102,6 +105,41 @@ void bench_sync(bench::Results& res) {
       t.push_back(ns_since(t0));
     }
     res.set("lock.uncontended_nosticky_ns_p50", p50(t));
+  }
+  {  // floor of the sticky protocol on this machine: the same MemoryDomain
+     // calls the sticky lock + unlock make (robust local mutex, NT slot
+     // write, grant invalidate + fence + load, fence, NT slot write, fence)
+     // on two scratch lines of the pool, with no lock logic around them
+    auto kv = r.carve(CXLKV_CARVE_KV);
+    auto* m = static_cast<pthread_mutex_t*>(
+        mmap(nullptr, 4096, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0));
+    if (kv && m != MAP_FAILED) {
+      pthread_mutexattr_t a;
+      pthread_mutexattr_init(&a);
+      pthread_mutexattr_setpshared(&a, PTHREAD_PROCESS_SHARED);
+      pthread_mutexattr_setrobust(&a, PTHREAD_MUTEX_ROBUST);
+      pthread_mutex_init(m, &a);
+      cxlkv::MemoryDomain& d = nodes[0]->domain();
+      auto* slot = r.at<uint64_t>(kv->offset);
+      auto* grant = r.at<cxlkv_lock_grant>(kv->offset + 64);
+      std::vector<double> t;
+      for (int i = 0; i < iters; i++) {
+        auto t0 = Clock::now();
+        pthread_mutex_lock(m);
+        d.write_nt<uint64_t>(slot, 1);
+        d.invalidate(grant, sizeof *grant);
+        d.fence();
+        const cxlkv_lock_grant g = d.read(grant);
+        asm volatile("" ::"r"(g.ticket) : "memory");
+        d.fence();
+        d.write_nt<uint64_t>(slot, 3);
+        d.fence();
+        pthread_mutex_unlock(m);
+        t.push_back(ns_since(t0));
+      }
+      res.set("lock.uncontended_floor_ns_p50", p50(t));
+      munmap(m, 4096);
+    }
   }
   {  // baseline: process-shared pthread mutex in shared memory
     auto* m = static_cast<pthread_mutex_t*>(

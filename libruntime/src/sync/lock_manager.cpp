@@ -21,6 +21,7 @@
 
 #include "cxlkv/sync.hpp"
 #include "sync/backoff.hpp"
+#include "sync/testing.hpp"
 #include "util/log.hpp"
 
 namespace cxlkv {
@@ -232,11 +233,14 @@ Result<bool> LockManager::run_once() {
   const bool may_grant = now - s.last_renew < lease_dur / 2;
 
   // ---- which nodes to watch: attached ones (node table), refreshed every 20 ms ----
+  // One sweep as well: invalidate the whole node table, one fence, load.
   if (now - s.last_node_scan >= std::chrono::milliseconds(20)) {
     s.last_node_scan = now;
+    d.invalidate(ctrl_.node_entry(0), size_t(nodes) * sizeof(cxlkv_node_entry));
+    d.fence();  // rule 4: the invalidations complete before the loads below
     uint64_t w = 0;
     for (uint32_t n = 0; n < nodes; n++) {
-      s.nodes[n].entry = d.read_fresh(ctrl_.node_entry(n));  // rule 4
+      s.nodes[n].entry = d.read(ctrl_.node_entry(n));  // invalidated above (rule 4)
       if (s.nodes[n].entry.state == CXLKV_NODE_ACTIVE) w |= 1ull << n;
     }
     s.watch = w;
@@ -244,10 +248,11 @@ Result<bool> LockManager::run_once() {
 
   // ---- doorbells: new requests.  One sweep: invalidate every watched
   // doorbell, one fence, then load them (rule 4 for all of them at once). ----
-  for (uint64_t w = s.watch; w; w &= w - 1) {
-    const uint32_t n = static_cast<uint32_t>(__builtin_ctzll(w));
-    d.invalidate(ctrl_.doorbell(n), sizeof(cxlkv_doorbell));
-  }
+  if (!sync::testing::break_doorbell_invalidate())
+    for (uint64_t w = s.watch; w; w &= w - 1) {
+      const uint32_t n = static_cast<uint32_t>(__builtin_ctzll(w));
+      d.invalidate(ctrl_.doorbell(n), sizeof(cxlkv_doorbell));
+    }
   d.fence();  // rule 4: the invalidations complete before the loads below
   for (uint64_t w = s.watch; w; w &= w - 1) {
     const uint32_t n = static_cast<uint32_t>(__builtin_ctzll(w));

@@ -17,4 +17,10 @@ bool break_lock_flush();
 void set_break_sticky_invalidate(bool on);
 bool break_sticky_invalidate();
 
+// When set, the lock manager loads the watched doorbells without
+// invalidating them first (rule 4), so it may never see a new request
+// posted after it first cached a doorbell line.
+void set_break_doorbell_invalidate(bool on);
+bool break_doorbell_invalidate();
+
 }  // namespace cxlkv::sync::testing

@@ -34,7 +34,10 @@ namespace sync::testing {
 namespace {
 std::atomic<bool> g_break_lock_flush{false};
 std::atomic<bool> g_break_sticky_invalidate{false};
+std::atomic<bool> g_break_doorbell_invalidate{false};
 }
+void set_break_doorbell_invalidate(bool on) { g_break_doorbell_invalidate.store(on); }
+bool break_doorbell_invalidate() { return g_break_doorbell_invalidate.load(std::memory_order_relaxed); }
 void set_break_sticky_invalidate(bool on) { g_break_sticky_invalidate.store(on); }
 bool break_sticky_invalidate() { return g_break_sticky_invalidate.load(std::memory_order_relaxed); }
 void set_break_lock_flush(bool on) { g_break_lock_flush.store(on); }

@@ -1,0 +1,106 @@
+// SPDX-License-Identifier: MIT
+// Waiters and the lock manager back off (spin, then yield, then sleep) so
+// that on a machine with fewer cores than pollers the manager still gets the
+// CPU (issue 10), and their sleeps are not stretched by the timer slack.
+#include <gtest/gtest.h>
+#include <sys/prctl.h>
+#include <time.h>
+
+#include <atomic>
+#include <chrono>
+#include <thread>
+
+#include "lock_test_pool.hpp"
+#include "sync/backoff.hpp"
+
+namespace cxlkv {
+namespace {
+
+using namespace std::chrono_literals;
+using testpool::TestPool;
+
+double thread_cpu_s() {
+  timespec ts;
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return double(ts.tv_sec) + double(ts.tv_nsec) * 1e-9;
+}
+
+double wall_s(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+TEST(LockBackoff, SpinsThenYieldsThenSleeps) {
+  sync::Backoff b(2, 3, 20us);
+  int slept_before = 0;
+  for (int i = 0; i < 5; i++) slept_before += b.idle();
+  int slept_after = 0;
+  for (int i = 0; i < 5; i++) slept_after += b.idle();
+
+  EXPECT_EQ(slept_before, 0) << "slept during the spin or yield phase";
+  EXPECT_EQ(slept_after, 5) << "did not sleep after spinning and yielding";
+}
+
+TEST(LockBackoff, SleepsRunWithOneNanosecondSlackAndTheThreadsSlackComesBack) {
+  // A thread with the default 50 us slack would sleep ~52 us for 2 us.
+  std::thread t([] {
+    ASSERT_EQ(prctl(PR_SET_TIMERSLACK, 50000ul, 0, 0, 0), 0);
+    long during = 0;
+    {
+      sync::Backoff b(0, 0, 2us);
+      EXPECT_TRUE(b.idle());
+      during = prctl(PR_GET_TIMERSLACK, 0, 0, 0, 0);
+    }
+    const long after = prctl(PR_GET_TIMERSLACK, 0, 0, 0, 0);
+
+    EXPECT_EQ(during, 1);
+    EXPECT_EQ(after, 50000);
+  });
+  t.join();
+}
+
+TEST(LockBackoff, WaiterWithoutAManagerSleepsInsteadOfSpinning) {
+  // Nobody grants: the waiter polls for 300 ms.  Spinning would cost as
+  // much CPU as wall time; backing off costs a fraction of it.
+  TestPool p("lock-backoff-waiter");
+  auto& n0 = p.attach(0);
+  TwoTierLock l(n0, CXLKV_LOCK_FIRST_USER);
+  const auto t0 = std::chrono::steady_clock::now();
+  const double c0 = thread_cpu_s();
+
+  auto r = l.try_lock_for(300ms);
+
+  const double cpu = thread_cpu_s() - c0, wall = wall_s(t0);
+  std::printf("waiter: %.0f ms CPU in %.0f ms\n", cpu * 1e3, wall * 1e3);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.error().code(), -ETIMEDOUT);
+  EXPECT_LT(cpu, 0.5 * wall) << "the waiter spins instead of sleeping";
+}
+
+TEST(LockBackoff, IdleManagerSleepsInsteadOfSpinning) {
+  TestPool p("lock-backoff-manager");
+  p.attach(0);
+  auto mgr = LockManager::create(*p.region);
+  ASSERT_TRUE(mgr.ok()) << mgr.error().message();
+  std::atomic<bool> stop{false};
+  double cpu = 0, wall = 0;
+  std::thread t([&] {
+    const auto t0 = std::chrono::steady_clock::now();
+    const double c0 = thread_cpu_s();
+    auto r = mgr.value()->run(stop);
+    cpu = thread_cpu_s() - c0;
+    wall = wall_s(t0);
+    EXPECT_TRUE(r.ok());
+  });
+
+  std::this_thread::sleep_for(300ms);
+  stop = true;
+  t.join();
+
+  std::printf("idle manager: %.0f ms CPU in %.0f ms, %lu sleeps\n", cpu * 1e3, wall * 1e3,
+              static_cast<unsigned long>(mgr.value()->stats().sleeps));
+  EXPECT_GT(mgr.value()->stats().sleeps, 0u);
+  EXPECT_LT(cpu, 0.5 * wall) << "the idle manager spins instead of sleeping";
+}
+
+}  // namespace
+}  // namespace cxlkv
