@@ -318,3 +318,40 @@ TEST(IndexEvict, SimulatorCatchesListLinksWrittenWithoutNonTemporalStores) {
   for (uint64_t i = 0; i < 4; i++) ASSERT_TRUE(put1(*a2, chain(80 + i, 1)[0]).ok());
   EXPECT_EQ(b2->index().audit_lists(), 0u);
 }
+
+// Issue 10 item 3: a reserve that must evict costs a few more fences and
+// line reads than one that does not (the stripe lines are swept once per
+// call, not once per capacity check), in a pool of 48 stripes.
+TEST(IndexEvict, AReserveThatEvictsCostsAFewFencesMoreThanOneThatDoesNot) {
+  SimPool p(1, 0.0, opts(48, 64, 100));
+  auto a = p.store(0);
+  auto cost = [&](uint64_t first, int n) {
+    SimCounters c0 = p.sim.counters(0);
+    for (int i = 0; i < n; i++) EXPECT_TRUE(a->index().reserve(chain(first + i, 1)[0], nullptr, 4096).ok());
+    SimCounters c1 = p.sim.counters(0);
+    return std::pair<double, double>{double(c1.fences - c0.fences) / n, double(c1.loads - c0.loads) / n};
+  };
+  auto [f_plain, l_plain] = cost(5000, 50);  // 50 of 100: no eviction
+  // Publish them (reserved blocks are not evictable), then fill up.
+  for (uint32_t s = 0; s < 48 * 64; s++) {
+    IndexEntryView v = a->index().entry(s);
+    if (v.state == CXLKV_ENTRY_WRITING) {
+      ASSERT_TRUE(a->index().publish(s, v.key).ok());
+    }
+  }
+  for (uint64_t i = 0; i < 50; i++) {
+    auto r = a->index().reserve(chain(6000 + i, 1)[0], nullptr, 4096);
+    ASSERT_TRUE(r.ok());
+    ASSERT_TRUE(a->index().publish(r->slot, chain(6000 + i, 1)[0]).ok());
+  }
+  const uint64_t ev0 = a->index().counters().evictions;
+  auto [f_evict, l_evict] = cost(7000, 50);
+  EXPECT_EQ(a->index().counters().evictions - ev0, 50u) << "each reserve evicted one block";
+  RecordProperty("fences_plain", std::to_string(f_plain));
+  RecordProperty("fences_evict", std::to_string(f_evict));
+  std::printf("reserve: %.1f fences, %.1f loads; evicting reserve: %.1f fences, %.1f loads\n", f_plain, l_plain,
+              f_evict, l_evict);
+  EXPECT_LE(f_evict, f_plain + 13) << "fences per evicting reserve vs " << f_plain;
+  EXPECT_LE(l_evict, l_plain + 12) << "line loads per evicting reserve vs " << l_plain;
+  EXPECT_EQ(a->index().audit_lists(), 0u);
+}

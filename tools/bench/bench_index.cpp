@@ -7,6 +7,7 @@
 //   index.evict_reads_per_eviction        entry + ext reads spent choosing each victim (pool-wide lists)
 //     (the window scan the lists replaced read about 191 entries per victim: issue 10)
 //   index.reserve_evict_us                reserve + publish of a root block that evicts one (lists)
+//   index.reserve_noevict_us              the same in the same pool while it fills (no eviction): the baseline
 #include <sys/mman.h>
 
 #include <algorithm>
@@ -47,7 +48,11 @@ void bench_eviction(bench::Results& res) {
     }
     return ok;
   };
-  put_roots(0x5e0000000000ull, 4096);
+  // Filling the empty pool: reserves that do not evict (the baseline).
+  auto tf = clk::now();
+  const size_t filled = put_roots(0x5e0000000000ull, 4096);
+  const double fill_us = std::chrono::duration<double, std::micro>(clk::now() - tf).count();
+  res.set("index.reserve_noevict_us", filled ? fill_us / double(filled) : 0);
   const size_t n = std::max<size_t>(500, size_t(8000 * bench::scale()));
   cxlkv::IndexCounters c0 = ix.counters();
   auto t0 = clk::now();

@@ -29,7 +29,8 @@ BlockLocation loc_of(const cxlkv_index_entry& e) { return BlockLocation{e.loc_of
 
 size_t PrefixIndex::reserve_locked(LockSet& ls, const BlockKey* pkey, std::span<const BlockKey> keys, size_t from,
                                    uint64_t bytes, std::span<Reservation> out, std::span<int32_t> status,
-                                   std::vector<uint32_t>* parents, bool* need_reclaim, uint32_t* held_parent) {
+                                   std::vector<uint32_t>* parents, bool* need_reclaim, uint32_t* held_parent,
+                                   const PoolView& view) {
   auto fail = [&](size_t i, int32_t code, std::string msg) {
     status[i] = code;
     block_error(code, std::move(msg));
@@ -100,7 +101,7 @@ size_t PrefixIndex::reserve_locked(LockSet& ls, const BlockKey* pkey, std::span<
         undo();
         return fail(i, -ENOSPC, "index: no space for block " + to_hex(key) + " after 64 evictions");
       }
-      if (over_capacity(&ls, 1, bytes)) {
+      if (over_capacity(view, &ls, 1, bytes)) {
         auto ev = evict_global(parents, &ls);
         if (ev && ev.value()) continue;
         keep();
@@ -220,8 +221,10 @@ Result<size_t> PrefixIndex::reserve_chain(const BlockKey* parent, std::span<cons
   };
   ready_prefix();
   if (lr == m) return settled(m);
-  // 2. Room ahead of demand, one stripe lock at a time.
-  CXLKV_TRY(make_room(m - lr, (m - lr) * bytes));
+  // 2. Room ahead of demand, one stripe lock at a time; the stripe lines
+  // are swept once for the whole call (PoolView).
+  PoolView view = pool_view();
+  CXLKV_TRY(make_room(m - lr, (m - lr) * bytes, &view));
   if (lr > 0 && find_ready(keys[lr - 1]) == kNo) ready_prefix();  // our eviction took the prefix's end
   // 3. The rest under one lock set.
   size_t next = lr;
@@ -241,25 +244,31 @@ Result<size_t> PrefixIndex::reserve_chain(const BlockKey* parent, std::span<cons
         break;
       }
       next = reserve_locked(ls, pkey, keys.first(m), next, bytes, out, status, &parents, &need_reclaim,
-                            &held_parent);
+                            &held_parent, view);
+      view.take(ls);
     }
-    CXLKV_TRY(drop_children(parents));
+    CXLKV_TRY(drop_children(parents, &view));
     if (next >= m || status[next] != -ENOSPC) break;
     // Still full under the set: evict anywhere (lists of other stripes, the
     // window scan), then take the set of the remaining blocks again.
-    auto ev = evict_any();
+    auto ev = evict_global(&parents, nullptr, nullptr);  // a fresh sweep: the pool changed under us
+    if (ev) {
+      if (auto d = drop_children(parents); !d) return d.error();
+    }
     if (!ev || !ev.value()) break;
+    view = pool_view();
     if (round + 1 == kReserveRounds) break;  // the last round's -ENOSPC and its message stand
     begin_batch();
     status[next] = -ECANCELED;
   }
   if (held_parent != kNo) {  // the last round gave up: drop the count it kept
     parents.push_back(held_parent);
-    CXLKV_TRY(drop_children(parents));
+    CXLKV_TRY(drop_children(parents, &view));
   }
   if (need_reclaim) (void)reclaim_dead();
-  // Other reservers raced us past the capacity: bring the pool back under it.
-  if (cfg_.max_blocks || cfg_.max_bytes) (void)make_room(0, 0);
+  // Over the capacity by what this call added (its view has its own changes):
+  // bring the pool back under it.
+  if (cfg_.max_blocks || cfg_.max_bytes) (void)make_room(0, 0, &view);
   return settled(m);
 }
 

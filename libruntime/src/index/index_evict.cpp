@@ -236,7 +236,7 @@ void PrefixIndex::remove_locked(LockSet& ls, uint32_t slot, cxlkv_index_entry e,
   }
 }
 
-Result<void> PrefixIndex::drop_children(std::vector<uint32_t>& parents) {
+Result<void> PrefixIndex::drop_children(std::vector<uint32_t>& parents, PoolView* view) {
   if (parents.empty()) return {};
   std::vector<uint32_t> stripes;
   for (uint32_t p : parents) stripes.push_back(p / hdr_.stripe_slots);
@@ -244,7 +244,13 @@ Result<void> PrefixIndex::drop_children(std::vector<uint32_t>& parents) {
   CXLKV_TRY(ls.acquire(stripes));
   for (uint32_t p : parents) child_dropped(ls, p);
   parents.clear();
+  if (view) view->take(ls);
   return {};
+}
+
+void PrefixIndex::PoolView::take(const LockSet& ls) {
+  for (const auto& h : ls.held())
+    if (h.stripe < st.size()) st[h.stripe] = h.st;
 }
 
 // ---- victims -------------------------------------------------------------------
@@ -425,23 +431,29 @@ Result<bool> PrefixIndex::evict_pass(LockSet& ls, uint32_t stripe, std::vector<u
   return false;
 }
 
-Result<bool> PrefixIndex::evict_global(std::vector<uint32_t>* parents, LockSet* held) {
+Result<bool> PrefixIndex::evict_global(std::vector<uint32_t>* parents, LockSet* held, PoolView* view) {
   std::vector<std::pair<uint32_t, uint32_t>> cand;  // (tail_ms, stripe)
   if (held) {
     for (const auto& h : held->held())
       if (lru_tail(h.st) != kNo) cand.emplace_back(h.st.tail_ms, h.stripe);
   } else {
-    std::vector<cxlkv_index_stripe> v = read_stripes();  // one sweep, one fence (rule 4)
-    for (uint32_t s = 0; s < hdr_.nstripes; s++)
+    PoolView own;
+    if (!view) own = pool_view();  // one sweep, one fence (rule 4)
+    const std::vector<cxlkv_index_stripe>& v = view ? view->st : own.st;
+    for (uint32_t s = 0; s < hdr_.nstripes && s < v.size(); s++)
       if (lru_tail(v[s]) != kNo) cand.emplace_back(v[s].tail_ms, s);
   }
-  std::sort(cand.begin(), cand.end());
-  if (cand.size() > kCandidateStripes) cand.resize(kCandidateStripes);
+  // The few oldest tails, without sorting them all.
+  const size_t k = std::min<size_t>(cand.size(), kCandidateStripes);
+  std::partial_sort(cand.begin(), cand.begin() + k, cand.end());
+  cand.resize(k);
   auto try_list = [&](uint32_t s, uint32_t limit) -> Result<bool> {
     if (held) return evict_from_list(*held, s, parents, limit);
     LockSet ls(*this);
     CXLKV_TRY(ls.acquire({s}));
-    return evict_from_list(ls, s, parents, limit);
+    auto r = evict_from_list(ls, s, parents, limit);
+    if (view) view->take(ls);  // the line as this eviction leaves it (read fresh under the lock)
+    return r;
   };
   for (size_t i = 0; i < cand.size(); i++) {
     auto r = try_list(cand[i].second, i + 1 < cand.size() ? cand[i + 1].first : kNoLimit);
@@ -465,6 +477,7 @@ Result<bool> PrefixIndex::evict_global(std::vector<uint32_t>* parents, LockSet* 
     LockSet ls(*this);
     CXLKV_TRY(ls.acquire({s}));
     auto r = evict_locked(ls, s, parents);
+    if (view) view->take(ls);
     if (!r || r.value()) return r;
   }
   return false;
@@ -514,14 +527,36 @@ bool PrefixIndex::over_capacity(const LockSet* ls, uint64_t add_blocks, uint64_t
          (cfg_.max_bytes && bytes + add_bytes > cfg_.max_bytes);
 }
 
-Result<void> PrefixIndex::make_room(uint64_t blocks, uint64_t bytes) {
+bool PrefixIndex::over_capacity(const PoolView& view, const LockSet* ls, uint64_t add_blocks,
+                                uint64_t add_bytes) const {
+  if (!cfg_.max_blocks && !cfg_.max_bytes) return false;
+  uint64_t blocks = 0, bytes = 0;
+  for (uint32_t s = 0; s < view.st.size(); s++) {
+    const cxlkv_index_stripe* st = &view.st[s];
+    if (ls) {
+      for (const auto& h : ls->held())
+        if (h.stripe == s) st = &h.st;  // held: read fresh under the lock, with our uncommitted changes
+    }
+    blocks += st->used_blocks;
+    bytes += st->used_bytes;
+  }
+  return (cfg_.max_blocks && blocks + add_blocks > cfg_.max_blocks) ||
+         (cfg_.max_bytes && bytes + add_bytes > cfg_.max_bytes);
+}
+
+Result<void> PrefixIndex::make_room(uint64_t blocks, uint64_t bytes, PoolView* view) {
   if (!cfg_.max_blocks && !cfg_.max_bytes) return {};
+  PoolView own;
+  if (!view) {
+    own = pool_view();  // one sweep for the whole call (rule 4)
+    view = &own;
+  }
   std::vector<uint32_t> parents;
-  for (uint64_t i = 0; i < 2 * blocks + 8 && over_capacity(nullptr, blocks, bytes); i++) {
-    auto r = evict_global(&parents, nullptr);
+  for (uint64_t i = 0; i < 2 * blocks + 8 && over_capacity(*view, nullptr, blocks, bytes); i++) {
+    auto r = evict_global(&parents, nullptr, view);
     if (!r) return r.error();
     // A parent left childless is a candidate for the very next victim.
-    CXLKV_TRY(drop_children(parents));
+    CXLKV_TRY(drop_children(parents, view));
     if (!r.value()) break;
   }
   return {};

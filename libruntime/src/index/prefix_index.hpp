@@ -349,24 +349,39 @@ class PrefixIndex {
   enum class EvictFrom { any, mem, ssd };  // which tier's blocks a pass may choose (issue 6)
   Result<bool> evict_pass(LockSet& ls, uint32_t stripe, std::vector<uint32_t>* parents, EvictFrom from);
   bool demote_locked(LockSet& ls, uint32_t slot, cxlkv_index_entry e, std::vector<uint32_t>* parents);
-  // One victim pool-wide: the oldest list tail over all stripes (one sweep
-  // of the stripe lines), or only over the stripes `held` holds.
-  Result<bool> evict_global(std::vector<uint32_t>* parents, LockSet* held);
+  // The stripe lines as one call last saw them: read in one sweep (rule 4)
+  // at the start of the call, then kept current with the lines this call
+  // wrote (copied from its LockSets before they release), so a reserve that
+  // evicts sweeps the stripe lines once, not once per capacity check.
+  // Other nodes' changes since the sweep are not in it: capacity is checked
+  // against each reserve's own sweep, and concurrent reservers can pass it
+  // by their in-flight chains until the next reserve's sweep.
+  struct PoolView {
+    std::vector<cxlkv_index_stripe> st;
+    void take(const LockSet& ls);  // the held stripes' current lines
+  };
+  PoolView pool_view() const { return PoolView{read_stripes()}; }
+  // One victim pool-wide: the oldest list tail over all stripes (of `view`,
+  // else one sweep of the stripe lines), or only over the stripes `held` holds.
+  Result<bool> evict_global(std::vector<uint32_t>* parents, LockSet* held, PoolView* view = nullptr);
   // Evict ahead of demand until `blocks` more blocks / `bytes` fit the
   // pool-wide capacity (or nothing evictable is left).  No lock held.
-  Result<void> make_room(uint64_t blocks, uint64_t bytes);
-  Result<void> drop_children(std::vector<uint32_t>& parents);  // no lock held
+  Result<void> make_room(uint64_t blocks, uint64_t bytes, PoolView* view = nullptr);
+  Result<void> drop_children(std::vector<uint32_t>& parents, PoolView* view = nullptr);  // no lock held
   bool lease_live(cxlkv_index_ext& x, uint32_t now, bool* ended_dead);
   // Pool-wide usage: sweep of the stripe lines, held stripes from `ls`.
   void pool_used(const LockSet* ls, uint64_t* blocks, uint64_t* bytes) const;
   bool over_capacity(const LockSet* ls, uint64_t add_blocks, uint64_t add_bytes) const;
+  // The same against `view` (no sweep), held stripes from `ls`.
+  bool over_capacity(const PoolView& view, const LockSet* ls, uint64_t add_blocks, uint64_t add_bytes) const;
 
   // ---- batch internals (index_batch.cpp) -------------------------------------
   // Reserve keys[from..) under the held set; returns index of the first block
   // not settled or keys.size().
   size_t reserve_locked(LockSet& ls, const BlockKey* pkey, std::span<const BlockKey> keys, size_t from,
                         uint64_t bytes, std::span<Reservation> out, std::span<int32_t> status,
-                        std::vector<uint32_t>* parents, bool* need_reclaim, uint32_t* held_parent);
+                        std::vector<uint32_t>* parents, bool* need_reclaim, uint32_t* held_parent,
+                        const PoolView& view);
   void block_error(int32_t code, std::string msg);
   static void begin_batch();  // remembers the first failure's message
 
