@@ -1,30 +1,48 @@
 #!/usr/bin/env python3
 # SPDX-License-Identifier: MIT
 """The `py` bench group: KV publish / fetch through the Python package on CPU
-tensors, in the geometry of cxlkv-bench's `kv` group (2 MiB blocks of
-Llama-3.1-8B: 32 layers x K,V x 16 tokens x 8 heads x 128 x bf16, i.e. 64
-chunks of 32 KiB gathered from a vLLM-layout paged cache), beside the C++
-kv.publish_gbps / kv.fetch_gbps of the same run.
+tensors, beside two C++ baselines of the same run (interleaved with the
+Python passes so both see the same machine load; best of N each).
+
+Geometry, the same in the Python passes and in the like-for-like C++ baseline
+(cxlkv-bench's kv_capi group, tools/bench/bench_kv_capi.cpp): 2 MiB blocks of
+Llama-3.1-8B (32 layers x K,V x 16 tokens x 8 heads x 128 x bf16), i.e. 64
+chunks of 32 KiB gathered from a vLLM FlashAttention-layout paged cache of 16
+engine blocks; batches of 32 blocks, one C call each (cxlkv_kv_put_chain /
+cxlkv_kv_get_many); a 1 GiB shm pool (max_nodes 4) with a lock manager in the
+process (two-tier stripe locks, node heap), the KV store opened as node 1, at
+most 192 blocks cached (evicting as it goes); the kv carve faulted in, one
+warm-up pass, then n = 512 blocks published and n fetched cycling over the
+128 most recently published, 3 passes per run (best pass reported).
 
     py_bench.py [--results build/bench/results.json]
 
 Merges into the results file (one flat JSON object):
-  py.publish_gbps, py.fetch_gbps             through cxlkv.KvStore.put / get (batches of 32
-                                             blocks; best of 3 passes; a 1 GiB pool with at
-                                             most 192 blocks cached, evicting as it goes;
-                                             fetches cycle over the 192 most recent blocks,
-                                             as the kv group)
+  py.publish_gbps, py.fetch_gbps       through cxlkv.KvStore.put / get on torch CPU tensors
+                                       (cxlkv.PagedKV.vllm), best of 3 x N passes
+  py.kv_capi_publish_gbps_interleaved, py.kv_capi_fetch_gbps_interleaved
+                                       the same C calls from C++ (`cxlkv-bench --only kv_capi`,
+                                       kv_capi.publish_gbps / fetch_gbps: best of 3 passes), best of N runs
+                                       interleaved with the Python passes: the like-for-like
+                                       baseline (same locks, allocator, geometry, batch size)
   py.kv_publish_gbps_interleaved, py.kv_fetch_gbps_interleaved
-                                             best of 3 `cxlkv-bench --only kv` runs interleaved
-                                             with the Python passes (same load)
-  py.capi_per_block_publish_gbps             the C API's reserve/write/publish per block from
-                                             Python, same pool and handle (and its ratio
-                                             py.publish_vs_capi_per_block)
-  py.publish_vs_kv, py.fetch_vs_kv           py / interleaved C++ (kv.*_gbps of the file
-                                             when cxlkv-bench is not built)
-CXLKV_BENCH_SCALE scales the block count as for cxlkv-bench.
+                                       `cxlkv-bench --only kv`'s kv.publish_gbps / kv.fetch_gbps,
+                                       interleaved the same way (in-process mutex stripe locks,
+                                       a first-fit range allocator, one block per call)
+  py.publish_vs_kv_capi, py.fetch_vs_kv_capi, py.publish_vs_kv, py.fetch_vs_kv
+                                       the ratios (issue 14: >= 0.9)
+  py.capi_per_block_publish_gbps       the C API's reserve/write/publish per block from Python,
+                                       same pool and handle (py.publish_vs_capi_per_block)
+  py.publish_vs_c_call_same_process, py.fetch_vs_c_call_same_process
+                                       the package's own cost, insensitive to machine load:
+                                       median batch time of cxlkv_kv_put_chain / get_many called
+                                       directly (chunk arrays built once) over that of
+                                       KvStore.put / get, alternating batch by batch, same pool
+CXLKV_BENCH_SCALE scales the block count as for cxlkv-bench; CXLKV_PYBENCH_REPS
+sets N, the runs of each side (default 3).
 """
 import argparse
+import ctypes
 import json
 import os
 import subprocess
@@ -35,6 +53,165 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.abspath(os.path.join(HERE, "..", ".."))
 sys.path.insert(0, os.path.join(ROOT, "libruntime", "python"))
 
+CAPACITY = 192  # blocks cached at most (pool-wide memory-tier bound)
+RECENT = 128    # fetches cycle over this many most recently published blocks
+PASSES = 3      # publish + fetch passes per rep (as the kv_capi group's)
+
+
+def bound_capacity(build, uri):
+    """At most CAPACITY blocks cached: the pool-wide memory-tier bound, set as
+    an operator does (cxlkvctl kv ... --mem-capacity); the pool is left empty."""
+    ctl = os.path.join(build, "tools", "cxlkvctl")
+    if not os.path.exists(ctl):
+        print("py bench: cxlkvctl not built: the pool is not bounded to 192 blocks", file=sys.stderr)
+        return
+    tmp = f"/tmp/cxlkv-pybench-{os.getpid()}.blk"
+    with open(tmp, "wb") as f:
+        f.write(b"\0" * 4096)
+    try:
+        subprocess.run([ctl, "--pool", uri, "kv", "put", "pybench-capacity", tmp, "--mem-capacity", str(CAPACITY)],
+                       stdout=subprocess.DEVNULL, check=True)
+        subprocess.run([ctl, "--pool", uri, "kv", "rm", "pybench-capacity"], stdout=subprocess.DEVNULL, check=True)
+    finally:
+        os.unlink(tmp)
+
+
+def same_process_ratio(kv, paged, cache_blocks, batch, n, cxlkv, _lib, np):
+    """Median per-batch time of the direct C call over that of the package
+    call, publish and fetch (1.0: the package adds nothing)."""
+    L = _lib.lib()
+    blk = [j % cache_blocks for j in range(batch)]
+    ch, cnt = paged.chunks(blk)
+    chp = ch.ctypes.data_as(ctypes.POINTER(_lib.Chunk))
+    cntp = cnt.ctypes.data_as(ctypes.POINTER(ctypes.c_uint32))
+    st = np.zeros(batch, np.int32)
+    stp = st.ctypes.data_as(ctypes.POINTER(ctypes.c_int32))
+    kp = ctypes.POINTER(_lib.KvKey)
+    tp, tc, gp, gc = [], [], [], []
+    tag = 0xA000000
+
+    def timed(f, out):
+        t0 = time.perf_counter()
+        f()
+        out.append(time.perf_counter() - t0)
+
+    for i in range(max(4, n // batch // 2)):
+        pk = cxlkv.keys_from_hashes(range(tag, tag + batch))
+        ck = cxlkv.keys_from_hashes(range(tag + batch, tag + 2 * batch))
+        tag += 2 * batch
+        steps = [(lambda: kv.put(pk, paged, blk), tp),
+                 (lambda: L.cxlkv_kv_put_chain(kv.handle, None, ck.ctypes.data_as(kp), batch, paged.block_bytes,
+                                               chp, cntp, stp), tc)]
+        gets = [(lambda: kv.get(pk, paged, blk), gp),
+                (lambda: L.cxlkv_kv_get_many(kv.handle, ck.ctypes.data_as(kp), batch, chp, cntp, stp), gc)]
+        if i % 2:  # alternate which goes first: no order bias
+            steps.reverse()
+            gets.reverse()
+        for f, out in steps + gets:
+            timed(f, out)
+    med = lambda v: float(np.median(v))  # noqa: E731
+    return {"py.publish_vs_c_call_same_process": med(tc) / med(tp), "py.fetch_vs_c_call_same_process": med(gc) / med(gp)}
+
+
+def measure(args, build, uri, n, reps):
+    import numpy as np
+    import torch
+
+    import cxlkv
+    from cxlkv import _lib
+
+    layers, bt, heads, head = 32, 16, 8, 128
+    cache_blocks = 16
+    # vLLM FlashAttention layout, per layer [2, blocks, 16, 8, 128] bf16
+    caches = [torch.zeros(2, cache_blocks, bt, heads, head, dtype=torch.bfloat16) for _ in range(layers)]
+    for i, c in enumerate(caches):
+        c.view(torch.int16).view(-1)[::2048] = i  # touch every page
+    paged = cxlkv.PagedKV.vllm(caches)
+    assert paged.block_bytes == 2 << 20 and paged.chunks_per_block == 64
+
+    with cxlkv.Pool(uri) as pool, cxlkv.LockManager(pool), cxlkv.KvStore(pool, 1) as kv:
+        bound_capacity(build, uri)
+        kc = next(c for c in pool.carves() if c["name"] == "kv")
+        ctypes.memset(pool.base + kc["offset"], 0, kc["size"])  # fault in the kv carve, as the C++ baseline
+
+        def publish(tag, count):
+            keys = cxlkv.keys_from_hashes(range(tag, tag + count))
+            done = 0
+            t0 = time.perf_counter()
+            for lo in range(0, count, args.batch):
+                k = keys[lo:lo + args.batch]
+                blk = [(lo + j) % cache_blocks for j in range(len(k))]
+                done += int((kv.put(k, paged, blk) == cxlkv.RESERVED).sum())
+            return keys, done * paged.block_bytes / (time.perf_counter() - t0) / 1e9
+
+        def fetch(recent, count):
+            got = 0
+            t0 = time.perf_counter()
+            for lo in range(0, count, args.batch):
+                idx = [(lo + j) % len(recent) for j in range(min(args.batch, count - lo))]
+                blk = [(lo + j) % cache_blocks for j in range(len(idx))]
+                got += int(cxlkv.get_ok(kv.get(recent[idx], paged, blk)).sum())
+            sec = time.perf_counter() - t0
+            if got != count:
+                print(f"py bench: fetched {got} of {count} blocks", file=sys.stderr)
+            return got * paged.block_bytes / sec / 1e9
+
+        def publish_per_block(tag, count):
+            # The C API's single-block calls (reserve, write, publish per
+            # block) made from Python, over the same handle and pool.
+            L = _lib.lib()
+            keys = cxlkv.keys_from_hashes(range(tag, tag + count))
+            done = 0
+            t0 = time.perf_counter()
+            for i in range(count):
+                ch, cnt = paged.chunks([i % cache_blocks])
+                b = _lib.KvBlock()
+                kp = keys[i:i + 1].ctypes.data_as(ctypes.POINTER(_lib.KvKey))
+                if L.cxlkv_kv_reserve(kv.handle, kp, None, paged.block_bytes, ctypes.byref(b)) != 0:
+                    continue
+                if L.cxlkv_kv_write(kv.handle, ctypes.byref(b), ch.ctypes.data_as(ctypes.POINTER(_lib.Chunk)),
+                                    int(cnt[0])) == 0 and L.cxlkv_kv_publish(kv.handle, ctypes.byref(b)) == 0:
+                    done += 1
+                else:
+                    L.cxlkv_kv_abort(kv.handle, ctypes.byref(b))
+            return done * paged.block_bytes / (time.perf_counter() - t0) / 1e9
+
+        publish(0x5000000, n)  # warm-up pass, as the C++ baseline's
+        pub, fet, single = [], [], []
+        base = {k: [] for k in ("kv.publish_gbps", "kv.fetch_gbps", "kv_capi.publish_gbps", "kv_capi.fetch_gbps")}
+        bench = os.path.join(build, "tools", "cxlkv-bench")
+        for r in range(reps):
+            # The C++ groups interleaved with the Python passes, so both see
+            # the same machine load (best of each is compared).
+            if os.path.exists(bench):
+                tmp = f"/tmp/cxlkv-pybench-kv-{os.getpid()}.json"
+                if subprocess.run([bench, "--only", "kv_capi", "--only", "kv", "--out", tmp],
+                                  stdout=subprocess.DEVNULL).returncode == 0:
+                    with open(tmp) as f:
+                        kvres = json.load(f)
+                    os.unlink(tmp)
+                    for k in base:
+                        if k in kvres:
+                            base[k].append(kvres[k])
+            single.append(publish_per_block(0x9000000 + r * n, n))
+            for p in range(PASSES):
+                keys, rate = publish(0x6000000 + (r * PASSES + p) * n, n)
+                pub.append(rate)
+                fet.append(fetch(keys[-RECENT:], n))
+        # The package's own cost, robust to machine load: KvStore.put / get
+        # against the same C calls made directly with the chunk arrays built
+        # once, alternating batch by batch on the same pool and handle.
+        out_same = same_process_ratio(kv, paged, cache_blocks, args.batch, n, cxlkv, _lib, np)
+
+    out = {"py.publish_gbps": max(pub), "py.fetch_gbps": max(fet), "py.capi_per_block_publish_gbps": max(single)}
+    out.update(out_same)
+    out["py.publish_vs_capi_per_block"] = max(pub) / max(single) if max(single) else 0
+    for k, v in base.items():
+        if v:
+            g, m = k.split(".")
+            out[f"py.{g}_{m}_interleaved"] = max(v)
+    return out
+
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -43,130 +220,33 @@ def main():
     ap.add_argument("--batch", type=int, default=32)
     args = ap.parse_args()
     os.environ.setdefault("CXLKV_LIB", os.path.join(build, "libruntime", "libcxlkv.so"))
-    import numpy as np
-    import torch
-
     import cxlkv
 
     scale = float(os.environ.get("CXLKV_BENCH_SCALE", "1") or 1)
     n = max(64, int(512 * scale))
-    layers, bt, heads, head = 32, 16, 8, 128
-    cache_blocks = 16  # as cxlkv-bench's kv group (llama31_8b_layout(16))
-    # vLLM FlashAttention layout, per layer [2, blocks, 16, 8, 128] bf16
-    caches = [torch.zeros(2, cache_blocks, bt, heads, head, dtype=torch.bfloat16) for _ in range(layers)]
-    for i, c in enumerate(caches):
-        c.view(torch.int16).view(-1)[::2048] = i  # touch every page
-    paged = cxlkv.PagedKV.vllm(caches)
-    assert paged.block_bytes == 2 << 20 and paged.chunks_per_block == 64
-
-    name = f"cxlkv-pybench-{os.getpid()}"
     reps = int(os.environ.get("CXLKV_PYBENCH_REPS", "3"))  # best of N: a loaded machine makes single passes noisy
-    uri = f"shm:{name}:{1 << 30}"  # 1 GiB, at most 192 blocks cached: as cxlkv-bench's kv group
+    name = f"cxlkv-pybench-{os.getpid()}"
+    uri = f"shm:{name}:{1 << 30}"  # 1 GiB, as the kv_capi group's pool
     cxlkv.Pool.format(uri, max_nodes=4)
-    pool = cxlkv.Pool(uri)
-    mgr = cxlkv.LockManager(pool)
-    kv = cxlkv.KvStore(pool, 1)
-    # Fault in the kv carve's pages once (cxlkv-bench's pools recycle 192
-    # blocks' pages after its warm-up; here every block gets fresh pages).
-    import ctypes
-    kc = next(c for c in pool.carves() if c["name"] == "kv")
-    ctypes.memset(pool.base + kc["offset"], 0, kc["size"])
-    out = {}
-    ctl = os.path.join(build, "tools", "cxlkvctl")
-    if os.path.exists(ctl):
-        # At most 192 blocks cached, the kv group's bound: the pool-wide
-        # memory-tier capacity, set as an operator does (cxlkvctl --mem-capacity).
-        tmp = f"/tmp/cxlkv-pybench-{os.getpid()}.blk"
-        with open(tmp, "wb") as f:
-            f.write(b"\0" * 4096)
-        subprocess.run([ctl, "--pool", uri, "kv", "put", "pybench-capacity", tmp, "--mem-capacity", "192"],
-                       stdout=subprocess.DEVNULL, check=True)
-        os.unlink(tmp)
     try:
-        def publish(tag, count):
-            ids = np.arange(count, dtype=np.uint64) + np.uint64(tag)
-            keys = cxlkv.keys_from_hashes([int(i) for i in ids])
-            done = 0
-            t0 = time.perf_counter()
-            for lo in range(0, count, args.batch):
-                k = keys[lo:lo + args.batch]
-                blk = [(lo + j) % cache_blocks for j in range(len(k))]
-                st = kv.put(k, paged, blk)
-                done += int((st == cxlkv.RESERVED).sum())
-            sec = time.perf_counter() - t0
-            return keys, done * paged.block_bytes / sec / 1e9
-
-        def publish_per_block(tag, count):
-            # Baseline: the C API's single-block calls (reserve, write, publish per
-            # block) made from Python, over the same handle and pool.
-            import ctypes as C
-            from cxlkv import _lib
-            L = _lib.lib()
-            keys = cxlkv.keys_from_hashes(list(range(tag, tag + count)))
-            done = 0
-            t0 = time.perf_counter()
-            for i in range(count):
-                ch, cnt = paged.chunks([i % cache_blocks])
-                b = _lib.KvBlock()
-                kp = keys[i:i + 1].ctypes.data_as(C.POINTER(_lib.KvKey))
-                if L.cxlkv_kv_reserve(kv.handle, kp, None, paged.block_bytes, C.byref(b)) != 0:
-                    continue
-                if L.cxlkv_kv_write(kv.handle, C.byref(b), ch.ctypes.data_as(C.POINTER(_lib.Chunk)), int(cnt[0])) == 0 \
-                        and L.cxlkv_kv_publish(kv.handle, C.byref(b)) == 0:
-                    done += 1
-                else:
-                    L.cxlkv_kv_abort(kv.handle, C.byref(b))
-            return done * paged.block_bytes / (time.perf_counter() - t0) / 1e9
-
-        pub, fet, cpub, cfet, single = [], [], [], [], []
-        bench = os.path.join(build, "tools", "cxlkv-bench")
-        for r in range(reps):
-            # The C++ kv group interleaved with the Python passes, so both see
-            # the same machine load (best of each is compared).
-            if os.path.exists(bench):
-                tmp = f"/tmp/cxlkv-pybench-kv-{os.getpid()}.json"
-                if subprocess.run([bench, "--only", "kv", "--out", tmp], stdout=subprocess.DEVNULL).returncode == 0:
-                    with open(tmp) as f:
-                        kvres = json.load(f)
-                    os.unlink(tmp)
-                    cpub.append(kvres.get("kv.publish_gbps", 0))
-                    cfet.append(kvres.get("kv.fetch_gbps", 0))
-            single.append(publish_per_block(0x9000000 + r * n, n))
-            keys, rate = publish(0x6000000 + r * n, n)
-            pub.append(rate)
-            # Fetch n blocks cycling over the 192 most recently published (cached).
-            recent = keys[-192:]
-            got = 0
-            t0 = time.perf_counter()
-            for lo in range(0, n, args.batch):
-                idx = [(lo + j) % len(recent) for j in range(min(args.batch, n - lo))]
-                blk = [(lo + j) % cache_blocks for j in range(len(idx))]
-                got += int(cxlkv.get_ok(kv.get(recent[idx], paged, blk)).sum())
-            sec = time.perf_counter() - t0
-            fet.append(got * paged.block_bytes / sec / 1e9)
-            if got != n:
-                print(f"py bench: fetched {got} of {n} blocks", file=sys.stderr)
-        out["py.publish_gbps"], out["py.fetch_gbps"] = max(pub), max(fet)
-        out["py.capi_per_block_publish_gbps"] = max(single)
-        out["py.publish_vs_capi_per_block"] = max(pub) / max(single) if max(single) else 0
-        if cpub:
-            out["py.kv_publish_gbps_interleaved"], out["py.kv_fetch_gbps_interleaved"] = max(cpub), max(cfet)
+        out = measure(args, build, uri, n, reps)
     finally:
-        kv.close()
-        mgr.stop()
-        pool.close()
-        os.unlink(f"/dev/shm/{name}")
+        try:
+            os.unlink(f"/dev/shm/{name}")
+        except FileNotFoundError:
+            pass
 
     res = {}
     if os.path.exists(args.results):
         with open(args.results) as f:
             res = json.load(f)
-    for k in ("publish", "fetch"):
-        base = out.get(f"py.kv_{k}_gbps_interleaved") or res.get(f"kv.{k}_gbps")
-        if base:
-            out[f"py.{k}_vs_kv"] = out[f"py.{k}_gbps"] / base
+    for g in ("kv", "kv_capi"):
+        for k in ("publish", "fetch"):
+            b = out.get(f"py.{g}_{k}_gbps_interleaved") or res.get(f"{g}.{k}_gbps")
+            if b:
+                out[f"py.{k}_vs_{g}"] = out[f"py.{k}_gbps"] / b
     res.update({k: round(v, 4) for k, v in out.items()})
-    os.makedirs(os.path.dirname(args.results), exist_ok=True)
+    os.makedirs(os.path.dirname(os.path.abspath(args.results)), exist_ok=True)
     with open(args.results, "w") as f:
         json.dump(res, f, indent=1, sort_keys=True)
         f.write("\n")
