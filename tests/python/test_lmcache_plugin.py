@@ -44,3 +44,27 @@ def test_set_exists_get_through_the_event_fd(env):
     assert select.select([p.event_fd()], [], [], 0)[0] == []
     p.close()
     p.close()
+
+
+def test_two_lmcache_servers_share_chunks_through_the_pool(env):
+    """Host A's LMCache stores KV chunks (tensor-backed memoryviews, LMCache's
+    key wire format) through its adapter; host B (another process) looks them
+    up and loads them bit for bit; a missing chunk is a per-key False."""
+    from conftest import run_in_process
+    from engine_fakes import LMCacheL2Adapter, lmcache_chunk, lmcache_key, lmcache_other_host
+    keys = [lmcache_key("tiny-llama", 0, 0, bytes([i]) * 32) for i in range(4)]
+    a = LMCacheL2Adapter(CxlkvNativePlugin(pool=env.uri, node=2))
+    try:
+        chunks = [lmcache_chunk(i) for i in range(4)]
+        op, ok, err, per = a.wait(a.store(keys, chunks))
+        assert (op, ok, err, per) == ("store", True, "", [True] * 4)
+        # storing again is a success with nothing rewritten
+        assert a.wait(a.store(keys[:2], chunks[:2]))[1:] == (True, "", [True, True])
+    finally:
+        a.close()
+    missing = lmcache_key("tiny-llama", 0, 0, b"\xee" * 32)
+    found, ok, err, loaded, same = run_in_process(lmcache_other_host, env.uri, 3, [keys[3], missing, keys[0]],
+                                                  [3, 99, 0])
+    assert found == [True, False, True]
+    assert ok is False and "MISS" in err and loaded == [True, False, True]
+    assert same[0] and same[2]

@@ -4,6 +4,8 @@ arrays and PyTorch tensors in every paged layout."""
 import errno
 import hashlib
 import struct
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -198,3 +200,44 @@ def test_a_batch_is_one_c_call_not_calls_per_block(env):
             setattr(L, n, orig[n])
     assert calls == {"cxlkv_kv_put_chain": 1, "cxlkv_kv_get_many": 1, "cxlkv_kv_pin_many": 1,
                      "cxlkv_kv_unpin_many": 1}
+
+
+_CLOSE_SCRIPT = r"""
+import os, sys
+import numpy as np
+import cxlkv
+from cxlkv.aio import AsyncKv
+uri, path, mode = sys.argv[1], sys.argv[2], sys.argv[3]
+cxlkv.Pool.format(uri, max_nodes=4)
+pool = cxlkv.Pool(uri)
+mgr = cxlkv.LockManager(pool)
+kv = cxlkv.KvStore(pool, 1)
+aio = AsyncKv(pool, 2)
+gpu = cxlkv.Gpu(pool, reference=True)
+os.unlink(path)  # the mappings stay; no pool is left behind whatever happens
+keys = cxlkv.block_keys(np.arange(32), 16)
+assert cxlkv.put_ok(kv.put(keys, [np.zeros(64, np.uint8)] * 2)).all()
+rid = aio.submit_get(keys, [np.zeros(64, np.uint8) for _ in range(2)])
+if mode == "close":
+    pool.close()  # closes aio (after its queued request), kv, gpu, mgr first
+    try:
+        kv.lookup(keys)
+    except ValueError as e:
+        assert "closed" in str(e), e
+    else:
+        raise AssertionError("a KV store over a closed pool answered")
+    mgr.stop(); kv.close(); aio.close(); gpu.close()  # closing twice is harmless
+    print("ok")
+else:
+    print("ok")  # exit with everything open: interpreter teardown closes them in any order
+"""
+
+
+@pytest.mark.parametrize("mode", ["close", "exit"])
+def test_closing_the_pool_first_or_exiting_with_everything_open_does_not_crash(tmp_path, mode):
+    from conftest import make_uri
+    uri, path = make_uri("close")
+    script = tmp_path / "close.py"
+    script.write_text(_CLOSE_SCRIPT)
+    r = subprocess.run([sys.executable, str(script), uri, path, mode], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and r.stdout.strip() == "ok", (r.returncode, r.stdout, r.stderr)

@@ -49,6 +49,12 @@ class AsyncKv:
         self._store = KvStore(pool, node, metrics=metrics, block_tokens=block_tokens)
         self._thread = threading.Thread(target=self._run, name=f"cxlkv-aio-{node}", daemon=True)
         self._thread.start()
+        pool._adopt(self)
+
+    _close_rank = 0
+
+    def _close_for_pool(self):
+        self.close()
 
     # ---- submission ----------------------------------------------------------
     def _submit(self, op, keys, buf, block_ids, parent):

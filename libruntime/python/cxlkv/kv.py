@@ -62,6 +62,12 @@ class Gpu:
         o = _lib.GpuOpts(C.sizeof(_lib.GpuOpts), _lib.GPU_F_CPU_REFERENCE if reference else 0, device, 0)
         _lib.check(_lib.lib().cxlkv_gpu_open_pool(pool.handle, C.byref(o), C.byref(self._h)),
                    f"pin pool {pool.uri} for the GPU")
+        pool._adopt(self)
+
+    _close_rank = 2
+
+    def _close_for_pool(self):
+        self.close()
 
     @staticmethod
     def probe():
@@ -110,13 +116,19 @@ class KvStore:
         _lib.check(_lib.lib().cxlkv_kv_open(pool.handle, C.byref(o), C.byref(self._h)),
                    f"open KV store of {pool.uri} as node {node}")
         self._lib = _lib.lib()
+        pool._adopt(self)
         self.metrics = metrics
         self.block_tokens = block_tokens
+
+    _close_rank = 1
+
+    def _close_for_pool(self):
+        self.close()
 
     @property
     def handle(self):
         if not self._h:
-            raise ValueError("cxlkv: KV store is closed")
+            raise ValueError(f"cxlkv: KV store of node {self.node} on {self.pool.uri} is closed")
         return self._h
 
     def close(self):

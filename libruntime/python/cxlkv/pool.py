@@ -1,6 +1,7 @@
 # SPDX-License-Identifier: MIT
 """Pools (format / open / info) and the in-process lock manager."""
 import ctypes as C
+import weakref
 
 from . import _lib
 
@@ -17,6 +18,7 @@ class Pool:
     def __init__(self, uri):
         self.uri = uri
         self._h = C.c_void_p()
+        self._deps = weakref.WeakSet()  # objects whose C handles point into this mapping
         _lib.check(_lib.lib().cxlkv_pool_open(uri.encode(), C.byref(self._h)), f"open pool {uri}")
 
     @staticmethod
@@ -61,8 +63,21 @@ class Pool:
         from . import metrics
         return metrics.pool_exposition(self)
 
+    def _adopt(self, obj):
+        """Register an object built over this pool (it has ``_close_rank`` and
+        ``_close_for_pool()``): closing the pool closes it first."""
+        self._deps.add(obj)
+
     def close(self):
+        """Unmap the pool.  What was opened over it (async stores, KV stores,
+        GPU pins, the lock manager, in that order) is closed first, so no C
+        handle outlives the mapping; their later calls raise ValueError."""
         if self._h:
+            for d in sorted(list(self._deps), key=lambda d: d._close_rank):
+                try:
+                    d._close_for_pool()
+                except Exception:  # noqa: BLE001 -- closing must reach the unmap
+                    pass
             _lib.lib().cxlkv_pool_close(self._h)
             self._h = C.c_void_p()
 
@@ -93,6 +108,12 @@ class LockManager:
         o = _lib.LockManagerOpts(C.sizeof(_lib.LockManagerOpts), node, lease_ms, 1 if wait else 0, 0)
         _lib.check(_lib.lib().cxlkv_lock_manager_start(pool.handle, C.byref(o), C.byref(self._h)),
                    f"start lock manager of {pool.uri}")
+        pool._adopt(self)
+
+    _close_rank = 3
+
+    def _close_for_pool(self):
+        self.stop()
 
     def stop(self):
         if self._h:
@@ -104,3 +125,9 @@ class LockManager:
 
     def __exit__(self, *exc):
         self.stop()
+
+    def __del__(self):
+        try:
+            self.stop()
+        except Exception:
+            pass

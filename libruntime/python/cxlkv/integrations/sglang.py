@@ -27,10 +27,9 @@ Every list-returning call returns a list (never None: SGLang's prefetch and
 backup threads die on a None); ``get`` returns None only for a missing key, as
 the interface defines.
 """
-import numpy as np
 
 import cxlkv
-from cxlkv.layout import RawChunks, tensor_info
+from cxlkv.layout import RawChunks
 
 __all__ = ["CxlkvHiCacheStorage"]
 

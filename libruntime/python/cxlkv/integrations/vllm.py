@@ -27,7 +27,6 @@ tensor-parallel rank.  A pool block holds one vLLM block of every layer
 KV is written (``save_kv_layer`` of the last layer), one batched call each.
 """
 import dataclasses
-import errno
 import zlib
 
 import numpy as np
