@@ -35,9 +35,9 @@ Merges into the results file (one flat JSON object):
                                        same pool and handle (py.publish_vs_capi_per_block)
   py.publish_vs_c_call_same_process, py.fetch_vs_c_call_same_process
                                        the package's own cost, insensitive to machine load:
-                                       median batch time of cxlkv_kv_put_chain / get_many called
-                                       directly (chunk arrays built once) over that of
-                                       KvStore.put / get, alternating batch by batch, same pool
+                                       median batch rate of KvStore.put / get over that of
+                                       cxlkv_kv_put_chain / get_many called directly (chunk
+                                       arrays built once), alternating batch by batch, same pool
 CXLKV_BENCH_SCALE scales the block count as for cxlkv-bench; CXLKV_PYBENCH_REPS
 sets N, the runs of each side (default 3).
 """
@@ -77,8 +77,10 @@ def bound_capacity(build, uri):
 
 
 def same_process_ratio(kv, paged, cache_blocks, batch, n, cxlkv, _lib, np):
-    """Median per-batch time of the direct C call over that of the package
-    call, publish and fetch (1.0: the package adds nothing)."""
+    """Median per-batch rate (bytes of the blocks done / time) of the
+    package's KvStore.put / get over that of the same C call made directly
+    (chunk arrays built once), alternating batch by batch on the same pool
+    and handle, order-balanced (1.0: the package adds nothing)."""
     L = _lib.lib()
     blk = [j % cache_blocks for j in range(batch)]
     ch, cnt = paged.chunks(blk)
@@ -87,30 +89,37 @@ def same_process_ratio(kv, paged, cache_blocks, batch, n, cxlkv, _lib, np):
     st = np.zeros(batch, np.int32)
     stp = st.ctypes.data_as(ctypes.POINTER(ctypes.c_int32))
     kp = ctypes.POINTER(_lib.KvKey)
-    tp, tc, gp, gc = [], [], [], []
-    tag = 0xA000000
+    rates = {"py_put": [], "c_put": [], "py_get": [], "c_get": []}
 
-    def timed(f, out):
+    def timed(name, f):
         t0 = time.perf_counter()
-        f()
-        out.append(time.perf_counter() - t0)
+        status = f()
+        sec = time.perf_counter() - t0
+        rates[name].append(int((status == cxlkv.RESERVED).sum()) * paged.block_bytes / sec)
 
+    def c_put(keys):
+        L.cxlkv_kv_put_chain(kv.handle, None, keys.ctypes.data_as(kp), batch, paged.block_bytes, chp, cntp, stp)
+        return st
+
+    def c_get(keys):
+        L.cxlkv_kv_get_many(kv.handle, keys.ctypes.data_as(kp), batch, chp, cntp, stp)
+        return st
+
+    tag = 0xA000000
     for i in range(max(4, n // batch // 2)):
         pk = cxlkv.keys_from_hashes(range(tag, tag + batch))
         ck = cxlkv.keys_from_hashes(range(tag + batch, tag + 2 * batch))
         tag += 2 * batch
-        steps = [(lambda: kv.put(pk, paged, blk), tp),
-                 (lambda: L.cxlkv_kv_put_chain(kv.handle, None, ck.ctypes.data_as(kp), batch, paged.block_bytes,
-                                               chp, cntp, stp), tc)]
-        gets = [(lambda: kv.get(pk, paged, blk), gp),
-                (lambda: L.cxlkv_kv_get_many(kv.handle, ck.ctypes.data_as(kp), batch, chp, cntp, stp), gc)]
+        puts = [("py_put", lambda: kv.put(pk, paged, blk)), ("c_put", lambda: c_put(ck))]
+        gets = [("py_get", lambda: kv.get(pk, paged, blk)), ("c_get", lambda: c_get(ck))]
         if i % 2:  # alternate which goes first: no order bias
-            steps.reverse()
+            puts.reverse()
             gets.reverse()
-        for f, out in steps + gets:
-            timed(f, out)
-    med = lambda v: float(np.median(v))  # noqa: E731
-    return {"py.publish_vs_c_call_same_process": med(tc) / med(tp), "py.fetch_vs_c_call_same_process": med(gc) / med(gp)}
+        for name, f in puts + gets:
+            timed(name, f)
+    med = {k: float(np.median(v)) for k, v in rates.items()}
+    return {"py.publish_vs_c_call_same_process": med["py_put"] / med["c_put"] if med["c_put"] else 0,
+            "py.fetch_vs_c_call_same_process": med["py_get"] / med["c_get"] if med["c_get"] else 0}
 
 
 def measure(args, build, uri, n, reps):
