@@ -274,24 +274,35 @@ class KvStore {
   KvStore() = default;
   Result<void> payload_io(const BlockLocation& loc, std::span<const Chunk> chunks, bool write);
   void promote(const KvPin& p, const BlockLocation& from, std::span<const Chunk> chunks);  // issue 6
-  // Issue 12 (SSD tier): keyed, checked read; a block that fails its checks
-  // is dropped from the index and reported as a miss (-ENOENT).
-  Result<void> ssd_fetch(const KvPin& p, const BlockLocation& loc, std::span<const Chunk> chunks);
   void claim_ssd_blocks();                                              // at create
   size_t readable_prefix(std::span<const BlockKey> chain, size_t n);   // lookup
   std::vector<std::pair<uint32_t, BlockKey>> dropped_pins_;             // pins consumed by a drop
   bool consume_dropped_pin(const KvPin& p);
-  // fetch_many's SSD blocks in one PlacingTier::read_many (several in
-  // flight); done[i] tells which blocks it settled; returns how many succeeded.
-  size_t fetch_ssd_batch(std::span<const KvPin> pins, std::span<const std::span<const Chunk>> chunks,
-                         std::span<int32_t> status, std::vector<bool>* done);
+  // Issue 12 handle checks (kv_batch.cpp): one fresh read of each block's
+  // entry, all in one invalidation sweep and one fence; code 0 or -errno.
+  struct HandleCheck;
+  void check_handles(const char* op, std::vector<HandleCheck>& hs, bool after_copy);
+  // The batch calls' bodies.  `made_here`: the handles come from this
+  // store's own reserve_chain / pin_many in the same call (put_chain,
+  // get_many), so the pre-copy check is skipped; the post-copy check stays
+  // (for a write it is also the check publish needs: `checked`).
+  Result<size_t> write_blocks(std::span<const KvReservation> rs, std::span<const Chunk> chunks,
+                              std::span<const uint32_t> nchunks, std::span<int32_t> status, bool made_here);
+  Result<size_t> publish_blocks(std::span<const KvReservation> rs, std::span<int32_t> status, bool checked);
+  Result<size_t> fetch_blocks(std::span<const KvPin> pins, std::span<const Chunk> chunks,
+                              std::span<const uint32_t> nchunks, std::span<int32_t> status, bool made_here);
+  Result<size_t> settle_blocks(const BlockKey* parent, std::span<const BlockKey> keys,
+                               std::span<const KvReservation> rs, std::span<const int32_t> written,
+                               std::span<int32_t> status, bool checked);
+  // fetch_blocks' SSD blocks (checked handles) in one PlacingTier::read_many
+  // (several in flight): code 0 read, else status[at] is set.
+  void fetch_ssd(std::span<const KvPin> pins, std::vector<HandleCheck>& ssd,
+                 std::span<const std::span<const Chunk>> chunks, std::span<int32_t> status);
   void count(int c, uint64_t n = 1) { stats_.counters[c] += n; }
   // One sample per block: a batch of `blocks` adds its time / blocks, blocks times.
   void record(int which, std::chrono::steady_clock::time_point t0, size_t blocks = 1);
   void maybe_flush_stats();
   void note_block_error(const Error& e);
-  Result<void> check_handle(const char* op, uint32_t slot, const BlockKey& key, uint32_t state, uint32_t version,
-                            const BlockLocation& loc, bool owned);
   Result<void> check_batch(const char* what, size_t n, size_t nstatus, std::span<const Chunk> chunks,
                            const std::span<const uint32_t>* nchunks);
 

@@ -277,6 +277,11 @@ class PrefixIndex {
   static std::string last_block_message();
   // Is slot still holding `key` in `state` at `version`?  One fresh read (rule 4).
   bool still_valid(uint32_t slot, const BlockKey& key, uint32_t state, uint32_t version) const;
+  // The entry lines of `slots` read fresh in one invalidation sweep and one
+  // fence (rule 4), for the KV store's handle checks of a batch (in
+  // index_fresh.cpp).  out[i]: the entry (the ext fields are not read);
+  // an out-of-range slot gives an EMPTY view.
+  void entries_fresh(std::span<const uint32_t> slots, std::span<IndexEntryView> out) const;
 
   // ---- SSD tier hooks (issue 6) --------------------------------------------
   void set_demotion(DemotionTarget* t) { demotion_ = t; }

@@ -1,6 +1,17 @@
 // SPDX-License-Identifier: MIT
 // KvStore batch calls: many blocks per call, a status per block
-// (semantics in cxlkv/kv.hpp and cxlkv.h).
+// (semantics in cxlkv/kv.hpp and cxlkv.h), and the single-block calls as
+// thin wrappers over them.
+//
+// Handle checks (fencing, issue 12) cost one fresh read of the block's entry
+// line, and a batch reads all of its blocks' lines in one invalidation sweep
+// with one fence (PrefixIndex::entries_fresh): write and fetch check before
+// the copy (a forged or stale handle is never written to or read from) and
+// after it (a block reclaimed or evicted under the copy fails with -ESTALE,
+// never 0); publish checks before the index call.  put_chain / get_many
+// skip the pre-copy check of the handles their own reserve_chain / pin_many
+// made a moment before, and put_chain's post-copy check is also its publish
+// check: one fresh read per block on top of the index's own work.
 #include <cerrno>
 #include <algorithm>
 #include <chrono>
@@ -10,6 +21,7 @@
 
 #include "cxlkv/kv.hpp"
 #include "index/prefix_index.hpp"
+#include "util/log.hpp"
 
 namespace cxlkv {
 namespace {
@@ -79,6 +91,16 @@ Result<size_t> KvStore::reserve_chain(const BlockKey* parent, std::span<const Bl
   std::vector<Reservation> ix(n);
   auto t0 = std::chrono::steady_clock::now();
   auto good = index_->reserve_chain(parent, keys, bytes, ix, status);
+  // A block a dead writer left WRITING with blocks below it: the index
+  // unwinds that chain and says -EAGAIN; the chain goes on from there
+  // (bounded), below the blocks this call already holds.
+  for (int attempt = 0; good && good.value() < n && status[good.value()] == -EAGAIN && attempt < 4; attempt++) {
+    const size_t f = good.value();
+    auto more = index_->reserve_chain(f ? &keys[f - 1] : parent, keys.subspan(f), bytes,
+                                      std::span<Reservation>(ix).subspan(f), status.subspan(f, n - f));
+    if (!more) break;
+    good = f + more.value();
+  }
   record(CXLKV_LAT_RESERVE, t0, n);
   if (!good) return good.error();
   for (size_t i = 0; i < n; i++) {
@@ -105,22 +127,123 @@ Result<size_t> KvStore::reserve_chain(const BlockKey* parent, std::span<const Bl
   return good;
 }
 
+struct KvStore::HandleCheck {
+  size_t at = 0;  // block index in the call
+  uint32_t slot = 0;
+  BlockKey key;
+  BlockLocation loc;
+  uint32_t version = 0;
+  uint32_t state = 0;  // the entry state the handle expects
+  bool owned = false;  // a reservation: this node's incarnation must own it
+  int32_t code = 0;    // the check's outcome: 0 or -errno
+};
+
+namespace {
+
+template <class Handle>
+BlockLocation loc_of(const Handle& h) {
+  return BlockLocation{h.loc_off, static_cast<uint32_t>(h.length), h.loc_dev, h.loc_tier};
+}
+
+// Drops the checks that failed (their code is set).
+template <class Checks>
+void keep_passed(Checks& hs) {
+  hs.erase(std::remove_if(hs.begin(), hs.end(), [](const auto& h) { return h.code != 0; }), hs.end());
+}
+
+}  // namespace
+
+// Fencing (issue 12): a handle is honoured only while the index entry it
+// names is unchanged: same key, state and version at its slot, at the
+// location the handle carries (a forged or stale location is never read or
+// written), and for a reservation owned by this node's incarnation.  One
+// fresh read of each entry line (rule 4), one sweep and one fence for all.
+void KvStore::check_handles(const char* op, std::vector<HandleCheck>& hs, bool after_copy) {
+  if (hs.empty()) return;
+  std::vector<uint32_t> slots(hs.size());
+  for (size_t k = 0; k < hs.size(); k++) slots[k] = hs[k].slot;
+  std::vector<IndexEntryView> v(hs.size());
+  index_->entries_fresh(slots, v);
+  const uint32_t nslots = index_->header().nslots;
+  for (size_t k = 0; k < hs.size(); k++) {
+    HandleCheck& h = hs[k];
+    const IndexEntryView& e = v[k];
+    auto fail = [&](int32_t code, const std::string& why) {
+      h.code = code;
+      count(CXLKV_CTR_ERRORS);
+      note_block_error(Error(code, std::string("kv: ") + op + " of block " + to_hex(h.key) + ": " + why));
+    };
+    h.code = 0;
+    if (h.slot >= nslots) {
+      fail(-EINVAL, "slot " + std::to_string(h.slot) + " is out of range (not a handle of this pool)");
+      continue;
+    }
+    const char* why = nullptr;
+    if (e.key != h.key) why = "the slot now holds another block";
+    else if (e.state != h.state) why = h.state == CXLKV_ENTRY_READY ? "it is no longer cached (evicted or aborted)"
+                                                                     : "it is no longer reserved (published, aborted or reclaimed)";
+    else if (e.version != h.version) why = "the entry changed since the handle was made (reclaimed and reused)";
+    else if (e.loc.offset != h.loc.offset || e.loc.length != h.loc.length || e.loc.device != h.loc.device ||
+             e.loc.tier != h.loc.tier) {
+      fail(-EINVAL, "the handle's location does not match the index entry (forged handle)");
+      continue;
+    } else if (h.owned && (e.owner_node != deps_.node || e.owner_inc != static_cast<uint32_t>(deps_.incarnation)))
+      why = "another node owns the reservation";
+    if (!why) continue;
+    if (after_copy)
+      why = h.owned ? "the reservation was reclaimed during the write"
+                    : "the block changed while it was read (bytes discarded)";
+    fail(-ESTALE, why);
+  }
+}
+
 Result<size_t> KvStore::write_many(std::span<const KvReservation> rs, std::span<const Chunk> chunks,
                                    std::span<const uint32_t> nchunks, std::span<int32_t> status) {
+  return write_blocks(rs, chunks, nchunks, status, false);
+}
+
+Result<size_t> KvStore::write_blocks(std::span<const KvReservation> rs, std::span<const Chunk> chunks,
+                                     std::span<const uint32_t> nchunks, std::span<int32_t> status, bool made_here) {
   CXLKV_TRY(check_batch("write_many", rs.size(), status.size(), chunks, &nchunks));
+  const auto t0 = std::chrono::steady_clock::now();
   ChunkCursor cur(chunks, nchunks);
-  size_t ok = 0;
+  std::vector<std::span<const Chunk>> spans(rs.size());
+  std::vector<HandleCheck> hs;
+  hs.reserve(rs.size());
   for (size_t i = 0; i < rs.size(); i++) {
-    auto c = cur.next();
+    spans[i] = cur.next();
     if (!rs[i].reserved()) {
       status[i] = as_status(rs[i].status);
       continue;
     }
-    auto w = write(rs[i], c);
-    status[i] = w ? kKvReserved : w.error().code();
-    if (w) ok++;
-    else note_block_error(w.error());
+    hs.push_back(HandleCheck{i, rs[i].slot, rs[i].key, loc_of(rs[i]), rs[i].version, CXLKV_ENTRY_WRITING, true});
   }
+  // Before the copy: a forged or stale handle is never written to.
+  if (!made_here) {
+    check_handles("write", hs, false);
+    for (auto& h : hs)
+      if (h.code) status[h.at] = h.code;
+    keep_passed(hs);
+  }
+  for (auto& h : hs) {
+    auto w = payload_io(h.loc, spans[h.at], true);  // flushed / NT + fenced (rule 3)
+    if (w) continue;
+    h.code = status[h.at] = w.error().code();
+    count(CXLKV_CTR_ERRORS);
+    note_block_error(w.error());
+  }
+  keep_passed(hs);
+  // After the copy: a writer paused past its liveness (SIGSTOP, swap storm)
+  // finds its reservation reclaimed here and must not publish.
+  check_handles("write", hs, true);
+  size_t ok = 0;
+  for (auto& h : hs) {
+    status[h.at] = h.code ? h.code : kKvReserved;
+    if (h.code) continue;
+    ok++;
+    count(CXLKV_CTR_BYTES_IN, h.loc.length);
+  }
+  record(CXLKV_LAT_WRITE, t0, ok);
   return ok;
 }
 
@@ -150,19 +273,38 @@ static Picked pick(std::span<const Handle> hs, std::span<int32_t> status, Take t
 }
 
 Result<size_t> KvStore::publish_many(std::span<const KvReservation> rs, std::span<int32_t> status) {
+  return publish_blocks(rs, status, false);
+}
+
+Result<size_t> KvStore::publish_blocks(std::span<const KvReservation> rs, std::span<int32_t> status, bool checked) {
   CXLKV_TRY(check_batch("publish_many", rs.size(), status.size(), {}, nullptr));
   // Fencing: a reservation whose entry changed (reclaimed while this
   // process was paused, forged, settled) is refused before the index call.
-  Picked p = pick(rs, status, [&](const KvReservation& r, int32_t* refused) {
-    if (!r.reserved()) return false;
-    BlockLocation loc{r.loc_off, static_cast<uint32_t>(r.length), r.loc_dev, r.loc_tier};
-    auto c = check_handle("publish", r.slot, r.key, CXLKV_ENTRY_WRITING, r.version, loc, true);
-    if (c) return true;
-    count(CXLKV_CTR_ERRORS);
-    note_block_error(c.error());
-    *refused = c.error().code();
-    return false;
-  });
+  std::vector<HandleCheck> hs;
+  hs.reserve(rs.size());
+  for (size_t i = 0; i < rs.size(); i++) {
+    if (!rs[i].reserved()) {
+      status[i] = as_status(rs[i].status);
+      continue;
+    }
+    hs.push_back(HandleCheck{i, rs[i].slot, rs[i].key, loc_of(rs[i]), rs[i].version, CXLKV_ENTRY_WRITING, true});
+  }
+  if (!checked) {
+    check_handles("publish", hs, false);
+    for (auto& h : hs)
+      if (h.code) status[h.at] = h.code;
+    keep_passed(hs);
+  }
+  Picked p;
+  p.at.reserve(hs.size());
+  p.slots.reserve(hs.size());
+  p.keys.reserve(hs.size());
+  for (auto& h : hs) {
+    p.at.push_back(h.at);
+    p.slots.push_back(h.slot);
+    p.keys.push_back(h.key);
+  }
+  p.status.resize(hs.size());
   auto t0 = std::chrono::steady_clock::now();
   auto good = index_->publish_many(p.slots, p.keys, p.status);
   record(CXLKV_LAT_PUBLISH, t0, p.at.size());
@@ -225,26 +367,98 @@ Result<size_t> KvStore::pin_many(std::span<const BlockKey> keys, std::span<KvPin
 
 Result<size_t> KvStore::fetch_many(std::span<const KvPin> pins, std::span<const Chunk> chunks,
                                    std::span<const uint32_t> nchunks, std::span<int32_t> status) {
+  return fetch_blocks(pins, chunks, nchunks, status, false);
+}
+
+Result<size_t> KvStore::fetch_blocks(std::span<const KvPin> pins, std::span<const Chunk> chunks,
+                                     std::span<const uint32_t> nchunks, std::span<int32_t> status, bool made_here) {
   CXLKV_TRY(check_batch("fetch_many", pins.size(), status.size(), chunks, &nchunks));
+  const auto t0 = std::chrono::steady_clock::now();
   ChunkCursor cur(chunks, nchunks);
   std::vector<std::span<const Chunk>> spans(pins.size());
-  for (auto& c : spans) c = cur.next();
-  // Issue 12 item 6: the SSD-tier blocks are read together, several in flight.
-  std::vector<bool> done;
-  size_t ok = fetch_ssd_batch(pins, spans, status, &done);
+  std::vector<HandleCheck> hs;
+  hs.reserve(pins.size());
   for (size_t i = 0; i < pins.size(); i++) {
-    if (done[i]) continue;
-    auto c = spans[i];
+    spans[i] = cur.next();
     if (!pins[i].pinned()) {
       status[i] = as_status(pins[i].status);
       continue;
     }
-    auto f = fetch(pins[i], c);
-    status[i] = f ? 0 : f.error().code();
-    if (f) ok++;
-    else note_block_error(f.error());
+    hs.push_back(HandleCheck{i, pins[i].slot, pins[i].key, loc_of(pins[i]), pins[i].version, CXLKV_ENTRY_READY, false});
   }
+  // Before the copy: a forged or stale pin is never read from.
+  if (!made_here) {
+    check_handles("fetch", hs, false);
+    for (auto& h : hs)
+      if (h.code) status[h.at] = h.code;
+    keep_passed(hs);
+  }
+  // Issue 12 item 6: the SSD-tier blocks are read together, several in flight.
+  std::vector<HandleCheck> ssd;
+  if (deps_.ssd_tier)
+    for (auto& h : hs)
+      if (h.loc.tier == CXLKV_TIER_SSD) ssd.push_back(h);
+  fetch_ssd(pins, ssd, spans, status);
+  for (auto& h : hs) {
+    if (h.loc.tier == CXLKV_TIER_SSD && deps_.ssd_tier) {
+      h.code = 1;  // settled by fetch_ssd; the ones it read come back below
+      continue;
+    }
+    auto f = payload_io(h.loc, spans[h.at], false);  // invalidates first (rule 6)
+    if (f) continue;
+    h.code = status[h.at] = f.error().code();
+    count(CXLKV_CTR_ERRORS);
+    note_block_error(f.error());
+  }
+  keep_passed(hs);
+  for (auto& h : ssd)
+    if (h.code == 0) hs.push_back(h);
+  // Validate after copying: a block evicted and reused under the copy (a
+  // reader paused past its liveness lost its pin) fails, never returns 0.
+  check_handles("fetch", hs, true);
+  size_t ok = 0;
+  for (auto& h : hs) {
+    status[h.at] = h.code;
+    if (h.code) continue;
+    ok++;
+    count(CXLKV_CTR_FETCHES);
+    count(CXLKV_CTR_BYTES_OUT, h.loc.length);
+  }
+  record(CXLKV_LAT_FETCH, t0, ok);
+  if (deps_.promote_on_hit)
+    for (auto& h : hs)
+      if (h.code == 0 && h.loc.tier == CXLKV_TIER_SSD) promote(pins[h.at], h.loc, spans[h.at]);
   return ok;
+}
+
+// The SSD blocks of a fetch: one PlacingTier::read_many.  A block that fails
+// its checks (it holds another key, or a bad checksum) is a clean miss: the
+// entry goes when it is an unshared leaf, and the pin with it.
+void KvStore::fetch_ssd(std::span<const KvPin> pins, std::vector<HandleCheck>& ssd,
+                        std::span<const std::span<const Chunk>> chunks, std::span<int32_t> status) {
+  if (ssd.empty()) return;
+  std::vector<PlacingTier::BlockRead> rd;
+  rd.reserve(ssd.size());
+  for (auto& h : ssd) rd.push_back({h.key, &h.loc, chunks[h.at]});
+  std::vector<int32_t> st(ssd.size(), -EIO);
+  deps_.ssd_tier->read_many(rd, st);
+  for (size_t k = 0; k < ssd.size(); k++) {
+    HandleCheck& h = ssd[k];
+    h.code = st[k];
+    if (st[k] == 0) continue;
+    const KvPin& p = pins[h.at];
+    count(CXLKV_CTR_ERRORS);
+    if (st[k] == -ESTALE || st[k] == -EBADMSG) {
+      auto d = index_->drop_damaged(p.slot, p.key, h.loc);
+      if (d && d.value()) dropped_pins_.emplace_back(p.slot, p.key);
+      log().warn("kv: SSD block {} at device {} LBA {} fails its checks ({}): a miss{}", to_hex(p.key), h.loc.device,
+                 h.loc.offset, std::strerror(-st[k]), d && d.value() ? "; dropped from the index" : "");
+      status[h.at] = kKvMiss;
+      continue;
+    }
+    status[h.at] = st[k];
+    note_block_error(Error(st[k], "kv: SSD block " + to_hex(p.key) + " lost: " + std::strerror(-st[k])));
+  }
 }
 
 Result<size_t> KvStore::unpin_many(std::span<const KvPin> pins, std::span<int32_t> status) {
@@ -272,9 +486,11 @@ Result<size_t> KvStore::put_chain(const BlockKey* parent, std::span<const BlockK
   std::vector<int32_t> written(n);
   CXLKV_TRY(reserve_chain(parent, keys, bytes, rs, status));
   std::string first_error = block_error_;
-  CXLKV_TRY(write_many(rs, chunks, nchunks, written));
+  // The handles are this call's own: no check before the copy; the one
+  // after it is also the publish check (one fresh read per block).
+  CXLKV_TRY(write_blocks(rs, chunks, nchunks, written, true));
   if (first_error.empty()) first_error = block_error_;
-  auto ok = settle_chain(parent, keys, rs, written, status);
+  auto ok = settle_blocks(parent, keys, rs, written, status, true);
   if (!first_error.empty()) block_error_ = first_error;
   if (n) record(CXLKV_LAT_PUT, t0);  // the whole publish of this request
   return ok;
@@ -283,6 +499,12 @@ Result<size_t> KvStore::put_chain(const BlockKey* parent, std::span<const BlockK
 Result<size_t> KvStore::settle_chain(const BlockKey* parent, std::span<const BlockKey> keys,
                                      std::span<const KvReservation> rs, std::span<const int32_t> written,
                                      std::span<int32_t> status) {
+  return settle_blocks(parent, keys, rs, written, status, false);
+}
+
+Result<size_t> KvStore::settle_blocks(const BlockKey* parent, std::span<const BlockKey> keys,
+                                      std::span<const KvReservation> rs, std::span<const int32_t> written,
+                                      std::span<int32_t> status, bool checked) {
   const size_t n = keys.size();
   if (rs.size() < n || written.size() < n || status.size() < n)
     return Error(-EINVAL, "kv: settle_chain: " + std::to_string(n) + " keys with fewer handles or statuses");
@@ -306,7 +528,7 @@ Result<size_t> KvStore::settle_chain(const BlockKey* parent, std::span<const Blo
   // that parent is waited for (bounded) and the call repeated once.
   auto publish_from = [&](size_t from) -> Result<size_t> {
     std::span<const KvReservation> part(rs.data() + from, cut - from);
-    CXLKV_TRY(publish_many(part, std::span<int32_t>(st.data() + from, cut - from)));
+    CXLKV_TRY(publish_blocks(part, std::span<int32_t>(st.data() + from, cut - from), checked));
     keep_error();
     for (size_t i = from; i < cut; i++)
       if (rs[i].reserved() && st[i] != kKvReserved) return i;
@@ -318,6 +540,7 @@ Result<size_t> KvStore::settle_chain(const BlockKey* parent, std::span<const Blo
   if (failed.value() < cut && st[failed.value()] == -EAGAIN && failed.value() == 0 && parent &&
       wait_ready(*parent, kParentWait)) {
     first_error = before_publish;
+    checked = false;  // after the wait: the handles are checked again
     failed = publish_from(0);
     if (!failed) return failed.error();
   }
@@ -359,7 +582,8 @@ Result<size_t> KvStore::get_many(std::span<const BlockKey> keys, std::span<const
   };
   CXLKV_TRY(pin_many(keys, pins, status));
   keep_error();
-  CXLKV_TRY(fetch_many(pins, chunks, nchunks, status));
+  // The pins are this call's own: no check before the copy, one after it.
+  CXLKV_TRY(fetch_blocks(pins, chunks, nchunks, status, true));
   keep_error();
   // Pins are dropped after the copies (never before: the block could be
   // evicted and reused under the copy).
@@ -373,6 +597,69 @@ Result<size_t> KvStore::get_many(std::span<const BlockKey> keys, std::span<const
   block_error_ = first_error;
   if (n) record(CXLKV_LAT_GET, t0);  // the whole fetch of this request
   return ok;
+}
+
+// ---- single blocks: thin wrappers over the batch calls -------------------
+
+Result<KvReservation> KvStore::reserve(const BlockKey& key, const BlockKey* parent, uint64_t bytes) {
+  KvReservation r;
+  int32_t st = 0;
+  CXLKV_TRY(reserve_chain(parent, {&key, 1}, bytes, {&r, 1}, {&st, 1}));
+  if (st < 0) return Error(st, block_error_);
+  return r;
+}
+
+Result<void> KvStore::write(const KvReservation& r, std::span<const Chunk> chunks) {
+  if (!r.reserved()) return Error(-EINVAL, "kv: block " + to_hex(r.key) + " is not reserved by this call");
+  const uint32_t n = static_cast<uint32_t>(chunks.size());
+  int32_t st = 0;
+  CXLKV_TRY(write_blocks({&r, 1}, chunks, {&n, 1}, {&st, 1}, false));
+  if (st != kKvReserved) return Error(st, block_error_);
+  return {};
+}
+
+Result<void> KvStore::publish(const KvReservation& r) {
+  if (!r.reserved()) return Error(-EINVAL, "kv: block " + to_hex(r.key) + " is not reserved by this call");
+  int32_t st = 0;
+  CXLKV_TRY(publish_blocks({&r, 1}, {&st, 1}, false));
+  if (st != kKvReserved) return Error(st, block_error_);
+  return {};
+}
+
+Result<void> KvStore::abort(const KvReservation& r) {
+  if (!r.reserved()) return {};
+  int32_t st = 0;
+  CXLKV_TRY(abort_many({&r, 1}, {&st, 1}));
+  if (st != kKvReserved) return Error(st, block_error_);
+  return {};
+}
+
+Result<KvPin> KvStore::pin(const BlockKey& key) {
+  KvPin p;
+  int32_t st = 0;
+  CXLKV_TRY(pin_many({&key, 1}, {&p, 1}, {&st, 1}));
+  if (st == kKvMiss) return Error(-ENOENT, "kv: block " + to_hex(key) + " is not cached");
+  if (st != 0) return Error(st, block_error_);
+  return p;
+}
+
+Result<void> KvStore::fetch(const KvPin& p, std::span<const Chunk> chunks) {
+  if (!p.pinned()) return Error(-EINVAL, "kv: fetch of block " + to_hex(p.key) + ": not pinned by this call");
+  const uint32_t n = static_cast<uint32_t>(chunks.size());
+  int32_t st = 0;
+  CXLKV_TRY(fetch_blocks({&p, 1}, chunks, {&n, 1}, {&st, 1}, false));
+  if (st == kKvMiss)  // an SSD block that failed its checks (issue 12)
+    return Error(-ENOENT, "kv: fetch of block " + to_hex(p.key) + ": its SSD copy fails its checks (a miss)");
+  if (st != 0) return Error(st, block_error_);
+  return {};
+}
+
+Result<void> KvStore::unpin(const KvPin& p) {
+  if (!p.pinned()) return Error(-EINVAL, "kv: unpin of block " + to_hex(p.key) + ": not pinned by this call");
+  int32_t st = 0;
+  CXLKV_TRY(unpin_many({&p, 1}, {&st, 1}));
+  if (st != 0) return Error(st, block_error_);
+  return {};
 }
 
 }  // namespace cxlkv

@@ -302,138 +302,11 @@ size_t KvStore::lookup(std::span<const BlockKey> chain) {
 
 size_t KvStore::lookup_linear(std::span<const BlockKey> chain) { return index_->longest_prefix_linear(chain); }
 
-Result<KvReservation> KvStore::reserve(const BlockKey& key, const BlockKey* parent, uint64_t bytes) {
-  auto t0 = std::chrono::steady_clock::now();
-  auto r = index_->reserve(key, parent, bytes);
-  record(CXLKV_LAT_RESERVE, t0);
-  if (!r) {
-    count(r.error().code() == -ENOSPC ? CXLKV_CTR_NOSPC : CXLKV_CTR_ERRORS);
-    return r.error();
-  }
-  KvReservation out;
-  out.key = key;
-  out.slot = r->slot;
-  out.status = static_cast<uint32_t>(r->status);
-  out.length = r->loc.length;
-  out.loc_off = r->loc.offset;
-  out.loc_dev = r->loc.device;
-  out.loc_tier = r->loc.tier;
-  out.version = r->version;
-  if (out.reserved()) count(CXLKV_CTR_RESERVES);
-  else count(CXLKV_CTR_RESERVE_EXISTS);
-  return out;
-}
-
 Result<void> KvStore::payload_io(const BlockLocation& loc, std::span<const Chunk> chunks, bool wr) {
   if (loc.tier == CXLKV_TIER_MEM) return wr ? mem_tier_->write(loc, chunks) : mem_tier_->read(loc, chunks);
   if (loc.tier == CXLKV_TIER_SSD && deps_.ssd_tier)
     return wr ? deps_.ssd_tier->write(loc, chunks) : deps_.ssd_tier->read(loc, chunks);
   return Error(-ENODEV, "kv: no payload tier " + std::to_string(loc.tier) + " in this store");
-}
-
-// Fencing (issue 12): a handle is honoured only while the index entry it
-// names is unchanged: same key, state and version at its slot, at the
-// location the handle carries (a forged or stale location is never read or
-// written), and for a reservation owned by this node's incarnation.  One
-// fresh read of the entry line (rule 4).
-Result<void> KvStore::check_handle(const char* op, uint32_t slot, const BlockKey& key, uint32_t state,
-                                   uint32_t version, const BlockLocation& loc, bool owned) {
-  if (slot >= index_->header().nslots)
-    return Error(-EINVAL, std::string("kv: ") + op + " of block " + to_hex(key) + ": slot " + std::to_string(slot) +
-                              " is out of range (not a handle of this pool)");
-  IndexEntryView e = index_->entry(slot);
-  const char* why = nullptr;
-  if (e.key != key) why = "the slot now holds another block";
-  else if (e.state != state) why = state == CXLKV_ENTRY_READY ? "it is no longer cached (evicted or aborted)"
-                                                               : "it is no longer reserved (published, aborted or reclaimed)";
-  else if (e.version != version) why = "the entry changed since the handle was made (reclaimed and reused)";
-  else if (e.loc.offset != loc.offset || e.loc.length != loc.length || e.loc.device != loc.device ||
-           e.loc.tier != loc.tier)
-    return Error(-EINVAL, std::string("kv: ") + op + " of block " + to_hex(key) +
-                              ": the handle's location does not match the index entry (forged handle)");
-  else if (owned && (e.owner_node != deps_.node || e.owner_inc != static_cast<uint32_t>(deps_.incarnation)))
-    why = "another node owns the reservation";
-  if (why) return Error(-ESTALE, std::string("kv: ") + op + " of block " + to_hex(key) + ": " + why);
-  return {};
-}
-
-Result<void> KvStore::write(const KvReservation& r, std::span<const Chunk> chunks) {
-  if (!r.reserved()) return Error(-EINVAL, "kv: block " + to_hex(r.key) + " is not reserved by this call");
-  auto t0 = std::chrono::steady_clock::now();
-  BlockLocation loc{r.loc_off, static_cast<uint32_t>(r.length), r.loc_dev, r.loc_tier};
-  if (auto c = check_handle("write", r.slot, r.key, CXLKV_ENTRY_WRITING, r.version, loc, true); !c) {
-    count(CXLKV_CTR_ERRORS);
-    return c;
-  }
-  auto res = payload_io(loc, chunks, true);
-  if (!res) {
-    count(CXLKV_CTR_ERRORS);
-    return res;
-  }
-  // A writer paused past its liveness (SIGSTOP, swap storm) finds its
-  // reservation reclaimed here and must not publish.
-  if (!index_->still_valid(r.slot, r.key, CXLKV_ENTRY_WRITING, r.version)) {
-    count(CXLKV_CTR_ERRORS);
-    return Error(-ESTALE, "kv: write of block " + to_hex(r.key) + ": the reservation was reclaimed during the write");
-  }
-  count(CXLKV_CTR_BYTES_IN, r.length);
-  record(CXLKV_LAT_WRITE, t0);
-  return {};
-}
-
-Result<void> KvStore::publish(const KvReservation& r) {
-  if (!r.reserved()) return Error(-EINVAL, "kv: block " + to_hex(r.key) + " is not reserved by this call");
-  BlockLocation loc{r.loc_off, static_cast<uint32_t>(r.length), r.loc_dev, r.loc_tier};
-  CXLKV_TRY(check_handle("publish", r.slot, r.key, CXLKV_ENTRY_WRITING, r.version, loc, true));
-  auto t0 = std::chrono::steady_clock::now();
-  auto res = index_->publish(r.slot, r.key);
-  record(CXLKV_LAT_PUBLISH, t0);
-  if (res) count(CXLKV_CTR_PUBLISHES);
-  else if (res.error().code() != -EAGAIN) count(CXLKV_CTR_ERRORS);
-  return res;
-}
-
-Result<void> KvStore::abort(const KvReservation& r) {
-  if (!r.reserved()) return {};
-  auto res = index_->abort(r.slot, r.key);
-  if (res) count(CXLKV_CTR_ABORTS);
-  return res;
-}
-
-Result<KvPin> KvStore::pin(const BlockKey& key) {
-  KvPin p;
-  int32_t st = 0;
-  auto n = pin_many({&key, 1}, {&p, 1}, {&st, 1});
-  if (!n) return n.error();
-  if (st == kKvMiss) return Error(-ENOENT, "kv: block " + to_hex(key) + " is not cached");
-  if (st != 0) return Error(st, block_error_);
-  return p;
-}
-
-Result<void> KvStore::fetch(const KvPin& p, std::span<const Chunk> chunks) {
-  auto t0 = std::chrono::steady_clock::now();
-  BlockLocation loc{p.loc_off, static_cast<uint32_t>(p.length), p.loc_dev, p.loc_tier};
-  if (!p.pinned()) return Error(-EINVAL, "kv: fetch of block " + to_hex(p.key) + ": not pinned by this call");
-  if (auto c = check_handle("fetch", p.slot, p.key, CXLKV_ENTRY_READY, p.version, loc, false); !c) {
-    count(CXLKV_CTR_ERRORS);
-    return c;
-  }
-  auto res = loc.tier == CXLKV_TIER_SSD && deps_.ssd_tier ? ssd_fetch(p, loc, chunks) : payload_io(loc, chunks, false);
-  if (!res) {
-    count(CXLKV_CTR_ERRORS);
-    return res;
-  }
-  // Validate after copying: a block evicted and reused under the copy (a
-  // reader paused past its liveness lost its pin) fails, never returns 0.
-  if (!index_->still_valid(p.slot, p.key, CXLKV_ENTRY_READY, p.version)) {
-    count(CXLKV_CTR_ERRORS);
-    return Error(-ESTALE, "kv: fetch of block " + to_hex(p.key) + ": the block changed while it was read (bytes discarded)");
-  }
-  count(CXLKV_CTR_FETCHES);
-  count(CXLKV_CTR_BYTES_OUT, p.length);
-  record(CXLKV_LAT_FETCH, t0);
-  if (loc.tier == CXLKV_TIER_SSD && deps_.promote_on_hit) promote(p, loc, chunks);
-  return {};
 }
 
 // Issue 6: a hit on the SSD tier moves the block back to memory.  Best
@@ -453,14 +326,6 @@ void KvStore::promote(const KvPin& p, const BlockLocation& from, std::span<const
   } else {
     space.free(*to);
   }
-}
-
-Result<void> KvStore::unpin(const KvPin& p) {
-  if (consume_dropped_pin(p)) return {};  // issue 12: the drop consumed this pin
-  auto t0 = std::chrono::steady_clock::now();
-  auto r = index_->unpin(p.slot, p.key);
-  record(CXLKV_LAT_UNPIN, t0);
-  return r;
 }
 
 bool KvStore::wait_ready(const BlockKey& key, std::chrono::milliseconds timeout) {
@@ -508,19 +373,6 @@ size_t KvStore::readable_prefix(std::span<const BlockKey> chain, size_t n) {
   return n;
 }
 
-Result<void> KvStore::ssd_fetch(const KvPin& p, const BlockLocation& loc, std::span<const Chunk> chunks) {
-  auto r = deps_.ssd_tier->read_block(p.key, loc, chunks);
-  if (r || (r.error().code() != -ESTALE && r.error().code() != -EBADMSG)) return r;
-  // The SSD block does not hold this key or is damaged: a clean miss.  The
-  // entry goes (when it is an unshared leaf) so later lookups miss at once.
-  auto d = index_->drop_damaged(p.slot, p.key, loc);
-  const bool dropped = d && d.value();
-  if (dropped) dropped_pins_.emplace_back(p.slot, p.key);
-  log().warn("kv: {}; {}", r.error().message(),
-             dropped ? "entry dropped from the index" : "entry kept (it has children or other readers)");
-  return Error(-ENOENT, r.error().message() + (dropped ? "; dropped from the index" : ""));
-}
-
 bool KvStore::consume_dropped_pin(const KvPin& p) {
   for (auto it = dropped_pins_.begin(); it != dropped_pins_.end(); ++it)
     if (it->first == p.slot && it->second == p.key) {
@@ -528,72 +380,6 @@ bool KvStore::consume_dropped_pin(const KvPin& p) {
       return true;
     }
   return false;
-}
-
-size_t KvStore::fetch_ssd_batch(std::span<const KvPin> pins, std::span<const std::span<const Chunk>> chunks,
-                                std::span<int32_t> status, std::vector<bool>* done) {
-  done->assign(pins.size(), false);
-  if (!deps_.ssd_tier) return 0;
-  auto t0 = std::chrono::steady_clock::now();
-  std::vector<BlockLocation> locs;
-  std::vector<PlacingTier::BlockRead> rd;
-  std::vector<size_t> at;
-  locs.reserve(pins.size());  // rd points into locs
-  for (size_t i = 0; i < pins.size(); i++) {
-    const KvPin& p = pins[i];
-    if (!p.pinned() || p.loc_tier != CXLKV_TIER_SSD) continue;
-    BlockLocation loc{p.loc_off, static_cast<uint32_t>(p.length), p.loc_dev, p.loc_tier};
-    if (auto c = check_handle("fetch", p.slot, p.key, CXLKV_ENTRY_READY, p.version, loc, false); !c) {
-      (*done)[i] = true;  // the same handle checks as fetch()
-      status[i] = c.error().code();
-      count(CXLKV_CTR_ERRORS);
-      note_block_error(c.error());
-      continue;
-    }
-    locs.push_back(loc);
-    at.push_back(i);
-  }
-  if (at.empty()) return 0;
-  for (size_t k = 0; k < at.size(); k++) rd.push_back({pins[at[k]].key, &locs[k], chunks[at[k]]});
-  std::vector<int32_t> st(at.size(), -EIO);
-  deps_.ssd_tier->read_many(rd, st);
-  size_t ok = 0;
-  for (size_t k = 0; k < at.size(); k++) {
-    const size_t i = at[k];
-    const KvPin& p = pins[i];
-    (*done)[i] = true;
-    if (st[k] == 0 && !index_->still_valid(p.slot, p.key, CXLKV_ENTRY_READY, p.version)) {
-      // As fetch(): the block changed while it was read; the bytes are discarded.
-      status[i] = -ESTALE;
-      count(CXLKV_CTR_ERRORS);
-      note_block_error(Error(-ESTALE, "kv: fetch of block " + to_hex(p.key) +
-                                          ": the block changed while it was read (bytes discarded)"));
-      continue;
-    }
-    if (st[k] == 0) {
-      status[i] = 0;
-      ok++;
-      count(CXLKV_CTR_FETCHES);
-      count(CXLKV_CTR_BYTES_OUT, p.length);
-      if (deps_.promote_on_hit) promote(p, locs[k], chunks[i]);
-      continue;
-    }
-    count(CXLKV_CTR_ERRORS);
-    if (st[k] == -ESTALE || st[k] == -EBADMSG) {
-      // A clean miss, as in ssd_fetch: the entry goes when it is an unshared leaf.
-      auto d = index_->drop_damaged(p.slot, p.key, locs[k]);
-      if (d && d.value()) dropped_pins_.emplace_back(p.slot, p.key);
-      log().warn("kv: SSD block {} at device {} LBA {} fails its checks ({}): a miss{}", to_hex(p.key),
-                 locs[k].device, locs[k].offset, std::strerror(-st[k]),
-                 d && d.value() ? "; dropped from the index" : "");
-      status[i] = kKvMiss;
-      continue;
-    }
-    status[i] = st[k];
-    note_block_error(Error(st[k], "kv: SSD block " + to_hex(p.key) + " lost: " + std::strerror(-st[k])));
-  }
-  record(CXLKV_LAT_FETCH, t0);
-  return ok;
 }
 
 }  // namespace cxlkv
