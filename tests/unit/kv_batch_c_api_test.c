@@ -363,6 +363,51 @@ static void test_handles_are_validated(struct cxlkv_kv *kv, const struct cxlkv_k
 	CHECK(cxlkv_kv_unpin(kv, &pin) == 0);
 }
 
+/*
+ * Handle checks are per block inside a batch: a stale (wrong version) or
+ * forged (location) handle fails alone, before anything is written to or
+ * read from its location; the other blocks of the call go on.
+ */
+static void test_batch_handles_checked_per_block(struct cxlkv_kv *kv)
+{
+	struct cxlkv_kv_key c[3] = {key(50, 700), key(51, 700), key(52, 700)};
+	struct cxlkv_kv_block rs[3], pins[3];
+	static unsigned char b[3][BLOCK_BYTES];
+	struct cxlkv_chunk out[3] = {{b[0], BLOCK_BYTES}, {b[1], BLOCK_BYTES}, {b[2], BLOCK_BYTES}};
+	uint32_t one[3] = {1, 1, 1};
+	int32_t st[3];
+
+	/* Three roots reserved in one chain call each, so none depends on another. */
+	for (int i = 0; i < 3; i++)
+		CHECK(cxlkv_kv_reserve_chain(kv, NULL, &c[i], 1, BLOCK_BYTES, &rs[i], &st[i]) == 1);
+	rs[1].version += 3; /* stale */
+	CHECK(cxlkv_kv_write_many(kv, rs, 3, in_chunks, two, st) == 2);
+	CHECK(st[0] == CXLKV_KV_RESERVED && st[1] == -ESTALE && st[2] == CXLKV_KV_RESERVED);
+	CHECK(strstr(cxlkv_last_error(), "changed since the handle was made") != NULL);
+	CHECK(cxlkv_kv_publish_many(kv, rs, 3, st) == 2);
+	CHECK(st[0] == CXLKV_KV_RESERVED && st[1] == -ESTALE && st[2] == CXLKV_KV_RESERVED);
+	rs[1].version -= 3;
+	CHECK(cxlkv_kv_abort_many(kv, &rs[1], 1, st) == 1 && st[0] == CXLKV_KV_RESERVED);
+	CHECK(cxlkv_kv_lookup(kv, &c[0], 1) == 1 && cxlkv_kv_lookup(kv, &c[1], 1) == 0);
+	CHECK(cxlkv_kv_lookup(kv, &c[2], 1) == 1);
+
+	/* Pins: a forged location in the middle is never read. */
+	c[1] = c[2];
+	CHECK(cxlkv_kv_pin_many(kv, c, 2, pins, st) == 2);
+	pins[2] = pins[1];
+	pins[1] = pins[0];
+	pins[1].loc_off = 0; /* the superblock */
+	memset(b, 0xcd, sizeof(b));
+	CHECK(cxlkv_kv_fetch_many(kv, pins, 3, out, one, st) == 2);
+	CHECK(st[0] == 0 && st[1] == -EINVAL && st[2] == 0);
+	CHECK(strstr(cxlkv_last_error(), "forged") != NULL);
+	CHECK(b[1][0] == 0xcd && b[1][BLOCK_BYTES - 1] == 0xcd);
+	CHECK(memcmp(b[0], kbuf[0], HALF) == 0 && memcmp(b[0] + HALF, vbuf[0], HALF) == 0);
+	CHECK(memcmp(b[2], kbuf[2], HALF) == 0 && memcmp(b[2] + HALF, vbuf[2], HALF) == 0);
+	pins[1] = pins[2];
+	CHECK(cxlkv_kv_unpin_many(kv, pins, 2, st) == 2);
+}
+
 /* Every step has its own latency, and the whole publish / fetch too. */
 static void test_stats_latencies(struct cxlkv_kv *kv)
 {
@@ -462,6 +507,7 @@ int main(void)
 		test_write_many_skips_existing(kv, keys);
 		test_bad_arguments(kv, keys);
 		test_handles_are_validated(kv, keys);
+		test_batch_handles_checked_per_block(kv);
 		test_stats_latencies(kv);
 		test_put_chain_nospc(kv);
 	}

@@ -1,0 +1,272 @@
+// SPDX-License-Identifier: MIT
+// KvStore batch calls: handle checks (fencing, issue 12) of a whole batch
+// with one fresh read per block in one invalidation sweep, before and after
+// the copy, per block; the single-block calls as wrappers with the same
+// outcomes.  Every node runs on its own NonCoherentSim domain.
+#include <gtest/gtest.h>
+
+#include <functional>
+
+#include "unit/index_sim_pool.hpp"
+
+using namespace cxlkv;
+using namespace cxlkv::test;
+
+namespace {
+
+// Node n's domain with two test hooks: `skip_index_invalidate` drops the
+// invalidation of index lines (a broken rule 4: the node keeps reading the
+// lines it cached), `on_payload_write` runs once at the first payload write.
+class HookedDomain final : public MemoryDomain {
+ public:
+  HookedDomain(MemoryDomain& d, const std::byte* index, size_t index_bytes)
+      : d_(d), index_(index), index_bytes_(index_bytes) {}
+  DomainMode mode() const override { return d_.mode(); }
+  std::string describe() const override { return "test hooks over " + d_.describe(); }
+  void load(void* a, const void* b, size_t n) override { d_.load(a, b, n); }
+  void store(void* a, const void* b, size_t n) override { d_.store(a, b, n); }
+  void store_nt(void* a, const void* b, size_t n) override {
+    payload_write(a);
+    d_.store_nt(a, b, n);
+  }
+  void flush(const void* p, size_t n) override { d_.flush(p, n); }
+  void flush_bulk(const void* p, size_t n) override { d_.flush_bulk(p, n); }
+  void invalidate(const void* p, size_t n) override {
+    if (skip_index_invalidate && in_index(p)) return;
+    d_.invalidate(p, n);
+  }
+  void fence() override { d_.fence(); }
+  void copy_to_pool(void* a, const void* b, size_t n) override {
+    payload_write(a);
+    d_.copy_to_pool(a, b, n);
+  }
+  void copy_from_pool(void* a, const void* b, size_t n) override { d_.copy_from_pool(a, b, n); }
+  void publish_line(void* dst, const void* src) override { d_.publish_line(dst, src); }
+
+  bool skip_index_invalidate = false;
+  std::function<void()> on_payload_write;
+
+ private:
+  bool in_index(const void* p) const {
+    auto* b = static_cast<const std::byte*>(p);
+    return b >= index_ && b < index_ + index_bytes_;
+  }
+  void payload_write(const void* a) {
+    if (!on_payload_write || in_index(a)) return;
+    auto f = std::move(on_payload_write);
+    on_payload_write = nullptr;
+    f();
+  }
+  MemoryDomain& d_;
+  const std::byte* index_;
+  size_t index_bytes_;
+};
+
+std::unique_ptr<KvStore> hooked_store(SimPool& p, HookedDomain& h, uint32_t node) {
+  KvDeps d;
+  d.index_domain = &h;
+  d.index_carve = p.pool.mem;
+  d.index_bytes = kIndexBytes;
+  d.node = node;
+  d.incarnation = 100 + node;
+  d.locks = &p.locks;
+  d.liveness = &p.live;
+  d.space = &p.space;
+  d.devices.push_back(PoolDevice{&h, p.pool.mem, p.pool.bytes});
+  auto kv = KvStore::create(std::move(d));
+  EXPECT_TRUE(kv.ok()) << (kv.ok() ? "" : kv.error().message());
+  return kv.ok() ? std::move(kv.value()) : nullptr;
+}
+
+// n root blocks (one-block chains) and their payloads.
+struct Blocks {
+  explicit Blocks(size_t n, uint64_t tag) : bufs(n, std::vector<std::byte>(4096)), nchunks(n, 1), status(n, 99) {
+    for (size_t i = 0; i < n; i++) {
+      keys.push_back(chain(tag + i, 1)[0]);
+      fill_block(keys[i], bufs[i].data(), 4096);
+      chunks.push_back(Chunk{bufs[i].data(), 4096});
+    }
+  }
+  void clear() {
+    for (auto& b : bufs) std::fill(b.begin(), b.end(), std::byte{0});
+  }
+  bool holds(size_t i) const {
+    std::vector<std::byte> want(4096);
+    fill_block(keys[i], want.data(), 4096);
+    return bufs[i] == want;
+  }
+  std::vector<BlockKey> keys;
+  std::vector<std::vector<std::byte>> bufs;
+  std::vector<Chunk> chunks;
+  std::vector<uint32_t> nchunks;
+  std::vector<int32_t> status;
+};
+
+void put_each(KvStore& kv, Blocks& b) {
+  for (size_t i = 0; i < b.keys.size(); i++) {
+    auto n = kv.put_chain(nullptr, std::span(b.keys).subspan(i, 1), 4096, std::span(b.chunks).subspan(i, 1),
+                          std::span(b.nchunks).subspan(i, 1), std::span(b.status).subspan(i, 1));
+    ASSERT_TRUE(n.ok());
+    ASSERT_EQ(n.value(), 1u) << kv.last_block_error();
+  }
+}
+
+}  // namespace
+
+// Another node removes half of the blocks a reader pinned (the reader had
+// lost those pins): fetch_many reads the other half byte for byte and
+// refuses the stale pins per block (-ESTALE), never returning their bytes.
+TEST(KvBatch, FetchManyRefusesStalePinsPerBlockAndReadsTheRest) {
+  SimPool p(2, 0.02);
+  auto a = p.store(0), b = p.store(1);
+  Blocks blk(8, 300);
+  put_each(*b, blk);
+  std::vector<KvPin> pins(8);
+  ASSERT_EQ(a->pin_many(blk.keys, pins, blk.status).value(), 8u);
+  std::vector<int32_t> st(4, 99);
+  ASSERT_EQ(a->unpin_many(std::span(pins).first(4), st).value(), 4u);
+  for (size_t i = 0; i < 4; i++) ASSERT_TRUE(b->index().remove(blk.keys[i]).ok()) << i;
+  blk.clear();
+  auto n = a->fetch_many(pins, blk.chunks, blk.nchunks, blk.status);
+  ASSERT_TRUE(n.ok());
+  EXPECT_EQ(n.value(), 4u);
+  for (size_t i = 0; i < 4; i++) {
+    EXPECT_EQ(blk.status[i], -ESTALE) << i;
+    EXPECT_FALSE(blk.holds(i)) << "no bytes of a stale pin are returned: " << i;
+  }
+  for (size_t i = 4; i < 8; i++) {
+    EXPECT_EQ(blk.status[i], 0) << i;
+    EXPECT_TRUE(blk.holds(i)) << i;
+  }
+  EXPECT_NE(a->last_block_error().find("kv: fetch of block " + to_hex(blk.keys[0])), std::string::npos)
+      << a->last_block_error();
+  EXPECT_EQ(a->unpin_many(std::span(pins).subspan(4), st).value(), 4u);
+}
+
+// The same check with the invalidation of the entry lines removed: the
+// reader trusts the lines it cached and takes the stale pins for valid.
+TEST(KvBatch, SimulatorCatchesAHandleCheckWithoutInvalidation) {
+  SimPool p(2, 0.0);
+  HookedDomain h(p.sim.node(0), p.pool.mem, kIndexBytes);
+  auto a = hooked_store(p, h, 0);
+  auto b = p.store(1);
+  Blocks blk(4, 400);
+  put_each(*b, blk);
+  std::vector<KvPin> pins(4);
+  ASSERT_EQ(a->pin_many(blk.keys, pins, blk.status).value(), 4u);
+  std::vector<int32_t> st(4, 99);
+  ASSERT_EQ(a->unpin_many(pins, st).value(), 4u);
+  for (size_t i = 0; i < 4; i++) EXPECT_EQ(a->lookup(std::span(blk.keys).subspan(i, 1)), 1u);  // caches the lines
+  for (auto& k : blk.keys) ASSERT_TRUE(b->index().remove(k).ok());
+  h.skip_index_invalidate = true;
+  auto n = a->fetch_many(pins, blk.chunks, blk.nchunks, blk.status);
+  ASSERT_TRUE(n.ok());
+  EXPECT_GT(n.value(), 0u) << "without the invalidation a removed block's stale pin passes its check";
+  h.skip_index_invalidate = false;
+  n = a->fetch_many(pins, blk.chunks, blk.nchunks, blk.status);
+  ASSERT_TRUE(n.ok());
+  EXPECT_EQ(n.value(), 0u) << "with it every stale pin fails";
+  for (int32_t s : blk.status) EXPECT_EQ(s, -ESTALE);
+}
+
+// A writer whose reservations are reclaimed while it copies (it was judged
+// dead: paused past its liveness) learns it from write_many (-ESTALE per
+// block, checked after the copy) and cannot publish; nothing is visible.
+TEST(KvBatch, WriteManyFailsBlocksReclaimedUnderTheCopy) {
+  SimPool p(2, 0.02);
+  HookedDomain h(p.sim.node(0), p.pool.mem, kIndexBytes);
+  auto a = hooked_store(p, h, 0);
+  auto b = p.store(1);
+  Blocks blk(4, 500);
+  auto c = chain(501, 4);
+  std::vector<KvReservation> rs(4);
+  ASSERT_EQ(a->reserve_chain(nullptr, c, 4096, rs, blk.status).value(), 4u);
+  h.on_payload_write = [&] {
+    p.live.kill(0);
+    auto r = b->reclaim_dead();
+    ASSERT_TRUE(r.ok());
+    EXPECT_EQ(r.value(), 4u);
+    p.live.set_incarnation(0, 100);  // back, unaware
+  };
+  auto n = a->write_many(rs, blk.chunks, blk.nchunks, blk.status);
+  ASSERT_TRUE(n.ok());
+  EXPECT_EQ(n.value(), 0u);
+  for (int32_t s : blk.status) EXPECT_EQ(s, -ESTALE);
+  EXPECT_NE(a->last_block_error().find("reclaimed during the write"), std::string::npos) << a->last_block_error();
+  n = a->publish_many(rs, blk.status);
+  ASSERT_TRUE(n.ok());
+  EXPECT_EQ(n.value(), 0u);
+  for (int32_t s : blk.status) EXPECT_EQ(s, -ESTALE);
+  EXPECT_EQ(b->lookup(c), 0u);
+  EXPECT_EQ(p.space.double_frees, 0u);
+}
+
+// The handle checks of a batch cost one fence each way, not one per block:
+// fetch_many of 16 pinned blocks fences twice for its checks and once per
+// block for its payload invalidation (and at most once more if the node's
+// statistics are due to be copied into the pool).
+TEST(KvBatch, HandleChecksOfABatchShareOneFence) {
+  SimPool p(1, 0.02);
+  auto a = p.store(0);
+  Blocks blk(16, 600);
+  put_each(*a, blk);
+  std::vector<KvPin> pins(16);
+  ASSERT_EQ(a->pin_many(blk.keys, pins, blk.status).value(), 16u);
+  const uint64_t f0 = p.sim.counters(0).fences;
+  ASSERT_EQ(a->fetch_many(pins, blk.chunks, blk.nchunks, blk.status).value(), 16u);
+  const uint64_t fences = p.sim.counters(0).fences - f0;
+  EXPECT_LE(fences, 2u + 16u + 1u) << "pre-copy check + post-copy check + one per block's payload";
+  for (size_t i = 0; i < 16; i++) EXPECT_TRUE(blk.holds(i)) << i;
+  std::vector<int32_t> st(16);
+  EXPECT_EQ(a->unpin_many(pins, st).value(), 16u);
+}
+
+// The single-block calls are the batch calls on one block: the same
+// outcomes and the same per-block messages, as Result errors.
+TEST(KvBatch, SingleBlockCallsReportWhatTheBatchCallsReport) {
+  SimPool p(2, 0.02);
+  auto a = p.store(0), b = p.store(1);
+  auto c = chain(700, 2);
+  auto r0 = a->reserve(c[0], nullptr, 4096);
+  ASSERT_TRUE(r0.ok());
+  EXPECT_TRUE(r0->reserved());
+  auto busy = b->reserve(c[0], nullptr, 4096);
+  ASSERT_TRUE(busy.ok());
+  EXPECT_EQ(busy->status, uint32_t(kKvBusy));
+  auto w = b->write(*busy, {});
+  ASSERT_FALSE(w.ok());
+  EXPECT_EQ(w.error().code(), -EINVAL) << "not reserved by this call";
+  auto r1 = a->reserve(c[1], &c[0], 4096);
+  ASSERT_TRUE(r1.ok());
+  std::vector<std::byte> buf(4096);
+  Chunk ch{buf.data(), buf.size()};
+  ASSERT_TRUE(a->write(*r1, {&ch, 1}).ok());
+  auto pub = a->publish(*r1);
+  ASSERT_FALSE(pub.ok());
+  EXPECT_EQ(pub.error().code(), -EAGAIN) << "the parent is not published yet";
+  ASSERT_TRUE(a->write(*r0, {&ch, 1}).ok());
+  ASSERT_TRUE(a->publish(*r0).ok());
+  ASSERT_TRUE(a->publish(*r1).ok());
+  auto again = a->publish(*r1);
+  ASSERT_FALSE(again.ok());
+  EXPECT_EQ(again.error().code(), -ESTALE);
+  EXPECT_NE(again.error().message().find("no longer reserved"), std::string::npos) << again.error().message();
+  auto exists = b->reserve(c[0], nullptr, 4096);
+  ASSERT_TRUE(exists.ok());
+  EXPECT_EQ(exists->status, uint32_t(kKvExists));
+  auto miss = b->pin(chain(701, 1)[0]);
+  ASSERT_FALSE(miss.ok());
+  EXPECT_EQ(miss.error().code(), -ENOENT);
+  auto pin = b->pin(c[1]);
+  ASSERT_TRUE(pin.ok());
+  KvPin forged = *pin;
+  forged.loc_off += 4096;
+  auto f = b->fetch(forged, {&ch, 1});
+  ASSERT_FALSE(f.ok());
+  EXPECT_EQ(f.error().code(), -EINVAL) << f.error().message();
+  EXPECT_TRUE(b->fetch(*pin, {&ch, 1}).ok());
+  EXPECT_TRUE(b->unpin(*pin).ok());
+  auto twice = b->unpin(*pin);
+  ASSERT_FALSE(twice.ok());
+  EXPECT_EQ(twice.error().code(), -EINVAL);
+}
