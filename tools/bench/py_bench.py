@@ -31,6 +31,10 @@ Merges into the results file (one flat JSON object):
                                        a first-fit range allocator, one block per call)
   py.publish_vs_kv_capi, py.fetch_vs_kv_capi, py.publish_vs_kv, py.fetch_vs_kv
                                        the ratios (issue 14: >= 0.9)
+  py.publish_gb_per_cpu_s, py.fetch_gb_per_cpu_s, py.*_per_cpu_s_vs_kv_capi
+                                       the same bytes per CPU-second of the calling thread, beside
+                                       kv_capi.*_gb_per_cpu_s: far less sensitive to the load of
+                                       other processes than wall-clock rates
   py.capi_per_block_publish_gbps       the C API's reserve/write/publish per block from Python,
                                        same pool and handle (py.publish_vs_capi_per_block)
   py.publish_vs_c_call_same_process, py.fetch_vs_c_call_same_process
@@ -143,27 +147,30 @@ def measure(args, build, uri, n, reps):
         kc = next(c for c in pool.carves() if c["name"] == "kv")
         ctypes.memset(pool.base + kc["offset"], 0, kc["size"])  # fault in the kv carve, as the C++ baseline
 
+        def rates(nbytes, t0, c0):
+            # GB/s of wall-clock time, GB per CPU-second of this thread
+            return (nbytes / (time.perf_counter() - t0) / 1e9, nbytes / max(time.thread_time() - c0, 1e-9) / 1e9)
+
         def publish(tag, count):
             keys = cxlkv.keys_from_hashes(range(tag, tag + count))
             done = 0
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.thread_time()
             for lo in range(0, count, args.batch):
                 k = keys[lo:lo + args.batch]
                 blk = [(lo + j) % cache_blocks for j in range(len(k))]
                 done += int((kv.put(k, paged, blk) == cxlkv.RESERVED).sum())
-            return keys, done * paged.block_bytes / (time.perf_counter() - t0) / 1e9
+            return keys, rates(done * paged.block_bytes, t0, c0)
 
         def fetch(recent, count):
             got = 0
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.thread_time()
             for lo in range(0, count, args.batch):
                 idx = [(lo + j) % len(recent) for j in range(min(args.batch, count - lo))]
                 blk = [(lo + j) % cache_blocks for j in range(len(idx))]
                 got += int(cxlkv.get_ok(kv.get(recent[idx], paged, blk)).sum())
-            sec = time.perf_counter() - t0
             if got != count:
                 print(f"py bench: fetched {got} of {count} blocks", file=sys.stderr)
-            return got * paged.block_bytes / sec / 1e9
+            return rates(got * paged.block_bytes, t0, c0)
 
         def publish_per_block(tag, count):
             # The C API's single-block calls (reserve, write, publish per
@@ -187,7 +194,8 @@ def measure(args, build, uri, n, reps):
 
         publish(0x5000000, n)  # warm-up pass, as the C++ baseline's
         pub, fet, single = [], [], []
-        base = {k: [] for k in ("kv.publish_gbps", "kv.fetch_gbps", "kv_capi.publish_gbps", "kv_capi.fetch_gbps")}
+        base = {k: [] for k in ("kv.publish_gbps", "kv.fetch_gbps", "kv_capi.publish_gbps", "kv_capi.fetch_gbps",
+                                "kv_capi.publish_gb_per_cpu_s", "kv_capi.fetch_gb_per_cpu_s")}
         bench = os.path.join(build, "tools", "cxlkv-bench")
         for r in range(reps):
             # The C++ groups interleaved with the Python passes, so both see
@@ -212,9 +220,11 @@ def measure(args, build, uri, n, reps):
         # once, alternating batch by batch on the same pool and handle.
         out_same = same_process_ratio(kv, paged, cache_blocks, args.batch, n, cxlkv, _lib, np)
 
-    out = {"py.publish_gbps": max(pub), "py.fetch_gbps": max(fet), "py.capi_per_block_publish_gbps": max(single)}
+    out = {"py.publish_gbps": max(r[0] for r in pub), "py.fetch_gbps": max(r[0] for r in fet),
+           "py.publish_gb_per_cpu_s": max(r[1] for r in pub), "py.fetch_gb_per_cpu_s": max(r[1] for r in fet),
+           "py.capi_per_block_publish_gbps": max(single)}
     out.update(out_same)
-    out["py.publish_vs_capi_per_block"] = max(pub) / max(single) if max(single) else 0
+    out["py.publish_vs_capi_per_block"] = out["py.publish_gbps"] / max(single) if max(single) else 0
     for k, v in base.items():
         if v:
             g, m = k.split(".")
@@ -254,6 +264,10 @@ def main():
             b = out.get(f"py.{g}_{k}_gbps_interleaved") or res.get(f"{g}.{k}_gbps")
             if b:
                 out[f"py.{k}_vs_{g}"] = out[f"py.{k}_gbps"] / b
+    for k in ("publish", "fetch"):
+        b = out.get(f"py.kv_capi_{k}_gb_per_cpu_s_interleaved") or res.get(f"kv_capi.{k}_gb_per_cpu_s")
+        if b:
+            out[f"py.{k}_per_cpu_s_vs_kv_capi"] = out[f"py.{k}_gb_per_cpu_s"] / b
     res.update({k: round(v, 4) for k, v in out.items()})
     os.makedirs(os.path.dirname(os.path.abspath(args.results)), exist_ok=True)
     with open(args.results, "w") as f:
