@@ -5,11 +5,16 @@ LMCache's native-connector protocol of the L2 adapters,
 LMCache 0.3.x: ``event_fd``, ``submit_batch_get``, ``submit_batch_set``,
 ``submit_batch_exists``, ``drain_completions``, ``close``).
 
-Turn it on with the L2 adapter config::
+Turn it on with an L2 adapter of the LMCache server (multiprocess mode; the
+engine side keeps LMCache's own connector)::
 
-    {"type": "native_plugin", "module_path": "cxlkv.integrations.lmcache",
-     "class_name": "CxlkvNativePlugin",
-     "adapter_params": {"pool": "dax:/dev/dax0.0", "node": 1}}
+    python -m lmcache.v1.multiprocess.server ... --l2-adapter \
+        '{"type": "native_plugin", "module_path": "cxlkv.integrations.lmcache",
+          "class_name": "CxlkvNativePlugin",
+          "adapter_params": {"pool": "dax:/dev/dax0.0", "node": 1}}'
+
+(``adapter_params`` are the constructor's keywords: ``pool``, ``node``,
+``namespace``, ``sub_batch``.)
 
 LMCache is never imported: the protocol is duck-typed.  Keys (LMCache's chunk
 hash strings) map by :func:`cxlkv.keys_from_hashes` in ``namespace``; a batch
