@@ -8,9 +8,14 @@
 //                                              ROOT, then reserve_chain another and
 //                                              write_many half of it
 //   kv_crash_helper POOL NODE batch-reader KEYS... pin_many + fetch_many KEYS
+//   kv_crash_helper POOL NODE put-chain-loop    put_chain 16-block chains of 2 MiB
+//                                              blocks (chain c: ids 1000+c*16+i, block
+//                                              i filled with byte c*16+i) one after the
+//                                              other, READY after the first, until killed
 // Prints "READY" when in position, then sleeps until killed.
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
 #include <string>
@@ -23,7 +28,7 @@
 using namespace cxlkv;
 
 int main(int argc, char** argv) {
-  if (argc < 5) return 2;
+  if (argc < 4 || (argc < 5 && std::string(argv[3]) != "put-chain-loop")) return 2;
   auto region = Region::open(argv[1]);
   if (!region) return std::fprintf(stderr, "%s\n", region.error().message().c_str()), 1;
   NodeOptions no;
@@ -91,6 +96,29 @@ int main(int argc, char** argv) {
     if (!p || p.value() != keys.size()) return std::fprintf(stderr, "pin_many failed\n"), 1;
     auto f = kv.fetch_many(pins, chunks, nchunks, st);
     if (!f || f.value() != keys.size()) return std::fprintf(stderr, "fetch_many failed\n"), 1;
+  } else if (mode == "put-chain-loop") {
+    constexpr size_t kN = 16, kBytes = 2u << 20;
+    std::vector<std::vector<std::byte>> bufs(kN, std::vector<std::byte>(kBytes));
+    std::vector<Chunk> chunks(kN);
+    std::vector<uint32_t> nchunks(kN, 1);
+    std::vector<int32_t> st(kN);
+    for (uint64_t c = 0;; c++) {
+      std::vector<uint64_t> ids(kN);
+      for (size_t i = 0; i < kN; i++) {
+        ids[i] = 1000 + c * kN + i;
+        std::fill(bufs[i].begin(), bufs[i].end(), std::byte(static_cast<uint8_t>(c * kN + i)));
+        chunks[i] = Chunk{bufs[i].data(), kBytes};
+      }
+      auto put = kv.put_chain(nullptr, keys_from_ids(ids), kBytes, chunks, nchunks, st);
+      if (!put || put.value() != kN)
+        return std::fprintf(stderr, "put_chain of chain %llu failed: %s\n", (unsigned long long)c,
+                            put ? kv.last_block_error().c_str() : put.error().message().c_str()),
+               1;
+      if (c == 0) {
+        std::printf("READY\n");
+        std::fflush(stdout);
+      }
+    }
   } else if (mode == "reader") {
     if (!kv.pin(keys[0])) return std::fprintf(stderr, "pin failed\n"), 1;
   } else {

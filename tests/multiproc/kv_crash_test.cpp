@@ -8,11 +8,14 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
+#include <thread>
 #include <vector>
 
+#include "cxlkv/alloc.hpp"
 #include "cxlkv/kv.hpp"
 #include "cxlkv/region.hpp"
 #include "cxlkv/sync.hpp"
@@ -65,8 +68,8 @@ void kill9(Child& c) {
 }
 
 struct Pool {
-  Pool() {
-    uri = "shm:cxlkv-kvcrash-" + std::to_string(getpid()) + ":64M";
+  explicit Pool(const std::string& size = "64M") {
+    uri = "shm:cxlkv-kvcrash-" + std::to_string(getpid()) + ":" + size;
     PoolFormatOptions fo;
     fo.force = true;
     region = std::move(format_pool(uri, fo).value());
@@ -215,4 +218,79 @@ TEST(KvCrash, BatchReaderKilledHoldingPinsDoesNotBlockEviction) {
   for (int pass = 0; pass < 16 && p.kv().lookup(keys) > 0; pass++)
     for (auto& k : keys) ASSERT_TRUE(p.kv().index().evict_one(p.kv().index().stripe_of(k)).ok());
   EXPECT_EQ(p.kv().lookup(keys), 0u) << "the dead reader's pins are ignored";
+}
+
+// kill -9 of a writer inside put_chain (a chain of 16 blocks of 2 MiB being
+// reserved, written or published while it dies): what it published stays
+// a readable prefix, nothing it reserved stays reserved or allocated, and
+// another node puts the same chain in one call, on the space it gave back.
+TEST(KvCrash, WriterKilledInsidePutChainLeaksNothing) {
+  Pool p("256M");
+  constexpr size_t kN = 16, kBytes = 2u << 20;
+  auto chunks_of = ChunkAllocator::open(*p.node);
+  ASSERT_TRUE(chunks_of.ok());
+  ChunkAllocator& ca = chunks_of.value();
+  ASSERT_GE(ca.geometry().chunk_size, kBytes) << "one chunk per block below";
+  const uint64_t free0 = ca.free_chunks();
+  auto chain_keys = [&](uint64_t c) {
+    std::vector<uint64_t> ids(kN);
+    for (size_t i = 0; i < kN; i++) ids[i] = 1000 + c * kN + i;
+    return keys_from_ids(ids);
+  };
+  // Kill the writer while it holds reservations (seen lock-free; a few
+  // tries, each a new writer node, in case a kill lands between two calls).
+  uint64_t left_writing = 0;
+  for (uint32_t node = 2; node < 6 && left_writing == 0; node++) {
+    Child w = start({p.uri, std::to_string(node), "put-chain-loop"});
+    ASSERT_GT(w.pid, 0) << "helper did not put its first chain";
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+    while (p.kv().index().usage().by_state[CXLKV_ENTRY_WRITING] == 0 && std::chrono::steady_clock::now() < deadline)
+      std::this_thread::yield();
+    // Somewhere in the call: reserved, copying (most of it) or publishing.
+    std::this_thread::sleep_for(std::chrono::microseconds((getpid() * 7919u + node * 104729u) % 8000u));
+    kill9(w);
+    left_writing = p.kv().index().usage().by_state[CXLKV_ENTRY_WRITING];
+  }
+  ASSERT_GT(left_writing, 0u) << "no kill landed inside a put_chain";
+
+  std::vector<std::vector<std::byte>> bufs(kN, std::vector<std::byte>(kBytes));
+  std::vector<Chunk> chunks(kN);
+  std::vector<uint32_t> nchunks(kN, 1);
+  std::vector<int32_t> st(kN);
+  auto fill = [&](uint64_t c, bool expected) {
+    for (size_t i = 0; i < kN; i++) {
+      std::fill(bufs[i].begin(), bufs[i].end(), expected ? std::byte(static_cast<uint8_t>(c * kN + i)) : std::byte{0});
+      chunks[i] = Chunk{bufs[i].data(), kBytes};
+    }
+  };
+  size_t broken = 0;
+  for (uint64_t c = 0; c < 64; c++) {
+    auto keys = chain_keys(c);
+    const size_t k = p.kv().lookup(keys);
+    if (k == 0 && p.kv().index().find_state(keys[0]) == CXLKV_ENTRY_EMPTY) break;  // never started
+    // What the dead writer published is a prefix that reads back exactly.
+    fill(c, false);
+    auto got = p.kv().get_many(std::span(keys).first(k), chunks, nchunks, st);
+    ASSERT_TRUE(got.ok());
+    ASSERT_EQ(got.value(), k) << p.kv().last_block_error();
+    for (size_t i = 0; i < k; i++)
+      ASSERT_EQ(bufs[i][kBytes - 1], std::byte(static_cast<uint8_t>(c * kN + i))) << "chain " << c << " block " << i;
+    if (k == kN) continue;
+    broken++;
+    // Another node puts the whole chain in one call: the dead writer's
+    // reservations are taken over (no reclaim_dead() first).
+    fill(c, true);
+    auto put = p.kv().put_chain(nullptr, keys, kBytes, chunks, nchunks, st);
+    ASSERT_TRUE(put.ok());
+    ASSERT_EQ(put.value(), kN) << p.kv().last_block_error();
+    for (size_t i = 0; i < kN; i++) EXPECT_EQ(st[i], i < k ? kKvExists : kKvReserved) << i;
+    fill(c, false);
+    ASSERT_EQ(p.kv().get_many(keys, chunks, nchunks, st).value(), kN);
+    for (size_t i = 0; i < kN; i++) ASSERT_EQ(bufs[i][0], std::byte(static_cast<uint8_t>(c * kN + i))) << i;
+  }
+  EXPECT_GE(broken, 1u) << "a chain was being put when the writer died";
+  IndexUsage u = p.kv().index().usage();
+  EXPECT_EQ(u.by_state[CXLKV_ENTRY_WRITING], 0u) << "no reservation is left";
+  EXPECT_EQ(ca.free_chunks(), free0 - u.by_state[CXLKV_ENTRY_READY])
+      << "every chunk is free or holds a published block: the dead writer's reserved space came back";
 }
