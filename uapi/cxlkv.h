@@ -120,6 +120,26 @@ static inline __u64 cxlkv_sb_checksum(const struct cxlkv_superblock *sb)
 	return h;
 }
 
+/*
+ * FNV-1a 64 over a carve header of n bytes, with the 8-byte checksum field
+ * at ck_off read as zero (issue 12: checked metadata).  The control, index
+ * and alloc carve headers use it for their `checksum` fields.
+ */
+static inline __u64 cxlkv_hdr_checksum(const void *hdr, unsigned long n, unsigned long ck_off)
+{
+	const unsigned char *p = (const unsigned char *)hdr;
+	__u64 h = 0xcbf29ce484222325ULL;
+	unsigned long i;
+
+	for (i = 0; i < n; i++) {
+		unsigned char c = (i >= ck_off && i < ck_off + 8) ? 0 : p[i];
+
+		h ^= c;
+		h *= 0x100000001b3ULL;
+	}
+	return h;
+}
+
 #include "cxlkv_ctrl.h"
 
 #endif /* _UAPI_CXLKV_H */

@@ -19,6 +19,8 @@
  *   +remote_bits_off     per chunk: __u64 words, bit b = block b was freed by
  *                        another node (stride remote_bits_stride)    [lock REMOTE_FREE+owner]
  *   +objstore_off        struct cxlkv_objstore_header + table (uapi/cxlkv_objstore.h)
+ *   +state_off           struct cxlkv_alloc_state (one line)            [lock ALLOC]
+ *                        then struct cxlkv_quarantine [nchunks]        [lock ALLOC]
  *
  * Offsets are relative to the start of the alloc carve; every region starts
  * on a 64 B line.  All of these lines are written by several nodes over
@@ -32,6 +34,21 @@
  * under the owner's REMOTE_FREE lock.  The owner drains its inbox into its
  * node-local free lists when a size class runs dry.  Large runs are freed
  * from any node straight back to the global bitmap under ALLOC.
+ *
+ * Checked metadata (issue 12): the header carries a checksum (written once
+ * at format); the state line carries the checksum of the chunk bitmap,
+ * updated with every bitmap word under ALLOC, so a zeroed or damaged bitmap
+ * is refused instead of handing out published space.
+ *
+ * Quarantine (issue 12): a LARGE run taken from a node declared dead (its
+ * reservation reclaimed) is not freed but becomes a QUARANTINE run: bitmap
+ * bits stay set, the head's descriptor names the node, and the head's
+ * struct cxlkv_quarantine says when it may be released.  A paused process
+ * of that node may still finish a copy into the run when it resumes; the
+ * run is released only once that node is seen alive again and has beaten
+ * twice since (it resumed, and its next checks fail with -ESTALE), or after
+ * until_ns.  SMALL blocks go back to their owner node (the reserving node)
+ * by remote free and are reused only by that node, so they need none.
  */
 #ifndef _UAPI_CXLKV_ALLOC_H
 #define _UAPI_CXLKV_ALLOC_H
@@ -42,7 +59,8 @@
 
 /* "CXLKVAL1" */
 #define CXLKV_ALLOC_MAGIC         0x314c41564b4c5843ULL
-#define CXLKV_ALLOC_VERSION       1u
+/* 2: header checksum, state line (bitmap checksum), quarantine table */
+#define CXLKV_ALLOC_VERSION       2u
 #define CXLKV_DEFAULT_CHUNK_SIZE  (2ULL << 20)
 #define CXLKV_MIN_CHUNK_SIZE      (64ULL << 10)
 #define CXLKV_MAX_CHUNK_SIZE      (1ULL << 30)
@@ -64,7 +82,8 @@ struct cxlkv_alloc_header {
 	__u64 remote_bits_stride;/*  88 bytes per chunk: chunk_size / 64 bits, multiple of 64 */
 	__u64 objstore_off;      /*  96 */
 	__u64 objstore_bytes;    /* 104 */
-	__u8  reserved[16];      /* 112 zero */
+	__u64 state_off;         /* 112 struct cxlkv_alloc_state, then cxlkv_quarantine[nchunks] */
+	__u64 checksum;          /* 120 cxlkv_hdr_checksum() of the header */
 };
 CXLKV_STATIC_ASSERT(sizeof(struct cxlkv_alloc_header) == 128, "alloc header is two lines");
 
@@ -73,6 +92,7 @@ enum cxlkv_chunk_kind {
 	CXLKV_CHUNK_SMALL      = 1,	/* blocks of one size class, owned by `owner` */
 	CXLKV_CHUNK_LARGE_HEAD = 2,	/* first chunk of a run of `run` chunks */
 	CXLKV_CHUNK_LARGE_TAIL = 3,	/* later chunk of a run; `run` = distance to the head */
+	CXLKV_CHUNK_QUARANTINE = 4,	/* head of a LARGE run taken from dead node `owner`; `run` chunks */
 };
 #define CXLKV_CHUNK_NO_OWNER    0xffffu
 
@@ -92,5 +112,38 @@ struct cxlkv_remote_inbox {
 	__u8  reserved[48];
 };
 CXLKV_STATIC_ASSERT(sizeof(struct cxlkv_remote_inbox) == 64, "inbox is one line");
+
+/* Allocator state: one line, written under ALLOC with NT stores (rule 1). */
+struct cxlkv_alloc_state {
+	__u64 bitmap_sum;        /* XOR of cxlkv_bitmap_word_sum(i, word i) over the chunk bitmap */
+	__u64 quarantined;       /* chunks in QUARANTINE runs */
+	__u64 releases;          /* quarantine runs released (statistics) */
+	__u8  reserved[40];
+};
+CXLKV_STATIC_ASSERT(sizeof(struct cxlkv_alloc_state) == 64, "alloc state is one line");
+
+/* Per chunk; meaningful at a QUARANTINE head. */
+struct cxlkv_quarantine {
+	__u64 until_ns;          /* CLOCK_REALTIME: released after this whatever else */
+	__u64 heartbeat;         /* the node's heartbeat counter when quarantined */
+	__u32 owner_inc;         /* low 32 bits of the reserving incarnation */
+	__u32 reserved0;
+	__u64 reserved1;
+};
+CXLKV_STATIC_ASSERT(sizeof(struct cxlkv_quarantine) == 32, "quarantine record is half a line");
+
+/*
+ * One bitmap word's share of state.bitmap_sum: a 64-bit mix of the word and
+ * its index, so a word moved, zeroed or flipped changes the sum (a zeroed
+ * bitmap of a pool in use does not add up to its sum).
+ */
+static inline __u64 cxlkv_bitmap_word_sum(__u64 index, __u64 word)
+{
+	__u64 z = word ^ (index * 0x9e3779b97f4a7c15ULL) ^ 0xa0761d6478bd642fULL;
+
+	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+	z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+	return z ^ (z >> 31);
+}
 
 #endif /* _UAPI_CXLKV_ALLOC_H */

@@ -279,3 +279,90 @@ TEST(KvPause, ResumedReaderFetchFailsAndReturnsNoBytes) {
   r->send("exit");
   EXPECT_EQ(p.wrong_bytes(other, std::byte{0x22}), 0u);
 }
+
+namespace {
+
+// The stray-store scenario: a writer reserves KEY and is paused after its
+// checks passed (a copy in flight); it is declared dead, this node takes
+// the reservation and publishes KEY and another block; the writer resumes
+// and its copy stores 0xEE.. into the location it had reserved.  Returns
+// the bytes of the two published blocks that are not what this node wrote,
+// and whether the writer's location was reused.
+struct StrayOutcome {
+  bool skipped = false;
+  bool reused = false;
+  size_t wrong = 0;
+  uint64_t writer_loc = 0;
+  std::unique_ptr<Helper> writer;  // still running (and beating) until reset
+};
+
+StrayOutcome stray_store_after_reclaim(Pool& p, uint64_t id) {
+  StrayOutcome out;
+  const BlockKey k = key_of(id), other = key_of(id + 1);
+  std::string loc;
+  auto w = start({p.uri, "2", "stray", to_hex(k), std::to_string(kBlock)}, &loc);
+  if (!w || w->skipped) {
+    out.skipped = true;
+    return out;
+  }
+  EXPECT_GT(w->pid, 0);
+  EXPECT_FALSE(loc.empty());
+  out.writer_loc = std::strtoull(loc.c_str(), nullptr, 10);
+  p.pause_until_dead(*w, 2);
+  const uint64_t a = p.put(k, std::byte{0xBB});
+  const uint64_t b = p.put(other, std::byte{0xCC});
+  out.reused = a == out.writer_loc || b == out.writer_loc;
+  EXPECT_EQ(kill(w->pid, SIGCONT), 0);
+  w->send("stray");
+  EXPECT_EQ(w->expect("STRAY"), "0");
+  out.wrong = p.wrong_bytes(k, std::byte{0xBB}) + p.wrong_bytes(other, std::byte{0xCC});
+  out.writer = std::move(w);
+  return out;
+}
+
+}  // namespace
+
+// Space taken from a node declared dead is quarantined: what a resumed
+// process still stores into it lands in no published block; once that node
+// has resumed and beaten twice the space is released and reused.
+TEST(KvPause, SpaceTakenFromAPausedWriterIsQuarantinedUntilItResumed) {
+  Pool p;
+  set_reclaim_quarantine(std::chrono::minutes(10));
+  auto chunks = ChunkAllocator::open(*p.node);
+  ASSERT_TRUE(chunks.ok());
+  StrayOutcome s = stray_store_after_reclaim(p, 3001);
+  if (s.skipped) GTEST_SKIP() << "no pid namespace for a second 'host' (needs root)";
+  EXPECT_FALSE(s.reused) << "the dead writer's space is not handed out while it is quarantined";
+  EXPECT_EQ(s.wrong, 0u) << "the resumed writer's store landed in a published block";
+  EXPECT_EQ(chunks->quarantined_chunks(), 1u);
+
+  // The writer resumed and beats again: released well before the period.
+  auto deadline = std::chrono::steady_clock::now() + 20s;
+  uint64_t released = 0;
+  while (released == 0) {
+    auto r = chunks->release_quarantine();
+    ASSERT_TRUE(r.ok()) << r.error().message();
+    released = r.value();
+    if (released) break;
+    ASSERT_LT(std::chrono::steady_clock::now(), deadline)
+        << "watchdog: quarantine not released 20 s after the writer resumed";
+    std::this_thread::sleep_for(50ms);
+  }
+  EXPECT_EQ(released, 1u);
+  EXPECT_EQ(chunks->quarantined_chunks(), 0u);
+  s.writer->send("exit");
+  EXPECT_EQ(p.put(key_of(3100), std::byte{0x44}), s.writer_loc) << "released space is reused";
+  EXPECT_EQ(p.wrong_bytes(key_of(3100), std::byte{0x44}), 0u);
+}
+
+// What the quarantine guards: with it off, the same resumed store lands in
+// the block this node published in the reused space.
+TEST(KvPause, WithoutQuarantineAResumedStoreCorruptsTheReusedBlock) {
+  Pool p;
+  set_reclaim_quarantine(std::chrono::milliseconds(0));
+  const StrayOutcome s = stray_store_after_reclaim(p, 4001);
+  set_reclaim_quarantine(std::chrono::minutes(10));
+  if (s.skipped) GTEST_SKIP() << "no pid namespace for a second 'host' (needs root)";
+  EXPECT_TRUE(s.reused);
+  EXPECT_GT(s.wrong, 0u) << "the simulator of a paused copy did not reach the reused block";
+}

@@ -16,6 +16,7 @@
 // Exhaustion is -ENOSPC with a message naming the pool and sizes.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <vector>
@@ -47,6 +48,13 @@ uint32_t size_class_bytes(uint32_t c);
 // Smallest class holding `bytes`, or kSizeClasses if it needs whole chunks.
 uint32_t size_class_for(uint64_t bytes, uint64_t chunk_size);
 
+// Quarantine of space taken from a node declared dead (issue 12,
+// uapi/cxlkv_alloc.h): released once that node resumed and beat twice, or
+// after this period (default 10 minutes; CXLKV_RECLAIM_QUARANTINE_MS in the
+// environment; 0 turns quarantine off, for tests that show what it guards).
+void set_reclaim_quarantine(std::chrono::milliseconds period);
+std::chrono::milliseconds reclaim_quarantine();
+
 struct AllocGeometry {
   uint64_t chunk_size = 0, nchunks = 0, arena_off = 0;
 };
@@ -60,6 +68,16 @@ class ChunkAllocator {
   Result<uint64_t> alloc_run(uint64_t n, bool small, uint32_t size_class);
   // Free the run starting at chunk `first` (any node may free a LARGE run).
   Result<void> free_run(uint64_t first);
+  // Instead of freeing, quarantine the LARGE run at `first`, taken from
+  // (node, incarnation low bits) that was declared dead.
+  Result<void> quarantine_run(uint64_t first, uint32_t node, uint32_t incarnation_lo);
+  // Release the quarantine runs that may be released now; chunks released.
+  Result<uint64_t> release_quarantine();
+  // Chunks in quarantine (a fresh read of the state line; no lock).
+  uint64_t quarantined_chunks() const;
+  // Recompute the bitmap checksum under ALLOC; -EUCLEAN naming the pool
+  // when it does not match the state line (a zeroed or damaged bitmap).
+  Result<void> check_bitmap();
   // Chunk descriptor, read fresh (rule 4).
   cxlkv_chunk_desc desc(uint64_t chunk) const;
   uint64_t free_chunks() const;  // counted from the bitmap (takes no lock: a snapshot)
@@ -73,6 +91,10 @@ class ChunkAllocator {
 
  private:
   ChunkAllocator(NodeContext& n) : node_(&n) {}
+  cxlkv_alloc_state* state() const { return reinterpret_cast<cxlkv_alloc_state*>(base_ + hdr_.state_off); }
+  cxlkv_quarantine* quarantine() const {
+    return reinterpret_cast<cxlkv_quarantine*>(base_ + hdr_.state_off + sizeof(cxlkv_alloc_state));
+  }
   NodeContext* node_;
   std::byte* base_ = nullptr;  // start of the alloc carve
   cxlkv_alloc_header hdr_{};
@@ -94,6 +116,11 @@ class NodeHeap {
   Result<uint64_t> alloc(uint64_t bytes);
   // Free a block from any node.  -EINVAL for an offset that is not an allocated block.
   Result<void> free(uint64_t pool_off);
+  // Free a block taken from a reservation of (node, incarnation low bits),
+  // declared dead: a whole-chunk run goes into quarantine unless that node
+  // is a process of this host that is gone; a size-class block goes back
+  // to its owner node as free() does (only that node reuses it).
+  Result<void> free_taken(uint64_t pool_off, uint32_t node, uint32_t incarnation_lo);
   // Usable size of an allocated block.
   Result<uint64_t> usable_size(uint64_t pool_off) const;
   // Pull blocks other nodes freed back into this node's free lists.

@@ -2,6 +2,8 @@
 // Alloc carve: plan, format initializer, header validation; size classes.
 #include <algorithm>
 #include <cerrno>
+#include <cstddef>
+#include <cstdio>
 #include <string>
 #include <vector>
 
@@ -14,6 +16,11 @@ namespace cxlkv {
 namespace {
 uint64_t lines(uint64_t bytes) { return (bytes + CXLKV_LINE_SIZE - 1) / CXLKV_LINE_SIZE * CXLKV_LINE_SIZE; }
 uint64_t bitmap_bytes(uint64_t bits) { return lines((bits + 63) / 64 * 8); }
+std::string hex64(uint64_t v) {
+  char b[24];
+  std::snprintf(b, sizeof b, "0x%016llx", static_cast<unsigned long long>(v));
+  return b;
+}
 
 // 64 B .. 64 KiB, four classes per doubling, all multiples of the line size;
 // then powers of two 128 KiB .. 1 MiB for mid-size blocks (KV blocks), so a
@@ -65,7 +72,10 @@ cxlkv_alloc_header plan_alloc(uint64_t nchunks, uint64_t chunk_size, uint64_t ar
   h.objstore_off = off;
   h.objstore_bytes = objstore::objstore_bytes(objstore_entries);
   off += h.objstore_bytes;
+  h.state_off = off;
+  off += sizeof(cxlkv_alloc_state) + lines(nchunks * sizeof(cxlkv_quarantine));
   if (bytes) *bytes = off;
+  h.checksum = cxlkv_hdr_checksum(&h, sizeof h, offsetof(cxlkv_alloc_header, checksum));
   return h;
 }
 
@@ -76,7 +86,9 @@ Result<cxlkv_alloc_header> read_alloc_header(const Region& region, MemoryDomain&
   const std::string who = "pool " + region.uri() + ": alloc carve: ";
   if (h.magic != CXLKV_ALLOC_MAGIC) return Error(-EUCLEAN, who + "not formatted (bad magic; run `cxlkvctl format`)");
   if (h.version != CXLKV_ALLOC_VERSION)
-    return Error(-EPROTO, who + "layout version " + std::to_string(h.version) + " unknown");
+    return Error(-EPROTO, who + "layout version " + std::to_string(h.version) +
+                              (h.version < CXLKV_ALLOC_VERSION ? " is older than this runtime's " : " is newer than this runtime's ") +
+                              std::to_string(CXLKV_ALLOC_VERSION) + "; reformat the pool (cxlkvctl format --force) or use a matching runtime");
   // Issue 12: the arena is the kv carve, checked field by field before any
   // arithmetic on them (a huge nchunks would wrap plan_alloc's sizes and
   // nchunks * chunk_size).
@@ -93,15 +105,39 @@ Result<cxlkv_alloc_header> read_alloc_header(const Region& region, MemoryDomain&
   uint64_t need = 0;
   auto expect = plan_alloc(h.nchunks, h.chunk_size, h.arena_off, h.max_nodes,
                            objstore::objstore_entries_for(h.objstore_bytes), &need);
-  if (h.chunk_size < CXLKV_MIN_CHUNK_SIZE || h.chunk_size > CXLKV_MAX_CHUNK_SIZE ||
-      (h.chunk_size & (h.chunk_size - 1)) || h.max_nodes != region.max_nodes() || need > carve->size ||
-      expect.bitmap_off != h.bitmap_off || expect.chunk_table_off != h.chunk_table_off ||
-      expect.inbox_off != h.inbox_off || expect.pending_off != h.pending_off ||
-      expect.remote_bits_off != h.remote_bits_off || expect.objstore_off != h.objstore_off ||
-      !region.contains(h.arena_off, h.nchunks * h.chunk_size))
-    return Error(-EUCLEAN, who + "header inconsistent (chunk size " + std::to_string(h.chunk_size) + ", " +
-                               std::to_string(h.nchunks) + " chunks, carve " + std::to_string(carve->size) +
-                               " bytes)");
+  if (h.max_nodes != region.max_nodes())
+    return Error(-EUCLEAN, who + "max_nodes " + std::to_string(h.max_nodes) + " is not the superblock's " +
+                               std::to_string(region.max_nodes()));
+  if (need > carve->size)
+    return Error(-EUCLEAN, who + "objstore_bytes " + std::to_string(h.objstore_bytes) + " with " +
+                               std::to_string(h.nchunks) + " chunks needs " + std::to_string(need) +
+                               " bytes, the carve has " + std::to_string(carve->size));
+  const struct {
+    const char* field;
+    uint64_t got, want;
+  } derived[] = {{"bitmap_off", h.bitmap_off, expect.bitmap_off},
+                 {"chunk_table_off", h.chunk_table_off, expect.chunk_table_off},
+                 {"inbox_off", h.inbox_off, expect.inbox_off},
+                 {"pending_off", h.pending_off, expect.pending_off},
+                 {"pending_stride", h.pending_stride, expect.pending_stride},
+                 {"remote_bits_off", h.remote_bits_off, expect.remote_bits_off},
+                 {"remote_bits_stride", h.remote_bits_stride, expect.remote_bits_stride},
+                 {"objstore_off", h.objstore_off, expect.objstore_off},
+                 {"state_off", h.state_off, expect.state_off}};
+  for (const auto& f : derived)
+    if (f.got != f.want)
+      return Error(-EUCLEAN, who + f.field + " " + std::to_string(f.got) + " is not where the layout puts it (" +
+                                 std::to_string(f.want) + " for " + std::to_string(h.nchunks) + " chunks of " +
+                                 std::to_string(h.chunk_size) + " bytes)");
+  if (!region.contains(h.arena_off, h.nchunks * h.chunk_size))
+    return Error(-EUCLEAN, who + "the arena (" + std::to_string(h.nchunks) + " chunks at " +
+                               std::to_string(h.arena_off) + ") runs past the pool");
+  // Last, so that a field out of range is named above; this catches a
+  // damaged field whose value still looks plausible.
+  const uint64_t sum = cxlkv_hdr_checksum(&h, sizeof h, offsetof(cxlkv_alloc_header, checksum));
+  if (sum != h.checksum)
+    return Error(-EUCLEAN, who + "header checksum mismatch (stored " + hex64(h.checksum) + ", computed " + hex64(sum) +
+                               "): the header is damaged");
   return h;
 }
 
@@ -166,6 +202,10 @@ Result<void> format_alloc_carve(Region& region, MemoryDomain& d, const AllocForm
   auto* descs = reinterpret_cast<cxlkv_chunk_desc*>(base + h.chunk_table_off);
   for (uint64_t c = 0; c < nchunks; c++) d.write_nt(&descs[c], none);  // rule 1: multi-writer words
   CXLKV_TRY(objstore::format_objstore(d, base + h.objstore_off, o.objstore_entries));
+  // The state line: the checksum of the all-free bitmap (issue 12).
+  cxlkv_alloc_state state{};
+  for (uint64_t i = 0; i < (nchunks + 63) / 64; i++) state.bitmap_sum ^= cxlkv_bitmap_word_sum(i, 0);
+  d.publish_line(base + h.state_off, &state);  // rule 1: written by any node later
   d.fence();  // rule 3: tables in memory before the header that makes them valid
   d.store(base, &h, sizeof h);
   d.flush(base, sizeof h);

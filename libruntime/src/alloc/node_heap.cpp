@@ -236,6 +236,7 @@ Result<void> NodeHeap::free(uint64_t off) {
     if (cd.owner == node_.node()) I.hdr->stats.chunks_owned -= cd.run;
     return {};
   }
+  if (cd.kind == CXLKV_CHUNK_QUARANTINE) return Error(-EINVAL, who + ": the block's chunks are in quarantine");
   if (cd.kind != CXLKV_CHUNK_SMALL || cd.owner >= node_.control().max_nodes() || cd.size_class >= kSizeClasses)
     return Error(-EINVAL, who + ": not an allocated block");
   if (cd.owner == node_.node())
@@ -273,6 +274,21 @@ Result<void> NodeHeap::free(uint64_t off) {
   sync::RobustLock g(&I.nl->hdr->heap_mu, "node heap");
   I.hdr->stats.frees++;
   I.hdr->stats.remote_frees_sent++;
+  return {};
+}
+
+Result<void> NodeHeap::free_taken(uint64_t off, uint32_t node, uint32_t incarnation_lo) {
+  if (!chunks_.in_arena(off) || node >= node_.control().max_nodes()) return free(off);  // free() names the error
+  const uint64_t c = chunks_.chunk_of(off);
+  const cxlkv_chunk_desc cd = chunks_.desc(c);  // rule 4
+  if (cd.kind != CXLKV_CHUNK_LARGE_HEAD || off != chunks_.chunk_off(c)) return free(off);
+  // A process of this host that is gone cannot store anything any more.
+  const cxlkv_node_entry e = node_.domain().read_fresh(node_.control().node_entry(node));  // rule 4
+  const NodeVerdict v = judge_node(e);
+  if (static_cast<uint32_t>(e.incarnation) == incarnation_lo && v.local && !v.alive) return free(off);
+  CXLKV_TRY(chunks_.quarantine_run(c, node, incarnation_lo));
+  sync::RobustLock g(&impl_->nl->hdr->heap_mu, "node heap");
+  impl_->hdr->stats.frees++;
   return {};
 }
 

@@ -181,6 +181,7 @@ void PrefixIndex::remove_locked(LockSet& ls, uint32_t slot, cxlkv_index_entry e,
                                 std::vector<uint32_t>* parents) {
   const uint32_t stripe = slot / hdr_.stripe_slots;
   const BlockLocation loc{e.loc_off, e.loc_len, e.loc_dev, e.loc_tier};
+  const bool was_writing = e.state == CXLKV_ENTRY_WRITING;
   ls.mark(stripe);
   unlink(ls, slot);
   // EVICTING first: lock-free readers stop treating it as READY, and if we
@@ -227,6 +228,9 @@ void PrefixIndex::remove_locked(LockSet& ls, uint32_t slot, cxlkv_index_entry e,
   // The payload is handed back only once no entry points to it.
   if (loc.tier == CXLKV_TIER_SSD) {
     if (demotion_) demotion_->release(loc);  // issue 6: an SSD block leaves the SSD tier
+  } else if (reclaim && was_writing && (e.owner_node != node_ || e.owner_inc != inc_lo_)) {
+    // Issue 12: taken from a writer declared dead, which may only be paused.
+    space_->free_taken(loc, e.owner_node, e.owner_inc);
   } else {
     space_->free(loc);
   }

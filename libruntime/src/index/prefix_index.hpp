@@ -77,6 +77,15 @@ class PayloadSpace {
   virtual ~PayloadSpace() = default;
   virtual Result<BlockLocation> alloc(uint64_t bytes) = 0;  // -ENOSPC when full
   virtual void free(const BlockLocation& loc) = 0;
+  // Space of a reservation taken from (node, incarnation low bits) declared
+  // dead (issue 12): a paused process of that node may still store into it
+  // when it resumes, so an implementation quarantines what others could
+  // reuse (uapi/cxlkv_alloc.h) instead of freeing it.
+  virtual void free_taken(const BlockLocation& loc, uint32_t node, uint32_t incarnation_lo) {
+    (void)node;
+    (void)incarnation_lo;
+    free(loc);
+  }
 };
 
 struct IndexFormatOptions {

@@ -82,6 +82,10 @@ class HeapSpace final : public PayloadSpace {
     return BlockLocation{off.value(), static_cast<uint32_t>(bytes), 0, CXLKV_TIER_MEM};
   }
   void free(const BlockLocation& loc) override { (void)heap_.free(loc.offset); }
+  // Issue 12: space of a reservation taken from a node declared dead.
+  void free_taken(const BlockLocation& loc, uint32_t node, uint32_t inc) override {
+    (void)heap_.free_taken(loc.offset, node, inc);
+  }
 
  private:
   NodeHeap& heap_;
