@@ -37,6 +37,7 @@ class PoolEnv:
     def __init__(self, tag, size=256 << 20, max_nodes=8):
         self.uri, self.path = make_uri(tag, size)
         cxlkv.Pool.format(self.uri, max_nodes=max_nodes)
+        self.max_nodes = max_nodes
         self.pool = cxlkv.Pool(self.uri)
         self.mgr = cxlkv.LockManager(self.pool)
         self._stores = []
@@ -50,6 +51,8 @@ class PoolEnv:
         for s in self._stores:
             s.close()
         self.mgr.stop()
+        for node in range(self.max_nodes):  # every node a test (or its processes) attached
+            self.pool.remove_node_local(node)
         self.pool.close()
         try:
             os.unlink(self.path)

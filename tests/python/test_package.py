@@ -3,6 +3,7 @@
 arrays and PyTorch tensors in every paged layout."""
 import errno
 import hashlib
+import os
 import struct
 import subprocess
 import sys
@@ -214,7 +215,6 @@ mgr = cxlkv.LockManager(pool)
 kv = cxlkv.KvStore(pool, 1)
 aio = AsyncKv(pool, 2)
 gpu = cxlkv.Gpu(pool, reference=True)
-os.unlink(path)  # the mappings stay; no pool is left behind whatever happens
 keys = cxlkv.block_keys(np.arange(32), 16)
 assert cxlkv.put_ok(kv.put(keys, [np.zeros(64, np.uint8)] * 2)).all()
 rid = aio.submit_get(keys, [np.zeros(64, np.uint8) for _ in range(2)])
@@ -239,5 +239,13 @@ def test_closing_the_pool_first_or_exiting_with_everything_open_does_not_crash(t
     uri, path = make_uri("close")
     script = tmp_path / "close.py"
     script.write_text(_CLOSE_SCRIPT)
-    r = subprocess.run([sys.executable, str(script), uri, path, mode], capture_output=True, text=True, timeout=120)
-    assert r.returncode == 0 and r.stdout.strip() == "ok", (r.returncode, r.stdout, r.stderr)
+    try:
+        r = subprocess.run([sys.executable, str(script), uri, path, mode], capture_output=True, text=True,
+                           timeout=120)
+        assert r.returncode == 0 and r.stdout.strip() == "ok", (r.returncode, r.stdout, r.stderr)
+    finally:
+        if os.path.exists(path):
+            with cxlkv.Pool(uri) as p:  # the nodes' node-local files, then the pool
+                for node in range(4):
+                    p.remove_node_local(node)
+            os.unlink(path)

@@ -195,6 +195,7 @@ void bench_kv_capi(bench::Results& res) {
   }
   if (kv) cxlkv_kv_close(kv);
   if (mgr) cxlkv_lock_manager_stop(mgr);
+  (void)cxlkv_node_remove_local(pool, ko.node);  // the node-local file the KV store's node made
   cxlkv_pool_close(pool);
 }
 

@@ -142,83 +142,91 @@ def measure(args, build, uri, n, reps):
     paged = cxlkv.PagedKV.vllm(caches)
     assert paged.block_bytes == 2 << 20 and paged.chunks_per_block == 64
 
-    with cxlkv.Pool(uri) as pool, cxlkv.LockManager(pool), cxlkv.KvStore(pool, 1) as kv:
-        bound_capacity(build, uri)
-        kc = next(c for c in pool.carves() if c["name"] == "kv")
-        ctypes.memset(pool.base + kc["offset"], 0, kc["size"])  # fault in the kv carve, as the C++ baseline
+    with cxlkv.Pool(uri) as pool:
+        try:
+            with cxlkv.LockManager(pool), cxlkv.KvStore(pool, 1) as kv:
+                return run_passes(args, build, uri, n, reps, pool, kv, paged, cache_blocks, cxlkv, _lib, np)
+        finally:
+            pool.remove_node_local(1)
 
-        def rates(nbytes, t0, c0):
-            # GB/s of wall-clock time, GB per CPU-second of this thread
-            return (nbytes / (time.perf_counter() - t0) / 1e9, nbytes / max(time.thread_time() - c0, 1e-9) / 1e9)
 
-        def publish(tag, count):
-            keys = cxlkv.keys_from_hashes(range(tag, tag + count))
-            done = 0
-            t0, c0 = time.perf_counter(), time.thread_time()
-            for lo in range(0, count, args.batch):
-                k = keys[lo:lo + args.batch]
-                blk = [(lo + j) % cache_blocks for j in range(len(k))]
-                done += int((kv.put(k, paged, blk) == cxlkv.RESERVED).sum())
-            return keys, rates(done * paged.block_bytes, t0, c0)
+def run_passes(args, build, uri, n, reps, pool, kv, paged, cache_blocks, cxlkv, _lib, np):
+    bound_capacity(build, uri)
+    kc = next(c for c in pool.carves() if c["name"] == "kv")
+    ctypes.memset(pool.base + kc["offset"], 0, kc["size"])  # fault in the kv carve, as the C++ baseline
 
-        def fetch(recent, count):
-            got = 0
-            t0, c0 = time.perf_counter(), time.thread_time()
-            for lo in range(0, count, args.batch):
-                idx = [(lo + j) % len(recent) for j in range(min(args.batch, count - lo))]
-                blk = [(lo + j) % cache_blocks for j in range(len(idx))]
-                got += int(cxlkv.get_ok(kv.get(recent[idx], paged, blk)).sum())
-            if got != count:
-                print(f"py bench: fetched {got} of {count} blocks", file=sys.stderr)
-            return rates(got * paged.block_bytes, t0, c0)
+    def rates(nbytes, t0, c0):
+        # GB/s of wall-clock time, GB per CPU-second of this thread
+        return (nbytes / (time.perf_counter() - t0) / 1e9, nbytes / max(time.thread_time() - c0, 1e-9) / 1e9)
 
-        def publish_per_block(tag, count):
-            # The C API's single-block calls (reserve, write, publish per
-            # block) made from Python, over the same handle and pool.
-            L = _lib.lib()
-            keys = cxlkv.keys_from_hashes(range(tag, tag + count))
-            done = 0
-            t0 = time.perf_counter()
-            for i in range(count):
-                ch, cnt = paged.chunks([i % cache_blocks])
-                b = _lib.KvBlock()
-                kp = keys[i:i + 1].ctypes.data_as(ctypes.POINTER(_lib.KvKey))
-                if L.cxlkv_kv_reserve(kv.handle, kp, None, paged.block_bytes, ctypes.byref(b)) != 0:
-                    continue
-                if L.cxlkv_kv_write(kv.handle, ctypes.byref(b), ch.ctypes.data_as(ctypes.POINTER(_lib.Chunk)),
-                                    int(cnt[0])) == 0 and L.cxlkv_kv_publish(kv.handle, ctypes.byref(b)) == 0:
-                    done += 1
-                else:
-                    L.cxlkv_kv_abort(kv.handle, ctypes.byref(b))
-            return done * paged.block_bytes / (time.perf_counter() - t0) / 1e9
+    def publish(tag, count):
+        keys = cxlkv.keys_from_hashes(range(tag, tag + count))
+        done = 0
+        t0, c0 = time.perf_counter(), time.thread_time()
+        for lo in range(0, count, args.batch):
+            k = keys[lo:lo + args.batch]
+            blk = [(lo + j) % cache_blocks for j in range(len(k))]
+            done += int((kv.put(k, paged, blk) == cxlkv.RESERVED).sum())
+        return keys, rates(done * paged.block_bytes, t0, c0)
 
-        publish(0x5000000, n)  # warm-up pass, as the C++ baseline's
-        pub, fet, single = [], [], []
-        base = {k: [] for k in ("kv.publish_gbps", "kv.fetch_gbps", "kv_capi.publish_gbps", "kv_capi.fetch_gbps",
-                                "kv_capi.publish_gb_per_cpu_s", "kv_capi.fetch_gb_per_cpu_s")}
-        bench = os.path.join(build, "tools", "cxlkv-bench")
-        for r in range(reps):
-            # The C++ groups interleaved with the Python passes, so both see
-            # the same machine load (best of each is compared).
-            if os.path.exists(bench):
-                tmp = f"/tmp/cxlkv-pybench-kv-{os.getpid()}.json"
-                if subprocess.run([bench, "--only", "kv_capi", "--only", "kv", "--out", tmp],
-                                  stdout=subprocess.DEVNULL).returncode == 0:
-                    with open(tmp) as f:
-                        kvres = json.load(f)
-                    os.unlink(tmp)
-                    for k in base:
-                        if k in kvres:
-                            base[k].append(kvres[k])
-            single.append(publish_per_block(0x9000000 + r * n, n))
-            for p in range(PASSES):
-                keys, rate = publish(0x6000000 + (r * PASSES + p) * n, n)
-                pub.append(rate)
-                fet.append(fetch(keys[-RECENT:], n))
-        # The package's own cost, robust to machine load: KvStore.put / get
-        # against the same C calls made directly with the chunk arrays built
-        # once, alternating batch by batch on the same pool and handle.
-        out_same = same_process_ratio(kv, paged, cache_blocks, args.batch, n, cxlkv, _lib, np)
+    def fetch(recent, count):
+        got = 0
+        t0, c0 = time.perf_counter(), time.thread_time()
+        for lo in range(0, count, args.batch):
+            idx = [(lo + j) % len(recent) for j in range(min(args.batch, count - lo))]
+            blk = [(lo + j) % cache_blocks for j in range(len(idx))]
+            got += int(cxlkv.get_ok(kv.get(recent[idx], paged, blk)).sum())
+        if got != count:
+            print(f"py bench: fetched {got} of {count} blocks", file=sys.stderr)
+        return rates(got * paged.block_bytes, t0, c0)
+
+    def publish_per_block(tag, count):
+        # The C API's single-block calls (reserve, write, publish per
+        # block) made from Python, over the same handle and pool.
+        L = _lib.lib()
+        keys = cxlkv.keys_from_hashes(range(tag, tag + count))
+        done = 0
+        t0 = time.perf_counter()
+        for i in range(count):
+            ch, cnt = paged.chunks([i % cache_blocks])
+            b = _lib.KvBlock()
+            kp = keys[i:i + 1].ctypes.data_as(ctypes.POINTER(_lib.KvKey))
+            if L.cxlkv_kv_reserve(kv.handle, kp, None, paged.block_bytes, ctypes.byref(b)) != 0:
+                continue
+            if L.cxlkv_kv_write(kv.handle, ctypes.byref(b), ch.ctypes.data_as(ctypes.POINTER(_lib.Chunk)),
+                                int(cnt[0])) == 0 and L.cxlkv_kv_publish(kv.handle, ctypes.byref(b)) == 0:
+                done += 1
+            else:
+                L.cxlkv_kv_abort(kv.handle, ctypes.byref(b))
+        return done * paged.block_bytes / (time.perf_counter() - t0) / 1e9
+
+    publish(0x5000000, n)  # warm-up pass, as the C++ baseline's
+    pub, fet, single = [], [], []
+    base = {k: [] for k in ("kv.publish_gbps", "kv.fetch_gbps", "kv_capi.publish_gbps", "kv_capi.fetch_gbps",
+                            "kv_capi.publish_gb_per_cpu_s", "kv_capi.fetch_gb_per_cpu_s")}
+    bench = os.path.join(build, "tools", "cxlkv-bench")
+    for r in range(reps):
+        # The C++ groups interleaved with the Python passes, so both see
+        # the same machine load (best of each is compared).
+        if os.path.exists(bench):
+            tmp = f"/tmp/cxlkv-pybench-kv-{os.getpid()}.json"
+            if subprocess.run([bench, "--only", "kv_capi", "--only", "kv", "--out", tmp],
+                              stdout=subprocess.DEVNULL).returncode == 0:
+                with open(tmp) as f:
+                    kvres = json.load(f)
+                os.unlink(tmp)
+                for k in base:
+                    if k in kvres:
+                        base[k].append(kvres[k])
+        single.append(publish_per_block(0x9000000 + r * n, n))
+        for p in range(PASSES):
+            keys, rate = publish(0x6000000 + (r * PASSES + p) * n, n)
+            pub.append(rate)
+            fet.append(fetch(keys[-RECENT:], n))
+    # The package's own cost, robust to machine load: KvStore.put / get
+    # against the same C calls made directly with the chunk arrays built
+    # once, alternating batch by batch on the same pool and handle.
+    out_same = same_process_ratio(kv, paged, cache_blocks, args.batch, n, cxlkv, _lib, np)
 
     out = {"py.publish_gbps": max(r[0] for r in pub), "py.fetch_gbps": max(r[0] for r in fet),
            "py.publish_gb_per_cpu_s": max(r[1] for r in pub), "py.fetch_gb_per_cpu_s": max(r[1] for r in fet),

@@ -118,6 +118,7 @@ _PROTOS = {
     "cxlkv_carve_list": (_I, [_P, C.POINTER(CarveInfo), _I], True),
     "cxlkv_lock_manager_start": (_I, [_P, C.POINTER(LockManagerOpts), C.POINTER(_P)], True),
     "cxlkv_lock_manager_stop": (None, [_P], True),
+    "cxlkv_node_remove_local": (_I, [_P, _U32], True),
     "cxlkv_kv_open": (_I, [_P, C.POINTER(KvOpts), C.POINTER(_P)], True),
     "cxlkv_kv_close": (None, [_P], True),
     "cxlkv_kv_block_keys": (_I, [_U32P, _SZ, _SZ, _P, _SZ, _KEYP, _SZ], True),

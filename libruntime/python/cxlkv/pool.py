@@ -52,6 +52,14 @@ class Pool:
         return [dict(name=c.name.decode(), offset=c.offset, size=c.size, memtype=c.memtype, flags=c.flags)
                 for c in arr[: min(n, 64)]]
 
+    def remove_node_local(self, node):
+        """Remove this host's node-local file of ``node``
+        (/dev/shm/cxlkv-node-<pool id>-<node>) once no process of that node
+        uses it: what a tool or a test that attached the node leaves behind.
+        A missing file is not an error."""
+        _lib.check(_lib.lib().cxlkv_node_remove_local(self.handle, int(node)),
+                   f"remove node-local file of node {node} of {self.uri}")
+
     def info(self):
         """uri, size and carves of the pool."""
         return dict(uri=self.uri, size=self.size, carves=self.carves())
