@@ -242,6 +242,39 @@ static void test_bad_input(struct cxlkv_pool *pool, struct cxlkv_kv *kv, const s
 	CHECK(cxlkv_kv_lookup(kv, keys, NBLOCKS) == PUBLISHED + 1);
 }
 
+/* Issue 12: cxlkv_free of a block the index names (a published KV block)
+ * is refused with -EBUSY and a message naming the block, and the block
+ * still reads back byte for byte; a block of the caller's own is freed. */
+static void test_free_of_kv_block(struct cxlkv_pool *pool, struct cxlkv_kv *kv, const struct cxlkv_kv_key *keys)
+{
+	struct cxlkv_node_opts no;
+	struct cxlkv_node *node = NULL;
+	struct cxlkv_kv_block pin;
+	static unsigned char k2[HALF], v2[HALF];
+	struct cxlkv_chunk out[2] = {{k2, HALF}, {v2, HALF}};
+	uint64_t own = 0;
+
+	memset(&no, 0, sizeof(no));
+	no.size = sizeof(no);
+	no.node = 2;
+	CHECK(cxlkv_node_attach(pool, &no, &node) == 0 && node != NULL);
+	if (!node)
+		return;
+	CHECK(cxlkv_kv_pin(kv, &keys[0], &pin) == 0);
+	CHECK_ERR(cxlkv_free(node, pin.loc_off), -EBUSY);
+	CHECK(strstr(cxlkv_last_error(), "index names") != NULL);
+	CHECK(strstr(cxlkv_last_error(), "READY") != NULL);
+	CHECK(cxlkv_free(node, pin.loc_off + 64) < 0); /* not a block start either */
+	CHECK(cxlkv_kv_fetch(kv, &pin, out, 2) == 0);
+	fill(0);
+	CHECK(memcmp(k2, kbuf[0], HALF) == 0 && memcmp(v2, vbuf[0], HALF) == 0);
+	CHECK(cxlkv_kv_unpin(kv, &pin) == 0);
+	CHECK(cxlkv_alloc(node, pin.length, &own) == 0);
+	CHECK(cxlkv_free(node, own) == 0); /* the caller's own block: freed */
+	cxlkv_node_detach(node);
+	cxlkv_node_remove_local(pool, 2);
+}
+
 int main(void)
 {
 	char name[96], uri[128], path[128];
@@ -280,6 +313,7 @@ int main(void)
 	if (kv) {
 		test_write_read(kv, keys);
 		test_bad_input(pool, kv, keys);
+		test_free_of_kv_block(pool, kv, keys);
 	}
 	cxlkv_kv_close(kv);
 	cxlkv_lock_manager_stop(mgr);

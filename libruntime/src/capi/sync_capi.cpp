@@ -12,6 +12,7 @@
 #include "cxlkv/cxlkv.h"
 #include "cxlkv/objstore.hpp"
 #include "cxlkv/sync.hpp"
+#include "index/index_check.hpp"
 
 struct cxlkv_node {
   std::unique_ptr<cxlkv::NodeContext> ctx;
@@ -37,6 +38,20 @@ cxlkv::Result<cxlkv::NodeHeap*> heap_of(cxlkv_node* n) {
     n->heap = std::move(h.value());
   }
   return n->heap.get();
+}
+
+// Issue 12: a block the KV store's index names (reserved, published or
+// being evicted) is never handed back by cxlkv_free: the index still points
+// at it and would serve whatever the next owner writes there.
+cxlkv::Result<void> refuse_index_block(cxlkv::NodeContext& ctx, cxlkv::NodeHeap& heap, uint64_t off) {
+  auto size = heap.usable_size(off);
+  if (!size) return {};  // not an allocated block: free() names the error
+  auto named = cxlkv::index_entry_naming(ctx.region(), ctx.domain(), off, size.value());
+  if (!named) return named.error();
+  if (!named.value()) return {};
+  return cxlkv::Error(-EBUSY, "pool " + ctx.region().uri() + ": free of offset " + std::to_string(off) +
+                                  ": the KV store's index names it as " + cxlkv::describe_named_block(*named.value()) +
+                                  "; KV blocks are freed by eviction or `cxlkvctl kv rm`, not by cxlkv_free");
 }
 
 int lock_result(const cxlkv::Result<cxlkv::Acquired>& r) {
@@ -150,6 +165,7 @@ int cxlkv_free(struct cxlkv_node* node, uint64_t off) {
     if (!node) return einval(fn);
     auto h = heap_of(node);
     if (!h) return set_error(h.error());
+    if (auto busy = refuse_index_block(*node->ctx, *h.value(), off); !busy) return set_error(busy.error());
     auto r = h.value()->free(off);
     return r ? 0 : set_error(r.error());
   });

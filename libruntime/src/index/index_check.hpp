@@ -1,0 +1,31 @@
+// SPDX-License-Identifier: MIT
+// Checks of the index carve from outside a KV store (issue 12): which entry
+// names a range of pool memory.  Lock-free snapshots (rule 4).
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "cxlkv/keys.hpp"
+#include "cxlkv/region.hpp"
+#include "cxlkv/result.hpp"
+
+namespace cxlkv {
+
+struct NamedBlock {
+  uint32_t slot = 0;
+  BlockKey key;
+  uint32_t state = 0;
+  uint64_t loc_off = 0, loc_len = 0;
+};
+
+// The first WRITING / READY / EVICTING memory-tier entry of the pool's
+// index whose payload overlaps pool bytes [off, off + len), if any.  A pool
+// without an index carve names nothing; an unreadable index is an error.
+Result<std::optional<NamedBlock>> index_entry_naming(const Region& pool, MemoryDomain& d, uint64_t off, uint64_t len);
+
+// "block <key> (slot N, READY, bytes [a, b))" for messages.
+std::string describe_named_block(const NamedBlock& b);
+
+}  // namespace cxlkv
