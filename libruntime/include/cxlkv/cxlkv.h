@@ -311,6 +311,17 @@ int cxlkv_kv_unpin(struct cxlkv_kv *kv, const struct cxlkv_kv_block *pin);
  * the handle's status and they do not count.
  * Chunk lists of all blocks are concatenated in `chunks`: block i has
  * nchunks[i] of them (a skipped block's chunks are stepped over).
+ * Handles are checked per block with one fresh read of the block's index
+ * entry (a batch's in one sweep): write / fetch refuse a handle whose entry
+ * changed since reserve / pin (-ESTALE: published, aborted, evicted,
+ * reclaimed, another version) or that names another location (-EINVAL:
+ * forged) before touching its bytes, and check again after the copy
+ * (-ESTALE: the block was reclaimed or evicted under it; fetched bytes of
+ * such a block are not to be used); publish checks before publishing.
+ * A caller that dies mid-batch leaves what it published (along a chain
+ * always a prefix); its reservations are reclaimed by the next node that
+ * meets them (or by reclaim), their space freed, and its pins stop
+ * protecting their blocks.
  */
 /* keys[0] is a child of parent (NULL: a root), keys[i] a child of keys[i-1].
  * Stops at the first block that is neither RESERVED nor EXISTS (a BUSY block,
