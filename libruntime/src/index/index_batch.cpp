@@ -284,6 +284,7 @@ Result<size_t> PrefixIndex::publish_many(std::span<const uint32_t> slots, std::s
   CXLKV_TRY(ls.acquire(stripes));
   size_t good = 0;
   const uint32_t now = now_ms();
+  uint32_t last_published = kNo;
   for (size_t i = 0; i < keys.size(); i++) {
     const uint32_t slot = slots[i];
     const BlockKey& key = keys[i];
@@ -310,7 +311,11 @@ Result<size_t> PrefixIndex::publish_many(std::span<const uint32_t> slots, std::s
         fail(-EUCLEAN, "index: block " + to_hex(key) + " names parent slot " + std::to_string(e.parent_slot));
         continue;
       }
-      cxlkv_index_entry p = read_entry(e.parent_slot);
+      // A parent this call published just before (a chain, parent first)
+      // is READY under our lock: no need to read it again.
+      cxlkv_index_entry p{};
+      if (e.parent_slot == last_published) p.state = CXLKV_ENTRY_READY;
+      else p = read_entry(e.parent_slot);
       if (p.state == CXLKV_ENTRY_WRITING) {
         if (!live_->alive(p.owner_node, p.owner_inc) && !(p.owner_node == node_ && p.owner_inc == inc_lo_))
           fail(-EOWNERDEAD, "index: parent of block " + to_hex(key) + " was being written by dead node " +
@@ -331,6 +336,7 @@ Result<size_t> PrefixIndex::publish_many(std::span<const uint32_t> slots, std::s
     write_entry(slot, e);
     if (e.children == 0 && e.loc_tier == CXLKV_TIER_MEM) link(ls, slot, now, /*at_head=*/true);
     status[i] = kBlockReserved;
+    last_published = slot;
     good++;
   }
   return good;
@@ -396,6 +402,10 @@ Result<size_t> PrefixIndex::pin_many(std::span<const BlockKey> keys, std::span<P
       if (keys[i].is_zero()) {
         status[i] = -EINVAL;
         block_error(-EINVAL, "index: the all-zero block key is reserved");
+        continue;
+      }
+      if (local_pins_.empty()) {  // no pin of ours to share: the probe under the lock decides
+        todo.push_back(i);
         continue;
       }
       cxlkv_index_entry e;
