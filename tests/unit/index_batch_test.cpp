@@ -94,6 +94,64 @@ TEST(IndexBatch, ReserveChainStopsAtABusyBlockAndKeepsWhatItHolds) {
   EXPECT_EQ(a->index().find_state(c[3]), uint32_t(CXLKV_ENTRY_EMPTY)) << "nothing attempted after the busy block";
 }
 
+// Issue 11: with through_busy a block another node is writing does not end
+// the chain: it is reported BUSY and the blocks below it are reserved; they
+// publish once its writer has published it (-EAGAIN before), and the count
+// returned still stops at the BUSY block.
+TEST(IndexBatch, ReserveChainThroughABusyBlockReservesBelowItAndPublishesAfterIt) {
+  SimPool p(2);
+  auto a = p.store(0), b = p.store(1);
+  auto c = chain(105, 5);
+  ASSERT_TRUE(put(*b, c, 0).ok());
+  auto other = b->reserve(c[1], &c[0], 4096);  // node 1 is writing block 1
+  ASSERT_TRUE(other.ok() && other->reserved());
+  Batch bt(5);
+  auto n = a->index().reserve_chain(nullptr, c, 4096, bt.res, bt.status, /*through_busy=*/true);
+  ASSERT_TRUE(n.ok());
+  EXPECT_EQ(n.value(), 1u) << "leading RESERVED / EXISTS blocks: the count stops at the BUSY one";
+  EXPECT_EQ(bt.status, (std::vector<int32_t>{kBlockExists, kBlockBusy, kBlockReserved, kBlockReserved, kBlockReserved}));
+  EXPECT_EQ(bt.res[1].slot, a->index().entry(bt.res[2].slot).parent_slot) << "block 2 hangs below the BUSY block";
+  std::vector<uint32_t> slots{bt.res[2].slot, bt.res[3].slot, bt.res[4].slot};
+  std::vector<BlockKey> keys{c[2], c[3], c[4]};
+  std::vector<int32_t> st(3);
+  auto pub = a->index().publish_many(slots, keys, st);
+  ASSERT_TRUE(pub.ok());
+  EXPECT_EQ(st[0], -EAGAIN) << "its parent is not published yet";
+  EXPECT_EQ(a->index().find_ready(c[2]), CXLKV_INDEX_NO_SLOT);
+  // Its writer cannot abort it while our blocks hang below it.
+  std::vector<int32_t> ast(1);
+  std::vector<uint32_t> oslot{other->slot};
+  std::vector<BlockKey> okey{c[1]};
+  ASSERT_TRUE(b->index().abort_many(oslot, okey, ast).ok());
+  EXPECT_EQ(ast[0], -EBUSY);
+  ASSERT_TRUE(b->index().publish(other->slot, c[1]).ok());
+  pub = a->index().publish_many(slots, keys, st);
+  ASSERT_TRUE(pub.ok());
+  EXPECT_EQ(pub.value(), 3u);
+  EXPECT_EQ(a->index().longest_prefix(c), 5u);
+}
+
+TEST(IndexBatch, ReserveChainThroughABusyBlockWhoseWriterDiedGetsEOWNERDEADAtPublish) {
+  SimPool p(2);
+  auto a = p.store(0), b = p.store(1);
+  auto c = chain(106, 3);
+  auto other = b->reserve(c[0], nullptr, 4096);  // node 1 is writing the root
+  ASSERT_TRUE(other.ok() && other->reserved());
+  Batch bt(3);
+  ASSERT_TRUE(a->index().reserve_chain(nullptr, c, 4096, bt.res, bt.status, true).ok());
+  EXPECT_EQ(bt.status, (std::vector<int32_t>{kBlockBusy, kBlockReserved, kBlockReserved}));
+  p.live.kill(1);
+  std::vector<uint32_t> slots{bt.res[1].slot, bt.res[2].slot};
+  std::vector<BlockKey> keys{c[1], c[2]};
+  std::vector<int32_t> st(2);
+  ASSERT_TRUE(a->index().publish_many(slots, keys, st).ok());
+  EXPECT_EQ(st[0], -EOWNERDEAD);
+  ASSERT_TRUE(a->index().abort_many(slots, keys, st).ok());
+  EXPECT_EQ(st, (std::vector<int32_t>{kBlockReserved, kBlockReserved})) << "ours abort cleanly, children first";
+  ASSERT_TRUE(a->index().reclaim_dead().ok());
+  EXPECT_EQ(p.space.in_use(), 0u) << "nothing left: the dead writer's root reclaimed once our blocks went";
+}
+
 TEST(IndexBatch, ReserveChainBelowAnUncachedParentFailsWithENOENT) {
   SimPool p(1);
   auto a = p.store(0);

@@ -334,23 +334,12 @@ int run_worker(const Config& c) {
         const size_t n = keys.size() - ready;
         std::vector<KvReservation> out(n);
         std::vector<int32_t> st(n, -ECANCELED);
-        // The index's reserve_chain ends at a block another request is still
-        // writing (BUSY; the rest -ECANCELED): continue below it, a child of
-        // a WRITING parent may be reserved (its publish waits for the parent).
-        bool call_ok = true;
-        for (size_t from = 0; from < n;) {
-          auto rr = kv.reserve_chain(ready + from ? &keys[ready + from - 1] : nullptr,
-                                     std::span(keys).subspan(ready + from), block_bytes,
-                                     std::span(out).subspan(from), std::span(st).subspan(from));
-          if (!rr) {
-            call_ok = false;
-            break;
-          }
-          size_t j = from;
-          while (j < n && st[j] >= 0) j++;
-          if (j == n || st[j] != -ECANCELED || j == from || st[j - 1] != kKvBusy) break;
-          from = j;  // stopped right after a BUSY block
-        }
+        // A block another request is still writing (BUSY) does not end the
+        // chain: the blocks below it are reserved or found as usual, and ours
+        // are published once its writer has published it (-EAGAIN until then).
+        auto rr = kv.reserve_chain(ready ? &keys[ready - 1] : nullptr, std::span(keys).subspan(ready), block_bytes,
+                                   out, st, /*through_busy=*/true);
+        const bool call_ok = rr.ok();
         lat(kLatReserve, t_reserve);
         bool counting = true;
         for (size_t i = 0; i < n; i++) {

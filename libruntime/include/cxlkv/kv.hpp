@@ -208,8 +208,12 @@ class KvStore {
   // the first block that is neither RESERVED nor EXISTS (BUSY included;
   // -ECANCELED after it).  Returns how many leading blocks are RESERVED or EXISTS.  Reserved blocks stay
   // reserved whatever happens later in the chain: write + publish or abort them.
+  // through_busy: a BUSY block does not stop the chain; the blocks below it
+  // are reserved or found as usual and published once its writer has
+  // published it (publish_many: -EAGAIN until then).  See
+  // PrefixIndex::reserve_chain.
   Result<size_t> reserve_chain(const BlockKey* parent, std::span<const BlockKey> keys, uint64_t bytes,
-                               std::span<KvReservation> out, std::span<int32_t> status);
+                               std::span<KvReservation> out, std::span<int32_t> status, bool through_busy = false);
   Result<size_t> write_many(std::span<const KvReservation> rs, std::span<const Chunk> chunks,
                             std::span<const uint32_t> nchunks, std::span<int32_t> status);
   // Publishes in the given order (parents first).  Publish only blocks whose

@@ -30,7 +30,7 @@ BlockLocation loc_of(const cxlkv_index_entry& e) { return BlockLocation{e.loc_of
 size_t PrefixIndex::reserve_locked(LockSet& ls, const BlockKey* pkey, std::span<const BlockKey> keys, size_t from,
                                    uint64_t bytes, std::span<Reservation> out, std::span<int32_t> status,
                                    std::vector<uint32_t>* parents, bool* need_reclaim, uint32_t* held_parent,
-                                   const PoolView& view) {
+                                   const PoolView& view, bool through_busy) {
   auto fail = [&](size_t i, int32_t code, std::string msg) {
     status[i] = code;
     block_error(code, std::move(msg));
@@ -85,7 +85,9 @@ size_t PrefixIndex::reserve_locked(LockSet& ls, const BlockKey* pkey, std::span<
                              loc_of(e), e.version};
         if (e.state != CXLKV_ENTRY_READY) {
           status[i] = kBlockBusy;  // never written twice
-          return i;
+          if (!through_busy) return i;
+          prev = slot;  // its writer publishes it; the blocks below go on from it
+          break;
         }
         status[i] = kBlockExists;
         prev = slot;
@@ -168,7 +170,7 @@ size_t PrefixIndex::reserve_locked(LockSet& ls, const BlockKey* pkey, std::span<
 }
 
 Result<size_t> PrefixIndex::reserve_chain(const BlockKey* parent, std::span<const BlockKey> keys, uint64_t bytes,
-                                          std::span<Reservation> out, std::span<int32_t> status) {
+                                          std::span<Reservation> out, std::span<int32_t> status, bool through_busy) {
   begin_batch();
   if (out.size() < keys.size() || status.size() < keys.size())
     return Error(-EINVAL, "index: reserve_chain of " + std::to_string(keys.size()) + " blocks with " +
@@ -201,7 +203,7 @@ Result<size_t> PrefixIndex::reserve_chain(const BlockKey* parent, std::span<cons
       break;
     }
   }
-  auto settled = [&](size_t upto) {
+  auto settled = [&](size_t upto) {  // leading RESERVED / EXISTS (a BUSY block ends the count)
     size_t good = 0;
     while (good < upto && (status[good] == kBlockReserved || status[good] == kBlockExists)) good++;
     return good;
@@ -244,7 +246,7 @@ Result<size_t> PrefixIndex::reserve_chain(const BlockKey* parent, std::span<cons
         break;
       }
       next = reserve_locked(ls, pkey, keys.first(m), next, bytes, out, status, &parents, &need_reclaim,
-                            &held_parent, view);
+                            &held_parent, view, through_busy);
       view.take(ls);
     }
     CXLKV_TRY(drop_children(parents, &view));

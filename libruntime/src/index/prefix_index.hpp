@@ -246,8 +246,18 @@ class PrefixIndex {
   // be neither reserved nor found (status -ECANCELED after it); blocks
   // already reserved stay reserved.  Returns the number of leading blocks
   // that are RESERVED or EXISTS.
+  //
+  // A BUSY block (WRITING, by another request or node) stops the chain
+  // unless `through_busy`: then it keeps its status kBlockBusy and the blocks
+  // below it are found or reserved as usual (a child may be reserved below a
+  // WRITING parent; its publish returns -EAGAIN until that parent's writer
+  // publishes it, and -EOWNERDEAD if that writer died: abort then).  Its
+  // writer cannot abort it while our reservations hang below it (abort_many
+  // says -EBUSY), so a caller passing through_busy must publish or abort its
+  // blocks below a BUSY one promptly.  The return value still counts leading
+  // RESERVED / EXISTS blocks only (it stops at the first BUSY one).
   Result<size_t> reserve_chain(const BlockKey* parent, std::span<const BlockKey> keys, uint64_t bytes,
-                               std::span<Reservation> out, std::span<int32_t> status);
+                               std::span<Reservation> out, std::span<int32_t> status, bool through_busy = false);
   // Each handles blocks independently (status per block); returns how many
   // succeeded.  publish_many publishes in the given order (a chain parent
   // first), so a child whose parent is published earlier in the call succeeds.
@@ -395,7 +405,7 @@ class PrefixIndex {
   size_t reserve_locked(LockSet& ls, const BlockKey* pkey, std::span<const BlockKey> keys, size_t from,
                         uint64_t bytes, std::span<Reservation> out, std::span<int32_t> status,
                         std::vector<uint32_t>* parents, bool* need_reclaim, uint32_t* held_parent,
-                        const PoolView& view);
+                        const PoolView& view, bool through_busy);
   void block_error(int32_t code, std::string msg);
   static void begin_batch();  // remembers the first failure's message
 

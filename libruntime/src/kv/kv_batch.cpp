@@ -82,7 +82,7 @@ Result<void> KvStore::check_batch(const char* what, size_t n, size_t nstatus, st
 }
 
 Result<size_t> KvStore::reserve_chain(const BlockKey* parent, std::span<const BlockKey> keys, uint64_t bytes,
-                                      std::span<KvReservation> out, std::span<int32_t> status) {
+                                      std::span<KvReservation> out, std::span<int32_t> status, bool through_busy) {
   const size_t n = keys.size();
   if (out.size() < n)
     return Error(-EINVAL, "kv: reserve_chain: " + std::to_string(n) + " keys but room for " +
@@ -90,14 +90,14 @@ Result<size_t> KvStore::reserve_chain(const BlockKey* parent, std::span<const Bl
   CXLKV_TRY(check_batch("reserve_chain", n, status.size(), {}, nullptr));
   std::vector<Reservation> ix(n);
   auto t0 = std::chrono::steady_clock::now();
-  auto good = index_->reserve_chain(parent, keys, bytes, ix, status);
+  auto good = index_->reserve_chain(parent, keys, bytes, ix, status, through_busy);
   // A block a dead writer left WRITING with blocks below it: the index
   // unwinds that chain and says -EAGAIN; the chain goes on from there
   // (bounded), below the blocks this call already holds.
   for (int attempt = 0; good && good.value() < n && status[good.value()] == -EAGAIN && attempt < 4; attempt++) {
     const size_t f = good.value();
     auto more = index_->reserve_chain(f ? &keys[f - 1] : parent, keys.subspan(f), bytes,
-                                      std::span<Reservation>(ix).subspan(f), status.subspan(f, n - f));
+                                      std::span<Reservation>(ix).subspan(f), status.subspan(f, n - f), through_busy);
     if (!more) break;
     good = f + more.value();
   }
