@@ -121,18 +121,20 @@ static inline __u64 cxlkv_sb_checksum(const struct cxlkv_superblock *sb)
 }
 
 /*
- * FNV-1a 64 over a carve header of n bytes, with the 8-byte checksum field
- * at ck_off read as zero (issue 12: checked metadata).  The control, index
- * and alloc carve headers use it for their `checksum` fields.
+ * FNV-1a 64 over a carve header of n bytes, with the checksum field
+ * [ck_off, ck_off + ck_len) read as zero (issue 12: checked metadata).  The
+ * alloc header stores all 64 bits; the one-line control and index headers
+ * store the low 32 bits in a 4-byte field.
  */
-static inline __u64 cxlkv_hdr_checksum(const void *hdr, unsigned long n, unsigned long ck_off)
+static inline __u64 cxlkv_hdr_checksum(const void *hdr, unsigned long n, unsigned long ck_off,
+				       unsigned long ck_len)
 {
 	const unsigned char *p = (const unsigned char *)hdr;
 	__u64 h = 0xcbf29ce484222325ULL;
 	unsigned long i;
 
 	for (i = 0; i < n; i++) {
-		unsigned char c = (i >= ck_off && i < ck_off + 8) ? 0 : p[i];
+		unsigned char c = (i >= ck_off && i < ck_off + ck_len) ? 0 : p[i];
 
 		h ^= c;
 		h *= 0x100000001b3ULL;

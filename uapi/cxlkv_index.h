@@ -28,6 +28,8 @@
 
 #include <linux/types.h>
 
+#include "cxlkv.h"   /* cxlkv_hdr_checksum */
+
 #ifndef CXLKV_STATIC_ASSERT
 #if defined(__cplusplus)
 #define CXLKV_STATIC_ASSERT(cond, msg) static_assert(cond, msg)
@@ -38,7 +40,8 @@
 
 /* "CXLKVIX1" */
 #define CXLKV_INDEX_MAGIC        0x315849564b4c5843ULL
-#define CXLKV_INDEX_VERSION      3u
+/* 4: header checksum (issue 12) */
+#define CXLKV_INDEX_VERSION      4u
 #define CXLKV_INDEX_NO_SLOT      0xffffffffu
 #define CXLKV_INDEX_STATS_LINES  40u
 
@@ -53,9 +56,14 @@ struct cxlkv_index_header {
 	__u64 stats_off;
 	__u64 entry_off;
 	__u32 lock_base;         /* stripe s uses global lock id lock_base + s */
-	__u32 reserved0;
+	__u32 checksum;          /* low 32 bits of cxlkv_hdr_checksum() of this line */
 };
 CXLKV_STATIC_ASSERT(sizeof(struct cxlkv_index_header) == 64, "index header is one line");
+
+static inline __u32 cxlkv_index_header_checksum(const struct cxlkv_index_header *h)
+{
+	return (__u32)cxlkv_hdr_checksum(h, sizeof(*h), __builtin_offsetof(struct cxlkv_index_header, checksum), 4);
+}
 
 /* Offset of the extension records (from carve start). */
 static inline __u64 cxlkv_index_ext_off(const struct cxlkv_index_header *h)

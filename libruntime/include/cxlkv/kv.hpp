@@ -41,6 +41,10 @@ struct PoolDevice {
   MemoryDomain* domain = nullptr;
   std::byte* base = nullptr;  // start of the device (location offsets are from here)
   uint64_t size = 0;
+  // Issue 12: payload locations must lie in [payload_lo, payload_hi) (the
+  // device's kv carve); an index entry naming other bytes (the superblock,
+  // another carve) is refused, never read.  0, 0: the whole device.
+  uint64_t payload_lo = 0, payload_hi = 0;
 };
 
 // Payload I/O of one tier (MEM: pool devices; SSD: the tier layer).

@@ -75,7 +75,7 @@ cxlkv_alloc_header plan_alloc(uint64_t nchunks, uint64_t chunk_size, uint64_t ar
   h.state_off = off;
   off += sizeof(cxlkv_alloc_state) + lines(nchunks * sizeof(cxlkv_quarantine));
   if (bytes) *bytes = off;
-  h.checksum = cxlkv_hdr_checksum(&h, sizeof h, offsetof(cxlkv_alloc_header, checksum));
+  h.checksum = cxlkv_hdr_checksum(&h, sizeof h, offsetof(cxlkv_alloc_header, checksum), 8);
   return h;
 }
 
@@ -134,7 +134,7 @@ Result<cxlkv_alloc_header> read_alloc_header(const Region& region, MemoryDomain&
                                std::to_string(h.arena_off) + ") runs past the pool");
   // Last, so that a field out of range is named above; this catches a
   // damaged field whose value still looks plausible.
-  const uint64_t sum = cxlkv_hdr_checksum(&h, sizeof h, offsetof(cxlkv_alloc_header, checksum));
+  const uint64_t sum = cxlkv_hdr_checksum(&h, sizeof h, offsetof(cxlkv_alloc_header, checksum), 8);
   if (sum != h.checksum)
     return Error(-EUCLEAN, who + "header checksum mismatch (stored " + hex64(h.checksum) + ", computed " + hex64(sum) +
                                "): the header is damaged");

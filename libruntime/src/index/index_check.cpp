@@ -5,6 +5,7 @@
 #include "index/index_check.hpp"
 
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 
 #include "uapi/cxlkv_index.h"
@@ -22,6 +23,49 @@ const char* state_name(uint32_t s) {
 }
 }  // namespace
 
+Result<void> check_index_header(const cxlkv_index_header& h, uint64_t bytes, const std::string& who) {
+  auto bad = [&](const char* field, uint64_t v, const std::string& why) {
+    return Error(-EUCLEAN, who + field + " " + std::to_string(v) + " " + why);
+  };
+  if (h.version != CXLKV_INDEX_VERSION)
+    return Error(-EPROTO, who + "layout version " + std::to_string(h.version) +
+                              (h.version < CXLKV_INDEX_VERSION ? " is older than this runtime's " : " is not this runtime's ") +
+                              std::to_string(CXLKV_INDEX_VERSION) +
+                              "; reformat the pool (cxlkvctl format --force) or use a matching runtime");
+  if (h.max_nodes == 0 || h.max_nodes > 64) return bad("max_nodes", h.max_nodes, "is not in 1..64");
+  if (!h.stripe_slots || (h.stripe_slots & (h.stripe_slots - 1)))
+    return bad("stripe_slots", h.stripe_slots, "is not a power of two");
+  if (h.nstripes == 0) return bad("nstripes", 0, "leaves no stripe");
+  if (uint64_t(h.lock_base) + h.nstripes > CXLKV_MAX_LOCKS)
+    return bad("lock_base", h.lock_base, "+ " + std::to_string(h.nstripes) + " stripes passes the lock id range");
+  if (h.nslots != uint64_t(h.nstripes) * h.stripe_slots)
+    return bad("nslots", h.nslots, "is not nstripes x stripe_slots (" + std::to_string(h.nstripes) + " x " +
+                                       std::to_string(h.stripe_slots) + ")");
+  if (h.nslots > (1ull << 32) - 2) return bad("nslots", h.nslots, "exceeds 2^32 - 2");
+  // Layout order: header, config, stripes, per-node stats, entries, ext records.
+  if (h.stripe_off < 128 || h.stripe_off % 64 || h.stripe_off > bytes || uint64_t(h.nstripes) * 64 > bytes - h.stripe_off)
+    return bad("stripe_off", h.stripe_off, "does not place " + std::to_string(h.nstripes) +
+                                               " stripe lines inside the carve after its header");
+  const uint64_t stats_len = uint64_t(h.max_nodes) * sizeof(cxlkv_index_node_stats);
+  if (h.stats_off % 64 || h.stats_off < h.stripe_off + uint64_t(h.nstripes) * 64 || h.stats_off > bytes ||
+      stats_len > bytes - h.stats_off)
+    return bad("stats_off", h.stats_off, "does not place the per-node stats after the stripes inside the carve");
+  if (h.entry_off % 64 || h.entry_off < h.stats_off + stats_len || h.entry_off > bytes ||
+      h.nslots > (bytes - h.entry_off) / 64)
+    return bad("entry_off", h.entry_off, "does not place " + std::to_string(h.nslots) +
+                                             " entries after the stats inside the carve of " + std::to_string(bytes));
+  const uint64_t ext = cxlkv_index_ext_off(&h);  // no overflow: entry_off + nslots * 64 <= bytes
+  if (ext > bytes || h.nslots > (bytes - ext) / 32)
+    return bad("nslots", h.nslots, "leaves no room for the extension records in the carve of " + std::to_string(bytes));
+  const uint32_t sum = cxlkv_index_header_checksum(&h);
+  if (sum != h.checksum) {
+    char b[96];
+    std::snprintf(b, sizeof b, "header checksum mismatch (stored 0x%08x, computed 0x%08x)", h.checksum, sum);
+    return Error(-EUCLEAN, who + b + ": the header is damaged");
+  }
+  return {};
+}
+
 std::string describe_named_block(const NamedBlock& b) {
   return "block " + to_hex(b.key) + " (index slot " + std::to_string(b.slot) + ", " + state_name(b.state) +
          ", bytes " + std::to_string(b.loc_off) + ".." + std::to_string(b.loc_off + b.loc_len) + ")";
@@ -34,10 +78,8 @@ Result<std::optional<NamedBlock>> index_entry_naming(const Region& pool, MemoryD
   const auto h = d.read_fresh(reinterpret_cast<const cxlkv_index_header*>(carve));  // rule 4
   const std::string who = "pool " + pool.uri() + ": index carve: ";
   if (h.magic != CXLKV_INDEX_MAGIC) return std::optional<NamedBlock>{};  // not formatted: names nothing
-  // Overflow-safe: the entry table lies inside the carve.
-  if (h.nslots == 0 || h.nslots > (1ull << 32) || h.entry_off > ic->size || h.nslots > (ic->size - h.entry_off) / 64)
-    return Error(-EUCLEAN, who + "entry table (" + std::to_string(h.nslots) + " slots at " +
-                               std::to_string(h.entry_off) + ") does not fit the carve; cannot tell which blocks it names");
+  // The entry table lies inside the carve (else: cannot tell which blocks it names).
+  CXLKV_TRY(check_index_header(h, ic->size, who));
   const auto* entries = reinterpret_cast<const cxlkv_index_entry*>(carve + h.entry_off);
   const uint64_t end = len > UINT64_MAX - off ? UINT64_MAX : off + len;
   constexpr uint64_t kBatch = 4096;  // entries per invalidation sweep

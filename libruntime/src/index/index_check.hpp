@@ -10,6 +10,7 @@
 #include "cxlkv/keys.hpp"
 #include "cxlkv/region.hpp"
 #include "cxlkv/result.hpp"
+#include "uapi/cxlkv_index.h"
 
 namespace cxlkv {
 
@@ -24,6 +25,12 @@ struct NamedBlock {
 // index whose payload overlaps pool bytes [off, off + len), if any.  A pool
 // without an index carve names nothing; an unreadable index is an error.
 Result<std::optional<NamedBlock>> index_entry_naming(const Region& pool, MemoryDomain& d, uint64_t off, uint64_t len);
+
+// Issue 12: the index carve header of a carve of `carve_bytes`, checked
+// field by field with overflow-safe arithmetic (errors name the field,
+// prefixed with `who`, e.g. "pool shm:a: index carve: "), then its checksum.
+// The magic is checked by the caller (an unformatted carve is not damage).
+Result<void> check_index_header(const cxlkv_index_header& h, uint64_t carve_bytes, const std::string& who);
 
 // "block <key> (slot N, READY, bytes [a, b))" for messages.
 std::string describe_named_block(const NamedBlock& b);

@@ -2,6 +2,7 @@
 // Index carve layout: format, attach (geometry checks) and the codec of its
 // lines (entries, stripe lines, ext records) under the coherence contract.
 #include "index/index_internal.hpp"
+#include "index/index_check.hpp"
 #include "index/prefix_index.hpp"
 
 #include <time.h>
@@ -67,6 +68,7 @@ Result<void> index_format(MemoryDomain& d, void* carve, uint64_t bytes, const In
   h.stats_off = stats_off;
   h.entry_off = entry_off;
   h.lock_base = o.lock_base;
+  h.checksum = cxlkv_index_header_checksum(&h);  // issue 12: checked at attach
   d.fence();  // rule 3: config before the header
   d.publish_line(static_cast<std::byte*>(carve) + kHeaderOff, &h);
   d.fence();
@@ -117,14 +119,7 @@ Result<std::unique_ptr<PrefixIndex>> PrefixIndex::attach(MemoryDomain& d, void* 
       std::snprintf(b, sizeof b, "%016llx", (unsigned long long)h.magic);
       return std::string(b);
     }() + ", run `cxlkvctl format`)");
-  if (h.version != CXLKV_INDEX_VERSION)
-    return Error(-EPROTO, "index carve: layout version " + std::to_string(h.version) + ", this build reads " +
-                              std::to_string(CXLKV_INDEX_VERSION));
-  if (!is_pow2(h.stripe_slots) || h.nstripes == 0 || h.nslots != uint64_t(h.nstripes) * h.stripe_slots ||
-      h.nslots > (1ull << 32) - 2 || h.entry_off > bytes || h.nslots * 96 + 4096 > bytes - h.entry_off || h.stats_off + uint64_t(h.max_nodes) * sizeof(cxlkv_index_node_stats) > h.entry_off ||
-      h.stripe_off + uint64_t(h.nstripes) * 64 > h.stats_off || h.max_nodes == 0 || h.max_nodes > 64)
-    return Error(-EUCLEAN, "index carve: inconsistent geometry (nslots " + std::to_string(h.nslots) + ", stripes " +
-                               std::to_string(h.nstripes) + " x " + std::to_string(h.stripe_slots) + ")");
+  CXLKV_TRY(check_index_header(h, bytes, "index carve: "));  // issue 12: fields, then checksum
   if (node >= h.max_nodes)
     return Error(-EINVAL, "index: node " + std::to_string(node) + " >= max_nodes " + std::to_string(h.max_nodes));
   if (ix->cfg_.ndevices == 0 || ix->cfg_.ndevices > CXLKV_INDEX_MAX_DEVICES)
@@ -171,13 +166,13 @@ cxlkv_index_entry PrefixIndex::read_entry(uint32_t slot) const {
     } else if (e.check == cxlkv_index_entry_check(&e)) {
       return e;
     }
-    // Torn line: a writer's NT stores are landing right now; read again.
-    if (tries > (1u << 20)) {
-      // Not torn but damaged: report it as unusable so probes skip it and
-      // nobody reuses it (bad data never crashes or hangs a reader).
-      cxlkv_index_entry bad{};
-      bad.state = kStateDamaged;
-      return bad;
+    // Torn line: a writer's NT stores are landing right now; read again a
+    // few times, then settle it (index_damage.cpp: one bounded retry, then
+    // remembered as damaged: never 2^20 re-reads, never a hang).
+    if (tries == 0 && damaged_known(slot, e)) return damaged_entry();
+    if (tries >= kTornRereads) {
+      if (settle_bad_line(slot, &e)) return e;
+      return damaged_entry();
     }
   }
 }

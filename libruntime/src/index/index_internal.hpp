@@ -13,6 +13,13 @@ namespace cxlkv {
 constexpr uint32_t kHeaderOff = 0;
 constexpr uint32_t kConfigOff = 64;
 constexpr uint8_t kStateDamaged = 0xff;  // in-memory only: a line whose checksum never validates
+constexpr uint32_t kTornRereads = 64;     // quick re-reads of a line that fails its checksum
+// What a damaged line reads as: unusable, so probes skip it and nobody reuses it.
+inline cxlkv_index_entry damaged_entry() {
+  cxlkv_index_entry bad{};
+  bad.state = kStateDamaged;
+  return bad;
+}
 
 inline uint64_t realtime_ms() {
   timespec ts;

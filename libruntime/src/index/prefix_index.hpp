@@ -210,6 +210,8 @@ class PrefixIndex {
   size_t longest_prefix(std::span<const BlockKey> chain) const;
   size_t longest_prefix_linear(std::span<const BlockKey> chain) const;
   uint64_t probes() const { return probes_.load(std::memory_order_relaxed); }  // lock-free entry reads so far
+  // Entry lines found damaged (checksum never validates) by this process.
+  uint64_t damaged_lines() const { return damaged_lines_.load(std::memory_order_relaxed); }
 
   // ---- updates (each takes the stripe locks it needs) ---------------------
   // Reserve `key` (child of `parent`, or a root when parent is null) for
@@ -421,6 +423,14 @@ class PrefixIndex {
   NodeLiveness* live_ = nullptr;
   PayloadSpace* space_ = nullptr;
   mutable std::atomic<uint64_t> probes_{0};
+  // Damaged entry lines (issue 12, index_damage.cpp): a line whose checksum
+  // does not validate after one bounded retry is remembered here and read
+  // as damaged at once from then on, until it validates again.
+  bool damaged_known(uint32_t slot, const cxlkv_index_entry& seen) const;
+  bool settle_bad_line(uint32_t slot, cxlkv_index_entry* e) const;
+  mutable std::mutex damaged_mu_;
+  mutable std::unordered_map<uint32_t, uint32_t> damaged_;  // slot -> check word seen
+  mutable std::atomic<uint64_t> damaged_lines_{0};
   IndexCounters ctr_;
   DemotionTarget* demotion_ = nullptr;  // issue 6
   std::mutex pin_mu_;

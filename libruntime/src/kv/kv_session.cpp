@@ -13,6 +13,7 @@
 #include "cxlkv/alloc.hpp"
 #include "cxlkv/kv.hpp"
 #include "cxlkv/sync.hpp"
+#include "index/index_check.hpp"
 #include "index/prefix_index.hpp"
 
 namespace cxlkv {
@@ -111,6 +112,7 @@ Result<std::unique_ptr<KvSession>> open_kv_session(Region& pool, NodeContext& no
   auto hdr = d.read_fresh(reinterpret_cast<const cxlkv_index_header*>(carve));  // rule 4
   if (hdr.magic != CXLKV_INDEX_MAGIC)
     return Error(-ENODATA, "kv: pool " + pool.uri() + ": index carve is not formatted");
+  CXLKV_TRY(check_index_header(hdr, ic->size, "kv: pool " + pool.uri() + ": index carve: "));  // issue 12
   if (hdr.lock_base + hdr.nstripes > node.control().max_locks())
     return Error(-EINVAL, "kv: index stripes need lock ids up to " + std::to_string(hdr.lock_base + hdr.nstripes) +
                               ", the pool has " + std::to_string(node.control().max_locks()));
@@ -131,8 +133,17 @@ Result<std::unique_ptr<KvSession>> open_kv_session(Region& pool, NodeContext& no
   deps.locks = s->locks.get();
   deps.liveness = s->live.get();
   deps.space = s->space.get();
-  deps.devices.push_back(PoolDevice{&d, pool.base(), pool.size()});
-  for (Region* r : opts.extra_devices) deps.devices.push_back(PoolDevice{&r->domain(), r->base(), r->size()});
+  // Issue 12: payload only inside each device's kv carve.
+  auto device = [](Region& r, MemoryDomain& dom) {
+    PoolDevice dv{&dom, r.base(), r.size()};
+    if (auto kv = r.carve(CXLKV_CARVE_KV)) {
+      dv.payload_lo = kv->offset;
+      dv.payload_hi = kv->offset + kv->size;
+    }
+    return dv;
+  };
+  deps.devices.push_back(device(pool, d));
+  for (Region* r : opts.extra_devices) deps.devices.push_back(device(*r, r->domain()));
   deps.ssd_tier = opts.ssd_tier;  // issue 6
   deps.demote_on_evict = opts.demote_on_evict;
   deps.promote_on_hit = opts.promote_on_hit;

@@ -37,6 +37,15 @@ class MemTier final : public PayloadTier {
   }
 
  private:
+  // Issue 12: the location lies inside the device's kv carve.
+  static Result<void> in_payload_range(const PoolDevice& dv, uint32_t d, uint64_t off, uint64_t len) {
+    const uint64_t lo = dv.payload_hi ? dv.payload_lo : 0, hi = dv.payload_hi ? dv.payload_hi : dv.size;
+    if (off >= lo && off <= hi && len <= hi - off) return {};
+    return Error(-EUCLEAN, "kv: index entry names bytes [" + std::to_string(off) + ", +" + std::to_string(len) +
+                               ") of device " + std::to_string(d) + ", outside its kv carve [" + std::to_string(lo) +
+                               ", " + std::to_string(hi) + "): damaged entry, not read or written");
+  }
+
   Result<void> io(const BlockLocation& loc, std::span<const Chunk> chunks, bool wr) {
     uint64_t total = 0;
     for (const Chunk& c : chunks) {
@@ -51,10 +60,12 @@ class MemTier final : public PayloadTier {
         return Error(-ENODEV, "kv: block is interleaved over " + std::to_string(set_.devices()) +
                                   " devices, this store has " + std::to_string(devs_.size()));
       uint64_t ext = set_.extent(loc.length);
-      for (uint32_t d = 0; d < set_.devices(); d++)
-        if (loc.offset + ext > devs_[d].size)
+      for (uint32_t d = 0; d < set_.devices(); d++) {
+        if (loc.offset > devs_[d].size || ext > devs_[d].size - loc.offset)
           return Error(-EFAULT, "kv: interleaved block at " + std::to_string(loc.offset) + " exceeds device " +
                                     std::to_string(d));
+        CXLKV_TRY(in_payload_range(devs_[d], d, loc.offset, ext));
+      }
       if (!wr) {
         // rules 4/6: each device's part of the block is invalidated in one
         // sweep, then one fence per device orders it before the loads.
@@ -90,6 +101,7 @@ class MemTier final : public PayloadTier {
     if (loc.offset > dv.size || loc.length > dv.size - loc.offset)
       return Error(-EFAULT, "kv: block [" + std::to_string(loc.offset) + ", +" + std::to_string(loc.length) +
                                 ") outside device " + std::to_string(loc.device));
+    CXLKV_TRY(in_payload_range(dv, loc.device, loc.offset, loc.length));
     std::byte* pool = dv.base + loc.offset;
     // gather_write: NT / flushed copy + fence (rule 3), so the caller may
     // publish; scatter_read invalidates before loading (rule 6).
