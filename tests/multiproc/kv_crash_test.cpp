@@ -88,6 +88,8 @@ struct Pool {
     node.reset();
     mgr->stop();
     mgr.reset();
+    // This node's and the killed helpers' node-local files.
+    for (uint32_t n = 0; n < 16; n++) NodeContext::unlink_local(NodeContext::default_local_name(*region, n));
     region.reset();
     std::string name = uri.substr(4, uri.rfind(':') - 4);
     shm_unlink(("/" + name).c_str());
