@@ -174,11 +174,17 @@ CXLKV_STATIC_ASSERT(sizeof(struct cxlkv_index_entry) == 64, "index entry is one 
  * CXLKV_NODE_ANY) is dead.
  */
 #define CXLKV_LEASE_NODE_ANY 0xffu
+/* ext.linked bits.  REUSED: the block was cached before and evicted (its
+ * key was found in a ghost tombstone when it was reserved again): when it
+ * reaches its list's tail it gets one more trip from the head instead of
+ * being evicted, so blocks that come back outlive blocks seen once. */
+#define CXLKV_EXT_LINKED 0x01u   /* on the stripe's list */
+#define CXLKV_EXT_REUSED 0x02u
 struct cxlkv_index_ext {
 	__u32 lru_prev;          /* towards the head (more recent), or NO_SLOT */
 	__u32 lru_next;          /* towards the tail (older), or NO_SLOT */
 	__u32 linked_ms;         /* entry lru_ms when (re)linked */
-	__u8  linked;            /* 1: on the stripe's list */
+	__u8  linked;            /* CXLKV_EXT_LINKED | CXLKV_EXT_REUSED bits */
 	__u8  lease_node;        /* consumer node or CXLKV_LEASE_NODE_ANY */
 	__u16 lease_count;       /* live leases (0: none) */
 	__u64 lease_consumer;    /* first consumer id (display, release check) */

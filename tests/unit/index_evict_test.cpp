@@ -355,3 +355,29 @@ TEST(IndexEvict, AReserveThatEvictsCostsAFewFencesMoreThanOneThatDoesNot) {
   EXPECT_LE(l_evict, l_plain + 12) << "line loads per evicting reserve vs " << l_plain;
   EXPECT_EQ(a->index().audit_lists(), 0u);
 }
+
+// Scan resistance (issue 11): an evicted block leaves a ghost (its tombstone
+// keeps the key); reserved again, it is marked REUSED and, at the tail, gets
+// one more trip instead of going, so it outlives blocks seen only once.
+TEST(IndexEvict, ABlockThatComesBackAfterEvictionOutlivesBlocksSeenOnce) {
+  SimPool p(1, 0.0, opts(8, 64, 4));
+  auto a = p.store(0);
+  std::vector<BlockKey> k;
+  for (uint64_t i = 0; i < 9; i++) k.push_back(chain(3000 + i, 1)[0]);
+  auto cached = [&](size_t i) { return a->index().find_ready(k[i]) != CXLKV_INDEX_NO_SLOT; };
+  for (size_t i = 0; i < 5; i++) {
+    ASSERT_TRUE(put1(*a, k[i]).ok()) << i;
+    tick();
+  }
+  ASSERT_FALSE(cached(0)) << "k0, the least recently used, was evicted for k4";
+  ASSERT_TRUE(put1(*a, k[0]).ok());  // back: its ghost marks it REUSED
+  tick();
+  EXPECT_GT(a->index().usage().tombstones, 0u) << "evictions leave ghosts";
+  for (size_t i = 5; i < 9; i++) {
+    ASSERT_TRUE(put1(*a, k[i]).ok()) << i;
+    tick();
+  }
+  EXPECT_TRUE(cached(0)) << "the block that came back got one more trip";
+  EXPECT_FALSE(cached(5)) << "a block seen once went in its place";
+  EXPECT_EQ(a->index().audit_lists(), 0u);
+}

@@ -63,7 +63,8 @@ size_t PrefixIndex::reserve_locked(LockSet& ls, const BlockKey* pkey, std::span<
     for (int attempt = 0;; attempt++) {
       cxlkv_index_entry e;
       uint32_t free_slot = kNo;
-      const uint32_t slot = probe(key, &e, &free_slot);
+      bool ghost = false;
+      const uint32_t slot = probe(key, &e, &free_slot, &ghost);
       if (slot != kNo) {
         if (e.state == CXLKV_ENTRY_EVICTING) {  // a dead evictor's leftover: finish it
           remove_locked(ls, slot, e, /*reclaim=*/true, parents);
@@ -153,6 +154,7 @@ size_t PrefixIndex::reserve_locked(LockSet& ls, const BlockKey* pkey, std::span<
       ls.mark(s);
       const uint32_t ver = write_entry(free_slot, ne);
       cxlkv_index_ext x{};  // not listed (WRITING), no lease
+      if (ghost) x.linked = CXLKV_EXT_REUSED;  // evicted before and back: one more trip (index_evict.cpp)
       x.lru_prev = x.lru_next = kNo;
       x.lease_node = CXLKV_LEASE_NODE_ANY;
       write_ext(free_slot, x);

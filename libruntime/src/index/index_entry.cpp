@@ -255,8 +255,9 @@ void PrefixIndex::write_ext(uint32_t slot, const cxlkv_index_ext& x) {
   d_->store_nt(ext_ptr(slot), &x, sizeof x);
 }
 
-uint32_t PrefixIndex::probe(const BlockKey& key, cxlkv_index_entry* out, uint32_t* free_slot) const {
+uint32_t PrefixIndex::probe(const BlockKey& key, cxlkv_index_entry* out, uint32_t* free_slot, bool* ghost) const {
   if (free_slot) *free_slot = CXLKV_INDEX_NO_SLOT;
+  if (ghost) *ghost = false;
   if (key.is_zero()) return CXLKV_INDEX_NO_SLOT;
   const uint32_t base = stripe_of(key) * hdr_.stripe_slots, mask = hdr_.stripe_slots - 1;
   const uint32_t off = static_cast<uint32_t>(key.lo & mask);
@@ -269,6 +270,7 @@ uint32_t PrefixIndex::probe(const BlockKey& key, cxlkv_index_entry* out, uint32_
     }
     if (e.state == CXLKV_ENTRY_TOMBSTONE) {
       if (free_slot && *free_slot == CXLKV_INDEX_NO_SLOT) *free_slot = slot;
+      if (ghost && e.key_lo == key.lo && e.key_hi == key.hi) *ghost = true;  // evicted before (index_evict.cpp)
       continue;
     }
     if (e.key_lo == key.lo && e.key_hi == key.hi && live_index_state(e.state)) {

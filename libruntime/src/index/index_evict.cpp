@@ -18,6 +18,12 @@
 //    is no more recent than the tail (it usually is as cold as the child it
 //    served), so a cold subtree is removed from its leaves up before warmer
 //    blocks go: the cold end of a chain goes first, its shared prefix last.
+//  * Scan resistance: an evicted block leaves a ghost (its tombstone keeps
+//    the key while the stripe has fewer than stripe_slots / 8 tombstones).
+//    A block reserved again whose ghost is found is marked REUSED and, at
+//    the tail, gets one more trip from the head instead of going: blocks
+//    that come back (shared prefixes, multi-turn contexts) outlive the long
+//    tails of prompts seen once, which LRU keeps as long as anything else.
 //  * Pinned blocks, leased blocks (live lease) and WRITING blocks are never
 //    evicted; a reserve evicts instead of refusing while any other block can go.
 #include <algorithm>
@@ -46,11 +52,11 @@ void PrefixIndex::link(LockSet& ls, uint32_t slot, uint32_t ms, bool at_head) {
   ls.mark(s);
   cxlkv_index_stripe& st = ls.st(s);
   cxlkv_index_ext x = read_ext(slot);
-  if (x.linked) {
+  if (x.linked & CXLKV_EXT_LINKED) {
     unlink(ls, slot);  // a move
     x = read_ext(slot);
   }
-  x.linked = 1;
+  x.linked = static_cast<uint8_t>((x.linked & CXLKV_EXT_REUSED) | CXLKV_EXT_LINKED);
   x.linked_ms = ms;
   if (lru_head(st) == kNo || lru_tail(st) == kNo) {
     x.lru_prev = x.lru_next = kNo;
@@ -81,12 +87,12 @@ void PrefixIndex::link(LockSet& ls, uint32_t slot, uint32_t ms, bool at_head) {
 void PrefixIndex::unlink(LockSet& ls, uint32_t slot) {
   const uint32_t s = slot / hdr_.stripe_slots, base = s * hdr_.stripe_slots;
   cxlkv_index_ext x = read_ext(slot);
-  if (!x.linked) return;
+  if (!(x.linked & CXLKV_EXT_LINKED)) return;
   auto in_stripe = [&](uint32_t sl) { return sl == kNo || (sl >= base && sl < base + hdr_.stripe_slots); };
   if (!in_stripe(x.lru_prev) || !in_stripe(x.lru_next)) {  // damaged links: rebuild
     repair_stripe(ls, s);
     x = read_ext(slot);
-    if (!x.linked) return;
+    if (!(x.linked & CXLKV_EXT_LINKED)) return;
   }
   ls.mark(s);
   cxlkv_index_stripe& st = ls.st(s);
@@ -105,7 +111,7 @@ void PrefixIndex::unlink(LockSet& ls, uint32_t slot) {
     set_lru_tail(st, x.lru_prev);
     st.tail_ms = x.lru_prev != kNo ? read_ext(x.lru_prev).linked_ms : 0;
   }
-  x.linked = 0;
+  x.linked &= static_cast<uint8_t>(~CXLKV_EXT_LINKED);  // REUSED stays with the block
   x.lru_prev = x.lru_next = kNo;
   write_ext(slot, x);
 }
@@ -150,8 +156,8 @@ void PrefixIndex::repair_stripe(LockSet& ls, uint32_t s) {
       leaves.emplace_back(e.lru_ms, slot);
     } else {
       cxlkv_index_ext x = read_ext(slot);
-      if (x.linked) {
-        x.linked = 0;
+      if (x.linked & CXLKV_EXT_LINKED) {
+        x.linked &= static_cast<uint8_t>(~CXLKV_EXT_LINKED);
         x.lru_prev = x.lru_next = kNo;
         write_ext(slot, x);
       }
@@ -160,7 +166,7 @@ void PrefixIndex::repair_stripe(LockSet& ls, uint32_t s) {
   std::sort(leaves.begin(), leaves.end());  // oldest first = tail
   for (size_t i = 0; i < leaves.size(); i++) {
     cxlkv_index_ext x = read_ext(leaves[i].second);
-    x.linked = 1;
+    x.linked = static_cast<uint8_t>((x.linked & CXLKV_EXT_REUSED) | CXLKV_EXT_LINKED);
     x.linked_ms = leaves[i].first;
     x.lru_next = i ? leaves[i - 1].second : kNo;                     // older
     x.lru_prev = i + 1 < leaves.size() ? leaves[i + 1].second : kNo;  // newer
@@ -198,7 +204,13 @@ void PrefixIndex::remove_locked(LockSet& ls, uint32_t slot, cxlkv_index_entry e,
   const uint32_t base = stripe * hdr_.stripe_slots, mask = hdr_.stripe_slots - 1;
   auto next_of = [&](uint32_t sl) { return base + ((sl - base + 1) & mask); };
   auto prev_of = [&](uint32_t sl) { return base + ((sl - base + mask) & mask); };
-  if (read_entry(next_of(slot)).state == CXLKV_ENTRY_EMPTY) {
+  // An evicted block leaves a ghost: its tombstone keeps the key, so a
+  // reserve of the same key finds it and marks the new block REUSED.  Ghosts
+  // are kept while the stripe holds fewer than stripe_slots / 8 tombstones
+  // (probe lengths stay short); beyond that, or for a reclaim / abort, the
+  // slot is emptied when it can be.
+  const bool ghost = !reclaim && st.tombstones < hdr_.stripe_slots / 8;
+  if (!ghost && read_entry(next_of(slot)).state == CXLKV_ENTRY_EMPTY) {
     write_empty(slot);
     uint32_t p = prev_of(slot);
     for (uint32_t k = 0; k < hdr_.stripe_slots - 1; k++, p = prev_of(p)) {
@@ -284,7 +296,7 @@ bool PrefixIndex::evict_from_list(LockSet& ls, uint32_t s, std::vector<uint32_t>
     cxlkv_index_entry e = read_entry(slot);
     cxlkv_index_ext x = read_ext(slot);
     ctr_.victim_reads += 2;
-    if (!x.linked || e.state != CXLKV_ENTRY_READY || e.children || e.loc_tier != CXLKV_TIER_MEM) {
+    if (!(x.linked & CXLKV_EXT_LINKED) || e.state != CXLKV_ENTRY_READY || e.children || e.loc_tier != CXLKV_TIER_MEM) {
       if (repaired) return false;
       repair_stripe(ls, s);  // the list disagrees with the entries
       repaired = true;
@@ -296,6 +308,15 @@ bool PrefixIndex::evict_from_list(LockSet& ls, uint32_t s, std::vector<uint32_t>
       continue;
     }
     if (x.linked_ms > limit_ms) return false;  // another stripe's tail is older
+    if (x.linked & CXLKV_EXT_REUSED) {
+      // A block that came back after an eviction: one more trip (the flag
+      // is spent), so it outlives blocks seen only once (scan resistance).
+      x.linked &= static_cast<uint8_t>(~CXLKV_EXT_REUSED);
+      write_ext(slot, x);
+      link(ls, slot, now, /*at_head=*/true);
+      ctr_.second_chances++;
+      continue;
+    }
     bool changed = false, dead = false;
     const bool pinned = pins_live(e, &changed);
     if (changed) write_entry(slot, e, false);  // dead nodes' pins cleared
@@ -582,7 +603,7 @@ uint64_t PrefixIndex::audit_lists(std::string* first) const {
     for (uint32_t i = 0; i < hdr_.stripe_slots; i++) {
       cxlkv_index_entry e = read_entry(base + i);
       if (e.state == CXLKV_ENTRY_READY && e.children == 0 && e.loc_tier == CXLKV_TIER_MEM) leaves++;
-      if (read_ext(base + i).linked) linked_flags++;
+      if (read_ext(base + i).linked & CXLKV_EXT_LINKED) linked_flags++;
     }
     if (v[s].list_dirty) problem("stripe " + std::to_string(s) + ": list_dirty set");
     uint64_t walked = 0;
@@ -594,7 +615,7 @@ uint64_t PrefixIndex::audit_lists(std::string* first) const {
       }
       cxlkv_index_entry e = read_entry(slot);
       cxlkv_index_ext x = read_ext(slot);
-      if (!x.linked || x.lru_prev != prev)
+      if (!(x.linked & CXLKV_EXT_LINKED) || x.lru_prev != prev)
         problem("stripe " + std::to_string(s) + ": slot " + std::to_string(slot) + " badly linked");
       if (e.state != CXLKV_ENTRY_READY || e.children || e.loc_tier != CXLKV_TIER_MEM)
         problem("stripe " + std::to_string(s) + ": slot " + std::to_string(slot) + " listed but not an evictable leaf");

@@ -259,7 +259,7 @@ IndexEntryView PrefixIndex::entry(uint32_t slot) const {
   v.version = e.version;
   // Lock-free read of the ext record: a display snapshot (rule 4 read).
   cxlkv_index_ext x = read_ext(slot);
-  v.linked = x.linked;
+  v.linked = (x.linked & CXLKV_EXT_LINKED) != 0;
   v.lease_count = x.lease_count;
   v.lease_node = x.lease_node;
   v.lease_start_ms = x.lease_start_ms;

@@ -353,7 +353,8 @@ class PrefixIndex {
   bool writer_dead(const cxlkv_index_entry& e);
   // Probe the key's stripe (its lock held or not): slot of a live entry of
   // `key` (else NO_SLOT) and the first reusable slot before the probe ended.
-  uint32_t probe(const BlockKey& key, cxlkv_index_entry* e, uint32_t* free_slot) const;
+  // ghost: set when a tombstone on the way still holds `key` (it was evicted).
+  uint32_t probe(const BlockKey& key, cxlkv_index_entry* e, uint32_t* free_slot, bool* ghost = nullptr) const;
 
   // ---- under a LockSet (index_evict.cpp) ------------------------------------
   void link(LockSet& ls, uint32_t slot, uint32_t ms, bool at_head);
