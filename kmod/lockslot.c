@@ -52,6 +52,7 @@ static int ctrl_locate(struct cxlkv_dev *d, const struct cxlkv_superblock *sb,
 	cxlkv_unmap(d, p, v->carve.memtype);
 
 	if (v->h.magic != CXLKV_CTRL_MAGIC || v->h.version != CXLKV_CTRL_VERSION ||
+	    v->h.checksum != cxlkv_ctrl_header_checksum(&v->h) ||
 	    v->h.max_nodes != sb->max_nodes || !v->h.max_locks ||
 	    v->h.max_locks > CXLKV_MAX_LOCKS || v->h.lock_table_off % CXLKV_LINE_SIZE ||
 	    v->h.grant_table_off % CXLKV_LINE_SIZE)

@@ -144,4 +144,10 @@ static inline __u64 cxlkv_hdr_checksum(const void *hdr, unsigned long n, unsigne
 
 #include "cxlkv_ctrl.h"
 
+/* The control carve header's checksum field (written at format, checked at open). */
+static inline __u32 cxlkv_ctrl_header_checksum(const struct cxlkv_ctrl_header *h)
+{
+	return (__u32)cxlkv_hdr_checksum(h, sizeof(*h), __builtin_offsetof(struct cxlkv_ctrl_header, checksum), 4);
+}
+
 #endif /* _UAPI_CXLKV_H */

@@ -21,7 +21,8 @@
 
 /* "CXLKVCT1" */
 #define CXLKV_CTRL_MAGIC        0x315443564b4c5843ULL
-#define CXLKV_CTRL_VERSION      1u
+/* 2: header checksum (issue 12) */
+#define CXLKV_CTRL_VERSION      2u
 #define CXLKV_DEFAULT_MAX_LOCKS 1024u
 #define CXLKV_MAX_LOCKS         65536u
 
@@ -30,7 +31,7 @@ struct cxlkv_ctrl_header {
 	__u32 version;           /* CXLKV_CTRL_VERSION */
 	__u32 max_nodes;         /* equals superblock max_nodes */
 	__u32 max_locks;         /* lock ids are 0 .. max_locks-1 */
-	__u32 reserved0;
+	__u32 checksum;          /* low 32 bits of cxlkv_hdr_checksum() of this line (uapi/cxlkv.h) */
 	__u64 lease_off;
 	__u64 node_table_off;
 	__u64 lock_table_off;

@@ -81,6 +81,26 @@ TEST(ControlHeader, EveryDamagedOffsetIsRefusedNamingThePoolAndTheField) {
   h->max_locks = CXLKV_MAX_LOCKS;  // in range, but its tables no longer fit where they are
   open = ControlCarve::open(region, region.domain());
   ASSERT_FALSE(open.ok());
+  // Issue 12: a damaged field that still looks plausible is caught by the
+  // header checksum; an older layout says to reformat.
+  *h = good;
+  h->checksum ^= 1;
+  open = ControlCarve::open(region, region.domain());
+  ASSERT_FALSE(open.ok());
+  EXPECT_EQ(open.error().code(), -EUCLEAN);
+  EXPECT_NE(open.error().message().find("checksum"), std::string::npos) << open.error().message();
+  EXPECT_NE(open.error().message().find(region.uri()), std::string::npos) << open.error().message();
+  *h = good;
+  h->doorbell_off += 64;  // still inside the carve, overlapping nothing
+  open = ControlCarve::open(region, region.domain());
+  ASSERT_FALSE(open.ok()) << "a moved doorbell table was accepted";
+  EXPECT_NE(open.error().message().find("checksum"), std::string::npos) << open.error().message();
+  *h = good;
+  h->version = 1;
+  open = ControlCarve::open(region, region.domain());
+  ASSERT_FALSE(open.ok());
+  EXPECT_EQ(open.error().code(), -EPROTO);
+  EXPECT_NE(open.error().message().find("reformat"), std::string::npos) << open.error().message();
   *h = good;
   ASSERT_TRUE(ControlCarve::open(region, region.domain()).ok());  // the original opens again
 }

@@ -77,6 +77,7 @@ cxlkv_ctrl_header plan_control(uint32_t max_nodes, uint32_t max_locks, uint64_t*
   // The uapi's own formula must agree, or the kernel and we disagree on
   // where the control carve ends.
   if (off != cxlkv_ctrl_carve_bytes(max_nodes, max_locks)) std::abort();
+  h.checksum = cxlkv_ctrl_header_checksum(&h);
   return h;
 }
 

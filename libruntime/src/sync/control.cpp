@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: MIT
 // The control carve: format initializer and validated view (layout in
 // uapi/cxlkv_ctrl.h).
+#include <cstdio>
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
@@ -50,6 +51,7 @@ Result<void> format_control_carve(Region& region, MemoryDomain& d, const Control
   h.lock_table_off = h.node_table_off + uint64_t(nodes) * CXLKV_LINE_SIZE;
   h.grant_table_off = h.lock_table_off + uint64_t(locks) * nodes * CXLKV_LINE_SIZE;
   h.doorbell_off = h.grant_table_off + uint64_t(locks) * CXLKV_LINE_SIZE;
+  h.checksum = cxlkv_ctrl_header_checksum(&h);  // issue 12: checked at open
 
   std::byte* base = region.at(carve->offset);
   const uint64_t used = h.doorbell_off + uint64_t(nodes) * CXLKV_LINE_SIZE;
@@ -85,7 +87,10 @@ Result<ControlCarve> ControlCarve::open(const Region& region, MemoryDomain& d) {
     return Error(-EUCLEAN, who + "not formatted (bad magic; run `cxlkvctl format`)");
   if (h.version != CXLKV_CTRL_VERSION)
     return Error(-EPROTO, who + "layout version " + std::to_string(h.version) + ", this runtime knows " +
-                              std::to_string(CXLKV_CTRL_VERSION));
+                              std::to_string(CXLKV_CTRL_VERSION) +
+                              (h.version < CXLKV_CTRL_VERSION
+                                   ? "; reformat the pool (cxlkvctl format --force) or use a matching runtime"
+                                   : ""));
   if (h.max_nodes == 0 || h.max_nodes > CXLKV_MAX_NODES || h.max_nodes != region.max_nodes())
     return Error(-EUCLEAN, who + "max_nodes " + std::to_string(h.max_nodes) + " does not match the superblock");
   if (h.max_locks == 0 || h.max_locks > CXLKV_MAX_LOCKS)
@@ -112,6 +117,13 @@ Result<ControlCarve> ControlCarve::open(const Region& region, MemoryDomain& d) {
       if (&a != &b && a.off < b.off + b.len && b.off < a.off + a.len)  // both in range: no overflow
         return Error(-EUCLEAN, who + a.field + " " + std::to_string(a.off) + " overlaps " + b.field + " " +
                                    std::to_string(b.off));
+  }
+  // Issue 12: last, so a field out of range is named above; this catches a
+  // damaged field whose value still looks plausible.
+  if (const uint32_t sum = cxlkv_ctrl_header_checksum(&h); sum != h.checksum) {
+    char b[80];
+    std::snprintf(b, sizeof b, "header checksum mismatch (stored 0x%08x, computed 0x%08x)", h.checksum, sum);
+    return Error(-EUCLEAN, who + b + ": the header is damaged");
   }
   return c;
 }
