@@ -211,3 +211,53 @@ TEST(IndexIntegrity, AnEntryNamingBytesOutsideTheKvCarveIsNeverRead) {
 }
 
 }  // namespace cxlkv
+
+namespace cxlkv {
+
+// The audit (cxlkvctl kv check) names every entry whose location leaves the
+// kv carve or overlaps another block's; a sound index has no finding.
+TEST(IndexIntegrity, TheAuditNamesEntriesOutsideTheKvCarveOrOverlappingAnother) {
+  ShmKv p;
+  ASSERT_TRUE(p.open().ok());
+  KvStore& kv = p.session->store();
+  std::vector<uint64_t> ids = {901, 902, 903};
+  auto keys = keys_from_ids(ids);
+  for (const auto& k : keys) {
+    std::vector<std::byte> buf(8192, std::byte{0x42});
+    Chunk ch{buf.data(), buf.size()};
+    auto r = kv.reserve(k, nullptr, buf.size());
+    ASSERT_TRUE(r.ok() && r->reserved());
+    ASSERT_TRUE(kv.write(*r, {&ch, 1}).ok());
+    ASSERT_TRUE(kv.publish(*r).ok());
+  }
+  auto sound = index_audit_locations(*p.region, p.region->domain());
+  ASSERT_TRUE(sound.ok()) << sound.error().message();
+  EXPECT_TRUE(sound->empty()) << sound->front();
+
+  MemoryDomain& d = p.region->domain();
+  auto line = [&](const BlockKey& k) {
+    return reinterpret_cast<cxlkv_index_entry*>(p.index_carve() + kv.index().header().entry_off +
+                                                kv.index().find_ready(k) * 64ull);
+  };
+  const cxlkv_index_entry a = d.read_fresh(line(keys[0]));
+  cxlkv_index_entry b = d.read_fresh(line(keys[1]));
+  b.loc_off = a.loc_off + 64;  // inside block A
+  b.check = cxlkv_index_entry_check(&b);
+  d.publish_line(line(keys[1]), &b);
+  cxlkv_index_entry c = d.read_fresh(line(keys[2]));
+  c.loc_off = 0;  // the superblock
+  c.check = cxlkv_index_entry_check(&c);
+  d.publish_line(line(keys[2]), &c);
+  d.fence();
+  auto found = index_audit_locations(*p.region, p.region->domain());
+  ASSERT_TRUE(found.ok()) << found.error().message();
+  ASSERT_EQ(found->size(), 2u);
+  std::string all = (*found)[0] + "\n" + (*found)[1];
+  EXPECT_NE(all.find("overlaps"), std::string::npos) << all;
+  EXPECT_NE(all.find(to_hex(keys[1])), std::string::npos) << all;
+  EXPECT_NE(all.find("outside the kv carve"), std::string::npos) << all;
+  EXPECT_NE(all.find(to_hex(keys[2])), std::string::npos) << all;
+  EXPECT_NE(all.find(p.uri), std::string::npos) << all;
+}
+
+}  // namespace cxlkv

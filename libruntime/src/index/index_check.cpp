@@ -4,6 +4,7 @@
 // KV store owns, issue 12).
 #include "index/index_check.hpp"
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -107,6 +108,52 @@ Result<std::optional<NamedBlock>> index_entry_naming(const Region& pool, MemoryD
     }
   }
   return std::optional<NamedBlock>{};
+}
+
+Result<std::vector<std::string>> index_audit_locations(const Region& pool, MemoryDomain& d) {
+  std::vector<std::string> out;
+  auto ic = pool.carve(CXLKV_CARVE_INDEX);
+  if (!ic) return out;
+  const std::byte* carve = pool.at(ic->offset);
+  const auto h = d.read_fresh(reinterpret_cast<const cxlkv_index_header*>(carve));  // rule 4
+  const std::string who = "pool " + pool.uri() + ": index carve: ";
+  if (h.magic != CXLKV_INDEX_MAGIC) return out;
+  CXLKV_TRY(check_index_header(h, ic->size, who));
+  auto kv = pool.carve(CXLKV_CARVE_KV);
+  const uint64_t lo = kv ? kv->offset : 0, hi = kv ? kv->offset + kv->size : 0;
+  const auto* entries = reinterpret_cast<const cxlkv_index_entry*>(carve + h.entry_off);
+  std::vector<NamedBlock> mem;  // inside the carve, to check for overlaps
+  constexpr uint64_t kBatch = 4096;
+  for (uint64_t first = 0; first < h.nslots; first += kBatch) {
+    const uint64_t n = std::min<uint64_t>(kBatch, h.nslots - first);
+    d.invalidate(entries + first, n * 64);  // rule 4: one sweep, one fence, then the loads
+    d.fence();
+    for (uint64_t i = first; i < first + n; i++) {
+      cxlkv_index_entry e;
+      d.load(&e, entries + i, sizeof e);
+      if (e.check != cxlkv_index_entry_check(&e)) continue;  // empty, torn right now, or damaged (never trusted)
+      if (e.state != CXLKV_ENTRY_WRITING && e.state != CXLKV_ENTRY_READY && e.state != CXLKV_ENTRY_EVICTING) continue;
+      if (e.loc_tier != CXLKV_TIER_MEM || e.loc_dev == CXLKV_LOC_DEV_INTERLEAVED || e.loc_dev != 0) continue;
+      NamedBlock b{static_cast<uint32_t>(i), BlockKey{e.key_lo, e.key_hi}, e.state, e.loc_off, e.loc_len};
+      if (!kv || e.loc_off < lo || e.loc_off > hi || e.loc_len > hi - e.loc_off) {
+        out.push_back(who + describe_named_block(b) + " lies outside the kv carve [" + std::to_string(lo) + ", " +
+                      std::to_string(hi) + ")");
+        continue;
+      }
+      mem.push_back(b);
+    }
+  }
+  std::sort(mem.begin(), mem.end(), [](const NamedBlock& a, const NamedBlock& b) { return a.loc_off < b.loc_off; });
+  // Sorted by start: a block overlaps an earlier one exactly when it starts
+  // before the furthest end reached so far.
+  size_t far = 0;
+  auto end_of = [&](size_t k) { return mem[k].loc_off + mem[k].loc_len; };
+  for (size_t i = 1; i < mem.size(); i++) {
+    if (mem[i].loc_off < end_of(far))
+      out.push_back(who + describe_named_block(mem[i]) + " overlaps " + describe_named_block(mem[far]));
+    if (end_of(i) > end_of(far)) far = i;
+  }
+  return out;
 }
 
 }  // namespace cxlkv

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "cxlkv/keys.hpp"
 #include "cxlkv/region.hpp"
@@ -31,6 +32,12 @@ Result<std::optional<NamedBlock>> index_entry_naming(const Region& pool, MemoryD
 // prefixed with `who`, e.g. "pool shm:a: index carve: "), then its checksum.
 // The magic is checked by the caller (an unformatted carve is not damage).
 Result<void> check_index_header(const cxlkv_index_header& h, uint64_t carve_bytes, const std::string& who);
+
+// Issue 12: a lock-free audit of every WRITING / READY / EVICTING entry's
+// location: memory-tier entries (not interleaved) must lie inside the kv
+// carve and overlap no other entry.  One line per finding, naming the
+// block, the slot and the cause; empty when the index is sound.
+Result<std::vector<std::string>> index_audit_locations(const Region& pool, MemoryDomain& d);
 
 // "block <key> (slot N, READY, bytes [a, b))" for messages.
 std::string describe_named_block(const NamedBlock& b);
