@@ -146,7 +146,10 @@ struct Pool {
   }
   ~Pool() {
     session.reset();
+    // Node-local files of this node and of the helper nodes 2 and 3.
+    const std::string local = node->local_shm_name();
     node.reset();
+    for (const char* n : {"1", "2", "3"}) shm_unlink(("/" + local.substr(0, local.size() - 1) + n).c_str());
     mgr->stop();
     mgr.reset();
     region.reset();

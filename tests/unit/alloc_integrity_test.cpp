@@ -46,7 +46,9 @@ struct ShmKv {
   }
   ~ShmKv() {
     session.reset();
+    const std::string local = node->local_shm_name();
     node.reset();
+    shm_unlink(("/" + local).c_str());  // this node's node-local file
     mgr->stop();
     mgr.reset();
     region.reset();
