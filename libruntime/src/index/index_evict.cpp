@@ -285,7 +285,7 @@ bool PrefixIndex::evict_from_list(LockSet& ls, uint32_t s, std::vector<uint32_t>
   cxlkv_index_stripe& st = ls.st(s);
   const uint32_t now = now_ms(), base = s * hdr_.stripe_slots;
   bool repaired = false;
-  for (uint32_t step = 0; step < kTailSteps && lru_tail(st) != kNo; step++) {
+  for (uint32_t step = 0, trips = 0; step < kTailSteps && trips < 4 * kTailSteps && lru_tail(st) != kNo; step++) {
     const uint32_t slot = lru_tail(st);
     if (slot < base || slot >= base + hdr_.stripe_slots) {
       if (repaired) return false;
@@ -315,6 +315,7 @@ bool PrefixIndex::evict_from_list(LockSet& ls, uint32_t s, std::vector<uint32_t>
       write_ext(slot, x);
       link(ls, slot, now, /*at_head=*/true);
       ctr_.second_chances++;
+      step--, trips++;  // a spent flag, not a failed step: bounded by trips
       continue;
     }
     bool changed = false, dead = false;
