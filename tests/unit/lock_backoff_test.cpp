@@ -92,11 +92,22 @@ TEST(LockBackoff, IdleManagerSleepsInsteadOfSpinning) {
     EXPECT_TRUE(r.ok());
   });
 
+  // The manager first takes the pool's lease (write, settle, check: it
+  // sleeps there, not in its idle loop); on a loaded machine that can take
+  // longer than the idle time below.  Wait for its first round (bounded).
+  // After its last activity it spins a few rounds, then yields for
+  // yield_rounds rounds (each yield gives the CPU to whatever else is
+  // runnable: on a loaded machine 2000 of them take seconds), then sleeps.
+  // Wait (bounded) until it is past the yield phase, then idle 300 ms more.
+  const uint64_t busy_rounds = LockManagerOptions{}.poll.spin_rounds + LockManagerOptions{}.poll.yield_rounds;
+  for (int i = 0; i < 3000 && mgr.value()->stats().rounds <= busy_rounds; i++) std::this_thread::sleep_for(10ms);
+  ASSERT_GT(mgr.value()->stats().rounds, busy_rounds) << "lock manager ran fewer than " << busy_rounds
+                                                      << " rounds within 30 s";
   std::this_thread::sleep_for(300ms);
   stop = true;
   t.join();
 
-  std::printf("idle manager: %.0f ms CPU in %.0f ms, %lu sleeps\n", cpu * 1e3, wall * 1e3,
+  std::printf("idle manager: %.0f ms CPU in %.0f ms, %lu rounds, %lu doorbells, %lu sleeps\n", cpu * 1e3, wall * 1e3, (unsigned long)mgr.value()->stats().rounds, (unsigned long)mgr.value()->stats().doorbells,
               static_cast<unsigned long>(mgr.value()->stats().sleeps));
   EXPECT_GT(mgr.value()->stats().sleeps, 0u);
   EXPECT_LT(cpu, 0.5 * wall) << "the idle manager spins instead of sleeping";
