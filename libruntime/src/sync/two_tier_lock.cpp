@@ -92,6 +92,7 @@ void withdraw_after_fast_path(MemoryDomain& d, cxlkv_lock_slot* slot, const Loca
 }
 
 constexpr uint32_t kSpinPolls = 0;   // see the poll loop in acquire()
+constexpr auto kReRing = std::chrono::seconds(1);  // waiting this long: ring the doorbell again
 constexpr uint32_t kYieldPolls = 64;
 constexpr std::chrono::microseconds kMaxSleep{20};
 
@@ -238,11 +239,24 @@ Result<Acquired> TwoTierLock::acquire(std::chrono::nanoseconds timeout, bool bou
   // once), then sleep (bounded).  Spinning first made the manager see each
   // release ~7 us late on a 2-core machine (hand-off p50 10.5 -> ~8 us).
   sync::Backoff backoff(kSpinPolls, kYieldPolls, kMaxSleep);
+  auto rung = std::chrono::steady_clock::now();
   for (uint64_t polls = 0;; polls++) {
     cxlkv_lock_grant g = d.read_fresh(grant);  // rule 4: invalidate before every poll read
     if (g.node == node_.node() && g.ticket == ticket) {
       e.grant_flags = g.flags;
       break;
+    }
+    // Ring again now and then: a manager that judged this node dead while
+    // it was paused (another host, heartbeat rule) stopped watching it and
+    // forgot the request; it sees the node again after its next heartbeat,
+    // and this ring names the lock again.  Ringing twice is harmless (the
+    // manager notes a waiter per lock once).
+    if ((polls & 63) == 63) {
+      const auto t = std::chrono::steady_clock::now();
+      if (t - rung >= kReRing) {
+        ring_doorbell(node_, id_);
+        rung = t;
+      }
     }
     if (bounded && (polls & 15) == 15 && std::chrono::steady_clock::now() >= deadline) {
       std::string why = describe_lock(node_, id_);
