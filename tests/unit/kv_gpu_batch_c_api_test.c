@@ -153,6 +153,7 @@ int main(void)
 	cxlkv_gpu_close(gpu);
 	cxlkv_kv_close(kv);
 	cxlkv_lock_manager_stop(mgr);
+	cxlkv_node_remove_local(pool, 1); /* the node-local file this test created */
 	cxlkv_pool_close(pool);
 	unlink(path);
 	if (failures) {
