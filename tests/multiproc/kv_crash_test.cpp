@@ -239,22 +239,27 @@ TEST(KvCrash, WriterKilledInsidePutChainLeaksNothing) {
     for (size_t i = 0; i < kN; i++) ids[i] = 1000 + c * kN + i;
     return keys_from_ids(ids);
   };
-  // Kill the writer while it holds reservations (seen lock-free; a few
-  // tries, each a new writer node, in case a kill lands between two calls).
+  // Kill the writer while it holds reservations.  The writer is stopped
+  // (SIGSTOP) as soon as a reservation is seen lock-free, so the state it
+  // dies in is the state read while it is stopped: on a loaded machine the
+  // test may lose the CPU between seeing a reservation and the kill, and
+  // the call would have ended by then.  A stop that lands between two calls
+  // (nothing reserved) is undone with SIGCONT and tried again.
   uint64_t left_writing = 0;
-  for (uint32_t node = 2; node < 6 && left_writing == 0; node++) {
-    Child w = start({p.uri, std::to_string(node), "put-chain-loop"});
-    ASSERT_GT(w.pid, 0) << "helper did not put its first chain";
-    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  Child w = start({p.uri, "2", "put-chain-loop"});
+  ASSERT_GT(w.pid, 0) << "helper did not put its first chain";
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (left_writing == 0 && std::chrono::steady_clock::now() < deadline) {
     while (p.kv().index().usage().by_state[CXLKV_ENTRY_WRITING] == 0 && std::chrono::steady_clock::now() < deadline)
       std::this_thread::yield();
-    // Somewhere in the call: reserved, copying (most of it) or publishing.
-    // Later tries kill at once: on a loaded machine a sleep of a few ms may
-    // outlast the call, and a reservation was just seen.
-    if (node == 2) std::this_thread::sleep_for(std::chrono::microseconds((getpid() * 7919u) % 8000u));
-    kill9(w);
+    kill(w.pid, SIGSTOP);
+    int ws = 0;
+    ASSERT_EQ(waitpid(w.pid, &ws, WUNTRACED), w.pid);
+    ASSERT_TRUE(WIFSTOPPED(ws)) << "the writer must be stopped, not gone";
     left_writing = p.kv().index().usage().by_state[CXLKV_ENTRY_WRITING];
+    if (left_writing == 0) kill(w.pid, SIGCONT);
   }
+  kill9(w);
   ASSERT_GT(left_writing, 0u) << "no kill landed inside a put_chain";
 
   std::vector<std::vector<std::byte>> bufs(kN, std::vector<std::byte>(kBytes));
