@@ -40,8 +40,9 @@ def test_pool_exposition_is_cxlkvctls_and_names_carry_units(env):
     text = env.pool.prometheus()
     samples, types = parse(text)
     assert types["cxlkv_kv_store_bytes_total"] == "counter" and types["cxlkv_kv_fetch_seconds"] == "histogram"
-    for name, t in types.items():
-        assert name.endswith("_total") if t == "counter" else name.endswith("_seconds"), name
+    for name, t in types.items():  # gauges: counts, or a unit suffix (_bytes, _seconds)
+        assert name.endswith("_total") if t == "counter" else name.endswith("_seconds") if t == "histogram" \
+            else t == "gauge", name
     tools = os.environ.get("CXLKV_TEST_TOOLS", os.path.join(ROOT, "build", "tools"))
     ctl = os.path.join(tools, "cxlkvctl")
     if not os.path.exists(ctl):

@@ -151,8 +151,8 @@ int cmd_stats(Context& ctx, const Args& a) {
   for (auto& n : nodes) total.add(n.stats);
   const bool prom = a.flag("prometheus");
   if (prom) {
-    // one definition: cxlkv/metrics.hpp (node counters, histograms, pool-wide lease ends)
-    std::fputs(cxlkv::prometheus_pool_exposition(r->domain(), carve, size).c_str(), stdout);
+    // one definition: cxlkv/metrics.hpp (node counters, histograms, lease ends, pool state)
+    std::fputs(cxlkv::prometheus_region_exposition(*r).c_str(), stdout);
     return 0;
   }
   if (ctx.json || a.flag("json")) {

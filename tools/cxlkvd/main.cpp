@@ -12,10 +12,13 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <string>
 
+#include "cxlkv/metrics.hpp"
 #include "cxlkv/region.hpp"
 #include "cxlkv/sync.hpp"
+#include "metrics_http.hpp"
 
 namespace {
 
@@ -44,7 +47,8 @@ uint64_t number(const char* opt, const char* v, uint64_t max) {
 
 void usage() {
   std::printf(
-      "usage: cxlkvd --pool URI [--node N] [--lease-ms MS] [--max-sleep-us US] [--wait] [--foreground]\n\n"
+      "usage: cxlkvd --pool URI [--node N] [--lease-ms MS] [--max-sleep-us US] [--wait] [--foreground]\n"
+      "              [--metrics-listen ADDR:PORT|none]\n\n"
       "Runs the lock manager of a cxlkv pool: grants the global tier of every\n"
       "cross-host lock, round-robin among waiting nodes.  One manager per pool:\n"
       "a second cxlkvd refuses (exit 3) while the first renews its lease, and\n"
@@ -56,8 +60,34 @@ void usage() {
       "  --max-sleep-us US   idle polling sleeps at most this long (default 200)\n"
       "  --wait              wait for the lease instead of exiting when it is held\n"
       "  --foreground        stay in the foreground (default: daemonize)\n"
+      "  --metrics-listen ADDR:PORT|none\n"
+      "                      serve the pool's Prometheus metrics at http://ADDR:PORT/metrics\n"
+      "                      (default %s; port 0: any free port; none: no endpoint)\n"
       "  -h, --help          this text\n\n"
-      "SIGTERM / SIGINT: stop granting, free the lease, exit 0.\n");
+      "SIGTERM / SIGINT: stop granting, free the lease, exit 0.\n",
+      cxlkvd::kDefaultMetricsListen);
+}
+
+// The metrics endpoint: the pool's whole exposition (cxlkv/metrics.hpp)
+// plus this lock manager's counters.  A busy default port is a warning
+// (several pools' daemons on one host); a port given explicitly must work.
+std::unique_ptr<cxlkvd::MetricsServer> start_metrics(const cxlkvd::ListenSpec& at, bool explicit_,
+                                                     cxlkv::Region& region, cxlkv::LockManager& mgr) {
+  if (!at.enabled) return nullptr;
+  std::string err;
+  auto srv = cxlkvd::MetricsServer::start(
+      at,
+      [&region, &mgr] {
+        return cxlkv::prometheus_region_exposition(region) + cxlkv::prometheus_manager_exposition(mgr.stats());
+      },
+      &err);
+  if (!srv) {
+    std::fprintf(stderr, "cxlkvd: %s%s\n", err.c_str(),
+                 explicit_ ? "" : " (running without a metrics endpoint; --metrics-listen ADDR:PORT picks another)");
+    return nullptr;
+  }
+  std::fprintf(stderr, "cxlkvd: metrics at %s\n", srv->url().c_str());
+  return srv;
 }
 
 }  // namespace
@@ -66,6 +96,8 @@ int main(int argc, char** argv) {
   std::string pool = std::getenv("CXLKV_POOL") ? std::getenv("CXLKV_POOL") : "";
   cxlkv::LockManagerOptions mo;
   bool foreground = false;
+  std::string metrics_listen = cxlkvd::kDefaultMetricsListen;
+  bool metrics_explicit = false;
   for (int i = 1; i < argc; i++) {
     std::string a = argv[i];
     auto next = [&](const char* what) -> const char* {
@@ -88,6 +120,9 @@ int main(int argc, char** argv) {
       mo.poll.max_sleep = std::chrono::microseconds(number("--max-sleep-us", next("--max-sleep-us"), 1000000));
     } else if (a == "--wait") {
       mo.wait_for_lease = true;
+    } else if (a == "--metrics-listen") {
+      metrics_listen = next("--metrics-listen");
+      metrics_explicit = true;
     } else if (a == "--foreground" || a == "-f") {
       foreground = true;
     } else {
@@ -97,6 +132,11 @@ int main(int argc, char** argv) {
   }
   if (pool.empty()) {
     std::fprintf(stderr, "cxlkvd: no pool: pass --pool URI or set CXLKV_POOL\n");
+    return 2;
+  }
+  cxlkvd::ListenSpec metrics_at;
+  if (std::string err; !cxlkvd::parse_listen(metrics_listen, &metrics_at, &err)) {
+    std::fprintf(stderr, "cxlkvd: --metrics-listen %s\n", err.c_str());
     return 2;
   }
   // The lock manager touches the control carve only: no need to fault the
@@ -131,6 +171,12 @@ int main(int argc, char** argv) {
   }
   if (!foreground && daemon(0, 0) != 0) {
     std::fprintf(stderr, "cxlkvd: daemon: %s\n", std::strerror(errno));
+    return 1;
+  }
+  // After daemon(): the endpoint's thread must live in the final process.
+  auto metrics = start_metrics(metrics_at, metrics_explicit, *region.value(), *mgr.value());
+  if (metrics_explicit && metrics_at.enabled && !metrics) {
+    mgr.value()->release_lease();
     return 1;
   }
   std::fprintf(stderr, "cxlkvd: managing locks of %s (epoch %lu)\n", pool.c_str(),

@@ -6,7 +6,11 @@ set -eu
 PKGS="build-essential cmake pkg-config libspdlog-dev libfmt-dev libgtest-dev libgmock-dev \
 liburing-dev libxxhash-dev spin fio \
 qemu-system-x86 linux-image-amd64 linux-headers-amd64 busybox-static cpio kmod dkms \
-python3 python3-numpy python3-torch python3-pytest python3-setuptools python3-pip"
+python3 python3-numpy python3-torch python3-pytest python3-setuptools python3-pip \
+libmicrohttpd-dev python3-prometheus-client librsvg2-bin"
+# libmicrohttpd-dev: cxlkvd's metrics endpoint (HTTP/1.1 parsing, limits, error replies);
+# python3-prometheus-client: the tests parse the exposition with Prometheus' own parser;
+# librsvg2-bin: the tests render the SVG pictures to PNG (rsvg-convert).
 
 if ! command -v dpkg-query >/dev/null 2>&1; then
 	echo "cxlkv: dpkg-query not found; the set-up expects Debian 12. Install the equivalents of:" >&2

@@ -13,9 +13,12 @@
 
 namespace cxlkv {
 
+class Region;
+struct LockManagerStats;
+
 struct MetricDesc {
   const char* name;  // full Prometheus name
-  const char* type;  // "counter" or "histogram"
+  const char* type;  // "counter", "gauge" or "histogram"
   const char* help;
 };
 
@@ -44,5 +47,56 @@ const MetricDesc& lease_metric(int which);
 // cxlkv_stats_prometheus() returns: every node's counters and histograms
 // (prometheus_exposition), then the pool-wide lease counters.
 std::string prometheus_pool_exposition(MemoryDomain& d, const void* index_carve, uint64_t carve_bytes);
+
+// ---- Pool state (libruntime/src/capi/metrics_region.cpp) ----------------------
+// Families read from the control, alloc and index carves (fresh reads, rule
+// 4; nothing is written): nodes, global locks, the chunk allocator, KV blocks
+// per tier and the pool-wide bounds.  Per-node families carry node="N".
+enum {
+  CXLKV_METRIC_NODE_UP = 0,               // cxlkv_node_up{node}
+  CXLKV_METRIC_NODE_HEARTBEAT,            // cxlkv_node_heartbeat_timestamp_seconds{node}
+  CXLKV_METRIC_LOCK_WAITS,                // cxlkv_lock_waits_total{node}
+  CXLKV_METRIC_LOCK_WAITING,              // cxlkv_lock_waiting{node}
+  CXLKV_METRIC_LOCK_HELD,                 // cxlkv_lock_held{node}
+  CXLKV_METRIC_LOCK_GRANTS,               // cxlkv_lock_grants_total
+  CXLKV_METRIC_MANAGER_EPOCH,             // cxlkv_lock_manager_epoch
+  CXLKV_METRIC_ALLOC_CAPACITY,            // cxlkv_alloc_capacity_bytes
+  CXLKV_METRIC_ALLOC_CHUNK_SIZE,          // cxlkv_alloc_chunk_size_bytes
+  CXLKV_METRIC_ALLOC_CHUNKS,              // cxlkv_alloc_chunks{kind}
+  CXLKV_METRIC_ALLOC_USED,                // cxlkv_alloc_used_bytes
+  CXLKV_METRIC_ALLOC_OWNED,               // cxlkv_alloc_owned_chunks{node}
+  CXLKV_METRIC_ALLOC_REMOTE_FREES,        // cxlkv_alloc_remote_frees_total{node}
+  CXLKV_METRIC_ALLOC_REMOTE_PENDING,      // cxlkv_alloc_remote_frees_pending{node}
+  CXLKV_METRIC_ALLOC_QUARANTINE_RELEASES, // cxlkv_alloc_quarantine_releases_total
+  CXLKV_METRIC_KV_CACHED_BLOCKS,          // cxlkv_kv_cached_blocks{tier="mem"|"ssd"}
+  CXLKV_METRIC_KV_CACHED_BYTES,           // cxlkv_kv_cached_bytes{tier}
+  CXLKV_METRIC_KV_CAPACITY_BLOCKS,        // cxlkv_kv_capacity_blocks
+  CXLKV_METRIC_KV_CAPACITY_BYTES,         // cxlkv_kv_capacity_bytes
+  CXLKV_METRIC_KV_INDEX_SLOTS,            // cxlkv_kv_index_slots
+  CXLKV_METRIC_KV_POOL_EVICTIONS,         // cxlkv_kv_pool_evictions_total
+  CXLKV_METRIC_KV_POOL_RECLAIMS,          // cxlkv_kv_pool_reclaims_total
+  CXLKV_METRIC_STATE_COUNT
+};
+const MetricDesc& state_metric(int which);
+std::string prometheus_state_exposition(Region& r);
+// Everything about a pool: prometheus_pool_exposition (node KV counters,
+// latency histograms, lease ends) then prometheus_state_exposition.  What
+// cxlkvd's metrics endpoint, `cxlkvctl stats --prometheus` and
+// cxlkv_stats_prometheus() return.
+std::string prometheus_region_exposition(Region& r);
+
+// The lock manager's own counters (one process: cxlkvd's endpoint adds them).
+enum {
+  CXLKV_METRIC_MANAGER_ROUNDS = 0,
+  CXLKV_METRIC_MANAGER_GRANTS,
+  CXLKV_METRIC_MANAGER_RELEASES,
+  CXLKV_METRIC_MANAGER_REVOKES,
+  CXLKV_METRIC_MANAGER_DEAD_HOLDERS,
+  CXLKV_METRIC_MANAGER_DEAD_WAITERS,
+  CXLKV_METRIC_MANAGER_SLEEPS,
+  CXLKV_METRIC_MANAGER_COUNT
+};
+const MetricDesc& manager_metric(int which);
+std::string prometheus_manager_exposition(const LockManagerStats& s);
 
 }  // namespace cxlkv

@@ -7,6 +7,7 @@
 #include "capi/capi.hpp"
 #include "cxlkv/cxlkv.h"
 #include "cxlkv/metrics.hpp"
+#include "cxlkv/region.hpp"
 #include "uapi/cxlkv.h"
 
 using namespace cxlkv;
@@ -16,7 +17,7 @@ extern "C" int cxlkv_stats_prometheus(struct cxlkv_pool* pool, char* buf, size_t
     if (!pool || !pool->region || (!buf && len)) return capi::set_error(-EINVAL, "cxlkv_stats_prometheus: pool is required (and buf when len > 0)");
     auto c = pool->region->carve(CXLKV_CARVE_INDEX);
     if (!c) return capi::set_error(-ENOENT, "cxlkv_stats_prometheus: pool " + pool->region->uri() + " has no index carve");
-    std::string text = prometheus_pool_exposition(pool->region->domain(), pool->region->at(c->offset), c->size);
+    std::string text = prometheus_region_exposition(*pool->region);
     if (text.size() > size_t(INT32_MAX)) return capi::set_error(-EOVERFLOW, "cxlkv_stats_prometheus: text too long");
     if (len) {
       size_t n = std::min(len - 1, text.size());
