@@ -9,6 +9,7 @@
 //                 granted by the lock manager.  lock() / try_lock_for() / unlock().
 //   LockGuard     RAII holder; can also carry a pool range the lock protects
 //                 (invalidated after acquire, flushed before release).
+//   LockSet       several locks of one node in one call (batches).
 //   LockManager   grants global slots round-robin; one per pool (lease);
 //                 run_once() for tests, start()/stop() for a thread, or cxlkvd.
 //
@@ -24,6 +25,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
 #include <thread>
 #include <vector>
@@ -246,6 +248,41 @@ class [[nodiscard]] LockGuard {
   TwoTierLock* lock_;
   PoolRange range_;
   Acquired how_;
+};
+
+// ---- several locks in one call (batches) --------------------------------------------
+
+// A set of locks of one node taken together, e.g. the index stripes of a
+// batch.  lock(ids) sorts and deduplicates `ids` and takes them in
+// ascending order (one global order: two sets never deadlock; a lock taken
+// singly with TwoTierLock is a set of one).  A lock whose grant this node
+// keeps (sticky) costs node-local memory only; the others are requested
+// from the manager one after another in that order.  All or nothing: on an
+// error the set holds nothing.  unlock() releases all of them (descending
+// order); the destructor does it if the caller did not.  One LockSet per
+// thread at a time; it is reusable after unlock().
+class LockSet {
+ public:
+  explicit LockSet(NodeContext& node) : node_(node) {}
+  ~LockSet();
+  LockSet(const LockSet&) = delete;
+  LockSet& operator=(const LockSet&) = delete;
+
+  // recovered if any lock of the set was recovered from a dead local holder.
+  // -EBUSY if the set already holds locks; -EINVAL for an id out of range.
+  Result<Acquired> lock(std::span<const uint32_t> ids);
+  // As lock(); -ETIMEDOUT if the whole set is not held within `timeout`.
+  Result<Acquired> try_lock_for(std::span<const uint32_t> ids, std::chrono::nanoseconds timeout);
+  Result<void> unlock();
+  // Held lock ids, ascending (empty when nothing is held).
+  std::span<const uint32_t> held() const { return held_; }
+  bool holds(uint32_t id) const;
+  NodeContext& node() const { return node_; }
+
+ private:
+  Result<Acquired> acquire(std::span<const uint32_t> ids, std::chrono::nanoseconds timeout, bool bounded);
+  NodeContext& node_;
+  std::vector<uint32_t> held_;
 };
 
 // ---- the lock manager ------------------------------------------------------------

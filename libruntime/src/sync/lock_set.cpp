@@ -1,0 +1,82 @@
+// SPDX-License-Identifier: MIT
+// LockSet: several two-tier locks of one node in one call (batches).
+//
+// Deadlock freedom: every multi-lock path takes locks in ascending id
+// order and holds lower ids while it waits for higher ones, never the
+// reverse; a single TwoTierLock is a set of one.  Requests for several
+// locks are therefore not posted at once: the manager could grant lock 1 to
+// node A and lock 2 to node B while each waits for the other.  Locks whose
+// grant the node keeps (sticky) cost node-local memory only (see
+// two_tier_lock.cpp), so a batch whose stripes are all kept touches no pool
+// line at all, acquire or release.
+#include <algorithm>
+#include <cerrno>
+#include <string>
+
+#include "cxlkv/sync.hpp"
+#include "util/log.hpp"
+
+namespace cxlkv {
+
+LockSet::~LockSet() {
+  if (held_.empty()) return;
+  auto r = unlock();
+  if (!r) log().error("{}", r.error().message());
+}
+
+bool LockSet::holds(uint32_t id) const { return std::binary_search(held_.begin(), held_.end(), id); }
+
+Result<Acquired> LockSet::lock(std::span<const uint32_t> ids) {
+  return acquire(ids, std::chrono::nanoseconds::max(), false);
+}
+
+Result<Acquired> LockSet::try_lock_for(std::span<const uint32_t> ids, std::chrono::nanoseconds timeout) {
+  return acquire(ids, timeout, true);
+}
+
+Result<Acquired> LockSet::acquire(std::span<const uint32_t> ids, std::chrono::nanoseconds timeout, bool bounded) {
+  const std::string who = "pool " + node_.region().uri() + ": lock set (node " + std::to_string(node_.node()) + ")";
+  if (!held_.empty()) return Error(-EBUSY, who + ": already holds " + std::to_string(held_.size()) + " locks");
+  std::vector<uint32_t> want(ids.begin(), ids.end());
+  std::sort(want.begin(), want.end());
+  want.erase(std::unique(want.begin(), want.end()), want.end());
+  const uint32_t max = node_.control().max_locks();
+  if (!want.empty() && want.back() >= max)
+    return Error(-EINVAL, who + ": lock id " + std::to_string(want.back()) + " out of range (max_locks " +
+                              std::to_string(max) + ")");
+  const auto deadline = bounded ? std::chrono::steady_clock::now() + timeout
+                                : std::chrono::steady_clock::time_point::max();
+  Acquired how = Acquired::clean;
+  held_.reserve(want.size());
+  for (uint32_t id : want) {
+    TwoTierLock l(node_, id);
+    Result<Acquired> r = Acquired::clean;
+    if (bounded) {
+      const auto left = deadline - std::chrono::steady_clock::now();
+      r = l.try_lock_for(std::max<std::chrono::nanoseconds>(left, std::chrono::nanoseconds(0)));
+    } else {
+      r = l.lock();
+    }
+    if (!r) {
+      auto u = unlock();  // all or nothing
+      if (!u) log().error("{}", u.error().message());
+      return Error(r.error().code(), who + ": " + r.error().message());
+    }
+    if (r.value() == Acquired::recovered) how = Acquired::recovered;
+    held_.push_back(id);
+  }
+  return how;
+}
+
+Result<void> LockSet::unlock() {
+  Result<void> first;
+  for (auto it = held_.rbegin(); it != held_.rend(); ++it) {
+    TwoTierLock l(node_, *it);
+    auto r = l.unlock();
+    if (!r && first) first = r.error();
+  }
+  held_.clear();
+  return first;
+}
+
+}  // namespace cxlkv
