@@ -1,0 +1,326 @@
+// SPDX-License-Identifier: MIT
+// Near-memory KV management for long contexts (issue 16; the PNM design of
+// DESIGN.md on a CPU engine beside the pool).
+//
+//   ContextStore   the "pnm" carve: per request a page table over pool pages
+//                  and per (layer, KV head, page) min/max key digests,
+//                  appended incrementally under the coherence contract
+//   select_pages   score every page by the upper bound of q.k over it and
+//                  keep the top pages of a token budget (+ sink and local)
+//   attend         exact softmax attention over the selected (or all) pages,
+//                  returning output and log-sum-exp; merge() joins partials
+//   SteadySet      the hybrid mode's GPU-resident pages (Algorithm 1 masks)
+//   EngineGroup    several near-memory engines (thread pools, one per NUMA
+//                  node / pool device), requests spread data-parallel
+//
+// Shapes: queries are float [layers][q_heads][head_dim]; q_heads is a
+// multiple of kv_heads and query head j reads KV head j / (q_heads/kv_heads)
+// (grouped-query attention).  K and V handed to append() are
+// [layers][kv_heads][ntokens][head_dim] in the context's element type.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "cxlkv/result.hpp"
+
+struct cxlkv_pnm_slot;
+struct cxlkv_pnm_header;
+
+namespace cxlkv {
+class Region;
+}
+
+namespace cxlkv::pnm {
+
+enum class Dtype : uint32_t { f32 = 0, bf16 = 1, f16 = 2 };  // = enum cxlkv_pnm_dtype
+const char* to_string(Dtype d);
+size_t dtype_size(Dtype d);
+
+struct Geometry {
+  uint32_t layers = 0;
+  uint32_t kv_heads = 0;
+  uint32_t head_dim = 0;
+  Dtype dtype = Dtype::bf16;
+  uint32_t page_tokens = 16;
+  uint64_t max_tokens = 0;  // capacity: page table and digests are sized for it
+};
+
+struct StoreOptions {
+  // Carve made on first use (later opens read the geometry from its header).
+  uint64_t carve_bytes = 64ull << 20;
+  uint32_t partitions = 4;
+  uint32_t slots_per_partition = 64;
+  // The partition this process writes (creates contexts in).  A partition
+  // has one writer process at a time: open() takes an flock on a node-local
+  // file, and a second writer of the same partition gets -EBUSY.
+  uint32_t partition = 0;
+  bool writer = true;  // false: read-only (a near-memory engine)
+};
+
+class ContextStore;
+
+// One long context (a request).  A writer handle appends; any handle reads.
+class Context {
+ public:
+  ~Context();
+  Context(const Context&) = delete;
+  Context& operator=(const Context&) = delete;
+
+  uint64_t request_id() const { return request_id_; }
+  const Geometry& geometry() const { return geo_; }
+  uint32_t generation() const { return generation_; }
+  bool writable() const { return writable_; }
+  uint64_t page_bytes() const;
+  uint32_t pages_for(uint64_t ntokens) const {
+    return static_cast<uint32_t>((ntokens + geo_.page_tokens - 1) / geo_.page_tokens);
+  }
+
+  // ---- writer -------------------------------------------------------------
+  // Append ntokens tokens; k and v are [layers][kv_heads][ntokens][head_dim].
+  // Pages come from the partition's heap; digests are computed on the CPU.
+  // The tokens are published (visible to readers) when this returns.
+  Result<void> append(const void* k, const void* v, uint32_t ntokens);
+  // Append whole pages that already are in the pool (written by a GPU, or
+  // another copy path) with their digests computed elsewhere (the GPU digest
+  // kernel): page_offsets[i] is the pool offset of a page laid out as
+  // uapi/cxlkv_pnm.h says; digests are [layers][kv_heads][npages][2][head_dim].
+  // ntokens: tokens in these pages (the last may be partial).  Only at a page
+  // boundary (published tokens a multiple of page_tokens).
+  Result<void> append_pages(std::span<const uint64_t> page_offsets, const void* digests,
+                            uint64_t ntokens);
+  // Tokens this handle has published (writer) or last read (reader).
+  uint64_t tokens() const { return tokens_; }
+
+  // ---- reader (rule 4: every read invalidates first) -----------------------
+  // Fresh count of published tokens; -ESTALE when the context was destroyed
+  // (or its slot reused) since this handle was made.
+  Result<uint64_t> refresh();
+  // Is the context still the one this handle names?  One fresh read.
+  bool still_valid() const;
+  // Digests of pages [page0, page0+npages) of (layer, head) into dst
+  // ([npages][2][head_dim] elements of the dtype).
+  Result<void> read_digests(uint32_t layer, uint32_t head, uint32_t page0, uint32_t npages,
+                            void* dst) const;
+  Result<void> read_page_table(uint32_t page0, uint32_t npages, uint64_t* dst) const;
+  // ntok rows (tokens 0..ntok-1 of the page) of K (kv=0) or V (kv=1).
+  Result<void> read_rows(uint64_t page_off, uint32_t layer, uint32_t kv, uint32_t head,
+                         uint32_t ntok, void* dst) const;
+
+ private:
+  friend class ContextStore;
+  Context() = default;
+  Result<void> publish(uint64_t new_tokens);
+  Result<void> write_page_entry(uint32_t page, uint64_t off);
+  Result<void> write_digest(uint32_t layer, uint32_t head, uint32_t page, const void* d);
+
+  ContextStore* store_ = nullptr;
+  Region* region_ = nullptr;
+  uint64_t slot_off_ = 0;  // pool offset of the slot
+  uint64_t request_id_ = 0;
+  uint32_t generation_ = 0;
+  Geometry geo_{};
+  uint32_t max_pages_ = 0;
+  uint64_t page_table_off_ = 0, digest_off_ = 0;
+  bool writable_ = false;
+  uint64_t tokens_ = 0;
+  std::vector<unsigned char> last_digest_;  // writer: digests of the last page, [l][h][2][d]
+  uint64_t last_page_off_ = 0;              // writer: pool offset of the last page
+};
+
+class ContextStore {
+ public:
+  ~ContextStore();
+  ContextStore(const ContextStore&) = delete;
+  ContextStore& operator=(const ContextStore&) = delete;
+
+  // Opens (making on first use) the "pnm" carve of `region`, which must
+  // outlive the store.
+  static Result<std::unique_ptr<ContextStore>> open(Region& region, const StoreOptions& opts = {});
+
+  // A new context in this writer's partition.  -EEXIST: the request already
+  // has one here; -ENOSPC: no free slot or heap space; -EINVAL: bad geometry.
+  Result<std::unique_ptr<Context>> create(uint64_t request_id, const Geometry& g);
+  // A read handle on the live context of request_id, in any partition (-ENOENT).
+  Result<std::unique_ptr<Context>> find(uint64_t request_id);
+  // Free a context of this writer's partition; read handles see -ESTALE.
+  Result<void> destroy(uint64_t request_id);
+
+  Region& region() const { return *region_; }
+  uint32_t partitions() const { return nparts_; }
+  uint32_t partition() const { return opts_.partition; }
+  uint32_t slots_per_partition() const { return slots_; }
+  // Heap bytes left in this writer's partition.
+  uint64_t heap_free() const;
+
+ private:
+  friend class Context;
+  ContextStore() = default;
+  uint64_t part_off(uint32_t p) const { return carve_off_ + parts_off_ + uint64_t(p) * part_bytes_; }
+  uint64_t slot_off(uint32_t p, uint32_t s) const { return part_off(p) + 64 + uint64_t(s) * 128; }
+  Result<uint64_t> heap_alloc(uint64_t bytes);  // pool offset, 64-aligned
+  Result<void> write_part();                   // publish the partition header (rule 3)
+
+  Region* region_ = nullptr;
+  StoreOptions opts_{};
+  uint64_t carve_off_ = 0, carve_size_ = 0, parts_off_ = 0, part_bytes_ = 0;
+  uint32_t nparts_ = 0, slots_ = 0;
+  int lock_fd_ = -1;
+  uint64_t heap_next_ = 0, heap_end_ = 0;  // writer's view of its partition header
+  uint32_t live_ = 0;
+};
+
+// ---- scoring and selection ---------------------------------------------------
+
+enum class ScoreMode {
+  upper_bound,  // sum_d max(q_d min_d, q_d max_d): an upper bound of q.k over the page
+  coarse,       // max(q.min, q.max): the paper's cheaper score (not a bound)
+};
+const char* to_string(ScoreMode m);
+
+// Instruction set of the scoring / attention kernels, chosen once from CPUID
+// (CXLKV_PNM_ISA=scalar|avx2|avx512 forces one; an unsupported one throws).
+enum class Isa { scalar, avx2, avx512 };
+const char* to_string(Isa i);
+Isa default_isa();
+bool isa_supported(Isa i);
+
+struct SelectOptions {
+  uint64_t token_budget = 2048;  // tokens of pages kept per (layer, KV head)
+  uint32_t sink_pages = 1;       // first pages, always kept
+  uint32_t local_pages = 1;      // most recent pages, always kept
+  ScoreMode mode = ScoreMode::upper_bound;
+};
+
+// Selected pages per (layer, KV head), each list ascending.
+struct Selection {
+  uint32_t layers = 0, kv_heads = 0;
+  std::vector<std::vector<uint32_t>> pages;  // [layer * kv_heads + head]
+  const std::vector<uint32_t>& at(uint32_t layer, uint32_t head) const {
+    return pages[size_t(layer) * kv_heads + head];
+  }
+};
+
+// Score pages: out[p] = max over the nq query heads of the score of page p.
+// digests: [npages][2][dim] of dtype; q: [nq][dim].
+void score_pages(Isa isa, Dtype dtype, const void* digests, uint32_t npages, uint32_t dim,
+                 const float* q, uint32_t nq, ScoreMode mode, float* out);
+// Top pages for a budget: sink and local pages always, then the best of the
+// rest by score (partial sort; ties to the lower page) up to budget_pages in
+// all.  Ascending page numbers.
+std::vector<uint32_t> top_pages(const float* scores, uint32_t npages, uint32_t budget_pages,
+                                uint32_t sink_pages, uint32_t local_pages);
+
+// Score and select for one decode step over the first `ntokens` tokens.
+Result<Selection> select_pages(const Context& ctx, std::span<const float> queries, uint32_t q_heads,
+                               uint64_t ntokens, const SelectOptions& opts, Isa isa = default_isa());
+
+// ---- attention ------------------------------------------------------------------
+
+// Output [layers][q_heads][head_dim] and log-sum-exp [layers][q_heads] of
+// softmax(scale * q.K) V over a set of tokens (natural log, scaled scores).
+// An empty set has lse = -inf and output 0.
+struct Partial {
+  uint32_t layers = 0, q_heads = 0, head_dim = 0;
+  std::vector<float> out;
+  std::vector<float> lse;
+};
+
+// Exact attention over the selected pages (sel == nullptr: every page) of
+// the first ntokens tokens.  scale 0: 1/sqrt(head_dim).
+Result<Partial> attend(const Context& ctx, std::span<const float> queries, uint32_t q_heads,
+                       uint64_t ntokens, const Selection* sel, float scale = 0.f,
+                       Isa isa = default_isa());
+// Attention of the nq query heads q ([nq][dim]) over ntok rows of K and V
+// ([ntok][dim] of dtype), folded into running state m, l (per head) and acc
+// ([nq][dim]): the online-softmax step every engine and the tests share.
+void attend_rows(Isa isa, Dtype dtype, const void* k, const void* v, uint32_t ntok, uint32_t dim,
+                 const float* q, uint32_t nq, float scale, float* m, float* l, float* acc);
+// Merge two partials over disjoint token sets into the partial of their union.
+Result<Partial> merge(const Partial& a, const Partial& b);
+
+// ---- hybrid steady-token mode (Algorithm 1) ----------------------------------
+
+// Pages as bit masks over a request's pages.
+using PageMask = std::vector<uint64_t>;
+
+// One step of Algorithm 1 for one (layer, KV head): given the resident set R
+// (on the GPU) and this step's top set S: evict = R & ~S; candidates =
+// S & ~R; recall = the best-scored candidates, as many as were evicted plus
+// free capacity; resident' = (R & ~evict) | recall; the near-memory side
+// computes over S & ~resident'.  GPU part + near-memory part = S.
+struct SteadyStep {
+  PageMask evict, recall, resident, near;
+  uint32_t evicted = 0, recalled = 0;
+};
+SteadyStep steady_step(const PageMask& resident, std::span<const uint32_t> top,
+                       std::span<const float> scores, uint32_t npages, uint32_t capacity);
+PageMask to_mask(std::span<const uint32_t> pages, uint32_t npages);
+std::vector<uint32_t> from_mask(const PageMask& m);
+
+// ---- engines ---------------------------------------------------------------------
+
+struct EngineOptions {
+  uint32_t threads = 1;
+  int numa_node = -1;  // bind the threads to this node's CPUs (-1: no binding)
+};
+
+struct StepRequest {
+  const Context* ctx = nullptr;
+  std::span<const float> queries;
+  uint32_t q_heads = 0;
+  uint64_t ntokens = 0;          // 0: the context's published count (fresh read)
+  SelectOptions select{};
+  bool all_pages = false;        // attention over every page (no selection)
+};
+
+struct StepResult {
+  Result<void> status;
+  Selection selection;
+  Partial partial;
+  uint64_t ntokens = 0;
+  double select_ms = 0, attend_ms = 0;
+  uint64_t digest_bytes = 0, kv_bytes = 0;  // pool bytes read
+};
+
+// A near-memory engine: a thread pool beside the pool; a step splits its
+// (layer, KV head) pairs over the threads.
+class Engine {
+ public:
+  explicit Engine(const EngineOptions& opts = {});
+  ~Engine();
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+  StepResult step(const StepRequest& req, Isa isa = default_isa());
+  uint32_t threads() const;
+  int numa_node() const;
+  // Run f(i) for i in [0, n) on the pool's threads; returns when all are done.
+  void parallel_for(uint32_t n, const std::function<void(uint32_t)>& f);
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+// Several engines; requests are spread over them data-parallel (request i
+// of a batch to engine i mod n: each engine serves whole requests, so there
+// is no cross-engine reduction).
+class EngineGroup {
+ public:
+  explicit EngineGroup(std::vector<EngineOptions> engines);
+  // One engine per NUMA node that has CPUs (1 where there is no NUMA info).
+  static std::vector<EngineOptions> per_numa_node(uint32_t threads_per_engine);
+  std::vector<StepResult> step(std::span<const StepRequest> reqs, Isa isa = default_isa());
+  size_t size() const { return engines_.size(); }
+  Engine& engine(size_t i) { return *engines_[i]; }
+
+ private:
+  std::vector<std::unique_ptr<Engine>> engines_;
+};
+
+}  // namespace cxlkv::pnm

@@ -1,0 +1,530 @@
+// SPDX-License-Identifier: MIT
+// The "pnm" carve: long contexts (page tables + digests) in the pool, laid
+// out as uapi/cxlkv_pnm.h says, written and read under the coherence
+// contract.  One writer per partition (flock), any number of readers.
+#include <fcntl.h>
+#include <sys/file.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <thread>
+
+#include "cxlkv/pnm.hpp"
+#include "cxlkv/region.hpp"
+#include "pnm/dtype.hpp"
+#include "pnm/pnm_internal.hpp"
+#include "uapi/cxlkv_pnm.h"
+
+namespace cxlkv::pnm {
+
+namespace testing {
+Faults& faults() {
+  static Faults f;
+  return f;
+}
+}  // namespace testing
+
+const char* to_string(Dtype d) {
+  switch (d) {
+    case Dtype::f32: return "f32";
+    case Dtype::bf16: return "bf16";
+    case Dtype::f16: return "f16";
+  }
+  return "unknown";
+}
+
+size_t dtype_size(Dtype d) { return cxlkv_pnm_dtype_size(static_cast<uint32_t>(d)); }
+
+namespace {
+
+constexpr uint64_t kAlign = 64;
+uint64_t align_up(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
+
+std::string hex(uint64_t v) {
+  char b[24];
+  std::snprintf(b, sizeof b, "0x%llx", static_cast<unsigned long long>(v));
+  return b;
+}
+
+// The node-local lock file that makes a process the one writer of a partition.
+std::string lock_path(const Region& r, uint32_t part) {
+  std::string name;
+  for (char c : r.uri()) name += (std::isalnum(static_cast<unsigned char>(c)) ? c : '_');
+  return "/dev/shm/cxlkv-pnm-" + name + "-p" + std::to_string(part) + ".lock";
+}
+
+}  // namespace
+
+// ---- ContextStore --------------------------------------------------------------
+
+ContextStore::~ContextStore() {
+  if (lock_fd_ >= 0) ::close(lock_fd_);  // drops the flock
+}
+
+Result<std::unique_ptr<ContextStore>> ContextStore::open(Region& region, const StoreOptions& o) {
+  const std::string C = "pool " + region.uri() + ": pnm carve: ";
+  auto st = std::unique_ptr<ContextStore>(new ContextStore());
+  st->region_ = &region;
+  st->opts_ = o;
+  MemoryDomain& d = region.domain();
+
+  auto carve = region.carve(CXLKV_CARVE_PNM);
+  bool made = false;
+  if (!carve.ok()) {
+    if (carve.error().code() != -ENOENT) return carve.error();
+    if (o.partitions == 0 || o.slots_per_partition == 0)
+      return Error(-EINVAL, C + "partitions and slots_per_partition must be > 0");
+    auto c = region.carve_create(CXLKV_CARVE_PNM, o.carve_bytes, MemType::wb);
+    if (c.ok()) {
+      made = true;
+      carve = c;
+    } else if (c.error().code() == -EEXIST) {
+      carve = region.carve(CXLKV_CARVE_PNM);  // another process made it first
+      if (!carve.ok()) return carve.error();
+    } else {
+      return c.error();
+    }
+  }
+  st->carve_off_ = carve->offset;
+  st->carve_size_ = carve->size;
+  auto* hdr = region.at<cxlkv_pnm_header>(st->carve_off_);
+
+  if (made) {
+    cxlkv_pnm_header h{};
+    h.version = CXLKV_PNM_VERSION;
+    h.nparts = o.partitions;
+    h.slots_per_part = o.slots_per_partition;
+    h.parts_off = kAlign;
+    h.part_bytes = (carve->size - kAlign) / o.partitions / kAlign * kAlign;
+    const uint64_t min_part = kAlign + uint64_t(o.slots_per_partition) * CXLKV_PNM_SLOT_SIZE + kAlign;
+    if (h.part_bytes < min_part)
+      return Error(-EINVAL, C + "carve of " + std::to_string(carve->size) + " bytes is too small for " +
+                                std::to_string(o.partitions) + " partitions of " +
+                                std::to_string(o.slots_per_partition) + " slots");
+    // Partition headers and empty slots first (a fresh carve reads as zeros,
+    // but a carve re-made over old bytes does not), then the header.
+    for (uint32_t p = 0; p < o.partitions; p++) {
+      const uint64_t po = st->carve_off_ + h.parts_off + uint64_t(p) * h.part_bytes;
+      cxlkv_pnm_part part{};
+      part.heap_next = kAlign + uint64_t(o.slots_per_partition) * CXLKV_PNM_SLOT_SIZE;
+      part.heap_end = h.part_bytes;
+      d.store_nt(region.at(po), &part, sizeof part);
+      std::vector<unsigned char> zero(size_t(o.slots_per_partition) * CXLKV_PNM_SLOT_SIZE, 0);
+      d.store_nt(region.at(po + kAlign), zero.data(), zero.size());
+    }
+    // Rule 3: partitions and slots in memory before the header's magic.
+    d.fence();
+    h.magic = CXLKV_PNM_MAGIC;
+    h.checksum = cxlkv_pnm_header_checksum(&h);
+    d.publish_line(hdr, &h);
+    d.fence();  // rule 3: the header is visible before anyone is told the carve is ready
+  }
+
+  // Read the header fresh (rule 4); a carve just made by another process may
+  // not have its magic yet: wait for it a little.
+  cxlkv_pnm_header h{};
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(2);
+  for (;;) {
+    h = d.read_fresh(hdr);
+    if (h.magic == CXLKV_PNM_MAGIC && h.checksum == cxlkv_pnm_header_checksum(&h)) break;
+    if (std::chrono::steady_clock::now() > until)
+      return Error(-EIO, C + (h.magic == CXLKV_PNM_MAGIC ? "header checksum mismatch (stored " +
+                                                               hex(h.checksum) + ", computed " +
+                                                               hex(cxlkv_pnm_header_checksum(&h)) + ")"
+                                                         : "not initialised (no magic) after 2 s"));
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  if (h.version != CXLKV_PNM_VERSION)
+    return Error(-EPROTO, C + "layout version " + std::to_string(h.version) + ", this library reads " +
+                              std::to_string(CXLKV_PNM_VERSION));
+  if (h.nparts == 0 || h.slots_per_part == 0 || h.parts_off % kAlign || h.part_bytes % kAlign ||
+      h.parts_off + uint64_t(h.nparts) * h.part_bytes > st->carve_size_ ||
+      kAlign + uint64_t(h.slots_per_part) * CXLKV_PNM_SLOT_SIZE > h.part_bytes)
+    return Error(-EIO, C + "header geometry does not fit the carve (" + std::to_string(h.nparts) +
+                           " partitions of " + std::to_string(h.part_bytes) + " bytes)");
+  st->nparts_ = h.nparts;
+  st->slots_ = h.slots_per_part;
+  st->parts_off_ = h.parts_off;
+  st->part_bytes_ = h.part_bytes;
+
+  if (o.writer) {
+    if (o.partition >= st->nparts_)
+      return Error(-EINVAL, C + "partition " + std::to_string(o.partition) + " out of range (carve has " +
+                                std::to_string(st->nparts_) + ")");
+    const std::string lp = lock_path(region, o.partition);
+    st->lock_fd_ = ::open(lp.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+    if (st->lock_fd_ < 0) return Error(-errno, C + "lock file " + lp + ": " + std::strerror(errno));
+    if (::flock(st->lock_fd_, LOCK_EX | LOCK_NB) != 0)
+      return Error(errno == EWOULDBLOCK ? -EBUSY : -errno,
+                   C + "partition " + std::to_string(o.partition) +
+                       " already has a writer process (lock file " + lp + ")");
+    // Our own partition header: we are its only writer, but a previous
+    // writer (maybe on another host) wrote it last: read it fresh (rule 4).
+    auto part = d.read_fresh(region.at<cxlkv_pnm_part>(st->part_off(o.partition)));
+    const uint64_t heap0 = kAlign + uint64_t(st->slots_) * CXLKV_PNM_SLOT_SIZE;
+    if (part.heap_next < heap0 || part.heap_next > part.heap_end || part.heap_end > st->part_bytes_)
+      return Error(-EIO, C + "partition " + std::to_string(o.partition) + " header damaged (heap " +
+                             std::to_string(part.heap_next) + ".." + std::to_string(part.heap_end) + ")");
+    st->heap_next_ = part.heap_next;
+    st->heap_end_ = part.heap_end;
+    st->live_ = part.live;
+  }
+  return st;
+}
+
+uint64_t ContextStore::heap_free() const { return heap_end_ - heap_next_; }
+
+Result<uint64_t> ContextStore::heap_alloc(uint64_t bytes) {
+  bytes = align_up(bytes, kAlign);
+  if (bytes > heap_end_ - heap_next_)
+    return Error(-ENOSPC, "pool " + region_->uri() + ": pnm partition " + std::to_string(opts_.partition) +
+                              ": " + std::to_string(bytes) + " bytes asked, " +
+                              std::to_string(heap_end_ - heap_next_) + " left");
+  const uint64_t off = part_off(opts_.partition) + heap_next_;
+  heap_next_ += bytes;
+  return off;
+}
+
+Result<void> ContextStore::write_part() {
+  cxlkv_pnm_part part{};
+  part.heap_next = heap_next_;
+  part.heap_end = heap_end_;
+  part.live = live_;
+  MemoryDomain& d = region_->domain();
+  // One writer (this partition's), one line: NT store, then fence (rule 3).
+  d.publish_line(region_->at(part_off(opts_.partition)), &part);
+  d.fence();
+  return {};
+}
+
+Result<std::unique_ptr<Context>> ContextStore::create(uint64_t request_id, const Geometry& g) {
+  const std::string C = "pool " + region_->uri() + ": pnm context " + std::to_string(request_id) + ": ";
+  if (!opts_.writer) return Error(-EPERM, C + "store opened read-only");
+  if (g.layers == 0 || g.kv_heads == 0 || g.head_dim == 0 || g.page_tokens == 0 || g.max_tokens == 0 ||
+      g.layers > 0xffff || g.kv_heads > 0xffff || g.head_dim > 0xffff || g.page_tokens > 0xffff ||
+      static_cast<uint32_t>(g.dtype) > CXLKV_PNM_DTYPE_MAX)
+    return Error(-EINVAL, C + "bad geometry (layers " + std::to_string(g.layers) + ", kv_heads " +
+                              std::to_string(g.kv_heads) + ", head_dim " + std::to_string(g.head_dim) +
+                              ", page_tokens " + std::to_string(g.page_tokens) + ", max_tokens " +
+                              std::to_string(g.max_tokens) + ")");
+  const uint64_t max_pages = (g.max_tokens + g.page_tokens - 1) / g.page_tokens;
+  if (max_pages > 0xffffffffull) return Error(-EINVAL, C + "max_tokens too large");
+  MemoryDomain& d = region_->domain();
+
+  int free_slot = -1;
+  for (uint32_t s = 0; s < slots_; s++) {
+    auto c = d.read_fresh(region_->at<cxlkv_pnm_ctx>(slot_off(opts_.partition, s)));
+    if (c.state == CXLKV_PNM_LIVE && c.request_id == request_id)
+      return Error(-EEXIST, C + "already exists in partition " + std::to_string(opts_.partition));
+    if (c.state != CXLKV_PNM_LIVE && free_slot < 0) free_slot = static_cast<int>(s);
+  }
+  if (free_slot < 0)
+    return Error(-ENOSPC, C + "partition " + std::to_string(opts_.partition) + " has no free slot (" +
+                              std::to_string(slots_) + " in use)");
+
+  cxlkv_pnm_ctx c{};
+  c.request_id = request_id;
+  c.state = CXLKV_PNM_LIVE;
+  c.layers = static_cast<uint16_t>(g.layers);
+  c.kv_heads = static_cast<uint16_t>(g.kv_heads);
+  c.head_dim = static_cast<uint16_t>(g.head_dim);
+  c.page_tokens = static_cast<uint16_t>(g.page_tokens);
+  c.dtype = static_cast<uint32_t>(g.dtype);
+  c.max_pages = static_cast<uint32_t>(max_pages);
+  c.page_bytes = cxlkv_pnm_page_bytes(&c);
+  const uint64_t saved_next = heap_next_;
+  auto pt = heap_alloc(max_pages * 8);
+  if (!pt.ok()) return Error(-ENOSPC, C + pt.error().message());
+  auto dg = heap_alloc(uint64_t(g.layers) * g.kv_heads * max_pages * cxlkv_pnm_digest_bytes(&c));
+  if (!dg.ok()) {
+    heap_next_ = saved_next;
+    return Error(-ENOSPC, C + dg.error().message());
+  }
+  c.page_table_off = *pt;
+  c.digest_off = *dg;
+
+  const uint64_t so = slot_off(opts_.partition, static_cast<uint32_t>(free_slot));
+  auto* slot = region_->at<cxlkv_pnm_slot>(so);
+  const auto old = d.read_fresh(&slot->ctx);
+  c.generation = old.generation + 1;
+  c.check = cxlkv_pnm_ctx_check(&c);
+  live_++;
+  CXLKV_TRY(write_part());
+
+  // The count of the new generation (0 tokens) first, so a reader that sees
+  // the LIVE descriptor never pairs it with the previous context's count.
+  cxlkv_pnm_count cnt{};
+  cnt.generation = c.generation;
+  d.publish_line(&slot->count, &cnt);
+  // Rule 3: the count line is in memory before the descriptor that names it.
+  d.fence();
+  d.store(&slot->ctx, &c, sizeof c);
+  // Rule 3 (metadata): clflush the descriptor, fence: visible to every host.
+  d.flush(&slot->ctx, sizeof c);
+  d.fence();
+
+  auto ctx = std::unique_ptr<Context>(new Context());
+  ctx->store_ = this;
+  ctx->region_ = region_;
+  ctx->slot_off_ = so;
+  ctx->request_id_ = request_id;
+  ctx->generation_ = c.generation;
+  ctx->geo_ = g;
+  ctx->max_pages_ = c.max_pages;
+  ctx->page_table_off_ = c.page_table_off;
+  ctx->digest_off_ = c.digest_off;
+  ctx->writable_ = true;
+  ctx->last_digest_.assign(size_t(g.layers) * g.kv_heads * cxlkv_pnm_digest_bytes(&c), 0);
+  return ctx;
+}
+
+Result<std::unique_ptr<Context>> ContextStore::find(uint64_t request_id) {
+  MemoryDomain& d = region_->domain();
+  for (uint32_t p = 0; p < nparts_; p++)
+    for (uint32_t s = 0; s < slots_; s++) {
+      const uint64_t so = slot_off(p, s);
+      auto c = d.read_fresh(region_->at<cxlkv_pnm_ctx>(so));  // rule 4
+      if (c.state != CXLKV_PNM_LIVE || c.request_id != request_id) continue;
+      if (c.check != cxlkv_pnm_ctx_check(&c))
+        return Error(-EIO, "pool " + region_->uri() + ": pnm context " + std::to_string(request_id) +
+                               ": descriptor check mismatch in partition " + std::to_string(p) + " slot " +
+                               std::to_string(s));
+      auto ctx = std::unique_ptr<Context>(new Context());
+      ctx->store_ = this;
+      ctx->region_ = region_;
+      ctx->slot_off_ = so;
+      ctx->request_id_ = request_id;
+      ctx->generation_ = c.generation;
+      ctx->geo_ = Geometry{c.layers, c.kv_heads, c.head_dim, static_cast<Dtype>(c.dtype), c.page_tokens,
+                           uint64_t(c.max_pages) * c.page_tokens};
+      ctx->max_pages_ = c.max_pages;
+      ctx->page_table_off_ = c.page_table_off;
+      ctx->digest_off_ = c.digest_off;
+      if (c.dtype > CXLKV_PNM_DTYPE_MAX || c.page_bytes != cxlkv_pnm_page_bytes(&c) ||
+          !region_->contains(c.page_table_off, uint64_t(c.max_pages) * 8) ||
+          !region_->contains(c.digest_off, uint64_t(c.layers) * c.kv_heads * c.max_pages *
+                                               cxlkv_pnm_digest_bytes(&c)))
+        return Error(-EIO, "pool " + region_->uri() + ": pnm context " + std::to_string(request_id) +
+                               ": descriptor names ranges outside the pool");
+      auto n = ctx->refresh();
+      if (!n.ok()) return n.error();
+      return ctx;
+    }
+  return Error(-ENOENT, "pool " + region_->uri() + ": pnm context " + std::to_string(request_id) +
+                            ": not found in " + std::to_string(nparts_) + " partitions");
+}
+
+Result<void> ContextStore::destroy(uint64_t request_id) {
+  const std::string C = "pool " + region_->uri() + ": pnm context " + std::to_string(request_id) + ": ";
+  if (!opts_.writer) return Error(-EPERM, C + "store opened read-only");
+  MemoryDomain& d = region_->domain();
+  for (uint32_t s = 0; s < slots_; s++) {
+    auto* ctx = region_->at<cxlkv_pnm_ctx>(slot_off(opts_.partition, s));
+    auto c = d.read_fresh(ctx);
+    if (c.state != CXLKV_PNM_LIVE || c.request_id != request_id) continue;
+    c.state = CXLKV_PNM_FREE;
+    c.check = cxlkv_pnm_ctx_check(&c);
+    d.store(ctx, &c, sizeof c);
+    d.flush(ctx, sizeof c);  // rule 3 (metadata): readers see FREE and give up (-ESTALE)
+    d.fence();
+    if (live_ > 0) live_--;
+    if (live_ == 0) heap_next_ = kAlign + uint64_t(slots_) * CXLKV_PNM_SLOT_SIZE;  // heap empty: reset
+    return write_part();
+  }
+  return Error(-ENOENT, C + "not found in partition " + std::to_string(opts_.partition));
+}
+
+// ---- Context ------------------------------------------------------------------
+
+Context::~Context() = default;
+
+uint64_t Context::page_bytes() const {
+  return uint64_t(geo_.layers) * 2 * geo_.kv_heads * geo_.page_tokens * geo_.head_dim * dtype_size(geo_.dtype);
+}
+
+Result<void> Context::write_page_entry(uint32_t page, uint64_t off) {
+  MemoryDomain& d = region_->domain();
+  auto* e = region_->at<uint64_t>(page_table_off_ + uint64_t(page) * 8);
+  d.store(e, &off, 8);
+  // Rule 3: page-table lines have one writer; clflush them before the count.
+  if (!testing::faults().skip_writer_flush) d.flush(e, 8);
+  return {};
+}
+
+Result<void> Context::write_digest(uint32_t layer, uint32_t head, uint32_t page, const void* dg) {
+  MemoryDomain& d = region_->domain();
+  const uint64_t db = 2ull * geo_.head_dim * dtype_size(geo_.dtype);
+  const uint64_t off = digest_off_ + ((uint64_t(layer) * geo_.kv_heads + head) * max_pages_ + page) * db;
+  d.store(region_->at(off), dg, db);
+  // Rule 3: bulk write-back of the digest; the fence before the count orders it.
+  if (!testing::faults().skip_writer_flush) d.flush_bulk(region_->at(off), db);
+  return {};
+}
+
+Result<void> Context::publish(uint64_t new_tokens) {
+  MemoryDomain& d = region_->domain();
+  // Rule 3: pages, page-table entries and digests reach memory before the count.
+  d.fence();
+  cxlkv_pnm_count cnt{};
+  cnt.ntokens = new_tokens;
+  cnt.generation = generation_;
+  d.publish_line(region_->at(slot_off_ + 64), &cnt);
+  d.fence();  // rule 3: the count is visible before append() returns
+  tokens_ = new_tokens;
+  return {};
+}
+
+Result<void> Context::append(const void* k, const void* v, uint32_t n) {
+  const std::string C = "pool " + region_->uri() + ": pnm context " + std::to_string(request_id_) + ": append: ";
+  if (!writable_) return Error(-EPERM, C + "read-only handle");
+  if ((n > 0 && (!k || !v))) return Error(-EINVAL, C + "K or V is NULL");
+  if (tokens_ + n > uint64_t(max_pages_) * geo_.page_tokens)
+    return Error(-ENOSPC, C + std::to_string(n) + " tokens after " + std::to_string(tokens_) +
+                              " exceed the capacity of " + std::to_string(uint64_t(max_pages_) * geo_.page_tokens));
+  if (n == 0) return {};
+  MemoryDomain& d = region_->domain();
+  const size_t es = dtype_size(geo_.dtype);
+  const uint64_t row = uint64_t(geo_.head_dim) * es, db = 2 * row;
+  const uint32_t pt = geo_.page_tokens;
+  uint64_t t = tokens_;
+  uint32_t done = 0;
+  while (done < n) {
+    const uint32_t page = static_cast<uint32_t>(t / pt), in_page = static_cast<uint32_t>(t % pt);
+    const uint32_t cnt = std::min<uint32_t>(n - done, pt - in_page);
+    if (in_page == 0) {
+      auto off = store_->heap_alloc(page_bytes());
+      if (!off.ok()) return Error(-ENOSPC, C + off.error().message());
+      last_page_off_ = *off;
+      CXLKV_TRY(write_page_entry(page, last_page_off_));
+    }
+    for (uint32_t l = 0; l < geo_.layers; l++)
+      for (uint32_t h = 0; h < geo_.kv_heads; h++) {
+        const uint64_t src = ((uint64_t(l) * geo_.kv_heads + h) * n + done) * row;
+        for (uint32_t kv = 0; kv < 2; kv++) {
+          const auto* s = static_cast<const unsigned char*>(kv ? v : k) + src;
+          const uint64_t dst = last_page_off_ + ((uint64_t(l) * 2 + kv) * geo_.kv_heads + h) * pt * row +
+                               uint64_t(in_page) * row;
+          // Payload: NT copy, in memory after the fence in publish() (rule 3).
+          d.copy_to_pool(region_->at(dst), s, cnt * row);
+        }
+        unsigned char* dg = last_digest_.data() + (uint64_t(l) * geo_.kv_heads + h) * db;
+        detail::digest_rows(geo_.dtype, static_cast<const unsigned char*>(k) + src, cnt, geo_.head_dim, dg,
+                            in_page == 0);
+        CXLKV_TRY(write_digest(l, h, page, dg));
+      }
+    // The store grew its heap: its header goes out before the count too.
+    if (in_page == 0) CXLKV_TRY(store_->write_part());
+    done += cnt;
+    t += cnt;
+  }
+  return publish(t);
+}
+
+Result<void> Context::append_pages(std::span<const uint64_t> offs, const void* digests, uint64_t ntokens) {
+  const std::string C =
+      "pool " + region_->uri() + ": pnm context " + std::to_string(request_id_) + ": append_pages: ";
+  if (!writable_) return Error(-EPERM, C + "read-only handle");
+  const uint32_t pt = geo_.page_tokens;
+  if (tokens_ % pt) return Error(-EINVAL, C + "the last page is partial (" + std::to_string(tokens_) + " tokens)");
+  if (offs.empty()) return {};
+  if (!digests) return Error(-EINVAL, C + "digests is NULL");
+  if (ntokens > offs.size() * pt || ntokens <= (offs.size() - 1) * pt)
+    return Error(-EINVAL, C + std::to_string(ntokens) + " tokens do not fill " + std::to_string(offs.size()) +
+                              " pages of " + std::to_string(pt));
+  const uint32_t page0 = static_cast<uint32_t>(tokens_ / pt);
+  if (page0 + offs.size() > max_pages_)
+    return Error(-ENOSPC, C + std::to_string(offs.size()) + " pages after " + std::to_string(page0) +
+                              " exceed the capacity of " + std::to_string(max_pages_));
+  for (size_t i = 0; i < offs.size(); i++)
+    if (offs[i] % 64 || !region_->contains(offs[i], page_bytes()))
+      return Error(-EINVAL, C + "page " + std::to_string(i) + " at " + hex(offs[i]) +
+                                " is not a 64-aligned range of the pool");
+  const uint64_t db = 2ull * geo_.head_dim * dtype_size(geo_.dtype);
+  const auto* dg = static_cast<const unsigned char*>(digests);
+  for (size_t i = 0; i < offs.size(); i++) CXLKV_TRY(write_page_entry(page0 + uint32_t(i), offs[i]));
+  for (uint32_t l = 0; l < geo_.layers; l++)
+    for (uint32_t h = 0; h < geo_.kv_heads; h++) {
+      MemoryDomain& d = region_->domain();
+      const uint64_t lh = uint64_t(l) * geo_.kv_heads + h;
+      const uint64_t off = digest_off_ + (lh * max_pages_ + page0) * db;
+      // Whole runs of digests at once; same rule 3 as write_digest().
+      d.store(region_->at(off), dg + lh * offs.size() * db, offs.size() * db);
+      if (!testing::faults().skip_writer_flush) d.flush_bulk(region_->at(off), offs.size() * db);
+      std::memcpy(last_digest_.data() + lh * db, dg + (lh * offs.size() + offs.size() - 1) * db, db);
+    }
+  last_page_off_ = offs.back();
+  return publish(tokens_ + ntokens);
+}
+
+bool Context::still_valid() const {
+  MemoryDomain& d = region_->domain();
+  auto c = d.read_fresh(region_->at<cxlkv_pnm_ctx>(slot_off_));  // rule 4
+  return c.state == CXLKV_PNM_LIVE && c.generation == generation_ && c.request_id == request_id_;
+}
+
+Result<uint64_t> Context::refresh() {
+  MemoryDomain& d = region_->domain();
+  const std::string C = "pool " + region_->uri() + ": pnm context " + std::to_string(request_id_) + ": ";
+  if (!still_valid()) return Error(-ESTALE, C + "destroyed or replaced since it was opened");
+  if (testing::faults().skip_reader_invalidate) {
+    auto cnt = d.read(region_->at<cxlkv_pnm_count>(slot_off_ + 64));
+    if (cnt.generation == generation_) tokens_ = std::max<uint64_t>(tokens_, cnt.ntokens);
+    return tokens_;
+  }
+  auto cnt = d.read_fresh(region_->at<cxlkv_pnm_count>(slot_off_ + 64));  // rule 4
+  if (cnt.generation != generation_) return uint64_t(0);  // count of this generation not yet seen
+  if (cnt.ntokens > uint64_t(max_pages_) * geo_.page_tokens)
+    return Error(-EIO, C + "published count " + std::to_string(cnt.ntokens) + " exceeds the capacity");
+  tokens_ = cnt.ntokens;
+  return tokens_;
+}
+
+namespace {
+// Rule 4 / 6: invalidate the range, fence, then load.
+void read_range(MemoryDomain& d, void* dst, const void* src, size_t n) {
+  if (!testing::faults().skip_reader_invalidate) {
+    d.invalidate_payload(src, n);
+    d.fence();
+  }
+  d.load_payload(dst, src, n);
+}
+}  // namespace
+
+Result<void> Context::read_digests(uint32_t layer, uint32_t head, uint32_t page0, uint32_t npages,
+                                   void* dst) const {
+  if (layer >= geo_.layers || head >= geo_.kv_heads || uint64_t(page0) + npages > max_pages_)
+    return Error(-EINVAL, "pnm context " + std::to_string(request_id_) + ": digests (layer " +
+                              std::to_string(layer) + ", head " + std::to_string(head) + ", pages " +
+                              std::to_string(page0) + "+" + std::to_string(npages) + ") out of range");
+  const uint64_t db = 2ull * geo_.head_dim * dtype_size(geo_.dtype);
+  const uint64_t off = digest_off_ + ((uint64_t(layer) * geo_.kv_heads + head) * max_pages_ + page0) * db;
+  read_range(region_->domain(), dst, region_->at(off), npages * db);
+  return {};
+}
+
+Result<void> Context::read_page_table(uint32_t page0, uint32_t npages, uint64_t* dst) const {
+  if (uint64_t(page0) + npages > max_pages_)
+    return Error(-EINVAL, "pnm context " + std::to_string(request_id_) + ": page table range " +
+                              std::to_string(page0) + "+" + std::to_string(npages) + " out of range");
+  read_range(region_->domain(), dst, region_->at(page_table_off_ + uint64_t(page0) * 8), uint64_t(npages) * 8);
+  for (uint32_t i = 0; i < npages; i++)
+    if (dst[i] % 64 || !region_->contains(dst[i], page_bytes()))
+      return Error(-EIO, "pnm context " + std::to_string(request_id_) + ": page " + std::to_string(page0 + i) +
+                             " at " + hex(dst[i]) + " is outside the pool");
+  return {};
+}
+
+Result<void> Context::read_rows(uint64_t page_off, uint32_t layer, uint32_t kv, uint32_t head, uint32_t ntok,
+                                void* dst) const {
+  if (layer >= geo_.layers || kv > 1 || head >= geo_.kv_heads || ntok > geo_.page_tokens ||
+      !region_->contains(page_off, page_bytes()))
+    return Error(-EINVAL, "pnm context " + std::to_string(request_id_) + ": rows out of range");
+  const uint64_t row = uint64_t(geo_.head_dim) * dtype_size(geo_.dtype);
+  const uint64_t off = page_off + ((uint64_t(layer) * 2 + kv) * geo_.kv_heads + head) * geo_.page_tokens * row;
+  read_range(region_->domain(), dst, region_->at(off), ntok * row);
+  return {};
+}
+
+}  // namespace cxlkv::pnm

@@ -1,0 +1,42 @@
+// SPDX-License-Identifier: MIT
+// Internal to the near-memory engine: test faults and the per-ISA kernels.
+#pragma once
+
+#include <cstdint>
+
+#include "cxlkv/pnm.hpp"
+
+namespace cxlkv::pnm {
+
+namespace testing {
+// Switches that remove one step of the coherence protocol, so that a test
+// can show NonCoherentSim catches its absence.  Never set outside tests.
+struct Faults {
+  bool skip_writer_flush = false;       // page-table entries and digests: no clflush
+  bool skip_reader_invalidate = false;  // reads without invalidate + fence
+};
+Faults& faults();
+}  // namespace testing
+
+namespace detail {
+
+// One instruction set's kernels (score_*.cpp); chosen once per call site
+// from Isa, never per element.
+struct Kernels {
+  // out[p] = max over nq heads of score(q_h, digest p); digests [np][2][dim].
+  void (*score)(Dtype t, const void* dig, uint32_t np, uint32_t dim, const float* q, uint32_t nq,
+                ScoreMode mode, float* out);
+  // out[t] = q . k_t for ntok rows [ntok][dim].
+  void (*dot_rows)(Dtype t, const void* k, uint32_t ntok, uint32_t dim, const float* q, float* out);
+  // acc[d] += sum_t w[t] v_t[d].
+  void (*axpy_rows)(Dtype t, const void* v, uint32_t ntok, uint32_t dim, const float* w, float* acc);
+  // Element-wise min / max of 16-bit keys (order-mapped bf16 / fp16, see digest.cpp).
+  void (*minmax16)(const int16_t* rows, uint32_t ntok, uint32_t dim, int16_t* mn, int16_t* mx);
+};
+const Kernels& kernels(Isa isa);
+extern const Kernels kScalarKernels;
+const Kernels& avx2_kernels();
+const Kernels& avx512_kernels();
+
+}  // namespace detail
+}  // namespace cxlkv::pnm

@@ -1,0 +1,181 @@
+/* SPDX-License-Identifier: (GPL-2.0 WITH Linux-syscall-note) OR MIT */
+/*
+ * Near-memory long contexts (issue 16): the on-pool layout of the "pnm"
+ * carve (CXLKV_CARVE_PNM), made by the first process that asks for it.
+ *
+ *   carve offset 0     struct cxlkv_pnm_header (one line, written once)
+ *   parts_off          nparts writer partitions of part_bytes each
+ *
+ * A partition has one writer process at a time (it holds an flock on a
+ * node-local file, see libruntime/src/pnm/context_store.cpp), so every line
+ * of a partition has one writer (rule 2) and needs no cross-host lock.
+ * Readers (near-memory engines on any host) read any partition.
+ *
+ *   partition offset 0                 struct cxlkv_pnm_part (its allocator)
+ *   64                                 slots_per_part x struct cxlkv_pnm_slot
+ *   64 + slots_per_part * 128          heap: page tables, digests, pages
+ *
+ * A long context (one request) is a slot: a descriptor line (what it is:
+ * geometry, where its page table and digests are) and a count line (how
+ * many tokens are published).  Its page table maps page i to the pool
+ * offset of page i; a page holds page_tokens tokens of K and V for every
+ * layer and KV head, laid out [layer][K|V][kv_head][token][head_dim].  The
+ * digests are per (layer, kv_head, page) the element-wise min and max of the
+ * page's key vectors, laid out [layer][kv_head][page][min|max][head_dim] in
+ * the KV element type (min and max of bf16 / fp16 values are exact).
+ *
+ * Publication (rule 3): the writer stores a batch of tokens (pages with
+ * non-temporal copies, page-table entries and digests with stores +
+ * clflush), fences, then stores the count line with one non-temporal
+ * 64-byte store and fences.  A reader reads the count fresh (rule 4), then
+ * invalidates and reads only what the count covers.  The digest of the last,
+ * partly filled page may already include tokens past the count (the writer
+ * widens it in place); min/max over more tokens is still an upper bound for
+ * the published ones, which is all scoring needs.
+ */
+#ifndef _UAPI_CXLKV_PNM_H
+#define _UAPI_CXLKV_PNM_H
+
+#include <linux/types.h>
+
+#include "cxlkv.h"   /* CXLKV_STATIC_ASSERT, CXLKV_LINE_SIZE, cxlkv_hdr_checksum */
+
+/* "CXLKVPN1" read as a little-endian u64. */
+#define CXLKV_PNM_MAGIC               0x314e50564b4c5843ULL
+#define CXLKV_PNM_VERSION             1u
+#define CXLKV_PNM_DEFAULT_PAGE_TOKENS 16u
+#define CXLKV_PNM_SLOT_SIZE           128u
+#ifndef CXLKV_CARVE_PNM
+#define CXLKV_CARVE_PNM               "pnm"   /* also listed with the other carve names in cxlkv.h */
+#endif
+
+/* Element type of K, V and the digests. */
+enum cxlkv_pnm_dtype {
+	CXLKV_PNM_F32  = 0,
+	CXLKV_PNM_BF16 = 1,
+	CXLKV_PNM_F16  = 2,
+};
+#define CXLKV_PNM_DTYPE_MAX CXLKV_PNM_F16
+
+static inline unsigned cxlkv_pnm_dtype_size(__u32 dtype)
+{
+	return dtype == CXLKV_PNM_F32 ? 4u : 2u;
+}
+
+struct cxlkv_pnm_header {
+	__u64 magic;            /* CXLKV_PNM_MAGIC, stored last (the header's publish flag) */
+	__u32 version;          /* CXLKV_PNM_VERSION */
+	__u32 nparts;           /* writer partitions */
+	__u64 parts_off;        /* first partition, from the carve start; 64-aligned */
+	__u64 part_bytes;       /* multiple of 64 */
+	__u32 slots_per_part;
+	__u32 checksum;         /* low 32 bits of cxlkv_hdr_checksum over this line */
+	__u8  reserved[24];
+};
+CXLKV_STATIC_ASSERT(sizeof(struct cxlkv_pnm_header) == 64, "pnm header is one line");
+CXLKV_STATIC_ASSERT(__builtin_offsetof(struct cxlkv_pnm_header, checksum) == 36,
+		    "pnm header checksum offset is part of the layout");
+
+static inline __u32 cxlkv_pnm_header_checksum(const struct cxlkv_pnm_header *h)
+{
+	return (__u32)cxlkv_hdr_checksum(h, sizeof(*h),
+					 __builtin_offsetof(struct cxlkv_pnm_header, checksum), 4);
+}
+
+/* First line of a partition: its heap allocator.  Written only by the
+ * partition's writer; read by the writer (its own lines) at open. */
+struct cxlkv_pnm_part {
+	__u64 heap_next;        /* next free byte of the heap, from the partition start */
+	__u64 heap_end;         /* end of the heap, from the partition start */
+	__u32 live;             /* LIVE slots; the heap is reset when it drops to 0 */
+	__u32 reserved0;
+	__u8  reserved[40];
+};
+CXLKV_STATIC_ASSERT(sizeof(struct cxlkv_pnm_part) == 64, "pnm partition header is one line");
+
+enum cxlkv_pnm_slot_state {
+	CXLKV_PNM_FREE = 0,
+	CXLKV_PNM_LIVE = 1,
+};
+
+/* What a context is: written at create and destroy (store + clflush). */
+struct cxlkv_pnm_ctx {
+	__u64 request_id;
+	__u32 state;            /* enum cxlkv_pnm_slot_state */
+	__u32 generation;       /* grows at every create in this slot */
+	__u16 layers;
+	__u16 kv_heads;
+	__u16 head_dim;
+	__u16 page_tokens;
+	__u32 dtype;            /* enum cxlkv_pnm_dtype */
+	__u32 max_pages;        /* capacity of the page table and digests */
+	__u64 page_table_off;   /* pool offset of __u64[max_pages] page offsets */
+	__u64 digest_off;       /* pool offset of the digests (layout above) */
+	__u64 page_bytes;       /* bytes of one page */
+	__u32 check;            /* FNV-1a 32 of the line with check = 0 */
+	__u32 reserved0;
+};
+CXLKV_STATIC_ASSERT(sizeof(struct cxlkv_pnm_ctx) == 64, "pnm context descriptor is one line");
+
+/* How many tokens are published: the context's publish flag, its own line
+ * (rule 2: written at every append). */
+struct cxlkv_pnm_count {
+	__u64 ntokens;
+	__u32 generation;       /* equals cxlkv_pnm_ctx.generation of the same context */
+	__u32 reserved0;
+	__u8  reserved[48];
+};
+CXLKV_STATIC_ASSERT(sizeof(struct cxlkv_pnm_count) == 64, "pnm count is one line");
+
+struct cxlkv_pnm_slot {
+	struct cxlkv_pnm_ctx   ctx;
+	struct cxlkv_pnm_count count;
+};
+CXLKV_STATIC_ASSERT(sizeof(struct cxlkv_pnm_slot) == CXLKV_PNM_SLOT_SIZE, "pnm slot is two lines");
+
+static inline __u32 cxlkv_pnm_ctx_check(const struct cxlkv_pnm_ctx *c)
+{
+	const unsigned char *p = (const unsigned char *)c;
+	const unsigned long lo = __builtin_offsetof(struct cxlkv_pnm_ctx, check);
+	__u32 h = 0x811c9dc5u;
+	unsigned long i;
+
+	for (i = 0; i < sizeof(*c); i++) {
+		unsigned char ch = (i >= lo && i < lo + 4) ? 0 : p[i];
+
+		h ^= ch;
+		h *= 0x01000193u;
+	}
+	return h;
+}
+
+/* Bytes of one page: K and V of page_tokens tokens, every layer and head. */
+static inline __u64 cxlkv_pnm_page_bytes(const struct cxlkv_pnm_ctx *c)
+{
+	return (__u64)c->layers * 2 * c->kv_heads * c->page_tokens * c->head_dim *
+	       cxlkv_pnm_dtype_size(c->dtype);
+}
+
+/* Offset inside a page of the K (kv = 0) or V (kv = 1) rows of (layer, head). */
+static inline __u64 cxlkv_pnm_page_rows_off(const struct cxlkv_pnm_ctx *c, __u32 layer, __u32 kv,
+					    __u32 head)
+{
+	return (((__u64)layer * 2 + kv) * c->kv_heads + head) * c->page_tokens * c->head_dim *
+	       cxlkv_pnm_dtype_size(c->dtype);
+}
+
+/* Bytes of one page's digest (min and max) for one (layer, head). */
+static inline __u64 cxlkv_pnm_digest_bytes(const struct cxlkv_pnm_ctx *c)
+{
+	return 2ull * c->head_dim * cxlkv_pnm_dtype_size(c->dtype);
+}
+
+/* Pool offset of the digest of (layer, head, page). */
+static inline __u64 cxlkv_pnm_digest_at(const struct cxlkv_pnm_ctx *c, __u32 layer, __u32 head,
+					__u32 page)
+{
+	return c->digest_off +
+	       (((__u64)layer * c->kv_heads + head) * c->max_pages + page) * cxlkv_pnm_digest_bytes(c);
+}
+
+#endif /* _UAPI_CXLKV_PNM_H */
