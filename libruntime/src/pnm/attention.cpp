@@ -1,0 +1,135 @@
+// SPDX-License-Identifier: MIT
+// Near-memory attention (issue 16 item 3): exact softmax over the selected
+// (or all) pages with output and log-sum-exp, and the merge of partials.
+#include <algorithm>
+#include <cmath>
+
+#include "cxlkv/pnm.hpp"
+#include "pnm/pnm_internal.hpp"
+
+namespace cxlkv::pnm {
+
+void attend_rows(Isa isa, Dtype dtype, const void* k, const void* v, uint32_t ntok, uint32_t dim, const float* q,
+                 uint32_t nq, float scale, float* m, float* l, float* acc) {
+  if (ntok == 0) return;
+  const auto& kn = detail::kernels(isa);
+  float s[256];
+  for (uint32_t t0 = 0; t0 < ntok; t0 += 256) {
+    const uint32_t n = std::min<uint32_t>(256, ntok - t0);
+    const auto* kk = static_cast<const unsigned char*>(k) + size_t(t0) * dim * dtype_size(dtype);
+    const auto* vv = static_cast<const unsigned char*>(v) + size_t(t0) * dim * dtype_size(dtype);
+    for (uint32_t h = 0; h < nq; h++) {
+      kn.dot_rows(dtype, kk, n, dim, q + size_t(h) * dim, s);
+      float mx = m[h];
+      for (uint32_t i = 0; i < n; i++) mx = std::max(mx, s[i] * scale);
+      // Online softmax: rescale what was summed so far to the new maximum.
+      const float c = std::isinf(m[h]) ? 0.f : std::exp(m[h] - mx);
+      float* a = acc + size_t(h) * dim;
+      if (c != 1.f)
+        for (uint32_t d = 0; d < dim; d++) a[d] *= c;
+      float sum = 0;
+      for (uint32_t i = 0; i < n; i++) {
+        s[i] = std::exp(s[i] * scale - mx);
+        sum += s[i];
+      }
+      kn.axpy_rows(dtype, vv, n, dim, s, a);
+      l[h] = l[h] * c + sum;
+      m[h] = mx;
+    }
+  }
+}
+
+Result<Partial> attend(const Context& ctx, std::span<const float> queries, uint32_t q_heads, uint64_t ntokens,
+                       const Selection* sel, float scale, Isa isa) {
+  const Geometry& g = ctx.geometry();
+  const std::string C = "pnm context " + std::to_string(ctx.request_id()) + ": attend: ";
+  if (q_heads == 0 || q_heads % g.kv_heads)
+    return Error(-EINVAL, C + std::to_string(q_heads) + " query heads are not a multiple of " +
+                              std::to_string(g.kv_heads) + " KV heads");
+  if (queries.size() != size_t(g.layers) * q_heads * g.head_dim)
+    return Error(-EINVAL, C + "queries hold " + std::to_string(queries.size()) + " floats, expected " +
+                              std::to_string(size_t(g.layers) * q_heads * g.head_dim));
+  if (ntokens > ctx.tokens())
+    return Error(-EINVAL, C + std::to_string(ntokens) + " tokens asked, " + std::to_string(ctx.tokens()) +
+                              " published");
+  const uint32_t np = ctx.pages_for(ntokens);
+  if (sel) {
+    if (sel->layers != g.layers || sel->kv_heads != g.kv_heads ||
+        sel->pages.size() != size_t(g.layers) * g.kv_heads)
+      return Error(-EINVAL, C + "selection shape does not match the context");
+    for (auto& v : sel->pages)
+      for (uint32_t p : v)
+        if (p >= np) return Error(-EINVAL, C + "selected page " + std::to_string(p) + " beyond " + std::to_string(np));
+  }
+  if (scale == 0.f) scale = 1.f / std::sqrt(float(g.head_dim));
+  const uint32_t group = q_heads / g.kv_heads;
+  Partial out;
+  out.layers = g.layers;
+  out.q_heads = q_heads;
+  out.head_dim = g.head_dim;
+  out.out.assign(size_t(g.layers) * q_heads * g.head_dim, 0.f);
+  out.lse.assign(size_t(g.layers) * q_heads, -INFINITY);
+
+  std::vector<uint64_t> table(np);
+  CXLKV_TRY(ctx.read_page_table(0, np, table.data()));
+  const size_t rows = size_t(g.page_tokens) * g.head_dim * dtype_size(g.dtype);
+  std::vector<unsigned char> kb(rows), vb(rows);
+  std::vector<uint32_t> all;
+  if (!sel) {
+    all.resize(np);
+    for (uint32_t p = 0; p < np; p++) all[p] = p;
+  }
+  std::vector<float> m(group), l(group);
+  for (uint32_t L = 0; L < g.layers; L++)
+    for (uint32_t h = 0; h < g.kv_heads; h++) {
+      const auto& pages = sel ? sel->at(L, h) : all;
+      const size_t qh0 = size_t(L) * q_heads + size_t(h) * group;
+      const float* q = queries.data() + qh0 * g.head_dim;
+      float* acc = out.out.data() + qh0 * g.head_dim;
+      std::fill(m.begin(), m.end(), -INFINITY);
+      std::fill(l.begin(), l.end(), 0.f);
+      for (uint32_t p : pages) {
+        const uint32_t ntok = static_cast<uint32_t>(
+            std::min<uint64_t>(g.page_tokens, ntokens - uint64_t(p) * g.page_tokens));
+        CXLKV_TRY(ctx.read_rows(table[p], L, 0, h, ntok, kb.data()));
+        CXLKV_TRY(ctx.read_rows(table[p], L, 1, h, ntok, vb.data()));
+        attend_rows(isa, g.dtype, kb.data(), vb.data(), ntok, g.head_dim, q, group, scale, m.data(), l.data(), acc);
+      }
+      for (uint32_t j = 0; j < group; j++) {
+        if (l[j] > 0) {
+          for (uint32_t d = 0; d < g.head_dim; d++) acc[size_t(j) * g.head_dim + d] /= l[j];
+          out.lse[qh0 + j] = m[j] + std::log(l[j]);
+        }
+      }
+    }
+  return out;
+}
+
+Result<Partial> merge(const Partial& a, const Partial& b) {
+  if (a.layers != b.layers || a.q_heads != b.q_heads || a.head_dim != b.head_dim ||
+      a.out.size() != b.out.size() || a.lse.size() != b.lse.size() ||
+      a.lse.size() != size_t(a.layers) * a.q_heads || a.out.size() != a.lse.size() * a.head_dim)
+    return Error(-EINVAL, "pnm merge: partials of different shapes (" + std::to_string(a.layers) + "x" +
+                              std::to_string(a.q_heads) + "x" + std::to_string(a.head_dim) + " and " +
+                              std::to_string(b.layers) + "x" + std::to_string(b.q_heads) + "x" +
+                              std::to_string(b.head_dim) + ")");
+  Partial r = a;
+  for (size_t i = 0; i < a.lse.size(); i++) {
+    const float la = a.lse[i], lb = b.lse[i];
+    const float mx = std::max(la, lb);
+    float* o = r.out.data() + i * a.head_dim;
+    if (std::isinf(mx) && mx < 0) {  // both empty
+      r.lse[i] = -INFINITY;
+      std::fill(o, o + a.head_dim, 0.f);
+      continue;
+    }
+    const float wa = std::exp(la - mx), wb = std::exp(lb - mx), w = wa + wb;
+    const float* oa = a.out.data() + i * a.head_dim;
+    const float* ob = b.out.data() + i * a.head_dim;
+    for (uint32_t d = 0; d < a.head_dim; d++) o[d] = (wa * oa[d] + wb * ob[d]) / w;
+    r.lse[i] = mx + std::log(w);
+  }
+  return r;
+}
+
+}  // namespace cxlkv::pnm

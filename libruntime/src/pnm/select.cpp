@@ -1,0 +1,83 @@
+// SPDX-License-Identifier: MIT
+// Page scoring and top-T_budget selection (issue 16 item 2).
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+
+#include "cxlkv/pnm.hpp"
+#include "pnm/pnm_internal.hpp"
+
+namespace cxlkv::pnm {
+
+void score_pages(Isa isa, Dtype dtype, const void* digests, uint32_t npages, uint32_t dim, const float* q,
+                 uint32_t nq, ScoreMode mode, float* out) {
+  detail::kernels(isa).score(dtype, digests, npages, dim, q, nq, mode, out);
+}
+
+std::vector<uint32_t> top_pages(const float* scores, uint32_t npages, uint32_t budget_pages, uint32_t sink_pages,
+                                uint32_t local_pages) {
+  std::vector<uint32_t> out;
+  if (npages == 0) return out;
+  const uint32_t sink = std::min(sink_pages, npages);
+  const uint32_t local = std::min(local_pages, npages - sink);
+  const uint32_t mid_begin = sink, mid_end = npages - local;
+  for (uint32_t p = 0; p < sink; p++) out.push_back(p);
+  const uint32_t kept = sink + local;
+  const uint32_t want = budget_pages > kept ? std::min(budget_pages - kept, mid_end - mid_begin) : 0;
+  if (want > 0) {
+    std::vector<uint32_t> mid(mid_end - mid_begin);
+    std::iota(mid.begin(), mid.end(), mid_begin);
+    // Higher score first; ties (and NaN, ordered last) to the lower page.
+    auto better = [scores](uint32_t a, uint32_t b) {
+      const float sa = std::isnan(scores[a]) ? -INFINITY : scores[a];
+      const float sb = std::isnan(scores[b]) ? -INFINITY : scores[b];
+      return sa != sb ? sa > sb : a < b;
+    };
+    if (want < mid.size()) std::nth_element(mid.begin(), mid.begin() + want, mid.end(), better);
+    mid.resize(want);
+    out.insert(out.end(), mid.begin(), mid.end());
+  }
+  for (uint32_t p = mid_end; p < npages; p++) out.push_back(p);
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+Result<Selection> select_pages(const Context& ctx, std::span<const float> queries, uint32_t q_heads,
+                               uint64_t ntokens, const SelectOptions& o, Isa isa) {
+  const Geometry& g = ctx.geometry();
+  const std::string C = "pnm context " + std::to_string(ctx.request_id()) + ": select: ";
+  if (q_heads == 0 || q_heads % g.kv_heads)
+    return Error(-EINVAL, C + std::to_string(q_heads) + " query heads are not a multiple of " +
+                              std::to_string(g.kv_heads) + " KV heads");
+  if (queries.size() != size_t(g.layers) * q_heads * g.head_dim)
+    return Error(-EINVAL, C + "queries hold " + std::to_string(queries.size()) + " floats, expected " +
+                              std::to_string(size_t(g.layers) * q_heads * g.head_dim));
+  if (ntokens > ctx.tokens())
+    return Error(-EINVAL, C + std::to_string(ntokens) + " tokens asked, " + std::to_string(ctx.tokens()) +
+                              " published");
+  const uint32_t group = q_heads / g.kv_heads;
+  const uint32_t np = ctx.pages_for(ntokens);
+  const uint32_t budget = static_cast<uint32_t>(
+      std::min<uint64_t>((o.token_budget + g.page_tokens - 1) / g.page_tokens, np));
+  Selection sel;
+  sel.layers = g.layers;
+  sel.kv_heads = g.kv_heads;
+  sel.pages.resize(size_t(g.layers) * g.kv_heads);
+  const size_t db = 2ull * g.head_dim * dtype_size(g.dtype);
+  constexpr uint32_t kChunk = 256;  // pages of digests staged per read (L2-sized)
+  std::vector<unsigned char> buf(size_t(kChunk) * db);
+  std::vector<float> scores(np);
+  for (uint32_t l = 0; l < g.layers; l++)
+    for (uint32_t h = 0; h < g.kv_heads; h++) {
+      const float* q = queries.data() + (size_t(l) * q_heads + size_t(h) * group) * g.head_dim;
+      for (uint32_t p0 = 0; p0 < np; p0 += kChunk) {
+        const uint32_t n = std::min(kChunk, np - p0);
+        CXLKV_TRY(ctx.read_digests(l, h, p0, n, buf.data()));
+        score_pages(isa, g.dtype, buf.data(), n, g.head_dim, q, group, o.mode, scores.data() + p0);
+      }
+      sel.pages[size_t(l) * g.kv_heads + h] = top_pages(scores.data(), np, budget, o.sink_pages, o.local_pages);
+    }
+  return sel;
+}
+
+}  // namespace cxlkv::pnm
