@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "bench.hpp"
+#include "cxlkv/version.h"
 
 namespace bench {
 namespace {
@@ -82,7 +83,11 @@ int main(int argc, char** argv) {
           "usage: cxlkv-bench [--out FILE] [--only GROUP]... [--list]\n\n"
           "Runs cxlkv's benchmarks, each beside its baseline in the same run, and\n"
           "writes one flat JSON object of metric name to number to FILE\n"
-          "(default build/bench/results.json).  CXLKV_BENCH_SCALE scales iteration counts.\n");
+          "(default build/bench/results.json).  CXLKV_BENCH_SCALE scales iteration counts.\n"
+          "--version prints the version.\n");
+      return 0;
+    } else if (a == "--version") {
+      std::printf("cxlkv-bench (cxlkv) %s\n", CXLKV_VERSION);
       return 0;
     } else {
       std::fprintf(stderr, "cxlkv-bench: unknown argument '%s' (see --help)\n", a.c_str());

@@ -6,6 +6,7 @@
 #include <iostream>
 
 #include "command.hpp"
+#include "cxlkv/version.h"
 #include "region/backend.hpp"
 
 namespace cxlkvctl {
@@ -24,7 +25,8 @@ void print_overview() {
       "  --pool URI   pool to act on (default: $CXLKV_POOL)\n"
       "               shm:NAME:SIZE | file:PATH | dax:/dev/daxX.Y | dev:/dev/cxlkvN\n"
       "  --json       machine-readable output where supported\n"
-      "  -h, --help   this text; `cxlkvctl <command> --help` for a command\n\n"
+      "  -h, --help   this text; `cxlkvctl <command> --help` for a command\n"
+      "  --version    print the version\n\n"
       "Commands:\n");
   for (const auto& c : registry()) std::printf("  %-22s %s\n", c.path.c_str(), c.summary.c_str());
 }
@@ -109,6 +111,9 @@ int main(int argc, char** argv) {
       ctx.json = true;
     } else if (a == "-h" || a == "--help") {
       print_overview();
+      return 0;
+    } else if (a == "--version") {
+      std::printf("cxlkvctl (cxlkv) %s\n", CXLKV_VERSION);
       return 0;
     } else if (a == "--pool") {
       return fail("--pool needs a URI");

@@ -19,6 +19,7 @@
 #include "cxlkv/region.hpp"
 #include "cxlkv/sync.hpp"
 #include "metrics_http.hpp"
+#include "cxlkv/version.h"
 
 namespace {
 
@@ -63,7 +64,8 @@ void usage() {
       "  --metrics-listen ADDR:PORT|none\n"
       "                      serve the pool's Prometheus metrics at http://ADDR:PORT/metrics\n"
       "                      (default %s; port 0: any free port; none: no endpoint)\n"
-      "  -h, --help          this text\n\n"
+      "  -h, --help          this text\n"
+      "  --version           print the version\n\n"
       "SIGTERM / SIGINT: stop granting, free the lease, exit 0.\n",
       cxlkvd::kDefaultMetricsListen);
 }
@@ -109,6 +111,9 @@ int main(int argc, char** argv) {
     };
     if (a == "-h" || a == "--help") {
       usage();
+      return 0;
+    } else if (a == "--version") {
+      std::printf("cxlkvd (cxlkv) %s\n", CXLKV_VERSION);
       return 0;
     } else if (a == "--pool") {
       pool = next("--pool");

@@ -23,6 +23,7 @@
 #include "cxlkv/region.hpp"
 #include "cxlkv/sync.hpp"
 #include "cxlkv/tier.hpp"
+#include "cxlkv/version.h"
 #include "index/prefix_index.hpp"
 #include "pool/format.hpp"
 #include "replay.hpp"
@@ -64,7 +65,9 @@ const char* kUsage =
     "  --time-scale X       trace time x X (0: as fast as possible)\n"
     "  --no-verify          skip byte verification\n"
     "  --json               print the summary as JSON on stdout\n"
-    "  --quiet              no progress line\n";
+    "  --quiet              no progress line\n"
+    "  -h, --help           this text\n"
+    "  --version            print the version\n";
 
 uint64_t now_ns() {
   timespec ts;
@@ -455,6 +458,7 @@ bool parse(int argc, char** argv, Config* c, std::string* err) {
     else if (a == "--node") { if (!(v = need(i)) || !num(v, 0, 63, &x)) return false; c->node = uint32_t(x); }
     else if (a == "--coord") { if (!(v = need(i))) return false; c->coord = v; }
     else if (a == "-h" || a == "--help") { std::fputs(kUsage, stdout); std::exit(0); }
+    else if (a == "--version") { std::printf("cxlkv-replay (cxlkv) %s\n", CXLKV_VERSION); std::exit(0); }
     else { *err = "unknown option '" + a + "' (see --help)"; return false; }
   }
   if (c->prefill + c->decode > 15) { *err = "at most 15 workers (nodes 1..15)"; return false; }
