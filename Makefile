@@ -6,20 +6,25 @@
 #   make bench   benchmarks -> build/bench/results.json
 #   make deps    install missing Debian packages (root) or print the command
 #   make kmod    build kmod/cxlkv.ko (KDIR= to choose the kernel tree)
+#   make install    library, headers, cxlkv.pc, CMake package, tools, man pages,
+#                   systemd unit, module source for dkms, Python package
+#                   (PREFIX=/usr/local, DESTDIR=); make uninstall removes them
 #   make clean
 
 BUILD    ?= build
 JOBS     ?= $(shell nproc)
 CMAKE    ?= cmake
 CMAKE_FLAGS ?=
+PREFIX   ?= /usr/local
+DESTDIR  ?=
 export CXLKV_BUILD := $(abspath $(BUILD))
 
-.PHONY: all deps configure build test unit-test run bench clean kmod vm-test help
+.PHONY: all deps configure build test unit-test run bench clean kmod vm-test help install uninstall
 
 all: build
 
 help:
-	@sed -n '1,12p' Makefile | sed 's/^# \{0,1\}//'
+	@sed -n '1,16p' Makefile | sed 's/^# \{0,1\}//'
 
 deps:
 	@tools/scripts/deps.sh
@@ -46,6 +51,14 @@ bench: build
 
 kmod:
 	$(MAKE) -C kmod
+
+# The prefix is applied at install time (cmake --install --prefix), so one
+# build installs anywhere; the build's own CMAKE_INSTALL_PREFIX is not used.
+install: build
+	DESTDIR="$(DESTDIR)" $(CMAKE) --install $(BUILD) --prefix "$(PREFIX)"
+
+uninstall:
+	@packaging/uninstall.sh $(BUILD) "$(PREFIX)" "$(DESTDIR)"
 
 vm-test: build kmod
 	tests/vm/run.sh

@@ -7,10 +7,15 @@ PKGS="build-essential cmake pkg-config libspdlog-dev libfmt-dev libgtest-dev lib
 liburing-dev libxxhash-dev spin fio \
 qemu-system-x86 linux-image-amd64 linux-headers-amd64 busybox-static cpio kmod dkms \
 python3 python3-numpy python3-torch python3-pytest python3-setuptools python3-pip \
-libmicrohttpd-dev python3-prometheus-client librsvg2-bin"
+libmicrohttpd-dev python3-prometheus-client librsvg2-bin \
+help2man go-md2man bash-completion \
+debhelper dh-dkms dh-python lintian fakeroot dpkg-dev"
 # libmicrohttpd-dev: cxlkvd's metrics endpoint (HTTP/1.1 parsing, limits, error replies);
 # python3-prometheus-client: the tests parse the exposition with Prometheus' own parser;
 # librsvg2-bin: the tests render the SVG pictures to PNG (rsvg-convert).
+# help2man, go-md2man: the man pages (packaging/man); bash-completion: the
+# completion test; debhelper, dh-dkms, dh-python, lintian, fakeroot,
+# dpkg-dev: make deb (debian/) and its test.
 
 if ! command -v dpkg-query >/dev/null 2>&1; then
 	echo "cxlkv: dpkg-query not found; the set-up expects Debian 12. Install the equivalents of:" >&2

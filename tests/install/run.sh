@@ -1,0 +1,240 @@
+#!/bin/sh
+# tests/install: cxlkv installed like a system package (issue 18).
+# usage: run.sh CHECK SRC_DIR BUILD_DIR
+#   destdir        cmake --install into $BUILD/tests/install/root (prefix /usr):
+#                  the files a user gets (the fixture of the checks below)
+#   pkgconfig      the README's C example built with `pkg-config --cflags --libs
+#                  cxlkv` against that tree (sysroot), linked, run
+#   find_package   the same example as a CMake project: find_package(cxlkv)
+#   headers        every installed header compiles on its own (C: *.h, C++20: *.hpp)
+#   symbols        libcxlkv.so exports cxlkv_* in CXLKV_0 only (check_symbols.sh)
+#   version        every installed tool's --version names CXLKV_VERSION;
+#                  dkms.conf, pyproject.toml, debian/changelog agree with version.h
+#   man            the installed man pages render: man -l, groff -ww -z silent
+#   completion     the bash completion loads and completes commands and options
+#   python         the installed Python package imports with Debian's python3
+#                  and loads the installed libcxlkv.so.0
+#   make           make install / make uninstall with PREFIX and DESTDIR
+set -eu
+check=$1 src=$(cd "$2" && pwd) build=$(cd "$3" && pwd)
+root=$build/tests/install/root
+work=$build/tests/install/work-$check
+rm -rf "$work"
+mkdir -p "$work"
+fail() { echo "FAIL: $*" >&2; exit 1; }
+export LC_ALL=C.UTF-8
+
+# The installed tree's library directory (lib or lib/<multiarch>).
+libdir_of() { dirname "$(find "$1" -name 'libcxlkv.so.*.*' -type f | head -n 1)"; }
+example_src() { sh "$src/tests/install/readme_example.sh" "$src/README.md" "$work/readme_example.c"; }
+# The binary needs libcxlkv.so.0 and no path into the build tree.
+check_linkage() {
+	readelf -d "$1" | grep -q 'NEEDED.*\[libcxlkv\.so\.0\]' || fail "$1 does not need libcxlkv.so.0"
+	if readelf -d "$1" | grep -E 'RPATH|RUNPATH' | grep -q "$build/libruntime"; then fail "$1 has an rpath into the build tree"; fi
+	if ldd "$1" 2>/dev/null | grep -q "$build/libruntime"; then fail "$1 loads libcxlkv from the build tree"; fi
+}
+
+case $check in
+destdir)
+	rm -rf "$root"
+	DESTDIR="$root" cmake --install "$build" --prefix /usr > "$work/install.log"
+	ld=$(libdir_of "$root")
+	rel=${ld#"$root"}
+	echo "library directory: $rel"
+	for f in "$rel/libcxlkv.so.0" "$rel/libcxlkv.so" "$rel/pkgconfig/cxlkv.pc" \
+		"$rel/cmake/cxlkv/cxlkvConfig.cmake" "$rel/cmake/cxlkv/cxlkvConfigVersion.cmake" \
+		/usr/include/cxlkv/cxlkv.h /usr/include/cxlkv/version.h /usr/include/cxlkv/kv.hpp /usr/include/uapi/cxlkv.h \
+		/usr/bin/cxlkvctl /usr/bin/cxlkvd /usr/bin/cxlkv-replay \
+		/lib/systemd/system/cxlkvd.service /usr/lib/systemd/system/cxlkvd.service /etc/cxlkv/cxlkvd.conf \
+		/usr/share/bash-completion/completions/cxlkvctl \
+		/usr/share/man/man8/cxlkvctl.8 /usr/share/man/man8/cxlkvd.8 /usr/share/man/man1/cxlkv-replay.1 \
+		/usr/share/man/man7/cxlkv.7 \
+		/usr/lib/python3/dist-packages/cxlkv/__init__.py \
+		"/usr/src/cxlkv-$(sed -n 's/^PACKAGE_VERSION="\(.*\)"/\1/p' "$src/dkms.conf")/dkms.conf"; do
+		case $f in
+		/lib/systemd/*) continue ;;  # prefix /usr: the unit is under /usr/lib
+		esac
+		[ -e "$root$f" ] || [ -L "$root$f" ] || fail "not installed: $f"
+	done
+	[ "$(readlink "$root$rel/libcxlkv.so")" = libcxlkv.so.0 ] || [ "$(readlink "$root$rel/libcxlkv.so")" = "$(basename "$(readlink -f "$root$rel/libcxlkv.so.0")")" ] ||
+		fail "libcxlkv.so -> $(readlink "$root$rel/libcxlkv.so")"
+	ls "$root/usr/src"/cxlkv-*/kmod/main.c "$root/usr/src"/cxlkv-*/uapi/cxlkv.h > /dev/null
+	# Configured for this prefix, not the build's.
+	grep -q '^prefix=/usr$' "$root$rel/pkgconfig/cxlkv.pc" || fail "cxlkv.pc: prefix is not /usr"
+	grep -q '^ExecStart=/usr/bin/cxlkvd ' "$root/usr/lib/systemd/system/cxlkvd.service" || fail "cxlkvd.service: ExecStart is not /usr/bin/cxlkvd"
+	grep -q '^EnvironmentFile=-/etc/cxlkv/cxlkvd.conf$' "$root/usr/lib/systemd/system/cxlkvd.service" || fail "cxlkvd.service: EnvironmentFile"
+	if grep -rl "$build" "$root$rel/pkgconfig" "$root$rel/cmake" "$root/usr/lib/systemd" "$root/etc"; then fail "installed files name the build tree"; fi
+	if find "$root" -name '__pycache__' -o -name '*.pyc' | grep -q .; then fail "byte-compiled Python files installed"; fi
+	echo "installed $(find "$root" -type f | wc -l) files under $root"
+	;;
+pkgconfig)
+	example_src
+	ld=$(libdir_of "$root")
+	export PKG_CONFIG_SYSROOT_DIR="$root" PKG_CONFIG_LIBDIR="$ld/pkgconfig" PKG_CONFIG_PATH=
+	cflags=$(pkg-config --cflags cxlkv) libs=$(pkg-config --libs cxlkv)
+	echo "pkg-config --cflags --libs cxlkv: $cflags $libs (version $(pkg-config --modversion cxlkv))"
+	case "$cflags $libs" in *"$root"*) ;; *) fail "pkg-config flags do not point into the DESTDIR tree" ;; esac
+	# shellcheck disable=SC2086
+	cc -std=c11 -Wall -Wextra -Werror -o "$work/readme_example" "$work/readme_example.c" $cflags $libs
+	check_linkage "$work/readme_example"
+	LD_LIBRARY_PATH="$ld" "$work/readme_example"
+	LD_LIBRARY_PATH="$ld" ldd "$work/readme_example" | grep 'libcxlkv\.so\.0 => '"$ld/" > /dev/null || fail "example did not load the installed libcxlkv"
+	;;
+find_package)
+	example_src
+	ld=$(libdir_of "$root")
+	cmake -S "$src/tests/install/find_package" -B "$work/b" -DCMAKE_PREFIX_PATH="$root/usr" \
+		-DEXAMPLE_SRC="$work/readme_example.c" -DCMAKE_C_COMPILER_LAUNCHER= > "$work/configure.log" ||
+		{ cat "$work/configure.log"; fail "find_package(cxlkv) project did not configure"; }
+	grep -q "cxlkv_DIR:PATH=$root/" "$work/b/CMakeCache.txt" || fail "find_package did not use the DESTDIR tree"
+	cmake --build "$work/b" > "$work/build.log" || { cat "$work/build.log"; fail "build"; }
+	check_linkage "$work/b/readme_example"
+	LD_LIBRARY_PATH="$ld" "$work/b/readme_example"
+	# A version the package does not provide is refused.
+	printf 'cmake_minimum_required(VERSION 3.16)\nproject(p C)\nfind_package(cxlkv 99 REQUIRED)\n' > "$work/CMakeLists.txt"
+	if cmake -S "$work" -B "$work/b99" -DCMAKE_PREFIX_PATH="$root/usr" > "$work/v99.log" 2>&1; then
+		fail "find_package(cxlkv 99) succeeded"
+	fi
+	;;
+headers)
+	n=0
+	for h in "$root"/usr/include/cxlkv/*.h; do
+		printf '#include <cxlkv/%s>\nint main(void) { return 0; }\n' "$(basename "$h")" > "$work/h.c"
+		cc -std=c11 -Wall -Wextra -Werror -pedantic -fsyntax-only -I"$root/usr/include" "$work/h.c" || fail "C: cxlkv/$(basename "$h")"
+		n=$((n + 1))
+	done
+	for h in "$root"/usr/include/cxlkv/*.h "$root"/usr/include/cxlkv/*.hpp; do
+		printf '#include <cxlkv/%s>\nint main() { return 0; }\n' "$(basename "$h")" > "$work/h.cpp"
+		c++ -std=c++20 -Wall -Wextra -Werror -fsyntax-only -I"$root/usr/include" "$work/h.cpp" || fail "C++: cxlkv/$(basename "$h")"
+		n=$((n + 1))
+	done
+	echo "$n header compilations on their own: ok"
+	;;
+symbols)
+	ld=$(libdir_of "$root")
+	sh "$src/tests/install/check_symbols.sh" "$ld/libcxlkv.so.0" "$root/usr/include/cxlkv"
+	# The check is not vacuous: a library exporting more than cxlkv_* fails it.
+	other=$(ldconfig -p | sed -n 's/.*libxxhash\.so\.0.* => //p' | head -n 1)
+	if [ -n "$other" ] && sh "$src/tests/install/check_symbols.sh" "$other" "$root/usr/include/cxlkv" > "$work/other.log" 2>&1; then
+		fail "check_symbols.sh accepted $other"
+	fi
+	;;
+version)
+	v=$(sed -n 's/^#define CXLKV_VERSION_\(MAJOR\|MINOR\|PATCH\) \([0-9]*\)$/\2/p' "$src/libruntime/include/cxlkv/version.h" | paste -sd.)
+	echo "version.h: $v"
+	for t in cxlkvctl cxlkvd cxlkv-replay; do
+		out=$(LD_LIBRARY_PATH=$(libdir_of "$root") "$root/usr/bin/$t" --version) || fail "$t --version exited $?"
+		first=$(printf '%s\n' "$out" | head -n 1)
+		[ "$first" = "$t (cxlkv) $v" ] || fail "$t --version: '$first', want '$t (cxlkv) $v'"
+		echo "$first"
+	done
+	if [ -x "$build/tools/cxlkv-bench" ]; then
+		first=$("$build/tools/cxlkv-bench" --version | head -n 1)
+		[ "$first" = "cxlkv-bench (cxlkv) $v" ] || fail "cxlkv-bench --version: '$first'"
+	fi
+	grep -q "^PACKAGE_VERSION=\"$v\"$" "$src/dkms.conf" || fail "dkms.conf PACKAGE_VERSION is not $v"
+	grep -q "^version = \"$v\"$" "$src/libruntime/python/pyproject.toml" || fail "pyproject.toml version is not $v"
+	dv=$(sed -n '1s/^cxlkv (\([^)-]*\).*/\1/p' "$src/debian/changelog")
+	[ "$dv" = "$v" ] || fail "debian/changelog upstream version '$dv' is not $v"
+	grep -q "^Version: $v$" "$(libdir_of "$root")/pkgconfig/cxlkv.pc" || fail "cxlkv.pc Version"
+	;;
+man)
+	n=0
+	for page in "$root"/usr/share/man/man*/*; do
+		# groff -ww: all warnings; -z: no output; anything on stderr fails.
+		groff -man -ww -z -Tutf8 "$page" > "$work/groff.out" 2>&1 || fail "groff $(basename "$page"): exit $?"
+		[ ! -s "$work/groff.out" ] || { cat "$work/groff.out"; fail "groff warns about $(basename "$page")"; }
+		MANWIDTH=80 man -l "$page" > "$work/page.txt" 2> "$work/man.err" || fail "man -l $(basename "$page")"
+		[ ! -s "$work/man.err" ] || { cat "$work/man.err"; fail "man -l warns about $(basename "$page")"; }
+		grep -q '^NAME' "$work/page.txt" || fail "$(basename "$page"): no NAME section"
+		lines=$(wc -l < "$work/page.txt")
+		[ "$lines" -gt 20 ] || fail "$(basename "$page"): only $lines lines"
+		echo "$(basename "$page"): $lines lines"
+		n=$((n + 1))
+	done
+	[ "$n" -ge 4 ] || fail "$n man pages installed, want 4"
+	# The tool pages are the tools' own --help: every option is there.
+	MANWIDTH=200 man -l "$root/usr/share/man/man8/cxlkvd.8" > "$work/cxlkvd.txt"
+	for o in $("$root/usr/bin/cxlkvd" --help | grep -o -E '^  --[a-z-]+'); do
+		grep -q -e "$o" "$work/cxlkvd.txt" || fail "cxlkvd(8) lacks $o"
+	done
+	MANWIDTH=200 man -l "$root/usr/share/man/man8/cxlkvctl.8" > "$work/cxlkvctl.txt"
+	LD_LIBRARY_PATH=$(libdir_of "$root") "$root/usr/bin/cxlkvctl" --help | awk '/^Commands:/ { on = 1; next } on && /^  [a-z]/ { print substr($0, 3, 22) }' |
+	while read -r cmd; do
+		grep -q -e "$cmd" "$work/cxlkvctl.txt" || fail "cxlkvctl(8) lacks the command '$cmd'"
+	done
+	grep -q -e '--memtype' "$work/cxlkvctl.txt" || fail "cxlkvctl(8) lacks the options of its commands"
+	;;
+completion)
+	comp=$root/usr/share/bash-completion/completions/cxlkvctl
+	bc=/usr/share/bash-completion/bash_completion
+	[ -r "$bc" ] || { echo "SKIP: bash-completion is not installed"; exit 77; }
+	bash -n "$comp" || fail "syntax"
+	# complete LINE: the completions bash offers for LINE (cursor at its end).
+	cat > "$work/t.bash" <<TEST
+. $bc
+. $comp
+export PATH="$root/usr/bin:\$PATH" LD_LIBRARY_PATH="$(libdir_of "$root")"
+complete -p cxlkvctl > /dev/null || { echo "no completion registered"; exit 1; }
+t() {
+	local line=\$1 want=\$2
+	COMP_LINE=\$line COMP_POINT=\${#line}
+	read -r -a COMP_WORDS <<< "\$line"
+	[[ \$line == *" " ]] && COMP_WORDS+=("")
+	COMP_CWORD=\$((\${#COMP_WORDS[@]} - 1))
+	COMPREPLY=()
+	_cxlkvctl cxlkvctl "\${COMP_WORDS[COMP_CWORD]}" "\${COMP_WORDS[COMP_CWORD-1]}"
+	local got="\${COMPREPLY[*]}"
+	if [[ " \$got " != *" \$want "* ]]; then echo "'\$line' -> '\$got', want '\$want' among them"; exit 1; fi
+	echo "'\$line' -> \$got"
+}
+t "cxlkvctl ca" carve
+t "cxlkvctl carve " create
+t "cxlkvctl carve cr" create
+t "cxlkvctl --pool shm:x carve create --" --memtype
+t "cxlkvctl carve create x --memtype " wc
+t "cxlkvctl ind" index
+t "cxlkvctl kv " check
+t "cxlkvctl --j" --json
+TEST
+	bash "$work/t.bash"
+	;;
+python)
+	py=/usr/bin/python3
+	[ -x $py ] || { echo "SKIP: no /usr/bin/python3"; exit 77; }
+	ld=$(libdir_of "$root")
+	out=$(cd / && env -u CXLKV_LIB -u PYTHONPATH PYTHONPATH="$root/usr/lib/python3/dist-packages" LD_LIBRARY_PATH="$ld" \
+		$py -c 'import cxlkv, cxlkv._lib as L; L.lib(); print(cxlkv.__file__); print([l.split()[-1] for l in open("/proc/self/maps") if "libcxlkv.so" in l][0])') ||
+		fail "import cxlkv from the installed tree"
+	echo "$out"
+	case $out in "$root/usr/lib/python3/dist-packages/cxlkv/__init__.py"*) ;; *) fail "imported cxlkv from elsewhere" ;; esac
+	case $out in *"
+$ld/libcxlkv.so"*) ;; *) fail "the package loaded libcxlkv from elsewhere" ;; esac
+	;;
+make)
+	# make install / uninstall with PREFIX and DESTDIR (-o build: use this build
+	# tree as it is, do not build again from inside a test).
+	d=$work/dest prefix=/opt/cxlkv-test
+	make -s -C "$src" -o build BUILD="$build" PREFIX=$prefix DESTDIR="$d" install > "$work/install.log"
+	ld=$(libdir_of "$d")
+	case $ld in "$d$prefix"/*) ;; *) fail "library installed at $ld, not under PREFIX" ;; esac
+	for f in bin/cxlkvctl include/cxlkv/cxlkv.h etc/cxlkv/cxlkvd.conf lib/systemd/system/cxlkvd.service share/man/man7/cxlkv.7; do
+		[ -e "$d$prefix/$f" ] || fail "make install PREFIX=$prefix: $f not under PREFIX"
+	done
+	grep -q "^prefix=$prefix\$" "$ld/pkgconfig/cxlkv.pc" || fail "cxlkv.pc prefix"
+	grep -q "^ExecStart=$prefix/bin/cxlkvd " "$d$prefix/lib/systemd/system/cxlkvd.service" || fail "unit ExecStart"
+	outside=$(find "$d" -mindepth 1 -maxdepth 1 ! -name opt)
+	[ -z "$outside" ] || fail "files outside PREFIX: $outside"
+	n=$(find "$d" ! -type d | wc -l)
+	echo "make install PREFIX=$prefix DESTDIR=...: $n files"
+	touch "$d$prefix/bin/not-ours"
+	make -s -C "$src" BUILD="$build" PREFIX=$prefix DESTDIR="$d" uninstall > "$work/uninstall.log"
+	left=$(find "$d" ! -type d)
+	[ "$left" = "$d$prefix/bin/not-ours" ] || fail "after make uninstall: $(echo "$left" | head)"
+	[ ! -d "$d$prefix/include/cxlkv" ] || fail "include/cxlkv/ left behind"
+	echo "make uninstall removed $n files, kept a file it did not install"
+	;;
+*)
+	fail "unknown check '$check'"
+	;;
+esac
