@@ -76,6 +76,7 @@ class Context {
   const Geometry& geometry() const { return geo_; }
   uint32_t generation() const { return generation_; }
   bool writable() const { return writable_; }
+  Region& region() const { return *region_; }
   uint64_t page_bytes() const;
   uint32_t pages_for(uint64_t ntokens) const {
     return static_cast<uint32_t>((ntokens + geo_.page_tokens - 1) / geo_.page_tokens);
@@ -263,6 +264,54 @@ SteadyStep steady_step(const PageMask& resident, std::span<const uint32_t> top,
 PageMask to_mask(std::span<const uint32_t> pages, uint32_t npages);
 std::vector<uint32_t> from_mask(const PageMask& m);
 
+// ---- hybrid mode ------------------------------------------------------------------
+
+struct HybridStats {
+  uint32_t evicted = 0, recalled = 0, refreshed = 0;  // pages, summed over (layer, KV head)
+  uint64_t recall_bytes = 0;                          // pool -> GPU this step
+  uint64_t gpu_pages = 0, near_pages = 0;             // where the selected pages were computed
+};
+
+}  // namespace cxlkv::pnm
+namespace cxlkv::gpu {
+class GpuPool;
+}
+namespace cxlkv::pnm {
+
+// One request in hybrid steady-token mode: up to `capacity` pages per
+// (layer, KV head) stay resident in a GPU buffer; each step the near-memory
+// side selects, Algorithm 1 decides evictions and recalls, recalls go
+// through the GPU sparse-read path (one batch per step), the GPU part is
+// attention over the resident pages, the near-memory part over the rest of
+// the selection, and the two merge by log-sum-exp.  With the CPU stand-in
+// library (gpu::CudaLibrary::cpu_reference()) the GPU part runs the CPU
+// kernels over the buffer.  The page holding the newest tokens is recalled
+// again while resident (it grows between steps).
+class HybridRequest {
+ public:
+  static Result<std::unique_ptr<HybridRequest>> create(Context& ctx, gpu::GpuPool& gpu, uint32_t capacity);
+  ~HybridRequest();
+  HybridRequest(const HybridRequest&) = delete;
+  HybridRequest& operator=(const HybridRequest&) = delete;
+
+  Result<Partial> step(std::span<const float> queries, uint32_t q_heads, uint64_t ntokens, const SelectOptions& opts,
+                       HybridStats* stats = nullptr, Isa isa = default_isa());
+  const PageMask& resident(uint32_t layer, uint32_t head) const;
+  uint32_t capacity() const { return capacity_; }
+
+ private:
+  HybridRequest() = default;
+  Context* ctx_ = nullptr;
+  gpu::GpuPool* gpu_ = nullptr;
+  uint32_t capacity_ = 0;
+  void* buf_ = nullptr;  // device buffer [layer][head][slot][K|V][page_tokens][head_dim]
+  uint64_t piece_ = 0;   // bytes of one page's K (or V) rows of one head
+  std::vector<PageMask> resident_;               // per (layer, head)
+  std::vector<std::vector<int32_t>> slot_of_;    // per (layer, head): page -> slot, -1
+  std::vector<std::vector<uint32_t>> free_;      // per (layer, head): free slots
+  uint64_t last_page_ = UINT64_MAX;
+};
+
 // ---- engines ---------------------------------------------------------------------
 
 struct EngineOptions {
@@ -271,10 +320,10 @@ struct EngineOptions {
 };
 
 struct StepRequest {
-  const Context* ctx = nullptr;
+  Context* ctx = nullptr;
   std::span<const float> queries;
   uint32_t q_heads = 0;
-  uint64_t ntokens = 0;          // 0: the context's published count (fresh read)
+  uint64_t ntokens = 0;          // 0: the context's published count (fresh read, rule 4)
   SelectOptions select{};
   bool all_pages = false;        // attention over every page (no selection)
 };
@@ -286,6 +335,10 @@ struct StepResult {
   uint64_t ntokens = 0;
   double select_ms = 0, attend_ms = 0;
   uint64_t digest_bytes = 0, kv_bytes = 0;  // pool bytes read
+  // Bytes that cross the link to the GPU per step: near-memory attention
+  // (queries in, output + log-sum-exp out) vs recalling the selected pages'
+  // K and V vs recalling every page.
+  uint64_t link_bytes_near = 0, link_bytes_selected = 0, link_bytes_all = 0;
 };
 
 // A near-memory engine: a thread pool beside the pool; a step splits its

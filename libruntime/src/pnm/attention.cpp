@@ -39,19 +39,45 @@ void attend_rows(Isa isa, Dtype dtype, const void* k, const void* v, uint32_t nt
   }
 }
 
+namespace detail {
+
+Result<void> attend_head(const Context& ctx, const uint64_t* table, std::span<const uint32_t> pages, uint32_t L,
+                         uint32_t h, const float* q, uint32_t group, uint64_t ntokens, float scale, Isa isa,
+                         float* acc, float* lse) {
+  const Geometry& g = ctx.geometry();
+  const size_t rows = size_t(g.page_tokens) * g.head_dim * dtype_size(g.dtype);
+  thread_local std::vector<unsigned char> kb, vb;
+  thread_local std::vector<float> m, l;
+  kb.resize(rows);
+  vb.resize(rows);
+  m.assign(group, -INFINITY);
+  l.assign(group, 0.f);
+  std::fill(acc, acc + size_t(group) * g.head_dim, 0.f);
+  for (uint32_t p : pages) {
+    const uint32_t ntok =
+        static_cast<uint32_t>(std::min<uint64_t>(g.page_tokens, ntokens - uint64_t(p) * g.page_tokens));
+    CXLKV_TRY(ctx.read_rows(table[p], L, 0, h, ntok, kb.data()));
+    CXLKV_TRY(ctx.read_rows(table[p], L, 1, h, ntok, vb.data()));
+    attend_rows(isa, g.dtype, kb.data(), vb.data(), ntok, g.head_dim, q, group, scale, m.data(), l.data(), acc);
+  }
+  for (uint32_t j = 0; j < group; j++) {
+    if (l[j] > 0) {
+      for (uint32_t d = 0; d < g.head_dim; d++) acc[size_t(j) * g.head_dim + d] /= l[j];
+      lse[j] = m[j] + std::log(l[j]);
+    } else {
+      lse[j] = -INFINITY;
+    }
+  }
+  return {};
+}
+
+}  // namespace detail
+
 Result<Partial> attend(const Context& ctx, std::span<const float> queries, uint32_t q_heads, uint64_t ntokens,
                        const Selection* sel, float scale, Isa isa) {
   const Geometry& g = ctx.geometry();
   const std::string C = "pnm context " + std::to_string(ctx.request_id()) + ": attend: ";
-  if (q_heads == 0 || q_heads % g.kv_heads)
-    return Error(-EINVAL, C + std::to_string(q_heads) + " query heads are not a multiple of " +
-                              std::to_string(g.kv_heads) + " KV heads");
-  if (queries.size() != size_t(g.layers) * q_heads * g.head_dim)
-    return Error(-EINVAL, C + "queries hold " + std::to_string(queries.size()) + " floats, expected " +
-                              std::to_string(size_t(g.layers) * q_heads * g.head_dim));
-  if (ntokens > ctx.tokens())
-    return Error(-EINVAL, C + std::to_string(ntokens) + " tokens asked, " + std::to_string(ctx.tokens()) +
-                              " published");
+  if (auto e = detail::check_step(ctx, queries, q_heads, ntokens); !e.empty()) return Error(-EINVAL, C + e);
   const uint32_t np = ctx.pages_for(ntokens);
   if (sel) {
     if (sel->layers != g.layers || sel->kv_heads != g.kv_heads ||
@@ -69,38 +95,19 @@ Result<Partial> attend(const Context& ctx, std::span<const float> queries, uint3
   out.head_dim = g.head_dim;
   out.out.assign(size_t(g.layers) * q_heads * g.head_dim, 0.f);
   out.lse.assign(size_t(g.layers) * q_heads, -INFINITY);
-
   std::vector<uint64_t> table(np);
   CXLKV_TRY(ctx.read_page_table(0, np, table.data()));
-  const size_t rows = size_t(g.page_tokens) * g.head_dim * dtype_size(g.dtype);
-  std::vector<unsigned char> kb(rows), vb(rows);
   std::vector<uint32_t> all;
   if (!sel) {
     all.resize(np);
     for (uint32_t p = 0; p < np; p++) all[p] = p;
   }
-  std::vector<float> m(group), l(group);
   for (uint32_t L = 0; L < g.layers; L++)
     for (uint32_t h = 0; h < g.kv_heads; h++) {
-      const auto& pages = sel ? sel->at(L, h) : all;
       const size_t qh0 = size_t(L) * q_heads + size_t(h) * group;
-      const float* q = queries.data() + qh0 * g.head_dim;
-      float* acc = out.out.data() + qh0 * g.head_dim;
-      std::fill(m.begin(), m.end(), -INFINITY);
-      std::fill(l.begin(), l.end(), 0.f);
-      for (uint32_t p : pages) {
-        const uint32_t ntok = static_cast<uint32_t>(
-            std::min<uint64_t>(g.page_tokens, ntokens - uint64_t(p) * g.page_tokens));
-        CXLKV_TRY(ctx.read_rows(table[p], L, 0, h, ntok, kb.data()));
-        CXLKV_TRY(ctx.read_rows(table[p], L, 1, h, ntok, vb.data()));
-        attend_rows(isa, g.dtype, kb.data(), vb.data(), ntok, g.head_dim, q, group, scale, m.data(), l.data(), acc);
-      }
-      for (uint32_t j = 0; j < group; j++) {
-        if (l[j] > 0) {
-          for (uint32_t d = 0; d < g.head_dim; d++) acc[size_t(j) * g.head_dim + d] /= l[j];
-          out.lse[qh0 + j] = m[j] + std::log(l[j]);
-        }
-      }
+      CXLKV_TRY(detail::attend_head(ctx, table.data(), sel ? sel->at(L, h) : all, L, h,
+                                    queries.data() + qh0 * g.head_dim, group, ntokens, scale, isa,
+                                    out.out.data() + qh0 * g.head_dim, out.lse.data() + qh0));
     }
   return out;
 }

@@ -38,5 +38,19 @@ extern const Kernels kScalarKernels;
 const Kernels& avx2_kernels();
 const Kernels& avx512_kernels();
 
+// One (layer, KV head) of a step, shared by select_pages / attend and the
+// engines that split a step's heads over threads.  q: the group's query
+// heads [group][head_dim].
+Result<std::vector<uint32_t>> select_head(const Context& ctx, const float* q, uint32_t group, uint32_t layer,
+                                          uint32_t head, uint64_t ntokens, const SelectOptions& o, Isa isa,
+                                          std::vector<float>* scores_out = nullptr);
+// Attention of the group's query heads over `pages` (page table `table`):
+// out [group][head_dim], lse [group].
+Result<void> attend_head(const Context& ctx, const uint64_t* table, std::span<const uint32_t> pages, uint32_t layer,
+                         uint32_t head, const float* q, uint32_t group, uint64_t ntokens, float scale, Isa isa,
+                         float* out, float* lse);
+// Shape checks of a step; "" when fine.
+std::string check_step(const Context& ctx, std::span<const float> queries, uint32_t q_heads, uint64_t ntokens);
+
 }  // namespace detail
 }  // namespace cxlkv::pnm

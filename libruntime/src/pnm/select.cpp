@@ -42,40 +42,61 @@ std::vector<uint32_t> top_pages(const float* scores, uint32_t npages, uint32_t b
   return out;
 }
 
-Result<Selection> select_pages(const Context& ctx, std::span<const float> queries, uint32_t q_heads,
-                               uint64_t ntokens, const SelectOptions& o, Isa isa) {
+namespace detail {
+
+std::string check_step(const Context& ctx, std::span<const float> queries, uint32_t q_heads, uint64_t ntokens) {
   const Geometry& g = ctx.geometry();
-  const std::string C = "pnm context " + std::to_string(ctx.request_id()) + ": select: ";
   if (q_heads == 0 || q_heads % g.kv_heads)
-    return Error(-EINVAL, C + std::to_string(q_heads) + " query heads are not a multiple of " +
-                              std::to_string(g.kv_heads) + " KV heads");
+    return std::to_string(q_heads) + " query heads are not a multiple of " + std::to_string(g.kv_heads) +
+           " KV heads";
   if (queries.size() != size_t(g.layers) * q_heads * g.head_dim)
-    return Error(-EINVAL, C + "queries hold " + std::to_string(queries.size()) + " floats, expected " +
-                              std::to_string(size_t(g.layers) * q_heads * g.head_dim));
+    return "queries hold " + std::to_string(queries.size()) + " floats, expected " +
+           std::to_string(size_t(g.layers) * q_heads * g.head_dim);
   if (ntokens > ctx.tokens())
-    return Error(-EINVAL, C + std::to_string(ntokens) + " tokens asked, " + std::to_string(ctx.tokens()) +
-                              " published");
-  const uint32_t group = q_heads / g.kv_heads;
+    return std::to_string(ntokens) + " tokens asked, " + std::to_string(ctx.tokens()) + " published";
+  return "";
+}
+
+Result<std::vector<uint32_t>> select_head(const Context& ctx, const float* q, uint32_t group, uint32_t l, uint32_t h,
+                                          uint64_t ntokens, const SelectOptions& o, Isa isa,
+                                          std::vector<float>* scores_out) {
+  const Geometry& g = ctx.geometry();
   const uint32_t np = ctx.pages_for(ntokens);
   const uint32_t budget = static_cast<uint32_t>(
       std::min<uint64_t>((o.token_budget + g.page_tokens - 1) / g.page_tokens, np));
+  const size_t db = 2ull * g.head_dim * dtype_size(g.dtype);
+  constexpr uint32_t kChunk = 256;  // pages of digests staged per read (fits L2)
+  thread_local std::vector<unsigned char> buf;
+  thread_local std::vector<float> local_scores;
+  buf.resize(size_t(kChunk) * db);
+  std::vector<float>& scores = scores_out ? *scores_out : local_scores;
+  scores.resize(np);
+  for (uint32_t p0 = 0; p0 < np; p0 += kChunk) {
+    const uint32_t n = std::min(kChunk, np - p0);
+    CXLKV_TRY(ctx.read_digests(l, h, p0, n, buf.data()));
+    score_pages(isa, g.dtype, buf.data(), n, g.head_dim, q, group, o.mode, scores.data() + p0);
+  }
+  return top_pages(scores.data(), np, budget, o.sink_pages, o.local_pages);
+}
+
+}  // namespace detail
+
+Result<Selection> select_pages(const Context& ctx, std::span<const float> queries, uint32_t q_heads,
+                               uint64_t ntokens, const SelectOptions& o, Isa isa) {
+  const Geometry& g = ctx.geometry();
+  if (auto e = detail::check_step(ctx, queries, q_heads, ntokens); !e.empty())
+    return Error(-EINVAL, "pnm context " + std::to_string(ctx.request_id()) + ": select: " + e);
+  const uint32_t group = q_heads / g.kv_heads;
   Selection sel;
   sel.layers = g.layers;
   sel.kv_heads = g.kv_heads;
   sel.pages.resize(size_t(g.layers) * g.kv_heads);
-  const size_t db = 2ull * g.head_dim * dtype_size(g.dtype);
-  constexpr uint32_t kChunk = 256;  // pages of digests staged per read (L2-sized)
-  std::vector<unsigned char> buf(size_t(kChunk) * db);
-  std::vector<float> scores(np);
   for (uint32_t l = 0; l < g.layers; l++)
     for (uint32_t h = 0; h < g.kv_heads; h++) {
       const float* q = queries.data() + (size_t(l) * q_heads + size_t(h) * group) * g.head_dim;
-      for (uint32_t p0 = 0; p0 < np; p0 += kChunk) {
-        const uint32_t n = std::min(kChunk, np - p0);
-        CXLKV_TRY(ctx.read_digests(l, h, p0, n, buf.data()));
-        score_pages(isa, g.dtype, buf.data(), n, g.head_dim, q, group, o.mode, scores.data() + p0);
-      }
-      sel.pages[size_t(l) * g.kv_heads + h] = top_pages(scores.data(), np, budget, o.sink_pages, o.local_pages);
+      auto p = detail::select_head(ctx, q, group, l, h, ntokens, o, isa);
+      if (!p.ok()) return p.error();
+      sel.pages[size_t(l) * g.kv_heads + h] = std::move(p.value());
     }
   return sel;
 }

@@ -1,0 +1,157 @@
+// SPDX-License-Identifier: MIT
+// Hybrid steady-token mode (issue 16 item 4): GPU-resident pages per
+// request kept by Algorithm 1's masks, recalls through the GPU sparse-read
+// path, GPU part + near-memory part merged by log-sum-exp.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "cuda/cxlkv_cuda_abi.h"
+#include "cxlkv/gpu.hpp"
+#include "cxlkv/pnm.hpp"
+#include "cxlkv/region.hpp"
+#include "pnm/pnm_internal.hpp"
+
+namespace cxlkv::pnm {
+
+Result<std::unique_ptr<HybridRequest>> HybridRequest::create(Context& ctx, gpu::GpuPool& gpu, uint32_t capacity) {
+  const Geometry& g = ctx.geometry();
+  const std::string C = "pnm context " + std::to_string(ctx.request_id()) + ": hybrid: ";
+  if (capacity == 0) return Error(-EINVAL, C + "capacity is 0 pages");
+  auto h = std::unique_ptr<HybridRequest>(new HybridRequest());
+  h->ctx_ = &ctx;
+  h->gpu_ = &gpu;
+  h->capacity_ = capacity;
+  h->piece_ = uint64_t(g.page_tokens) * g.head_dim * dtype_size(g.dtype);
+  const uint64_t bytes = uint64_t(g.layers) * g.kv_heads * capacity * 2 * h->piece_;
+  if (int rc = gpu.library().ops().device_alloc(&h->buf_, bytes); rc < 0)
+    return Error(rc, C + "GPU buffer of " + std::to_string(bytes) + " bytes: " + gpu.library().ops().last_error());
+  const size_t pairs = size_t(g.layers) * g.kv_heads;
+  h->resident_.resize(pairs);
+  h->slot_of_.resize(pairs);
+  h->free_.resize(pairs);
+  for (auto& f : h->free_)
+    for (uint32_t s = capacity; s-- > 0;) f.push_back(s);
+  return h;
+}
+
+HybridRequest::~HybridRequest() {
+  if (buf_) gpu_->library().ops().device_free(buf_);
+}
+
+const PageMask& HybridRequest::resident(uint32_t layer, uint32_t head) const {
+  return resident_.at(size_t(layer) * ctx_->geometry().kv_heads + head);
+}
+
+Result<Partial> HybridRequest::step(std::span<const float> queries, uint32_t q_heads, uint64_t ntokens,
+                                    const SelectOptions& o, HybridStats* stats, Isa isa) {
+  Context& ctx = *ctx_;
+  const Geometry& g = ctx.geometry();
+  const std::string C = "pnm context " + std::to_string(ctx.request_id()) + ": hybrid step: ";
+  if (auto e = detail::check_step(ctx, queries, q_heads, ntokens); !e.empty()) return Error(-EINVAL, C + e);
+  HybridStats st;
+  const uint32_t group = q_heads / g.kv_heads, np = ctx.pages_for(ntokens);
+  const size_t pairs = size_t(g.layers) * g.kv_heads;
+  std::vector<uint64_t> table(np);
+  CXLKV_TRY(ctx.read_page_table(0, np, table.data()));
+  const Geometry& geo = g;
+  auto rows_off = [&](uint32_t l, uint32_t kv, uint32_t h) {
+    return ((uint64_t(l) * 2 + kv) * geo.kv_heads + h) * piece_;
+  };
+  auto slot_dev = [&](size_t i, uint32_t slot, uint32_t kv) {
+    return reinterpret_cast<uint64_t>(buf_) + ((uint64_t(i) * capacity_ + slot) * 2 + kv) * piece_;
+  };
+  const uint64_t pool_base = reinterpret_cast<uint64_t>(gpu_->pin().base());
+  const uint64_t region_base = reinterpret_cast<uint64_t>(ctx.region().base());
+  if (region_base < pool_base || region_base + ctx.region().size() > pool_base + gpu_->pin().size())
+    return Error(-ERANGE, C + "the GPU pool does not cover the context's pool mapping");
+  std::vector<gpu::SparseList> lists;
+  std::vector<std::vector<uint32_t>> near(pairs);
+  std::vector<float> scores;
+  const uint32_t last_page = np ? np - 1 : 0;
+  const bool last_grew = np && (last_page_ != ntokens);
+  for (size_t i = 0; i < pairs; i++) {
+    const uint32_t l = uint32_t(i / g.kv_heads), h = uint32_t(i % g.kv_heads);
+    const float* q = queries.data() + (size_t(l) * q_heads + size_t(h) * group) * g.head_dim;
+    auto top = detail::select_head(ctx, q, group, l, h, ntokens, o, isa, &scores);
+    if (!top.ok()) return top.error();
+    SteadyStep s = steady_step(resident_[i], *top, scores, np, capacity_);
+    auto& slots = slot_of_[i];
+    slots.resize(np, -1);
+    for (uint32_t p : from_mask(s.evict)) {
+      free_[i].push_back(uint32_t(slots[p]));
+      slots[p] = -1;
+    }
+    auto recall_page = [&](uint32_t p) {
+      for (uint32_t kv = 0; kv < 2; kv++) {
+        const uint64_t off = table[p] + rows_off(l, kv, h) + (region_base - pool_base);
+        lists.push_back(gpu::SparseList{off, 0, slot_dev(i, uint32_t(slots[p]), kv), piece_, 1, 0});
+      }
+      st.recall_bytes += 2 * piece_;
+    };
+    for (uint32_t p : from_mask(s.recall)) {
+      slots[p] = int32_t(free_[i].back());
+      free_[i].pop_back();
+      recall_page(p);
+    }
+    // The newest page grows between steps: a resident copy is refreshed.
+    if (last_grew && slots[last_page] >= 0 && !(s.recall[last_page / 64] >> (last_page % 64) & 1)) {
+      recall_page(last_page);
+      st.refreshed++;
+    }
+    st.evicted += s.evicted;
+    st.recalled += s.recalled;
+    resident_[i] = s.resident;
+    near[i] = from_mask(s.near);
+    st.near_pages += near[i].size();
+  }
+  if (!lists.empty()) {
+    std::vector<uint32_t> zeros(lists.size(), 0);  // one piece per list, at the list's own offset
+    CXLKV_TRY(gpu_->sparse_read(lists, zeros, piece_, nullptr));
+    CXLKV_TRY(gpu_->sync(nullptr));
+  }
+  last_page_ = ntokens;
+
+  Partial gpu_part, near_part;
+  for (Partial* p : {&gpu_part, &near_part}) {
+    p->layers = g.layers;
+    p->q_heads = q_heads;
+    p->head_dim = g.head_dim;
+    p->out.assign(size_t(g.layers) * q_heads * g.head_dim, 0.f);
+    p->lse.assign(size_t(g.layers) * q_heads, -INFINITY);
+  }
+  const float scale = 1.f / std::sqrt(float(g.head_dim));
+  if (!gpu_->library().is_reference())
+    return Error(-ENOTSUP, C + "GPU partial attention runs only with the CPU stand-in library for now (" +
+                               gpu_->library().path() + ")");
+  std::vector<float> m(group), lsum(group);
+  for (size_t i = 0; i < pairs; i++) {
+    const uint32_t l = uint32_t(i / g.kv_heads), h = uint32_t(i % g.kv_heads);
+    const size_t qh0 = size_t(l) * q_heads + size_t(h) * group;
+    const float* q = queries.data() + qh0 * g.head_dim;
+    // GPU part: the resident pages, read from the GPU buffer (host memory
+    // with the CPU stand-in).
+    float* acc = gpu_part.out.data() + qh0 * g.head_dim;
+    std::fill(m.begin(), m.end(), -INFINITY);
+    std::fill(lsum.begin(), lsum.end(), 0.f);
+    for (uint32_t p : from_mask(resident_[i])) {
+      const uint32_t ntok = uint32_t(std::min<uint64_t>(g.page_tokens, ntokens - uint64_t(p) * g.page_tokens));
+      const auto* kb = reinterpret_cast<const void*>(slot_dev(i, uint32_t(slot_of_[i][p]), 0));
+      const auto* vb = reinterpret_cast<const void*>(slot_dev(i, uint32_t(slot_of_[i][p]), 1));
+      attend_rows(isa, g.dtype, kb, vb, ntok, g.head_dim, q, group, scale, m.data(), lsum.data(), acc);
+      st.gpu_pages++;
+    }
+    for (uint32_t j = 0; j < group; j++)
+      if (lsum[j] > 0) {
+        for (uint32_t d = 0; d < g.head_dim; d++) acc[size_t(j) * g.head_dim + d] /= lsum[j];
+        gpu_part.lse[qh0 + j] = m[j] + std::log(lsum[j]);
+      }
+    // Near-memory part: the rest of the selection, read from the pool.
+    CXLKV_TRY(detail::attend_head(ctx, table.data(), near[i], l, h, q, group, ntokens, scale, isa,
+                                  near_part.out.data() + qh0 * g.head_dim, near_part.lse.data() + qh0));
+  }
+  if (stats) *stats = st;
+  return merge(gpu_part, near_part);
+}
+
+}  // namespace cxlkv::pnm
