@@ -32,6 +32,10 @@ double scale();
 // Pool URIs for benchmarks live under this shm prefix and are removed after.
 std::string shm_name(const std::string& what);
 
+// cxlkv-bench --report-svg RESULTS OUT: the picture of a results file
+// (report_svg.cpp); 0 or 1 with a message.
+int write_report_svg(const std::string& results, const std::string& out);
+
 }  // namespace bench
 
 #define CXLKV_BENCH_CONCAT2(a, b) a##b

@@ -75,15 +75,20 @@ int main(int argc, char** argv) {
       out = argv[++i];
     } else if (a == "--only" && i + 1 < argc) {
       only.push_back(argv[++i]);
+    } else if (a == "--report-svg" && i + 2 < argc) {
+      return bench::write_report_svg(argv[i + 1], argv[i + 2]);
     } else if (a == "--list") {
       for (auto& b : bench::registry()) std::printf("%-10s %s\n", b.name.c_str(), b.help.c_str());
       return 0;
     } else if (a == "-h" || a == "--help") {
       std::printf(
-          "usage: cxlkv-bench [--out FILE] [--only GROUP]... [--list]\n\n"
+          "usage: cxlkv-bench [--out FILE] [--only GROUP]... [--list]\n"
+          "       cxlkv-bench --report-svg RESULTS.json OUT.svg\n\n"
           "Runs cxlkv's benchmarks, each beside its baseline in the same run, and\n"
           "writes one flat JSON object of metric name to number to FILE\n"
           "(default build/bench/results.json).  CXLKV_BENCH_SCALE scales iteration counts.\n"
+          "--report-svg draws a results file: each metric against its same-run baseline\n"
+          "and its target (make bench writes build/bench/report.svg).\n"
           "--version prints the version.\n");
       return 0;
     } else if (a == "--version") {

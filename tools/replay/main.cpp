@@ -51,6 +51,8 @@ const char* kUsage =
     "  --capacity-fraction F  capacity as a fraction of the workload's distinct blocks\n"
     "  --sweep              also run at 5%, 10%, 25% and 50% of the distinct blocks and\n"
     "                       print each hit ratio beside the block-LRU reference's\n"
+    "  --plot FILE.svg      with --sweep: draw the token hit ratio against capacity beside\n"
+    "                       the LRU reference and the theoretical reuse (SVG)\n"
     "  --lease-ms MS        ttl of the handoff leases prefill takes for decode (30000)\n"
     "  --pool-size SIZE     shm pool size (2G)\n"
     "  --pool URI           use this pool URI (formatted here, e.g. shm:NAME:SIZE)\n"
@@ -438,6 +440,7 @@ bool parse(int argc, char** argv, Config* c, std::string* err) {
     else if (a == "--capacity") { if (!(v = need(i)) || !num(v, 0, 1e12, &x)) return false; c->capacity_blocks = uint64_t(x); }
     else if (a == "--capacity-fraction") { if (!(v = need(i)) || !num(v, 0, 1, &x)) return false; c->capacity_fraction = x; }
     else if (a == "--sweep") c->sweep = true;
+    else if (a == "--plot") { if (!(v = need(i))) return false; c->plot = v; }
     else if (a == "--lease-ms") { if (!(v = need(i)) || !num(v, 1, 86400000, &x)) return false; c->lease_ms = uint32_t(x); }
     else if (a == "--pool-size") { if (!(v = need(i)) || !num(v, 64, 1e6, &x)) return false; c->pool_size = uint64_t(x) << 20; }
     else if (a == "--pool") { if (!(v = need(i))) return false; c->pool_uri = v; }
@@ -462,6 +465,7 @@ bool parse(int argc, char** argv, Config* c, std::string* err) {
     else { *err = "unknown option '" + a + "' (see --help)"; return false; }
   }
   if (c->prefill + c->decode > 15) { *err = "at most 15 workers (nodes 1..15)"; return false; }
+  if (!c->plot.empty() && !c->sweep) { *err = "--plot draws the sweep: add --sweep"; return false; }
   return true;
 }
 
@@ -576,6 +580,20 @@ int run_parent(const Config& c, char** argv, int argc) {
   }
   uint64_t errors = s.errors;
   for (auto& b : sweep) errors += b.errors;
+  if (!c.plot.empty()) {
+    std::vector<PlotPoint> pts;
+    for (auto& b : sweep)
+      pts.push_back({100.0 * double(b.capacity) / double(th.unique_blocks), b.hit_ratio(), b.lru.ratio()});
+    // Unbounded: every distinct block fits, so LRU reaches the theoretical reuse.
+    if (!cc.capacity_blocks) pts.push_back({100.0, s.hit_ratio(), th.ratio()});
+    std::string perr;
+    if (!write_sweep_plot(c.plot, pts, th.ratio(), th.unique_blocks,
+                          c.trace.empty() ? "built-in generator" : c.trace, &perr)) {
+      std::fprintf(stderr, "cxlkv-replay: --plot: %s\n", perr.c_str());
+      return 1;
+    }
+    if (!c.quiet) std::fprintf(stderr, "cxlkv-replay: wrote %s\n", c.plot.c_str());
+  }
   if (c.json) {
     JsonOut j;
     j.u("requests", s.requests)

@@ -33,6 +33,7 @@ struct Config {
   uint64_t capacity_blocks = 0;  // 0: unbounded
   double capacity_fraction = 0;  // > 0: capacity = this share of the distinct blocks
   bool sweep = false;            // also run at kSweepFractions of the distinct blocks
+  std::string plot;              // --plot FILE.svg: the sweep's hit ratios as a picture (plot.cpp)
   double time_scale = 0;         // trace ms -> wall ms factor; 0: as fast as possible
   bool json = false;
   bool quiet = false;
@@ -111,6 +112,17 @@ struct Coord {
 };
 
 size_t coord_bytes(uint64_t nrequests);
+
+// One point of the --plot picture: token hit ratios at a capacity.
+struct PlotPoint {
+  double capacity_pct = 0;  // capacity as % of the workload's distinct blocks
+  double cxlkv = 0;         // replayed token hit ratio
+  double lru = 0;           // block-LRU reference at the same capacity
+};
+// Writes the sweep as an SVG line chart (tools/common/svg_chart.hpp): cxlkv
+// and the LRU reference against capacity, the theoretical reuse as a line.
+bool write_sweep_plot(const std::string& path, const std::vector<PlotPoint>& points, double theory,
+                      uint64_t distinct_blocks, const std::string& workload, std::string* err);
 
 int run_worker(const Config& c);
 int run_parent(const Config& c, char** argv, int argc);

@@ -10,4 +10,6 @@ if /usr/bin/python3 -c "import numpy, torch" 2>/dev/null; then
 else
 	echo "bench: py group skipped (/usr/bin/python3 lacks numpy/torch: make deps)" >&2
 fi
+# The picture: each metric against its same-run baseline and target.
+"$B/tools/cxlkv-bench" --report-svg "$B/bench/results.json" "$B/bench/report.svg"
 cat "$B/bench/results.json"

@@ -7,12 +7,13 @@ PKGS="build-essential cmake pkg-config libspdlog-dev libfmt-dev libgtest-dev lib
 liburing-dev libxxhash-dev spin fio \
 qemu-system-x86 linux-image-amd64 linux-headers-amd64 busybox-static cpio kmod dkms \
 python3 python3-numpy python3-torch python3-pytest python3-setuptools python3-pip \
-libmicrohttpd-dev python3-prometheus-client librsvg2-bin \
+libmicrohttpd-dev python3-prometheus-client librsvg2-bin python3-pil \
 help2man go-md2man bash-completion \
 debhelper dh-dkms dh-python lintian fakeroot dpkg-dev"
 # libmicrohttpd-dev: cxlkvd's metrics endpoint (HTTP/1.1 parsing, limits, error replies);
 # python3-prometheus-client: the tests parse the exposition with Prometheus' own parser;
-# librsvg2-bin: the tests render the SVG pictures to PNG (rsvg-convert).
+# librsvg2-bin, python3-pil: the tests render the SVG pictures to PNG (rsvg-convert)
+# and read its pixels.
 # help2man, go-md2man: the man pages (packaging/man); bash-completion: the
 # completion test; debhelper, dh-dkms, dh-python, lintian, fakeroot,
 # dpkg-dev: make deb (debian/) and its test.
