@@ -5,13 +5,25 @@
 // same per-thread index arithmetic, only with threads emulated in a loop.
 //
 // Work decomposition:
-//   * plan_tiles() cuts every descriptor into tiles of at most kTileBytes.
-//     kTileBytes is a multiple of 16, so each tile keeps its descriptor's
-//     relative alignment.  One thread block copies one tile.
+//   * A batch is cut into tiles: descriptor i covers tiles first[i] ..
+//     first[i+1]-1 of at most `tile_bytes` each (tile_prefix()); the device
+//     finds a tile's descriptor by binary search over first[] (tile_at()),
+//     so only the descriptors (and the prefix) travel to the GPU -- inside
+//     the kernel parameters for up to kInlineDescs of them.  tile_bytes is a
+//     multiple of 16, so each tile keeps its descriptor's relative alignment.
+//   * A launch shape (issue 15) says how many threads copy one tile and how
+//     many tiles one thread block holds:
+//       block: 256 threads per tile of 16 KiB, 4 vectors in flight each --
+//              large chunks;
+//       warp:  one warp (32 threads) per tile of 4 KiB, 8 tiles per thread
+//              block, 8 vectors in flight per thread -- small chunks (2-16
+//              KiB) get a whole tile in flight per warp instead of one
+//              16-byte vector per thread of a mostly idle 256-thread block.
+//     choose_shape() picks one from the batch (mean descriptor length).
 //   * Inside a tile, copy_tile_thread() picks the widest access width w
 //     (16, 8, 4, 2 or 1 bytes) at which source and destination are
 //     co-aligned, copies a head of bytes up to the first w-aligned
-//     destination address, then the body in w-byte vectors (kUnroll loads in
+//     destination address, then the body in w-byte vectors (Unroll loads in
 //     flight per thread before their stores: reads across PCIe have
 //     microseconds of latency), then the tail bytes.
 //   * Sparse reads flatten (piece, unit) pairs into one index space; each
@@ -33,13 +45,38 @@
 
 namespace cxlkv::copycore {
 
-constexpr uint32_t kThreads = 256;     // threads per block of the copy kernels
-constexpr uint32_t kUnroll = 2;        // vectors in flight per thread per round
-constexpr uint64_t kTileBytes = 8192;  // bytes per thread block: 256 threads x 2 x 16 B
-constexpr uint32_t kInlineTiles = 64;  // small-transfer path: tiles ride in the kernel parameters
-constexpr uint32_t kMaxGrid = 65535;   // thread blocks loop over tiles beyond this
+constexpr uint32_t kThreads = 256;      // threads per block of the copy kernels
+constexpr uint32_t kUnroll = 4;         // block shape: vectors in flight per thread per round
+constexpr uint64_t kTileBytes = 16384;  // block shape: bytes per tile = 256 threads x 4 x 16 B
+constexpr uint32_t kWarpThreads = 32;
+constexpr uint32_t kWarpUnroll = 8;         // warp shape: 32 threads x 8 x 16 B = one 4 KiB tile per round
+constexpr uint64_t kWarpTileBytes = 4096;
+constexpr uint64_t kWarpShapeMaxMean = 16384;  // auto: mean descriptor below this -> warp shape
+constexpr uint32_t kInlineDescs = 128;  // small batches: descriptors ride in the kernel parameters
+constexpr uint32_t kMaxGrid = 65535;    // thread blocks loop over tiles beyond this
 
-static_assert(kTileBytes % 16 == 0, "tiles must preserve 16-byte relative alignment");
+static_assert(kTileBytes % 16 == 0 && kWarpTileBytes % 16 == 0, "tiles must preserve 16-byte relative alignment");
+
+// Launch shapes (values of CXLKV_CUDA_SHAPE_*).
+struct Shape {
+  uint32_t id;
+  uint64_t tile_bytes;
+  uint32_t threads_per_tile;
+  uint32_t tiles_per_block;  // threads per block = threads_per_tile * tiles_per_block = kThreads
+  uint32_t unroll;
+};
+constexpr Shape kBlockShape{CXLKV_CUDA_SHAPE_BLOCK, kTileBytes, kThreads, 1, kUnroll};
+constexpr Shape kWarpShape{CXLKV_CUDA_SHAPE_WARP, kWarpTileBytes, kWarpThreads, kThreads / kWarpThreads, kWarpUnroll};
+
+// The shape for a batch: `forced` (CXLKV_CUDA_SHAPE_BLOCK / _WARP) or, for
+// CXLKV_CUDA_SHAPE_AUTO, warp when the mean non-empty descriptor is small.
+inline const Shape& choose_shape(const cxlkv_copy_desc* d, size_t n, uint32_t forced) {
+  if (forced == CXLKV_CUDA_SHAPE_BLOCK) return kBlockShape;
+  if (forced == CXLKV_CUDA_SHAPE_WARP) return kWarpShape;
+  uint64_t bytes = 0, nonempty = 0;
+  for (size_t i = 0; i < n; i++) bytes += d[i].len, nonempty += d[i].len != 0;
+  return nonempty && bytes / nonempty < kWarpShapeMaxMean ? kWarpShape : kBlockShape;
+}
 
 struct alignas(16) Vec16 {
   uint32_t x, y, z, w;
@@ -81,28 +118,29 @@ CXLKV_HD uint32_t alignment_of(uint64_t x) {
 // Widest width at which src and dst can both be aligned after the same head.
 CXLKV_HD uint32_t coalign(uint64_t src, uint64_t dst) { return alignment_of(src ^ dst); }
 
-template <class V>
+template <class V, uint32_t Unroll>
 CXLKV_HD void copy_vectors(unsigned char* dst, const unsigned char* src, uint64_t nvec,
                            uint32_t tid, uint32_t nthreads) {
   uint64_t i = tid;
-  const uint64_t step = static_cast<uint64_t>(nthreads) * kUnroll;
-  for (; i + static_cast<uint64_t>(kUnroll - 1) * nthreads < nvec; i += step) {
-    V r[kUnroll];
+  const uint64_t step = static_cast<uint64_t>(nthreads) * Unroll;
+  for (; i + static_cast<uint64_t>(Unroll - 1) * nthreads < nvec; i += step) {
+    V r[Unroll];
 #if defined(__CUDA_ARCH__)
 #pragma unroll
 #endif
-    for (uint32_t u = 0; u < kUnroll; u++)
+    for (uint32_t u = 0; u < Unroll; u++)
       r[u] = load_unit<V>(src + (i + static_cast<uint64_t>(u) * nthreads) * sizeof(V));
 #if defined(__CUDA_ARCH__)
 #pragma unroll
 #endif
-    for (uint32_t u = 0; u < kUnroll; u++)
+    for (uint32_t u = 0; u < Unroll; u++)
       store_unit<V>(dst + (i + static_cast<uint64_t>(u) * nthreads) * sizeof(V), r[u]);
   }
   for (; i < nvec; i += nthreads) store_unit<V>(dst + i * sizeof(V), load_unit<V>(src + i * sizeof(V)));
 }
 
 // The share of one tile that thread `tid` of `nthreads` copies.
+template <uint32_t Unroll = kUnroll>
 CXLKV_HD void copy_tile_thread(const cxlkv_copy_desc& t, uint32_t tid, uint32_t nthreads) {
   unsigned char* dst = reinterpret_cast<unsigned char*>(static_cast<uintptr_t>(t.dst));
   const unsigned char* src = reinterpret_cast<const unsigned char*>(static_cast<uintptr_t>(t.src));
@@ -115,11 +153,11 @@ CXLKV_HD void copy_tile_thread(const cxlkv_copy_desc& t, uint32_t tid, uint32_t 
   unsigned char* vd = dst + head;
   const unsigned char* vs = src + head;
   switch (w) {
-    case 16: copy_vectors<Vec16>(vd, vs, nvec, tid, nthreads); break;
-    case 8: copy_vectors<Vec8>(vd, vs, nvec, tid, nthreads); break;
-    case 4: copy_vectors<uint32_t>(vd, vs, nvec, tid, nthreads); break;
-    case 2: copy_vectors<uint16_t>(vd, vs, nvec, tid, nthreads); break;
-    default: copy_vectors<unsigned char>(vd, vs, nvec, tid, nthreads); break;
+    case 16: copy_vectors<Vec16, Unroll>(vd, vs, nvec, tid, nthreads); break;
+    case 8: copy_vectors<Vec8, Unroll>(vd, vs, nvec, tid, nthreads); break;
+    case 4: copy_vectors<uint32_t, Unroll>(vd, vs, nvec, tid, nthreads); break;
+    case 2: copy_vectors<uint16_t, Unroll>(vd, vs, nvec, tid, nthreads); break;
+    default: copy_vectors<unsigned char, Unroll>(vd, vs, nvec, tid, nthreads); break;
   }
   for (uint64_t i = head + nvec * w + tid; i < len; i += nthreads) dst[i] = src[i];
 }
@@ -138,6 +176,54 @@ inline void plan_tiles(const cxlkv_copy_desc* d, size_t n, cxlkv_copy_desc* out)
       *out++ = cxlkv_copy_desc{d[i].src + off, d[i].dst + off, rest < kTileBytes ? rest : kTileBytes};
     }
   }
+}
+
+// Tile prefix of a batch (host side): first[i] = index of descriptor i's
+// first tile of `tile_bytes`, first[n] = the batch's tile count (returned).
+// Zero-length descriptors own no tile.  Returns UINT64_MAX when the count
+// does not fit the 32-bit prefix (the caller splits the batch).
+inline uint64_t tile_prefix(const cxlkv_copy_desc* d, size_t n, uint64_t tile_bytes, uint32_t* first) {
+  uint64_t t = 0;
+  for (size_t i = 0; i < n; i++) {
+    if (t > UINT32_MAX) return UINT64_MAX;
+    first[i] = static_cast<uint32_t>(t);
+    t += (d[i].len + tile_bytes - 1) / tile_bytes;
+  }
+  if (t > UINT32_MAX) return UINT64_MAX;
+  first[n] = static_cast<uint32_t>(t);
+  return t;
+}
+
+// Tile g (< first[n]) of a batch: the last descriptor whose first tile is
+// <= g owns it (an empty descriptor shares its successor's `first`).
+CXLKV_HD cxlkv_copy_desc tile_at(const cxlkv_copy_desc* d, const uint32_t* first, uint32_t n, uint32_t g,
+                                 uint64_t tile_bytes) {
+  uint32_t lo = 0, hi = n;  // answer in [lo, hi)
+  while (hi - lo > 1) {
+    const uint32_t mid = lo + (hi - lo) / 2;
+    if (first[mid] <= g) lo = mid;
+    else hi = mid;
+  }
+  const uint64_t off = static_cast<uint64_t>(g - first[lo]) * tile_bytes;
+  const uint64_t rest = d[lo].len - off;
+  return cxlkv_copy_desc{d[lo].src + off, d[lo].dst + off, rest < tile_bytes ? rest : tile_bytes};
+}
+
+// The share of tile work of thread `thread` of thread block `block` (of
+// `grid`) in a launch of shape S: the kernels' body, and the reference's.
+template <uint64_t TileBytes, uint32_t ThreadsPerTile, uint32_t TilesPerBlock, uint32_t Unroll>
+CXLKV_HD void copy_batch_thread(const cxlkv_copy_desc* d, const uint32_t* first, uint32_t n, uint32_t ntiles,
+                                uint32_t block, uint32_t grid, uint32_t thread) {
+  const uint32_t sub = thread / ThreadsPerTile, lane = thread % ThreadsPerTile;
+  for (uint64_t g = static_cast<uint64_t>(block) * TilesPerBlock + sub; g < ntiles;
+       g += static_cast<uint64_t>(grid) * TilesPerBlock)
+    copy_tile_thread<Unroll>(tile_at(d, first, n, static_cast<uint32_t>(g), TileBytes), lane, ThreadsPerTile);
+}
+
+// Thread blocks of a launch of `ntiles` tiles in shape `s`.
+inline uint32_t grid_for(uint64_t ntiles, const Shape& s) {
+  const uint64_t b = (ntiles + s.tiles_per_block - 1) / s.tiles_per_block;
+  return static_cast<uint32_t>(b < kMaxGrid ? b : kMaxGrid);
 }
 
 // ---- sparse read -------------------------------------------------------

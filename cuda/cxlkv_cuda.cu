@@ -3,11 +3,13 @@
 // cxlkv, behind the function table of cxlkv_cuda_abi.h.  libcxlkv loads this
 // library with dlopen, so the runtime itself never links CUDA.
 //
-// Batches: one kernel launch per batch however many chunks it holds.  Small
-// batches (<= kInlineTiles tiles) pass their tiles inside the kernel
-// parameters: one launch, no descriptor upload, and no cudaMemcpy from the
-// (possibly uncached) pool, which the copy engines handle slowly for small
-// pieces.  Larger batches stage their tiles through a ring of pinned host /
+// Batches: one kernel launch per batch however many chunks it holds, in a
+// launch shape chosen from the batch (cuda/copy_core.h).  Small batches
+// (<= kInlineDescs descriptors, e.g. one Llama-3.1-8B block of 64 chunks)
+// pass their descriptors inside the kernel parameters: one launch, no
+// descriptor upload, and no cudaMemcpy from the (possibly uncached) pool,
+// which the copy engines handle slowly for small pieces.  Larger batches
+// stage their descriptors and tile prefix through a ring of pinned host /
 // device buffer pairs; an event recorded after the kernel tells when a slot
 // may be reused, so a caller never waits for its own batch, only (rarely)
 // for one eight batches older.
@@ -16,6 +18,7 @@
 #include <cerrno>
 #include <cstdarg>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <mutex>
@@ -64,17 +67,31 @@ int cuda_fail(cudaError_t e, const char* what) {
 
 // ---- kernels -----------------------------------------------------------
 
-struct InlineTiles {
-  cxlkv_copy_desc t[cc::kInlineTiles];
+// Small batches: up to kInlineDescs descriptors and their tile prefix ride
+// in the kernel parameters (3.6 KiB of the 4 KiB limit): one launch, no
+// descriptor upload, no staging round trip.
+struct InlineBatch {
+  cxlkv_copy_desc d[cc::kInlineDescs];
+  uint32_t first[cc::kInlineDescs + 1];
 };
+static_assert(sizeof(InlineBatch) + 16 <= 4096, "kernel parameters are limited to 4 KiB");
 
-__global__ void __launch_bounds__(cc::kThreads) copy_tiles_inline(InlineTiles tiles, uint32_t n) {
-  for (uint32_t b = blockIdx.x; b < n; b += gridDim.x) cc::copy_tile_thread(tiles.t[b], threadIdx.x, blockDim.x);
+template <uint64_t Tile, uint32_t Tpt, uint32_t Tpb, uint32_t U>
+__global__ void __launch_bounds__(cc::kThreads) copy_inline(InlineBatch b, uint32_t n, uint32_t ntiles) {
+  cc::copy_batch_thread<Tile, Tpt, Tpb, U>(b.d, b.first, n, ntiles, blockIdx.x, gridDim.x, threadIdx.x);
 }
 
-__global__ void __launch_bounds__(cc::kThreads) copy_tiles(const cxlkv_copy_desc* tiles, uint64_t n) {
-  for (uint64_t b = blockIdx.x; b < n; b += gridDim.x) cc::copy_tile_thread(tiles[b], threadIdx.x, blockDim.x);
+template <uint64_t Tile, uint32_t Tpt, uint32_t Tpb, uint32_t U>
+__global__ void __launch_bounds__(cc::kThreads)
+    copy_staged(const cxlkv_copy_desc* d, const uint32_t* first, uint32_t n, uint32_t ntiles) {
+  cc::copy_batch_thread<Tile, Tpt, Tpb, U>(d, first, n, ntiles, blockIdx.x, gridDim.x, threadIdx.x);
 }
+
+#define CXLKV_BLOCK_SHAPE cc::kTileBytes, cc::kThreads, 1, cc::kUnroll
+#define CXLKV_WARP_SHAPE cc::kWarpTileBytes, cc::kWarpThreads, cc::kThreads / cc::kWarpThreads, cc::kWarpUnroll
+static_assert(cc::kBlockShape.tile_bytes == cc::kTileBytes && cc::kWarpShape.tile_bytes == cc::kWarpTileBytes &&
+                  cc::kWarpShape.tiles_per_block == cc::kThreads / cc::kWarpThreads,
+              "shape table and kernel instantiations agree");
 
 __global__ void __launch_bounds__(cc::kThreads)
     sparse_units(const cxlkv_sparse_list* lists, uint32_t nlists, const uint32_t* tokens,
@@ -200,31 +217,94 @@ int op_host_unregister(void* p) {
   return 0;
 }
 
-int op_copy(const cxlkv_copy_desc* descs, size_t n, void* stream) {
-  if (n && !descs) return fail(-EINVAL, "copy: descriptors are NULL");
-  cudaStream_t s = static_cast<cudaStream_t>(stream);
-  const uint64_t ntiles = cc::count_tiles(descs, n);
-  if (ntiles == 0) return 0;
-  const unsigned grid = static_cast<unsigned>(ntiles < cc::kMaxGrid ? ntiles : cc::kMaxGrid);
-  if (ntiles <= cc::kInlineTiles) {
-    InlineTiles t;
-    cc::plan_tiles(descs, n, t.t);
-    copy_tiles_inline<<<grid, cc::kThreads, 0, s>>>(t, static_cast<uint32_t>(ntiles));
-    CK(cudaGetLastError(), "copy kernel launch (inline tiles)");
+int shape_from_env() {
+  // CXLKV_GPU_SHAPE=block|warp forces a shape for every AUTO batch (tuning on a GPU).
+  const char* e = getenv("CXLKV_GPU_SHAPE");
+  if (!e) return CXLKV_CUDA_SHAPE_AUTO;
+  if (!strcmp(e, "block")) return CXLKV_CUDA_SHAPE_BLOCK;
+  if (!strcmp(e, "warp")) return CXLKV_CUDA_SHAPE_WARP;
+  return CXLKV_CUDA_SHAPE_AUTO;
+}
+
+int launch_copy(const cxlkv_copy_desc* descs, size_t n, uint32_t shape_id, cudaStream_t s) {
+  static const int env_shape = shape_from_env();
+  if (shape_id == CXLKV_CUDA_SHAPE_AUTO) shape_id = static_cast<uint32_t>(env_shape);
+  const cc::Shape& sh = cc::choose_shape(descs, n, shape_id);
+  const bool warp = sh.id == CXLKV_CUDA_SHAPE_WARP;
+  if (n <= cc::kInlineDescs) {
+    InlineBatch b;
+    const uint64_t ntiles = cc::tile_prefix(descs, n, sh.tile_bytes, b.first);
+    if (ntiles == UINT64_MAX) return fail(-E2BIG, "copy: batch of %zu descriptors has too many tiles", n);
+    if (ntiles == 0) return 0;
+    memcpy(b.d, descs, n * sizeof *descs);
+    const unsigned grid = cc::grid_for(ntiles, sh);
+    if (warp)
+      copy_inline<CXLKV_WARP_SHAPE><<<grid, cc::kThreads, 0, s>>>(b, static_cast<uint32_t>(n), static_cast<uint32_t>(ntiles));
+    else
+      copy_inline<CXLKV_BLOCK_SHAPE><<<grid, cc::kThreads, 0, s>>>(b, static_cast<uint32_t>(n), static_cast<uint32_t>(ntiles));
+    CK(cudaGetLastError(), "copy kernel launch (inline descriptors)");
     return 0;
   }
+  if (n > UINT32_MAX - 1) return fail(-E2BIG, "copy: %zu descriptors in one batch", n);
   Ring* ring = ring_for_current_device();
   if (!ring) return fail(-ENODEV, "copy: no current CUDA device");
   std::lock_guard<std::mutex> g(ring->mu);
   Slot* slot = nullptr;
-  const size_t bytes = ntiles * sizeof(cxlkv_copy_desc);
+  const size_t dbytes = n * sizeof(cxlkv_copy_desc);
+  const size_t bytes = dbytes + (n + 1) * sizeof(uint32_t);
   if (int rc = slot_acquire(ring, bytes, &slot)) return rc;
-  cc::plan_tiles(descs, n, static_cast<cxlkv_copy_desc*>(slot->host));
+  auto* first = reinterpret_cast<uint32_t*>(static_cast<char*>(slot->host) + dbytes);
+  const uint64_t ntiles = cc::tile_prefix(descs, n, sh.tile_bytes, first);
+  if (ntiles == UINT64_MAX) return fail(-E2BIG, "copy: batch of %zu descriptors has too many tiles", n);
+  if (ntiles == 0) return 0;
+  memcpy(slot->host, descs, dbytes);
   CK(cudaMemcpyAsync(slot->dev, slot->host, bytes, cudaMemcpyHostToDevice, s), "copy: descriptor upload");
-  copy_tiles<<<grid, cc::kThreads, 0, s>>>(static_cast<const cxlkv_copy_desc*>(slot->dev), ntiles);
+  const auto* dd = static_cast<const cxlkv_copy_desc*>(slot->dev);
+  const auto* df = reinterpret_cast<const uint32_t*>(static_cast<const char*>(slot->dev) + dbytes);
+  const unsigned grid = cc::grid_for(ntiles, sh);
+  if (warp)
+    copy_staged<CXLKV_WARP_SHAPE><<<grid, cc::kThreads, 0, s>>>(dd, df, static_cast<uint32_t>(n), static_cast<uint32_t>(ntiles));
+  else
+    copy_staged<CXLKV_BLOCK_SHAPE><<<grid, cc::kThreads, 0, s>>>(dd, df, static_cast<uint32_t>(n), static_cast<uint32_t>(ntiles));
   CK(cudaGetLastError(), "copy kernel launch");
   CK(cudaEventRecord(slot->done, s), "copy: slot event");
   slot->in_flight = true;
+  return 0;
+}
+
+int op_copy_shaped(const cxlkv_copy_desc* descs, size_t n, uint32_t shape, void* stream) {
+  if (n && !descs) return fail(-EINVAL, "copy: descriptors are NULL");
+  if (shape > CXLKV_CUDA_SHAPE_WARP) return fail(-EINVAL, "copy: unknown launch shape %u", shape);
+  if (n == 0) return 0;
+  return launch_copy(descs, n, shape, static_cast<cudaStream_t>(stream));
+}
+
+int op_copy(const cxlkv_copy_desc* descs, size_t n, void* stream) {
+  return op_copy_shaped(descs, n, CXLKV_CUDA_SHAPE_AUTO, stream);
+}
+
+// Every kernel launched once with no work, and one descriptor slot
+// allocated: under lazy module loading (the CUDA 12.2+ default) the first
+// launch of each kernel would otherwise load it inside a caller's transfer.
+int op_warmup(void* stream) {
+  cudaStream_t s = static_cast<cudaStream_t>(stream);
+  InlineBatch b;
+  memset(&b, 0, sizeof b);
+  copy_inline<CXLKV_BLOCK_SHAPE><<<1, cc::kThreads, 0, s>>>(b, 0, 0);
+  copy_inline<CXLKV_WARP_SHAPE><<<1, cc::kThreads, 0, s>>>(b, 0, 0);
+  copy_staged<CXLKV_BLOCK_SHAPE><<<1, cc::kThreads, 0, s>>>(nullptr, nullptr, 0, 0);
+  copy_staged<CXLKV_WARP_SHAPE><<<1, cc::kThreads, 0, s>>>(nullptr, nullptr, 0, 0);
+  sparse_units<<<1, cc::kThreads, 0, s>>>(nullptr, 0, nullptr, 16, 16, 0);
+  CK(cudaGetLastError(), "warm-up launches");
+  Ring* ring = ring_for_current_device();
+  if (!ring) return fail(-ENODEV, "warm-up: no current CUDA device");
+  {
+    std::lock_guard<std::mutex> g(ring->mu);
+    Slot* slot = nullptr;
+    if (int rc = slot_acquire(ring, 4096, &slot)) return rc;
+    ring->next--;  // the slot is not used: the next batch takes it
+  }
+  CK(cudaStreamSynchronize(s), "warm-up");
   return 0;
 }
 
@@ -296,6 +376,25 @@ int op_event_wait(void* event) {
   if (r != cudaSuccess) return cuda_fail(r, "cudaEventSynchronize");
   return 0;
 }
+int op_event_query(void* event) {
+  cudaError_t r = cudaEventQuery(static_cast<cudaEvent_t>(event));
+  if (r == cudaErrorNotReady) return -EAGAIN;
+  if (r != cudaSuccess) return cuda_fail(r, "cudaEventQuery");
+  return 0;
+}
+int op_event_sync(void* event) {
+  CK(cudaEventSynchronize(static_cast<cudaEvent_t>(event)), "cudaEventSynchronize");
+  return 0;
+}
+int op_event_destroy(void* event) {
+  CK(cudaEventDestroy(static_cast<cudaEvent_t>(event)), "cudaEventDestroy");
+  return 0;
+}
+int op_stream_wait_event(void* stream, void* event) {
+  CK(cudaStreamWaitEvent(static_cast<cudaStream_t>(stream), static_cast<cudaEvent_t>(event), 0),
+     "cudaStreamWaitEvent");
+  return 0;
+}
 int op_device_alloc(void** p, size_t n) {
   CK(cudaMalloc(p, n), "cudaMalloc");
   return 0;
@@ -333,6 +432,12 @@ const cxlkv_cuda_ops g_ops = {
     op_device_free,
     op_host_alloc,
     op_host_free,
+    op_warmup,
+    op_copy_shaped,
+    op_event_query,
+    op_event_sync,
+    op_event_destroy,
+    op_stream_wait_event,
 };
 
 }  // namespace

@@ -58,6 +58,11 @@ struct cxlkv_sparse_list {
 	uint32_t count;
 };
 
+/* Launch shapes of copy_shaped (cuda/copy_core.h): AUTO picks from the batch. */
+#define CXLKV_CUDA_SHAPE_AUTO  0u
+#define CXLKV_CUDA_SHAPE_BLOCK 1u /* one 256-thread block per 16 KiB tile */
+#define CXLKV_CUDA_SHAPE_WARP  2u /* one warp per 4 KiB tile, 8 tiles per block */
+
 /* host_register flags */
 #define CXLKV_CUDA_REG_IOMEMORY (1u << 0) /* PFN / IO mappings: cudaHostRegisterIoMemory */
 
@@ -106,6 +111,19 @@ struct cxlkv_cuda_ops {
 	int (*device_free)(void *p);
 	int (*host_alloc)(void **p, size_t n); /* pinned, mapped */
 	int (*host_free)(void *p);
+
+	/* ---- appended for issue 15 (same ABI version, larger table) ---- */
+	/* Load every kernel of the library and its descriptor ring now, so the
+	 * first transfer of a process pays no lazy module loading
+	 * (CUDA_MODULE_LOADING=LAZY is the default since CUDA 12.2). */
+	int (*warmup)(void *stream);
+	/* copy() with a chosen launch shape (CXLKV_CUDA_SHAPE_*); copy() is AUTO. */
+	int (*copy_shaped)(const struct cxlkv_copy_desc *descs, size_t n, uint32_t shape, void *stream);
+	/* Events the caller keeps (event_record creates them): */
+	int (*event_query)(void *event);   /* 0 completed, -EAGAIN not yet */
+	int (*event_sync)(void *event);    /* block until completed; the event stays */
+	int (*event_destroy)(void *event);
+	int (*stream_wait_event)(void *stream, void *event); /* later work on stream waits for it (GPU side) */
 };
 
 typedef const struct cxlkv_cuda_ops *(*cxlkv_cuda_get_ops_fn)(uint32_t abi_version);

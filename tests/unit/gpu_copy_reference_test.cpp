@@ -150,3 +150,70 @@ TEST(GpuCopyReference, SparseListsThatAreNotAPrefixSumAreRefused) {
   EXPECT_EQ(-EINVAL, reference_sparse_copy(&ok, 1, tokens, 4, 0));  // zero-byte pieces
   EXPECT_EQ(0, reference_sparse_copy(&ok, 1, tokens, 4, 16));
 }
+
+// ---- issue 15: launch shapes for small chunks and small batches --------------
+
+TEST(GpuCopyShapes, EveryShapeCopiesEveryChunkSizeAndBatchSizeExactly) {
+  // Chunk sizes of small models' 16-token blocks (2-64 KiB, plus odd ones
+  // around the warp tile) and batches of 1 to 1024 chunks, the kernels'
+  // thread emulation in each shape against memcpy.
+  const uint64_t chunks[] = {2048, 4096, 4095, 4097, 8192, 16384, 16400, 32768, 65536};
+  const size_t batches[] = {1, 3, 64, 128, 129, 1024};
+  const uint32_t shapes[] = {CXLKV_CUDA_SHAPE_AUTO, CXLKV_CUDA_SHAPE_BLOCK, CXLKV_CUDA_SHAPE_WARP};
+  auto src = random_bytes(4 << 20, 11);
+  uint64_t seed = 100;
+  for (uint64_t chunk : chunks) {
+    for (size_t n : batches) {
+      if (n * chunk > (16u << 20)) continue;  // keep the test quick
+      for (uint32_t shape : shapes) {
+        std::vector<unsigned char> dst(n * (chunk + 32), 0xC3);
+        std::mt19937_64 r(seed++);
+        std::vector<cxlkv_copy_desc> d;
+        auto expect = dst;
+        for (size_t i = 0; i < n; i++) {
+          const size_t doff = i * (chunk + 32) + (r() % 2 ? 0 : r() % 16);  // aligned and misaligned
+          const size_t soff = r() % (src.size() - chunk);
+          d.push_back({addr(src, soff), addr(dst, doff), chunk});
+          std::memcpy(expect.data() + doff, src.data() + soff, chunk);
+        }
+        ASSERT_EQ(0, reference_copy_shaped(d.data(), d.size(), shape));
+        ASSERT_EQ(0, std::memcmp(dst.data(), expect.data(), dst.size()))
+            << "chunk " << chunk << " batch " << n << " shape " << shape;
+      }
+    }
+  }
+}
+
+TEST(GpuCopyShapes, SmallChunksGetAWarpPerTileLargeOnesABlock) {
+  std::vector<cxlkv_copy_desc> small(10, cxlkv_copy_desc{0, 0, 4096}), large(10, cxlkv_copy_desc{0, 0, 32768});
+  EXPECT_EQ(CXLKV_CUDA_SHAPE_WARP, cc::choose_shape(small.data(), small.size(), CXLKV_CUDA_SHAPE_AUTO).id);
+  EXPECT_EQ(CXLKV_CUDA_SHAPE_BLOCK, cc::choose_shape(large.data(), large.size(), CXLKV_CUDA_SHAPE_AUTO).id);
+  EXPECT_EQ(CXLKV_CUDA_SHAPE_BLOCK, cc::choose_shape(small.data(), small.size(), CXLKV_CUDA_SHAPE_BLOCK).id);
+  // Empty descriptors do not drag the mean down.
+  std::vector<cxlkv_copy_desc> mixed = {{0, 0, 0}, {0, 0, 0}, {0, 0, 0}, {0, 0, 65536}};
+  EXPECT_EQ(CXLKV_CUDA_SHAPE_BLOCK, cc::choose_shape(mixed.data(), mixed.size(), CXLKV_CUDA_SHAPE_AUTO).id);
+  // A warp-shape thread block holds 8 tiles: 1024 4-KiB chunks need 128 blocks.
+  EXPECT_EQ(128u, cc::grid_for(1024, cc::kWarpShape));
+  EXPECT_EQ(1u, cc::grid_for(1, cc::kWarpShape));
+  EXPECT_EQ(64u, cc::grid_for(64, cc::kBlockShape));
+  // Bytes in flight per round: a whole 4 KiB tile per warp, 16 KiB per block.
+  EXPECT_EQ(cc::kWarpTileBytes, uint64_t(cc::kWarpThreads) * cc::kWarpUnroll * 16);
+  EXPECT_EQ(cc::kTileBytes, uint64_t(cc::kThreads) * cc::kUnroll * 16);
+}
+
+TEST(GpuCopyShapes, TilePrefixFindsEveryTilesDescriptor) {
+  // Descriptors of 0, 1, 3 tiles and empty ones between: tile_at returns the
+  // right piece of the right descriptor for every tile index.
+  cxlkv_copy_desc d[] = {{0x1000, 0x9000, 0}, {0x2000, 0xA000, 100}, {0x3000, 0xB000, 0},
+                         {0x4000, 0xC000, 2 * 4096 + 5}, {0x5000, 0xD000, 0}};
+  uint32_t first[6];
+  ASSERT_EQ(4u, cc::tile_prefix(d, 5, 4096, first));
+  auto t0 = cc::tile_at(d, first, 5, 0, 4096);
+  EXPECT_EQ(0x2000u, t0.src);
+  EXPECT_EQ(100u, t0.len);
+  auto t3 = cc::tile_at(d, first, 5, 3, 4096);
+  EXPECT_EQ(0x4000u + 2 * 4096, t3.src);
+  EXPECT_EQ(0xC000u + 2 * 4096, t3.dst);
+  EXPECT_EQ(5u, t3.len);
+  EXPECT_EQ(4096u, cc::tile_at(d, first, 5, 1, 4096).len);
+}

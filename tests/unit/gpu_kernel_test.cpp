@@ -217,3 +217,43 @@ TEST_F(GpuKernel, SparseReadMatchesTheReference) {
   ASSERT_TRUE(g.value()->sync(nullptr).ok());
   EXPECT_EQ(out.host, out.download());
 }
+
+// Issue 15: both launch shapes, inline (<= kInlineDescs descriptors) and
+// staged, for chunk sizes of 2-64 KiB and batches of 1-1024 chunks.
+TEST_F(GpuKernel, EveryLaunchShapeMatchesTheReferenceForSmallChunksAndBatches) {
+  DeviceBuffer src(8 << 20, 21), dst(24 << 20, 22);
+  uint64_t seed = 1;
+  for (uint64_t chunk : {uint64_t{2048}, uint64_t{4096}, uint64_t{4100}, uint64_t{16384}, uint64_t{32768},
+                         uint64_t{65536}}) {
+    for (size_t n : {size_t{1}, size_t{cc::kInlineDescs}, size_t{cc::kInlineDescs + 1}, size_t{1024}}) {
+      if (n * (chunk + 64) > dst.host.size()) continue;
+      for (uint32_t shape : {CXLKV_CUDA_SHAPE_AUTO, CXLKV_CUDA_SHAPE_BLOCK, CXLKV_CUDA_SHAPE_WARP}) {
+        std::mt19937_64 r(seed++);
+        std::vector<cxlkv_copy_desc> d;
+        for (size_t i = 0; i < n; i++)
+          d.push_back({src.addr(r() % (src.host.size() - chunk)), dst.addr(i * (chunk + 64) + r() % 4 * 16), chunk});
+        ASSERT_EQ(0, g_lib->ops().copy_shaped(d.data(), d.size(), shape, nullptr)) << g_lib->ops().last_error();
+        for (auto& x : d) {
+          x.src = reinterpret_cast<uintptr_t>(src.host.data()) + (x.src - src.addr());
+          x.dst = reinterpret_cast<uintptr_t>(dst.host.data()) + (x.dst - dst.addr());
+        }
+        ASSERT_EQ(0, reference_copy_shaped(d.data(), d.size(), shape));
+        ASSERT_EQ(dst.host, dst.download()) << "chunk " << chunk << " batch " << n << " shape " << shape;
+      }
+    }
+  }
+}
+
+TEST_F(GpuKernel, WarmupLoadsTheKernelsAndEventsCanBeWaitedOnRepeatedly) {
+  ASSERT_EQ(0, g_lib->ops().warmup(nullptr)) << g_lib->ops().last_error();
+  void* ev = nullptr;
+  ASSERT_EQ(0, g_lib->ops().event_record(nullptr, &ev));
+  ASSERT_EQ(0, g_lib->ops().event_sync(ev));
+  EXPECT_EQ(0, g_lib->ops().event_query(ev));
+  void* s = nullptr;
+  ASSERT_EQ(0, g_lib->ops().stream_create(&s));
+  EXPECT_EQ(0, g_lib->ops().stream_wait_event(s, ev));
+  EXPECT_EQ(0, g_lib->ops().stream_sync(s));
+  EXPECT_EQ(0, g_lib->ops().event_destroy(ev));
+  g_lib->ops().stream_destroy(s);
+}

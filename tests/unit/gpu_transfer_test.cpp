@@ -3,10 +3,16 @@
 // batches, pinning (chunks, fallback to the IO-memory flag, unpin on close),
 // and gather / scatter / sparse read through GpuPool over the CPU reference
 // backend, checked byte for byte against naive copies.
+#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <sys/mman.h>
+#include <unistd.h>
 
+#include <atomic>
+#include <chrono>
 #include <cstring>
+#include <mutex>
+#include <thread>
 #include <map>
 #include <random>
 #include <vector>
@@ -250,7 +256,7 @@ TEST(GpuPin, FallsBackToIoMemoryForPfnMappingsAndUnpinsOnClose) {
   g_fake = FakeState{};
   Mapping m(1 << 20);
   {
-    auto pin = PoolPin::pin(fake_library(), m.p, m.size, PinOptions{.chunk_bytes = 512 << 10});
+    auto pin = PoolPin::pin(fake_library(), m.p, m.size, PinOptions{.chunk_bytes = 512 << 10, .eager = true});
     ASSERT_TRUE(pin.ok()) << pin.error().message();
     EXPECT_EQ(PinMethod::io_memory, pin.value()->method());
     EXPECT_EQ(2u, g_fake.live.size());
@@ -270,11 +276,22 @@ TEST(GpuPin, ReportsBothMethodsWhenNeitherWorks) {
   g_fake = FakeState{};
   g_fake.refuse_all = true;
   Mapping m(1 << 16);
-  auto pin = PoolPin::pin(fake_library(), m.p, m.size);
+  auto pin = PoolPin::pin(fake_library(), m.p, m.size, PinOptions{.eager = true});
   ASSERT_FALSE(pin.ok());
   EXPECT_NE(std::string::npos, pin.error().message().find("host-register failed"));
   EXPECT_NE(std::string::npos, pin.error().message().find("io-memory failed"));
   EXPECT_NE(std::string::npos, pin.error().message().find("cudaErrorNotSupported"));
+  // On demand (the default) the open succeeds and the first transfer that
+  // touches the range gets the same reasons, naming the chunk.
+  auto lazy = PoolPin::pin(fake_library(), m.p, m.size, PinOptions{.chunk_bytes = 16 << 10});
+  ASSERT_TRUE(lazy.ok()) << lazy.error().message();
+  std::vector<DevicePiece> out;
+  auto r = lazy.value()->to_device(20 << 10, 100, out);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(-EOPNOTSUPP, r.error().code());
+  EXPECT_NE(std::string::npos, r.error().message().find("pool chunk 1 ")) << r.error().message();
+  EXPECT_NE(std::string::npos, r.error().message().find("io-memory failed"));
+  EXPECT_TRUE(g_fake.live.empty());
 }
 
 TEST(GpuPin, DescriptorsSplitWhereTheGpuSeesChunksApart) {
@@ -293,4 +310,162 @@ TEST(GpuPin, DescriptorsSplitWhereTheGpuSeesChunksApart) {
   ASSERT_GE(d.value().size(), 2u);
   EXPECT_EQ(100u, d.value()[0].len);
   EXPECT_EQ(l.tensors[0] + l.block_bytes() + 100, d.value()[1].src);
+}
+
+// ---- issue 15: on-demand pinning ---------------------------------------------
+
+namespace {
+// A fake driver whose registration costs what an H100 host's does (~0.59 s
+// per GiB, scaled down 1000x so the test stays quick: 0.59 ms per GiB) and
+// that counts the bytes it registered.
+struct CountingFake {
+  std::atomic<uint64_t> bytes{0}, calls{0}, unregs{0};
+  std::mutex mu;
+  std::map<uintptr_t, size_t> live;
+};
+CountingFake g_count;
+int counting_register(void* p, size_t len, uint32_t, uint64_t* dev) {
+  std::this_thread::sleep_for(std::chrono::microseconds(len >> 21));  // 0.5 us per 2 MiB
+  std::lock_guard<std::mutex> g(g_count.mu);
+  g_count.bytes += len;
+  g_count.calls++;
+  g_count.live[reinterpret_cast<uintptr_t>(p)] = len;
+  *dev = reinterpret_cast<uintptr_t>(p);  // the GPU sees host addresses (UVA)
+  return 0;
+}
+int counting_unregister(void* p) {
+  std::lock_guard<std::mutex> g(g_count.mu);
+  g_count.unregs++;
+  g_count.live.erase(reinterpret_cast<uintptr_t>(p));
+  return 0;
+}
+cxlkv_cuda_ops counting_ops() {
+  cxlkv_cuda_ops o = reference_ops();
+  o.host_register = counting_register;
+  o.host_unregister = counting_unregister;
+  return o;
+}
+const cxlkv_cuda_ops g_counting_ops = counting_ops();
+void reset_counting() {
+  g_count.bytes = g_count.calls = g_count.unregs = 0;
+  g_count.live.clear();
+}
+
+// A sparse 64 GiB shared-memory pool mapping (no page is allocated until touched).
+struct SparseShm {
+  explicit SparseShm(uint64_t n) : size(n), name("/cxlkv-gpu-sparse-" + std::to_string(getpid())) {
+    int fd = shm_open(name.c_str(), O_CREAT | O_RDWR | O_EXCL, 0600);
+    if (fd < 0 || ftruncate(fd, static_cast<off_t>(n)) != 0) return;
+    void* m = mmap(nullptr, n, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_NORESERVE, fd, 0);
+    close(fd);
+    if (m != MAP_FAILED) p = static_cast<unsigned char*>(m);
+  }
+  ~SparseShm() {
+    if (p) munmap(p, size);
+    shm_unlink(name.c_str());
+  }
+  unsigned char* p = nullptr;
+  uint64_t size;
+  std::string name;
+};
+}  // namespace
+
+TEST(GpuPinOnDemand, A64GiBPoolIsReadyAtOnceAndOnlyTouchedChunksAreRegistered) {
+  reset_counting();
+  const uint64_t GiB = 1ull << 30;
+  SparseShm shm(64 * GiB);
+  ASSERT_NE(nullptr, shm.p) << "cannot map a sparse 64 GiB shm file";
+  std::vector<std::vector<unsigned char>> t;
+  auto l = small_layout(LayoutKind::layer_first, 8, t);
+  {
+    const auto t0 = std::chrono::steady_clock::now();
+    auto g = GpuPool::open(CudaLibrary::from_table(&g_counting_ops, "counting-fake"), shm.p, shm.size);
+    const double open_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    ASSERT_TRUE(g.ok()) << g.error().message();
+    EXPECT_LT(open_s, 0.5) << "opening a 64 GiB pool must not register it";
+    EXPECT_EQ(0u, g_count.calls.load()) << "nothing is registered before a transfer touches it";
+    const PoolPin& pin = g.value()->pin();
+    EXPECT_EQ(64u, pin.chunk_count());
+    EXPECT_EQ(PinMethod::pending, pin.method());
+
+    // Two blocks in chunk 3, one in chunk 40, one straddling chunks 62/63.
+    std::vector<uint64_t> ids = {0, 1, 2, 3};
+    std::vector<uint64_t> offs = {3 * GiB + 4096, 3 * GiB + 1000000, 40 * GiB + 12345, 63 * GiB - 100};
+    ASSERT_TRUE(g.value()->gather(l, ids, offs, nullptr).ok());
+    for (size_t i = 0; i < ids.size(); i++) {
+      auto want = expected_block(l, ids[i]);
+      ASSERT_EQ(0, std::memcmp(shm.p + offs[i], want.data(), want.size())) << "block " << i;
+    }
+    EXPECT_EQ(4u, g_count.calls.load()) << "chunks 3, 40, 62 and 63 only";
+    EXPECT_EQ(4 * GiB, g_count.bytes.load());
+    for (size_t c : {3, 40, 62, 63}) EXPECT_TRUE(pin.chunk_pinned(c)) << "chunk " << c;
+    EXPECT_FALSE(pin.chunk_pinned(0));
+    EXPECT_FALSE(pin.chunk_pinned(41));
+    PinStats st = pin.stats();
+    EXPECT_EQ(4u, st.chunks_pinned);
+    EXPECT_EQ(4u, st.on_demand);
+    EXPECT_EQ(PinMethod::host_register, pin.method());
+    // A second transfer into the same chunks registers nothing more.
+    ASSERT_TRUE(g.value()->scatter(l, ids, offs, nullptr).ok());
+    EXPECT_EQ(4u, g_count.calls.load());
+  }
+  EXPECT_EQ(4u, g_count.unregs.load()) << "every registered chunk is unregistered on close";
+  EXPECT_TRUE(g_count.live.empty());
+}
+
+TEST(GpuPinOnDemand, BackgroundPrePinRegistersEveryChunkOnceAlongsideTransfers) {
+  reset_counting();
+  Mapping m(64 << 20);
+  std::vector<std::vector<unsigned char>> t;
+  auto l = small_layout(LayoutKind::block_first, 4, t);
+  {
+    auto g = GpuPool::open(CudaLibrary::from_table(&g_counting_ops, "counting-fake"), m.p, m.size,
+                           PinOptions{.chunk_bytes = 1 << 20, .background = true});
+    ASSERT_TRUE(g.ok()) << g.error().message();
+    std::vector<uint64_t> ids = {1}, offs = {(50 << 20) + 7};
+    ASSERT_TRUE(g.value()->gather(l, ids, offs, nullptr).ok());  // races the pre-pin: registered once
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+    while (g.value()->pin().stats().chunks_pinned < 64 && std::chrono::steady_clock::now() < deadline)
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    PinStats st = g.value()->pin().stats();
+    EXPECT_EQ(64u, st.chunks_pinned);
+    EXPECT_EQ(64u, g_count.calls.load()) << "a chunk was registered twice";
+    EXPECT_EQ(64u, st.on_demand + st.background);
+    auto want = expected_block(l, 1);
+    EXPECT_EQ(0, std::memcmp(m.p + offs[0], want.data(), want.size()));
+  }
+  EXPECT_EQ(64u, g_count.unregs.load());
+}
+
+TEST(GpuPinOnDemand, ClosingDuringTheBackgroundPrePinStopsItAndUnregistersWhatItPinned) {
+  reset_counting();
+  Mapping m(256 << 20);
+  {
+    auto g = GpuPool::open(CudaLibrary::from_table(&g_counting_ops, "counting-fake"), m.p, m.size,
+                           PinOptions{.chunk_bytes = 1 << 20, .background = true});
+    ASSERT_TRUE(g.ok());
+  }  // closed at once
+  std::lock_guard<std::mutex> lk(g_count.mu);
+  EXPECT_EQ(g_count.calls.load(), g_count.unregs.load());
+  EXPECT_TRUE(g_count.live.empty());
+}
+
+TEST(GpuPinOnDemand, TheIoMemoryPathIsOnDemandToo) {
+  g_fake = FakeState{};  // plain registration refused: a PFN mapping
+  Mapping m(4 << 20);
+  {
+    auto pin = PoolPin::pin(fake_library(), m.p, m.size, PinOptions{.chunk_bytes = 1 << 20});
+    ASSERT_TRUE(pin.ok()) << pin.error().message();
+    EXPECT_TRUE(g_fake.live.empty());
+    std::vector<DevicePiece> out;
+    ASSERT_TRUE(pin.value()->to_device((2 << 20) + 5, 10, out).ok());
+    EXPECT_EQ(PinMethod::io_memory, pin.value()->method());
+    ASSERT_EQ(1u, g_fake.live.size());
+    EXPECT_TRUE(g_fake.live.begin()->second & CXLKV_CUDA_REG_IOMEMORY);
+    // Later chunks go straight to the method that worked: one call each.
+    const int before = g_fake.registers;
+    ASSERT_TRUE(pin.value()->to_device(5, 10, out).ok());
+    EXPECT_EQ(before + 1, g_fake.registers);
+  }
+  EXPECT_TRUE(g_fake.live.empty());
 }

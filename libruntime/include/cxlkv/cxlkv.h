@@ -185,14 +185,21 @@ struct cxlkv_gpu_opts {
 	size_t   size;             /* sizeof(struct cxlkv_gpu_opts) */
 	uint32_t flags;            /* CXLKV_GPU_F_* */
 	int32_t  device;           /* CUDA device ordinal */
-	uint64_t pin_chunk_bytes;  /* 0: 1 GiB */
+	uint64_t pin_chunk_bytes;  /* registration unit; 0: 1 GiB */
 };
 #define CXLKV_GPU_F_CPU_REFERENCE  (1u << 0) /* no GPU: CPU reference backend (tests, examples) */
 #define CXLKV_GPU_F_FORCE_IOMEMORY (1u << 1) /* register with cudaHostRegisterIoMemory only */
 #define CXLKV_GPU_F_NO_IOMEMORY    (1u << 2) /* never fall back to it */
+#define CXLKV_GPU_F_PIN_EAGER      (1u << 3) /* register every chunk at open (slow for large pools) */
+#define CXLKV_GPU_F_PIN_BACKGROUND (1u << 4) /* pre-register untouched chunks on a background thread */
 
-/* Load libcxlkv-cuda and pin [base, base+size) (a pool mapping, e.g.
- * cxlkv_pool_base()/cxlkv_pool_size()) for DMA.  opts may be NULL. */
+/* Load libcxlkv-cuda and open [base, base+size) (a pool mapping, e.g.
+ * cxlkv_pool_base()/cxlkv_pool_size()) for DMA.  opts may be NULL.
+ * The range is registered with the GPU in chunks of pin_chunk_bytes when a
+ * transfer first touches them (or ahead of time with PIN_BACKGROUND /
+ * PIN_EAGER), so opening takes well under a second whatever the size; the
+ * kernels are loaded at open (no lazy module loading on the first
+ * transfer).  See cxlkv_gpu_pin_stats. */
 int  cxlkv_gpu_open(void *base, uint64_t size, const struct cxlkv_gpu_opts *opts,
 		    struct cxlkv_gpu **out);
 /* The same for a whole pool mapping. */
@@ -229,6 +236,26 @@ int cxlkv_gpu_sparse_read(struct cxlkv_gpu *gpu, const struct cxlkv_gpu_sparse_l
 
 /* Wait for everything enqueued on stream. */
 int cxlkv_gpu_sync(struct cxlkv_gpu *gpu, void *stream);
+
+/* ---- GPU path: on-demand pinning (issue 15) ---------------------------------- */
+struct cxlkv_gpu_pin_stats {
+	size_t   size;              /* sizeof(struct cxlkv_gpu_pin_stats), set by the caller */
+	uint64_t chunk_bytes;       /* registration unit */
+	uint64_t chunks_total;      /* chunks of the range */
+	uint64_t chunks_pinned;     /* registered now */
+	uint64_t bytes_pinned;
+	uint64_t on_demand;         /* chunks registered because a transfer touched them */
+	uint64_t background;        /* chunks registered ahead of time (background / eager / pin_range) */
+	double   pin_seconds;       /* time spent registering, all chunks */
+	double   max_chunk_seconds; /* slowest single registration */
+	double   open_seconds;      /* cxlkv_gpu_open's own registration time (0 unless PIN_EAGER) */
+	uint32_t background_running;
+	uint32_t reserved;
+};
+int cxlkv_gpu_pin_stats(struct cxlkv_gpu *gpu, struct cxlkv_gpu_pin_stats *out);
+/* Register the chunks overlapping [off, off+len) now (a hot range), or
+ * start the background pre-pin of every chunk (len == UINT64_MAX). */
+int cxlkv_gpu_pin_range(struct cxlkv_gpu *gpu, uint64_t off, uint64_t len);
 
 /* ---- KV store (prefix index + blocks) -------------------------------------
  * Write: reserve -> write (gather the engine's chunks) -> publish.

@@ -12,12 +12,15 @@
 // base; GPU tensors by device pointers (uint64_t) in a PagedLayout.
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <span>
 #include <string>
 #include <string_view>
+#include <thread>
 #include <vector>
 
 #include "cxlkv/cxlkv.h"
@@ -105,13 +108,34 @@ enum class PinMethod {
   host_register,  // cudaHostRegister(portable | mapped)
   io_memory,      // ... | cudaHostRegisterIoMemory: PFN / IO mappings (dev:, dax:)
   reference,      // CPU stand-in: nothing pinned
+  pending,        // on demand: no chunk registered yet, so no method chosen yet
 };
 const char* to_string(PinMethod m);
 
+// Issue 15: the pool mapping is registered in chunks when a transfer first
+// touches them (or by a background pre-pin), never all at open, so a
+// process is ready for its first transfer in well under a second whatever
+// the pool size (registration costs ~0.6 s per GiB on an H100 host), and no
+// single registration exceeds chunk_bytes (drivers refuse very large ones).
 struct PinOptions {
-  uint64_t chunk_bytes = 1ull << 30;  // register very large pools in pieces of this size
+  uint64_t chunk_bytes = 1ull << 30;  // registration unit (rounded up to pages)
   bool try_io_memory = true;          // fall back to the IO-memory flag when plain registration fails
   bool force_io_memory = false;       // only the IO-memory flag
+  bool eager = false;                 // register every chunk at open (the pre-issue-15 behaviour)
+  bool background = false;            // after open, a thread registers the chunks nobody touched yet
+};
+
+// What PoolPin has registered so far, and what it cost.
+struct PinStats {
+  uint64_t chunks_total = 0;   // chunks of the range
+  uint64_t chunks_pinned = 0;  // registered now
+  uint64_t bytes_pinned = 0;
+  uint64_t on_demand = 0;      // chunks registered because a transfer touched them
+  uint64_t background = 0;     // chunks registered by the background pre-pin (or pin_all)
+  double pin_seconds = 0;      // time spent registering, all chunks together
+  double max_chunk_seconds = 0;
+  double open_seconds = 0;     // PoolPin::pin itself (what a process waits before its first transfer)
+  bool background_running = false;
 };
 
 // A device-visible range.
@@ -120,8 +144,9 @@ struct DevicePiece {
   uint64_t len = 0;
 };
 
-// RAII registration of [base, base+len) with the GPU; unregistered on
-// destruction.  Page-aligned base required (every pool mapping is).
+// RAII registration of [base, base+len) with the GPU, chunk by chunk on
+// demand; every registered chunk is unregistered on destruction.
+// Page-aligned base required (every pool mapping is).  Thread-safe.
 class PoolPin {
  public:
   static Result<std::unique_ptr<PoolPin>> pin(std::shared_ptr<CudaLibrary> lib, void* base, uint64_t len,
@@ -130,28 +155,48 @@ class PoolPin {
   PoolPin(const PoolPin&) = delete;
   PoolPin& operator=(const PoolPin&) = delete;
 
-  PinMethod method() const { return method_; }
-  size_t chunk_count() const { return chunks_.size(); }
+  PinMethod method() const { return method_.load(std::memory_order_acquire); }
+  size_t chunk_count() const { return nchunks_; }  // chunks of the range (pinned or not)
+  uint64_t chunk_bytes() const { return chunk_bytes_; }
+  bool chunk_pinned(size_t i) const { return i < nchunks_ && chunks_[i].state.load(std::memory_order_acquire); }
   std::byte* base() const { return base_; }
   uint64_t size() const { return size_; }
   CudaLibrary& library() const { return *lib_; }
+  PinStats stats() const;
 
   // Device-visible pieces of pool bytes [off, off+len), appended to out:
   // one piece unless the range crosses registration chunks that the GPU
-  // sees at non-adjacent addresses.  -ERANGE when outside the pinned range.
+  // sees at non-adjacent addresses.  Registers the chunks it touches that
+  // are not registered yet.  -ERANGE when outside the range; a failed
+  // registration names the chunk and both methods' errors.
   Result<void> to_device(uint64_t off, uint64_t len, std::vector<DevicePiece>& out) const;
+  // Register the chunks overlapping [off, off+len) now (pre-pin a hot range).
+  Result<void> pin_range(uint64_t off, uint64_t len) const;
+  // Register every chunk now, in this thread.
+  Result<void> pin_all() const;
+  // Start / stop the background pre-pin (idempotent).
+  void start_background() const;
+  void stop_background() const;
 
  private:
   struct Chunk {
-    uint64_t off, len, dev;
+    uint64_t off = 0, len = 0, dev = 0;   // dev valid once state is 1
+    std::atomic<uint8_t> state{0};        // 0 not registered, 1 registered
   };
   PoolPin() = default;
+  Result<void> ensure(size_t i, bool on_demand) const;
   std::shared_ptr<CudaLibrary> lib_;
   std::byte* base_ = nullptr;
   uint64_t size_ = 0;
   uint64_t chunk_bytes_ = 0;
-  PinMethod method_ = PinMethod::host_register;
-  std::vector<Chunk> chunks_;
+  bool try_io_memory_ = true, force_io_memory_ = false;
+  mutable std::atomic<PinMethod> method_{PinMethod::pending};
+  std::unique_ptr<Chunk[]> chunks_;
+  size_t nchunks_ = 0;
+  mutable std::mutex mu_;          // registrations (one at a time) and the stats below
+  mutable PinStats st_;
+  mutable std::thread bg_;
+  mutable std::atomic<bool> bg_stop_{false};
 };
 
 // ---- engine layouts -----------------------------------------------------------

@@ -95,6 +95,8 @@ int cxlkv_gpu_open(void* base, uint64_t size, const cxlkv_gpu_opts* opts, cxlkv_
     if (o.pin_chunk_bytes) po.chunk_bytes = o.pin_chunk_bytes;
     po.force_io_memory = (o.flags & CXLKV_GPU_F_FORCE_IOMEMORY) != 0;
     po.try_io_memory = (o.flags & CXLKV_GPU_F_NO_IOMEMORY) == 0;
+    po.eager = (o.flags & CXLKV_GPU_F_PIN_EAGER) != 0;
+    po.background = (o.flags & CXLKV_GPU_F_PIN_BACKGROUND) != 0;
     auto p = gpu::GpuPool::open(std::move(lib), base, size, po, o.device);
     if (!p) return fail(p.error());
     *out = new cxlkv_gpu{std::move(p.value())};
@@ -129,6 +131,40 @@ int cxlkv_gpu_sparse_read(cxlkv_gpu* g, const cxlkv_gpu_sparse_list* lists, size
   return guarded("cxlkv_gpu_sparse_read", [&] {
     if (!g || (nlists && !lists) || (ntokens && !tokens)) return fail(Error(-EINVAL, "GPU sparse read: NULL argument"));
     return check(g->pool->sparse_read({lists, nlists}, {tokens, ntokens}, piece_bytes, stream));
+  });
+}
+
+int cxlkv_gpu_pin_stats(cxlkv_gpu* g, struct cxlkv_gpu_pin_stats* out) {
+  return guarded("cxlkv_gpu_pin_stats", [&] {
+    if (!g || !out) return fail(Error(-EINVAL, "GPU pin stats: NULL argument"));
+    if (out->size < sizeof(struct cxlkv_gpu_pin_stats))
+      return fail(Error(-EINVAL, "GPU pin stats: out.size " + std::to_string(out->size) + " is smaller than " +
+                                     std::to_string(sizeof(struct cxlkv_gpu_pin_stats))));
+    const gpu::PinStats s = g->pool->pin().stats();
+    std::memset(out, 0, sizeof *out);
+    out->size = sizeof *out;
+    out->chunk_bytes = g->pool->pin().chunk_bytes();
+    out->chunks_total = s.chunks_total;
+    out->chunks_pinned = s.chunks_pinned;
+    out->bytes_pinned = s.bytes_pinned;
+    out->on_demand = s.on_demand;
+    out->background = s.background;
+    out->pin_seconds = s.pin_seconds;
+    out->max_chunk_seconds = s.max_chunk_seconds;
+    out->open_seconds = s.open_seconds;
+    out->background_running = s.background_running;
+    return 0;
+  });
+}
+
+int cxlkv_gpu_pin_range(cxlkv_gpu* g, uint64_t off, uint64_t len) {
+  return guarded("cxlkv_gpu_pin_range", [&] {
+    if (!g) return fail(Error(-EINVAL, "GPU pin range: NULL handle"));
+    if (len == UINT64_MAX) {
+      g->pool->pin().start_background();
+      return 0;
+    }
+    return check(g->pool->pin().pin_range(off, len));
   });
 }
 

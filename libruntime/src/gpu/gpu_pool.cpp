@@ -24,6 +24,8 @@ Result<std::unique_ptr<GpuPool>> GpuPool::open(std::shared_ptr<CudaLibrary> lib,
   auto pin = PoolPin::pin(std::move(lib), base, size, opts);
   if (!pin) return pin.error();
   g->pin_ = std::move(pin.value());
+  // Issue 15: every kernel loaded now, not inside the first transfer.
+  if (int rc = g->library().ops().warmup(nullptr); rc < 0) return g->library().error(rc, "GPU pool: kernel warm-up");
   return g;
 }
 

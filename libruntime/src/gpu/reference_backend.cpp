@@ -21,14 +21,33 @@ int fail(int rc, const char* msg) {
 }
 }  // namespace
 
-void reference_copy(const cxlkv_copy_desc* descs, size_t n) {
-  std::vector<cxlkv_copy_desc> tiles(cc::count_tiles(descs, n));
-  cc::plan_tiles(descs, n, tiles.data());
-  // Thread blocks and their threads in turn; the threads of one tile write
-  // disjoint bytes, so their order does not matter.
-  for (const auto& t : tiles)
-    for (uint32_t tid = 0; tid < cc::kThreads; tid++) cc::copy_tile_thread(t, tid, cc::kThreads);
+namespace {
+// The kernel's grid emulated: thread blocks and their threads in turn (the
+// threads of one launch write disjoint bytes, so their order does not matter).
+template <uint64_t Tile, uint32_t Tpt, uint32_t Tpb, uint32_t U>
+int run_shape(const cxlkv_copy_desc* descs, size_t n, const cc::Shape& sh) {
+  if (n > UINT32_MAX - 1) return -E2BIG;
+  std::vector<uint32_t> first(n + 1);
+  const uint64_t ntiles = cc::tile_prefix(descs, n, Tile, first.data());
+  if (ntiles == UINT64_MAX) return -E2BIG;
+  const uint32_t grid = cc::grid_for(ntiles, sh);
+  for (uint32_t b = 0; b < grid; b++)
+    for (uint32_t t = 0; t < cc::kThreads; t++)
+      cc::copy_batch_thread<Tile, Tpt, Tpb, U>(descs, first.data(), static_cast<uint32_t>(n),
+                                              static_cast<uint32_t>(ntiles), b, grid, t);
+  return 0;
 }
+}  // namespace
+
+int reference_copy_shaped(const cxlkv_copy_desc* descs, size_t n, uint32_t shape) {
+  if (n == 0) return 0;
+  const cc::Shape& sh = cc::choose_shape(descs, n, shape);
+  if (sh.id == CXLKV_CUDA_SHAPE_WARP)
+    return run_shape<cc::kWarpTileBytes, cc::kWarpThreads, cc::kThreads / cc::kWarpThreads, cc::kWarpUnroll>(descs, n, sh);
+  return run_shape<cc::kTileBytes, cc::kThreads, 1, cc::kUnroll>(descs, n, sh);
+}
+
+void reference_copy(const cxlkv_copy_desc* descs, size_t n) { (void)reference_copy_shaped(descs, n, CXLKV_CUDA_SHAPE_AUTO); }
 
 int reference_sparse_copy(const cxlkv_sparse_list* lists, size_t nlists, const uint32_t* tokens,
                           size_t ntokens, uint64_t piece_bytes) {
@@ -65,6 +84,11 @@ int op_copy(const cxlkv_copy_desc* d, size_t n, void*) {
   reference_copy(d, n);
   return 0;
 }
+int op_copy_shaped(const cxlkv_copy_desc* d, size_t n, uint32_t shape, void*) {
+  if (n && !d) return fail(-EINVAL, "copy: descriptors are NULL");
+  if (shape > CXLKV_CUDA_SHAPE_WARP) return fail(-EINVAL, "copy: unknown launch shape");
+  return reference_copy_shaped(d, n, shape) ? fail(-E2BIG, "copy: too many tiles") : 0;
+}
 int op_sparse_copy(const cxlkv_sparse_list* l, size_t nl, const uint32_t* t, size_t nt, uint64_t piece, void*) {
   if (nt && (!l || !t)) return fail(-EINVAL, "sparse_copy: lists or tokens are NULL");
   int rc = reference_sparse_copy(l, nl, t, nt, piece);
@@ -85,6 +109,7 @@ int op_event_record(void*, void** e) {
   *e = &token;
   return 0;
 }
+int op_nop2(void*, void*) { return 0; }
 int op_alloc(void** p, size_t n) {
   *p = std::aligned_alloc(4096, (n + 4095) / 4096 * 4096);
   return *p ? 0 : fail(-ENOMEM, "cpu-reference: out of memory");
@@ -114,6 +139,12 @@ const cxlkv_cuda_ops g_ops = {
     op_free,
     op_alloc,
     op_free,
+    op_nop,  // warmup: nothing to load
+    op_copy_shaped,
+    op_nop,  // event_query: streams are synchronous, every event has completed
+    op_nop,  // event_sync
+    op_nop,  // event_destroy
+    op_nop2, // stream_wait_event
 };
 
 }  // namespace

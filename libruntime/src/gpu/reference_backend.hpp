@@ -16,6 +16,9 @@ namespace cxlkv::gpu {
 // Execute a copy batch: every descriptor's len bytes from src to dst
 // (addresses are this process's pointers).
 void reference_copy(const cxlkv_copy_desc* descs, size_t n);
+// The same in a given launch shape (CXLKV_CUDA_SHAPE_*), emulating that
+// shape's grid, threads and tiles exactly; 0 or -E2BIG.
+int reference_copy_shaped(const cxlkv_copy_desc* descs, size_t n, uint32_t shape);
 
 // Execute a sparse batch; -EINVAL when the list table is not a prefix sum
 // over ntokens indices or piece_bytes is 0.
