@@ -122,7 +122,13 @@ Result<PoolLayout> plan_pool_layout(std::string_view pool, uint64_t pool_size,
                                     : pow2_ceil(std::max<uint64_t>(1024, rest / kIndexBytesPerEntry));
   L.index_size = round_up(kLine + L.index_entries * kLine, kAlign);  // header line + entries
 
-  if (L.index_size + L.alloc_size + kAlign > rest)
+  uint64_t extra_total = 0;
+  for (const auto& [name, bytes] : o.extra_carves) {
+    if (bytes == 0) return Error(-EINVAL, P + "extra carve '" + name + "' of size 0");
+    L.extra.push_back({name, 0, round_up(bytes, kAlign)});
+    extra_total += L.extra.back().size;
+  }
+  if (L.index_size + L.alloc_size + extra_total + kAlign > rest)
     return Error(-ENOSPC, P + region::human_size(pool_size) + " is too small: control " +
                               region::human_size(L.control_size) + ", index " +
                               region::human_size(L.index_size) + " (" + std::to_string(L.index_entries) +
@@ -130,7 +136,12 @@ Result<PoolLayout> plan_pool_layout(std::string_view pool, uint64_t pool_size,
                               " leave no 2 MiB for kv");
   L.index_off = used;
   L.alloc_off = L.index_off + L.index_size;
-  L.kv_off = L.alloc_off + L.alloc_size;
+  uint64_t next = L.alloc_off + L.alloc_size;
+  for (auto& x : L.extra) {
+    x.off = next;
+    next += x.size;
+  }
+  L.kv_off = next;
   L.kv_size = pool_size - L.kv_off;
   return L;
 }
@@ -138,14 +149,17 @@ Result<PoolLayout> plan_pool_layout(std::string_view pool, uint64_t pool_size,
 // The standard carves and their initial contents, on a freshly formatted pool.
 Result<void> lay_out_standard_pool(Region& r, const PoolLayout& L) {
   struct Want {
-    const char* name;
+    std::string name;
     uint64_t off, size;
-  } wants[] = {{CXLKV_CARVE_CONTROL, L.control_off, L.control_size},
-               {CXLKV_CARVE_INDEX, L.index_off, L.index_size},
-               {CXLKV_CARVE_ALLOC, L.alloc_off, L.alloc_size},
-               {CXLKV_CARVE_KV, L.kv_off, L.kv_size}};
+    uint32_t flags;
+  };
+  std::vector<Want> wants = {{CXLKV_CARVE_CONTROL, L.control_off, L.control_size, CXLKV_CARVE_F_SYSTEM},
+                             {CXLKV_CARVE_INDEX, L.index_off, L.index_size, CXLKV_CARVE_F_SYSTEM},
+                             {CXLKV_CARVE_ALLOC, L.alloc_off, L.alloc_size, CXLKV_CARVE_F_SYSTEM}};
+  for (const auto& x : L.extra) wants.push_back({x.name, x.off, x.size, 0});
+  wants.push_back({CXLKV_CARVE_KV, L.kv_off, L.kv_size, CXLKV_CARVE_F_SYSTEM});
   for (const Want& w : wants) {
-    auto c = r.carve_create(w.name, w.size, MemType::wb, CXLKV_CARVE_F_SYSTEM);
+    auto c = r.carve_create(w.name, w.size, MemType::wb, w.flags);
     if (!c) return c.error();
     if (c->offset != w.off)
       return Error(-EIO, "pool " + r.uri() + ": carve '" + w.name + "' placed at " + std::to_string(c->offset) +
@@ -158,6 +172,7 @@ Result<void> lay_out_standard_pool(Region& r, const PoolLayout& L) {
   zero_range(r, d, L.control_off, L.control_size);
   zero_range(r, d, L.index_off, L.index_size);
   zero_range(r, d, L.alloc_off, L.alloc_size);
+  for (const auto& x : L.extra) zero_range(r, d, x.off, x.size);
   // rule 3: the zeroed carves are in memory before the header that makes
   // the control carve valid.
   d.fence();

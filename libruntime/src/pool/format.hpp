@@ -16,7 +16,10 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <string_view>
+#include <utility>
+#include <vector>
 
 #include "cxlkv/region.hpp"
 
@@ -29,6 +32,10 @@ struct PoolFormatOptions {
   uint64_t index_entries = 0;  // 0: one per 64 KiB of kv space; rounded up to a power of two
   bool force = false;          // overwrite a valid pool
   bool standard = true;        // false: superblock only (no carves)
+  // More carves (name, bytes rounded up to 2 MiB) placed between alloc and
+  // kv, zeroed at format: e.g. the RPC rings (CXLKV_CARVE_RPC,
+  // uapi/cxlkv_rpc.h), whose server writes their header on first start.
+  std::vector<std::pair<std::string, uint64_t>> extra_carves;
 };
 
 // Where everything goes; a pure function of the pool size and options.
@@ -37,6 +44,11 @@ struct PoolLayout {
   uint64_t index_off = 0, index_size = 0;
   uint64_t alloc_off = 0, alloc_size = 0;
   uint64_t kv_off = 0, kv_size = 0;
+  struct Extra {
+    std::string name;
+    uint64_t off = 0, size = 0;
+  };
+  std::vector<Extra> extra;  // PoolFormatOptions::extra_carves, in order after alloc
   uint64_t index_entries = 0;
   cxlkv_ctrl_header ctrl{};  // the control carve header to write
 };

@@ -1,0 +1,373 @@
+// SPDX-License-Identifier: MIT
+// RpcClient: one ring of an RPC carve (protocol in uapi/cxlkv_rpc.h).
+//   submit  request bytes but the flag (NT) for every call, one fence, the
+//           flags and the doorbell (NT), one fence
+//   poll    reply headers of the oldest outstanding requests: invalidate
+//           them all, one fence, load in order until one is not answered
+//   every millisecond of polling: the server line (a new epoch or a STOPPED
+//   server resets the outstanding requests), deadlines; every 20 ms the
+//   server's liveness (process on this host, node heartbeat elsewhere).
+#include <sched.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+#include <deque>
+#include <thread>
+
+#include "rpc/rpc_internal.hpp"
+#include "util/log.hpp"
+
+namespace cxlkv {
+
+using rpc::now_ns;
+
+namespace {
+
+struct Slot {
+  bool busy = false;      // the ring slot holds a request the server may still answer
+  bool reported = false;  // a completion (timeout) was already handed out
+  uint32_t seq = 0;
+  uint64_t flag = 0;
+  uint64_t ticket = 0;
+  uint64_t deadline_ns = 0;
+  void* reply = nullptr;
+  uint32_t reply_cap = 0;
+  void* tag = nullptr;
+};
+
+constexpr uint64_t kServerCheckNs = 1000000;    // server line every 1 ms of polling
+constexpr uint64_t kServerLivenessNs = 20000000;  // server process / heartbeat every 20 ms
+
+}  // namespace
+
+struct RpcClient::State {
+  State(NodeContext& n, RpcCarve c, RpcClientOptions o)
+      : node(n), d(n.domain()), carve(std::move(c)), opts(std::move(o)) {}
+  NodeContext& node;
+  MemoryDomain& d;
+  RpcCarve carve;
+  RpcClientOptions opts;
+  uint32_t ring = 0;
+  uint32_t inc = 0;
+  uint32_t epoch = 0;
+  bool connected = false;
+  cxlkv_rpc_server_line server{};
+  uint32_t next = 0;    // next sequence number
+  uint32_t oldest = 0;  // oldest busy sequence number (== next: none)
+  uint32_t busy = 0, unreported = 0;
+  uint64_t tickets = 0;
+  std::vector<Slot> slots;
+  std::deque<RpcCompletion> ready;
+  uint64_t last_check_ns = 0, last_live_ns = 0;
+  RpcClientStats st;
+
+  std::string what() const {
+    return "pool " + node.region().uri() + ": rpc carve '" + carve.name() + "' ring " + std::to_string(ring) + ": ";
+  }
+  void fence() {
+    d.fence();
+    st.fences++;
+  }
+
+  // The server line, fresh (rule 4); alive and RUNNING?
+  bool server_ok(cxlkv_rpc_server_line* out, std::string* why) {
+    cxlkv_rpc_server_line s = d.read_fresh(carve.server_line());
+    if (out) *out = s;
+    if (s.state != CXLKV_RPC_SERVER_RUNNING) {
+      if (why) *why = s.state == CXLKV_RPC_SERVER_STOPPED ? "the server stopped" : "no server has started";
+      return false;
+    }
+    return rpc::party_alive(node, s.pid, s.start_time, s.host_id, s.node, why);
+  }
+
+  // Claim ring r for a new incarnation and wait for the server's ack.
+  Result<void> claim(uint32_t r, bool explicit_ring) {
+    cxlkv_rpc_client_line old = d.read_fresh(carve.client_line(r));  // rule 4
+    // Our own earlier incarnation of this ring (a reconnect) is ours to replace.
+    const bool ours = r == ring && inc != 0 && old.inc == inc && old.pid == self_pid() &&
+                      old.start_time == self_start_time();
+    if (old.state == CXLKV_RPC_CLIENT_ATTACHED && !ours) {
+      std::string why;
+      if (rpc::party_alive(node, old.pid, old.start_time, old.host_id, old.node, &why))
+        return Error(explicit_ring ? -EBUSY : -EAGAIN,
+                     "pool " + node.region().uri() + ": rpc carve '" + carve.name() + "' ring " + std::to_string(r) +
+                         " is taken by process " + std::to_string(old.pid) + " (node " + std::to_string(old.node) + ")");
+    }
+    ring = r;
+    inc = old.inc % 0xffffu + 1;  // differs from the previous incarnation's
+    epoch = server.epoch;
+    next = oldest = static_cast<uint32_t>(rpc::random_u64());
+    busy = unreported = 0;
+    for (Slot& s : slots) s = Slot{};
+    cxlkv_rpc_client_line cl{};
+    cl.state = CXLKV_RPC_CLIENT_ATTACHED;
+    cl.pid = self_pid();
+    cl.start_time = self_start_time();
+    cl.host_id = this_host_id();
+    cl.node = node.node();
+    cl.inc = inc;
+    cl.epoch = epoch;
+    cl.start_seq = next;
+    // rule 1: the client line changes writer when a ring is claimed: whole
+    // line, non-temporal; rule 3: fenced.
+    d.publish_line(carve.client_line(r), &cl);
+    fence();
+    // The server acknowledges on its next scan of the client lines.
+    const uint64_t t0 = now_ns(), limit = uint64_t(opts.connect_timeout.count()) * 1000000ull;
+    for (uint32_t i = 0;; i++) {
+      cxlkv_rpc_ack a = d.read_fresh(carve.ack(r));  // rule 4
+      if (a.inc == inc && a.epoch == epoch) break;
+      if (now_ns() - t0 > limit)
+        return Error(-ETIMEDOUT, what() + "the server (epoch " + std::to_string(epoch) + ") did not acknowledge within " +
+                                     std::to_string(opts.connect_timeout.count()) + " ms");
+      if (i % 64 == 63) {
+        std::string why;
+        if (!server_ok(nullptr, &why)) return Error(-ECONNREFUSED, what() + "no live server: " + why);
+      }
+      if (i > 100) usleep(50);
+    }
+    // Two clients may claim a free ring at once: the later line wins.
+    cxlkv_rpc_client_line now = d.read_fresh(carve.client_line(r));
+    if (now.inc != inc || now.pid != self_pid())
+      return Error(-EAGAIN, what() + "claimed by process " + std::to_string(now.pid) + " at the same time");
+    connected = true;
+    last_check_ns = last_live_ns = now_ns();
+    return {};
+  }
+
+  Result<void> reconnect() {
+    std::string why;
+    if (!server_ok(&server, &why)) return Error(-ECONNRESET, what() + "no live server: " + why);
+    auto r = claim(ring, true);
+    if (!r) return Error(r.error().code() == -ECONNREFUSED ? -ECONNRESET : r.error().code(), r.error().message());
+    st.reconnects++;
+    return {};
+  }
+
+  void complete(Slot& s, int32_t status, uint32_t len) {
+    ready.push_back(RpcCompletion{s.ticket, status, len, s.tag});
+    s.reported = true;
+    unreported--;
+    st.completed++;
+  }
+
+  // Every outstanding request fails with -ECONNRESET; the ring reconnects
+  // on the next submit.
+  void reset_all(const std::string& why) {
+    for (uint32_t q = oldest; q != next; q++) {
+      Slot& s = slots[q & (carve.depth() - 1)];
+      if (s.busy && !s.reported) {
+        complete(s, -ECONNRESET, 0);
+        st.resets++;
+      }
+      s = Slot{};
+    }
+    if (busy) log().info("{}{}: {} outstanding request(s) reset", what(), why, busy);
+    busy = 0;
+    oldest = next;
+    connected = false;
+  }
+
+  void harvest() {
+    const uint32_t mask = carve.depth() - 1;
+    if (busy) {
+      // rule 4: the reply headers of the oldest requests, invalidated as a
+      // batch with one fence.
+      const uint32_t n = std::min<uint32_t>(busy, 64);
+      const bool break_inv = rpc::testing::break_reply_invalidate();
+      if (!break_inv)
+        for (uint32_t k = 0; k < n; k++) d.invalidate(carve.resp(ring, (oldest + k) & mask), 64);
+      fence();
+      for (uint32_t k = 0; k < n && busy; k++) {
+        Slot& s = slots[oldest & mask];
+        auto* rp = carve.resp(ring, oldest & mask);
+        cxlkv_rpc_resp_hdr h;
+        d.load(&h, rp, sizeof h);
+        if (h.flag != s.flag) break;  // replies come in order: the rest wait too
+        uint32_t len = h.len;
+        if (!s.reported) {
+          uint32_t take = std::min(len, s.reply_cap);
+          if (take) std::memcpy(s.reply, h.data, std::min<uint32_t>(take, CXLKV_RPC_INLINE));
+          if (take > CXLKV_RPC_INLINE) {
+            // rule 4: payload lines invalidated after the flag was seen.
+            const std::byte* more = reinterpret_cast<const std::byte*>(rp) + 64;
+            d.invalidate(more, take - CXLKV_RPC_INLINE);
+            fence();
+            d.load(static_cast<std::byte*>(s.reply) + CXLKV_RPC_INLINE, more, take - CXLKV_RPC_INLINE);
+          }
+          complete(s, h.status, len);
+        }
+        s = Slot{};
+        busy--;
+        oldest++;
+      }
+    }
+    const uint64_t now = now_ns();
+    if (now - last_check_ns < kServerCheckNs) return;
+    last_check_ns = now;
+    for (uint32_t q = oldest; q != next; q++) {
+      Slot& s = slots[q & mask];
+      if (s.busy && !s.reported && now > s.deadline_ns) {
+        complete(s, -ETIMEDOUT, 0);
+        st.timeouts++;
+      }
+    }
+    if (!connected) return;
+    cxlkv_rpc_server_line sv = d.read_fresh(carve.server_line());  // rule 4
+    std::string why;
+    bool ok = sv.state == CXLKV_RPC_SERVER_RUNNING && sv.epoch == epoch && sv.token == server.token;
+    if (!ok) {
+      why = sv.epoch != epoch ? "the server was replaced (epoch " + std::to_string(epoch) + " -> " +
+                                    std::to_string(sv.epoch) + ")"
+                              : "the server stopped";
+    } else if (now - last_live_ns >= kServerLivenessNs) {
+      last_live_ns = now;
+      ok = rpc::party_alive(node, sv.pid, sv.start_time, sv.host_id, sv.node, &why);
+      if (!ok) why = "the server died: " + why;
+    }
+    if (!ok) reset_all(why);
+  }
+};
+
+RpcClient::RpcClient(std::unique_ptr<State> st) : st_(std::move(st)) {}
+
+Result<std::unique_ptr<RpcClient>> RpcClient::connect(NodeContext& node, const RpcClientOptions& opts) {
+  auto c = RpcCarve::open(node.region(), node.domain(), opts.carve);
+  if (!c) {
+    if (c.error().code() == -ENODATA || c.error().code() == -ENOENT)
+      return Error(-ECONNREFUSED, c.error().message());
+    return c.error();
+  }
+  auto st = std::make_unique<State>(node, std::move(c.value()), opts);
+  st->slots.resize(st->carve.depth());
+  std::string why;
+  if (!st->server_ok(&st->server, &why))
+    return Error(-ECONNREFUSED, "pool " + node.region().uri() + ": rpc carve '" + opts.carve + "': no live server: " + why);
+  if (opts.ring >= 0) {
+    if (uint32_t(opts.ring) >= st->carve.rings())
+      return Error(-EINVAL, "pool " + node.region().uri() + ": rpc carve '" + opts.carve + "' has " +
+                                std::to_string(st->carve.rings()) + " rings, not ring " + std::to_string(opts.ring));
+    CXLKV_TRY(st->claim(uint32_t(opts.ring), true));
+  } else {
+    bool got = false;
+    for (uint32_t r = 0; r < st->carve.rings() && !got; r++) {
+      auto cr = st->claim(r, false);
+      if (cr) got = true;
+      else if (cr.error().code() != -EAGAIN) return cr.error();
+    }
+    if (!got)
+      return Error(-ENOSPC, "pool " + node.region().uri() + ": rpc carve '" + opts.carve + "': all " +
+                                std::to_string(st->carve.rings()) + " rings are taken by live clients");
+  }
+  return std::unique_ptr<RpcClient>(new RpcClient(std::move(st)));
+}
+
+RpcClient::~RpcClient() {
+  if (!st_ || !st_->connected) return;
+  cxlkv_rpc_client_line cl = st_->d.read_fresh(st_->carve.client_line(st_->ring));
+  if (cl.pid != self_pid() || cl.inc != st_->inc) return;  // someone else's now
+  cl.state = CXLKV_RPC_CLIENT_DETACHED;
+  // rule 1: whole line, NT; rule 3: fenced.
+  st_->d.publish_line(st_->carve.client_line(st_->ring), &cl);
+  st_->d.fence();
+}
+
+Result<size_t> RpcClient::submit(std::span<const RpcCall> calls, uint64_t* tickets) {
+  State& s = *st_;
+  if (calls.empty()) return size_t(0);
+  if (!s.connected) CXLKV_TRY(s.reconnect());
+  MemoryDomain& d = s.d;
+  const uint32_t depth = s.carve.depth(), mask = depth - 1, req_max = s.carve.req_max();
+  const uint64_t now = now_ns();
+  size_t n = 0;
+  for (const RpcCall& c : calls) {
+    if (c.request.size() > req_max) {
+      if (n == 0)
+        return Error(-EMSGSIZE, s.what() + "request of " + std::to_string(c.request.size()) + " B, slots hold " +
+                                    std::to_string(req_max) + " B");
+      break;
+    }
+    Slot& sl = s.slots[s.next & mask];
+    if (sl.busy) break;  // ring full (the oldest request is still out)
+    auto* rq = s.carve.req(s.ring, s.next & mask);
+    alignas(64) cxlkv_rpc_req_hdr h{};
+    h.op = c.op;
+    h.len = static_cast<uint32_t>(c.request.size());
+    std::memcpy(h.data, c.request.data(), std::min<size_t>(c.request.size(), CXLKV_RPC_INLINE));
+    // rule 2: request lines are this client's alone; NT stores (rule 3).
+    d.store_nt(reinterpret_cast<std::byte*>(rq) + 8, reinterpret_cast<const std::byte*>(&h) + 8, 56);
+    if (c.request.size() > CXLKV_RPC_INLINE)
+      d.copy_to_pool(reinterpret_cast<std::byte*>(rq) + 64, c.request.data() + CXLKV_RPC_INLINE,
+                     c.request.size() - CXLKV_RPC_INLINE);
+    sl.busy = true;
+    sl.reported = false;
+    sl.seq = s.next;
+    sl.flag = cxlkv_rpc_flag(s.epoch, s.inc, s.next);
+    sl.ticket = ++s.tickets;
+    sl.deadline_ns = now + uint64_t(s.opts.timeout.count()) * 1000000ull;
+    sl.reply = c.reply;
+    sl.reply_cap = c.reply ? c.reply_cap : 0;
+    sl.tag = c.tag;
+    if (tickets) tickets[n] = sl.ticket;
+    s.next++;
+    s.busy++;
+    s.unreported++;
+    n++;
+  }
+  if (n == 0) return Error(-EAGAIN, s.what() + "all " + std::to_string(depth) + " slots are in flight");
+  s.fence();  // rule 3: request bytes before their flags
+  for (uint32_t q = s.next - static_cast<uint32_t>(n); q != s.next; q++)
+    d.write_nt<__u64>(&s.carve.req(s.ring, q & mask)->flag, s.slots[q & mask].flag);
+  d.write_nt<__u64>(&s.carve.doorbell(s.ring)->tail, s.slots[(s.next - 1) & mask].flag);
+  s.fence();  // rule 3: flags and doorbell leave the write-combining buffers now
+  s.st.submitted += n;
+  return n;
+}
+
+Result<size_t> RpcClient::poll(std::span<RpcCompletion> out) {
+  State& s = *st_;
+  if (s.ready.size() < out.size()) s.harvest();
+  size_t n = 0;
+  while (n < out.size() && !s.ready.empty()) {
+    out[n++] = s.ready.front();
+    s.ready.pop_front();
+  }
+  return n;
+}
+
+Result<RpcReply> RpcClient::call(uint32_t op, std::span<const std::byte> request, void* reply, uint32_t reply_cap,
+                                 std::chrono::nanoseconds timeout) {
+  State& s = *st_;
+  auto saved = s.opts.timeout;
+  if (timeout.count() > 0)
+    s.opts.timeout = std::max(std::chrono::milliseconds(1), std::chrono::duration_cast<std::chrono::milliseconds>(timeout));
+  RpcCall c{op, request, reply, reply_cap, nullptr};
+  uint64_t ticket = 0;
+  auto sub = submit({&c, 1}, &ticket);
+  s.opts.timeout = saved;
+  if (!sub) return sub.error();
+  for (uint32_t spins = 0;; spins++) {
+    for (auto it = s.ready.begin(); it != s.ready.end(); ++it) {
+      if (it->ticket != ticket) continue;
+      RpcCompletion done = *it;
+      s.ready.erase(it);
+      if (done.status == -ETIMEDOUT)
+        return Error(-ETIMEDOUT, s.what() + "no reply to op " + std::to_string(op) + " within the timeout");
+      if (done.status == -ECONNRESET && done.len == 0)
+        return Error(-ECONNRESET, s.what() + "the server went away before replying to op " + std::to_string(op));
+      return RpcReply{done.status, done.len};
+    }
+    s.harvest();
+    if (spins > 4096) sched_yield();  // share the CPU with the server on a small machine
+  }
+}
+
+uint32_t RpcClient::ring() const { return st_->ring; }
+uint32_t RpcClient::depth() const { return st_->carve.depth(); }
+uint32_t RpcClient::in_flight() const { return st_->unreported; }
+uint32_t RpcClient::request_max() const { return st_->carve.req_max(); }
+uint32_t RpcClient::reply_max() const { return st_->carve.resp_max(); }
+RpcClientStats RpcClient::stats() const { return st_->st; }
+
+}  // namespace cxlkv

@@ -1,0 +1,370 @@
+// SPDX-License-Identifier: MIT
+// RpcServer: polls every attached ring of an RPC carve (protocol in
+// uapi/cxlkv_rpc.h).  One round:
+//   1. (every scan_every) client lines: new connections, detaches, deaths
+//   2. doorbells of the attached rings: invalidate all, one fence, load
+//   3. header lines of the new request slots: invalidate all, one fence,
+//      load; a slot is taken only when its flag is the expected one
+//   4. payload lines of requests longer than the header line (one fence)
+//   5. handlers
+//   6. replies: every byte but the flags (NT), one fence, the flags (NT),
+//      one fence -- the flags and fences are shared by the whole batch.
+#include <sched.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+#include <mutex>
+#include <unordered_map>
+
+#include "rpc/rpc_internal.hpp"
+#include "util/log.hpp"
+
+namespace cxlkv {
+
+using rpc::now_ns;
+
+namespace {
+
+struct RingState {
+  bool active = false;
+  uint32_t inc = 0;
+  uint32_t next = 0;  // next expected sequence number
+  cxlkv_rpc_client_line owner{};
+  uint64_t last_live_ns = 0;
+};
+
+struct Pending {
+  uint32_t ring = 0, seq = 0, op = 0, len = 0;
+  uint64_t flag = 0;
+  int32_t status = 0;
+  uint32_t reply_len = 0;
+  bool run = true;  // false: answered without running (stale epoch, bad length)
+};
+
+}  // namespace
+
+struct RpcServer::State {
+  State(NodeContext& n, RpcCarve c, RpcServerOptions o)
+      : node(n), d(n.domain()), carve(std::move(c)), opts(std::move(o)) {}
+  NodeContext& node;
+  MemoryDomain& d;
+  RpcCarve carve;
+  RpcServerOptions opts;
+  uint32_t epoch = 0;
+  uint64_t token = 0;
+  std::unordered_map<uint32_t, RpcHandler> handlers;
+  std::vector<RingState> rings;
+  std::vector<uint32_t> active;
+  uint64_t last_scan_ns = 0;
+  std::vector<Pending> batch;
+  std::vector<std::byte> req_buf, reply_buf;  // max_batch slots each
+  std::vector<std::pair<uint32_t, uint32_t>> want;  // (ring, count) this round
+  mutable std::mutex stats_mu;
+  RpcServerStats st;
+
+  MemoryDomain& dom() { return d; }
+  void fence() {
+    d.fence();
+    st.fences++;
+  }
+  std::string what() const { return "pool " + node.region().uri() + ": rpc carve '" + carve.name() + "': "; }
+
+  void write_server_line(uint32_t state) {
+    cxlkv_rpc_server_line s{};
+    s.state = state;
+    s.epoch = epoch;
+    s.pid = self_pid();
+    s.host_id = this_host_id();
+    s.start_time = self_start_time();
+    s.node = node.node();
+    s.token = token;
+    // rule 1: the server line changes writer at every takeover: one whole
+    // line, non-temporal; rule 3: fenced so clients see it now.
+    d.publish_line(carve.server_line(), &s);
+    d.fence();
+  }
+
+  void scan(uint64_t now) {
+    last_scan_ns = now;
+    const uint32_t n = carve.rings();
+    // rule 4: client lines are written by the clients; invalidate, fence, load.
+    for (uint32_t r = 0; r < n; r++) d.invalidate(carve.client_line(r), 64);
+    fence();
+    bool wrote = false;
+    for (uint32_t r = 0; r < n; r++) {
+      cxlkv_rpc_client_line cl = d.read(carve.client_line(r));
+      RingState& rs = rings[r];
+      bool wanted = cl.state == CXLKV_RPC_CLIENT_ATTACHED && cl.epoch == epoch && cl.inc != 0;
+      if (wanted && (!rs.active || rs.inc != cl.inc || rs.owner.pid != cl.pid)) {
+        std::string why;
+        if (!rpc::party_alive(node, cl.pid, cl.start_time, cl.host_id, cl.node, &why)) {
+          if (rs.active) deactivate(r);
+          continue;  // a dead client's claim: nothing to serve
+        }
+        rs.active = true;
+        rs.inc = cl.inc;
+        rs.next = cl.start_seq;
+        rs.owner = cl;
+        rs.last_live_ns = now;
+        cxlkv_rpc_ack a{};
+        a.inc = cl.inc;
+        a.epoch = epoch;
+        // rule 1/2: the ack line is the server's; whole line, NT.
+        d.publish_line(carve.ack(r), &a);
+        wrote = true;
+        st.connects++;
+        log().debug("{}ring {} connected: pid {} node {} inc {}", what(), r, cl.pid, cl.node, cl.inc);
+      } else if (!wanted && rs.active) {
+        st.detaches++;
+        deactivate(r);
+      } else if (rs.active && now - rs.last_live_ns >= uint64_t(opts.liveness_every.count()) * 1000000ull) {
+        rs.last_live_ns = now;
+        std::string why;
+        if (!rpc::party_alive(node, rs.owner.pid, rs.owner.start_time, rs.owner.host_id, rs.owner.node, &why)) {
+          st.dead_clients++;
+          log().info("{}ring {}: client {} is dead ({}); ring freed", what(), r, rs.owner.pid, why);
+          deactivate(r);
+        }
+      }
+    }
+    if (wrote) fence();  // rule 3: acks out now
+    active.clear();
+    for (uint32_t r = 0; r < n; r++)
+      if (rings[r].active) active.push_back(r);
+  }
+
+  void deactivate(uint32_t r) { rings[r] = RingState{}; }
+
+  size_t round() {
+    const uint64_t now = now_ns();
+    if (now - last_scan_ns >= uint64_t(opts.scan_every.count()) * 1000000ull) scan(now);
+    st.rounds++;
+    if (active.empty()) return 0;
+    const uint32_t depth = carve.depth(), mask = depth - 1;
+    const bool break_inv = rpc::testing::break_request_invalidate();
+
+    // 2. doorbells (rule 4).
+    for (uint32_t r : active) d.invalidate(carve.doorbell(r), 64);
+    fence();
+    want.clear();
+    uint32_t budget = opts.max_batch;
+    for (uint32_t r : active) {
+      if (!budget) break;
+      RingState& rs = rings[r];
+      uint64_t tail = d.read(&carve.doorbell(r)->tail);
+      if (((tail >> 32) & 0xffff) != rs.inc) continue;  // an older incarnation's doorbell
+      uint32_t ahead = static_cast<uint32_t>(tail) - rs.next;
+      if (ahead >= 0x80000000u) continue;  // tail behind next: nothing new
+      uint32_t cnt = std::min({ahead + 1, depth, budget});
+      want.emplace_back(r, cnt);
+      budget -= cnt;
+    }
+    if (want.empty()) return 0;
+
+    // 3. request header lines (rule 4: invalidate all, one fence, load).
+    if (!break_inv)
+      for (auto [r, cnt] : want)
+        for (uint32_t k = 0; k < cnt; k++) d.invalidate(carve.req(r, (rings[r].next + k) & mask), 64);
+    fence();
+    batch.clear();
+    const uint32_t req_max = carve.req_max();
+    bool long_ones = false;
+    for (auto [r, cnt] : want) {
+      RingState& rs = rings[r];
+      for (uint32_t k = 0; k < cnt; k++) {
+        uint32_t seq = rs.next + k;
+        cxlkv_rpc_req_hdr h;
+        d.load(&h, carve.req(r, seq & mask), sizeof h);
+        uint64_t expect = cxlkv_rpc_flag(epoch, rs.inc, seq);
+        Pending p;
+        p.ring = r;
+        p.seq = seq;
+        p.flag = h.flag;
+        p.op = h.op;
+        p.len = h.len;
+        if (h.flag != expect) {
+          // Same incarnation and seq under another epoch: submitted to a
+          // server that is gone; answer without running it.
+          if ((h.flag & 0xffffffffffffull) == (expect & 0xffffffffffffull)) {
+            p.run = false;
+            p.status = -ECONNRESET;
+            p.len = 0;
+            st.stale_epoch++;
+          } else {
+            break;  // not visible yet: retry on a later round
+          }
+        } else if (h.len > req_max) {
+          p.run = false;
+          p.status = -EMSGSIZE;
+          p.len = 0;
+        }
+        if (p.run && p.len > CXLKV_RPC_INLINE) long_ones = true;
+        size_t i = batch.size();
+        std::memcpy(req_buf.data() + i * req_max, h.data, std::min<uint32_t>(p.len, CXLKV_RPC_INLINE));
+        batch.push_back(p);
+      }
+    }
+    if (batch.empty()) return 0;
+
+    // 4. payload lines after the header line (rule 4).
+    if (long_ones) {
+      if (!break_inv)
+        for (const Pending& p : batch)
+          if (p.run && p.len > CXLKV_RPC_INLINE)
+            d.invalidate(reinterpret_cast<std::byte*>(carve.req(p.ring, p.seq & mask)) + 64, p.len - CXLKV_RPC_INLINE);
+      fence();
+      for (size_t i = 0; i < batch.size(); i++) {
+        const Pending& p = batch[i];
+        if (p.run && p.len > CXLKV_RPC_INLINE)
+          d.load(req_buf.data() + i * req_max + CXLKV_RPC_INLINE,
+                 reinterpret_cast<std::byte*>(carve.req(p.ring, p.seq & mask)) + 64, p.len - CXLKV_RPC_INLINE);
+      }
+    }
+
+    // 5. handlers.
+    const uint32_t resp_max = carve.resp_max();
+    for (size_t i = 0; i < batch.size(); i++) {
+      Pending& p = batch[i];
+      std::span<std::byte> reply(reply_buf.data() + i * resp_max, resp_max);
+      if (!p.run) continue;
+      auto it = handlers.find(p.op);
+      if (it == handlers.end()) {
+        p.status = -EOPNOTSUPP;
+        st.unknown_ops++;
+        continue;
+      }
+      RpcRequest req{p.op, p.ring, p.seq, {req_buf.data() + i * req_max, p.len}};
+      uint32_t rl = 0;
+      try {
+        p.status = it->second(req, reply, rl);
+      } catch (const std::exception& e) {
+        log().warn("{}handler for op {} threw: {}", what(), p.op, e.what());
+        p.status = -EIO;
+        rl = 0;
+      }
+      p.reply_len = std::min(rl, resp_max);
+    }
+
+    // 6. replies: everything but the flag words, one fence, the flags, one fence.
+    const bool break_flush = rpc::testing::break_reply_flush();
+    for (size_t i = 0; i < batch.size(); i++) {
+      const Pending& p = batch[i];
+      auto* rh = carve.resp(p.ring, p.seq & mask);
+      const std::byte* src = reply_buf.data() + i * resp_max;
+      alignas(64) cxlkv_rpc_resp_hdr h{};
+      h.status = p.status;
+      h.len = p.reply_len;
+      std::memcpy(h.data, src, std::min<uint32_t>(p.reply_len, CXLKV_RPC_INLINE));
+      // rule 2: response lines are the server's alone; NT stores put them in
+      // memory for the client's fresh reads (rule 3).
+      d.store_nt(reinterpret_cast<std::byte*>(rh) + 8, reinterpret_cast<const std::byte*>(&h) + 8, 56);
+      if (p.reply_len > CXLKV_RPC_INLINE) {
+        std::byte* dst = reinterpret_cast<std::byte*>(rh) + 64;
+        if (break_flush)
+          d.store(dst, src + CXLKV_RPC_INLINE, p.reply_len - CXLKV_RPC_INLINE);  // test: rule 3 broken
+        else
+          d.copy_to_pool(dst, src + CXLKV_RPC_INLINE, p.reply_len - CXLKV_RPC_INLINE);
+      }
+    }
+    fence();  // rule 3: reply bytes before their flags
+    for (const Pending& p : batch) d.write_nt<__u64>(&carve.resp(p.ring, p.seq & mask)->flag, p.flag);
+    fence();  // rule 3: the flags leave the write-combining buffers now
+    for (const Pending& p : batch) rings[p.ring].next = p.seq + 1;
+    st.requests += batch.size();
+    st.batches++;
+    return batch.size();
+  }
+};
+
+RpcServer::RpcServer(std::unique_ptr<State> st) : st_(std::move(st)) {}
+
+Result<std::unique_ptr<RpcServer>> RpcServer::create(NodeContext& node, const RpcServerOptions& opts) {
+  MemoryDomain& d = node.domain();
+  auto c = RpcCarve::open_or_format(node.region(), d, opts.carve, opts.geometry);
+  if (!c) return c.error();
+  auto st = std::make_unique<State>(node, std::move(c.value()), opts);
+  if (st->opts.max_batch == 0) st->opts.max_batch = 1;
+  // rule 4: the server line may have been written by a server on another host.
+  cxlkv_rpc_server_line old = d.read_fresh(st->carve.server_line());
+  if (old.state == CXLKV_RPC_SERVER_RUNNING) {
+    std::string why;
+    if (rpc::party_alive(node, old.pid, old.start_time, old.host_id, old.node, &why))
+      return Error(-EBUSY, st->what() + "a server is running (pid " + std::to_string(old.pid) + ", node " +
+                               std::to_string(old.node) + ", epoch " + std::to_string(old.epoch) + ")");
+    log().info("{}previous server (pid {}, epoch {}) is dead ({}); taking over", st->what(), old.pid, old.epoch, why);
+  }
+  st->epoch = old.epoch + 1;
+  if ((st->epoch & 0xffff) == 0) st->epoch++;  // epoch 0 (low bits) is never used
+  st->token = rpc::random_u64();
+  st->rings.resize(st->carve.rings());
+  st->req_buf.resize(size_t(st->opts.max_batch) * st->carve.req_max());
+  st->reply_buf.resize(size_t(st->opts.max_batch) * st->carve.resp_max());
+  st->st.epoch = st->epoch;
+  st->write_server_line(CXLKV_RPC_SERVER_RUNNING);
+  st->scan(now_ns());
+  return std::unique_ptr<RpcServer>(new RpcServer(std::move(st)));
+}
+
+RpcServer::~RpcServer() {
+  stop();
+  if (st_) st_->write_server_line(CXLKV_RPC_SERVER_STOPPED);
+}
+
+void RpcServer::handle(uint32_t op, RpcHandler h) { st_->handlers[op] = std::move(h); }
+
+Result<size_t> RpcServer::poll_once() {
+  std::lock_guard<std::mutex> g(st_->stats_mu);
+  return st_->round();
+}
+
+Result<void> RpcServer::run(const std::atomic<bool>& stop) {
+  uint32_t idle = 0;
+  uint64_t sleep_us = 1;
+  while (!stop.load(std::memory_order_relaxed)) {
+    auto n = poll_once();
+    if (!n) return n.error();
+    if (n.value()) {
+      idle = 0;
+      sleep_us = 1;
+      continue;
+    }
+    idle++;
+    if (idle < st_->opts.spin_rounds) continue;
+    if (idle < st_->opts.spin_rounds + st_->opts.yield_rounds) {
+      sched_yield();
+      continue;
+    }
+    usleep(static_cast<useconds_t>(sleep_us));
+    {
+      std::lock_guard<std::mutex> g(st_->stats_mu);
+      st_->st.sleeps++;
+    }
+    sleep_us = std::min<uint64_t>(sleep_us * 2, st_->opts.max_sleep.count());
+  }
+  return {};
+}
+
+void RpcServer::start() {
+  if (thread_.joinable()) return;
+  stop_ = false;
+  thread_ = std::thread([this] {
+    auto r = run(stop_);
+    if (!r) log().error("{}server stopped: {}", st_->what(), r.error().message());
+  });
+}
+
+void RpcServer::stop() {
+  stop_ = true;
+  if (thread_.joinable()) thread_.join();
+}
+
+uint32_t RpcServer::epoch() const { return st_->epoch; }
+const RpcCarve& RpcServer::carve() const { return st_->carve; }
+
+RpcServerStats RpcServer::stats() const {
+  std::lock_guard<std::mutex> g(st_->stats_mu);
+  return st_->st;
+}
+
+}  // namespace cxlkv

@@ -1,0 +1,246 @@
+// SPDX-License-Identifier: MIT
+// Shared-memory RPC on a real shm pool (one process; threads as server and
+// clients): replies, many outstanding requests, errors that never hang.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <thread>
+
+#include "rpc/rpc_internal.hpp"
+#include "rpc_test_pool.hpp"
+
+namespace cxlkv {
+namespace {
+
+using namespace std::chrono_literals;
+using rpctest::RpcPool;
+
+constexpr uint32_t kEcho = 7;
+
+RpcServerOptions small_server(uint32_t lines = 1) {
+  RpcServerOptions o;
+  o.geometry.rings = 8;
+  o.geometry.depth = 64;
+  o.geometry.req_lines = lines;
+  o.geometry.resp_lines = lines;
+  o.spin_rounds = 200;  // tests share two cores: go to yield / sleep soon
+  return o;
+}
+
+std::unique_ptr<RpcServer> serve_echo(NodeContext& n, const RpcServerOptions& o) {
+  auto s = RpcServer::create(n, o);
+  if (!s) throw std::runtime_error(s.error().message());
+  s.value()->handle(kEcho, rpctest::echo_plus_one());
+  s.value()->start();
+  return std::move(s.value());
+}
+
+std::unique_ptr<RpcClient> connect(NodeContext& n, int ring = -1, std::chrono::milliseconds timeout = 5000ms) {
+  RpcClientOptions o;
+  o.ring = ring;
+  o.timeout = timeout;
+  auto c = RpcClient::connect(n, o);
+  if (!c) throw std::runtime_error(c.error().message());
+  return std::move(c.value());
+}
+
+TEST(Rpc, CallReturnsTheHandlersReplyAndStatusForEverySize) {
+  RpcPool p("rpc-sizes");
+  auto srv = serve_echo(p.attach(0), small_server(4));
+  auto cli = connect(p.attach(1));
+  ASSERT_EQ(cli->request_max(), 48u + 3 * 64);
+  std::vector<std::byte> req, reply(cli->reply_max());
+  for (size_t len : {0, 1, 47, 48, 49, 64, 111, 112, 113, 240}) {
+    rpctest::fill_request(req, 1, len, len);
+    auto r = cli->call(kEcho, req, reply.data(), static_cast<uint32_t>(reply.size()));
+    ASSERT_TRUE(r) << r.error().message();
+    EXPECT_EQ(r->status, int32_t(len));
+    EXPECT_TRUE(rpctest::is_echo_plus_one(req, reply.data(), r->len)) << "len " << len;
+  }
+}
+
+TEST(Rpc, ManyOutstandingRequestsCompleteOnceEachInOrder) {
+  RpcPool p("rpc-many");
+  auto srv = serve_echo(p.attach(0), small_server(2));
+  auto cli = connect(p.attach(1));
+  const uint32_t depth = cli->depth();
+  std::vector<std::vector<std::byte>> reqs(depth * 4), replies(depth * 4, std::vector<std::byte>(cli->reply_max()));
+  for (size_t i = 0; i < reqs.size(); i++) rpctest::fill_request(reqs[i], 2, i, i % 100);
+  size_t sent = 0, done = 0;
+  std::vector<int> seen(reqs.size(), 0);
+  auto deadline = std::chrono::steady_clock::now() + 30s;
+  while (done < reqs.size() && std::chrono::steady_clock::now() < deadline) {
+    std::vector<RpcCall> calls;
+    for (size_t i = sent; i < reqs.size() && calls.size() < depth; i++)
+      calls.push_back(RpcCall{kEcho, reqs[i], replies[i].data(), uint32_t(replies[i].size()), reinterpret_cast<void*>(i)});
+    if (!calls.empty()) {
+      auto r = cli->submit(calls, nullptr);
+      if (r) sent += r.value();
+      else ASSERT_EQ(r.error().code(), -EAGAIN) << r.error().message();
+    }
+    RpcCompletion c[32];
+    auto n = cli->poll(c);
+    ASSERT_TRUE(n);
+    for (size_t k = 0; k < n.value(); k++) {
+      size_t i = reinterpret_cast<size_t>(c[k].tag);
+      ASSERT_LT(i, reqs.size());
+      EXPECT_EQ(i, done + k) << "completions come in submission order";
+      seen[i]++;
+      EXPECT_EQ(c[k].status, int32_t(reqs[i].size()));
+      EXPECT_TRUE(rpctest::is_echo_plus_one(reqs[i], replies[i].data(), c[k].len)) << i;
+    }
+    done += n.value();
+  }
+  ASSERT_EQ(done, reqs.size());
+  for (size_t i = 0; i < seen.size(); i++) EXPECT_EQ(seen[i], 1) << i;
+  EXPECT_EQ(srv->stats().requests, reqs.size());
+  EXPECT_LT(srv->stats().batches, reqs.size()) << "the server batches concurrent requests";
+}
+
+TEST(Rpc, UnknownOpAndOversizedRequestAreErrorsNotHangs) {
+  RpcPool p("rpc-errs");
+  auto srv = serve_echo(p.attach(0), small_server());
+  auto cli = connect(p.attach(1));
+  char reply[64];
+  auto r = cli->call(999, {}, reply, sizeof reply);
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, -EOPNOTSUPP);
+  std::vector<std::byte> big(cli->request_max() + 1);
+  auto e = cli->call(kEcho, big, reply, sizeof reply);
+  ASSERT_FALSE(e);
+  EXPECT_EQ(e.error().code(), -EMSGSIZE);
+  EXPECT_NE(e.error().message().find("rpc carve 'rpc'"), std::string::npos) << e.error().message();
+}
+
+TEST(Rpc, ReplyLargerThanTheCallersBufferIsTruncatedAndLenSaysSo) {
+  RpcPool p("rpc-trunc");
+  auto srv = serve_echo(p.attach(0), small_server(2));
+  auto cli = connect(p.attach(1));
+  std::vector<std::byte> req;
+  rpctest::fill_request(req, 3, 0, 100);
+  std::byte reply[10];
+  auto r = cli->call(kEcho, req, reply, sizeof reply);
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->len, 100u);
+  for (int i = 0; i < 10; i++) EXPECT_EQ(reply[i], std::byte(uint8_t(req[i]) + 1));
+}
+
+TEST(Rpc, SilentServerGivesETIMEDOUTAndTheLateReplyIsDropped) {
+  RpcPool p("rpc-timeout");
+  NodeContext& sn = p.attach(0);
+  auto s = RpcServer::create(sn, small_server());
+  ASSERT_TRUE(s) << s.error().message();
+  RpcServer& srv = *s.value();
+  srv.handle(kEcho, rpctest::echo_plus_one());
+  std::atomic<bool> serving{true};
+  std::thread t([&] {
+    while (serving) {
+      (void)srv.poll_once();
+      std::this_thread::sleep_for(100us);
+    }
+  });
+  auto cli = connect(p.attach(1));
+  serving = false;  // connected; now nobody polls
+  t.join();
+  std::vector<std::byte> req;
+  rpctest::fill_request(req, 4, 0, 20);
+  std::byte reply[64];
+  auto t0 = std::chrono::steady_clock::now();
+  auto r = cli->call(kEcho, req, reply, sizeof reply, 50ms);
+  ASSERT_FALSE(r);
+  EXPECT_EQ(r.error().code(), -ETIMEDOUT);
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 5s);
+  EXPECT_EQ(cli->in_flight(), 0u);
+  // The server wakes up and answers the old request: the client drops it
+  // (already reported) and the next call gets its own reply.
+  srv.start();
+  rpctest::fill_request(req, 4, 1, 30);
+  auto r2 = cli->call(kEcho, req, reply, sizeof reply, 5s);
+  ASSERT_TRUE(r2) << r2.error().message();
+  EXPECT_TRUE(rpctest::is_echo_plus_one(req, reply, r2->len));
+  EXPECT_EQ(srv.stats().requests, 2u) << "the timed-out request still ran exactly once";
+}
+
+TEST(Rpc, StoppedServerGivesECONNRESETAndANewServerIsReachedOnTheNextSubmit) {
+  RpcPool p("rpc-restart");
+  NodeContext& sn = p.attach(0);
+  auto srv = serve_echo(sn, small_server());
+  uint32_t epoch1 = srv->epoch();
+  auto cli = connect(p.attach(1));
+  std::byte reply[64];
+  ASSERT_TRUE(cli->call(kEcho, {}, reply, sizeof reply));
+  srv.reset();  // STOPPED
+  auto t0 = std::chrono::steady_clock::now();
+  auto r = cli->call(kEcho, {}, reply, sizeof reply, 10s);
+  ASSERT_FALSE(r);
+  EXPECT_EQ(r.error().code(), -ECONNRESET) << r.error().message();
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 2s) << "a stopped server is noticed within milliseconds";
+  auto again = cli->call(kEcho, {}, reply, sizeof reply);
+  ASSERT_FALSE(again);
+  EXPECT_EQ(again.error().code(), -ECONNRESET) << "no server to reconnect to";
+
+  srv = serve_echo(sn, small_server());
+  EXPECT_EQ(srv->epoch(), epoch1 + 1);
+  auto ok = cli->call(kEcho, {}, reply, sizeof reply);
+  ASSERT_TRUE(ok) << ok.error().message();
+  EXPECT_EQ(cli->stats().reconnects, 1u);
+}
+
+TEST(Rpc, SecondServerIsRefusedWhileTheFirstRuns) {
+  RpcPool p("rpc-busy");
+  NodeContext& n0 = p.attach(0);
+  auto srv = serve_echo(n0, small_server());
+  auto second = RpcServer::create(p.attach(1), small_server());
+  ASSERT_FALSE(second);
+  EXPECT_EQ(second.error().code(), -EBUSY);
+  EXPECT_NE(second.error().message().find("a server is running"), std::string::npos);
+}
+
+TEST(Rpc, RingOfALiveClientIsBusyAndAutomaticRingsDiffer) {
+  RpcPool p("rpc-rings");
+  auto srv = serve_echo(p.attach(0), small_server());
+  NodeContext& cn = p.attach(1);
+  auto a = connect(cn, 3);
+  RpcClientOptions o;
+  o.ring = 3;
+  auto b = RpcClient::connect(cn, o);
+  ASSERT_FALSE(b);
+  EXPECT_EQ(b.error().code(), -EBUSY);
+  auto c = connect(cn);
+  auto d = connect(cn);
+  EXPECT_NE(c->ring(), 3u);
+  EXPECT_NE(d->ring(), 3u);
+  EXPECT_NE(c->ring(), d->ring());
+  a.reset();  // detached: the ring is free again
+  auto e = connect(cn, 3);
+  std::byte reply[64];
+  EXPECT_TRUE(e->call(kEcho, {}, reply, sizeof reply));
+}
+
+TEST(Rpc, NoServerMeansECONNREFUSEDAtConnect) {
+  RpcPool p("rpc-refused");
+  NodeContext& n = p.attach(1);
+  auto c = RpcClient::connect(n);
+  ASSERT_FALSE(c);
+  EXPECT_EQ(c.error().code(), -ECONNREFUSED);
+}
+
+TEST(Rpc, CarveHeaderDamageIsReported) {
+  RpcPool p("rpc-damage");
+  {
+    auto srv = serve_echo(p.attach(0), small_server());
+  }
+  auto ci = p.region->carve(CXLKV_CARVE_RPC).value();
+  auto* h = p.region->at<cxlkv_rpc_header>(ci.offset);
+  uint32_t depth = 3;  // not a power of two, and the checksum no longer matches
+  p.region->domain().write_nt(&h->depth, depth);
+  p.region->domain().fence();
+  auto c = RpcCarve::open(*p.region, p.region->domain());
+  ASSERT_FALSE(c);
+  EXPECT_EQ(c.error().code(), -EINVAL);
+  EXPECT_NE(c.error().message().find("checksum"), std::string::npos) << c.error().message();
+}
+
+}  // namespace
+}  // namespace cxlkv

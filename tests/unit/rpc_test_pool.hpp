@@ -1,0 +1,94 @@
+// SPDX-License-Identifier: MIT
+// Test helper for the RPC tests: a standard shm pool with an "rpc" carve
+// (and optionally others), removed at the end; nodes attached on demand,
+// optionally each with its own NonCoherentSim cache.
+#pragma once
+
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "coherence/noncoherent_sim.hpp"
+#include "cxlkv/rpc.hpp"
+#include "cxlkv/sync.hpp"
+#include "pool/format.hpp"
+
+namespace cxlkv::rpctest {
+
+struct RpcPool {
+  explicit RpcPool(const std::string& tag, uint64_t size = 64ull << 20,
+                   std::vector<std::pair<std::string, uint64_t>> carves = {{CXLKV_CARVE_RPC, 2ull << 20}}) {
+    name = "cxlkv-test-" + tag + "-" + std::to_string(getpid());
+    uri = "shm:" + name + ":" + std::to_string(size >> 20) + "M";
+    PoolFormatOptions o;
+    o.max_nodes = 8;
+    o.max_locks = CXLKV_MIN_LOCKS;
+    o.force = true;
+    o.extra_carves = std::move(carves);
+    auto r = format_pool(uri, o);
+    if (!r) throw std::runtime_error(r.error().message());
+    region = std::move(r.value());
+  }
+  ~RpcPool() {
+    nodes.clear();
+    for (auto& n : local_names) NodeContext::unlink_local(n);
+    region.reset();
+    sim.reset();
+    ::shm_unlink(("/" + name).c_str());
+  }
+  void simulate(uint32_t n, NonCoherentSimOptions o) {
+    o.nodes = n;
+    sim = std::make_unique<NonCoherentSim>(region->base(), region->size(), o);
+  }
+  MemoryDomain& domain(uint32_t i) { return sim ? sim->node(i) : region->domain(); }
+  NodeContext& attach(uint32_t node, bool heartbeat = false) {
+    NodeOptions o;
+    o.node = node;
+    o.heartbeat = heartbeat;
+    o.heartbeat_ms = 20;
+    auto r = NodeContext::attach(*region, domain(node), o);
+    if (!r) throw std::runtime_error(r.error().message());
+    local_names.push_back(r.value()->local_shm_name());
+    nodes.push_back(std::move(r.value()));
+    return *nodes.back();
+  }
+  std::string name, uri;
+  std::unique_ptr<Region> region;
+  std::unique_ptr<NonCoherentSim> sim;
+  std::vector<std::unique_ptr<NodeContext>> nodes;
+  std::vector<std::string> local_names;
+};
+
+// The request each test sends and the reply the echo handler computes: a
+// pattern derived from (client, n) so any stale or torn byte is seen.
+inline void fill_request(std::vector<std::byte>& buf, uint64_t client, uint64_t n, size_t len) {
+  buf.resize(len);
+  uint64_t x = client * 0x9e3779b97f4a7c15ull ^ (n + 1) * 0xbf58476d1ce4e5b9ull;
+  for (size_t i = 0; i < len; i++) {
+    x ^= x >> 29;
+    x *= 0x94d049bb133111ebull;
+    buf[i] = std::byte(x >> 56);
+  }
+}
+// Echo handler: the reply is the request with every byte + 1; the status is
+// the request length.
+inline RpcHandler echo_plus_one() {
+  return [](const RpcRequest& rq, std::span<std::byte> reply, uint32_t& len) -> int32_t {
+    size_t n = std::min(rq.data.size(), reply.size());
+    for (size_t i = 0; i < n; i++) reply[i] = std::byte(uint8_t(rq.data[i]) + 1);
+    len = static_cast<uint32_t>(n);
+    return static_cast<int32_t>(rq.data.size());
+  };
+}
+inline bool is_echo_plus_one(const std::vector<std::byte>& req, const std::byte* reply, uint32_t len) {
+  if (len != req.size()) return false;
+  for (size_t i = 0; i < req.size(); i++)
+    if (reply[i] != std::byte(uint8_t(req[i]) + 1)) return false;
+  return true;
+}
+
+}  // namespace cxlkv::rpctest
