@@ -172,6 +172,7 @@ class ContextStore {
   uint64_t carve_off_ = 0, carve_size_ = 0, parts_off_ = 0, part_bytes_ = 0;
   uint32_t nparts_ = 0, slots_ = 0;
   int lock_fd_ = -1;
+  std::string lock_path_;
   uint64_t heap_next_ = 0, heap_end_ = 0;  // writer's view of its partition header
   uint32_t live_ = 0;
 };
@@ -244,6 +245,9 @@ void attend_rows(Isa isa, Dtype dtype, const void* k, const void* v, uint32_t nt
                  const float* q, uint32_t nq, float scale, float* m, float* l, float* acc);
 // Merge two partials over disjoint token sets into the partial of their union.
 Result<Partial> merge(const Partial& a, const Partial& b);
+// The same on raw arrays: n rows of head_dim (out may alias out_a or out_b).
+void merge_rows(size_t n, uint32_t head_dim, const float* out_a, const float* lse_a, const float* out_b,
+                const float* lse_b, float* out, float* lse);
 
 // ---- hybrid steady-token mode (Algorithm 1) ----------------------------------
 

@@ -112,6 +112,24 @@ Result<Partial> attend(const Context& ctx, std::span<const float> queries, uint3
   return out;
 }
 
+void merge_rows(size_t n, uint32_t head_dim, const float* out_a, const float* lse_a, const float* out_b,
+                const float* lse_b, float* out, float* lse) {
+  for (size_t i = 0; i < n; i++) {
+    const float la = lse_a[i], lb = lse_b[i], mx = std::max(la, lb);
+    float* o = out + i * head_dim;
+    if (std::isinf(mx) && mx < 0) {  // both parts empty
+      std::fill(o, o + head_dim, 0.f);
+      lse[i] = -INFINITY;
+      continue;
+    }
+    const float wa = std::exp(la - mx), wb = std::exp(lb - mx), w = wa + wb;
+    const float* oa = out_a + i * head_dim;
+    const float* ob = out_b + i * head_dim;
+    for (uint32_t d = 0; d < head_dim; d++) o[d] = (wa * oa[d] + wb * ob[d]) / w;
+    lse[i] = mx + std::log(w);
+  }
+}
+
 Result<Partial> merge(const Partial& a, const Partial& b) {
   if (a.layers != b.layers || a.q_heads != b.q_heads || a.head_dim != b.head_dim ||
       a.out.size() != b.out.size() || a.lse.size() != b.lse.size() ||
@@ -121,21 +139,8 @@ Result<Partial> merge(const Partial& a, const Partial& b) {
                               std::to_string(b.layers) + "x" + std::to_string(b.q_heads) + "x" +
                               std::to_string(b.head_dim) + ")");
   Partial r = a;
-  for (size_t i = 0; i < a.lse.size(); i++) {
-    const float la = a.lse[i], lb = b.lse[i];
-    const float mx = std::max(la, lb);
-    float* o = r.out.data() + i * a.head_dim;
-    if (std::isinf(mx) && mx < 0) {  // both empty
-      r.lse[i] = -INFINITY;
-      std::fill(o, o + a.head_dim, 0.f);
-      continue;
-    }
-    const float wa = std::exp(la - mx), wb = std::exp(lb - mx), w = wa + wb;
-    const float* oa = a.out.data() + i * a.head_dim;
-    const float* ob = b.out.data() + i * a.head_dim;
-    for (uint32_t d = 0; d < a.head_dim; d++) o[d] = (wa * oa[d] + wb * ob[d]) / w;
-    r.lse[i] = mx + std::log(w);
-  }
+  merge_rows(a.lse.size(), a.head_dim, a.out.data(), a.lse.data(), b.out.data(), b.lse.data(), r.out.data(),
+             r.lse.data());
   return r;
 }
 

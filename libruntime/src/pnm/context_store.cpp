@@ -4,6 +4,7 @@
 // contract.  One writer per partition (flock), any number of readers.
 #include <fcntl.h>
 #include <sys/file.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -60,7 +61,10 @@ std::string lock_path(const Region& r, uint32_t part) {
 // ---- ContextStore --------------------------------------------------------------
 
 ContextStore::~ContextStore() {
-  if (lock_fd_ >= 0) ::close(lock_fd_);  // drops the flock
+  if (lock_fd_ >= 0) {
+    ::unlink(lock_path_.c_str());  // while still held: a later writer makes a fresh file
+    ::close(lock_fd_);             // drops the flock
+  }
 }
 
 Result<std::unique_ptr<ContextStore>> ContextStore::open(Region& region, const StoreOptions& o) {
@@ -83,6 +87,10 @@ Result<std::unique_ptr<ContextStore>> ContextStore::open(Region& region, const S
     } else if (c.error().code() == -EEXIST) {
       carve = region.carve(CXLKV_CARVE_PNM);  // another process made it first
       if (!carve.ok()) return carve.error();
+    } else if (c.error().code() == -ENOSPC) {
+      return Error(-ENOSPC, c.error().message() +
+                                " (the pnm carve needs free pool space: format the pool without the standard "
+                                "carves, or with room beside them)");
     } else {
       return c.error();
     }
@@ -153,13 +161,29 @@ Result<std::unique_ptr<ContextStore>> ContextStore::open(Region& region, const S
     if (o.partition >= st->nparts_)
       return Error(-EINVAL, C + "partition " + std::to_string(o.partition) + " out of range (carve has " +
                                 std::to_string(st->nparts_) + ")");
-    const std::string lp = lock_path(region, o.partition);
-    st->lock_fd_ = ::open(lp.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
-    if (st->lock_fd_ < 0) return Error(-errno, C + "lock file " + lp + ": " + std::strerror(errno));
-    if (::flock(st->lock_fd_, LOCK_EX | LOCK_NB) != 0)
-      return Error(errno == EWOULDBLOCK ? -EBUSY : -errno,
-                   C + "partition " + std::to_string(o.partition) +
-                       " already has a writer process (lock file " + lp + ")");
+    st->lock_path_ = lock_path(region, o.partition);
+    const std::string& lp = st->lock_path_;
+    // flock the node-local file; a file unlinked by the previous writer
+    // between our open and our flock is not the lock any more: retry.
+    for (int tries = 0;; tries++) {
+      st->lock_fd_ = ::open(lp.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+      if (st->lock_fd_ < 0) return Error(-errno, C + "lock file " + lp + ": " + std::strerror(errno));
+      if (::flock(st->lock_fd_, LOCK_EX | LOCK_NB) != 0) {
+        const int err = errno;
+        ::close(st->lock_fd_);
+        st->lock_fd_ = -1;
+        return Error(err == EWOULDBLOCK ? -EBUSY : -err,
+                     C + "partition " + std::to_string(o.partition) +
+                         " already has a writer process (lock file " + lp + ")");
+      }
+      struct stat a {}, b {};
+      if (::fstat(st->lock_fd_, &a) == 0 && ::stat(lp.c_str(), &b) == 0 && a.st_ino == b.st_ino &&
+          a.st_dev == b.st_dev)
+        break;
+      ::close(st->lock_fd_);
+      st->lock_fd_ = -1;
+      if (tries > 100) return Error(-EAGAIN, C + "lock file " + lp + " keeps being replaced");
+    }
     // Our own partition header: we are its only writer, but a previous
     // writer (maybe on another host) wrote it last: read it fresh (rule 4).
     auto part = d.read_fresh(region.at<cxlkv_pnm_part>(st->part_off(o.partition)));
