@@ -26,6 +26,7 @@ from .kv import Gpu, KvStore, Pins, get_ok, put_ok, status_name
 from .layout import PagedKV
 from .pool import LockManager, Pool
 from . import aio, metrics  # noqa: E402,F401
+from . import pnm  # noqa: E402,F401
 
 __version__ = "0.1.0"
 

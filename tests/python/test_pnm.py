@@ -1,0 +1,128 @@
+# SPDX-License-Identifier: MIT
+"""cxlkv.pnm: a long context appended from Python (numpy and torch bf16) is
+read by a second store handle; attention with the whole context as budget
+equals a float64 numpy reference; on planted-needle KV a small budget keeps
+most of the attention mass; merging two partials equals the union."""
+import ctypes as C
+import os
+
+import numpy as np
+import pytest
+
+import cxlkv
+from cxlkv import _lib, pnm
+from conftest import make_uri
+
+L, H, QH, D = 2, 2, 4, 32
+
+
+@pytest.fixture
+def pool():
+    uri, path = make_uri("pnm", 64 << 20)
+    o = _lib.FormatOpts(C.sizeof(_lib.FormatOpts), 0, 4, 1 << 1, 0, 0, 0)  # CXLKV_FORMAT_F_NO_STANDARD
+    _lib.check(_lib.lib().cxlkv_pool_format(uri.encode(), C.byref(o)), "format")
+    p = cxlkv.Pool(uri)
+    yield p
+    p.close()
+    os.unlink(path)
+
+
+def reference(q, k, v, pages_per_head, page_tokens):
+    """float64 attention of q [L][QH][D] over the listed pages of k, v [L][H][n][D]."""
+    n = k.shape[2]
+    out = np.zeros(q.shape)
+    lse = np.zeros(q.shape[:2])
+    for l in range(L):
+        for j in range(QH):
+            h = j // (QH // H)
+            idx = np.concatenate([np.arange(p * page_tokens, min(n, (p + 1) * page_tokens))
+                                  for p in pages_per_head[l * H + h]])
+            s = (k[l, h, idx].astype(np.float64) @ q[l, j].astype(np.float64)) / np.sqrt(D)
+            m = s.max()
+            w = np.exp(s - m)
+            out[l, j] = (w[:, None] * v[l, h, idx]).sum(0) / w.sum()
+            lse[l, j] = m + np.log(w.sum())
+    return out, lse
+
+
+def test_full_budget_equals_a_float64_reference(pool):
+    rng = np.random.default_rng(1)
+    n = 200
+    k = rng.standard_normal((L, H, n, D)).astype(np.float32)
+    v = rng.standard_normal((L, H, n, D)).astype(np.float32)
+    with pnm.PnmStore(pool, carve_bytes=8 << 20) as ws, pnm.PnmStore(pool, readonly=True) as rs:
+        w = ws.create(11, L, H, D, max_tokens=1024, dtype="f32")
+        w.append(k[:, :, :70], v[:, :, :70])
+        w.append(k[:, :, 70:], v[:, :, 70:])
+        r = rs.find(11)
+        assert r.refresh() == n
+        q = rng.standard_normal((L, QH, D)).astype(np.float32)
+        out, lse, stats = r.attend(q, token_budget=1 << 20, engine=pnm.Engine(2))
+        np_pages = (n + 15) // 16
+        want, want_lse = reference(q, k, v, [list(range(np_pages))] * (L * H), 16)
+        assert np.abs(out - want).max() < 1e-4
+        assert np.abs(lse - want_lse).max() < 1e-4
+        assert stats["ntokens"] == n and stats["selected_pages"] == L * H * np_pages
+        # Two disjoint halves merge into the whole.
+        sel = r.select(q, token_budget=48)
+        assert all(len(s) == 3 and s[0] == 0 and s[-1] == np_pages - 1 for s in sel)
+        out_s, lse_s, _ = r.attend(q, token_budget=48)
+        want_s, _ = reference(q, k, v, sel, 16)
+        assert np.abs(out_s - want_s).max() < 1e-4
+        rest = [sorted(set(range(np_pages)) - set(s.tolist())) for s in sel]
+        want_r, want_rl = reference(q, k, v, rest, 16)
+        m, ml = pnm.merge(out_s, lse_s, want_r.astype(np.float32), want_rl.astype(np.float32))
+        assert np.abs(m - want).max() < 1e-4
+        ws.destroy(11)
+        with pytest.raises(cxlkv.CxlkvError) as e:
+            r.refresh()
+        assert "destroyed" in str(e.value)
+
+
+def test_planted_needles_keep_most_attention_mass_with_a_small_budget(pool):
+    torch = pytest.importorskip("torch")
+    g = torch.Generator().manual_seed(2)
+    n, needles = 4096, [777, 2222, 3500]
+    k = torch.randn((L, H, n, D), generator=g) * 0.3
+    v = torch.randn((L, H, n, D), generator=g)
+    # Query heads of one KV head ask about the same thing (as grouped heads
+    # of a trained model tend to): a shared direction plus a little noise.
+    base = torch.randn((L, H, D), generator=g)
+    q = base.repeat_interleave(QH // H, dim=1) + 0.1 * torch.randn((L, QH, D), generator=g)
+    for t in needles:  # keys aligned with their KV head's query direction
+        k[:, :, t] = base * 2.5
+    with pnm.PnmStore(pool, carve_bytes=16 << 20) as ws, pnm.PnmStore(pool, readonly=True) as rs:
+        w = ws.create(12, L, H, D, max_tokens=n, dtype="bf16")
+        w.append(k.to(torch.bfloat16), v.to(torch.bfloat16))
+        r = rs.find(12)
+        kb = k.to(torch.bfloat16).float().numpy()
+        sel = r.select(q.numpy(), token_budget=256)
+        for s in sel:
+            for t in needles:
+                assert t // 16 in s, "a needle page was not selected"
+        # Mass of the full softmax captured by the selected pages.
+        for l in range(L):
+            for j in range(QH):
+                h = j // (QH // H)
+                s = kb[l, h] @ q[l, j].numpy() / np.sqrt(D)
+                p = np.exp(s - s.max())
+                p /= p.sum()
+                kept = np.concatenate([np.arange(pg * 16, pg * 16 + 16) for pg in sel[l * H + h]])
+                assert p[kept].sum() > 0.9
+
+
+def test_bad_input_is_refused(pool):
+    with pnm.PnmStore(pool, carve_bytes=8 << 20) as ws:
+        with pytest.raises(ValueError):
+            ws.create(1, L, H, D, max_tokens=64, dtype="int8")
+        w = ws.create(1, L, H, D, max_tokens=64, dtype="f16")
+        with pytest.raises(ValueError):
+            w.append(np.zeros((L, H, 4, D + 1)), np.zeros((L, H, 4, D + 1)))
+        with pytest.raises(cxlkv.CxlkvError) as e:
+            w.append(np.zeros((L, H, 65, D)), np.zeros((L, H, 65, D)))
+        assert "capacity" in str(e.value)
+        with pytest.raises(cxlkv.CxlkvError):
+            w.attend(np.zeros((L, 3, D)))  # 3 query heads over 2 KV heads
+        with pytest.raises(cxlkv.CxlkvError) as e:
+            pnm.PnmStore(pool)  # partition 0 already has a writer
+        assert e.value.errno == 16  # EBUSY
