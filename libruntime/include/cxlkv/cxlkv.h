@@ -37,6 +37,10 @@ struct cxlkv_format_opts {
 	uint32_t max_locks;   /* 0: default 1024 (CXLKV_DEFAULT_MAX_LOCKS) */
 	uint32_t reserved;    /* 0 */
 	uint64_t index_entries; /* 0: one per 64 KiB of kv space (power of two) */
+	/* since the RPC (cxlkv_rpc.h): bytes of an "rpc" carve for the shared-memory
+	 * RPC rings (rounded up to 2 MiB; 2 MiB hold 64 rings of 128 one-line
+	 * slots); 0: none */
+	uint64_t rpc_bytes;
 };
 #define CXLKV_FORMAT_F_FORCE        (1u << 0)   /* overwrite a valid pool */
 #define CXLKV_FORMAT_F_NO_STANDARD  (1u << 1)   /* superblock only, no standard carves */

@@ -21,12 +21,15 @@ struct cxlkv_pool {
 
 namespace cxlkv {
 class KvStore;
+class NodeContext;
 }
 
 namespace cxlkv::capi {
 
 // The KvStore behind a cxlkv_kv handle (kv_capi.cpp), for other C API files.
 KvStore& kv_store(cxlkv_kv* kv);
+// The NodeContext behind a cxlkv_node handle (sync_capi.cpp), for other C API files.
+NodeContext& node_context(cxlkv_node* node);
 
 // Record `msg` as this thread's last error and return `neg_errno`.
 int set_error(int neg_errno, const std::string& msg);

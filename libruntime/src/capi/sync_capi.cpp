@@ -24,6 +24,8 @@ struct cxlkv_lock_manager {
   std::unique_ptr<cxlkv::LockManager> mgr;
 };
 
+cxlkv::NodeContext& cxlkv::capi::node_context(cxlkv_node* node) { return *node->ctx; }
+
 using cxlkv::capi::guarded;
 using cxlkv::capi::set_error;
 
