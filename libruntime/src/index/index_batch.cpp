@@ -25,7 +25,17 @@ constexpr int kReserveRounds = 8;
 
 BlockLocation loc_of(const cxlkv_index_entry& e) { return BlockLocation{e.loc_off, e.loc_len, e.loc_dev, e.loc_tier}; }
 
+// Probes of a sparse table end within a line or two of the home slot: the
+// lines a call reads in the LockSet's one sweep (lock_set.hpp "Line cache").
+constexpr uint32_t kPrefetchProbe = 2;
+
 }  // namespace
+
+void PrefixIndex::probe_lines(const BlockKey& key, std::vector<uint32_t>& out) const {
+  const uint32_t base = stripe_of(key) * hdr_.stripe_slots, mask = hdr_.stripe_slots - 1;
+  const uint32_t off = static_cast<uint32_t>(key.lo & mask);
+  for (uint32_t i = 0; i < kPrefetchProbe && i < hdr_.stripe_slots; i++) out.push_back(base + ((off + i) & mask));
+}
 
 size_t PrefixIndex::reserve_locked(LockSet& ls, const BlockKey* pkey, std::span<const BlockKey> keys, size_t from,
                                    uint64_t bytes, std::span<Reservation> out, std::span<int32_t> status,
@@ -227,7 +237,10 @@ Result<size_t> PrefixIndex::reserve_chain(const BlockKey* parent, std::span<cons
   if (lr == m) return settled(m);
   // 2. Room ahead of demand, one stripe lock at a time; the stripe lines
   // are swept once for the whole call (PoolView).
-  PoolView view = pool_view();
+  // Without a capacity limit nothing reads the view: no sweep.
+  const bool limited = cfg_.max_blocks || cfg_.max_bytes;
+  PoolView view;
+  if (limited) view = pool_view();
   CXLKV_TRY(make_room(m - lr, (m - lr) * bytes, &view));
   if (lr > 0 && find_ready(keys[lr - 1]) == kNo) ready_prefix();  // our eviction took the prefix's end
   // 3. The rest under one lock set.
@@ -237,16 +250,25 @@ Result<size_t> PrefixIndex::reserve_chain(const BlockKey* parent, std::span<cons
   uint32_t held_parent = kNo;  // parent whose children count a full round left raised
   for (int round = 0; round < kReserveRounds && next < m; round++) {
     const BlockKey* pkey = next ? &keys[next - 1] : parent;
-    std::vector<uint32_t> stripes;
-    for (size_t i = next; i < m; i++) stripes.push_back(stripe_of(keys[i]));
-    if (pkey) stripes.push_back(stripe_of(*pkey));
+    std::vector<uint32_t> stripes, lines;
+    stripes.reserve(m - next + 1);
+    lines.reserve((m - next + 1) * kPrefetchProbe);
+    for (size_t i = next; i < m; i++) {
+      stripes.push_back(stripe_of(keys[i]));
+      probe_lines(keys[i], lines);
+    }
+    if (pkey) {
+      stripes.push_back(stripe_of(*pkey));
+      probe_lines(*pkey, lines);
+    }
     {
       LockSet ls(*this);
-      if (auto a = ls.acquire(stripes); !a) {
+      if (auto a = ls.acquire(stripes, lines); !a) {
         status[next] = a.error().code();
         block_error(a.error().code(), a.error().message());
         break;
       }
+      ls.mark_all();  // a new block changes its stripe's counters: one fence for every dirty mark
       next = reserve_locked(ls, pkey, keys.first(m), next, bytes, out, status, &parents, &need_reclaim,
                             &held_parent, view, through_busy);
       view.take(ls);
@@ -260,7 +282,7 @@ Result<size_t> PrefixIndex::reserve_chain(const BlockKey* parent, std::span<cons
       if (auto d = drop_children(parents); !d) return d.error();
     }
     if (!ev || !ev.value()) break;
-    view = pool_view();
+    if (limited) view = pool_view();
     if (round + 1 == kReserveRounds) break;  // the last round's -ENOSPC and its message stand
     begin_batch();
     status[next] = -ECANCELED;
@@ -285,7 +307,7 @@ Result<size_t> PrefixIndex::publish_many(std::span<const uint32_t> slots, std::s
   for (uint32_t sl : slots)
     if (sl < hdr_.nslots) stripes.push_back(sl / hdr_.stripe_slots);
   LockSet ls(*this);
-  CXLKV_TRY(ls.acquire(stripes));
+  CXLKV_TRY(ls.acquire(stripes, slots));  // the entries in the same sweep as the stripe lines
   size_t good = 0;
   const uint32_t now = now_ms();
   uint32_t last_published = kNo;
@@ -357,7 +379,7 @@ Result<size_t> PrefixIndex::abort_many(std::span<const uint32_t> slots, std::spa
   size_t good = 0;
   {
     LockSet ls(*this);
-    CXLKV_TRY(ls.acquire(stripes));
+    CXLKV_TRY(ls.acquire(stripes, slots));
     // Leaf first: a chain given parent first is aborted from its end, and a
     // parent in a held stripe loses its child at once.
     for (size_t j = keys.size(); j-- > 0;) {
@@ -428,10 +450,15 @@ Result<size_t> PrefixIndex::pin_many(std::span<const BlockKey> keys, std::span<P
     }
   }
   if (todo.empty()) return good;
-  std::vector<uint32_t> stripes;
-  for (size_t i : todo) stripes.push_back(stripe_of(keys[i]));
+  std::vector<uint32_t> stripes, lines;
+  stripes.reserve(todo.size());
+  lines.reserve(todo.size() * kPrefetchProbe);
+  for (size_t i : todo) {
+    stripes.push_back(stripe_of(keys[i]));
+    probe_lines(keys[i], lines);
+  }
   LockSet ls(*this);
-  CXLKV_TRY(ls.acquire(stripes));
+  CXLKV_TRY(ls.acquire(stripes, lines));
   const uint32_t now = now_ms();
   for (size_t i : todo) {
     cxlkv_index_entry e;
@@ -477,10 +504,15 @@ Result<size_t> PrefixIndex::unpin_many(std::span<const uint32_t> slots, std::spa
     }
   }
   if (todo.empty()) return good;
-  std::vector<uint32_t> stripes;
-  for (size_t i : todo) stripes.push_back(slots[i] / hdr_.stripe_slots);
+  std::vector<uint32_t> stripes, lines;
+  stripes.reserve(todo.size());
+  lines.reserve(todo.size());
+  for (size_t i : todo) {
+    stripes.push_back(slots[i] / hdr_.stripe_slots);
+    lines.push_back(slots[i]);
+  }
   LockSet ls(*this);
-  CXLKV_TRY(ls.acquire(stripes));
+  CXLKV_TRY(ls.acquire(stripes, lines));
   for (size_t i : todo) {
     cxlkv_index_entry e = read_entry(slots[i]);
     if (e.key_lo != keys[i].lo || e.key_hi != keys[i].hi) {

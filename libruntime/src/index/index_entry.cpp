@@ -3,6 +3,7 @@
 // lines (entries, stripe lines, ext records) under the coherence contract.
 #include "index/index_internal.hpp"
 #include "index/index_check.hpp"
+#include "index/lock_set.hpp"
 #include "index/prefix_index.hpp"
 
 #include <time.h>
@@ -151,6 +152,17 @@ uint32_t PrefixIndex::home(const BlockKey& k) const {
 uint32_t PrefixIndex::now_ms() const { return static_cast<uint32_t>(realtime_ms() - cfg_.epoch_ms); }
 
 cxlkv_index_entry PrefixIndex::read_entry(uint32_t slot) const {
+  // Under a lock set holding the slot's stripe: memory once per hold, then
+  // the set's copy (lock_set.hpp "Line cache": rule 4 + rule 7).
+  LockSet* ls = LockSet::holding(this, slot);
+  if (ls)
+    if (const cxlkv_index_entry* c = ls->cached_entry(slot)) return *c;
+  cxlkv_index_entry e = read_entry_fresh(slot);
+  if (ls && e.state != kStateDamaged) ls->put_entry(slot, e);
+  return e;
+}
+
+cxlkv_index_entry PrefixIndex::read_entry_fresh(uint32_t slot) const {
   cxlkv_index_entry e;
   const cxlkv_index_entry* p = slot_ptr(slot);
   for (uint32_t tries = 0;; tries++) {
@@ -185,6 +197,16 @@ uint32_t PrefixIndex::write_entry(uint32_t slot, cxlkv_index_entry e, bool bump)
   e.check = cxlkv_index_entry_check(&e);
   // rule 1: entry lines have many writers over time: one whole-line NT publish.
   d_->publish_line(slot_ptr(slot), &e);
+  if (LockSet* ls = LockSet::holding(this, slot)) {
+    ls->put_entry(slot, e);
+    // rule 3: a block left WRITING or READY is fenced with the set's other
+    // writes at release, before the unlock; a removal (EVICTING, TOMBSTONE)
+    // is fenced now, before the payload it named is freed.
+    if (e.state == CXLKV_ENTRY_WRITING || e.state == CXLKV_ENTRY_READY) {
+      ls->defer_fence();
+      return e.version;
+    }
+  }
   d_->fence();  // rule 3: the entry is visible before the lock is released
   return e.version;
 }
@@ -193,6 +215,7 @@ void PrefixIndex::write_empty(uint32_t slot) {
   static const cxlkv_index_entry zero{};
   d_->publish_line(slot_ptr(slot), &zero);  // rule 1: whole-line NT publish
   d_->fence();
+  if (LockSet* ls = LockSet::holding(this, slot)) ls->put_entry(slot, zero);
 }
 
 cxlkv_index_stripe PrefixIndex::read_stripe(uint32_t stripe) const {
@@ -240,12 +263,16 @@ std::vector<cxlkv_index_stripe> PrefixIndex::read_stripes() const {
 }
 
 cxlkv_index_ext PrefixIndex::read_ext(uint32_t slot) const {
+  LockSet* ls = LockSet::holding(this, slot);  // line cache (lock_set.hpp)
+  if (ls)
+    if (const cxlkv_index_ext* c = ls->cached_ext(slot)) return *c;
   cxlkv_index_ext x;
   // rule 4: only lock holders write ext records, and the caller holds the
   // stripe lock, so one invalidate + fence + load sees the last holder's NT stores.
   d_->invalidate(ext_ptr(slot), sizeof x);
   d_->fence();
   d_->load(&x, ext_ptr(slot), sizeof x);
+  if (ls) ls->put_ext(slot, x);
   return x;
 }
 
@@ -253,6 +280,10 @@ void PrefixIndex::write_ext(uint32_t slot, const cxlkv_index_ext& x) {
   // rule 1: a line of two records with many writers over time: NT stores only.
   // Fenced by LockSet::release() before the stripe line is cleaned (rule 3).
   d_->store_nt(ext_ptr(slot), &x, sizeof x);
+  if (LockSet* ls = LockSet::holding(this, slot)) {
+    ls->put_ext(slot, x);
+    ls->defer_fence();
+  }
 }
 
 uint32_t PrefixIndex::probe(const BlockKey& key, cxlkv_index_entry* out, uint32_t* free_slot, bool* ghost) const {

@@ -8,14 +8,33 @@
 // (rule 3: data before the line that vouches for them), publishes the line
 // with list_dirty = 0, and unlocks.  A holder that dies in between leaves
 // list_dirty set; the next acquirer rebuilds the list and counters.
+//
+// Line cache (issue 10: control cost per block).  Only holders of a
+// stripe's lock write its entry and ext lines (rule 7, uapi/cxlkv_index.h),
+// so a line invalidated and loaded after the lock was taken stays what
+// memory holds until the lock is released, except for this call's own
+// writes.  While a set holds a stripe, PrefixIndex::read_entry / read_ext of
+// its slots read memory once (rule 4) and are then served from the set's
+// copy, which the call's writes keep current; acquire() invalidates the
+// held stripe lines and the lines the call says it will read (`prefetch`)
+// in one sweep with one fence and loads them all, instead of a fence per
+// line.  Entry writes that leave a block WRITING or READY are fenced once,
+// at release, before the clean stripe lines and the unlocks (rule 3: every
+// write of the critical section is in memory before the release that makes
+// it the next holder's to read); removals keep their own fence.  The cache
+// dies with the hold: the next hold reads memory again.
 #pragma once
 
 #include <algorithm>
+#include <cstring>
+#include <span>
 #include <vector>
 
+#include "index/index_internal.hpp"
 #include "index/prefix_index.hpp"
 
 namespace cxlkv {
+namespace index_detail {
 
 class LockSet {
  public:
@@ -30,28 +49,53 @@ class LockSet {
   LockSet(const LockSet&) = delete;
   LockSet& operator=(const LockSet&) = delete;
 
-  // Lock `stripes` (any order, duplicates allowed) in ascending order.
-  Result<void> acquire(std::vector<uint32_t> stripes) {
+  // Lock `stripes` (any order, duplicates allowed) in ascending order, then
+  // read their stripe lines and the entry lines of `prefetch` (slots of the
+  // held stripes the call is about to read; others are ignored) fresh in one
+  // sweep: invalidate all, one fence, load all (rule 4).
+  Result<void> acquire(std::vector<uint32_t> stripes, std::span<const uint32_t> prefetch = {}) {
     std::sort(stripes.begin(), stripes.end());
     stripes.erase(std::unique(stripes.begin(), stripes.end()), stripes.end());
+    MemoryDomain& d = *ix_.d_;
+    const size_t first = held_.size();
     for (uint32_t s : stripes) {
       if (auto r = ix_.locks_->lock(s); !r) {
         release();
         return r.error();
       }
-      held_.push_back(Held{s, ix_.read_stripe(s)});  // rule 4
-      if (held_.back().st.list_dirty) {
-        ix_.repair_stripe(*this, s);  // a holder died mid-change
-        ix_.ctr_.list_repairs++;
+      held_.push_back(Held{s, {}});
+      set_bit(s);
+    }
+    activate();
+    // rule 4 (+ rule 7: nobody but a holder writes these lines): one sweep.
+    for (size_t i = first; i < held_.size(); i++) d.invalidate(ix_.stripe_ptr(held_[i].stripe), 64);
+    size_t want = 0;
+    for (uint32_t slot : prefetch)
+      if (slot < ix_.hdr_.nslots && holds(slot / ix_.hdr_.stripe_slots) && !find(slot)) {
+        d.invalidate(ix_.slot_ptr(slot), 64);
+        want++;
+      }
+    d.fence();
+    for (size_t i = first; i < held_.size(); i++) d.load(&held_[i].st, ix_.stripe_ptr(held_[i].stripe), 64);
+    if (want) {
+      static const cxlkv_index_entry zero{};
+      for (uint32_t slot : prefetch) {
+        if (slot >= ix_.hdr_.nslots || !holds(slot / ix_.hdr_.stripe_slots) || find(slot)) continue;
+        cxlkv_index_entry e;
+        d.load(&e, ix_.slot_ptr(slot), sizeof e);
+        ix_.probes_.fetch_add(1, std::memory_order_relaxed);
+        const bool valid = e.check ? e.check == cxlkv_index_entry_check(&e) : std::memcmp(&e, &zero, sizeof e) == 0;
+        if (valid) put_entry(slot, e);  // else: read_entry's careful path when the call reads it
       }
     }
+    for (size_t i = first; i < held_.size(); i++)
+      if (held_[i].st.list_dirty) {
+        ix_.repair_stripe(*this, held_[i].stripe);  // a holder died mid-change
+        ix_.ctr_.list_repairs++;
+      }
     return {};
   }
-  bool holds(uint32_t s) const {
-    for (auto& h : held_)
-      if (h.stripe == s) return true;
-    return false;
-  }
+  bool holds(uint32_t s) const { return s / 64 < bits_.size() && (bits_[s / 64] >> (s % 64) & 1); }
   Held& at(uint32_t s) {
     for (auto& h : held_)
       if (h.stripe == s) return h;
@@ -67,24 +111,139 @@ class LockSet {
     ix_.write_stripe(s, h.st);  // rule 1 + 3: whole line, NT, fenced
     h.marked = true;
   }
+  // mark() of every held stripe, with one fence for all of them (a call
+  // that will change most of its stripes, e.g. a reserve of a chain).
+  void mark_all() {
+    bool any = false;
+    for (auto& h : held_) {
+      if (h.marked) continue;
+      h.st.list_dirty = 1;
+      ix_.d_->publish_line(ix_.stripe_ptr(h.stripe), &h.st);  // rule 1: whole line, NT
+      h.marked = any = true;
+    }
+    if (any) ix_.d_->fence();  // rule 3: dirty marks in memory before the changes they cover
+  }
   void release() {
-    if (held_.empty()) return;
+    if (held_.empty()) {
+      deactivate();
+      return;
+    }
+    MemoryDomain& d = *ix_.d_;
     bool any = false;
     for (auto& h : held_) any |= h.marked;
-    if (any) ix_.d_->fence();  // rule 3: ext / entry writes before the clean stripe lines
-    for (auto it = held_.rbegin(); it != held_.rend(); ++it) {
-      if (it->marked) {
-        it->st.list_dirty = 0;
-        ix_.write_stripe(it->stripe, it->st);
-      }
-      ix_.locks_->unlock(it->stripe);
+    if (any || fence_due_) d.fence();  // rule 3: ext / entry writes before the clean stripe lines and the unlocks
+    if (any) {
+      for (auto& h : held_)
+        if (h.marked) {
+          h.st.list_dirty = 0;
+          d.publish_line(ix_.stripe_ptr(h.stripe), &h.st);  // rule 1: whole line, NT
+        }
+      d.fence();  // rule 3: clean lines in memory before the locks are released
     }
+    for (auto it = held_.rbegin(); it != held_.rend(); ++it) ix_.locks_->unlock(it->stripe);
     held_.clear();
+    std::fill(bits_.begin(), bits_.end(), 0);
+    lines_.clear();
+    std::fill(table_.begin(), table_.end(), 0);
+    fence_due_ = false;
+    deactivate();
   }
 
+  // ---- line cache (hooks of PrefixIndex's codec, index_entry.cpp) ----------
+  // The set of this thread holding the stripe of `slot` of `ix`, if any.
+  static LockSet* holding(const PrefixIndex* ix, uint32_t slot) {
+    if (slot >= ix->hdr_.nslots) return nullptr;
+    for (LockSet* p = active_; p; p = p->prev_)
+      if (&p->ix_ == ix && p->holds(slot / ix->hdr_.stripe_slots)) return p;
+    return nullptr;
+  }
+  const cxlkv_index_entry* cached_entry(uint32_t slot) const {
+    const Line* l = find(slot);
+    return l && l->has_e ? &l->e : nullptr;
+  }
+  const cxlkv_index_ext* cached_ext(uint32_t slot) const {
+    const Line* l = find(slot);
+    return l && l->has_x ? &l->x : nullptr;
+  }
+  void put_entry(uint32_t slot, const cxlkv_index_entry& e) {
+    Line& l = line(slot);
+    l.e = e;
+    l.has_e = true;
+  }
+  void put_ext(uint32_t slot, const cxlkv_index_ext& x) {
+    Line& l = line(slot);
+    l.x = x;
+    l.has_x = true;
+  }
+  // An entry write whose fence release() gives (see the header comment).
+  void defer_fence() { fence_due_ = true; }
+
  private:
+  struct Line {
+    uint32_t slot;
+    bool has_e = false, has_x = false;
+    cxlkv_index_entry e{};
+    cxlkv_index_ext x{};
+  };
+  void set_bit(uint32_t s) {
+    if (s / 64 >= bits_.size()) bits_.resize(s / 64 + 1, 0);
+    bits_[s / 64] |= 1ull << (s % 64);
+  }
+  static uint32_t hash(uint32_t slot) { return slot * 2654435761u; }
+  const Line* find(uint32_t slot) const {
+    if (table_.empty()) return nullptr;
+    const uint32_t mask = uint32_t(table_.size() - 1);
+    for (uint32_t h = hash(slot) & mask;; h = (h + 1) & mask) {
+      if (!table_[h]) return nullptr;
+      if (lines_[table_[h] - 1].slot == slot) return &lines_[table_[h] - 1];
+    }
+  }
+  Line& line(uint32_t slot) {
+    if (const Line* l = find(slot)) return const_cast<Line&>(*l);
+    if ((lines_.size() + 1) * 2 > table_.size()) {
+      table_.assign(std::max<size_t>(256, table_.size() * 2), 0);
+      const uint32_t mask = uint32_t(table_.size() - 1);
+      for (uint32_t i = 0; i < lines_.size(); i++) {
+        uint32_t h = hash(lines_[i].slot) & mask;
+        while (table_[h]) h = (h + 1) & mask;
+        table_[h] = i + 1;
+      }
+    }
+    const uint32_t mask = uint32_t(table_.size() - 1);
+    uint32_t h = hash(slot) & mask;
+    while (table_[h]) h = (h + 1) & mask;
+    lines_.push_back(Line{slot, false, false, {}, {}});
+    table_[h] = uint32_t(lines_.size());
+    return lines_.back();
+  }
+  void activate() {
+    for (LockSet* p = active_; p; p = p->prev_)
+      if (p == this) return;
+    prev_ = active_;
+    active_ = this;
+  }
+  void deactivate() {
+    if (active_ == this) {
+      active_ = prev_;
+    } else {
+      for (LockSet* p = active_; p; p = p->prev_)
+        if (p->prev_ == this) {
+          p->prev_ = prev_;
+          break;
+        }
+    }
+    prev_ = nullptr;
+  }
+
   PrefixIndex& ix_;
   std::vector<Held> held_;
+  std::vector<uint64_t> bits_;     // held stripes
+  std::vector<Line> lines_;        // cached lines of held stripes
+  std::vector<uint32_t> table_;    // slot -> 1 + index in lines_ (0: empty), open addressing
+  bool fence_due_ = false;
+  LockSet* prev_ = nullptr;        // the set that was active on this thread before this one
+  static inline thread_local LockSet* active_ = nullptr;
 };
 
+}  // namespace index_detail
 }  // namespace cxlkv

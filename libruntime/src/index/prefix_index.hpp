@@ -185,7 +185,9 @@ struct IndexUsage {
   uint64_t by_state[5] = {};
 };
 
-class LockSet;
+namespace index_detail {
+class LockSet;  // index/lock_set.hpp (not the sync layer's cxlkv::LockSet)
+}
 
 class PrefixIndex {
  public:
@@ -329,7 +331,8 @@ class PrefixIndex {
   uint32_t stripe_of(const BlockKey& k) const;
 
  private:
-  friend class LockSet;
+  friend class index_detail::LockSet;
+  using LockSet = index_detail::LockSet;
   PrefixIndex() = default;
   cxlkv_index_entry* slot_ptr(uint32_t slot) const;
   cxlkv_index_stripe* stripe_ptr(uint32_t stripe) const;
@@ -337,6 +340,7 @@ class PrefixIndex {
   // ---- codec (index_entry.cpp) ----------------------------------------------
   // rule 4 read of one line; re-read until its checksum is valid.
   cxlkv_index_entry read_entry(uint32_t slot) const;
+  cxlkv_index_entry read_entry_fresh(uint32_t slot) const;  // memory, never a lock set's copy
   // rule 1/3: seal (version, check), publish_line, fence.  Returns the
   // version written (bumped unless `bump` is false).
   uint32_t write_entry(uint32_t slot, cxlkv_index_entry e, bool bump = true);
@@ -410,6 +414,8 @@ class PrefixIndex {
                         std::vector<uint32_t>* parents, bool* need_reclaim, uint32_t* held_parent,
                         const PoolView& view, bool through_busy);
   void block_error(int32_t code, std::string msg);
+  // The first slots of `key`'s probe sequence (read in a LockSet's sweep).
+  void probe_lines(const BlockKey& key, std::vector<uint32_t>& out) const;
   static void begin_batch();  // remembers the first failure's message
 
   MemoryDomain* d_ = nullptr;
