@@ -1,0 +1,344 @@
+// SPDX-License-Identifier: MIT
+// Near-memory engine benchmarks (issue 16), each beside its same-run baseline:
+//   pnm.digest_gbps            CPU digest build (min/max of 16-token pages of
+//                              bf16 keys, 128 MiB, cold) vs pnm.read_memcpy_gbps,
+//                              a memcpy read of the same bytes in 32 KiB pieces
+//                              (the method of copy.read_memcpy_gbps)
+//   pnm.select_ms_128k         score + top-K of one decode step of one request,
+//                              Llama-3.1-8B geometry (32 layers, 8 KV heads,
+//                              32 query heads, head 128, bf16), 128K tokens;
+//                              bound: its digests read at pnm.read_memcpy_gbps
+//   pnm.select_ms_1m           the same at 1M tokens with 4 of the 32 layers (its
+//                              digests alone are 1 GiB; all 32 layers would be
+//                              8.6 GiB), pnm.select_ms_1m_bound likewise
+//   pnm.attention_ms_budget2048  attention of one step over the 2048-token budget,
+//                              all 32 layers, real bf16 KV (a 2560-token context);
+//                              bound: the selected K/V read at pnm.read_memcpy_gbps
+//   pnm.bytes_over_link_ratio  bytes to the GPU per step with near-memory
+//                              attention / recalling the selected pages
+//                              (_all_128k, _all_1m: / recalling every page)
+//   pnm.attention_mass_budget{256,2048}  attention mass the selection keeps on
+//                              the planted-needle set (32K tokens)
+// Selection contexts hold digests of pages that sit in untouched memory of a
+// sparse (MAP_NORESERVE) pool: scoring reads digests only.  The pool is read
+// through a coherent domain (as a near-memory processor sees its own memory);
+// pnm.select_ms_128k_flush is the same step on a write-back mapping of
+// non-coherent memory (rule 4: every digest range invalidated first).
+#include <sys/mman.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <memory>
+#include <random>
+#include <vector>
+
+#include "bench.hpp"
+#include "cxlkv/pnm.hpp"
+#include "cxlkv/region.hpp"
+#include "pnm/dtype.hpp"
+#include "pnm/synthetic.hpp"
+
+namespace {
+
+using namespace cxlkv;
+using namespace cxlkv::pnm;
+using Clock = std::chrono::steady_clock;
+
+double secs(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+// Anonymous memory that is committed only where touched.
+struct Sparse {
+  explicit Sparse(uint64_t n) : bytes(n) {
+    p = mmap(nullptr, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (p == MAP_FAILED) {
+      std::perror("bench pnm: mmap");
+      std::abort();
+    }
+  }
+  ~Sparse() { munmap(p, bytes); }
+  uint64_t bytes;
+  void* p;
+};
+
+[[noreturn]] void fail(const std::string& m) {
+  std::fprintf(stderr, "bench pnm: %s\n", m.c_str());
+  std::abort();
+}
+
+template <class T>
+T must(Result<T> r) {
+  if (!r.ok()) fail(r.error().message());
+  return std::move(r.value());
+}
+
+std::unique_ptr<Region> memory_pool(Sparse& s, DomainMode mode, bool format) {
+  OpenOptions oo;
+  oo.domain.mode = mode;
+  return must(format ? Region::format_memory("pnm-bench", s.p, s.bytes, FormatOptions{}, oo)
+                     : Region::open_memory("pnm-bench", s.p, s.bytes, oo));
+}
+
+Geometry llama(uint32_t layers, uint64_t tokens) { return Geometry{layers, 8, 128, Dtype::bf16, 16, tokens}; }
+
+// ---- digest build rate vs memcpy read ---------------------------------------
+
+double read_gbps_of(const std::vector<unsigned char>& src) {
+  std::vector<unsigned char> dst(32 << 10);
+  std::vector<double> v;
+  for (int r = 0; r < 3; r++) {
+    auto t0 = Clock::now();
+    for (size_t o = 0; o < src.size(); o += dst.size()) std::memcpy(dst.data(), src.data() + o, dst.size());
+    v.push_back(double(src.size()) / secs(t0) / 1e9);
+    asm volatile("" ::"r"(dst.data()) : "memory");
+  }
+  return median(v);
+}
+
+void bench_digest(bench::Results& res, double& read_gbps) {
+  const size_t bytes = 128ull << 20, dim = 128, pt = 16, es = 2;
+  std::vector<unsigned char> keys(bytes);
+  std::mt19937_64 rng(1);
+  for (size_t i = 0; i < bytes; i += 8) {
+    const uint64_t x = rng() & 0x3fff3fff3fff3fffull;  // finite bf16 values
+    std::memcpy(&keys[i], &x, 8);
+  }
+  std::vector<unsigned char> dig(2 * dim * es);
+  const size_t page = pt * dim * es;
+  std::vector<double> dg, rd;
+  for (int r = 0; r < 3; r++) {
+    auto t0 = Clock::now();
+    for (size_t o = 0; o < bytes; o += page)
+      detail::digest_rows(Dtype::bf16, keys.data() + o, pt, dim, dig.data(), true);
+    dg.push_back(double(bytes) / secs(t0) / 1e9);
+    asm volatile("" ::"r"(dig.data()) : "memory");
+    rd.push_back(read_gbps_of(keys));
+  }
+  read_gbps = median(rd);
+  res.set("pnm.digest_gbps", median(dg));
+  res.set("pnm.read_memcpy_gbps", read_gbps);
+  res.set("pnm.digest_vs_read_ratio", median(dg) / read_gbps);
+  std::printf("pnm: digest build %.2f GB/s of keys, memcpy read %.2f GB/s (ratio %.2f)\n", median(dg), read_gbps,
+              median(dg) / read_gbps);
+}
+
+// ---- selection at 128K and 1M tokens ------------------------------------------
+
+struct SelectRun {
+  double ms = 0, ms_flush = 0;
+  uint64_t digest_bytes = 0;
+};
+
+SelectRun bench_select(uint32_t layers, uint64_t tokens, bool flush_too) {
+  const Geometry g = llama(layers, tokens);
+  const uint32_t np = uint32_t(tokens / 16), q_heads = 32;
+  const uint64_t page_bytes = uint64_t(layers) * 2 * 8 * 16 * 128 * 2;
+  const uint64_t dig_bytes = uint64_t(layers) * 8 * np * 2 * 128 * 2;
+  const uint64_t carve = (dig_bytes + uint64_t(np) * 8 + (8ull << 20) + (2ull << 20) - 1) & ~((2ull << 20) - 1);
+  const uint64_t pages_off = (4ull << 20) + carve;
+  Sparse mem(pages_off + uint64_t(np) * page_bytes + (2ull << 20));
+  auto region = memory_pool(mem, DomainMode::coherent, true);
+  StoreOptions so;
+  so.carve_bytes = carve;
+  so.partitions = 1;
+  so.slots_per_partition = 2;
+  auto store = must(ContextStore::open(*region, so));
+  auto ctx = must(store->create(1, g));
+  // Pages of the sparse pool (never touched), digests in blocks of 256 pages.
+  const uint32_t blk = 256;
+  const std::vector<unsigned char> digs = random_digests(g, blk, 7);
+  std::vector<uint64_t> offs(blk);
+  for (uint32_t p0 = 0; p0 < np; p0 += blk) {
+    for (uint32_t i = 0; i < blk; i++) offs[i] = pages_off + uint64_t(p0 + i) * page_bytes;
+    if (auto r = ctx->append_pages(offs, digs.data(), uint64_t(blk) * 16); !r.ok()) fail(r.error().message());
+  }
+  NeedleSet ns(g, q_heads, tokens, 0);
+  SelectRun out;
+  auto time_steps = [&](Context& c, int reps) {
+    std::vector<double> v;
+    for (int r = 0; r < reps; r++) {
+      const std::vector<float> q = ns.queries(r);
+      StepRequest rq;
+      rq.ctx = &c;
+      rq.queries = q;
+      rq.q_heads = q_heads;
+      rq.ntokens = tokens;
+      auto t0 = Clock::now();
+      // Selection only: the engine's select phase, all layers and heads.
+      auto sel = select_pages(c, q, q_heads, tokens, rq.select);
+      v.push_back(secs(t0) * 1e3);
+      if (!sel.ok()) fail(sel.error().message());
+    }
+    return median(v);
+  };
+  out.ms = time_steps(*ctx, 3);
+  out.digest_bytes = dig_bytes;
+  if (flush_too) {
+    auto fr = memory_pool(mem, DomainMode::flush, false);
+    StoreOptions ro = so;
+    ro.writer = false;
+    auto rs = must(ContextStore::open(*fr, ro));
+    auto rc = must(rs->find(1));
+    out.ms_flush = time_steps(*rc, 1);
+  }
+  return out;
+}
+
+// ---- attention over a 2048-token budget, real KV ------------------------------
+
+struct AttnRun {
+  double ms = 0;
+  uint64_t kv_bytes = 0, near = 0, selected = 0;
+};
+
+AttnRun bench_attention() {
+  const uint64_t tokens = 2560;
+  const Geometry g = llama(32, tokens);
+  const uint32_t q_heads = 32;
+  const uint64_t kv = tokens * 32 * 8 * 128 * 2 * 2;
+  Sparse mem(kv + (64ull << 20));
+  auto region = memory_pool(mem, DomainMode::coherent, true);
+  StoreOptions so;
+  so.carve_bytes = (kv + (32ull << 20)) & ~((2ull << 20) - 1);
+  so.partitions = 1;
+  so.slots_per_partition = 2;
+  auto store = must(ContextStore::open(*region, so));
+  auto ctx = must(store->create(1, g));
+  NeedleSet ns(g, q_heads, tokens, 8);
+  std::vector<unsigned char> k, v;
+  for (uint64_t t = 0; t < tokens; t += 256) {
+    ns.make_kv(t, 256, k, v);
+    if (auto r = ctx->append(k.data(), v.data(), 256); !r.ok()) fail(r.error().message());
+  }
+  Engine eng({1, -1});
+  std::vector<double> ms;
+  AttnRun out;
+  for (int r = 0; r < 3; r++) {
+    const std::vector<float> q = ns.queries(r);
+    StepRequest rq;
+    rq.ctx = ctx.get();
+    rq.queries = q;
+    rq.q_heads = q_heads;
+    rq.ntokens = tokens;
+    rq.select.token_budget = 2048;
+    StepResult res = eng.step(rq);
+    if (!res.status.ok()) fail(res.status.error().message());
+    ms.push_back(res.attend_ms);
+    out.kv_bytes = res.kv_bytes;
+    out.near = res.link_bytes_near;
+    out.selected = res.link_bytes_selected;
+  }
+  out.ms = median(ms);
+  return out;
+}
+
+// ---- selection quality on the planted-needle set ---------------------------------
+
+double attention_mass(uint64_t budget) {
+  const uint64_t tokens = 32768;
+  const Geometry g{2, 8, 128, Dtype::bf16, 16, tokens};
+  const uint32_t q_heads = 32;
+  static std::unique_ptr<Sparse> mem;
+  static std::unique_ptr<Region> region;
+  static std::unique_ptr<ContextStore> store;
+  static std::unique_ptr<Context> ctx;
+  static std::unique_ptr<NeedleSet> ns;
+  if (!ctx) {
+    const uint64_t kv = tokens * 2 * 8 * 128 * 2 * 2;
+    mem = std::make_unique<Sparse>(kv + (64ull << 20));
+    region = memory_pool(*mem, DomainMode::coherent, true);
+    StoreOptions so;
+    so.carve_bytes = (kv + (32ull << 20)) & ~((2ull << 20) - 1);
+    so.partitions = 1;
+    so.slots_per_partition = 2;
+    store = must(ContextStore::open(*region, so));
+    ctx = must(store->create(1, g));
+    ns = std::make_unique<NeedleSet>(g, q_heads, tokens, 16);
+    std::vector<unsigned char> k, v;
+    for (uint64_t t = 0; t < tokens; t += 1024) {
+      ns->make_kv(t, 1024, k, v);
+      if (auto r = ctx->append(k.data(), v.data(), 1024); !r.ok()) fail(r.error().message());
+    }
+  }
+  if (budget == 0) {  // release
+    ctx.reset();
+    store.reset();
+    region.reset();
+    mem.reset();
+    ns.reset();
+    return 0;
+  }
+  Engine eng({1, -1});
+  double mass = 0;
+  const int steps = 3;
+  for (int s = 0; s < steps; s++) {
+    const std::vector<float> q = ns->queries(s);
+    StepRequest rq;
+    rq.ctx = ctx.get();
+    rq.queries = q;
+    rq.q_heads = q_heads;
+    rq.ntokens = tokens;
+    rq.select.token_budget = budget;
+    StepResult sel = eng.step(rq);
+    rq.all_pages = true;
+    StepResult all = eng.step(rq);
+    if (!sel.status.ok() || !all.status.ok()) fail("attention mass step failed");
+    double m = 0;
+    for (size_t i = 0; i < sel.partial.lse.size(); i++) m += std::exp(double(sel.partial.lse[i]) - all.partial.lse[i]);
+    mass += m / double(sel.partial.lse.size());
+  }
+  return mass / steps;
+}
+
+void run_pnm(bench::Results& res) {
+  double read_gbps = 0;
+  bench_digest(res, read_gbps);
+
+  SelectRun s128 = bench_select(32, 128 * 1024, true);
+  const double bound128 = double(s128.digest_bytes) / (read_gbps * 1e9) * 1e3;
+  res.set("pnm.select_ms_128k", s128.ms);
+  res.set("pnm.select_ms_128k_bound", bound128);
+  res.set("pnm.select_ms_128k_flush", s128.ms_flush);
+  std::printf("pnm: select 128K tokens (32 layers): %.1f ms (bound %.1f ms; %.1f ms invalidating first)\n", s128.ms,
+              bound128, s128.ms_flush);
+
+  SelectRun s1m = bench_select(4, 1024 * 1024, false);
+  const double bound1m = double(s1m.digest_bytes) / (read_gbps * 1e9) * 1e3;
+  res.set("pnm.select_ms_1m", s1m.ms);
+  res.set("pnm.select_ms_1m_bound", bound1m);
+  res.set("pnm.select_1m_layers", 4);
+  std::printf("pnm: select 1M tokens (4 of 32 layers): %.1f ms (bound %.1f ms)\n", s1m.ms, bound1m);
+
+  AttnRun at = bench_attention();
+  const double abound = double(at.kv_bytes) / (read_gbps * 1e9) * 1e3;
+  res.set("pnm.attention_ms_budget2048", at.ms);
+  res.set("pnm.attention_ms_budget2048_bound", abound);
+  // Link bytes per step: near-memory attention moves queries + output + lse;
+  // recalling moves the selected pages' K and V, or every page's.
+  const double all128 = 128.0 * 1024 * 32 * 8 * 128 * 2 * 2, all1m = all128 * 8;
+  res.set("pnm.bytes_over_link_ratio", double(at.near) / double(at.selected));
+  res.set("pnm.bytes_over_link_ratio_all_128k", double(at.near) / all128);
+  res.set("pnm.bytes_over_link_ratio_all_1m", double(at.near) / all1m);
+  std::printf("pnm: attention over 2048 tokens x 32 layers: %.1f ms (bound %.1f ms); link bytes %llu near vs %llu "
+              "selected pages\n",
+              at.ms, abound, (unsigned long long)at.near, (unsigned long long)at.selected);
+
+  for (uint64_t b : {256ull, 2048ull}) {
+    const double m = attention_mass(b);
+    res.set("pnm.attention_mass_budget" + std::to_string(b), m);
+    std::printf("pnm: planted-needle set, budget %llu: attention mass kept %.4f\n", (unsigned long long)b, m);
+  }
+  attention_mass(0);
+}
+
+}  // namespace
+
+CXLKV_BENCH({"pnm", "near-memory engine: digest build, page selection at 128K / 1M tokens, attention, link bytes",
+             run_pnm});
