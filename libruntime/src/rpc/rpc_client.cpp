@@ -59,6 +59,7 @@ struct RpcClient::State {
   uint64_t tickets = 0;
   std::vector<Slot> slots;
   std::deque<RpcCompletion> ready;
+  cxlkv_rpc_resp_hdr hdrs[64];
   uint64_t last_check_ns = 0, last_live_ns = 0;
   RpcClientStats st;
 
@@ -179,23 +180,34 @@ struct RpcClient::State {
       if (!break_inv)
         for (uint32_t k = 0; k < n; k++) d.invalidate(carve.resp(ring, (oldest + k) & mask), 64);
       fence();
-      for (uint32_t k = 0; k < n && busy; k++) {
+      for (uint32_t k = 0; k < n; k++) __builtin_prefetch(carve.resp(ring, (oldest + k) & mask));  // overlap the misses
+      // Load the headers in order until one is not answered (replies come
+      // in order); the payload lines of the answered ones are invalidated
+      // after their flags were seen (rule 4), all with one more fence.
+      uint32_t ready_n = 0;
+      bool long_ones = false;
+      for (; ready_n < n; ready_n++) {
+        Slot& s = slots[(oldest + ready_n) & mask];
+        cxlkv_rpc_resp_hdr& h = hdrs[ready_n];
+        d.load(&h, carve.resp(ring, (oldest + ready_n) & mask), sizeof h);
+        if (h.flag != s.flag) break;
+        if (!s.reported && std::min(h.len, s.reply_cap) > CXLKV_RPC_INLINE) {
+          d.invalidate(reinterpret_cast<const std::byte*>(carve.resp(ring, (oldest + ready_n) & mask)) + 64,
+                       std::min(h.len, s.reply_cap) - CXLKV_RPC_INLINE);
+          long_ones = true;
+        }
+      }
+      if (long_ones) fence();
+      for (uint32_t k = 0; k < ready_n; k++) {
         Slot& s = slots[oldest & mask];
-        auto* rp = carve.resp(ring, oldest & mask);
-        cxlkv_rpc_resp_hdr h;
-        d.load(&h, rp, sizeof h);
-        if (h.flag != s.flag) break;  // replies come in order: the rest wait too
+        const cxlkv_rpc_resp_hdr& h = hdrs[k];
         uint32_t len = h.len;
         if (!s.reported) {
           uint32_t take = std::min(len, s.reply_cap);
           if (take) std::memcpy(s.reply, h.data, std::min<uint32_t>(take, CXLKV_RPC_INLINE));
-          if (take > CXLKV_RPC_INLINE) {
-            // rule 4: payload lines invalidated after the flag was seen.
-            const std::byte* more = reinterpret_cast<const std::byte*>(rp) + 64;
-            d.invalidate(more, take - CXLKV_RPC_INLINE);
-            fence();
-            d.load(static_cast<std::byte*>(s.reply) + CXLKV_RPC_INLINE, more, take - CXLKV_RPC_INLINE);
-          }
+          if (take > CXLKV_RPC_INLINE)
+            d.load(static_cast<std::byte*>(s.reply) + CXLKV_RPC_INLINE,
+                   reinterpret_cast<const std::byte*>(carve.resp(ring, oldest & mask)) + 64, take - CXLKV_RPC_INLINE);
           complete(s, h.status, len);
         }
         s = Slot{};

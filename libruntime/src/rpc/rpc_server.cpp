@@ -167,6 +167,10 @@ struct RpcServer::State {
       for (auto [r, cnt] : want)
         for (uint32_t k = 0; k < cnt; k++) d.invalidate(carve.req(r, (rings[r].next + k) & mask), 64);
     fence();
+    // The loads below miss (the lines were just invalidated); touch them all
+    // first so the misses overlap instead of queueing one after another.
+    for (auto [r, cnt] : want)
+      for (uint32_t k = 0; k < cnt; k++) __builtin_prefetch(carve.req(r, (rings[r].next + k) & mask));
     batch.clear();
     const uint32_t req_max = carve.req_max();
     bool long_ones = false;
@@ -214,6 +218,10 @@ struct RpcServer::State {
           if (p.run && p.len > CXLKV_RPC_INLINE)
             d.invalidate(reinterpret_cast<std::byte*>(carve.req(p.ring, p.seq & mask)) + 64, p.len - CXLKV_RPC_INLINE);
       fence();
+      for (const Pending& p : batch)
+        if (p.run && p.len > CXLKV_RPC_INLINE)
+          for (uint32_t off = 64; off < 16 + p.len; off += 64)
+            __builtin_prefetch(reinterpret_cast<std::byte*>(carve.req(p.ring, p.seq & mask)) + off);
       for (size_t i = 0; i < batch.size(); i++) {
         const Pending& p = batch[i];
         if (p.run && p.len > CXLKV_RPC_INLINE)

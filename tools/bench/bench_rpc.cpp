@@ -1,0 +1,328 @@
+// SPDX-License-Identifier: MIT
+// Benchmarks of the shared-memory RPC (issue 17), each beside its baselines
+// in the same run.  Two processes: this one is the client, a forked child
+// the server (one polling thread); requests and replies carry 64 B of
+// payload (two lines each way: the 16 B header shares the first line).
+//   rpc.rtt_us_p50 / _p99        queue depth 1, call() round trips
+//   rpc.unix_rtt_us_p50 / _p99   the same ping-pong over a Unix stream socket
+//   rpc.tcp_rtt_us_p50 / _p99    ... over TCP loopback (TCP_NODELAY)
+//   rpc.speedup_vs_unix_p50      unix p50 / rpc p50
+//   rpc.mops_qd128               128 requests outstanding from one client,
+//                                one server thread
+//   rpc.*_1line                  the same with 48 B payloads: request and
+//                                reply are one 64 B line each (header inline)
+//   rpc.unix_mops_qd128 / rpc.tcp_mops_qd128   the same pipelining over sockets
+// Both sides busy-poll; on a 2-core machine the two processes need both
+// cores, so anything else running shows up in these numbers.
+#include <netinet/in.h>
+#include <sched.h>
+#include <netinet/tcp.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <vector>
+
+#include "bench.hpp"
+#include "cxlkv/rpc.hpp"
+#include "cxlkv/sync.hpp"
+#include "pool/format.hpp"
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+constexpr uint32_t kEcho = 1;
+constexpr size_t kMsg = 64;
+
+double pct(std::vector<double> v, double q) {
+  if (v.empty()) return 0;
+  size_t k = std::min(v.size() - 1, static_cast<size_t>(q * double(v.size())));
+  std::nth_element(v.begin(), v.begin() + k, v.end());
+  return v[k];
+}
+
+double us_since(Clock::time_point t0) { return std::chrono::duration<double, std::micro>(Clock::now() - t0).count(); }
+
+// ---- the RPC server process --------------------------------------------------
+
+volatile sig_atomic_t g_term = 0;
+
+[[noreturn]] void rpc_server_child(const std::string& uri, int ready_fd) {
+  signal(SIGTERM, [](int) { g_term = 1; });
+  auto r = cxlkv::Region::open(uri);
+  if (!r) _exit(2);
+  cxlkv::NodeOptions no;
+  no.node = 0;
+  auto n = cxlkv::NodeContext::attach(*r.value(), no);
+  if (!n) _exit(3);
+  cxlkv::RpcServerOptions o;
+  o.geometry.rings = 4;
+  o.geometry.depth = 128;
+  o.geometry.req_lines = 2;
+  o.geometry.resp_lines = 2;
+  // Busy-poll, then yield the core between rounds (never sleep): on a
+  // machine with fewer free cores than busy processes a pure spinner burns
+  // its whole time slice while the client that would feed it waits.
+  o.spin_rounds = std::getenv("CXLKV_BENCH_RPC_SPIN") ? uint32_t(atoi(std::getenv("CXLKV_BENCH_RPC_SPIN"))) : 4096;
+  o.yield_rounds = 1u << 30;
+  auto s = cxlkv::RpcServer::create(*n.value(), o);
+  if (!s) {
+    std::fprintf(stderr, "bench rpc: server: %s\n", s.error().message().c_str());
+    _exit(4);
+  }
+  s.value()->handle(kEcho, [](const cxlkv::RpcRequest& rq, std::span<std::byte> reply, uint32_t& len) -> int32_t {
+    std::memcpy(reply.data(), rq.data.data(), rq.data.size());
+    len = static_cast<uint32_t>(rq.data.size());
+    return 0;
+  });
+  char c = 'R';
+  if (write(ready_fd, &c, 1) != 1) _exit(5);
+  std::atomic<bool> stop{false};
+  std::thread watch([&] {
+    while (!g_term) usleep(1000);
+    stop = true;
+  });
+  (void)s.value()->run(stop);
+  watch.join();
+  s.value().reset();
+  n.value().reset();
+  _exit(0);
+}
+
+// ---- socket echo server process ------------------------------------------------
+
+[[noreturn]] void echo_child(int fd) {
+  std::vector<char> buf(1 << 16);
+  for (;;) {
+    ssize_t k = read(fd, buf.data(), buf.size());
+    if (k <= 0) _exit(0);
+    ssize_t off = 0;
+    while (off < k) {
+      ssize_t w = write(fd, buf.data() + off, size_t(k - off));
+      if (w <= 0) _exit(0);
+      off += w;
+    }
+  }
+}
+
+bool read_full(int fd, char* p, size_t n) {
+  while (n) {
+    ssize_t k = read(fd, p, n);
+    if (k <= 0) return false;
+    p += k;
+    n -= size_t(k);
+  }
+  return true;
+}
+
+struct SockFigures {
+  double p50 = 0, p99 = 0, mops = 0;
+};
+
+SockFigures socket_run(int fd, size_t iters, double seconds) {
+  SockFigures f;
+  char msg[kMsg], back[kMsg];
+  std::memset(msg, 0x5a, sizeof msg);
+  std::vector<double> lat;
+  lat.reserve(iters);
+  for (size_t i = 0; i < iters; i++) {
+    auto t0 = Clock::now();
+    if (write(fd, msg, kMsg) != ssize_t(kMsg) || !read_full(fd, back, kMsg)) return f;
+    lat.push_back(us_since(t0));
+  }
+  f.p50 = pct(lat, 0.5);
+  f.p99 = pct(lat, 0.99);
+  // Pipelined: 128 messages outstanding.
+  const size_t qd = 128;
+  std::vector<char> out(qd * kMsg, 0x33), in(qd * kMsg);
+  uint64_t done = 0;
+  auto t0 = Clock::now();
+  if (write(fd, out.data(), out.size()) != ssize_t(out.size())) return f;
+  size_t outstanding = qd;
+  while (us_since(t0) < seconds * 1e6) {
+    ssize_t k = read(fd, in.data(), in.size());
+    if (k <= 0) return f;
+    size_t msgs = size_t(k) / kMsg;  // partial messages are completed by the next read
+    size_t rem = size_t(k) % kMsg;
+    if (rem && !read_full(fd, in.data(), kMsg - rem)) return f;
+    if (rem) msgs++;
+    done += msgs;
+    outstanding -= msgs;
+    size_t refill = qd - outstanding;
+    if (write(fd, out.data(), refill * kMsg) != ssize_t(refill * kMsg)) return f;
+    outstanding = qd;
+  }
+  f.mops = double(done) / us_since(t0);
+  return f;
+}
+
+SockFigures unix_socket(size_t iters, double seconds) {
+  int sv[2];
+  if (socketpair(AF_UNIX, SOCK_STREAM, 0, sv) != 0) return {};
+  pid_t pid = fork();
+  if (pid == 0) {
+    close(sv[0]);
+    echo_child(sv[1]);
+  }
+  close(sv[1]);
+  SockFigures f = socket_run(sv[0], iters, seconds);
+  close(sv[0]);
+  waitpid(pid, nullptr, 0);
+  return f;
+}
+
+SockFigures tcp_loopback(size_t iters, double seconds) {
+  int ls = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t al = sizeof a;
+  if (ls < 0 || bind(ls, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 || listen(ls, 1) != 0 ||
+      getsockname(ls, reinterpret_cast<sockaddr*>(&a), &al) != 0)
+    return {};
+  pid_t pid = fork();
+  if (pid == 0) {
+    int c = accept(ls, nullptr, nullptr);
+    int one = 1;
+    setsockopt(c, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    echo_child(c);
+  }
+  close(ls);
+  int s = socket(AF_INET, SOCK_STREAM, 0);
+  int one = 1;
+  setsockopt(s, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+  SockFigures f;
+  if (connect(s, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0) f = socket_run(s, iters, seconds);
+  close(s);
+  waitpid(pid, nullptr, 0);
+  return f;
+}
+
+// ---- the benchmark ----------------------------------------------------------------
+
+void bench_rpc(bench::Results& res) {
+  const std::string name = bench::shm_name("rpc");
+  const std::string uri = "shm:" + name + ":64M";
+  cxlkv::PoolFormatOptions fo;
+  fo.max_nodes = 4;
+  fo.max_locks = CXLKV_MIN_LOCKS;
+  fo.force = true;
+  fo.extra_carves = {{CXLKV_CARVE_RPC, 2ull << 20}};
+  auto rr = cxlkv::format_pool(uri, fo);
+  if (!rr) {
+    std::fprintf(stderr, "bench rpc: %s\n", rr.error().message().c_str());
+    return;
+  }
+  const size_t iters = std::max<size_t>(2000, size_t(50000 * bench::scale()));
+  const double seconds = std::max(0.2, 1.0 * bench::scale());
+
+  int pfd[2];
+  if (pipe(pfd) != 0) return;
+  pid_t srv = fork();
+  if (srv == 0) {
+    close(pfd[0]);
+    rpc_server_child(uri, pfd[1]);
+  }
+  close(pfd[1]);
+  char c = 0;
+  bool up = read(pfd[0], &c, 1) == 1;
+  close(pfd[0]);
+  double rpc_p50 = 0, rpc_p99 = 0, rpc_mops = 0;
+  double line_p50 = 0, line_p99 = 0, line_mops = 0;  // 48 B payload: one 64 B line each way
+  if (up) {
+    cxlkv::NodeOptions no;
+    no.node = 1;
+    auto n = cxlkv::NodeContext::attach(*rr.value(), no);
+    auto cl = n ? cxlkv::RpcClient::connect(*n.value()) : cxlkv::Result<std::unique_ptr<cxlkv::RpcClient>>(n.error());
+    if (!cl) {
+      std::fprintf(stderr, "bench rpc: client: %s\n", cl.error().message().c_str());
+    } else {
+      cxlkv::RpcClient& cli = *cl.value();
+      const char* cs = std::getenv("CXLKV_BENCH_RPC_CLIENT_SPIN");
+      const uint64_t client_spin = cs ? std::max(1, atoi(cs)) : 256;
+      auto one = [&](size_t msg_len, double* p50, double* p99, double* mops) {
+        std::byte msg[kMsg], back[kMsg];
+        std::memset(msg, 0x5a, sizeof msg);
+        std::vector<double> lat;
+        lat.reserve(iters);
+        for (size_t i = 0; i < iters + 1000; i++) {
+          auto t0 = Clock::now();
+          auto r = cli.call(kEcho, {msg, msg_len}, back, sizeof back);
+          double us = us_since(t0);
+          if (!r || r->len != msg_len) {
+            std::fprintf(stderr, "bench rpc: call failed\n");
+            break;
+          }
+          if (i >= 1000) lat.push_back(us);  // the first thousand warm up
+        }
+        *p50 = pct(lat, 0.5);
+        *p99 = pct(lat, 0.99);
+        // Queue depth 128: keep the ring full, harvest and refill in batches.
+        const uint32_t qd = 128;
+        std::vector<cxlkv::RpcCall> calls(qd);
+        std::vector<std::byte> replies(size_t(qd) * kMsg);
+        for (uint32_t i = 0; i < qd; i++)
+          calls[i] = cxlkv::RpcCall{kEcho, {msg, msg_len}, &replies[i * kMsg], kMsg, nullptr};
+        std::vector<cxlkv::RpcCompletion> done(qd);
+        uint64_t completed = 0, bad = 0, idle = 0;
+        auto t0 = Clock::now();
+        while (us_since(t0) < seconds * 1e6) {
+          uint32_t room = qd - cli.in_flight();
+          if (room) (void)cli.submit(std::span(calls.data(), room), nullptr);
+          auto k = cli.poll(done);
+          if (!k) break;
+          if (k.value() == 0 && ++idle % client_spin == 0) sched_yield();  // see the server's polling
+          for (size_t j = 0; j < k.value(); j++) bad += done[j].status != 0;
+          completed += k.value();
+        }
+        // drain
+        for (int spins = 0; cli.in_flight() && spins < 1000000; spins++) (void)cli.poll(done);
+        *mops = double(completed) / us_since(t0);
+        if (bad) std::fprintf(stderr, "bench rpc: %llu failed requests at qd128\n", (unsigned long long)bad);
+      };
+      one(kMsg, &rpc_p50, &rpc_p99, &rpc_mops);
+      one(CXLKV_RPC_INLINE, &line_p50, &line_p99, &line_mops);
+      cl.value().reset();
+    }
+    n.value().reset();
+  }
+  kill(srv, SIGTERM);
+  waitpid(srv, nullptr, 0);
+  (void)cxlkv::remove_node_local(*rr.value(), 0);
+  (void)cxlkv::remove_node_local(*rr.value(), 1);
+  rr.value().reset();
+  shm_unlink(("/" + name).c_str());
+
+  SockFigures ux = unix_socket(iters, seconds);
+  SockFigures tcp = tcp_loopback(iters, seconds);
+
+  res.set("rpc.rtt_us_p50", rpc_p50);
+  res.set("rpc.rtt_us_p99", rpc_p99);
+  res.set("rpc.mops_qd128", rpc_mops);
+  res.set("rpc.rtt_us_p50_1line", line_p50);
+  res.set("rpc.rtt_us_p99_1line", line_p99);
+  res.set("rpc.mops_qd128_1line", line_mops);
+  res.set("rpc.unix_rtt_us_p50", ux.p50);
+  res.set("rpc.unix_rtt_us_p99", ux.p99);
+  res.set("rpc.unix_mops_qd128", ux.mops);
+  res.set("rpc.tcp_rtt_us_p50", tcp.p50);
+  res.set("rpc.tcp_rtt_us_p99", tcp.p99);
+  res.set("rpc.tcp_mops_qd128", tcp.mops);
+  if (rpc_p50 > 0) res.set("rpc.speedup_vs_unix_p50", ux.p50 / rpc_p50);
+  if (rpc_p50 > 0) res.set("rpc.speedup_vs_tcp_p50", tcp.p50 / rpc_p50);
+  if (ux.mops > 0) res.set("rpc.mops_qd128_vs_unix", rpc_mops / ux.mops);
+}
+
+}  // namespace
+
+CXLKV_BENCH({"rpc",
+             "shared-memory RPC: round trip at queue depth 1 (p50/p99) and Mops at queue depth 128, two processes, "
+             "64 B requests/replies, beside a Unix socket and TCP loopback",
+             bench_rpc});
