@@ -26,8 +26,12 @@ function(cxlkv_help2man tool section name)
   file(GENERATE OUTPUT ${MANOUT}/bin/${tool}
        CONTENT "#!/bin/sh\n\"$<TARGET_FILE:${tool}>\" \"$@\" | sed 's/^usage: /Usage: /'\n"
        FILE_PERMISSIONS OWNER_READ OWNER_WRITE OWNER_EXECUTE GROUP_READ GROUP_EXECUTE WORLD_READ WORLD_EXECUTE)
-  set(includes --include ${MANSRC}/${tool}.h2m)
-  set(deps ${tool} ${MANSRC}/${tool}.h2m)
+  set(includes)
+  set(deps ${tool})
+  if(EXISTS ${MANSRC}/${tool}.h2m)
+    set(includes --include ${MANSRC}/${tool}.h2m)
+    list(APPEND deps ${MANSRC}/${tool}.h2m)
+  endif()
   if(ARGN)
     list(APPEND includes --include ${ARGN})
     list(APPEND deps ${ARGN})
@@ -49,6 +53,11 @@ add_custom_command(OUTPUT ${MANOUT}/cxlkvctl-commands.h2m
 cxlkv_help2man(cxlkvctl 8 "operator and debug tool for cxlkv pools" ${MANOUT}/cxlkvctl-commands.h2m)
 cxlkv_help2man(cxlkvd 8 "lock manager of a cxlkv pool")
 cxlkv_help2man(cxlkv-replay 1 "replay an LLM serving workload through a cxlkv pool")
+foreach(tool ${CXLKV_EXTRA_TOOLS})
+  if(TARGET ${tool})
+    cxlkv_help2man(${tool} 1 "${tool} tool of cxlkv")
+  endif()
+endforeach()
 
 add_custom_command(OUTPUT ${MANOUT}/cxlkv.7
   COMMAND sh -c "sed 's/@VERSION@/${PROJECT_VERSION}/' ${MANSRC}/cxlkv.7.md | ${CXLKV_GO_MD2MAN} > ${MANOUT}/cxlkv.7"

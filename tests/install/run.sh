@@ -6,6 +6,9 @@
 #   pkgconfig      the README's C example built with `pkg-config --cflags --libs
 #                  cxlkv` against that tree (sysroot), linked, run
 #   find_package   the same example as a CMake project: find_package(cxlkv)
+#   cxx_static     a C++20 program using the C++ API, linked with
+#                  find_package(cxlkv) -> cxlkv::cxlkv_static and with
+#                  `pkg-config --static`
 #   headers        every installed header compiles on its own (C: *.h, C++20: *.hpp)
 #   symbols        libcxlkv.so exports cxlkv_* in CXLKV_0 only (check_symbols.sh)
 #   version        every installed tool's --version names CXLKV_VERSION;
@@ -15,6 +18,9 @@
 #   python         the installed Python package imports with Debian's python3
 #                  and loads the installed libcxlkv.so.0
 #   make           make install / make uninstall with PREFIX and DESTDIR
+#   debs           make deb (dpkg-buildpackage; lintian without errors), the five
+#                  packages unpacked into a scratch root (dpkg -x), the README's
+#                  C example built there with pkg-config and run, tools run
 set -eu
 check=$1 src=$(cd "$2" && pwd) build=$(cd "$3" && pwd)
 root=$build/tests/install/root
@@ -96,18 +102,38 @@ find_package)
 		fail "find_package(cxlkv 99) succeeded"
 	fi
 	;;
+cxx_static)
+	cmake -S "$src/tests/install/cxx_static" -B "$work/b" -DCMAKE_PREFIX_PATH="$root/usr" \
+		-DCMAKE_CXX_COMPILER_LAUNCHER= > "$work/configure.log" ||
+		{ cat "$work/configure.log"; fail "the C++ consumer did not configure"; }
+	cmake --build "$work/b" > "$work/build.log" || { cat "$work/build.log"; fail "build"; }
+	if readelf -d "$work/b/cxx_static" | grep -q 'NEEDED.*libcxlkv'; then fail "cxx_static needs libcxlkv.so"; fi
+	"$work/b/cxx_static"
+	ld=$(libdir_of "$root")
+	export PKG_CONFIG_SYSROOT_DIR="$root" PKG_CONFIG_LIBDIR="$ld/pkgconfig" PKG_CONFIG_PATH=
+	# shellcheck disable=SC2046
+	c++ -std=c++20 -Wall -Wextra -Werror -o "$work/pc_static" "$src/tests/install/cxx_static/main.cpp" \
+		$(pkg-config --cflags cxlkv) "$ld/libcxlkv.a" $(pkg-config --static --libs-only-l cxlkv | sed 's/-lcxlkv //') ||
+		fail "pkg-config --static link"
+	"$work/pc_static"
+	;;
 headers)
-	n=0
-	for h in "$root"/usr/include/cxlkv/*.h; do
-		printf '#include <cxlkv/%s>\nint main(void) { return 0; }\n' "$(basename "$h")" > "$work/h.c"
-		cc -std=c11 -Wall -Wextra -Werror -pedantic -fsyntax-only -I"$root/usr/include" "$work/h.c" || fail "C: cxlkv/$(basename "$h")"
-		n=$((n + 1))
-	done
-	for h in "$root"/usr/include/cxlkv/*.h "$root"/usr/include/cxlkv/*.hpp; do
-		printf '#include <cxlkv/%s>\nint main() { return 0; }\n' "$(basename "$h")" > "$work/h.cpp"
-		c++ -std=c++20 -Wall -Wextra -Werror -fsyntax-only -I"$root/usr/include" "$work/h.cpp" || fail "C++: cxlkv/$(basename "$h")"
-		n=$((n + 1))
-	done
+	# One compiler run per header and language, two at a time.
+	inc=$root/usr/include
+	{
+		for h in "$inc"/cxlkv/*.h; do echo "c $(basename "$h")"; done
+		for h in "$inc"/cxlkv/*.h "$inc"/cxlkv/*.hpp; do echo "c++ $(basename "$h")"; done
+	} > "$work/list"
+	n=$(wc -l < "$work/list")
+	xargs -P 2 -L 1 sh -c '
+		inc=$0 lang=$1 h=$2
+		if [ "$lang" = c ]; then
+			printf "#include <cxlkv/%s>\nint main(void) { return 0; }\n" "$h" |
+				cc -x c -std=c11 -Wall -Wextra -Werror -pedantic -fsyntax-only -I"$inc" - || { echo "FAIL: C: cxlkv/$h"; exit 255; }
+		else
+			printf "#include <cxlkv/%s>\nint main() { return 0; }\n" "$h" |
+				c++ -x c++ -std=c++20 -Wall -Wextra -Werror -fsyntax-only -I"$inc" - || { echo "FAIL: C++: cxlkv/$h"; exit 255; }
+		fi' "$inc" < "$work/list" 2>&1 || fail "a header does not compile on its own"
 	echo "$n header compilations on their own: ok"
 	;;
 symbols)
@@ -122,10 +148,11 @@ symbols)
 version)
 	v=$(sed -n 's/^#define CXLKV_VERSION_\(MAJOR\|MINOR\|PATCH\) \([0-9]*\)$/\2/p' "$src/libruntime/include/cxlkv/version.h" | paste -sd.)
 	echo "version.h: $v"
-	for t in cxlkvctl cxlkvd cxlkv-replay; do
+	for t in $(ls "$root/usr/bin"); do
 		out=$(LD_LIBRARY_PATH=$(libdir_of "$root") "$root/usr/bin/$t" --version) || fail "$t --version exited $?"
 		first=$(printf '%s\n' "$out" | head -n 1)
-		[ "$first" = "$t (cxlkv) $v" ] || fail "$t --version: '$first', want '$t (cxlkv) $v'"
+		# GNU form "TOOL (cxlkv) VERSION"; "TOOL VERSION" is accepted too.
+		[ "$first" = "$t (cxlkv) $v" ] || [ "$first" = "$t $v" ] || fail "$t --version: '$first', want '$t (cxlkv) $v'"
 		echo "$first"
 	done
 	if [ -x "$build/tools/cxlkv-bench" ]; then
@@ -233,6 +260,58 @@ make)
 	[ "$left" = "$d$prefix/bin/not-ours" ] || fail "after make uninstall: $(echo "$left" | head)"
 	[ ! -d "$d$prefix/include/cxlkv" ] || fail "include/cxlkv/ left behind"
 	echo "make uninstall removed $n files, kept a file it did not install"
+	;;
+debs)
+	for t in dpkg-buildpackage dh dh_dkms dh_python3 lintian; do
+		command -v $t > /dev/null || fail "$t not found (make deps installs it)"
+	done
+	out=$build/deb
+	sh "$src/packaging/make-deb.sh" "$out" > "$work/make-deb.log" 2>&1 || { tail -n 80 "$work/make-deb.log"; fail "make deb"; }
+	grep '^make-deb: lintian' "$work/make-deb.log"
+	sroot=$work/root
+	for p in cxlkv-dkms libcxlkv0 libcxlkv-dev cxlkv-tools python3-cxlkv; do
+		deb=$(ls "$out/${p}_"*.deb 2> /dev/null | head -n 1)
+		[ -n "$deb" ] || fail "no $p package in $out"
+		dpkg-deb -x "$deb" "$sroot"
+		echo "$(basename "$deb"): $(dpkg-deb -f "$deb" Depends)"
+	done
+	ma=$(dpkg-architecture -qDEB_HOST_MULTIARCH)
+	for f in /usr/lib/$ma/libcxlkv.so.0 /usr/lib/$ma/libcxlkv.so /usr/lib/$ma/pkgconfig/cxlkv.pc \
+		/usr/lib/$ma/cmake/cxlkv/cxlkvConfig.cmake /usr/include/cxlkv/cxlkv.h /usr/bin/cxlkvctl /usr/bin/cxlkvd \
+		/usr/bin/cxlkv-replay /lib/systemd/system/cxlkvd.service /etc/cxlkv/cxlkvd.conf \
+		/usr/share/man/man8/cxlkvctl.8.gz /usr/share/man/man7/cxlkv.7.gz /usr/share/bash-completion/completions/cxlkvctl \
+		/usr/src/cxlkv-$(sed -n 's/^PACKAGE_VERSION="\(.*\)"/\1/p' "$src/dkms.conf")/dkms.conf \
+		/usr/lib/python3/dist-packages/cxlkv/__init__.py; do
+		[ -e "$sroot$f" ] || [ -L "$sroot$f" ] || fail "not in the packages: $f"
+	done
+	grep -q '^ExecStart=/usr/bin/cxlkvd ' "$sroot/lib/systemd/system/cxlkvd.service" || fail "unit ExecStart"
+	dpkg-deb -c "$(ls "$out"/libcxlkv0_*.deb)" | grep -q 'libcxlkv.so.0 -> ' || fail "libcxlkv0 lacks the SONAME link"
+	example_src
+	export PKG_CONFIG_SYSROOT_DIR="$sroot" PKG_CONFIG_LIBDIR="$sroot/usr/lib/$ma/pkgconfig" PKG_CONFIG_PATH=
+	cflags=$(pkg-config --cflags cxlkv) libs=$(pkg-config --libs cxlkv)
+	echo "pkg-config --cflags --libs cxlkv: $cflags $libs"
+	# shellcheck disable=SC2086
+	cc -std=c11 -Wall -Wextra -Werror -o "$work/readme_example" "$work/readme_example.c" $cflags $libs
+	check_linkage "$work/readme_example"
+	LD_LIBRARY_PATH="$sroot/usr/lib/$ma" "$work/readme_example"
+	for t in cxlkvctl cxlkvd cxlkv-replay; do
+		"$sroot/usr/bin/$t" --version | head -n 1
+	done
+	sh "$src/tests/install/check_symbols.sh" "$sroot/usr/lib/$ma/libcxlkv.so.0" "$sroot/usr/include/cxlkv"
+	# The module source of cxlkv-dkms builds the way dkms builds it: a copy
+	# of /usr/src/cxlkv-VERSION, dkms.conf's MAKE[0] with ${kernel_source_dir}.
+	kdir=$(ls -d /lib/modules/*/build 2> /dev/null | head -n 1)
+	if [ -n "$kdir" ] && [ -e "$kdir/Makefile" ]; then
+		cp -r "$sroot"/usr/src/cxlkv-* "$work/dkms-build"
+		mk=$(sed -n 's/^MAKE\[0\]="\(.*\)"$/\1/p' "$work/dkms-build/dkms.conf")
+		loc=$(sed -n 's/^BUILT_MODULE_LOCATION\[0\]="\(.*\)"$/\1/p' "$work/dkms-build/dkms.conf")
+		(cd "$work/dkms-build" && kernel_source_dir=$(readlink -f "$kdir") && eval "$mk") > "$work/dkms-build.log" 2>&1 ||
+			{ tail -n 30 "$work/dkms-build.log"; fail "dkms.conf's MAKE[0] did not build the module from /usr/src"; }
+		[ -f "$work/dkms-build/$loc/cxlkv.ko" ] || fail "no $loc/cxlkv.ko after the dkms build"
+		echo "cxlkv-dkms: $loc/cxlkv.ko built against $(readlink -f "$kdir")"
+	else
+		echo "cxlkv-dkms: no kernel headers in /lib/modules/*/build: module build not checked"
+	fi
 	;;
 *)
 	fail "unknown check '$check'"
