@@ -234,14 +234,28 @@ enum cxlkv_index_latency {
 	CXLKV_LAT_COUNT
 };
 #define CXLKV_LAT_BUCKETS 64u
+/* The node's SSD tier (issue 18 metrics): what its SSD payload tier did. */
+enum cxlkv_index_ssd_counter {
+	CXLKV_SSD_DEMOTED = 0,		/* blocks written to the SSD tier (demotions) */
+	CXLKV_SSD_DEMOTED_BYTES,
+	CXLKV_SSD_READS,		/* blocks read from it (SSD hits) */
+	CXLKV_SSD_READ_BYTES,
+	CXLKV_SSD_READ_FAILURES,	/* reads that failed or were refused by header / checksum */
+	CXLKV_SSD_FULL,			/* demotions refused for lack of SSD space */
+	CXLKV_SSD_COUNT
+};
 
 struct cxlkv_index_node_stats {
 	__u64 counters[CXLKV_CTR_COUNT];                    /* 2 lines */
 	__u32 latency[CXLKV_LAT_COUNT][CXLKV_LAT_BUCKETS];  /* 36 lines */
 	__u64 updated_ms;                                   /* writer's clock, for display */
 	__u32 pid;
-	__u8  reserved[116];
+	__u32 reserved0;
+	__u64 ssd[CXLKV_SSD_COUNT];                         /* enum cxlkv_index_ssd_counter; 0 without an SSD tier */
+	__u8  reserved[64];
 };
+CXLKV_STATIC_ASSERT(__builtin_offsetof(struct cxlkv_index_node_stats, ssd) == 38 * 64 + 16,
+		    "node SSD counters follow updated_ms and pid");
 CXLKV_STATIC_ASSERT(sizeof(struct cxlkv_index_node_stats) == CXLKV_INDEX_STATS_LINES * 64,
 		    "node stats are 40 lines");
 

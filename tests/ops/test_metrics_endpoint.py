@@ -162,6 +162,8 @@ def test_scrape_has_help_type_units_and_counts_what_a_node_did(pool, daemon):
     assert value(fams, "cxlkv_kv_store_bytes", "cxlkv_kv_store_bytes_total", node="2") == 4 * BLOCK
     assert value(fams, "cxlkv_kv_load_bytes", "cxlkv_kv_load_bytes_total", node="2") == 4 * BLOCK
     assert value(fams, "cxlkv_kv_evictions", "cxlkv_kv_evictions_total", node="2") == 0
+    for f in ("demoted_blocks", "demoted_bytes", "read_blocks", "read_bytes", "read_failures", "full"):
+        assert value(fams, f"cxlkv_ssd_{f}", f"cxlkv_ssd_{f}_total", node="2") == 0  # no SSD tier here
     # Pool-wide: blocks per tier, leases, allocator, locks.
     assert value(fams, "cxlkv_kv_cached_blocks", "cxlkv_kv_cached_blocks", tier="mem") == 4
     assert value(fams, "cxlkv_kv_cached_blocks", "cxlkv_kv_cached_blocks", tier="ssd") == 0
@@ -313,5 +315,6 @@ def test_grafana_dashboard_names_only_exported_families(pool, daemon):
             assert n in names, f"dashboard expr {e!r} names {n}, which cxlkvd does not export"
             used.add(n)
     # The dashboard covers every area the issue names.
-    for area in ("hit_blocks", "miss_blocks", "evictions", "lease", "lock_wait", "alloc_", "tier", "_seconds_bucket"):
+    for area in ("hit_blocks", "miss_blocks", "evictions", "lease", "lock_wait", "alloc_", "tier", "ssd_",
+                 "_seconds_bucket"):
         assert any(area in e for e in exprs), f"no panel shows {area}"

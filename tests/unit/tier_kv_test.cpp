@@ -7,6 +7,7 @@
 
 #include "coherence/noncoherent_sim.hpp"
 #include "cxlkv/kv.hpp"
+#include "cxlkv/metrics.hpp"
 #include "cxlkv/tier.hpp"
 #include "index/prefix_index.hpp"
 #include "tier/fault_injector.hpp"
@@ -603,4 +604,33 @@ TEST(TierKv, GetManyOfADamagedSsdBlockIsAMissAndTheOthersAreServed) {
   EXPECT_EQ(t.kv->lookup(std::span(&keys[0], 1)), 0u);  // dropped
   ASSERT_TRUE(t.kv->get_many(keys, chunks, nchunks, st));
   EXPECT_EQ(st[0], kKvMiss);  // now a miss at pin
+}
+
+// Issue 18 metrics: the node's SSD tier counters reach its stats line in the
+// pool and the Prometheus exposition (cxlkv/metrics.hpp) as counters.
+TEST(TierKv, SsdTierCountersReachThePoolStatsAndTheExposition) {
+  TieredStore t(4, 32 << 20, /*promote=*/false);
+  REQUIRE_STORE(t);
+  auto c = chain(7, 12);
+  for (size_t i = 0; i < c.size(); i++) ASSERT_TRUE(t.put(c, i).ok()) << "block " << i;
+  size_t on_ssd = 0;
+  for (auto& k : c) {
+    auto r = t.get(k);
+    ASSERT_TRUE(r) << r.error().message();
+    on_ssd += r.value() == CXLKV_TIER_SSD;
+  }
+  ASSERT_EQ(on_ssd, 8u);
+  t.kv->flush_stats();
+  auto nodes = read_pool_stats(t.sim.node(1), t.pool.mem);  // another node's view (rule 4)
+  ASSERT_EQ(nodes.size(), 1u);
+  EXPECT_EQ(nodes[0].ssd[CXLKV_SSD_DEMOTED], 8u);
+  EXPECT_EQ(nodes[0].ssd[CXLKV_SSD_DEMOTED_BYTES], 8u * kBlock);
+  EXPECT_EQ(nodes[0].ssd[CXLKV_SSD_READS], 8u);
+  EXPECT_EQ(nodes[0].ssd[CXLKV_SSD_READ_BYTES], 8u * kBlock);
+  EXPECT_EQ(nodes[0].ssd[CXLKV_SSD_READ_FAILURES], 0u);
+  const std::string text = prometheus_exposition(nodes);
+  EXPECT_NE(text.find("# TYPE cxlkv_ssd_demoted_blocks_total counter\n"), std::string::npos);
+  EXPECT_NE(text.find("cxlkv_ssd_demoted_blocks_total{node=\"0\"} 8\n"), std::string::npos);
+  EXPECT_NE(text.find("cxlkv_ssd_read_bytes_total{node=\"0\"} " + std::to_string(8u * kBlock) + "\n"),
+            std::string::npos);
 }

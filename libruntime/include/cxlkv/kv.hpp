@@ -111,6 +111,7 @@ struct NodeKvStats {
   uint32_t pid = 0;
   uint64_t updated_ms = 0;
   KvStats stats;
+  uint64_t ssd[CXLKV_SSD_COUNT] = {};  // the node's SSD tier counters (enum cxlkv_index_ssd_counter)
 };
 std::vector<NodeKvStats> read_pool_stats(MemoryDomain& d, const void* index_carve);
 

@@ -26,6 +26,8 @@ struct MetricDesc {
 const MetricDesc& counter_metric(int c);
 // Latency histogram CXLKV_LAT_* l as a Prometheus histogram in seconds.
 const MetricDesc& latency_metric(int l);
+// The node's SSD tier counter CXLKV_SSD_* s (uapi/cxlkv_index.h) as a Prometheus counter.
+const MetricDesc& ssd_metric(int s);
 
 // Prometheus text exposition (format 0.0.4) of every node's statistics,
 // labelled node="N"; latency histograms have one bucket per octave

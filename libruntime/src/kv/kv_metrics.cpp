@@ -38,10 +38,20 @@ const MetricDesc kLatencies[CXLKV_LAT_COUNT] = {
     {"cxlkv_kv_put_seconds", "histogram", "Latency of a whole publish (reserve + write + publish of a put_chain call)"},
     {"cxlkv_kv_get_seconds", "histogram", "Latency of a whole fetch (pin + fetch + unpin of a get_many call)"},
 };
+// Indexed by enum cxlkv_index_ssd_counter (uapi/cxlkv_index.h).
+const MetricDesc kSsd[CXLKV_SSD_COUNT] = {
+    {"cxlkv_ssd_demoted_blocks_total", "counter", "Blocks the node demoted from pool memory to its SSD tier"},
+    {"cxlkv_ssd_demoted_bytes_total", "counter", "Payload bytes the node wrote to its SSD tier"},
+    {"cxlkv_ssd_read_blocks_total", "counter", "Blocks the node read from its SSD tier (SSD hits)"},
+    {"cxlkv_ssd_read_bytes_total", "counter", "Payload bytes the node read from its SSD tier"},
+    {"cxlkv_ssd_read_failures_total", "counter",
+     "SSD tier reads that failed or were refused by the block header or checksum (clean misses)"},
+    {"cxlkv_ssd_full_total", "counter", "Demotions refused for lack of space on the node's SSD tier"},
+};
 const MetricDesc kBad{"cxlkv_unknown", "counter", "?"};
 
 void appendf(std::string& s, const char* fmt, auto... args) {
-  char buf[256];
+  char buf[512];
   int n = std::snprintf(buf, sizeof buf, fmt, args...);
   if (n > 0) s.append(buf, std::min<size_t>(size_t(n), sizeof buf - 1));
 }
@@ -50,6 +60,7 @@ void appendf(std::string& s, const char* fmt, auto... args) {
 
 const MetricDesc& counter_metric(int c) { return c >= 0 && c < int(CXLKV_CTR_COUNT) ? kCounters[c] : kBad; }
 const MetricDesc& latency_metric(int l) { return l >= 0 && l < int(CXLKV_LAT_COUNT) ? kLatencies[l] : kBad; }
+const MetricDesc& ssd_metric(int s) { return s >= 0 && s < int(CXLKV_SSD_COUNT) ? kSsd[s] : kBad; }
 
 std::string prometheus_exposition(const std::vector<NodeKvStats>& nodes) {
   std::string out;
@@ -82,6 +93,11 @@ std::string prometheus_exposition(const std::vector<NodeKvStats>& nodes) {
       appendf(out, "%s_sum{node=\"%u\"} %.9g\n", m.name, n.node, sum_s);
       appendf(out, "%s_count{node=\"%u\"} %llu\n", m.name, n.node, (unsigned long long)total);
     }
+  }
+  for (int s = 0; s < int(CXLKV_SSD_COUNT); s++) {
+    const MetricDesc& m = kSsd[s];
+    appendf(out, "# HELP %s %s\n# TYPE %s %s\n", m.name, m.help, m.name, m.type);
+    for (auto& n : nodes) appendf(out, "%s{node=\"%u\"} %llu\n", m.name, n.node, (unsigned long long)n.ssd[s]);
   }
   return out;
 }

@@ -12,6 +12,7 @@
 #include "cxlkv/kv.hpp"
 #include "index/prefix_index.hpp"
 #include "kv/interleave.hpp"
+#include "tier/ssd_payload_tier.hpp"
 #include "transfer/cpu_copy.hpp"
 #include "util/log.hpp"
 
@@ -226,6 +227,7 @@ std::vector<NodeKvStats> read_pool_stats(MemoryDomain& d, const void* index_carv
     ns.updated_ms = s.updated_ms;
     std::memcpy(ns.stats.counters, s.counters, sizeof s.counters);
     std::memcpy(ns.stats.latency, s.latency, sizeof s.latency);
+    std::memcpy(ns.ssd, s.ssd, sizeof s.ssd);
     out.push_back(ns);
   }
   return out;
@@ -295,6 +297,15 @@ void KvStore::flush_stats() {
   std::memcpy(s.latency, stats_.latency, sizeof s.latency);
   s.updated_ms = realtime_ms();
   s.pid = static_cast<uint32_t>(getpid());
+  if (auto* ssd = dynamic_cast<SsdPayloadTier*>(deps_.ssd_tier)) {  // issue 18: SSD tier metrics
+    const SsdTierStats t = ssd->stats();
+    s.ssd[CXLKV_SSD_DEMOTED] = t.placed;
+    s.ssd[CXLKV_SSD_DEMOTED_BYTES] = t.placed_bytes;
+    s.ssd[CXLKV_SSD_READS] = t.reads;
+    s.ssd[CXLKV_SSD_READ_BYTES] = t.read_bytes;
+    s.ssd[CXLKV_SSD_READ_FAILURES] = t.lost + t.bad;
+    s.ssd[CXLKV_SSD_FULL] = t.full;
+  }
   // rule 2 + 3: these lines have one writer (this node): plain stores, then flush.
   deps_.index_domain->store(p, &s, sizeof s);
   deps_.index_domain->flush(p, sizeof s);
