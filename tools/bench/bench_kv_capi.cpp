@@ -22,6 +22,12 @@
 // call did / its time), as py_bench.py measures the package.
 // (kv.publish_gbps / kv.fetch_gbps of bench_kv.cpp differ: in-process mutex
 // stripe locks, a first-fit range allocator, one block per call.)
+//
+// Lockstep (CXLKV_KVCAPI_LOCKSTEP=1, what py_bench.py uses): before every
+// batch, warm-up included, the run waits for one line on stdin, and after
+// it writes "W|P|F <bytes done> <wall s> <cpu s>" to stdout, so the Python
+// side can run its own batch of the same sequence right beside each C++
+// batch: both see the same machine load, batch by batch.
 #include <time.h>
 #include <unistd.h>
 
@@ -29,6 +35,7 @@
 
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -47,19 +54,45 @@ constexpr uint32_t kLayers = 32, kEngineBlocks = 16, kBatch = 32, kCapacity = 19
 constexpr size_t kChunk = 16 * 8 * 128 * 2;  // one layer's K (or V) of one block: 32 KiB
 constexpr uint64_t kBlock = 2ull * kLayers * kChunk;
 
+// One buffer per layer, 64 B aligned, as an engine allocates its per-layer
+// cache tensors (PyTorch's CPU allocator aligns to 64 B): the Python side's
+// torch.zeros per layer reads from memory laid out the same way.
 struct VllmCache {
-  VllmCache() : mem(size_t(kLayers) * 2 * kEngineBlocks * kChunk) {
-    for (size_t i = 0; i < mem.size(); i += 4096) mem[i] = std::byte(i >> 12);  // fault in every page
+  static constexpr size_t kLayerBytes = size_t(2) * kEngineBlocks * kChunk;
+  VllmCache() {
+    for (auto& l : layers) {
+      l = static_cast<std::byte*>(std::aligned_alloc(64, kLayerBytes));
+      for (size_t i = 0; i < kLayerBytes; i += 4096) l[i] = std::byte(i >> 12);  // fault in every page
+    }
   }
+  ~VllmCache() {
+    for (auto* l : layers) std::free(l);
+  }
+  VllmCache(const VllmCache&) = delete;
+  VllmCache& operator=(const VllmCache&) = delete;
   // The 64 chunks of engine block b in pool order (layer, K then V).
   void chunks(uint32_t b, cxlkv_chunk* out) {
     for (uint32_t l = 0; l < kLayers; l++)
-      for (uint32_t kv = 0; kv < 2; kv++) {
-        std::byte* p = mem.data() + ((size_t(l) * 2 + kv) * kEngineBlocks + b) * kChunk;
-        *out++ = cxlkv_chunk{p, kChunk};
-      }
+      for (uint32_t kv = 0; kv < 2; kv++) *out++ = cxlkv_chunk{layers[l] + (size_t(kv) * kEngineBlocks + b) * kChunk, kChunk};
   }
-  std::vector<std::byte> mem;
+  std::byte* layers[kLayers] = {};
+};
+
+// Lockstep with py_bench.py (see the top of the file): wait for the go line
+// before a batch, report the batch after it.
+struct Lockstep {
+  bool on = std::getenv("CXLKV_KVCAPI_LOCKSTEP") != nullptr;
+  bool wait() const {
+    if (!on) return true;
+    for (int c; (c = std::getchar()) != '\n';)
+      if (c == EOF) return false;
+    return true;
+  }
+  void report(char kind, uint64_t bytes, double wall_s, double cpu_s) const {
+    if (!on) return;
+    std::printf("%c %llu %.9f %.9f\n", kind, (unsigned long long)bytes, wall_s, cpu_s);
+    std::fflush(stdout);
+  }
 };
 
 std::vector<cxlkv_kv_key> keys_of(uint64_t tag, size_t n) {
@@ -95,11 +128,13 @@ double median(std::vector<double> v) {
 }
 
 struct Run {
+  Run(cxlkv_kv* k, VllmCache& c) : kv(k), cache(c) {}
   cxlkv_kv* kv;
   VllmCache& cache;
   std::vector<cxlkv_chunk> ch = std::vector<cxlkv_chunk>(size_t(kBatch) * 2 * kLayers);
   std::vector<uint32_t> nch = std::vector<uint32_t>(kBatch, 2 * kLayers);
   std::vector<int32_t> st = std::vector<int32_t>(kBatch);
+  Lockstep step;
 
   // Chunk lists of the batch starting at pass position lo (engine blocks (lo + j) mod 16).
   void fill(size_t lo, size_t m) {
@@ -115,6 +150,7 @@ struct Run {
   void publish(const std::vector<cxlkv_kv_key>& keys, Rates* r) {
     for (size_t lo = 0; lo < keys.size(); lo += kBatch) {
       size_t m = std::min<size_t>(kBatch, keys.size() - lo);
+      if (!step.wait()) return;
       auto t0 = clk::now();
       double c0 = thread_cpu_s();
       fill(lo, m);
@@ -122,6 +158,7 @@ struct Run {
       double c1 = thread_cpu_s();
       double w = std::chrono::duration<double>(clk::now() - t0).count();
       if (r && rc >= 0) r->add(ok(m) * kBlock, w, c1 - c0);
+      step.report(r ? 'P' : 'W', rc >= 0 ? ok(m) * kBlock : 0, w, c1 - c0);
     }
   }
   // Fetches n blocks cycling over `recent`, in batches of kBatch; a rate per
@@ -131,6 +168,7 @@ struct Run {
     for (size_t lo = 0; lo < n; lo += kBatch) {
       size_t m = std::min<size_t>(kBatch, n - lo);
       for (size_t j = 0; j < m; j++) k[j] = recent[(lo + j) % recent.size()];
+      if (!step.wait()) return;
       auto t0 = clk::now();
       double c0 = thread_cpu_s();
       fill(lo, m);
@@ -138,6 +176,7 @@ struct Run {
       double c1 = thread_cpu_s();
       double w = std::chrono::duration<double>(clk::now() - t0).count();
       if (r && rc >= 0) r->add(ok(m) * kBlock, w, c1 - c0);
+      step.report('F', rc >= 0 ? ok(m) * kBlock : 0, w, c1 - c0);
     }
   }
 };
@@ -186,7 +225,7 @@ void bench_kv_capi(bench::Results& res) {
     } else {
       std::memset(static_cast<std::byte*>(cxlkv_pool_base(pool)) + kc.offset, 0, kc.size);  // fault in the kv carve
       VllmCache cache;
-      Run run{kv, cache};
+      Run run(kv, cache);
       run.publish(keys_of(0x5000000, n), nullptr);  // warm-up pass
       Rates pub, fet;
       for (uint64_t pass = 0; pass < kPasses; pass++) {

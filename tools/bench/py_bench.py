@@ -1,9 +1,12 @@
 #!/usr/bin/env python3
 # SPDX-License-Identifier: MIT
 """The `py` bench group: KV publish / fetch through the Python package on CPU
-tensors, beside two C++ baselines of the same run: N runs of each side,
-paired in time (a C++ run, then the Python passes), so both see about the
-same machine load.
+tensors, beside two C++ baselines of the same run.  The like-for-like one
+(cxlkv-bench's kv_capi group) runs in lockstep with the Python passes, batch
+beside batch (CXLKV_KVCAPI_LOCKSTEP: the C++ process runs its next batch of
+the same sequence right before or after each Python batch, alternately), so
+a load spike on this shared machine hits both batches of a pair and cancels
+in their ratio; the ratios are medians over every such pair of N runs.
 
 Geometry, the same in the Python passes and in the like-for-like C++ baseline
 (cxlkv-bench's kv_capi group, tools/bench/bench_kv_capi.cpp): 2 MiB blocks of
@@ -33,9 +36,11 @@ Merges into the results file (one flat JSON object):
                                        `cxlkv-bench --only kv`'s kv.publish_gbps / kv.fetch_gbps in
                                        the same runs (in-process mutex stripe locks, a first-fit
                                        range allocator, one block per call)
-  py.publish_vs_kv_capi, py.fetch_vs_kv_capi, py.publish_vs_kv, py.fetch_vs_kv
-                                       the median over the runs of each run's ratio (issue 14:
-                                       >= 0.9)
+  py.publish_vs_kv_capi, py.fetch_vs_kv_capi
+                                       the median over all lockstep pairs (py.*_lockstep_pairs of
+                                       them) of Python batch rate / C++ batch rate (issue 14: >= 0.9)
+  py.publish_vs_kv, py.fetch_vs_kv     the median over the runs of each run's py / kv ratio (kv run
+                                       just before the Python run: paired by time only)
   py.publish_gb_per_cpu_s, py.fetch_gb_per_cpu_s, py.*_per_cpu_s_vs_kv_capi
                                        the same per CPU-second of the calling thread, beside
                                        kv_capi.*_gb_per_cpu_s: less sensitive to the load of
@@ -131,21 +136,39 @@ class Engine:
         self.paged = cxlkv.PagedKV.vllm(self.caches)
         assert self.paged.block_bytes == 2 << 20 and self.paged.chunks_per_block == 64
 
-    def timed(self, call, rates):
-        # one batch: (wall GB/s, GB per CPU-second of this thread) of the blocks it did
+    peer = None       # a Peer in lockstep: its batch runs right beside each of ours
+    pairs = None      # {"P": [(py rates, peer rates)], "F": [...]}: batches side by side
+    _turn = 0
+
+    def timed(self, call, rates, kind="W"):
+        # one batch: (wall GB/s, GB per CPU-second of this thread) of the blocks it did;
+        # the peer's batch of the same position first or after it, alternately (no order bias)
+        self._turn += 1
+        peer = self._peer_step(kind) if self.peer and self._turn % 2 else None
         t0, c0 = time.perf_counter(), time.thread_time()
         done = int((call() == self.cxlkv.RESERVED).sum()) * self.paged.block_bytes
         w, c = time.perf_counter() - t0, time.thread_time() - c0
+        if self.peer and not self._turn % 2:
+            peer = self._peer_step(kind)
+        mine = (done / max(w, 1e-9) / 1e9, done / max(c, 1e-9) / 1e9)
         if rates is not None:
-            rates.append((done / max(w, 1e-9) / 1e9, done / max(c, 1e-9) / 1e9))
+            rates.append(mine)
+            if peer:
+                self.pairs[kind].append((mine, peer))
         return done
+
+    def _peer_step(self, want):
+        kind, done, w, c = self.peer.step()
+        if kind != want:
+            raise RuntimeError(f"py bench: lockstep lost: the peer ran a {kind} batch beside our {want} batch")
+        return (done / max(w, 1e-9) / 1e9, done / max(c, 1e-9) / 1e9)
 
     def publish(self, kv, tag, count, rates=None):
         keys = self.cxlkv.keys_from_hashes(range(tag, tag + count))
         for lo in range(0, count, self.batch):
             k = keys[lo:lo + self.batch]
             blk = [(lo + j) % CACHE_BLOCKS for j in range(len(k))]
-            self.timed(lambda: kv.put(k, self.paged, blk), rates)
+            self.timed(lambda: kv.put(k, self.paged, blk), rates, "P" if rates is not None else "W")
         return keys
 
     def fetch(self, kv, recent, count, rates):
@@ -153,7 +176,7 @@ class Engine:
         for lo in range(0, count, self.batch):
             idx = [(lo + j) % len(recent) for j in range(min(self.batch, count - lo))]
             blk = [(lo + j) % CACHE_BLOCKS for j in range(len(idx))]
-            got += self.timed(lambda: kv.get(recent[idx], self.paged, blk), rates) // self.paged.block_bytes
+            got += self.timed(lambda: kv.get(recent[idx], self.paged, blk), rates, "F") // self.paged.block_bytes
         if got != count:
             print(f"py bench: fetched {got} of {count} blocks", file=sys.stderr)
 
@@ -178,18 +201,32 @@ class Engine:
                 L.cxlkv_kv_abort(kv.handle, ctypes.byref(b))
         return done * self.paged.block_bytes / (time.perf_counter() - t0) / 1e9
 
-    def run(self, kv, n):
+    def run(self, kv, n, peer=None):
         """One run, as the kv_capi group's: warm-up pass, PASSES x (publish n,
-        fetch n); the median batch of each, wall and per CPU-second."""
-        self.publish(kv, 0x5000000, n)
-        pub, fet = [], []
-        for p in range(PASSES):
-            keys = self.publish(kv, 0x6000000 + p * n, n, pub)
-            self.fetch(kv, keys[-RECENT:], n, fet)
-        return {"py.publish_gbps": median(x[0] for x in pub), "py.fetch_gbps": median(x[0] for x in fet),
-                "py.publish_gb_per_cpu_s": median(x[1] for x in pub),
-                "py.fetch_gb_per_cpu_s": median(x[1] for x in fet),
-                "py.capi_per_block_publish_gbps": self.publish_per_block(kv, 0x9000000, n)}
+        fetch n); the median batch of each, wall and per CPU-second.  With a
+        peer (the kv_capi group in lockstep), each of our batches runs beside
+        the peer's batch of the same position, and the run's ratios are those
+        of the two medians over the same stretch of time."""
+        self.peer, self.pairs, self._turn = peer, {"P": [], "F": []}, 0
+        try:
+            self.publish(kv, 0x5000000, n)
+            pub, fet = [], []
+            for p in range(PASSES):
+                keys = self.publish(kv, 0x6000000 + p * n, n, pub)
+                self.fetch(kv, keys[-RECENT:], n, fet)
+        finally:
+            self.peer = None
+        out = {"py.publish_gbps": median(x[0] for x in pub), "py.fetch_gbps": median(x[0] for x in fet),
+               "py.publish_gb_per_cpu_s": median(x[1] for x in pub),
+               "py.fetch_gb_per_cpu_s": median(x[1] for x in fet)}
+        if peer:
+            cp, cf = [x[1] for x in self.pairs["P"]], [x[1] for x in self.pairs["F"]]
+            out.update({"kv_capi.publish_gbps": median(x[0] for x in cp), "kv_capi.fetch_gbps": median(x[0] for x in cf),
+                        "kv_capi.publish_gb_per_cpu_s": median(x[1] for x in cp),
+                        "kv_capi.fetch_gb_per_cpu_s": median(x[1] for x in cf)})
+            out["_pairs"] = self.pairs
+        out["py.capi_per_block_publish_gbps"] = self.publish_per_block(kv, 0x9000000, n)
+        return out
 
     def same_process(self, kv, n):
         """Median per-batch rate of KvStore.put / get over that of the same C
@@ -236,15 +273,44 @@ class Engine:
                 "py.fetch_vs_c_call_same_process": m["py_get"] / m["c_get"] if m["c_get"] else 0}
 
 
+class Peer:
+    """cxlkv-bench's kv_capi group in lockstep (CXLKV_KVCAPI_LOCKSTEP, see
+    bench_kv_capi.cpp): one C++ batch per step(), in the same sequence of
+    batches as Engine.run (warm-up, then publish / fetch passes)."""
+
+    def __init__(self, build):
+        bench = os.path.join(build, "tools", "cxlkv-bench")
+        self.tmp = f"/tmp/cxlkv-pybench-peer-{os.getpid()}.json"
+        self.p = subprocess.Popen([bench, "--only", "kv_capi", "--out", self.tmp], stdin=subprocess.PIPE,
+                                  stdout=subprocess.PIPE, text=True, bufsize=1,
+                                  env=dict(os.environ, CXLKV_KVCAPI_LOCKSTEP="1"))
+
+    def step(self):
+        """(kind W|P|F, bytes done, wall s, cpu s) of the peer's next batch."""
+        self.p.stdin.write("\n")
+        self.p.stdin.flush()
+        ln = self.p.stdout.readline().split()
+        if len(ln) != 4:
+            raise RuntimeError("py bench: the kv_capi peer stopped (see its messages above)")
+        return ln[0], int(ln[1]), float(ln[2]), float(ln[3])
+
+    def close(self):
+        self.p.stdin.close()
+        self.p.wait(300)
+        if os.path.exists(self.tmp):
+            os.unlink(self.tmp)
+
+
 def cxx_run(build):
-    """One run of cxlkv-bench's kv_capi and kv groups ({} when not built)."""
+    """One run of cxlkv-bench's kv group ({} when not built): kv.publish_gbps
+    / kv.fetch_gbps, another design (in-process mutex locks, a range
+    allocator, one block per call), paired with a Python run by time only."""
     bench = os.path.join(build, "tools", "cxlkv-bench")
     if not os.path.exists(bench):
         return {}
     tmp = f"/tmp/cxlkv-pybench-kv-{os.getpid()}.json"
     try:
-        if subprocess.run([bench, "--only", "kv_capi", "--only", "kv", "--out", tmp],
-                          stdout=subprocess.DEVNULL).returncode != 0:
+        if subprocess.run([bench, "--only", "kv", "--out", tmp], stdout=subprocess.DEVNULL).returncode != 0:
             return {}
         with open(tmp) as f:
             return json.load(f)
@@ -270,16 +336,24 @@ def main():
     reps = int(os.environ.get("CXLKV_PYBENCH_REPS", "3"))
     eng = Engine(args.batch)
     runs = []
+    have_bench = os.path.exists(os.path.join(build, "tools", "cxlkv-bench"))
     for r in range(reps):
-        # A C++ run, then a Python run: a pair under about the same load.
+        # The like-for-like baseline (kv_capi) in lockstep, batch beside
+        # batch; the kv group's run just before (paired by time only).
         base = {k: v for k, v in cxx_run(build).items() if k in BASE}
-        with fresh_pool(build, f"run{r}") as kv:
-            runs.append(dict(base, **eng.run(kv, n)))
+        peer = Peer(build) if have_bench else None
+        try:
+            with fresh_pool(build, f"run{r}") as kv:
+                runs.append(dict(base, **eng.run(kv, n, peer)))
+        finally:
+            if peer:
+                peer.close()
     with fresh_pool(build, "same") as kv:
         out = eng.same_process(kv, n)
 
     def across(key):
         return median(x[key] for x in runs if key in x)
+
 
     for k in ("py.publish_gbps", "py.fetch_gbps", "py.publish_gb_per_cpu_s", "py.fetch_gb_per_cpu_s",
               "py.capi_per_block_publish_gbps"):
@@ -297,6 +371,15 @@ def main():
         pairs = [x[f"py.{k}_{unit}"] / x[f"{g}.{k}_{unit}"] for x in runs if x.get(f"{g}.{k}_{unit}")]
         if pairs:
             out[f"py.{k}_vs_{g}" if unit == "gbps" else f"py.{k}_per_cpu_s_vs_{g}"] = median(pairs)
+    # Like for like (kv_capi), batch beside batch: the median over every
+    # lockstep pair of all runs of (Python batch rate / C++ batch rate).  A
+    # load spike hits both batches of a pair, so it cancels in the ratio.
+    for kind, k in (("P", "publish"), ("F", "fetch")):
+        pairs = [p for x in runs for p in x.get("_pairs", {}).get(kind, []) if p[1][0] > 0 and p[1][1] > 0]
+        if pairs:
+            out[f"py.{k}_vs_kv_capi"] = median(py[0] / c[0] for py, c in pairs)
+            out[f"py.{k}_per_cpu_s_vs_kv_capi"] = median(py[1] / c[1] for py, c in pairs)
+            out[f"py.{k}_lockstep_pairs"] = len(pairs)
 
     res = {}
     if os.path.exists(args.results):

@@ -116,6 +116,13 @@ class KvStore:
         _lib.check(_lib.lib().cxlkv_kv_open(pool.handle, C.byref(o), C.byref(self._h)),
                    f"open KV store of {pool.uri} as node {node}")
         self._lib = _lib.lib()
+        # The hot batch calls through their own function objects taking plain
+        # addresses (c_void_p): no POINTER casts per call (issue 14).
+        vp, sz = C.c_void_p, C.c_size_t
+        self._put_chain = self._lib["cxlkv_kv_put_chain"]
+        self._put_chain.restype, self._put_chain.argtypes = C.c_int, [vp, vp, vp, sz, C.c_uint64, vp, vp, vp]
+        self._get_many = self._lib["cxlkv_kv_get_many"]
+        self._get_many.restype, self._get_many.argtypes = C.c_int, [vp, vp, sz, vp, vp, vp]
         pool._adopt(self)
         self.metrics = metrics
         self.block_tokens = block_tokens
@@ -159,6 +166,18 @@ class KvStore:
         return n
 
     # ---- bulk put / get -----------------------------------------------------
+    def _chunk_args(self, src, keys, block_ids):
+        """(arrays to keep alive, chunks address, counts address, bytes per block)."""
+        if isinstance(src, PagedKV):
+            if block_ids is None:
+                raise ValueError("cxlkv: a PagedKV transfer needs block_ids (one per key)")
+            if len(block_ids) != len(keys):
+                raise ValueError(f"cxlkv: {len(keys)} keys but {len(block_ids)} block ids")
+            ch, counts, chp, cntp = src.chunk_args(block_ids)
+            return (ch, counts), chp, cntp, src.block_bytes
+        ch, counts, nbytes = self._chunks(src, keys, block_ids)
+        return (ch, counts), ch.ctypes.data, counts.ctypes.data, nbytes
+
     def _chunks(self, src, keys, block_ids):
         if isinstance(src, PagedKV):
             if block_ids is None:
@@ -197,11 +216,10 @@ class KvStore:
         if isinstance(src, PagedKV) and (src.is_cuda or gpu is not None):
             bytes_ = self._gpu_put(k, par, src, block_ids, gpu, stream, status)
         else:
-            ch, counts, nbytes = self._chunks(src, k, block_ids)
+            _keep, chp, cntp, nbytes = self._chunk_args(src, k, block_ids)
             bytes_ = nbytes
-            rc = self._lib.cxlkv_kv_put_chain(self.handle, _kp(par) if par is not None else None, _kp(k), n,
-                                              nbytes, ch.ctypes.data_as(_CHP), counts.ctypes.data_as(_U32P),
-                                              status.ctypes.data_as(_I32P))
+            rc = self._put_chain(self.handle, par.ctypes.data if par is not None else None, k.ctypes.data, n,
+                                 nbytes, chp, cntp, status.ctypes.data)
             _lib.check(rc, "cxlkv_kv_put_chain")
         if self.metrics:
             self.metrics.observe_store(int((status == RESERVED).sum()) * bytes_, int(put_ok(status).sum()),
@@ -221,9 +239,8 @@ class KvStore:
         if isinstance(dst, PagedKV) and (dst.is_cuda or gpu is not None):
             nbytes = self._gpu_get(k, dst, block_ids, gpu, stream, status)
         else:
-            ch, counts, nbytes = self._chunks(dst, k, block_ids)
-            rc = self._lib.cxlkv_kv_get_many(self.handle, _kp(k), n, ch.ctypes.data_as(_CHP),
-                                             counts.ctypes.data_as(_U32P), status.ctypes.data_as(_I32P))
+            _keep, chp, cntp, nbytes = self._chunk_args(dst, k, block_ids)
+            rc = self._get_many(self.handle, k.ctypes.data, n, chp, cntp, status.ctypes.data)
             _lib.check(rc, "cxlkv_kv_get_many")
         if self.metrics:
             self.metrics.observe_load(int(get_ok(status).sum()) * nbytes, time.perf_counter() - t0)

@@ -83,6 +83,11 @@ class PagedKV:
         self._lens = np.concatenate(lens)
         self.chunks_per_block = self._offs.size
         self._kind_hint = kind_hint
+        # Chunk lists of recent block-id lists (engines reuse their block ids):
+        # (chunks, counts, chunks address, counts address), read-only.
+        self._chunk_cache = {}
+
+    _CHUNK_CACHE_MAX = 256
 
     # ---- constructors -----------------------------------------------------
     @classmethod
@@ -135,15 +140,34 @@ class PagedKV:
     # ---- transfers ---------------------------------------------------------
     def chunks(self, block_ids):
         """(chunk array, per-block chunk counts) of GPU/engine blocks
-        ``block_ids``, in pool order."""
+        ``block_ids``, in pool order (read-only arrays)."""
+        ch, counts, _, _ = self.chunk_args(block_ids)
+        return ch, counts
+
+    def chunk_args(self, block_ids):
+        """(chunks, counts, address of chunks, address of counts) for the C
+        batch calls.  Built with NumPy from the per-layout template; the
+        last few hundred distinct block-id lists are kept, so an engine that
+        reuses its block ids pays one dict lookup per batch."""
         ids = np.asarray(block_ids, dtype=np.int64).reshape(-1)
+        key = ids.tobytes()
+        hit = self._chunk_cache.get(key)
+        if hit is not None:
+            return hit
         if ids.size and (ids.min() < 0 or ids.max() >= self.num_blocks):
             raise IndexError(f"cxlkv: block id out of range 0..{self.num_blocks - 1}")
         ch = np.empty((ids.size, self.chunks_per_block), dtype=CHUNK_DTYPE)
         ch["addr"] = (self._offs[None, :] + ids[:, None] * self._strides[None, :]).view(np.uint64)
         ch["len"] = self._lens[None, :]
+        ch = ch.reshape(-1)
         counts = np.full(ids.size, self.chunks_per_block, dtype=np.uint32)
-        return ch.reshape(-1), counts
+        ch.flags.writeable = False
+        counts.flags.writeable = False
+        out = (ch, counts, ch.ctypes.data, counts.ctypes.data)
+        if len(self._chunk_cache) >= self._CHUNK_CACHE_MAX:
+            self._chunk_cache.pop(next(iter(self._chunk_cache)))  # the oldest entry
+        self._chunk_cache[key] = out
+        return out
 
     def gpu_layout(self):
         """A ``struct cxlkv_gpu_layout`` for the GPU path (and the layout's
