@@ -326,3 +326,138 @@ CXLKV_BENCH({"rpc",
              "shared-memory RPC: round trip at queue depth 1 (p50/p99) and Mops at queue depth 128, two processes, "
              "64 B requests/replies, beside a Unix socket and TCP loopback",
              bench_rpc});
+
+// ---- index service vs the lock-based index ---------------------------------------
+//   rpc.index_lock_ns_per_block_bN      reserve_chain + publish_many + pin_many +
+//                                       unpin_many of an N-block chain, this process
+//                                       taking the stripe locks (two-tier locks,
+//                                       lock manager on a thread of this process)
+//   rpc.index_service_ns_per_block_bN   the same calls answered by the index service
+//                                       (a forked server process owns the index)
+//   rpc.index_service_vs_lock_bN        lock ns / service ns (> 1: the service is faster)
+// for N = 1, 16, 256.
+#include "cxlkv/kv.hpp"
+#include "rpc/index_service.hpp"
+
+namespace {
+
+[[noreturn]] void index_server_child(const std::string& uri, int ready_fd) {
+  signal(SIGTERM, [](int) { g_term = 1; });
+  auto r = cxlkv::Region::open(uri);
+  if (!r) _exit(2);
+  cxlkv::NodeOptions no;
+  no.node = 0;
+  auto n = cxlkv::NodeContext::attach(*r.value(), no);
+  if (!n) _exit(3);
+  auto kv = cxlkv::open_kv_session(*r.value(), *n.value());
+  if (!kv) _exit(4);
+  cxlkv::RpcServerOptions o;
+  o.spin_rounds = 4096;
+  o.yield_rounds = 1u << 30;
+  auto s = cxlkv::IndexService::create(*n.value(), kv.value()->store().index(), o);
+  if (!s) {
+    std::fprintf(stderr, "bench rpc: index service: %s\n", s.error().message().c_str());
+    _exit(5);
+  }
+  char c = 'R';
+  if (write(ready_fd, &c, 1) != 1) _exit(6);
+  std::atomic<bool> stop{false};
+  std::thread watch([&] {
+    while (!g_term) usleep(1000);
+    stop = true;
+  });
+  (void)s.value()->server().run(stop);
+  watch.join();
+  _exit(0);
+}
+
+template <class Ops>
+double per_block_ns(Ops& ops, size_t batch, size_t rounds, uint64_t tag) {
+  std::vector<cxlkv::BlockKey> keys(batch);
+  std::vector<cxlkv::Reservation> res(batch);
+  std::vector<cxlkv::PinnedBlock> pins(batch);
+  std::vector<int32_t> st(batch);
+  std::vector<uint32_t> slots(batch);
+  double total_ns = 0;
+  size_t blocks = 0;
+  for (size_t r = 0; r < rounds; r++) {
+    for (size_t i = 0; i < batch; i++) keys[i] = cxlkv::BlockKey{(tag << 40) + r * batch + i + 1, tag};
+    auto t0 = Clock::now();
+    auto a = ops.reserve_chain(nullptr, keys, 64, res, st);
+    if (!a || a.value() != batch) return -1;
+    for (size_t i = 0; i < batch; i++) slots[i] = res[i].slot;
+    if (!ops.publish_many(slots, keys, st)) return -1;
+    if (!ops.pin_many(keys, pins, st)) return -1;
+    for (size_t i = 0; i < batch; i++) slots[i] = pins[i].slot;
+    if (!ops.unpin_many(slots, keys, st)) return -1;
+    total_ns += us_since(t0) * 1000;
+    blocks += batch;
+  }
+  return total_ns / double(blocks);
+}
+
+void bench_index_service(bench::Results& res) {
+  const std::string name = bench::shm_name("rpcindex");
+  const std::string uri = "shm:" + name + ":256M";
+  cxlkv::PoolFormatOptions fo;
+  fo.max_nodes = 4;
+  fo.force = true;
+  fo.index_entries = 1u << 17;
+  fo.extra_carves = {{cxlkv::kIndexServiceCarve, cxlkv::kIndexServiceCarveBytes}};
+  auto rr = cxlkv::format_pool(uri, fo);
+  if (!rr) {
+    std::fprintf(stderr, "bench rpc index: %s\n", rr.error().message().c_str());
+    return;
+  }
+  int pfd[2];
+  if (pipe(pfd) != 0) return;
+  pid_t srv = fork();
+  if (srv == 0) {
+    close(pfd[0]);
+    index_server_child(uri, pfd[1]);
+  }
+  close(pfd[1]);
+  auto mgr = cxlkv::LockManager::create(*rr.value());
+  if (mgr) mgr.value()->start();
+  char c = 0;
+  bool up = read(pfd[0], &c, 1) == 1;
+  close(pfd[0]);
+  const double sc = std::max(0.05, bench::scale());
+  const size_t batches[] = {1, 16, 256};
+  const size_t rounds[] = {size_t(3000 * sc) + 20, size_t(400 * sc) + 10, size_t(40 * sc) + 4};
+  cxlkv::NodeOptions no;
+  no.node = 1;
+  auto n = cxlkv::NodeContext::attach(*rr.value(), no);
+  if (up && mgr && n) {
+    auto kv = cxlkv::open_kv_session(*rr.value(), *n.value());
+    auto cl = cxlkv::IndexServiceClient::connect(*n.value());
+    if (kv && cl) {
+      for (int k = 0; k < 3; k++) {
+        double lock_ns = per_block_ns(kv.value()->store().index(), batches[k], rounds[k], 100 + k);
+        double svc_ns = per_block_ns(*cl.value(), batches[k], rounds[k], 200 + k);
+        std::string b = std::to_string(batches[k]);
+        res.set("rpc.index_lock_ns_per_block_b" + b, lock_ns);
+        res.set("rpc.index_service_ns_per_block_b" + b, svc_ns);
+        if (svc_ns > 0 && lock_ns > 0) res.set("rpc.index_service_vs_lock_b" + b, lock_ns / svc_ns);
+      }
+    } else {
+      std::fprintf(stderr, "bench rpc index: %s\n", !kv ? kv.error().message().c_str() : cl.error().message().c_str());
+    }
+    cl = cxlkv::Result<std::unique_ptr<cxlkv::IndexServiceClient>>(cxlkv::Error(-1, ""));
+    kv = cxlkv::Result<std::unique_ptr<cxlkv::KvSession>>(cxlkv::Error(-1, ""));
+  }
+  kill(srv, SIGTERM);
+  waitpid(srv, nullptr, 0);
+  if (mgr) mgr.value().reset();
+  if (n) n.value().reset();
+  (void)cxlkv::remove_node_local(*rr.value(), 0);
+  (void)cxlkv::remove_node_local(*rr.value(), 1);
+  rr.value().reset();
+  shm_unlink(("/" + name).c_str());
+}
+
+}  // namespace
+
+CXLKV_BENCH({"rpc",
+             "index service vs lock-based index: per-block cost of reserve/publish/pin/unpin for batches of 1, 16, 256",
+             bench_index_service});

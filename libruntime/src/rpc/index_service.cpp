@@ -1,0 +1,272 @@
+// SPDX-License-Identifier: MIT
+// Index service mode: wire format and the two sides (see index_service.hpp).
+//
+// Requests (little-endian, packed by memcpy):
+//   RESERVE_CHAIN  u32 n, u32 has_parent, u64 bytes, BlockKey parent, BlockKey keys[n]
+//   PUBLISH / ABORT / UNPIN   u32 n, u32 0, u32 slots[n], BlockKey keys[n]
+//   PIN            u32 n, u32 0, BlockKey keys[n]
+// Replies: u64 result (the call's return value), i32 status[n], then for
+// RESERVE_CHAIN WireBlock[n] (with the reservation status), for PIN WireBlock[n].
+// The handler's status is 0, or the whole call's negative errno.
+#include "rpc/index_service.hpp"
+
+#include <cstring>
+#include <vector>
+
+#include "cxlkv/sync.hpp"
+
+namespace cxlkv {
+namespace {
+
+enum : uint32_t { kOpReserve = 1, kOpPublish = 2, kOpAbort = 3, kOpPin = 4, kOpUnpin = 5 };
+
+struct WireBlock {
+  uint64_t offset;
+  uint32_t length;
+  uint32_t slot;
+  uint32_t version;
+  uint8_t device, tier, rstatus, pad;
+};
+static_assert(sizeof(WireBlock) == 24);
+
+constexpr size_t kHdr = 8;  // u32 n, u32 flag
+constexpr size_t kMaxReq = kHdr + 8 + 16 + size_t(kIndexServiceMaxBatch) * 20;  // the largest of reserve (24 + 16 n) and slots (20 n)
+constexpr size_t kMaxRep = 8 + size_t(kIndexServiceMaxBatch) * (4 + sizeof(WireBlock));
+
+uint32_t lines_for(size_t bytes) { return uint32_t(1 + (bytes - CXLKV_RPC_INLINE + 63) / 64); }
+
+WireBlock to_wire(uint32_t slot, const BlockLocation& l, uint32_t version, uint8_t rstatus) {
+  return WireBlock{l.offset, l.length, slot, version, l.device, l.tier, rstatus, 0};
+}
+BlockLocation loc_of(const WireBlock& w) { return BlockLocation{w.offset, w.length, w.device, w.tier}; }
+
+template <class T>
+const T* at(std::span<const std::byte> d, size_t off, size_t count) {
+  if (off + count * sizeof(T) > d.size()) return nullptr;
+  return reinterpret_cast<const T*>(d.data() + off);
+}
+
+// Copy helpers that tolerate unaligned wire buffers.
+template <class T>
+std::vector<T> read_array(std::span<const std::byte> d, size_t off, size_t n) {
+  std::vector<T> v(n);
+  if (n) std::memcpy(v.data(), d.data() + off, n * sizeof(T));
+  return v;
+}
+
+}  // namespace
+
+RpcGeometry index_service_geometry() {
+  RpcGeometry g;
+  g.rings = 16;
+  g.depth = 8;
+  g.req_lines = lines_for(kMaxReq);
+  g.resp_lines = lines_for(kMaxRep);
+  return g;
+}
+
+Result<std::unique_ptr<IndexService>> IndexService::create(NodeContext& node, PrefixIndex& index,
+                                                           const RpcServerOptions& base) {
+  RpcServerOptions o = base;
+  o.carve = kIndexServiceCarve;
+  o.geometry = index_service_geometry();
+  o.max_batch = 8;  // requests are batches already
+  auto s = RpcServer::create(node, o);
+  if (!s) return s.error();
+  auto svc = std::unique_ptr<IndexService>(new IndexService);
+  svc->server_ = std::move(s.value());
+  PrefixIndex* ix = &index;
+
+  auto parse_n = [](std::span<const std::byte> d, uint32_t* n) -> bool {
+    if (d.size() < kHdr) return false;
+    std::memcpy(n, d.data(), 4);
+    return *n <= kIndexServiceMaxBatch;
+  };
+  auto put_result = [](std::span<std::byte> rep, uint64_t ret, const std::vector<int32_t>& st) -> uint32_t {
+    std::memcpy(rep.data(), &ret, 8);
+    if (!st.empty()) std::memcpy(rep.data() + 8, st.data(), st.size() * 4);
+    return uint32_t(8 + st.size() * 4);
+  };
+
+  svc->server_->handle(kOpReserve, [=](const RpcRequest& rq, std::span<std::byte> rep, uint32_t& len) -> int32_t {
+    uint32_t n = 0, has_parent = 0;
+    if (!parse_n(rq.data, &n) || rq.data.size() != kHdr + 8 + 16 + size_t(n) * 16) return -EINVAL;
+    std::memcpy(&has_parent, rq.data.data() + 4, 4);
+    uint64_t bytes;
+    std::memcpy(&bytes, rq.data.data() + kHdr, 8);
+    BlockKey parent;
+    std::memcpy(&parent, rq.data.data() + kHdr + 8, 16);
+    auto keys = read_array<BlockKey>(rq.data, kHdr + 24, n);
+    std::vector<Reservation> out(n);
+    std::vector<int32_t> st(n);
+    auto r = ix->reserve_chain(has_parent ? &parent : nullptr, keys, bytes, out, st);
+    if (!r) return r.error().code();
+    len = put_result(rep, r.value(), st);
+    for (uint32_t i = 0; i < n; i++) {
+      WireBlock w = to_wire(out[i].slot, out[i].loc, out[i].version, uint8_t(out[i].status));
+      std::memcpy(rep.data() + len, &w, sizeof w);
+      len += sizeof w;
+    }
+    return 0;
+  });
+  auto slots_handler = [=](uint32_t op) {
+    return [=](const RpcRequest& rq, std::span<std::byte> rep, uint32_t& len) -> int32_t {
+      uint32_t n = 0;
+      if (!parse_n(rq.data, &n) || rq.data.size() != kHdr + size_t(n) * 20) return -EINVAL;
+      auto slots = read_array<uint32_t>(rq.data, kHdr, n);
+      auto keys = read_array<BlockKey>(rq.data, kHdr + size_t(n) * 4, n);
+      std::vector<int32_t> st(n);
+      Result<size_t> r = op == kOpPublish ? ix->publish_many(slots, keys, st)
+                         : op == kOpAbort ? ix->abort_many(slots, keys, st)
+                                          : ix->unpin_many(slots, keys, st);
+      if (!r) return r.error().code();
+      len = put_result(rep, r.value(), st);
+      return 0;
+    };
+  };
+  svc->server_->handle(kOpPublish, slots_handler(kOpPublish));
+  svc->server_->handle(kOpAbort, slots_handler(kOpAbort));
+  svc->server_->handle(kOpUnpin, slots_handler(kOpUnpin));
+  svc->server_->handle(kOpPin, [=](const RpcRequest& rq, std::span<std::byte> rep, uint32_t& len) -> int32_t {
+    uint32_t n = 0;
+    if (!parse_n(rq.data, &n) || rq.data.size() != kHdr + size_t(n) * 16) return -EINVAL;
+    auto keys = read_array<BlockKey>(rq.data, kHdr, n);
+    std::vector<PinnedBlock> out(n);
+    std::vector<int32_t> st(n);
+    auto r = ix->pin_many(keys, out, st);
+    if (!r) return r.error().code();
+    len = put_result(rep, r.value(), st);
+    for (uint32_t i = 0; i < n; i++) {
+      WireBlock w = to_wire(out[i].slot, out[i].loc, out[i].version, 0);
+      std::memcpy(rep.data() + len, &w, sizeof w);
+      len += sizeof w;
+    }
+    return 0;
+  });
+  return svc;
+}
+
+Result<std::unique_ptr<IndexServiceClient>> IndexServiceClient::connect(NodeContext& node,
+                                                                      const RpcClientOptions& base) {
+  RpcClientOptions o = base;
+  o.carve = kIndexServiceCarve;
+  auto c = RpcClient::connect(node, o);
+  if (!c) return c.error();
+  auto cl = std::unique_ptr<IndexServiceClient>(new IndexServiceClient);
+  cl->rpc_ = std::move(c.value());
+  cl->req_.resize(kMaxReq);
+  cl->rep_.resize(kMaxRep);
+  return cl;
+}
+
+namespace {
+Result<uint64_t> finish(const Result<RpcReply>& r, const std::vector<std::byte>& rep, size_t n, const char* what) {
+  if (!r) return r.error();
+  if (r->status < 0) return Error(r->status, std::string("index service: ") + what + " failed on the server");
+  if (r->len < 8 + n * 4) return Error(-EPROTO, std::string("index service: ") + what + ": short reply");
+  uint64_t ret;
+  std::memcpy(&ret, rep.data(), 8);
+  return ret;
+}
+}  // namespace
+
+Result<size_t> IndexServiceClient::reserve_chain(const BlockKey* parent, std::span<const BlockKey> keys,
+                                                 uint64_t bytes, std::span<Reservation> out,
+                                                 std::span<int32_t> status) {
+  if (out.size() < keys.size() || status.size() < keys.size())
+    return Error(-EINVAL, "index service: reserve_chain: output spans shorter than the keys");
+  size_t leading = 0;
+  BlockKey prev;
+  const BlockKey* par = parent;
+  for (size_t base = 0; base < keys.size(); base += kIndexServiceMaxBatch) {
+    const uint32_t n = uint32_t(std::min<size_t>(kIndexServiceMaxBatch, keys.size() - base));
+    uint32_t has_parent = par ? 1 : 0;
+    std::memcpy(req_.data(), &n, 4);
+    std::memcpy(req_.data() + 4, &has_parent, 4);
+    std::memcpy(req_.data() + kHdr, &bytes, 8);
+    BlockKey p = par ? *par : BlockKey{};
+    std::memcpy(req_.data() + kHdr + 8, &p, 16);
+    std::memcpy(req_.data() + kHdr + 24, keys.data() + base, size_t(n) * 16);
+    auto r = rpc_->call(kOpReserve, {req_.data(), kHdr + 24 + size_t(n) * 16}, rep_.data(), uint32_t(rep_.size()));
+    auto ret = finish(r, rep_, n, "reserve_chain");
+    if (!ret) return ret.error();
+    if (r->len < 8 + size_t(n) * (4 + sizeof(WireBlock)))
+      return Error(-EPROTO, "index service: reserve_chain: short reply");
+    std::memcpy(status.data() + base, rep_.data() + 8, size_t(n) * 4);
+    for (uint32_t i = 0; i < n; i++) {
+      WireBlock w;
+      std::memcpy(&w, rep_.data() + 8 + size_t(n) * 4 + size_t(i) * sizeof w, sizeof w);
+      out[base + i] = Reservation{ReserveStatus(w.rstatus), w.slot, loc_of(w), w.version};
+    }
+    leading += ret.value();
+    if (ret.value() < n) {  // the chain stopped inside this piece
+      for (size_t i = base + n; i < keys.size(); i++) status[i] = -ECANCELED;
+      break;
+    }
+    prev = keys[base + n - 1];
+    par = &prev;
+  }
+  return leading;
+}
+
+Result<size_t> IndexServiceClient::slots_op(uint32_t op, std::span<const uint32_t> slots,
+                                            std::span<const BlockKey> keys, std::span<int32_t> status) {
+  if (slots.size() != keys.size() || status.size() < keys.size())
+    return Error(-EINVAL, "index service: slots, keys and status differ in length");
+  size_t ok = 0;
+  for (size_t base = 0; base < keys.size(); base += kIndexServiceMaxBatch) {
+    const uint32_t n = uint32_t(std::min<size_t>(kIndexServiceMaxBatch, keys.size() - base));
+    uint32_t zero = 0;
+    std::memcpy(req_.data(), &n, 4);
+    std::memcpy(req_.data() + 4, &zero, 4);
+    std::memcpy(req_.data() + kHdr, slots.data() + base, size_t(n) * 4);
+    std::memcpy(req_.data() + kHdr + size_t(n) * 4, keys.data() + base, size_t(n) * 16);
+    auto r = rpc_->call(op, {req_.data(), kHdr + size_t(n) * 20}, rep_.data(), uint32_t(rep_.size()));
+    auto ret = finish(r, rep_, n, op == kOpPublish ? "publish_many" : op == kOpAbort ? "abort_many" : "unpin_many");
+    if (!ret) return ret.error();
+    std::memcpy(status.data() + base, rep_.data() + 8, size_t(n) * 4);
+    ok += ret.value();
+  }
+  return ok;
+}
+
+Result<size_t> IndexServiceClient::publish_many(std::span<const uint32_t> slots, std::span<const BlockKey> keys,
+                                                std::span<int32_t> status) {
+  return slots_op(kOpPublish, slots, keys, status);
+}
+Result<size_t> IndexServiceClient::abort_many(std::span<const uint32_t> slots, std::span<const BlockKey> keys,
+                                              std::span<int32_t> status) {
+  return slots_op(kOpAbort, slots, keys, status);
+}
+Result<size_t> IndexServiceClient::unpin_many(std::span<const uint32_t> slots, std::span<const BlockKey> keys,
+                                              std::span<int32_t> status) {
+  return slots_op(kOpUnpin, slots, keys, status);
+}
+
+Result<size_t> IndexServiceClient::pin_many(std::span<const BlockKey> keys, std::span<PinnedBlock> out,
+                                            std::span<int32_t> status) {
+  if (out.size() < keys.size() || status.size() < keys.size())
+    return Error(-EINVAL, "index service: pin_many: output spans shorter than the keys");
+  size_t ok = 0;
+  for (size_t base = 0; base < keys.size(); base += kIndexServiceMaxBatch) {
+    const uint32_t n = uint32_t(std::min<size_t>(kIndexServiceMaxBatch, keys.size() - base));
+    uint32_t zero = 0;
+    std::memcpy(req_.data(), &n, 4);
+    std::memcpy(req_.data() + 4, &zero, 4);
+    std::memcpy(req_.data() + kHdr, keys.data() + base, size_t(n) * 16);
+    auto r = rpc_->call(kOpPin, {req_.data(), kHdr + size_t(n) * 16}, rep_.data(), uint32_t(rep_.size()));
+    auto ret = finish(r, rep_, n, "pin_many");
+    if (!ret) return ret.error();
+    if (r->len < 8 + size_t(n) * (4 + sizeof(WireBlock))) return Error(-EPROTO, "index service: pin_many: short reply");
+    std::memcpy(status.data() + base, rep_.data() + 8, size_t(n) * 4);
+    for (uint32_t i = 0; i < n; i++) {
+      WireBlock w;
+      std::memcpy(&w, rep_.data() + 8 + size_t(n) * 4 + size_t(i) * sizeof w, sizeof w);
+      out[base + i] = PinnedBlock{w.slot, loc_of(w), w.version};
+    }
+    ok += ret.value();
+  }
+  return ok;
+}
+
+}  // namespace cxlkv

@@ -1,0 +1,75 @@
+// SPDX-License-Identifier: MIT
+// Index service mode (issue 17 item 2; Beluga's metadata server): one
+// process owns the prefix index and serves its batched operations over the
+// shared-memory RPC, in place of every process taking the index's stripe
+// locks itself.  Both modes keep the same on-pool index (the server calls
+// the same PrefixIndex batch calls on behalf of its clients), so the
+// per-block statuses are the ones of the lock-based path.
+//
+// The service runs on its own RPC carve, CXLKV_CARVE_RPC ".index" (large
+// slots: a batch of up to kIndexServiceMaxBatch keys per request); a pool is
+// in service mode when that carve exists and a server is running on it.
+// Batches larger than kIndexServiceMaxBatch are split by the client (a chain
+// continues from the last key of the previous piece).
+//
+// Reservations and pins taken through the service belong to the server's
+// node: when a client dies, its reservations and pins stay until it (or an
+// operator) aborts / unpins them; the server's own death releases them by the
+// liveness rule as for any node.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+
+#include "cxlkv/rpc.hpp"
+#include "index/prefix_index.hpp"
+
+namespace cxlkv {
+
+class NodeContext;
+
+inline constexpr const char* kIndexServiceCarve = CXLKV_CARVE_RPC ".index";
+inline constexpr uint32_t kIndexServiceMaxBatch = 256;
+// RPC geometry of the service carve: 16 rings of depth 8; requests hold a
+// batch of keys, replies a batch of reservations / pins.
+RpcGeometry index_service_geometry();
+inline constexpr uint64_t kIndexServiceCarveBytes = 4ull << 20;
+
+// Server side: serves `index` (the server process's own PrefixIndex, e.g.
+// from its KvSession) on the service carve.
+class IndexService {
+ public:
+  static Result<std::unique_ptr<IndexService>> create(NodeContext& node, PrefixIndex& index,
+                                                      const RpcServerOptions& base = {});
+  RpcServer& server() { return *server_; }
+
+ private:
+  std::unique_ptr<RpcServer> server_;
+};
+
+// Client side: the batch calls of PrefixIndex (CONTRACTS.md), answered by
+// the service.  Whole-call errors: the RPC's (-ECONNRESET, -ETIMEDOUT) or
+// the server's.
+class IndexServiceClient {
+ public:
+  static Result<std::unique_ptr<IndexServiceClient>> connect(NodeContext& node, const RpcClientOptions& base = {});
+  Result<size_t> reserve_chain(const BlockKey* parent, std::span<const BlockKey> keys, uint64_t bytes,
+                               std::span<Reservation> out, std::span<int32_t> status);
+  Result<size_t> publish_many(std::span<const uint32_t> slots, std::span<const BlockKey> keys,
+                              std::span<int32_t> status);
+  Result<size_t> abort_many(std::span<const uint32_t> slots, std::span<const BlockKey> keys,
+                            std::span<int32_t> status);
+  Result<size_t> pin_many(std::span<const BlockKey> keys, std::span<PinnedBlock> out, std::span<int32_t> status);
+  Result<size_t> unpin_many(std::span<const uint32_t> slots, std::span<const BlockKey> keys,
+                            std::span<int32_t> status);
+  RpcClient& rpc() { return *rpc_; }
+
+ private:
+  Result<size_t> slots_op(uint32_t op, std::span<const uint32_t> slots, std::span<const BlockKey> keys,
+                          std::span<int32_t> status);
+  std::unique_ptr<RpcClient> rpc_;
+  std::vector<std::byte> req_, rep_;
+};
+
+}  // namespace cxlkv
