@@ -9,6 +9,7 @@
 #   make install    library, headers, cxlkv.pc, CMake package, tools, man pages,
 #                   systemd unit, module source for dkms, Python package
 #                   (PREFIX=/usr/local, DESTDIR=); make uninstall removes them
+#   make deb     Debian packages -> $(BUILD)/deb/*.deb (dpkg-buildpackage, lintian)
 #   make clean
 
 BUILD    ?= build
@@ -19,12 +20,12 @@ PREFIX   ?= /usr/local
 DESTDIR  ?=
 export CXLKV_BUILD := $(abspath $(BUILD))
 
-.PHONY: all deps configure build test unit-test run bench clean kmod vm-test help install uninstall
+.PHONY: all deps configure build test unit-test run bench clean kmod vm-test help install uninstall deb
 
 all: build
 
 help:
-	@sed -n '1,16p' Makefile | sed 's/^# \{0,1\}//'
+	@sed -n '1,/^$$/p' Makefile | sed 's/^# \{0,1\}//'
 
 deps:
 	@tools/scripts/deps.sh
@@ -59,6 +60,9 @@ install: build
 
 uninstall:
 	@packaging/uninstall.sh $(BUILD) "$(PREFIX)" "$(DESTDIR)"
+
+deb: deps
+	@packaging/make-deb.sh $(BUILD)/deb
 
 vm-test: build kmod
 	tests/vm/run.sh
