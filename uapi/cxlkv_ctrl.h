@@ -140,27 +140,40 @@ CXLKV_STATIC_ASSERT(sizeof(struct cxlkv_lock_slot) == 64, "lock slot is one line
  * older grant, and an older grant never names the current ticket, so stale
  * reads delay but never admit two holders.
  *
- * Sticky grants.  A holder that releases may write (ticket << 2) | STICKY
- * instead of IDLE: it is out of the critical section but keeps the grant.
- * To re-enter it writes (ticket << 2) | WAITING again (same ticket), fences,
- * and reads the grant fresh: if it still names (node, ticket) and is not
- * REVOKED, it holds the lock; otherwise it requests anew with ticket + 1.
- * The manager revokes a kept grant when another node waits: it writes the
- * grant with CXLKV_GRANT_REVOKED set (same node and ticket), fences, then
- * reads the holder's slot fresh; the lock is free once the slot no longer
- * reads (ticket << 2) | WAITING.  Both sides store, fence, then load (the
- * Dekker pattern), so at least one of them sees the other: either the node
- * sees REVOKED and backs off, or the manager sees WAITING and waits for the
- * release.  A grant written for a fresh request has flags 0, or CONTENDED
- * when other nodes wait as well: then the holder's release writes IDLE, and
- * the lock goes round-robin without a revocation round.
+ * Sticky grants.  A holder whose grant is not CONTENDED may release without
+ * writing anything to the pool: its slot keeps reading (ticket << 2) |
+ * WAITING and the node keeps the grant; a later acquisition by a process of
+ * the same node re-enters on node-local memory only (no pool access).
+ * The manager takes a kept grant back only with the node's acknowledgement:
+ * when another node waits it writes the grant with CXLKV_GRANT_REVOKED set
+ * (same node and ticket), fences, then bumps the node's doorbell `revokes`;
+ * the node's watcher (one thread per node, on the node's host) sees the bump,
+ * reads the grant fresh and, under the node-local lock of that lock (so
+ * never while a local process is inside the critical section), writes
+ * (ticket << 2) | IDLE and marks the lock not kept in node-local memory.  A
+ * holder inside its critical section finds the revocation in node-local
+ * memory at its release and writes IDLE itself.  The lock is free once the
+ * slot no longer reads (ticket << 2) | WAITING (or STICKY).  Safety: the
+ * grant stays with the node until the node itself writes IDLE, and after
+ * that no process of the node re-enters on it (the node-local phase says
+ * so), so no grant is ever held by two nodes; a holder that has not seen
+ * the revocation still owns the grant.  The only exception is a node judged
+ * dead (liveness rule above): its kept grants are taken without an answer.
+ * A grant written for a fresh request has flags 0, or CONTENDED when other
+ * nodes wait as well: then the holder's release writes IDLE, and the lock
+ * goes round-robin without a revocation round.  (Version 1 of this protocol
+ * wrote STICKY at release and re-read the grant at re-entry, a Dekker pair;
+ * a manager still treats a slot reading (ticket << 2) | STICKY as kept.)
  *
  * Dead nodes.  The manager never writes a node's slot.  A request or hold
  * whose owner is dead (liveness rule above; on the manager's host: owner_pid
- * with owner_start gone) is ignored: a dead holder's lock is granted to the
- * next waiter, a dead waiter is skipped.  The node's next process on that
- * host finds the dead owner through its robust node-local mutex and writes
- * the slot IDLE itself.
+ * with owner_start gone) is ignored: a dead holder's CONTENDED grant is
+ * granted to the next waiter, a dead waiter is skipped.  A grant that the
+ * node may keep (not CONTENDED) passes on only when the node's watcher
+ * acknowledges the revocation (it recovers the dead process's robust
+ * node-local mutex and writes IDLE) or the whole node is judged dead.  The
+ * node's next process on that host finds the dead owner through its robust
+ * node-local mutex and writes the slot IDLE itself.
  */
 #define CXLKV_GRANT_REVOKED     0x1u
 /* Set in a fresh grant when other nodes wait too: the holder releases IDLE
@@ -192,7 +205,11 @@ CXLKV_STATIC_ASSERT(sizeof(struct cxlkv_lock_grant) == 64, "grant is one line");
 struct cxlkv_doorbell {
 	__u64 seq;
 	__u32 pending[CXLKV_DOORBELL_RING];
-	__u8  reserved[8];
+	/* Written by the lock manager only (8-byte NT store, rule 1: the node
+	 * writes the other bytes of this line, also NT): grows each time the
+	 * manager revokes a grant this node keeps.  The node's watcher polls it
+	 * and acknowledges (see "Sticky grants" above). */
+	__u64 revokes;
 };
 CXLKV_STATIC_ASSERT(sizeof(struct cxlkv_doorbell) == 64, "doorbell is one line");
 

@@ -1,27 +1,35 @@
 /*
  * Promela model of the cxlkv global lock protocol (uapi/cxlkv_ctrl.h,
- * libruntime/src/sync/two_tier_lock.cpp, lock_manager.cpp), one lock,
- * N nodes, one manager.  Checked by spin in `make test`
+ * libruntime/src/sync/two_tier_lock.cpp, lock_manager.cpp, watcher.cpp),
+ * one lock, N nodes, one manager.  Checked by spin in `make test`
  * (tests/model/run_spin.sh): mutual exclusion among live nodes (assertion)
  * and no invalid end states (a live waiter blocked for ever is one).
  *
- * Modelled: slot request = (ticket, state) written by the node, state IDLE,
- * WAITING or STICKY; grant = (node, ticket, revoked) written by the manager;
- * the doorbell as a hint set; sticky grants (a release may keep the grant,
- * re-entry writes WAITING with the same ticket and then reads the grant);
- * revocation (the manager sets REVOKED, then re-reads the slot: the Dekker
- * pair with the node's re-entry); a node may give up (timeout, TIMEOUTS)
- * by writing IDLE, racing with a grant; a node may die anywhere (DEATHS),
- * and the manager, which sees liveness (the process check on its host),
- * passes over a dead holder or waiter.  The manager grants only after
- * re-reading the slot WAITING.  Each variable is single-copy atomic (8-byte
- * NT stores, whole-line grant writes, fresh reads): the NonCoherentSim
- * tests cover the cache side.  Tickets are bounded by ROUNDS per node.
+ * Modelled: slot request = (ticket, state) written by the node, state IDLE
+ * or WAITING; grant = (node, ticket, revoked, contended) written by the
+ * manager; the doorbell as a hint set; sticky grants, protocol 2: a release
+ * of a grant that is not CONTENDED may keep it without writing anything to
+ * the pool (node-local phase CACHED), and re-entry checks node-local memory
+ * only (phase CACHED, taken under the node-local mutex); revocation: the
+ * manager sets REVOKED and then waits for the node's answer -- the node's
+ * watcher, under the node-local mutex, writes IDLE and ends the CACHED
+ * phase, or, when the mutex is busy (a process inside), sets the node-local
+ * revoke flag so that the release writes IDLE.  A node may give up (timeout,
+ * TIMEOUTS) by writing IDLE, racing with a grant; a node may die anywhere
+ * (DEATHS; its watcher dies with it: one process per node), and the
+ * manager, which sees liveness, passes over a dead holder or waiter.  The
+ * manager grants only after re-reading the slot WAITING.  Each variable is
+ * single-copy atomic (8-byte NT stores, whole-line grant writes, fresh
+ * reads): the NonCoherentSim tests cover the cache side.  Tickets are
+ * bounded by ROUNDS per node.
  *
  * Variants that spin must reject (ctest WILL_FAIL):
  *   BROKEN         the node trusts a grant's node without its ticket
- *   BROKEN_REVOKE  the manager decides from the slot it read before
- *                  writing the revocation (no re-read after it)
+ *   BROKEN_REVOKE  the manager treats a revoked grant as free at once,
+ *                  without waiting for the node's answer
+ *   BROKEN_ACK     the watcher answers (writes IDLE) without the node-local
+ *                  mutex and without ending the CACHED phase: the holder
+ *                  re-acquires without checking
  *   BROKEN_DEAD    the manager ignores liveness: a waiter waits for ever
  *                  for a dead holder (invalid end state)
  */
@@ -33,58 +41,70 @@
 
 #define IDLE 0
 #define WAITING 1
-#define STICKY 2
+
+/* node-local phase */
+#define P_IDLE 0
+#define P_REQ 1
+#define P_HELD 2
+#define P_CACHED 3
 
 byte req_ticket[N];   /* slot: ticket */
-byte req_state[N];    /* slot: IDLE / WAITING / STICKY */
+byte req_state[N];    /* slot: IDLE / WAITING */
 bool doorbell[N];     /* node posted a request since the manager last looked */
 bool alive[N];
 byte grant_node = NONE;
 byte grant_ticket = 0;
 bool grant_revoked = false;
+bool grant_contended = false;
 byte in_cs = 0;       /* live nodes in the critical section */
 byte done = 0;        /* nodes finished or dead */
 byte deaths = 0;      /* at most one node dies (so the others cannot all escape by dying) */
-byte ver = 0;         /* bumped by every node write: the manager sleeps until it changes */
+bool dirty = false;   /* set by every node write: the manager sleeps until it is set */
 
-#define W(stmt) atomic { stmt; ver++ }
+/* node-local memory of each node (never seen by the manager) */
+bool lmu[N];          /* the lock's node-local mutex */
+byte phase[N];
+byte ltk[N];          /* the node's ticket */
+bool revoke[N];       /* set by the watcher when the mutex was busy */
+
+#define W(stmt) atomic { stmt; dirty = true }
 
 #ifdef DEATHS
-/* die: the node stops for good; a dead holder leaves the critical section */
-#define MAYBE_DIE(incs) :: atomic { deaths < 1 -> deaths++; alive[me] = false; if :: incs -> in_cs-- :: else fi; done++; ver++ }; goto dead
+/* die: the node (its processes and its watcher) stops for good */
+#define MAYBE_DIE(incs) :: atomic { deaths < 1 -> deaths++; alive[me] = false; if :: incs -> in_cs-- :: else fi; done++; dirty = true }; goto dead
 #else
 #define MAYBE_DIE(incs)
 #endif
 
 proctype node(byte me) {
-  byte t = 0;
   byte r = 0;
-  bool cached = false;   /* released with STICKY, grant kept */
+  bool rv;
+  bool cont = false;   /* CONTENDED flag of the grant this node got */
   do
   :: r < ROUNDS ->
-       if
-       :: cached ->
-            /* sticky re-entry: WAITING with the same ticket, fence, read the grant */
-            W(req_state[me] = WAITING);
-            if
-            :: (grant_node == me && grant_ticket == t && !grant_revoked) -> goto cs
-            :: else -> cached = false   /* revoked or regranted: request anew */
-            fi
-       :: else -> skip
-       fi;
-       t++;
-       W(req_ticket[me] = t; req_state[me] = WAITING);  /* one NT store */
+       /* local tier, then the sticky fast path: node-local memory only */
+       atomic {
+         !lmu[me] -> lmu[me] = true;
+         if
+         :: phase[me] == P_CACHED && !revoke[me] -> phase[me] = P_HELD; goto cs
+         :: phase[me] == P_CACHED && revoke[me] ->   /* answer, then ask anew */
+              req_state[me] = IDLE; revoke[me] = false; phase[me] = P_IDLE; dirty = true
+         :: phase[me] != P_CACHED -> skip
+         fi
+       };
+       atomic { ltk[me]++; revoke[me] = false; phase[me] = P_REQ };
+       W(req_ticket[me] = ltk[me]; req_state[me] = WAITING);  /* one NT store */
        W(doorbell[me] = true);
        if
 #ifdef BROKEN
        /* broken variant: trust the grant's node without its ticket -- a
         * late grant for a withdrawn request admits a second holder */
-       :: (grant_node == me) -> goto cs
+       :: (grant_node == me) -> cont = grant_contended; phase[me] = P_HELD; goto cs
 #else
-       :: (grant_node == me && grant_ticket == t) -> goto cs
+       :: atomic { (grant_node == me && grant_ticket == ltk[me]) -> cont = grant_contended }; phase[me] = P_HELD; goto cs
 #endif
 #ifdef TIMEOUTS
-       :: true -> W(req_state[me] = IDLE); goto next   /* timeout: withdraw, may race a grant */
+       :: true -> W(req_state[me] = IDLE); phase[me] = P_IDLE; lmu[me] = false; goto next   /* timeout: withdraw */
 #endif
        MAYBE_DIE(false)
        fi;
@@ -97,11 +117,14 @@ cs:
        :: in_cs--
        MAYBE_DIE(true)
        fi;
-       /* release: keep the grant (STICKY) or hand it back (IDLE) */
+       /* release: keep the grant (nothing written to the pool) unless it is
+        * contended or revoked; else hand it back (IDLE) */
+       atomic { rv = revoke[me]; revoke[me] = false };
        if
-       :: W(req_state[me] = STICKY); cached = true
-       :: W(req_state[me] = IDLE); cached = false
+       :: !cont && !rv -> phase[me] = P_CACHED
+       :: W(req_state[me] = IDLE); phase[me] = P_IDLE
        fi;
+       lmu[me] = false;
 next:
        r++
   :: r == ROUNDS -> break
@@ -114,12 +137,41 @@ end:
   skip
 }
 
+/* The node's watcher: answers a revocation of the grant its node keeps or
+ * holds.  Dies with its node. */
+proctype watcher(byte me) {
+  byte t;
+end_idle:
+  do
+  :: atomic { alive[me] && grant_node == me && grant_revoked && grant_ticket == ltk[me] &&
+              (phase[me] == P_CACHED || phase[me] == P_HELD) && !revoke[me] -> t = grant_ticket };
+#ifdef BROKEN_ACK
+       /* broken: release in the pool, leave the node-local phase CACHED */
+       W(req_state[me] = IDLE);
+end_broken:
+       (grant_node != me || grant_ticket != t || !grant_revoked || done == N)   /* answered once */
+#else
+       /* under the node-local mutex (taken and given back in one step: no
+        * other party of the node can look in between) */
+       if
+       :: atomic { !lmu[me] ->
+            if
+            :: ltk[me] == t && phase[me] == P_CACHED -> req_state[me] = IDLE; phase[me] = P_IDLE; revoke[me] = false; dirty = true
+            :: else
+            fi }
+       :: atomic { lmu[me] -> if :: ltk[me] == t -> revoke[me] = true :: else fi }   /* busy: the release answers */
+       fi
+#endif
+  :: done == N -> break
+  od
+}
+
 init {
   byte i;
   atomic {
     i = 0;
     do
-    :: i < N -> alive[i] = true; run node(i); i++
+    :: i < N -> alive[i] = true; run node(i); run watcher(i); i++
     :: else -> break
     od
   }
@@ -138,56 +190,48 @@ active proctype manager() {
   byte hticket = 0;
   byte last = N - 1;
   byte k, n;
-  bool others, in_use, progress;
-  byte seen, sticket, v;
+  bool others, holds, progress, hcont;
+  byte seen, sticket;
   do
   :: done == N -> break
   :: else ->
-       v = ver;
-       progress = false;
-       /* doorbells */
-       k = 0;
-       do
-       :: k < N -> if :: doorbell[k] -> doorbell[k] = false; waiters[k] = true; progress = true :: else fi; k++
-       :: else -> break
-       od;
-       others = false;
-       k = 0;
-       do
-       :: k < N -> if :: k != holder && waiters[k] -> others = true :: else fi; k++
-       :: else -> break
-       od;
+       /* doorbells (one step: the manager's own bookkeeping) */
+       d_step {
+         dirty = false;
+         progress = false;
+         k = 0;
+         do
+         :: k < N -> if :: doorbell[k] -> doorbell[k] = false; waiters[k] = true; progress = true :: else fi; k++
+         :: else -> break
+         od;
+         others = false;
+         k = 0;
+         do
+         :: k < N -> if :: k != holder && waiters[k] -> others = true :: else fi; k++
+         :: else -> break
+         od;
+         k = 0
+       };
        if
        :: holder != NONE ->
             /* one fresh read of the holder's slot (the request word) */
             atomic { seen = req_state[holder]; sticket = req_ticket[holder] };
-            in_use = (seen == WAITING && sticket == hticket);
+            holds = (seen == WAITING && sticket == hticket);
             if
-            :: !in_use && !(seen == STICKY && sticket == hticket && !grant_revoked) ->
-                 /* released, withdrawn, revoked sticky, or a newer request */
+            :: !holds ->
+                 /* released, answered, withdrawn, or a newer request */
                  if :: seen == WAITING -> waiters[holder] = true :: else fi;
                  holder = NONE; progress = true
             :: else ->
                  if
-                 :: others && !grant_revoked ->
-                      grant_revoked = true;   /* whole grant line, then fence */
+                 :: others && !grant_revoked && !hcont ->
+                      grant_revoked = true;   /* whole grant line, fence, then the node's counter */
                       progress = true;
 #ifdef BROKEN_REVOKE
-                      /* broken: decide from the slot read before the revocation */
-                      if
-                      :: seen == STICKY -> holder = NONE
-                      :: else
-                      fi
-#else
-                      atomic { seen = req_state[holder]; sticket = req_ticket[holder] };  /* fresh re-read */
-                      if
-                      :: !(seen == WAITING && sticket == hticket) ->
-                           if :: seen == WAITING -> waiters[holder] = true :: else fi;
-                           holder = NONE
-                      :: else
-                      fi
+                      /* broken: do not wait for the node's answer */
+                      holder = NONE
 #endif
-                 :: others && in_use && !LIVE(holder) -> holder = NONE; progress = true   /* dead holder passed over */
+                 :: others && !LIVE(holder) -> holder = NONE; progress = true   /* dead node passed over */
                  :: else
                  fi
             fi
@@ -205,8 +249,17 @@ active proctype manager() {
                       waiters[n] = false; progress = true;
                       if
                       :: req_state[n] == WAITING && LIVE(n) ->
-                           atomic { grant_ticket = req_ticket[n]; grant_node = n; grant_revoked = false };
-                           holder = n; hticket = grant_ticket; last = n; progress = true;
+                           d_step {
+                             others = false;
+                             k = 0;
+                             do
+                             :: k < N -> if :: waiters[k] -> others = true :: else fi; k++
+                             :: else -> break
+                             od;
+                             grant_ticket = req_ticket[n]; grant_node = n; grant_revoked = false; grant_contended = others;
+                             holder = n; hticket = grant_ticket; last = n; progress = true; hcont = others;
+                             k = 0; n = 0
+                           };
                            break
                       :: else
                       fi
@@ -220,7 +273,7 @@ active proctype manager() {
        /* nothing to do: wait for a node to write something (or all to finish) */
        if
        :: progress
-       :: else -> (ver != v || done == N)
+       :: else -> (dirty || done == N)
        fi
   od
 }

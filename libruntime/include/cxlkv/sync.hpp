@@ -86,8 +86,9 @@ struct NodeOptions {
   uint32_t heartbeat_ms = 250;
   std::string local_shm_name;       // default "cxlkv-node-<pool id hex>-<node>"
   // Sticky grants: a release keeps the global grant until the manager
-  // revokes it for another node (re-acquisition: local lock + one fresh
-  // read).  Ignored on dev: pools (the module owns slots per process file).
+  // revokes it for another node (re-acquisition: the node-local lock only,
+  // no pool access; the node's watcher thread answers revocations).
+  // Ignored on dev: pools (the module owns slots per process file).
   bool sticky = true;
 };
 
@@ -130,6 +131,7 @@ class NodeContext {
   bool sticky_ = true;
   std::atomic<bool> stop_{false};
   std::thread heartbeat_;
+  std::thread watcher_;  // candidate for the node's watcher (sync/watcher.hpp)
 };
 
 // ---- liveness (CONTRACTS.md "Liveness"; rule in uapi/cxlkv_ctrl.h) ---------------

@@ -17,6 +17,10 @@
 #include <sys/prctl.h>
 #include <time.h>
 
+#include <linux/futex.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
@@ -33,8 +37,11 @@ class Backoff {
   Backoff(const Backoff&) = delete;
   Backoff& operator=(const Backoff&) = delete;
 
-  // One idle step; returns true if it slept.
-  bool idle() {
+  // One idle step; returns true if it slept.  With `word`: the sleep is a
+  // futex wait while *word == expected (process-shared), so whoever bumps
+  // the word and wakes it ends the sleep early; still bounded by the same
+  // sleep schedule.
+  bool idle(uint32_t* word = nullptr, uint32_t expected = 0) {
     n_++;
     if (n_ <= spins_) {
       for (int i = 0; i < 8; i++) _mm_pause();
@@ -52,9 +59,13 @@ class Backoff {
     }
     sleep_us_ = std::clamp<uint32_t>(sleep_us_ ? sleep_us_ * 2 : 1, 1, std::max(1u, max_sleep_us_));
     timespec ts{static_cast<time_t>(sleep_us_ / 1000000), static_cast<long>(sleep_us_ % 1000000) * 1000};
-    nanosleep(&ts, nullptr);
+    if (word)
+      syscall(SYS_futex, word, FUTEX_WAIT, expected, &ts, nullptr, 0);
+    else
+      nanosleep(&ts, nullptr);
     return true;
   }
+  bool sleeping() const { return n_ >= spins_ + yields_; }  // the next idle() sleeps
   void reset() {
     n_ = 0;
     sleep_us_ = 0;

@@ -22,6 +22,7 @@
 #include "cxlkv/sync.hpp"
 #include "sync/backoff.hpp"
 #include "sync/testing.hpp"
+#include "sync/watcher.hpp"
 #include "util/log.hpp"
 
 namespace cxlkv {
@@ -49,6 +50,7 @@ struct LockManager::State {
     uint32_t last = 0;          // last granted node, for round-robin
     uint64_t grants = 0;
     bool revoked = false;       // the holder's grant carries CXLKV_GRANT_REVOKED
+    bool contended = false;     // the holder's grant carries CXLKV_GRANT_CONTENDED (it will not keep it)
     uint64_t polled_req = 0;    // holder's request word read in this round's sweep
     bool active = false;        // in `active`
     Clock::time_point next_live_check{};
@@ -71,11 +73,13 @@ struct LockManager::State {
   std::vector<Lock> locks;
   std::vector<uint32_t> active;     // lock ids with a holder or waiters
   std::vector<uint64_t> db_seen;    // per node: doorbell seq processed
+  std::vector<uint64_t> revokes;    // per node: last value written to its doorbell's `revokes`
+  std::unique_ptr<sync::NodeWakers> wakers;  // nodes on this host: futex wake-ups
   uint64_t watch = 0;               // nodes whose doorbells are polled
   std::vector<NodeInfo> nodes;
   bool lease_lost = false;
   std::atomic<uint64_t> rounds{0}, grants{0}, releases{0}, doorbells{0}, rescans{0}, sleeps{0};
-  std::atomic<uint64_t> revokes{0}, dead_holders{0}, dead_waiters{0};
+  std::atomic<uint64_t> revokes_n{0}, dead_holders{0}, dead_waiters{0};
 };
 
 LockManager::LockManager(Region& r, MemoryDomain& d, ControlCarve c, LockManagerOptions o)
@@ -167,7 +171,12 @@ Result<std::unique_ptr<LockManager>> LockManager::create(Region& region, MemoryD
   s.locks.resize(nlocks);
   s.db_seen.resize(nodes);
   s.nodes.resize(nodes);
-  for (uint32_t n = 0; n < nodes; n++) s.db_seen[n] = d.read_fresh(&ctrl->doorbell(n)->seq);  // rule 4
+  s.revokes.resize(nodes);
+  s.wakers = std::make_unique<sync::NodeWakers>(region, nodes);
+  for (uint32_t n = 0; n < nodes; n++) {
+    s.db_seen[n] = d.read_fresh(&ctrl->doorbell(n)->seq);     // rule 4
+    s.revokes[n] = d.read_fresh(&ctrl->doorbell(n)->revokes);  // rule 4
+  }
   for (uint32_t l = 0; l < nlocks; l++) {
     auto& L = s.locks[l];
     L.last = nodes - 1;
@@ -176,11 +185,13 @@ Result<std::unique_ptr<LockManager>> LockManager::create(Region& region, MemoryD
     if (g.node < nodes) {
       const uint64_t req = d.read_fresh(&ctrl->slot(l, g.node)->request);  // rule 4
       const bool revoked = g.flags & CXLKV_GRANT_REVOKED;
-      // In use, or kept (sticky) and not revoked: the grant still stands.
-      if (req == waiting_word(g.ticket) || (req == sticky_word(g.ticket) && !revoked)) {
+      // In use or kept: the grant stands until the node releases it, revoked
+      // or not (a revocation waits for the node's acknowledgement).
+      if (req == waiting_word(g.ticket) || req == sticky_word(g.ticket)) {
         L.holder = g.node;
         L.holder_ticket = g.ticket;
         L.revoked = revoked;
+        L.contended = g.flags & CXLKV_GRANT_CONTENDED;
         L.last = g.node;
       }
     }
@@ -242,6 +253,7 @@ Result<bool> LockManager::run_once() {
     for (uint32_t n = 0; n < nodes; n++) {
       s.nodes[n].entry = d.read(ctrl_.node_entry(n));  // invalidated above (rule 4)
       if (s.nodes[n].entry.state == CXLKV_NODE_ACTIVE) w |= 1ull << n;
+      s.wakers->refresh(n, s.nodes[n].entry);
     }
     s.watch = w;
   }
@@ -332,40 +344,55 @@ Result<bool> LockManager::run_once() {
     const uint32_t l = s.active[i];
     auto& L = s.locks[l];
     if (L.holder != kNone) {
-      uint64_t req = L.polled_req;  // read fresh in the sweep above (rule 4)
-      const bool in_use = req == waiting_word(L.holder_ticket);
-      const bool kept = req == sticky_word(L.holder_ticket) && !L.revoked;
+      const uint64_t req = L.polled_req;  // read fresh in the sweep above (rule 4)
+      // WAITING: in use or kept; STICKY: kept (protocol version 1).  Either
+      // way the node holds the grant until it writes something else.
+      const bool holds = req == waiting_word(L.holder_ticket) || req == sticky_word(L.holder_ticket);
       const bool others = (L.waiters & ~(1ull << L.holder)) != 0;
-      if (!in_use && !kept) {
-        // IDLE (released / withdrawn / module), a revoked sticky, or a newer request.
+      if (!holds) {
+        // IDLE (released / acknowledged / withdrawn / module), or a newer request.
         if ((req & CXLKV_SLOT_STATE_MASK) == CXLKV_SLOT_WAITING) L.waiters |= 1ull << L.holder;
         L.holder = kNone;
         did = true;
         s.releases.fetch_add(1, std::memory_order_relaxed);
-      } else if (others && !L.revoked && may_grant) {
-        // Another node waits: take the grant back.  Dekker with the holder's
-        // sticky re-entry: grant REVOKED, fence, then read its slot fresh.
+      } else if (others && !L.revoked && !L.contended && may_grant) {
+        // Another node waits for a grant the holder may keep: ask its node
+        // to give it back.  The grant first (REVOKED, whole line), fence,
+        // then the node's revocation counter, fence (rule 3): a watcher that
+        // sees the counter move reads the revoked grant.  The lock moves on
+        // only when the node writes its slot IDLE (uapi "Sticky grants").
         write_grant(l, L.holder, L.holder_ticket, CXLKV_GRANT_REVOKED);
-        d.fence();  // rule 3 + Dekker: the revocation is in memory before we look at the slot
+        d.fence();
+        d.write_nt<__u64>(&ctrl_.doorbell(L.holder)->revokes, ++s.revokes[L.holder]);  // rule 1: NT, manager-only bytes
+        d.fence();
+        s.wakers->wake_revoke(L.holder);
         L.revoked = true;
         did = true;
-        s.revokes.fetch_add(1, std::memory_order_relaxed);
-        req = d.read_fresh(&ctrl_.slot(l, L.holder)->request);  // rule 4
-        if (req != waiting_word(L.holder_ticket)) {
-          if ((req & CXLKV_SLOT_STATE_MASK) == CXLKV_SLOT_WAITING) L.waiters |= 1ull << L.holder;
-          L.holder = kNone;
-          s.releases.fetch_add(1, std::memory_order_relaxed);
-        }
+        s.revokes_n.fetch_add(1, std::memory_order_relaxed);
         L.next_live_check = now + opts_.liveness_check;
-      } else if (others && in_use && now >= L.next_live_check) {
-        // Others wait for a holder in its critical section: is it alive?
+      } else if (others && now >= L.next_live_check) {
+        // Others wait: is the holder alive?
         L.next_live_check = now + opts_.liveness_check;
         if (!owner_alive(L.holder, d.read_fresh(ctrl_.slot(l, L.holder)))) {  // rule 4
-          log().warn("pool {}: lock {}: holder node {} (ticket {}) is dead; granting the next waiter",
-                     region_.uri(), l, L.holder, L.holder_ticket);
-          L.holder = kNone;
-          did = true;
-          s.dead_holders.fetch_add(1, std::memory_order_relaxed);
+          // A CONTENDED grant is never kept: its dead holder's lock moves on.
+          // A grant the node may keep moves on only with the node's answer
+          // (its watcher recovers the dead process's node-local mutex and
+          // releases) or when the whole node is dead.
+          bool pass = L.contended;
+          if (!pass) {
+            State::NodeInfo& ni = s.nodes[L.holder];
+            ni.entry = d.read_fresh(ctrl_.node_entry(L.holder));  // rule 4
+            pass = !judge_node(ni.entry).alive;
+          }
+          if (pass) {
+            log().warn("pool {}: lock {}: holder node {} (ticket {}) is dead; granting the next waiter",
+                       region_.uri(), l, L.holder, L.holder_ticket);
+            L.holder = kNone;
+            did = true;
+            s.dead_holders.fetch_add(1, std::memory_order_relaxed);
+          } else if (L.revoked) {
+            s.wakers->wake_revoke(L.holder);  // its watcher releases for the dead process
+          }
         }
       }
     }
@@ -385,9 +412,11 @@ Result<bool> LockManager::run_once() {
         // Others still waiting: tell the holder not to keep the grant.
         write_grant(l, n, req >> CXLKV_SLOT_TICKET_SHIFT, L.waiters ? CXLKV_GRANT_CONTENDED : 0u);
         d.fence();  // rule 3
+        s.wakers->wake_grant(n);  // after the fence: a woken waiter reads the grant
         L.holder = n;
         L.holder_ticket = req >> CXLKV_SLOT_TICKET_SHIFT;
         L.revoked = false;
+        L.contended = L.waiters != 0;
         L.last = n;
         L.next_live_check = now + opts_.liveness_check;
         did = true;
@@ -460,7 +489,7 @@ LockManagerStats LockManager::stats() const {
   o.doorbells = st_->doorbells.load();
   o.rescans = st_->rescans.load();
   o.sleeps = st_->sleeps.load();
-  o.revokes = st_->revokes.load();
+  o.revokes = st_->revokes_n.load();
   o.dead_holders = st_->dead_holders.load();
   o.dead_waiters = st_->dead_waiters.load();
   o.epoch = st_->epoch;

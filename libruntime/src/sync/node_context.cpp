@@ -14,6 +14,7 @@
 #include "cxlkv/sync.hpp"
 #include "sync/node_local.hpp"
 #include "sync/robust_mutex.hpp"
+#include "sync/watcher.hpp"
 #include "util/log.hpp"
 
 namespace cxlkv {
@@ -93,12 +94,20 @@ Result<std::unique_ptr<NodeContext>> NodeContext::attach(Region& region, MemoryD
       if (owner) sync::robust_mutex_unlock(mu);
     });
   }
+  // Every process of a node runs a watcher candidate (one of them is the
+  // watcher): whoever keeps a grant, sticky or not, is answered for while
+  // any process of the node lives.  dev: pools keep no grants.
+  if (region.kind() != BackendKind::dev) {
+    NodeContext* self = nc.get();
+    nc->watcher_ = std::thread([self] { sync::run_watcher(*self, self->stop_); });
+  }
   return nc;
 }
 
 NodeContext::~NodeContext() {
   stop_.store(true);
   if (heartbeat_.joinable()) heartbeat_.join();
+  if (watcher_.joinable()) watcher_.join();
 }
 
 void NodeContext::beat() {

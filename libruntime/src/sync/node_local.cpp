@@ -95,6 +95,7 @@ Result<NodeLocal*> NodeLocal::open(const std::string& name, uint32_t node,
     sync::robust_mutex_init(&h->doorbell_mu);
     sync::robust_mutex_init(&h->heartbeat_mu);
     sync::robust_mutex_init(&h->heap_mu);
+    sync::robust_mutex_init(&h->watcher_mu);
     for (uint32_t i = 0; i < max_locks; i++) {
       new (&nl->locks[i]) LocalLockEntry{};
       sync::robust_mutex_init(&nl->locks[i].mu);

@@ -4,7 +4,8 @@
 // lives in node-local shared memory, not in the pool").  A /dev/shm file
 // "cxlkv-node-<pool id hex>-<node>" holds:
 //
-//   NodeLocalHeader   doorbell / heartbeat / heap mutexes, doorbell seq
+//   NodeLocalHeader   doorbell / heartbeat / heap / watcher mutexes, doorbell seq,
+//                     futex words a manager on this host wakes
 //   LocalLockEntry    [max_locks]: the local tier of every lock
 //   heap area         NodeHeap's free-list state (alloc/node_heap.cpp)
 //
@@ -28,8 +29,11 @@ enum class LockPhase : uint32_t {
   idle = 0,       // global slot IDLE (or released)
   requested = 1,  // slot written WAITING with `ticket`, not yet granted
   held = 2,       // granted: holds the global lock with `ticket`
-  cached = 3,     // released with a sticky grant: slot (ticket<<2)|STICKY, re-entry
-                  // needs only the slot write and one fresh read of the grant
+  cached = 3,     // released, the node keeps the grant (sticky): the slot still
+                  // reads (ticket<<2)|WAITING; re-entry touches node-local memory only
+  orphaned = 4,   // a holder died inside its critical section and the node's
+                  // watcher released the global slot for it: the next locker
+                  // reports Acquired::recovered
 };
 
 struct alignas(64) LocalLockEntry {
@@ -38,11 +42,15 @@ struct alignas(64) LocalLockEntry {
   LockPhase phase;
   uint32_t holder_pid;
   uint32_t grant_flags;  // flags of the grant this node holds (CXLKV_GRANT_CONTENDED: do not keep it)
+  // Set (atomically, without `mu`) by the node's watcher when the manager
+  // revoked the kept grant of `ticket` while a process held `mu`: the
+  // release then writes IDLE instead of keeping the grant.  Cleared under `mu`.
+  uint32_t revoke;
 };
 static_assert(sizeof(LocalLockEntry) == 64);
 
 constexpr uint64_t kNodeLocalMagic = 0x314c4e564b4c5843ULL;  // "CXLKVNL1"
-constexpr uint32_t kNodeLocalVersion = 1;
+constexpr uint32_t kNodeLocalVersion = 2;  // 2: watcher, wake words, LocalLockEntry::revoke
 
 struct alignas(64) NodeLocalHeader {
   uint64_t magic;
@@ -60,7 +68,20 @@ struct alignas(64) NodeLocalHeader {
   uint32_t doorbell_valid;   // doorbell_seq was read from the pool
   alignas(64) pthread_mutex_t heartbeat_mu;  // held by the process that beats
   alignas(64) pthread_mutex_t heap_mu;       // NodeHeap state
+  // The node's watcher (sync/watcher.cpp): held by the one thread of this
+  // node that acknowledges revocations of kept (sticky) grants.
+  alignas(64) pthread_mutex_t watcher_mu;
+  // Futex words (process-shared): a lock manager on this host bumps them and
+  // wakes the node's waiters (grant_wake: a grant was written for this node)
+  // and its watcher (revoke_wake: a kept grant of this node was revoked).
+  // Waiters and the watcher also poll the pool (bounded waits), so a manager
+  // on another host, which cannot reach them, only adds latency.
+  alignas(64) uint32_t grant_wake;
+  uint32_t grant_sleepers;  // waiters blocked on grant_wake (the manager skips the syscall at 0)
+  alignas(64) uint32_t revoke_wake;
 };
+
+static_assert(sizeof(NodeLocalHeader) <= 4096, "a lock manager maps the first page (sync/watcher.hpp)");
 
 struct NodeLocal {
   static Result<NodeLocal*> open(const std::string& name, uint32_t node, const uint8_t pool_id[16],

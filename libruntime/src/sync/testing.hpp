@@ -11,11 +11,13 @@ namespace cxlkv::sync::testing {
 void set_break_lock_flush(bool on);
 bool break_lock_flush();
 
-// When set, the sticky re-entry skips the invalidation of the grant line
-// before reading it (rule 4), so a node may act on its cached copy of a
-// grant the manager has since revoked and given to another node.
-void set_break_sticky_invalidate(bool on);
-bool break_sticky_invalidate();
+// When set, the node's watcher acknowledges a revoked kept grant by writing
+// the slot IDLE without taking the lock's node-local mutex and without
+// ending the node-local `cached` phase: the node's processes then re-enter
+// on a grant the manager has given to another node (the "re-acquire
+// without checking" variant of the Promela model, BROKEN_ACK).
+void set_break_watcher_local(bool on);
+bool break_watcher_local();
 
 // When set, the lock manager loads the watched doorbells without
 // invalidating them first (rule 4), so it may never see a new request

@@ -33,13 +33,13 @@ namespace cxlkv {
 namespace sync::testing {
 namespace {
 std::atomic<bool> g_break_lock_flush{false};
-std::atomic<bool> g_break_sticky_invalidate{false};
+std::atomic<bool> g_break_watcher_local{false};
 std::atomic<bool> g_break_doorbell_invalidate{false};
 }
 void set_break_doorbell_invalidate(bool on) { g_break_doorbell_invalidate.store(on); }
 bool break_doorbell_invalidate() { return g_break_doorbell_invalidate.load(std::memory_order_relaxed); }
-void set_break_sticky_invalidate(bool on) { g_break_sticky_invalidate.store(on); }
-bool break_sticky_invalidate() { return g_break_sticky_invalidate.load(std::memory_order_relaxed); }
+void set_break_watcher_local(bool on) { g_break_watcher_local.store(on); }
+bool break_watcher_local() { return g_break_watcher_local.load(std::memory_order_relaxed); }
 void set_break_lock_flush(bool on) { g_break_lock_flush.store(on); }
 bool break_lock_flush() { return g_break_lock_flush.load(std::memory_order_relaxed); }
 }  // namespace sync::testing
@@ -180,29 +180,36 @@ Result<Acquired> TwoTierLock::acquire(std::chrono::nanoseconds timeout, bool bou
   }
   const uint32_t me = self_pid();
 
+  if (e.phase == LockPhase::orphaned) {
+    // A holder of this node died in its critical section and the node's
+    // watcher released the global slot for it (sync/watcher.cpp).
+    how = Acquired::recovered;
+    e.phase = LockPhase::idle;
+  }
+
   // ---- sticky fast path: this node kept the grant at its last release ----
+  // Node-local memory only: the manager takes a kept grant back only after
+  // this node acknowledges (uapi/cxlkv_ctrl.h "Sticky grants"), and the
+  // acknowledgement ends the `cached` phase under this same mutex, so a
+  // grant still cached here is still this node's.
   if (e.phase == LockPhase::cached) {
-    const uint64_t ticket = e.ticket;
-    e.phase = LockPhase::requested;  // before the pool write: a crash after it is recovered
-    if (e.holder_pid != me) {
-      write_owner(d, slot, me);
-      d.fence();  // rule 3: the owner is in memory before the request that names it
-      e.holder_pid = me;
-    }
-    d.write_nt<__u64>(&slot->request, request_word(ticket, CXLKV_SLOT_WAITING));  // rule 1
-    if (!sync::testing::break_sticky_invalidate()) d.invalidate(grant, sizeof *grant);  // rule 4
-    // Dekker (uapi/cxlkv_ctrl.h "Sticky grants"): our WAITING is in memory
-    // before the grant is loaded, and the load misses (rule 4) -- a manager
-    // that revoked before this fence is seen; one that did not sees WAITING.
-    d.fence();
-    const cxlkv_lock_grant g = d.read(grant);
-    if (g.node == node_.node() && g.ticket == ticket && !(g.flags & CXLKV_GRANT_REVOKED)) {
-      e.grant_flags = g.flags;
+    if (__atomic_load_n(&e.revoke, __ATOMIC_ACQUIRE) == 0) {
+      if (e.holder_pid != me) {
+        // Another process of this node kept it: the manager judges the
+        // holder's liveness by the slot's owner (rule 1: NT; rule 3: fence).
+        write_owner(d, slot, me);
+        d.fence();
+        e.holder_pid = me;
+      }
       e.phase = LockPhase::held;
       return how;
     }
-    // Revoked (another node waits) or regranted: request anew below; the new
-    // ticket's WAITING replaces this one, which the manager reads as a release.
+    // Revoked while kept (the watcher could not take this mutex then):
+    // acknowledge here -- the release the manager waits for -- then ask anew.
+    d.write_nt<__u64>(&slot->request, request_word(e.ticket, CXLKV_SLOT_IDLE));  // rule 1
+    d.fence();  // rule 3
+    __atomic_store_n(&e.revoke, 0u, __ATOMIC_RELEASE);
+    e.phase = LockPhase::idle;
   }
 
   // ---- global tier ----
@@ -223,6 +230,7 @@ Result<Acquired> TwoTierLock::acquire(std::chrono::nanoseconds timeout, bool bou
     e.ticket = d.read_fresh(&slot->request) >> CXLKV_SLOT_TICKET_SHIFT;
   }
   const uint64_t ticket = ++e.ticket;
+  __atomic_store_n(&e.revoke, 0u, __ATOMIC_RELEASE);  // a revocation named an older ticket
   e.phase = LockPhase::requested;  // before the pool write: a crash after it is recovered
   if (e.holder_pid != me || d.read_fresh(&slot->owner_pid) != me) {  // rule 4
     write_owner(d, slot, me);
@@ -238,9 +246,31 @@ Result<Acquired> TwoTierLock::acquire(std::chrono::nanoseconds timeout, bool bou
   // our CPU it runs now; where it has a CPU of its own the yield returns at
   // once), then sleep (bounded).  Spinning first made the manager see each
   // release ~7 us late on a 2-core machine (hand-off p50 10.5 -> ~8 us).
+  // Sleeps are futex waits on the node-local grant_wake word: a manager on
+  // this host bumps it and wakes us right after writing a grant for this
+  // node (sync/watcher.hpp NodeWakers); from another host nothing wakes
+  // us and the bounded sleep is the poll period.  Lost wake-ups: we count
+  // ourselves in grant_sleepers, then load grant_wake, then read the grant;
+  // the manager writes the grant (fence), bumps grant_wake, then reads
+  // grant_sleepers (seq_cst both sides): either we see the grant or the
+  // word moved (the wait returns at once) or the manager wakes us.
+  NodeLocalHeader* h = node_.local().hdr;
+  bool counted = false;
+  struct Uncount {
+    NodeLocalHeader* h;
+    bool* counted;
+    ~Uncount() {
+      if (*counted) __atomic_fetch_sub(&h->grant_sleepers, 1u, __ATOMIC_SEQ_CST);
+    }
+  } uncount{h, &counted};
   sync::Backoff backoff(kSpinPolls, kYieldPolls, kMaxSleep);
   auto rung = std::chrono::steady_clock::now();
   for (uint64_t polls = 0;; polls++) {
+    if (!counted && backoff.sleeping()) {
+      __atomic_fetch_add(&h->grant_sleepers, 1u, __ATOMIC_SEQ_CST);
+      counted = true;
+    }
+    const uint32_t woke = __atomic_load_n(&h->grant_wake, __ATOMIC_SEQ_CST);
     cxlkv_lock_grant g = d.read_fresh(grant);  // rule 4: invalidate before every poll read
     if (g.node == node_.node() && g.ticket == ticket) {
       e.grant_flags = g.flags;
@@ -270,7 +300,7 @@ Result<Acquired> TwoTierLock::acquire(std::chrono::nanoseconds timeout, bool bou
       sync::robust_mutex_unlock(&e.mu);
       return Error(-ETIMEDOUT, lock_name(node_, id_) + ": not granted within the timeout: " + why);
     }
-    backoff.idle();
+    backoff.idle(&h->grant_wake, woke);
   }
   e.phase = LockPhase::held;
   return how;
@@ -282,20 +312,30 @@ Result<void> TwoTierLock::unlock() {
     return Error(-EPERM, lock_name(node_, id_) + ": unlock of a lock this process does not hold");
   MemoryDomain& d = node_.domain();
   cxlkv_lock_slot* slot = node_.control().slot(id_, node_.node());
-  // Sticky release: keep the grant (the manager revokes it when another node
-  // waits).  Not on dev: pools, whose module owns the slot per process file
-  // and sets it IDLE when the file gives it up.
-  // A grant given while others waited (CONTENDED) is handed on at once.
+  // Sticky release: keep the grant and write nothing to the pool (the
+  // manager revokes it through the node's watcher when another node waits).
+  // Not on dev: pools, whose module owns the slot per process file and sets
+  // it IDLE when the file gives it up.  A grant given while others waited
+  // (CONTENDED), or one revoked while we held it, is handed on at once.
+  const bool revoked = __atomic_exchange_n(&e.revoke, 0u, __ATOMIC_ACQ_REL) != 0;
   const bool sticky = node_.sticky() && node_.region().kind() != BackendKind::dev &&
-                      !(e.grant_flags & (CXLKV_GRANT_CONTENDED | CXLKV_GRANT_REVOKED));
-  d.fence();  // rule 3: the critical section's flushed writes are ordered before the release
-  d.write_nt<__u64>(&slot->request, request_word(e.ticket, sticky ? CXLKV_SLOT_STICKY : CXLKV_SLOT_IDLE));  // rule 1
+                      !(e.grant_flags & (CXLKV_GRANT_CONTENDED | CXLKV_GRANT_REVOKED)) && !revoked;
+  // rule 3: the critical section's flushes complete before the release --
+  // ours below, or the one the watcher or the next local locker writes
+  // after taking over the node-local mutex.
+  d.fence();
+  if (sticky) {
+    e.phase = LockPhase::cached;
+    sync::robust_mutex_unlock(&e.mu);
+    return {};
+  }
+  d.write_nt<__u64>(&slot->request, request_word(e.ticket, CXLKV_SLOT_IDLE));  // rule 1
   d.fence();  // rule 3: release visible before another local process can start
   Result<void> dis;
   // dev: pools: give the slot back after the release, before the next local
   // process may take it (it would otherwise retry on -EBUSY).
-  if (!sticky) dis = sync::disown_slot(node_, id_);
-  e.phase = sticky ? LockPhase::cached : LockPhase::idle;
+  dis = sync::disown_slot(node_, id_);
+  e.phase = LockPhase::idle;
   sync::robust_mutex_unlock(&e.mu);
   if (!dis) return Error(dis.error().code(), lock_name(node_, id_) + ": released, but " + dis.error().message());
   return {};

@@ -1,0 +1,211 @@
+// SPDX-License-Identifier: MIT
+// The node's watcher and the manager's same-host wake-ups (sync/watcher.hpp).
+#include "sync/watcher.hpp"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/prctl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <utility>
+
+#include "sync/futex.hpp"
+#include "sync/node_local.hpp"
+#include "sync/robust_mutex.hpp"
+#include "sync/testing.hpp"
+#include "util/log.hpp"
+
+namespace cxlkv::sync {
+
+namespace {
+
+constexpr uint64_t idle_word(uint64_t ticket) { return (ticket << CXLKV_SLOT_TICKET_SHIFT) | CXLKV_SLOT_IDLE; }
+
+// A revoked kept grant not yet acknowledged: lock id + the grant's ticket.
+struct Pending {
+  uint32_t lock;
+  uint64_t ticket;
+};
+
+// Acknowledge one revocation.  True when done (acknowledged here, released
+// by its holder, or no longer this node's grant); false: retry next round.
+bool acknowledge(NodeContext& n, const Pending& p) {
+  MemoryDomain& d = n.domain();
+  LocalLockEntry& e = n.local().locks[p.lock];
+  cxlkv_lock_slot* slot = n.control().slot(p.lock, n.node());
+  if (testing::break_watcher_local()) {
+    // Broken variant (tests only): release in the pool, but leave the
+    // node-local phase `cached`, so the node re-enters without checking.
+    d.write_nt<__u64>(&slot->request, idle_word(p.ticket));
+    d.fence();
+    return true;
+  }
+  auto r = robust_mutex_trylock(&e.mu, "node-local lock");
+  if (!r) {
+    // A process of this node holds the mutex (inside its critical section,
+    // or entering): its release writes IDLE when it finds the flag.
+    if (__atomic_load_n(&e.ticket, __ATOMIC_RELAXED) != p.ticket) return true;
+    __atomic_store_n(&e.revoke, 1u, __ATOMIC_RELEASE);
+    return false;
+  }
+  if (r.value() == LockOutcome::owner_died) {
+    // Its holder died inside the critical section (or entering it): release
+    // the global slot for it; the next local locker reports `recovered`.
+    if (e.phase != LockPhase::idle && e.phase != LockPhase::orphaned) {
+      d.write_nt<__u64>(&slot->request, idle_word(e.ticket));  // rule 1
+      d.fence();                                                 // rule 3
+      log().warn("pool {}: lock {} (node {}): holder pid {} died holding it; released for the revocation",
+                 n.region().uri(), p.lock, n.node(), e.holder_pid);
+      e.phase = LockPhase::orphaned;
+    }
+    robust_mutex_consistent(&e.mu);
+  } else if (e.ticket == p.ticket && e.phase == LockPhase::cached) {
+    // Kept and not in use: give it back.  rule 1: NT; rule 3: the fence makes
+    // the release visible before the node-local phase lets anyone ask anew.
+    d.write_nt<__u64>(&slot->request, idle_word(p.ticket));
+    d.fence();
+    e.phase = LockPhase::idle;
+    __atomic_store_n(&e.revoke, 0u, __ATOMIC_RELEASE);
+  }
+  robust_mutex_unlock(&e.mu);
+  return true;
+}
+
+// Find revoked grants among the locks this node keeps or holds: one sweep
+// of invalidations, one fence, then the loads (rule 4).
+void sweep(NodeContext& n, std::vector<uint32_t>& cand, std::vector<Pending>& pending) {
+  MemoryDomain& d = n.domain();
+  const ControlCarve& c = n.control();
+  cand.clear();
+  for (uint32_t l = 0; l < c.max_locks(); l++) {
+    const auto ph = __atomic_load_n(&n.local().locks[l].phase, __ATOMIC_RELAXED);
+    if (ph == LockPhase::cached || ph == LockPhase::held) cand.push_back(l);
+  }
+  for (uint32_t l : cand) d.invalidate(c.grant(l), sizeof(cxlkv_lock_grant));
+  d.fence();  // rule 4: every invalidation completes before the loads below
+  for (uint32_t l : cand) {
+    const cxlkv_lock_grant g = d.read(c.grant(l));  // invalidated above
+    if (g.node != n.node() || !(g.flags & CXLKV_GRANT_REVOKED)) continue;
+    if (g.ticket != __atomic_load_n(&n.local().locks[l].ticket, __ATOMIC_RELAXED)) continue;
+    bool dup = false;
+    for (auto& p : pending) dup |= p.lock == l && p.ticket == g.ticket;
+    if (!dup) pending.push_back({l, g.ticket});
+  }
+}
+
+}  // namespace
+
+void run_watcher(NodeContext& n, const std::atomic<bool>& stop) {
+  NodeLocalHeader* h = n.local().hdr;
+  // Election: one watcher per node; a waiting candidate takes over when the
+  // watcher's process dies (robust mutex: EOWNERDEAD).
+  bool owner = false;
+  while (!stop.load(std::memory_order_relaxed) && !owner) {
+    auto r = robust_mutex_lock_until(&h->watcher_mu, std::chrono::steady_clock::now() + std::chrono::milliseconds(20),
+                                     "node watcher");
+    if (r) {
+      owner = true;
+      if (r.value() == LockOutcome::owner_died) robust_mutex_consistent(&h->watcher_mu);
+    } else if (r.error().code() != -ETIMEDOUT) {
+      log().error("pool {}: node {}: watcher: {}", n.region().uri(), n.node(), r.error().message());
+      usleep(50000);
+    }
+  }
+  if (!owner) return;
+  // Exact short waits (the default 50 us timer slack would stretch them).
+  prctl(PR_SET_TIMERSLACK, 1ul, 0, 0, 0);
+  MemoryDomain& d = n.domain();
+  cxlkv_doorbell* db = n.control().doorbell(n.node());
+  std::vector<uint32_t> cand;
+  std::vector<Pending> pending;
+  bool first = true;
+  uint64_t seen = 0;
+  while (!stop.load(std::memory_order_relaxed)) {
+    const uint32_t w = __atomic_load_n(&h->revoke_wake, __ATOMIC_ACQUIRE);
+    const uint64_t rv = d.read_fresh(&db->revokes);  // rule 4
+    if (first || rv != seen) {
+      // The manager wrote REVOKED grants (fenced) before this bump: the
+      // sweep's fresh reads see them.
+      sweep(n, cand, pending);
+      seen = rv;
+      first = false;
+    }
+    for (size_t i = 0; i < pending.size();)
+      if (acknowledge(n, pending[i])) {
+        pending[i] = pending.back();
+        pending.pop_back();
+      } else {
+        i++;
+      }
+    // A holder inside its critical section: look again soon; else wait for
+    // a wake from a manager on this host, or poll again after kWatcherPoll.
+    futex_wait(&h->revoke_wake, w,
+               pending.empty() ? uint64_t(std::chrono::nanoseconds(kWatcherPoll).count()) : 20000);
+  }
+  robust_mutex_unlock(&h->watcher_mu);
+}
+
+// ---- NodeWakers ----
+
+NodeWakers::NodeWakers(const Region& region, uint32_t max_nodes) : nodes_(max_nodes) {
+  pool_prefix_ = NodeContext::default_local_name(region, 0);
+  pool_prefix_.pop_back();  // "...-0" -> "...-"
+}
+
+NodeWakers::~NodeWakers() {
+  for (auto& e : nodes_) close(e);
+}
+
+void NodeWakers::close(Entry& e) {
+  if (e.hdr) ::munmap(e.hdr, 4096);
+  e.hdr = nullptr;
+}
+
+void NodeWakers::refresh(uint32_t n, const cxlkv_node_entry& ne) {
+  if (n >= nodes_.size()) return;
+  Entry& e = nodes_[n];
+  const bool here = ne.state == CXLKV_NODE_ACTIVE && ne.host_id != 0 && ne.host_id == this_host_id();
+  if (!here) {
+    close(e);
+    e.tried = false;
+    return;
+  }
+  if (e.tried && e.incarnation == ne.incarnation) return;
+  close(e);
+  e.tried = true;
+  e.incarnation = ne.incarnation;
+  const std::string name = "/dev/shm/" + pool_prefix_ + std::to_string(n);
+  int fd = ::open(name.c_str(), O_RDWR | O_NOFOLLOW | O_CLOEXEC);
+  if (fd < 0) return;  // another local name (NodeOptions::local_shm_name): the node polls
+  void* p = ::mmap(nullptr, 4096, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  ::close(fd);
+  if (p == MAP_FAILED) return;
+  auto* h = static_cast<NodeLocalHeader*>(p);
+  if (__atomic_load_n(&h->magic, __ATOMIC_ACQUIRE) != kNodeLocalMagic || h->version != kNodeLocalVersion ||
+      h->node != n) {
+    ::munmap(p, 4096);
+    return;
+  }
+  e.hdr = h;
+}
+
+void NodeWakers::wake_grant(uint32_t n) {
+  if (n >= nodes_.size() || !nodes_[n].hdr) return;
+  NodeLocalHeader* h = nodes_[n].hdr;
+  // Dekker with a waiter (two_tier_lock.cpp): it counts itself in
+  // grant_sleepers, then reads grant_wake, then the grant; we bump
+  // grant_wake (after the grant's fence), then read grant_sleepers.
+  __atomic_fetch_add(&h->grant_wake, 1u, __ATOMIC_SEQ_CST);
+  if (__atomic_load_n(&h->grant_sleepers, __ATOMIC_SEQ_CST) != 0) futex_wake_all(&h->grant_wake);
+}
+
+void NodeWakers::wake_revoke(uint32_t n) {
+  if (n >= nodes_.size() || !nodes_[n].hdr) return;
+  NodeLocalHeader* h = nodes_[n].hdr;
+  __atomic_fetch_add(&h->revoke_wake, 1u, __ATOMIC_SEQ_CST);
+  futex_wake_all(&h->revoke_wake);
+}
+
+}  // namespace cxlkv::sync

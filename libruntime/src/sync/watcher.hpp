@@ -1,0 +1,62 @@
+// SPDX-License-Identifier: MIT
+// The node's watcher and the manager's same-host wake-ups.
+//
+// Watcher: one thread per node (elected through NodeLocalHeader::watcher_mu;
+// every NodeContext on a non-dev pool runs a candidate) that acknowledges
+// the manager's revocations of grants the node keeps (sticky): it polls its
+// doorbell's `revokes` counter (one fresh read per round; a manager on this
+// host also wakes it through NodeLocalHeader::revoke_wake), finds the
+// revoked grants among the locks the node keeps, and for each takes the
+// lock's node-local mutex and writes the slot IDLE -- or, when a process is
+// inside the critical section, flags the entry so that the release writes
+// IDLE.  uapi/cxlkv_ctrl.h "Sticky grants" has the protocol.
+//
+// NodeWakers: the lock manager's view of the node-local headers of nodes on
+// its own host (opened by their default name), to wake waiters after a grant
+// and watchers after a revocation without waiting for their next poll.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "cxlkv/sync.hpp"
+
+namespace cxlkv {
+struct NodeLocalHeader;
+
+namespace sync {
+
+// How often the watcher polls the pool when nothing wakes it.
+constexpr std::chrono::microseconds kWatcherPoll{500};
+
+// Run the watcher candidate of `node` until `stop` (NodeContext's thread).
+void run_watcher(NodeContext& node, const std::atomic<bool>& stop);
+
+class NodeWakers {
+ public:
+  NodeWakers(const Region& region, uint32_t max_nodes);
+  ~NodeWakers();
+  NodeWakers(const NodeWakers&) = delete;
+  NodeWakers& operator=(const NodeWakers&) = delete;
+  // Node n's entry as last read by the manager: (re)opens the node's local
+  // header when n is on this host and its incarnation changed.
+  void refresh(uint32_t n, const cxlkv_node_entry& e);
+  void wake_grant(uint32_t n);   // a grant for node n was written (after the fence)
+  void wake_revoke(uint32_t n);  // a kept grant of node n was revoked (after the fence)
+
+ private:
+  struct Entry {
+    NodeLocalHeader* hdr = nullptr;
+    uint64_t incarnation = 0;
+    bool tried = false;
+  };
+  void close(Entry& e);
+  std::string pool_prefix_;
+  std::vector<Entry> nodes_;
+};
+
+}  // namespace sync
+}  // namespace cxlkv
