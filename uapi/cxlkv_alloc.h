@@ -21,6 +21,8 @@
  *   +objstore_off        struct cxlkv_objstore_header + table (uapi/cxlkv_objstore.h)
  *   +state_off           struct cxlkv_alloc_state (one line)            [lock ALLOC]
  *                        then struct cxlkv_quarantine [nchunks]        [lock ALLOC]
+ *                        then struct cxlkv_block_owner [nchunks * chunk_size /
+ *                        CXLKV_OWNER_GRANULE] (cxlkv_alloc_owner_off)  [the block's holder]
  *
  * Offsets are relative to the start of the alloc carve; every region starts
  * on a 64 B line.  All of these lines are written by several nodes over
@@ -49,6 +51,21 @@
  * twice since (it resumed, and its next checks fail with -ESTALE), or after
  * until_ns.  SMALL blocks go back to their owner node (the reserving node)
  * by remote free and are reused only by that node, so they need none.
+ *
+ * Block owners (issue 12, layout version 3): one struct cxlkv_block_owner
+ * per CXLKV_OWNER_GRANULE bytes of the arena, at the granule where a block
+ * starts: the index slot (+ 1) of the entry that holds the block and the
+ * entry's payload length, written by the reserving node right after the
+ * allocation and before the entry that names the block is written (rule 3:
+ * the entry's publication covers it), cleared before the block is freed.
+ * A pin checks that the record of its entry's start names that entry, so an
+ * entry whose location overlaps another entry's block (damaged or forged)
+ * is refused with one line read, without a scan.  Only blocks whose
+ * allocation is at least a granule have a record (smaller blocks share
+ * granules); the records of one line belong to different blocks, possibly
+ * of different nodes, so each is written with one 8-byte NT store (rule 1)
+ * and read after invalidation (rule 4).  Each record has one writer at a
+ * time: the node holding its block.
  */
 #ifndef _UAPI_CXLKV_ALLOC_H
 #define _UAPI_CXLKV_ALLOC_H
@@ -59,8 +76,9 @@
 
 /* "CXLKVAL1" */
 #define CXLKV_ALLOC_MAGIC         0x314c41564b4c5843ULL
-/* 2: header checksum, state line (bitmap checksum), quarantine table */
-#define CXLKV_ALLOC_VERSION       2u
+/* 2: header checksum, state line (bitmap checksum), quarantine table;
+ * 3: block owner records after the quarantine table */
+#define CXLKV_ALLOC_VERSION       3u
 #define CXLKV_DEFAULT_CHUNK_SIZE  (2ULL << 20)
 #define CXLKV_MIN_CHUNK_SIZE      (64ULL << 10)
 #define CXLKV_MAX_CHUNK_SIZE      (1ULL << 30)
@@ -131,6 +149,31 @@ struct cxlkv_quarantine {
 	__u64 reserved1;
 };
 CXLKV_STATIC_ASSERT(sizeof(struct cxlkv_quarantine) == 32, "quarantine record is half a line");
+
+/* Bytes of arena per block owner record (a block of at least this many bytes has one). */
+#define CXLKV_OWNER_GRANULE       1024u
+
+/* Who holds a block (at the record of the granule where the block starts). */
+struct cxlkv_block_owner {
+	__u32 slot_plus1;        /* index slot + 1 of the entry naming the block; 0: none */
+	__u32 length;            /* that entry's payload length in bytes */
+};
+CXLKV_STATIC_ASSERT(sizeof(struct cxlkv_block_owner) == 8, "block owner record is one word");
+
+/* Offset (in the alloc carve) of the owner records: after the quarantine table. */
+static inline __u64 cxlkv_alloc_owner_off(const struct cxlkv_alloc_header *h)
+{
+	return h->state_off + sizeof(struct cxlkv_alloc_state) +
+	       (h->nchunks * sizeof(struct cxlkv_quarantine) + CXLKV_LINE_SIZE - 1) / CXLKV_LINE_SIZE * CXLKV_LINE_SIZE;
+}
+
+/* Bytes of owner records for the arena. */
+static inline __u64 cxlkv_alloc_owner_bytes(const struct cxlkv_alloc_header *h)
+{
+	__u64 n = h->nchunks * (h->chunk_size / CXLKV_OWNER_GRANULE) * sizeof(struct cxlkv_block_owner);
+
+	return (n + CXLKV_LINE_SIZE - 1) / CXLKV_LINE_SIZE * CXLKV_LINE_SIZE;
+}
 
 /*
  * One bitmap word's share of state.bitmap_sum: a 64-bit mix of the word and

@@ -263,3 +263,130 @@ TEST(IndexIntegrity, TheAuditNamesEntriesOutsideTheKvCarveOrOverlappingAnother) 
 }
 
 }  // namespace cxlkv
+
+namespace cxlkv {
+
+// Issue 12: an entry whose location overlaps another entry's block (a
+// damaged or forged line with a valid checksum) is refused at pin, with one
+// record read instead of a scan: the allocator records which index slot
+// holds each block (uapi/cxlkv_alloc.h "Block owners").  The refusal is
+// -EIO, names the slot and both extents, is counted, and hands back no
+// bytes; the block it overlaps still reads back as itself, and removing the
+// forged entry does not free the other block's space.
+TEST(IndexIntegrity, AnEntryOverlappingAnotherBlockIsRefusedAtPinAndNeverServed) {
+  ShmKv p;
+  ASSERT_TRUE(p.open().ok());
+  KvStore& kv = p.session->store();
+  std::vector<uint64_t> ids = {1201, 1202, 1203};
+  auto keys = keys_from_ids(ids);
+  constexpr size_t kBytes = 8192;
+  auto pattern = [](size_t i) { return std::byte(0x41 + i); };
+  for (size_t i = 0; i < keys.size(); i++) {
+    std::vector<std::byte> buf(kBytes, pattern(i));
+    Chunk ch{buf.data(), buf.size()};
+    auto r = kv.reserve(keys[i], nullptr, buf.size());
+    ASSERT_TRUE(r.ok() && r->reserved());
+    ASSERT_TRUE(kv.write(*r, {&ch, 1}).ok());
+    ASSERT_TRUE(kv.publish(*r).ok());
+  }
+  auto reads_as = [&](const BlockKey& k, std::byte want) {
+    std::vector<std::byte> got(kBytes, std::byte{0});
+    Chunk out{got.data(), got.size()};
+    std::vector<int32_t> st(1);
+    std::vector<uint32_t> n1(1, 1);
+    auto g = kv.get_many({&k, 1}, {&out, 1}, n1, st);
+    if (!g.ok() || st[0] != 0) return false;
+    for (std::byte b : got)
+      if (b != want) return false;
+    return true;
+  };
+  MemoryDomain& d = p.region->domain();
+  const uint32_t slot_a = kv.index().find_ready(keys[0]), slot_b = kv.index().find_ready(keys[1]);
+  ASSERT_NE(slot_a, CXLKV_INDEX_NO_SLOT);
+  ASSERT_NE(slot_b, CXLKV_INDEX_NO_SLOT);
+  auto line = [&](uint32_t slot) {
+    return reinterpret_cast<cxlkv_index_entry*>(p.index_carve() + kv.index().header().entry_off + slot * 64ull);
+  };
+  const cxlkv_index_entry a = d.read_fresh(line(slot_a));
+  const cxlkv_index_entry b_good = d.read_fresh(line(slot_b));
+  ASSERT_TRUE(reads_as(keys[1], pattern(1)));  // sound: every block is served
+
+  const uint64_t refusals0 = kv.index().counters().overlap_refusals;
+  struct Forge {
+    const char* what;
+    uint64_t off;
+    uint32_t len;
+  } forged[] = {
+      {"the same bytes as block A", a.loc_off, a.loc_len},
+      {"bytes starting inside block A", a.loc_off + 512, a.loc_len},
+      {"a few bytes inside block A", a.loc_off + 64, 100},
+      {"bytes straddling the end of block A", a.loc_off + a.loc_len - 64, a.loc_len},
+  };
+  int refused = 0;
+  for (const Forge& f : forged) {
+    SCOPED_TRACE(f.what);
+    cxlkv_index_entry b = b_good;
+    b.loc_off = f.off;
+    b.loc_len = f.len;
+    b.check = cxlkv_index_entry_check(&b);
+    d.publish_line(line(slot_b), &b);
+    d.fence();
+    auto pin = kv.pin(keys[1]);
+    ASSERT_FALSE(pin.ok()) << "an entry naming " << f.what << " was pinned";
+    EXPECT_EQ(pin.error().code(), -EIO) << pin.error().message();
+    const std::string m = pin.error().message();
+    EXPECT_NE(m.find(to_hex(keys[1])), std::string::npos) << m;
+    EXPECT_NE(m.find("slot " + std::to_string(slot_b)), std::string::npos) << m;
+    EXPECT_NE(m.find("[" + std::to_string(f.off) + ", " + std::to_string(f.off + f.len) + ")"), std::string::npos) << m;
+    if (f.off == a.loc_off && f.len == a.loc_len) {  // the recorded holder is named with its extent
+      EXPECT_NE(m.find("overlaps block " + to_hex(keys[0])), std::string::npos) << m;
+      EXPECT_NE(m.find("slot " + std::to_string(slot_a)), std::string::npos) << m;
+      EXPECT_NE(m.find("[" + std::to_string(a.loc_off) + ", " + std::to_string(a.loc_off + a.loc_len) + ")"),
+                std::string::npos)
+          << m;
+    }
+    refused++;
+    // The batch path refuses it too and writes nothing into the caller's buffer.
+    std::vector<std::byte> got(f.len, std::byte{0x5A});
+    Chunk out{got.data(), got.size()};
+    std::vector<int32_t> st(1);
+    std::vector<uint32_t> n1(1, 1);
+    auto g = kv.get_many({&keys[1], 1}, {&out, 1}, n1, st);
+    EXPECT_TRUE(!g.ok() || st[0] == -EIO) << "get_many status " << st[0];
+    for (std::byte x : got) ASSERT_EQ(x, std::byte{0x5A}) << "the caller's buffer was written";
+    refused++;
+    // The block whose space the forged entry names is still served, as itself.
+    EXPECT_TRUE(reads_as(keys[0], pattern(0)));
+    EXPECT_TRUE(reads_as(keys[2], pattern(2)));
+  }
+  EXPECT_EQ(kv.index().counters().overlap_refusals - refusals0, uint64_t(refused));
+
+  // Removing the forged entry leaks its named space rather than freeing block A's.
+  {
+    cxlkv_index_entry b = b_good;
+    b.loc_off = a.loc_off;
+    b.check = cxlkv_index_entry_check(&b);
+    d.publish_line(line(slot_b), &b);
+    d.fence();
+  }
+  ASSERT_TRUE(kv.index().remove(keys[1]).ok());
+  std::vector<uint64_t> more_ids;
+  for (uint64_t i = 0; i < 64; i++) more_ids.push_back(5000 + i);
+  auto more = keys_from_ids(more_ids);
+  for (const auto& k : more) {
+    std::vector<std::byte> buf(kBytes, std::byte{0x77});
+    Chunk ch{buf.data(), buf.size()};
+    auto r = kv.reserve(k, nullptr, buf.size());
+    ASSERT_TRUE(r.ok() && r->reserved());
+    ASSERT_TRUE(kv.write(*r, {&ch, 1}).ok());
+    ASSERT_TRUE(kv.publish(*r).ok());
+  }
+  EXPECT_TRUE(reads_as(keys[0], pattern(0))) << "block A's space was handed out again";
+  for (const auto& k : more) EXPECT_TRUE(reads_as(k, std::byte{0x77}));
+  // A sound pool: every block passes its owner check.
+  auto audit = index_audit_locations(*p.region, d);
+  ASSERT_TRUE(audit.ok());
+  EXPECT_TRUE(audit->empty()) << audit->front();
+}
+
+}  // namespace cxlkv

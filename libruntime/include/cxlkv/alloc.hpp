@@ -88,6 +88,13 @@ class ChunkAllocator {
   }
   const cxlkv_alloc_header& header() const { return hdr_; }
   std::byte* carve_base() const { return base_; }
+  // Block owner records (issue 12, uapi/cxlkv_alloc.h): the record of the
+  // granule where a block at pool offset `off` starts.  set_owner writes it
+  // with one 8-byte NT store (rule 1: records of one line belong to
+  // different blocks and nodes; the caller holds the block); owner reads it
+  // fresh (rule 4).  Offsets outside the arena: no record (owner() gives {}).
+  void set_owner(uint64_t off, const cxlkv_block_owner& o);
+  cxlkv_block_owner owner(uint64_t off) const;
 
  private:
   ChunkAllocator(NodeContext& n) : node_(&n) {}

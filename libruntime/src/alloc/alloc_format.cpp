@@ -74,6 +74,9 @@ cxlkv_alloc_header plan_alloc(uint64_t nchunks, uint64_t chunk_size, uint64_t ar
   off += h.objstore_bytes;
   h.state_off = off;
   off += sizeof(cxlkv_alloc_state) + lines(nchunks * sizeof(cxlkv_quarantine));
+  // Block owner records (issue 12): cxlkv_alloc_owner_off() is where this
+  // plan puts them, one per CXLKV_OWNER_GRANULE bytes of the arena.
+  off += cxlkv_alloc_owner_bytes(&h);
   if (bytes) *bytes = off;
   h.checksum = cxlkv_hdr_checksum(&h, sizeof h, offsetof(cxlkv_alloc_header, checksum), 8);
   return h;

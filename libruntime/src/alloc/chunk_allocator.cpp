@@ -108,6 +108,20 @@ cxlkv_chunk_desc ChunkAllocator::desc(uint64_t chunk) const {
   return node_->domain().read_fresh(d);  // rule 4
 }
 
+void ChunkAllocator::set_owner(uint64_t off, const cxlkv_block_owner& o) {
+  if (!in_arena(off)) return;
+  auto* rec = reinterpret_cast<cxlkv_block_owner*>(base_ + cxlkv_alloc_owner_off(&hdr_)) +
+              (off - geo_.arena_off) / CXLKV_OWNER_GRANULE;
+  node_->domain().write_nt(rec, o);  // rule 1: one 8-byte NT store, the line has other blocks' records
+}
+
+cxlkv_block_owner ChunkAllocator::owner(uint64_t off) const {
+  if (!in_arena(off)) return cxlkv_block_owner{};
+  auto* rec = reinterpret_cast<const cxlkv_block_owner*>(base_ + cxlkv_alloc_owner_off(&hdr_)) +
+              (off - geo_.arena_off) / CXLKV_OWNER_GRANULE;
+  return node_->domain().read_fresh(rec);  // rule 4
+}
+
 uint64_t ChunkAllocator::free_chunks() const {
   MemoryDomain& d = node_->domain();
   auto* words = reinterpret_cast<const uint64_t*>(base_ + hdr_.bitmap_off);

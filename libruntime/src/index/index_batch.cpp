@@ -162,6 +162,7 @@ size_t PrefixIndex::reserve_locked(LockSet& ls, const BlockKey* pkey, std::span<
       ne.parent_slot = prev;
       ne.lru_ms = now_ms();
       ls.mark(s);
+      space_->claim(loc.value(), free_slot);  // issue 12: the block's owner record, before the entry names it
       const uint32_t ver = write_entry(free_slot, ne);
       cxlkv_index_ext x{};  // not listed (WRITING), no lease
       if (ghost) x.linked = CXLKV_EXT_REUSED;  // evicted before and back: one more trip (index_evict.cpp)
@@ -464,6 +465,11 @@ Result<size_t> PrefixIndex::pin_many(std::span<const BlockKey> keys, std::span<P
     cxlkv_index_entry e;
     uint32_t slot = probe(keys[i], &e, nullptr);
     if (slot == kNo || e.state != CXLKV_ENTRY_READY) continue;  // MISS
+    if (auto own = owner_ok(slot, e); !own) {  // issue 12: overlaps another block (index_owner.cpp)
+      status[i] = -EIO;
+      block_error(-EIO, own.error().message());
+      continue;
+    }
     e.pin_mask |= 1ULL << node_;
     e.lru_ms = now;  // recency: the evictor gives this leaf a second chance
     write_entry(slot, e, false);

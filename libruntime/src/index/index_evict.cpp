@@ -240,6 +240,11 @@ void PrefixIndex::remove_locked(LockSet& ls, uint32_t slot, cxlkv_index_entry e,
   // The payload is handed back only once no entry points to it.
   if (loc.tier == CXLKV_TIER_SSD) {
     if (demotion_) demotion_->release(loc);  // issue 6: an SSD block leaves the SSD tier
+  } else if (!space_->owner_check(loc, slot).ok) {
+    // Issue 12: a damaged or forged entry names another block's space:
+    // freeing it would hand that block out again.  Leak it instead.
+    log().error("index: slot {} named bytes [{}, +{}) that the allocator records for another block: "
+                "not freed", slot, loc.offset, loc.length);
   } else if (reclaim && was_writing && (e.owner_node != node_ || e.owner_inc != inc_lo_)) {
     // Issue 12: taken from a writer declared dead, which may only be paused.
     space_->free_taken(loc, e.owner_node, e.owner_inc);

@@ -86,6 +86,28 @@ class PayloadSpace {
     (void)incarnation_lo;
     free(loc);
   }
+  // Block owners (issue 12, uapi/cxlkv_alloc.h "Block owners"): index slot
+  // `slot` now holds the block at `loc` (called under the stripe lock after
+  // alloc, before the entry naming it is written: the entry's publication
+  // covers the record, rule 3).  free() / free_taken() clear it.
+  virtual void claim(const BlockLocation& loc, uint32_t slot) {
+    (void)loc;
+    (void)slot;
+  }
+  // Does the space record `slot` as the holder of the block at `loc`?  One
+  // fresh read of the record (no scan).  A space that keeps no records
+  // (tests' spaces) says yes.
+  struct Owner {
+    bool ok = true;
+    uint32_t slot = 0xffffffffu;  // the recorded holder (CXLKV_INDEX_NO_SLOT: none)
+    uint32_t length = 0;           // its recorded payload length
+    std::string why;               // when !ok: what the record says
+  };
+  virtual Owner owner_check(const BlockLocation& loc, uint32_t slot) {
+    (void)loc;
+    (void)slot;
+    return {};
+  }
 };
 
 struct IndexFormatOptions {
@@ -147,6 +169,9 @@ struct IndexCounters {  // what index operations did (KvStore turns these into s
   uint64_t scan_evictions = 0;     // victims found by the fallback window scan
   uint64_t lease_expiries = 0;     // leases this process found ended by ttl or consumer death
   uint64_t list_repairs = 0;       // stripes whose list a dead holder left dirty, rebuilt
+  // Issue 12: pins refused because the entry's location is not the block the
+  // allocator records for it (it overlaps another entry's block: damaged or forged).
+  uint64_t overlap_refusals = 0;
 };
 
 // ---- SSD tier hook (issue 6; the tier layer is libruntime/src/tier/) -------
@@ -434,6 +459,11 @@ class PrefixIndex {
   // does not validate after one bounded retry is remembered here and read
   // as damaged at once from then on, until it validates again.
   bool damaged_known(uint32_t slot, const cxlkv_index_entry& seen) const;
+  // Issue 12 (index_check.cpp side, in index_owner.cpp): a READY memory
+  // entry at `slot` is served only when the payload space records `slot` as
+  // the holder of its block; else the pin is refused (-EIO, the message
+  // names the slot, its extent and the recorded holder's), counted.
+  Result<void> owner_ok(uint32_t slot, const cxlkv_index_entry& e);
   bool settle_bad_line(uint32_t slot, cxlkv_index_entry* e) const;
   mutable std::mutex damaged_mu_;
   mutable std::unordered_map<uint32_t, uint32_t> damaged_;  // slot -> check word seen

@@ -82,13 +82,68 @@ class HeapSpace final : public PayloadSpace {
     }
     return BlockLocation{off.value(), static_cast<uint32_t>(bytes), 0, CXLKV_TIER_MEM};
   }
-  void free(const BlockLocation& loc) override { (void)heap_.free(loc.offset); }
+  void free(const BlockLocation& loc) override {
+    unclaim(loc);
+    (void)heap_.free(loc.offset);
+  }
   // Issue 12: space of a reservation taken from a node declared dead.
   void free_taken(const BlockLocation& loc, uint32_t node, uint32_t inc) override {
+    unclaim(loc);
     (void)heap_.free_taken(loc.offset, node, inc);
+  }
+  // Issue 12: block owner records (uapi/cxlkv_alloc.h "Block owners").
+  void claim(const BlockLocation& loc, uint32_t slot) override {
+    if (recorded(loc.length)) heap_.chunks().set_owner(loc.offset, cxlkv_block_owner{slot + 1, loc.length});
+  }
+  Owner owner_check(const BlockLocation& loc, uint32_t slot) override {
+    ChunkAllocator& ca = heap_.chunks();
+    Owner r;
+    if (!ca.in_arena(loc.offset)) {
+      r.ok = false;
+      r.why = "it lies outside the allocator's arena";
+      return r;
+    }
+    if (recorded(loc.length)) {
+      const cxlkv_block_owner o = ca.owner(loc.offset);  // rule 4: one fresh read
+      if (o.slot_plus1 == slot + 1 && o.length == loc.length) return r;
+      r.ok = false;
+      r.slot = o.slot_plus1 ? o.slot_plus1 - 1 : CXLKV_INDEX_NO_SLOT;
+      r.length = o.length;
+      r.why = o.slot_plus1 ? "the allocator records the block at offset " + std::to_string(loc.offset) +
+                                 " as held by slot " + std::to_string(o.slot_plus1 - 1) + " with " +
+                                 std::to_string(o.length) + " bytes"
+                           : "no allocated block of its size starts at offset " + std::to_string(loc.offset);
+      return r;
+    }
+    // Blocks under a granule share records: the chunk must be cut into
+    // blocks of this length's size class and the offset start one of them.
+    const uint64_t c = ca.chunk_of(loc.offset);
+    const cxlkv_chunk_desc cd = ca.desc(c);  // rule 4
+    const uint32_t cls = size_class_for(loc.length, ca.geometry().chunk_size);
+    if (cd.kind == CXLKV_CHUNK_SMALL && cd.size_class == cls && cls < kSizeClasses &&
+        (loc.offset - ca.chunk_off(c)) % size_class_bytes(cls) == 0)
+      return r;
+    r.ok = false;
+    r.why = "offset " + std::to_string(loc.offset) + " is not the start of a " + std::to_string(loc.length) +
+            "-byte block (chunk " + std::to_string(c) + " kind " + std::to_string(cd.kind) + ", class " +
+            std::to_string(cd.size_class) + ")";
+    return r;
   }
 
  private:
+  // Does a block of `len` bytes get an owner record (its allocation spans a granule)?
+  bool recorded(uint64_t len) const {
+    const uint64_t cs = heap_.chunks().geometry().chunk_size;
+    const uint32_t cls = size_class_for(len, cs);
+    return cls == kSizeClasses || size_class_bytes(cls) >= CXLKV_OWNER_GRANULE;
+  }
+  void unclaim(const BlockLocation& loc) {
+    if (!recorded(loc.length)) return;
+    heap_.chunks().set_owner(loc.offset, cxlkv_block_owner{});
+    // rule 3: the record is cleared in memory before the block can be handed out again
+    heap_.node().domain().fence();
+  }
+
   NodeHeap& heap_;
 };
 

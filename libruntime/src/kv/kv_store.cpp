@@ -133,8 +133,20 @@ class InterleavedSpace final : public PayloadSpace {
     l.length = static_cast<uint32_t>(set_.extent(loc.length));
     inner_.free(l);
   }
+  void free_taken(const BlockLocation& loc, uint32_t node, uint32_t inc) override {
+    inner_.free_taken(inner(loc), node, inc);
+  }
+  // Issue 12: owner records of the extent on device 0's allocator.
+  void claim(const BlockLocation& loc, uint32_t slot) override { inner_.claim(inner(loc), slot); }
+  Owner owner_check(const BlockLocation& loc, uint32_t slot) override { return inner_.owner_check(inner(loc), slot); }
 
  private:
+  BlockLocation inner(const BlockLocation& loc) const {
+    BlockLocation l = loc;
+    l.device = 0;
+    l.length = static_cast<uint32_t>(set_.extent(loc.length));
+    return l;
+  }
   PayloadSpace& inner_;
   InterleaveSet set_;
 };
