@@ -45,9 +45,6 @@
 #define CXLKV_PNM_VERSION             1u
 #define CXLKV_PNM_DEFAULT_PAGE_TOKENS 16u
 #define CXLKV_PNM_SLOT_SIZE           128u
-#ifndef CXLKV_CARVE_PNM
-#define CXLKV_CARVE_PNM               "pnm"   /* also listed with the other carve names in cxlkv.h */
-#endif
 
 /* Element type of K, V and the digests. */
 enum cxlkv_pnm_dtype {

@@ -35,6 +35,10 @@ struct cxlkv_pnm_header;
 namespace cxlkv {
 class Region;
 }
+namespace cxlkv::gpu {
+class CudaLibrary;
+class GpuPool;
+}
 
 namespace cxlkv::pnm {
 
@@ -95,6 +99,13 @@ class Context {
   // boundary (published tokens a multiple of page_tokens).
   Result<void> append_pages(std::span<const uint64_t> page_offsets, const void* digests,
                             uint64_t ntokens);
+  // Append ntokens tokens whose K and V are in GPU memory (device pointers,
+  // [layers][kv_heads][ntokens][head_dim]): the pages are copied GPU -> pool
+  // with one batch (gpu.copy), the digests computed on the GPU by the pnm
+  // digest kernel (gpu_digests); published once both completed (rule 5).
+  // Only at a page boundary, like append_pages.
+  Result<void> append_gpu(gpu::GpuPool& gpu, uint64_t k_dev, uint64_t v_dev, uint32_t ntokens,
+                          void* stream = nullptr);
   // Tokens this handle has published (writer) or last read (reader).
   uint64_t tokens() const { return tokens_; }
 
@@ -176,6 +187,14 @@ class ContextStore {
   uint64_t heap_next_ = 0, heap_end_ = 0;  // writer's view of its partition header
   uint32_t live_ = 0;
 };
+
+// Page digests computed on the GPU: K [rows][ntokens][head_dim] at k_dev ->
+// [rows][npages][2][head_dim] at out_dev (device memory), by the pnm digest
+// kernel of libcxlkv-cuda.so, or by its CPU reference (the kernel's own
+// per-thread code in loops) when `lib` is the CPU stand-in.  Enqueued on
+// `stream`.
+Result<void> gpu_digests(gpu::CudaLibrary& lib, Dtype dtype, uint64_t k_dev, uint64_t out_dev, uint32_t rows,
+                         uint64_t ntokens, uint32_t head_dim, uint32_t page_tokens, void* stream = nullptr);
 
 // ---- scoring and selection ---------------------------------------------------
 
@@ -276,11 +295,6 @@ struct HybridStats {
   uint64_t gpu_pages = 0, near_pages = 0;             // where the selected pages were computed
 };
 
-}  // namespace cxlkv::pnm
-namespace cxlkv::gpu {
-class GpuPool;
-}
-namespace cxlkv::pnm {
 
 // One request in hybrid steady-token mode: up to `capacity` pages per
 // (layer, KV head) stay resident in a GPU buffer; each step the near-memory
