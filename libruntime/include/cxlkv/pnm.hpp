@@ -120,6 +120,10 @@ class Context {
   Result<void> read_digests(uint32_t layer, uint32_t head, uint32_t page0, uint32_t npages,
                             void* dst) const;
   Result<void> read_page_table(uint32_t page0, uint32_t npages, uint64_t* dst) const;
+  // The digests of (layer, head) in this process's mapping, to be read in
+  // place, when the pool's domain is coherent (nothing to invalidate, rule 4
+  // holds trivially); nullptr otherwise (read_digests stages them).
+  const void* digests_in_place(uint32_t layer, uint32_t head) const;
   // ntok rows (tokens 0..ntok-1 of the page) of K (kv=0) or V (kv=1).
   Result<void> read_rows(uint64_t page_off, uint32_t layer, uint32_t kv, uint32_t head,
                          uint32_t ntok, void* dst) const;

@@ -528,6 +528,13 @@ Result<void> Context::read_digests(uint32_t layer, uint32_t head, uint32_t page0
   return {};
 }
 
+const void* Context::digests_in_place(uint32_t layer, uint32_t head) const {
+  if (region_->domain().mode() != DomainMode::coherent || layer >= geo_.layers || head >= geo_.kv_heads)
+    return nullptr;
+  const uint64_t db = 2ull * geo_.head_dim * dtype_size(geo_.dtype);
+  return region_->at(digest_off_ + (uint64_t(layer) * geo_.kv_heads + head) * max_pages_ * db);
+}
+
 Result<void> Context::read_page_table(uint32_t page0, uint32_t npages, uint64_t* dst) const {
   if (uint64_t(page0) + npages > max_pages_)
     return Error(-EINVAL, "pnm context " + std::to_string(request_id_) + ": page table range " +

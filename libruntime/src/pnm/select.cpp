@@ -71,10 +71,14 @@ Result<std::vector<uint32_t>> select_head(const Context& ctx, const float* q, ui
   buf.resize(size_t(kChunk) * db);
   std::vector<float>& scores = scores_out ? *scores_out : local_scores;
   scores.resize(np);
-  for (uint32_t p0 = 0; p0 < np; p0 += kChunk) {
-    const uint32_t n = std::min(kChunk, np - p0);
-    CXLKV_TRY(ctx.read_digests(l, h, p0, n, buf.data()));
-    score_pages(isa, g.dtype, buf.data(), n, g.head_dim, q, group, o.mode, scores.data() + p0);
+  if (const void* in_place = ctx.digests_in_place(l, h)) {
+    score_pages(isa, g.dtype, in_place, np, g.head_dim, q, group, o.mode, scores.data());
+  } else {
+    for (uint32_t p0 = 0; p0 < np; p0 += kChunk) {
+      const uint32_t n = std::min(kChunk, np - p0);
+      CXLKV_TRY(ctx.read_digests(l, h, p0, n, buf.data()));  // rule 4: invalidate, fence, load
+      score_pages(isa, g.dtype, buf.data(), n, g.head_dim, q, group, o.mode, scores.data() + p0);
+    }
   }
   return top_pages(scores.data(), np, budget, o.sink_pages, o.local_pages);
 }
