@@ -114,6 +114,7 @@ cxlkv_cuda_ops async_ops() {
   cxlkv_cuda_ops o = reference_ops();
   o.copy = async_copy;
   o.event_wait = async_complete;
+  o.event_sync = async_complete;
   o.stream_sync = async_complete;
   return o;
 }

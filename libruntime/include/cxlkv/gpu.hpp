@@ -15,6 +15,7 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <span>
@@ -24,6 +25,8 @@
 #include <vector>
 
 #include "cxlkv/cxlkv.h"
+#include "cxlkv/keys.hpp"
+#include "cxlkv/kv.hpp"
 #include "cxlkv/result.hpp"
 
 struct cxlkv_cuda_ops;
@@ -31,7 +34,6 @@ struct cxlkv_copy_desc;
 
 namespace cxlkv {
 class KvStore;
-struct BlockKey;
 struct EngineLayout;
 }  // namespace cxlkv
 
@@ -247,6 +249,17 @@ Result<std::vector<cxlkv_copy_desc>> plan_blocks(const PagedLayout& layout, std:
                                                  std::span<const uint64_t> pool_offs, const PoolPin& pin,
                                                  Direction dir);
 
+// Issue 15: the pool side of one block -- device-visible pieces of its
+// logical bytes [x, x+len) (one pool device, the stripes of an interleaved
+// block, or a staging buffer an SSD block was read into).
+using PoolResolver = std::function<Result<void>(uint64_t x, uint64_t len, std::vector<DevicePiece>& out)>;
+
+// Descriptors moving layers [layer_lo, layer_hi) of GPU block `block_id`
+// <-> the same layers of the pool block `pool` resolves (pool order: layer,
+// then K|V), appended to out.
+Result<void> plan_block(const PagedLayout& layout, uint64_t block_id, uint32_t layer_lo, uint32_t layer_hi,
+                        const PoolResolver& pool, Direction dir, std::vector<cxlkv_copy_desc>& out);
+
 // One sparse-read list: pieces of `pool_stride`-spaced tokens starting at
 // pool offset `pool_off`, written to `dst` (device) every `dst_stride` bytes.
 using SparseList = cxlkv_gpu_sparse_list;
@@ -259,8 +272,25 @@ class GpuPool {
   static Result<std::unique_ptr<GpuPool>> open(std::shared_ptr<CudaLibrary> lib, void* base, uint64_t size,
                                               const PinOptions& opts = {}, int device = 0);
 
+  ~GpuPool();
   const PoolPin& pin() const { return *pin_; }
   CudaLibrary& library() const { return pin_->library(); }
+  int device() const { return device_; }
+
+  // Issue 15: a ring of pinned host staging slots (SSD-tier blocks are read
+  // into one, then copied to the GPU by one launch, while the next slot is
+  // being read).  acquire waits until the slot's previous DMA completed;
+  // release records an event on `stream` after the work using it.
+  struct StagingSlot {
+    std::byte* host = nullptr;
+    uint64_t dev = 0;  // device-visible address of host
+    uint64_t bytes = 0;
+    size_t index = 0;
+  };
+  Result<StagingSlot> staging_acquire(uint64_t bytes);
+  Result<void> staging_release(const StagingSlot& s, void* stream);
+  static constexpr size_t kStagingSlots = 4;
+  static constexpr uint64_t kStagingSlotBytes = 16ull << 20;  // at least this much per slot
 
   // GPU tensors -> pool blocks / pool blocks -> GPU tensors: one launch,
   // enqueued on `stream` (cudaStream_t; nullptr = default stream).
@@ -282,8 +312,13 @@ class GpuPool {
  private:
   GpuPool() = default;
   Result<void> select_device() const;
+  void staging_free();
   std::unique_ptr<PoolPin> pin_;
   int device_ = 0;
+  std::byte* staging_host_ = nullptr;  // kStagingSlots slots of staging_slot_bytes_, registered
+  uint64_t staging_dev_ = 0, staging_slot_bytes_ = 0;
+  void* staging_event_[kStagingSlots] = {};
+  size_t staging_next_ = 0;
 };
 
 // ---- the KV store on the GPU path -----------------------------------------------
@@ -294,6 +329,9 @@ struct GpuPublishReport {
   size_t busy = 0;            // another writer holds it: nothing written
 };
 
+class LayerLoad;
+class LayerSave;
+
 // publish / fetch of KvStore blocks straight between GPU tensors and pool
 // blocks, one kernel launch per batch.
 //   publish: reserve every block -> one gather -> wait for the DMA ->
@@ -301,9 +339,14 @@ struct GpuPublishReport {
 //            after the DMA that filled its block has completed).
 //   fetch:   pin every block -> one scatter -> wait -> unpin (the pins keep
 //            eviction away while the GPU reads).
-// `devices[d]` is a GpuPool pinned over the store's MEM pool device d (the
-// same mapping, so location offsets are offsets into it).  Blocks on other
-// tiers or interleaved over several devices are refused with -EOPNOTSUPP.
+// `devices[d]` is a GpuPool opened over the store's MEM pool device d (the
+// same mapping, so location offsets are offsets into it); all of them on
+// one GPU.  Every tier is reachable (issue 15): blocks on one pool device
+// by DMA straight from the pool; blocks interleaved over the pool devices
+// through their stripe map (one descriptor per stripe piece, same launch);
+// SSD-tier blocks are read by the store (io_uring, several in flight,
+// checked against their key) into a pinned staging slot of devices[0],
+// whose DMA to the GPU overlaps the read of the next slot.
 class KvGpu {
  public:
   KvGpu(KvStore& store, std::vector<GpuPool*> devices) : store_(store), devices_(std::move(devices)) {}
@@ -315,20 +358,128 @@ class KvGpu {
                      std::span<const uint64_t> block_ids, void* stream);
   // The same with a status per block (KvStore::put_chain / get_many
   // semantics; cxlkv_kv_gpu_put_chain / _get_many): put_chain gathers the
-  // reserved blocks in one launch per device, waits for the DMA (rule 5),
-  // then publishes them parents first and aborts what it could not write;
-  // get_many pins, scatters the pinned blocks in one launch per device,
-  // waits, and unpins.  Return the number of blocks RESERVED or EXISTS /
-  // fetched.
+  // reserved blocks in one launch, waits for the DMA (rule 5), then
+  // publishes them parents first and aborts what it could not write;
+  // get_many pins, scatters the pinned blocks in one launch (SSD blocks
+  // through the staging ring), waits, and unpins.  Return the number of
+  // blocks RESERVED or EXISTS / fetched.
   Result<size_t> put_chain(const BlockKey* parent, std::span<const BlockKey> keys, const PagedLayout& layout,
                            std::span<const uint64_t> block_ids, void* stream, std::span<int32_t> status);
   Result<size_t> get_many(std::span<const BlockKey> keys, const PagedLayout& layout,
                           std::span<const uint64_t> block_ids, void* stream, std::span<int32_t> status);
 
+  // ---- layer-wise (issue 15) ------------------------------------------------
+  // Load: pins the blocks and enqueues on `stream`, group by group, the
+  // copies of layers [g*L, (g+1)*L) (L = layers_per_group) of every block,
+  // recording a CUDA event after each group, so the engine computes layer 0
+  // while later layers arrive (vLLM's wait_for_layer_load).  status[i] as
+  // get_many's (MISS, -errno) for blocks that will not be loaded; returns
+  // the handle, which unpins after the last group when finished.
+  Result<std::unique_ptr<LayerLoad>> load_layers(std::span<const BlockKey> keys, const PagedLayout& layout,
+                                                 std::span<const uint64_t> block_ids, void* stream,
+                                                 uint32_t layers_per_group, std::span<int32_t> status);
+  // Save: reserves the chain now (status[i] RESERVED / EXISTS / BUSY /
+  // -errno as reserve_chain); LayerSave::save_layer(l, stream) gathers layer
+  // l of every reserved block as prefill produces it; finish() waits for the
+  // DMA of every layer and only then publishes (rule 5), parents first.
+  Result<std::unique_ptr<LayerSave>> save_layers(const BlockKey* parent, std::span<const BlockKey> keys,
+                                                 const PagedLayout& layout, std::span<const uint64_t> block_ids,
+                                                 std::span<int32_t> status);
+
  private:
-  Result<GpuPool*> device_for(uint8_t tier, uint8_t dev, const BlockKey& key) const;
+  friend class LayerLoad;
+  friend class LayerSave;
+  struct Loc {
+    uint8_t tier = 0, dev = 0;
+    uint64_t off = 0, len = 0;
+  };
+  // The GpuPool that launches (devices[0], or the first one present).
+  Result<GpuPool*> launcher() const;
+  // The resolver of a MEM-tier block (one device or interleaved), checked
+  // against the devices' kv carves; -ENODEV / -EUCLEAN / -EINVAL otherwise.
+  Result<PoolResolver> mem_resolver(const Loc& loc, const BlockKey& key) const;
+  // SSD blocks pinned at pins[at[k]]: read through the staging ring and
+  // scattered (every layer) on `stream`; status[at[k]] set on failure.
+  void staged_fetch(std::span<const KvPin> pins, std::span<const size_t> at, const PagedLayout& layout,
+                    std::span<const uint64_t> block_ids, void* stream, std::span<int32_t> status);
   KvStore& store_;
   std::vector<GpuPool*> devices_;
+};
+
+// A layer-wise load in progress (KvGpu::load_layers).  Destroying it
+// finishes it (waits for every group, then unpins).
+class LayerLoad {
+ public:
+  ~LayerLoad();
+  uint32_t layers() const { return layers_; }
+  uint32_t layers_per_group() const { return per_group_; }
+  size_t groups() const { return events_.size(); }
+  size_t blocks_loading() const { return loading_; }
+  // The cudaEvent_t recorded after the copies of the group holding `layer`
+  // (nullptr for a layer out of range).  Valid until finish().
+  void* event(uint32_t layer) const;
+  // Block the calling thread until `layer` is in place.
+  Result<void> wait_layer(uint32_t layer);
+  // Make later work on `stream` wait (on the GPU) until `layer` is in place.
+  Result<void> stream_wait_layer(uint32_t layer, void* stream);
+  // 0 when `layer` is in place, -EAGAIN when not yet.
+  Result<bool> layer_ready(uint32_t layer);
+  // Wait for every group, unpin, fill status (as get_many) and return how
+  // many blocks were loaded.  Once.
+  Result<size_t> finish(std::span<int32_t> status);
+
+ private:
+  friend class KvGpu;
+  LayerLoad(KvGpu kg, GpuPool* gp) : kg_(std::move(kg)), gp_(gp) {}
+  KvGpu kg_;
+  GpuPool* gp_;
+  uint32_t layers_ = 0, per_group_ = 1;
+  std::vector<void*> events_;
+  std::vector<KvPin> pins_;
+  std::vector<int32_t> status_;
+  size_t loading_ = 0;
+  bool finished_ = false;
+};
+
+// A layer-wise save in progress (KvGpu::save_layers).  Destroying it
+// unfinished aborts its reservations (after the enqueued DMA completed).
+class LayerSave {
+ public:
+  ~LayerSave();
+  uint32_t layers() const { return layers_; }
+  size_t blocks_reserved() const { return members_.size(); }
+  // Enqueue the gather of layer `layer` of every reserved block on `stream`
+  // (after the engine's work that produced it on that stream).  Each layer
+  // once; any order.
+  Result<void> save_layer(uint32_t layer, void* stream);
+  uint32_t layers_saved() const { return saved_count_; }
+  // Wait for every saved layer's DMA; publish the blocks (all layers saved)
+  // parents first, abort the rest (-ENODATA when layers are missing).
+  // status / return value as put_chain's.  Once.
+  Result<size_t> finish(std::span<int32_t> status);
+  // Abort every reservation (after the enqueued DMA completed).
+  void abort();
+
+ private:
+  friend class KvGpu;
+  LayerSave(KvGpu kg, GpuPool* gp) : kg_(std::move(kg)), gp_(gp) {}
+  Result<void> wait_all();
+  KvGpu kg_;
+  GpuPool* gp_;
+  PagedLayout layout_;
+  bool has_parent_ = false;
+  BlockKey parent_{};
+  std::vector<BlockKey> keys_;
+  std::vector<uint64_t> ids_;
+  std::vector<KvReservation> rs_;
+  std::vector<int32_t> status_;            // reserve_chain's
+  std::vector<size_t> members_;            // reserved blocks being written
+  std::vector<PoolResolver> resolvers_;    // per member
+  std::vector<int32_t> member_error_;      // per member: 0 or why it cannot be written
+  std::vector<uint8_t> saved_;             // per layer
+  uint32_t layers_ = 0, saved_count_ = 0;
+  std::vector<void*> events_;
+  bool done_ = false;
 };
 
 }  // namespace cxlkv::gpu

@@ -7,6 +7,7 @@
 // only after the stream has completed the gather.
 #include <algorithm>
 #include <cerrno>
+#include <cstdlib>
 #include <string>
 
 #include "cuda/cxlkv_cuda_abi.h"
@@ -119,6 +120,66 @@ Result<void> GpuPool::wait_enqueued(void* stream) {
   void* ev = nullptr;
   if (int rc = o.event_record(stream, &ev); rc < 0) return library().error(rc, "GPU wait: event record");
   if (int rc = o.event_wait(ev); rc < 0) return library().error(rc, "GPU wait: enqueued work failed");
+  return {};
+}
+
+}  // namespace cxlkv::gpu
+
+namespace cxlkv::gpu {
+
+// ---- staging ring (issue 15: SSD-tier blocks on the GPU path) -------------------
+
+GpuPool::~GpuPool() { staging_free(); }
+
+void GpuPool::staging_free() {
+  if (!staging_host_) return;
+  const cxlkv_cuda_ops& o = library().ops();
+  for (void*& e : staging_event_) {
+    if (!e) continue;
+    (void)o.event_sync(e);  // the DMA reading the slot is done before the memory goes
+    (void)o.event_destroy(e);
+    e = nullptr;
+  }
+  (void)o.host_unregister(staging_host_);
+  std::free(staging_host_);
+  staging_host_ = nullptr;
+  staging_dev_ = staging_slot_bytes_ = 0;
+}
+
+Result<GpuPool::StagingSlot> GpuPool::staging_acquire(uint64_t bytes) {
+  CXLKV_TRY(select_device());
+  const cxlkv_cuda_ops& o = library().ops();
+  if (bytes > staging_slot_bytes_) {
+    staging_free();
+    uint64_t slot = std::max<uint64_t>(kStagingSlotBytes, (bytes + 4095) / 4096 * 4096);
+    void* p = std::aligned_alloc(4096, slot * kStagingSlots);  // O_DIRECT-friendly
+    if (!p) return Error(-ENOMEM, "GPU staging ring: " + std::to_string(slot * kStagingSlots) + " bytes");
+    uint64_t dev = 0;
+    if (int rc = o.host_register(p, slot * kStagingSlots, 0, &dev); rc < 0) {
+      std::free(p);
+      return library().error(rc, "GPU staging ring: pin " + std::to_string(slot * kStagingSlots) + " bytes");
+    }
+    staging_host_ = static_cast<std::byte*>(p);
+    staging_dev_ = dev;
+    staging_slot_bytes_ = slot;
+    staging_next_ = 0;
+  }
+  const size_t i = staging_next_++ % kStagingSlots;
+  if (void*& e = staging_event_[i]) {  // the slot's previous DMA must be done before it is overwritten
+    int rc = o.event_sync(e);
+    (void)o.event_destroy(e);
+    e = nullptr;
+    if (rc < 0) return library().error(rc, "GPU staging ring: earlier copy from slot " + std::to_string(i));
+  }
+  return StagingSlot{staging_host_ + i * staging_slot_bytes_, staging_dev_ + i * staging_slot_bytes_,
+                     staging_slot_bytes_, i};
+}
+
+Result<void> GpuPool::staging_release(const StagingSlot& s, void* stream) {
+  void* ev = nullptr;
+  if (int rc = library().ops().event_record(stream, &ev); rc < 0)
+    return library().error(rc, "GPU staging ring: event after slot " + std::to_string(s.index));
+  staging_event_[s.index] = ev;
   return {};
 }
 

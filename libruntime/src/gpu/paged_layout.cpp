@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: MIT
 // Engine KV layouts on the GPU and the descriptor batches that move whole
 // blocks between them and pool blocks.
+#include <algorithm>
 #include <cerrno>
 #include <string>
 
@@ -98,6 +99,44 @@ void block_slices(const PagedLayout& layout, uint64_t block_id, std::vector<Devi
   }
 }
 
+Result<void> plan_block(const PagedLayout& layout, uint64_t block_id, uint32_t layer_lo, uint32_t layer_hi,
+                        const PoolResolver& pool, Direction dir, std::vector<cxlkv_copy_desc>& out) {
+  if (block_id >= layout.num_blocks)
+    return Error(-EINVAL, "GPU transfer: block id " + std::to_string(block_id) + " is out of range (layout has " +
+                              std::to_string(layout.num_blocks) + " blocks)");
+  if (layer_lo >= layer_hi || layer_hi > layout.num_layers)
+    return Error(-EINVAL, "GPU transfer: layers [" + std::to_string(layer_lo) + ", " + std::to_string(layer_hi) +
+                              ") outside the layout's " + std::to_string(layout.num_layers));
+  const uint64_t n = layout.chunk_bytes();
+  const uint64_t off = block_id * layout.stride();
+  // GPU side of the layers, in pool order (layer, K|V), adjacent slices merged.
+  std::vector<DevicePiece> gpu;
+  if (layout.kind == LayoutKind::block_first) {
+    gpu.push_back({layout.tensors[0] + off + 2ull * layer_lo * n, 2ull * (layer_hi - layer_lo) * n});
+  } else {
+    for (uint32_t t = 2 * layer_lo; t < 2 * layer_hi; t++) {
+      const uint64_t dev = layout.tensors[t] + off;
+      if (!gpu.empty() && gpu.back().dev + gpu.back().len == dev) gpu.back().len += n;
+      else gpu.push_back({dev, n});
+    }
+  }
+  std::vector<DevicePiece> pl;
+  CXLKV_TRY(pool(2ull * layer_lo * n, 2ull * (layer_hi - layer_lo) * n, pl));
+  // Zip the two piece lists: a descriptor ends wherever either side's piece ends.
+  size_t a = 0, b = 0;
+  uint64_t ia = 0, ib = 0;
+  while (a < gpu.size() && b < pl.size()) {
+    const uint64_t len = std::min(gpu[a].len - ia, pl[b].len - ib);
+    const uint64_t g = gpu[a].dev + ia, p = pl[b].dev + ib;
+    out.push_back(dir == Direction::gather ? cxlkv_copy_desc{g, p, len} : cxlkv_copy_desc{p, g, len});
+    if ((ia += len) == gpu[a].len) a++, ia = 0;
+    if ((ib += len) == pl[b].len) b++, ib = 0;
+  }
+  if (a != gpu.size() || b != pl.size())
+    return Error(-EINVAL, "GPU transfer of block " + std::to_string(block_id) + ": pool pieces do not cover its bytes");
+  return {};
+}
+
 Result<std::vector<cxlkv_copy_desc>> plan_blocks(const PagedLayout& layout, std::span<const uint64_t> block_ids,
                                                  std::span<const uint64_t> pool_offs, const PoolPin& pin,
                                                  Direction dir) {
@@ -107,27 +146,24 @@ Result<std::vector<cxlkv_copy_desc>> plan_blocks(const PagedLayout& layout, std:
                               std::to_string(pool_offs.size()) + " pool blocks");
   std::vector<cxlkv_copy_desc> descs;
   descs.reserve(block_ids.size() * (layout.kind == LayoutKind::layer_first ? 2 * layout.num_layers : 1));
-  std::vector<DevicePiece> gpu, pool;
   for (size_t i = 0; i < block_ids.size(); i++) {
-    if (block_ids[i] >= layout.num_blocks)
-      return Error(-EINVAL, "GPU transfer: block id " + std::to_string(block_ids[i]) + " is out of range (layout has " +
-                                std::to_string(layout.num_blocks) + " blocks)");
-    gpu.clear();
-    pool.clear();
-    block_slices(layout, block_ids[i], gpu);
-    if (auto r = pin.to_device(pool_offs[i], layout.block_bytes(), pool); !r)
-      return Error(r.error().code(), "GPU transfer of block " + std::to_string(block_ids[i]) + ": " +
-                                         r.error().message());
-    // Zip the two piece lists: a descriptor ends wherever either side's piece ends.
-    size_t a = 0, b = 0;
-    uint64_t ia = 0, ib = 0;
-    while (a < gpu.size() && b < pool.size()) {
-      const uint64_t n = std::min(gpu[a].len - ia, pool[b].len - ib);
-      const uint64_t g = gpu[a].dev + ia, p = pool[b].dev + ib;
-      descs.push_back(dir == Direction::gather ? cxlkv_copy_desc{g, p, n} : cxlkv_copy_desc{p, g, n});
-      if ((ia += n) == gpu[a].len) a++, ia = 0;
-      if ((ib += n) == pool[b].len) b++, ib = 0;
+    const uint64_t base = pool_offs[i];
+    PoolResolver r = [&pin, base](uint64_t x, uint64_t len, std::vector<DevicePiece>& out) -> Result<void> {
+      if (base > UINT64_MAX - x) return Error(-ERANGE, "pool offset overflows");
+      return pin.to_device(base + x, len, out);
+    };
+    if (block_ids[i] < layout.num_blocks) {
+      // The whole block's range first, so a block partly outside the pool is refused before any planning.
+      if (base > pin.size() || layout.block_bytes() > pin.size() - base)
+        return Error(-ERANGE, "GPU transfer of block " + std::to_string(block_ids[i]) + ": pool range " +
+                                  std::to_string(base) + "+" + std::to_string(layout.block_bytes()) +
+                                  " is outside the pinned " + std::to_string(pin.size()) + " bytes");
     }
+    if (auto p = plan_block(layout, block_ids[i], 0, layout.num_layers, r, dir, descs); !p)
+      return Error(p.error().code(), p.error().message().rfind("GPU transfer", 0) == 0
+                                         ? p.error().message()
+                                         : "GPU transfer of block " + std::to_string(block_ids[i]) + ": " +
+                                               p.error().message());
   }
   return descs;
 }
