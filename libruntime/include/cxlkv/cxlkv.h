@@ -404,7 +404,8 @@ int cxlkv_kv_get_many(struct cxlkv_kv *kv, const struct cxlkv_kv_key *keys, size
  * cxlkv_kv_put_chain / cxlkv_kv_get_many.  put_chain waits for the DMA
  * (stream) before it publishes anything (rule 5); get_many returns after the
  * copies completed (the pins are held until then).  Blocks on the SSD tier
- * or interleaved over several devices fail with -EOPNOTSUPP.
+ * come through a pinned staging ring, interleaved blocks through their
+ * stripe map (issue 15).
  */
 int cxlkv_kv_gpu_put_chain(struct cxlkv_kv *kv, struct cxlkv_gpu *gpu, const struct cxlkv_gpu_layout *layout,
 			   const struct cxlkv_kv_key *parent, const struct cxlkv_kv_key *keys,
@@ -412,6 +413,44 @@ int cxlkv_kv_gpu_put_chain(struct cxlkv_kv *kv, struct cxlkv_gpu *gpu, const str
 int cxlkv_kv_gpu_get_many(struct cxlkv_kv *kv, struct cxlkv_gpu *gpu, const struct cxlkv_gpu_layout *layout,
 			  const struct cxlkv_kv_key *keys, const uint64_t *block_ids, size_t n, void *stream,
 			  int32_t *status);
+
+/* ---- GPU path: layer-wise load and save (issue 15) ---------------------------
+ * Load: pins the blocks and enqueues on `stream`, group by group, layers
+ * [g*L, (g+1)*L) (L = layers_per_group, 0: one group) of every block, with
+ * a CUDA event after each group, so layer 0 is usable while later layers
+ * still travel (vLLM's wait_for_layer_load).  Returns the number of blocks
+ * being loaded; status[i] 0, CXLKV_KV_MISS or -errno for the others.  Wait
+ * per layer on the host (load_wait) or on the GPU (load_stream_wait: later
+ * work on `stream` waits), or take the event (cudaEvent_t, valid until
+ * finish).  finish waits for every group, unpins, fills status (as
+ * cxlkv_kv_gpu_get_many), frees the handle and returns how many were loaded.
+ * Save: reserves the chain (status as cxlkv_kv_reserve_chain; returns how
+ * many blocks are RESERVED or EXISTS); save_layer(l, stream) gathers layer l
+ * of every reserved block, enqueued on `stream` after the work that produced
+ * it; finish waits for every layer's DMA and only then publishes (rule 5),
+ * parents first; blocks whose layers were not all saved are aborted
+ * (-ENODATA).  Returns as cxlkv_kv_gpu_put_chain; frees the handle.  abort
+ * releases every reservation and frees the handle.  SSD-tier blocks are
+ * loaded whole before the first group's event; interleaved blocks go
+ * through their stripe map.  One thread at a time per kv handle. */
+struct cxlkv_gpu_load;
+struct cxlkv_gpu_save;
+int   cxlkv_kv_gpu_load_layers(struct cxlkv_kv *kv, struct cxlkv_gpu *gpu, const struct cxlkv_gpu_layout *layout,
+			       const struct cxlkv_kv_key *keys, const uint64_t *block_ids, size_t n,
+			       uint32_t layers_per_group, void *stream, int32_t *status,
+			       struct cxlkv_gpu_load **out);
+int   cxlkv_gpu_load_groups(struct cxlkv_gpu_load *load);
+int   cxlkv_gpu_load_wait(struct cxlkv_gpu_load *load, uint32_t layer);
+int   cxlkv_gpu_load_stream_wait(struct cxlkv_gpu_load *load, uint32_t layer, void *stream);
+int   cxlkv_gpu_load_ready(struct cxlkv_gpu_load *load, uint32_t layer); /* 1 ready, 0 not yet, -errno */
+void *cxlkv_gpu_load_event(struct cxlkv_gpu_load *load, uint32_t layer);
+int   cxlkv_gpu_load_finish(struct cxlkv_gpu_load *load, int32_t *status);
+int   cxlkv_kv_gpu_save_begin(struct cxlkv_kv *kv, struct cxlkv_gpu *gpu, const struct cxlkv_gpu_layout *layout,
+			      const struct cxlkv_kv_key *parent, const struct cxlkv_kv_key *keys,
+			      const uint64_t *block_ids, size_t n, int32_t *status, struct cxlkv_gpu_save **out);
+int   cxlkv_gpu_save_layer(struct cxlkv_gpu_save *save, uint32_t layer, void *stream);
+int   cxlkv_gpu_save_finish(struct cxlkv_gpu_save *save, int32_t *status);
+void  cxlkv_gpu_save_abort(struct cxlkv_gpu_save *save);
 
 /* ---- handoff leases ----------------------------------------------------
  * A producer leases published blocks for a consumer (consumer_id: e.g. the

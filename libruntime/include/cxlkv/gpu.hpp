@@ -290,7 +290,9 @@ class GpuPool {
   Result<StagingSlot> staging_acquire(uint64_t bytes);
   Result<void> staging_release(const StagingSlot& s, void* stream);
   static constexpr size_t kStagingSlots = 4;
-  static constexpr uint64_t kStagingSlotBytes = 16ull << 20;  // at least this much per slot
+  static constexpr uint64_t kStagingSlotBytes = 16ull << 20;  // default least bytes per slot
+  // Least bytes per slot (tests use small slots to make the ring turn over).
+  void set_staging_slot_bytes(uint64_t b) { staging_min_slot_ = b; }
 
   // GPU tensors -> pool blocks / pool blocks -> GPU tensors: one launch,
   // enqueued on `stream` (cudaStream_t; nullptr = default stream).
@@ -319,6 +321,7 @@ class GpuPool {
   uint64_t staging_dev_ = 0, staging_slot_bytes_ = 0;
   void* staging_event_[kStagingSlots] = {};
   size_t staging_next_ = 0;
+  uint64_t staging_min_slot_ = kStagingSlotBytes;
 };
 
 // ---- the KV store on the GPU path -----------------------------------------------

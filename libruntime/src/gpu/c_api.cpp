@@ -231,3 +231,168 @@ int cxlkv_kv_gpu_get_many(cxlkv_kv* kv, cxlkv_gpu* g, const cxlkv_gpu_layout* la
                       });
 }
 }  // extern "C"
+
+// ---- layer-wise load and save (issue 15) ----------------------------------------
+
+struct cxlkv_gpu_load {
+  std::unique_ptr<cxlkv::gpu::LayerLoad> load;
+  size_t n = 0;
+};
+struct cxlkv_gpu_save {
+  std::unique_ptr<cxlkv::gpu::LayerSave> save;
+  size_t n = 0;
+};
+
+namespace {
+// Arguments shared by the layer-wise entry points: the store (checked to be
+// the one the gpu was opened over), the layout and the keys.
+struct LayerArgs {
+  cxlkv::KvStore* store = nullptr;
+  gpu::PagedLayout layout;
+  std::vector<cxlkv::BlockKey> keys;
+};
+int layer_args(const char* fn, cxlkv_kv* kv, cxlkv_gpu* g, const cxlkv_gpu_layout* layout, const cxlkv_kv_key* keys,
+               const uint64_t* ids, size_t n, void* out, LayerArgs& a) {
+  auto bad = [&](const std::string& m) { return fail(Error(-EINVAL, std::string(fn) + ": " + m)); };
+  if (!out) return bad("out is NULL");
+  if (!kv || !g || !layout) return bad("kv, gpu and layout are required");
+  if (layout->size < sizeof(cxlkv_gpu_layout)) return bad("layout.size is too small");
+  if (n > INT_MAX) return bad("too many blocks");
+  if (n && (!keys || !ids)) return bad("keys and block_ids are required");
+  a.store = &cxlkv::capi::kv_store(kv);
+  const auto& devs = a.store->devices();
+  if (devs.empty() || g->pool->pin().base() != devs[0].base)
+    return bad("gpu is not opened over this kv's pool (cxlkv_gpu_open_pool with the pool given to cxlkv_kv_open)");
+  a.layout = gpu::PagedLayout::from_c(*layout);
+  a.keys.resize(n);
+  for (size_t i = 0; i < n; i++) a.keys[i] = cxlkv::BlockKey{keys[i].lo, keys[i].hi};
+  return 0;
+}
+}  // namespace
+
+extern "C" {
+
+int cxlkv_kv_gpu_load_layers(cxlkv_kv* kv, cxlkv_gpu* g, const cxlkv_gpu_layout* layout, const cxlkv_kv_key* keys,
+                             const uint64_t* block_ids, size_t n, uint32_t layers_per_group, void* stream,
+                             int32_t* status, cxlkv_gpu_load** out) {
+  return guarded("cxlkv_kv_gpu_load_layers", [&] {
+    if (out) *out = nullptr;
+    LayerArgs a;
+    if (int rc = layer_args("cxlkv_kv_gpu_load_layers", kv, g, layout, keys, block_ids, n, out, a)) return rc;
+    std::vector<int32_t> scratch;
+    if (!status) {
+      scratch.resize(n);
+      status = scratch.data();
+    }
+    gpu::KvGpu kg(*a.store, {g->pool.get()});
+    auto l = kg.load_layers(a.keys, a.layout, {block_ids, n}, stream,
+                            layers_per_group ? layers_per_group : a.layout.num_layers, {status, n});
+    if (!l) return fail(Error(l.error().code(), "cxlkv_kv_gpu_load_layers: " + l.error().message()));
+    const int loading = static_cast<int>(l.value()->blocks_loading());
+    *out = new cxlkv_gpu_load{std::move(l.value()), n};
+    cxlkv::capi::clear_error();
+    return loading;
+  });
+}
+
+int cxlkv_gpu_load_groups(cxlkv_gpu_load* load) {
+  if (!load) return fail(Error(-EINVAL, "cxlkv_gpu_load_groups: load is NULL"));
+  return static_cast<int>(load->load->groups());
+}
+
+int cxlkv_gpu_load_wait(cxlkv_gpu_load* load, uint32_t layer) {
+  return guarded("cxlkv_gpu_load_wait", [&] {
+    if (!load) return fail(Error(-EINVAL, "cxlkv_gpu_load_wait: load is NULL"));
+    return check(load->load->wait_layer(layer));
+  });
+}
+
+int cxlkv_gpu_load_stream_wait(cxlkv_gpu_load* load, uint32_t layer, void* stream) {
+  return guarded("cxlkv_gpu_load_stream_wait", [&] {
+    if (!load) return fail(Error(-EINVAL, "cxlkv_gpu_load_stream_wait: load is NULL"));
+    return check(load->load->stream_wait_layer(layer, stream));
+  });
+}
+
+int cxlkv_gpu_load_ready(cxlkv_gpu_load* load, uint32_t layer) {
+  return guarded("cxlkv_gpu_load_ready", [&] {
+    if (!load) return fail(Error(-EINVAL, "cxlkv_gpu_load_ready: load is NULL"));
+    auto r = load->load->layer_ready(layer);
+    if (!r) return fail(r.error());
+    return r.value() ? 1 : 0;
+  });
+}
+
+void* cxlkv_gpu_load_event(cxlkv_gpu_load* load, uint32_t layer) { return load ? load->load->event(layer) : nullptr; }
+
+int cxlkv_gpu_load_finish(cxlkv_gpu_load* load, int32_t* status) {
+  return guarded("cxlkv_gpu_load_finish", [&] {
+    if (!load) return fail(Error(-EINVAL, "cxlkv_gpu_load_finish: load is NULL"));
+    std::unique_ptr<cxlkv_gpu_load> own(load);
+    std::vector<int32_t> scratch;
+    if (!status) {
+      scratch.resize(own->n);
+      status = scratch.data();
+    }
+    auto r = own->load->finish({status, own->n});
+    if (!r) return fail(r.error());
+    cxlkv::capi::clear_error();
+    return static_cast<int>(r.value());
+  });
+}
+
+int cxlkv_kv_gpu_save_begin(cxlkv_kv* kv, cxlkv_gpu* g, const cxlkv_gpu_layout* layout, const cxlkv_kv_key* parent,
+                            const cxlkv_kv_key* keys, const uint64_t* block_ids, size_t n, int32_t* status,
+                            cxlkv_gpu_save** out) {
+  return guarded("cxlkv_kv_gpu_save_begin", [&] {
+    if (out) *out = nullptr;
+    LayerArgs a;
+    if (int rc = layer_args("cxlkv_kv_gpu_save_begin", kv, g, layout, keys, block_ids, n, out, a)) return rc;
+    std::vector<int32_t> scratch;
+    if (!status) {
+      scratch.resize(n);
+      status = scratch.data();
+    }
+    cxlkv::BlockKey pk = parent ? cxlkv::BlockKey{parent->lo, parent->hi} : cxlkv::BlockKey{};
+    gpu::KvGpu kg(*a.store, {g->pool.get()});
+    auto s = kg.save_layers(parent ? &pk : nullptr, a.keys, a.layout, {block_ids, n}, {status, n});
+    if (!s) return fail(Error(s.error().code(), "cxlkv_kv_gpu_save_begin: " + s.error().message()));
+    int ok = 0;
+    for (size_t i = 0; i < n; i++) ok += status[i] == CXLKV_KV_RESERVED || status[i] == CXLKV_KV_EXISTS;
+    *out = new cxlkv_gpu_save{std::move(s.value()), n};
+    cxlkv::capi::clear_error();
+    return ok;
+  });
+}
+
+int cxlkv_gpu_save_layer(cxlkv_gpu_save* save, uint32_t layer, void* stream) {
+  return guarded("cxlkv_gpu_save_layer", [&] {
+    if (!save) return fail(Error(-EINVAL, "cxlkv_gpu_save_layer: save is NULL"));
+    return check(save->save->save_layer(layer, stream));
+  });
+}
+
+int cxlkv_gpu_save_finish(cxlkv_gpu_save* save, int32_t* status) {
+  return guarded("cxlkv_gpu_save_finish", [&] {
+    if (!save) return fail(Error(-EINVAL, "cxlkv_gpu_save_finish: save is NULL"));
+    std::unique_ptr<cxlkv_gpu_save> own(save);
+    std::vector<int32_t> scratch;
+    if (!status) {
+      scratch.resize(own->n);
+      status = scratch.data();
+    }
+    auto r = own->save->finish({status, own->n});
+    if (!r) return fail(r.error());
+    cxlkv::capi::clear_error();
+    return static_cast<int>(r.value());
+  });
+}
+
+void cxlkv_gpu_save_abort(cxlkv_gpu_save* save) {
+  try {
+    delete save;  // LayerSave's destructor aborts (after the enqueued DMA)
+  } catch (...) {
+  }
+}
+
+}  // extern "C"

@@ -151,7 +151,7 @@ Result<GpuPool::StagingSlot> GpuPool::staging_acquire(uint64_t bytes) {
   const cxlkv_cuda_ops& o = library().ops();
   if (bytes > staging_slot_bytes_) {
     staging_free();
-    uint64_t slot = std::max<uint64_t>(kStagingSlotBytes, (bytes + 4095) / 4096 * 4096);
+    uint64_t slot = std::max<uint64_t>(staging_min_slot_, (bytes + 4095) / 4096 * 4096);
     void* p = std::aligned_alloc(4096, slot * kStagingSlots);  // O_DIRECT-friendly
     if (!p) return Error(-ENOMEM, "GPU staging ring: " + std::to_string(slot * kStagingSlots) + " bytes");
     uint64_t dev = 0;

@@ -41,7 +41,7 @@ Result<GpuPool*> KvGpu::launcher() const {
   for (GpuPool* g : devices_) {
     if (!g) continue;
     if (!first) first = g;
-    else if (&g->library() != &first->library() || g->device() != first->device())
+    else if (&g->library().ops() != &first->library().ops() || g->device() != first->device())
       return Error(-EINVAL, "GPU path: the pool devices' GpuPools are on different GPUs or libraries");
   }
   if (!first) return Error(-ENODEV, "GPU path: no pool device has a pinned GpuPool");
