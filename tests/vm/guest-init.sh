@@ -16,6 +16,7 @@ FUZZ=$(arg fuzz)
 N=$(arg n)
 BINS=$(arg bins | tr , ' ')
 NOLOCK=$(arg nolock)
+RPC_N=$(arg rpc)
 KO=/cxlkv/cxlkv.ko
 
 step() { # step NAME COMMAND...
@@ -158,11 +159,13 @@ ivshmem)
 twohost0)
 	step insmod-node0 load node_id=0 format=1
 	step twohost cxlkv_vmtest twohost /dev/cxlkv0 0 "$N" $NOLOCK
+	[ -n "$RPC_N" ] && step rpc rpc_node_helper vmserver dev:/dev/cxlkv0 0 "$RPC_N"
 	step rmmod rmmod cxlkv
 	;;
 twohost1)
 	step insmod-node1 load node_id=1
 	step twohost cxlkv_vmtest twohost /dev/cxlkv0 1 "$N" $NOLOCK
+	[ -n "$RPC_N" ] && step rpc rpc_node_helper vmclient dev:/dev/cxlkv0 1 "$RPC_N"
 	step rmmod rmmod cxlkv
 	;;
 *)

@@ -12,7 +12,10 @@
 #               ABI checks and the runtime tests
 #   3. twohost  two guests on one ivshmem file: data written in one is read
 #               in the other; a counter bumped N times by each under the
-#               cross-host lock ends at exactly 2N
+#               cross-host lock ends at exactly 2N; then the shared-memory RPC
+#               (rpc_node_helper): guest 0 formats the pool with an rpc carve
+#               and serves, guest 1 calls it RPC_N times at queue depth 1 and
+#               RPC_N times at depth 16 and checks every reply
 # Every guest fails the step on BUG/WARNING/Oops in dmesg; panic_on_warn and
 # oops=panic make such a guest stop at once.  Every qemu run has a timeout.
 #
@@ -90,6 +93,14 @@ for b in "$BUILD/tools/cxlkvctl" "$BUILD/tests/dev_backend_test" "$BUILD/tests/l
 	fi
 done
 [ -n "$RUNTIME_BINS" ] || say "no runtime binaries in $BUILD (run 'make build' first): runtime steps skipped"
+# The shared-memory RPC between the two hosts (issue 17): one guest serves, the other calls.
+RPC_STEPS=""
+if [ -x "$BUILD/tests/rpc_node_helper" ]; then
+	copy_with_libs "$BUILD/tests/rpc_node_helper"
+	RPC_STEPS="rpc"
+else
+	say "no rpc_node_helper in $BUILD: the two-host rpc step is skipped"
+fi
 (cd "$R" && find . | cpio -o -H newc --quiet | gzip -1) >"$WORK/initramfs.gz"
 
 # ---- guests ----------------------------------------------------------------------
@@ -143,7 +154,7 @@ rc=0
 "$ROOT/tests/vm/dkms-check.sh" || rc=$?
 case $rc in 0|77) ;; *) FAILED=1 ;; esac
 
-ARGS="vmtest.fuzz=$FUZZ_ITERS vmtest.n=$TWOHOST_N ${VMTEST_NOLOCK:+vmtest.nolock=nolock} vmtest.bins=$(echo $RUNTIME_BINS | tr ' ' ,)"
+ARGS="vmtest.fuzz=$FUZZ_ITERS vmtest.n=$TWOHOST_N ${VMTEST_NOLOCK:+vmtest.nolock=nolock} vmtest.bins=$(echo $RUNTIME_BINS | tr ' ' ,) ${RPC_STEPS:+vmtest.rpc=${RPC_N:-200}}"
 RT_STEPS=""
 for b in $RUNTIME_BINS; do RT_STEPS="$RT_STEPS runtime-$b"; done
 
@@ -168,9 +179,10 @@ P0=$!
 boot twohost1 "vmtest.run=twohost1 $ARGS" $(ivshmem_dev "$SHM") &
 P1=$!
 wait $P0 $P1 || true
-check twohost0 insmod-node0 twohost rmmod dmesg
-check twohost1 insmod-node1 twohost rmmod dmesg
+check twohost0 insmod-node0 twohost $RPC_STEPS rmmod dmesg
+check twohost1 insmod-node1 twohost $RPC_STEPS rmmod dmesg
 grep -h '^twohost:' "$WORK"/twohost?.log || true
+grep -h '^rpc:' "$WORK"/twohost?.log || true
 fi
 
 say "done in $(( $(date +%s) - T0 )) s"
