@@ -5,6 +5,10 @@
 // in both: the same per-block statuses, locations and chain semantics.
 #include <gtest/gtest.h>
 
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <chrono>
 #include <thread>
 
@@ -202,6 +206,51 @@ TEST_P(IndexModes, BatchesLargerThanOneRequestKeepChainSemantics) {
   ASSERT_TRUE(q);
   EXPECT_EQ(q.value(), n);
   for (size_t i = 0; i < n; i += 97) EXPECT_EQ(pins[i].loc.offset, res[i].loc.offset) << i;
+}
+
+// cxlkvd --index-service: the daemon that manages the locks also owns the
+// index; another process reserves, publishes and pins through it.
+TEST(IndexServiceDaemon, CxlkvdServesTheIndexToAnotherProcess) {
+  RpcPool pool("ixs-daemon", 64ull << 20, {{kIndexServiceCarve, kIndexServiceCarveBytes}});
+  const char* tools = std::getenv("CXLKV_TEST_TOOLS");
+  std::string cxlkvd = std::string(tools ? tools : "tools") + "/cxlkvd";
+  pid_t pid = fork();
+  if (pid == 0) {
+    execl(cxlkvd.c_str(), "cxlkvd", "--pool", pool.uri.c_str(), "--node", "0", "--foreground", "--metrics-listen",
+          "none", "--index-service", static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  ASSERT_GT(pid, 0);
+  NodeContext& me = pool.attach(1);
+  std::unique_ptr<IndexServiceClient> cl;
+  std::string last;
+  for (int i = 0; i < 200 && !cl; i++) {
+    auto c = IndexServiceClient::connect(me);
+    if (c) cl = std::move(c.value());
+    else {
+      last = c.error().message();
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+  }
+  ASSERT_TRUE(cl) << "no index service from cxlkvd: " << last;
+  std::vector<BlockKey> keys = {{11, 1}, {12, 1}, {13, 1}};
+  std::vector<Reservation> res(3);
+  std::vector<int32_t> st(3, 99);
+  auto r = cl->reserve_chain(nullptr, keys, 2048, res, st);
+  ASSERT_TRUE(r) << r.error().message();
+  EXPECT_EQ(r.value(), 3u);
+  std::vector<uint32_t> slots = {res[0].slot, res[1].slot, res[2].slot};
+  ASSERT_TRUE(cl->publish_many(slots, keys, st));
+  std::vector<PinnedBlock> pins(3);
+  auto p = cl->pin_many(keys, pins, st);
+  ASSERT_TRUE(p);
+  EXPECT_EQ(p.value(), 3u);
+  EXPECT_EQ(pins[2].loc.offset, res[2].loc.offset);
+  cl.reset();
+  kill(pid, SIGTERM);
+  int wst = 0;
+  waitpid(pid, &wst, 0);
+  EXPECT_TRUE(WIFEXITED(wst) && WEXITSTATUS(wst) == 0) << "cxlkvd exit status " << wst;
 }
 
 INSTANTIATE_TEST_SUITE_P(BothModes, IndexModes, ::testing::Values(Mode::locks, Mode::service),

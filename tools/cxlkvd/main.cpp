@@ -19,6 +19,7 @@
 #include "cxlkv/region.hpp"
 #include "cxlkv/sync.hpp"
 #include "metrics_http.hpp"
+#include "rpc/index_service.hpp"
 #include "cxlkv/version.h"
 
 namespace {
@@ -49,7 +50,7 @@ uint64_t number(const char* opt, const char* v, uint64_t max) {
 void usage() {
   std::printf(
       "usage: cxlkvd --pool URI [--node N] [--lease-ms MS] [--max-sleep-us US] [--wait] [--foreground]\n"
-      "              [--metrics-listen ADDR:PORT|none]\n\n"
+      "              [--metrics-listen ADDR:PORT|none] [--index-service]\n\n"
       "Runs the lock manager of a cxlkv pool: grants the global tier of every\n"
       "cross-host lock, round-robin among waiting nodes.  One manager per pool:\n"
       "a second cxlkvd refuses (exit 3) while the first renews its lease, and\n"
@@ -64,6 +65,8 @@ void usage() {
       "  --metrics-listen ADDR:PORT|none\n"
       "                      serve the pool's Prometheus metrics at http://ADDR:PORT/metrics\n"
       "                      (default %s; port 0: any free port; none: no endpoint)\n"
+      "  --index-service     also own the prefix index and serve its batched calls over the\n"
+      "                      shared-memory RPC (the pool needs an 'rpc.index' carve)\n"
       "  -h, --help          this text\n"
       "  --version           print the version\n\n"
       "SIGTERM / SIGINT: stop granting, free the lease, exit 0.\n",
@@ -98,6 +101,7 @@ int main(int argc, char** argv) {
   std::string pool = std::getenv("CXLKV_POOL") ? std::getenv("CXLKV_POOL") : "";
   cxlkv::LockManagerOptions mo;
   bool foreground = false;
+  bool index_service = false;
   std::string metrics_listen = cxlkvd::kDefaultMetricsListen;
   bool metrics_explicit = false;
   for (int i = 1; i < argc; i++) {
@@ -128,6 +132,8 @@ int main(int argc, char** argv) {
     } else if (a == "--metrics-listen") {
       metrics_listen = next("--metrics-listen");
       metrics_explicit = true;
+    } else if (a == "--index-service") {
+      index_service = true;
     } else if (a == "--foreground" || a == "-f") {
       foreground = true;
     } else {
@@ -183,6 +189,22 @@ int main(int argc, char** argv) {
   if (metrics_explicit && metrics_at.enabled && !metrics) {
     mgr.value()->release_lease();
     return 1;
+  }
+  // Issue 17: the index service runs beside the lock manager (its stripe
+  // locks are granted by the manager of this very process).
+  std::unique_ptr<cxlkv::IndexServiceHost> index_svc;
+  if (index_service) {
+    mgr.value()->start();
+    auto h = cxlkv::IndexServiceHost::start(*region.value(), mo.node);
+    mgr.value()->stop();
+    if (!h) {
+      std::fprintf(stderr, "cxlkvd: index service: %s\n", h.error().message().c_str());
+      mgr.value()->release_lease();
+      return 1;
+    }
+    index_svc = std::move(h.value());
+    std::fprintf(stderr, "cxlkvd: serving the prefix index of %s (rpc epoch %u)\n", pool.c_str(),
+                 index_svc->service().server().epoch());
   }
   std::fprintf(stderr, "cxlkvd: managing locks of %s (epoch %lu)\n", pool.c_str(),
                static_cast<unsigned long>(mgr.value()->stats().epoch));

@@ -146,6 +146,30 @@ Result<std::unique_ptr<IndexService>> IndexService::create(NodeContext& node, Pr
   return svc;
 }
 
+Result<std::unique_ptr<IndexServiceHost>> IndexServiceHost::start(Region& pool, uint32_t node) {
+  auto h = std::unique_ptr<IndexServiceHost>(new IndexServiceHost);
+  NodeOptions no;
+  no.node = node;
+  no.heartbeat = true;  // clients on other hosts judge the server by its heartbeat
+  auto n = NodeContext::attach(pool, no);
+  if (!n) return n.error();
+  h->node_ = std::move(n.value());
+  auto kv = open_kv_session(pool, *h->node_);
+  if (!kv) return kv.error();
+  h->session_ = std::move(kv.value());
+  auto svc = IndexService::create(*h->node_, h->session_->store().index());
+  if (!svc) return svc.error();
+  h->service_ = std::move(svc.value());
+  h->service_->server().start();
+  return h;
+}
+
+IndexServiceHost::~IndexServiceHost() {
+  service_.reset();  // stops the polling thread, marks the server STOPPED
+  session_.reset();
+  node_.reset();
+}
+
 Result<std::unique_ptr<IndexServiceClient>> IndexServiceClient::connect(NodeContext& node,
                                                                       const RpcClientOptions& base) {
   RpcClientOptions o = base;

@@ -22,6 +22,7 @@
 #include <memory>
 #include <span>
 
+#include "cxlkv/kv.hpp"
 #include "cxlkv/rpc.hpp"
 #include "index/prefix_index.hpp"
 
@@ -46,6 +47,22 @@ class IndexService {
 
  private:
   std::unique_ptr<RpcServer> server_;
+};
+
+// A process that hosts the service (cxlkvd --index-service): attaches as
+// `node`, opens the node's KV session (stripe locks, heap, liveness) and
+// serves its index on a polling thread until destroyed.
+class IndexServiceHost {
+ public:
+  static Result<std::unique_ptr<IndexServiceHost>> start(Region& pool, uint32_t node);
+  ~IndexServiceHost();
+  IndexService& service() { return *service_; }
+
+ private:
+  IndexServiceHost() = default;
+  std::unique_ptr<NodeContext> node_;
+  std::unique_ptr<KvSession> session_;
+  std::unique_ptr<IndexService> service_;
 };
 
 // Client side: the batch calls of PrefixIndex (CONTRACTS.md), answered by
