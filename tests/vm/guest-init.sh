@@ -103,6 +103,13 @@ lock_kill_checks() {
 	[ $rc = 4 ]
 }
 
+# The RPC helper attaches as a node: node-local state lives in /dev/shm.
+rpc_helper() {
+	mkdir -p /dev/shm
+	grep -q ' /dev/shm ' /proc/mounts || mount -t tmpfs tmpfs /dev/shm || return 1
+	rpc_node_helper "$@"
+}
+
 runtime_steps() {
 	for b in $BINS; do
 		case $b in
@@ -159,13 +166,13 @@ ivshmem)
 twohost0)
 	step insmod-node0 load node_id=0 format=1
 	step twohost cxlkv_vmtest twohost /dev/cxlkv0 0 "$N" $NOLOCK
-	[ -n "$RPC_N" ] && step rpc rpc_node_helper vmserver dev:/dev/cxlkv0 0 "$RPC_N"
+	[ -n "$RPC_N" ] && step rpc rpc_helper vmserver dev:/dev/cxlkv0 0 "$RPC_N"
 	step rmmod rmmod cxlkv
 	;;
 twohost1)
 	step insmod-node1 load node_id=1
 	step twohost cxlkv_vmtest twohost /dev/cxlkv0 1 "$N" $NOLOCK
-	[ -n "$RPC_N" ] && step rpc rpc_node_helper vmclient dev:/dev/cxlkv0 1 "$RPC_N"
+	[ -n "$RPC_N" ] && step rpc rpc_helper vmclient dev:/dev/cxlkv0 1 "$RPC_N"
 	step rmmod rmmod cxlkv
 	;;
 *)

@@ -122,7 +122,7 @@ Result<RpcCarve> RpcCarve::open_or_format(Region& region, MemoryDomain& d, std::
 namespace rpc {
 
 bool party_alive(NodeContext& node, uint32_t pid, uint64_t start_time, uint32_t host_id, uint32_t party_node,
-                 std::string* why) {
+                 std::string* why, HeartbeatWatch* watch) {
   if (host_id == this_host_id()) {
     if (process_alive(pid, start_time)) return true;
     if (why) *why = "process " + std::to_string(pid) + " is gone";
@@ -134,6 +134,21 @@ bool party_alive(NodeContext& node, uint32_t pid, uint64_t start_time, uint32_t 
   }
   // rule 4: the node entry is written by that node's heartbeat.
   cxlkv_node_entry e = node.domain().read_fresh(node.control().node_entry(party_node));
+  if (watch) {
+    if (e.state != CXLKV_NODE_ACTIVE) {
+      if (why) *why = "node " + std::to_string(party_node) + " is not attached";
+      return false;
+    }
+    const uint64_t now = now_ns();
+    if (watch->changed_ns == 0 || e.heartbeat != watch->heartbeat) {
+      watch->heartbeat = e.heartbeat;
+      watch->changed_ns = now;
+    }
+    const uint64_t still_ms = (now - watch->changed_ns) / 1000000;
+    if (still_ms < uint64_t(kNodeStaleMs)) return true;
+    if (why) *why = "node " + std::to_string(party_node) + ": heartbeat unchanged for " + std::to_string(still_ms) + " ms";
+    return false;
+  }
   NodeVerdict v = judge_node(e);
   if (!v.alive && why) *why = "node " + std::to_string(party_node) + ": " + v.why;
   return v.alive;

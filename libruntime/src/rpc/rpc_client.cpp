@@ -53,6 +53,7 @@ struct RpcClient::State {
   uint32_t epoch = 0;
   bool connected = false;
   cxlkv_rpc_server_line server{};
+  rpc::HeartbeatWatch server_watch;  // remote server: heartbeat progress
   uint32_t next = 0;    // next sequence number
   uint32_t oldest = 0;  // oldest busy sequence number (== next: none)
   uint32_t busy = 0, unreported = 0;
@@ -79,7 +80,8 @@ struct RpcClient::State {
       if (why) *why = s.state == CXLKV_RPC_SERVER_STOPPED ? "the server stopped" : "no server has started";
       return false;
     }
-    return rpc::party_alive(node, s.pid, s.start_time, s.host_id, s.node, why);
+    server_watch = {};  // a first look: a remote server is judged by heartbeat progress from now on
+    return rpc::party_alive(node, s.pid, s.start_time, s.host_id, s.node, why, &server_watch);
   }
 
   // Claim ring r for a new incarnation and wait for the server's ack.
@@ -235,7 +237,7 @@ struct RpcClient::State {
                               : "the server stopped";
     } else if (now - last_live_ns >= kServerLivenessNs) {
       last_live_ns = now;
-      ok = rpc::party_alive(node, sv.pid, sv.start_time, sv.host_id, sv.node, &why);
+      ok = rpc::party_alive(node, sv.pid, sv.start_time, sv.host_id, sv.node, &why, &server_watch);
       if (!ok) why = "the server died: " + why;
     }
     if (!ok) reset_all(why);

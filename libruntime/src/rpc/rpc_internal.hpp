@@ -18,11 +18,21 @@ inline uint64_t now_ns() {
   return uint64_t(ts.tv_sec) * 1000000000ull + uint64_t(ts.tv_nsec);
 }
 
+// What an observer remembers of a remote node's heartbeat: the last value
+// seen and when (on the observer's own clock) it last changed.
+struct HeartbeatWatch {
+  uint64_t heartbeat = 0;
+  uint64_t changed_ns = 0;  // 0: never looked
+};
+
 // A party (server or client) recorded in the pool: alive by the liveness
 // rule (uapi/cxlkv_ctrl.h): its process on this host, its node's heartbeat
-// on another host.  `why` gets the reason when it is dead.
+// on another host.  With a watch, a remote node is judged by heartbeat
+// progress on this host's clock (dead when its heartbeat has not advanced
+// for kNodeStaleMs), so the hosts' clocks need not agree; without one by the
+// heartbeat's wall-clock age (judge_node).  `why` gets the reason when dead.
 bool party_alive(NodeContext& node, uint32_t pid, uint64_t start_time, uint32_t host_id, uint32_t party_node,
-                 std::string* why);
+                 std::string* why, HeartbeatWatch* watch = nullptr);
 
 // A random 64-bit value (token, start sequence).
 uint64_t random_u64();

@@ -32,6 +32,7 @@ struct RingState {
   uint32_t next = 0;  // next expected sequence number
   cxlkv_rpc_client_line owner{};
   uint64_t last_live_ns = 0;
+  rpc::HeartbeatWatch watch;  // remote client: heartbeat progress
 };
 
 struct Pending {
@@ -98,10 +99,12 @@ struct RpcServer::State {
       bool wanted = cl.state == CXLKV_RPC_CLIENT_ATTACHED && cl.epoch == epoch && cl.inc != 0;
       if (wanted && (!rs.active || rs.inc != cl.inc || rs.owner.pid != cl.pid)) {
         std::string why;
-        if (!rpc::party_alive(node, cl.pid, cl.start_time, cl.host_id, cl.node, &why)) {
+        rpc::HeartbeatWatch watch;  // a first look; a remote client's heartbeat progress is followed from now on
+        if (!rpc::party_alive(node, cl.pid, cl.start_time, cl.host_id, cl.node, &why, &watch)) {
           if (rs.active) deactivate(r);
           continue;  // a dead client's claim: nothing to serve
         }
+        rs.watch = watch;
         rs.active = true;
         rs.inc = cl.inc;
         rs.next = cl.start_seq;
@@ -121,7 +124,8 @@ struct RpcServer::State {
       } else if (rs.active && now - rs.last_live_ns >= uint64_t(opts.liveness_every.count()) * 1000000ull) {
         rs.last_live_ns = now;
         std::string why;
-        if (!rpc::party_alive(node, rs.owner.pid, rs.owner.start_time, rs.owner.host_id, rs.owner.node, &why)) {
+        if (!rpc::party_alive(node, rs.owner.pid, rs.owner.start_time, rs.owner.host_id, rs.owner.node, &why,
+                              &rs.watch)) {
           st.dead_clients++;
           log().info("{}ring {}: client {} is dead ({}); ring freed", what(), r, rs.owner.pid, why);
           deactivate(r);
