@@ -46,6 +46,29 @@ size_t PrefixIndex::reserve_locked(LockSet& ls, const BlockKey* pkey, std::span<
     block_error(code, std::move(msg));
     return i;
   };
+  // Payload of this call's new blocks, taken before its first entry write:
+  // the allocator's lock is an atomic read-modify-write, which waits for the
+  // call's pending NT entry writes as a fence does (one wait per call, not
+  // one per block).  What is not used goes back on every way out.
+  struct Stash {
+    PayloadSpace* space;
+    std::vector<BlockLocation> locs;
+    size_t next = 0;
+    ~Stash() {
+      for (size_t i = next; i < locs.size(); i++) space->free(locs[i]);
+    }
+  } stash{space_, {}, 0};
+  {
+    size_t fresh = 0;
+    for (size_t i = from; i < keys.size(); i++)
+      if (probe(keys[i], nullptr, nullptr) == kNo) fresh++;  // the lines of the set's sweep
+    stash.locs.reserve(fresh);
+    for (size_t i = 0; i < fresh; i++) {
+      auto l = space_->alloc(bytes);
+      if (!l) break;  // full: the blocks that get no stash allocate (and evict) one by one below
+      stash.locs.push_back(l.value());
+    }
+  }
   uint32_t prev = kNo;
   if (pkey) {
     cxlkv_index_entry pe;
@@ -130,7 +153,8 @@ size_t PrefixIndex::reserve_locked(LockSet& ls, const BlockKey* pkey, std::span<
                                     " has no free slot and every block in it is pinned, leased, being written or "
                                     "has cached children");
       }
-      auto loc = space_->alloc(bytes);
+      Result<BlockLocation> loc = stash.next < stash.locs.size() ? Result<BlockLocation>(stash.locs[stash.next++])
+                                                                 : space_->alloc(bytes);
       if (!loc) {
         if (loc.error().code() == -ENOSPC) {
           log().debug("index: evicting for space: {}", loc.error().message());
@@ -264,7 +288,7 @@ Result<size_t> PrefixIndex::reserve_chain(const BlockKey* parent, std::span<cons
     }
     {
       LockSet ls(*this);
-      if (auto a = ls.acquire(stripes, lines); !a) {
+      if (auto a = ls.acquire(stripes, lines, lines); !a) {
         status[next] = a.error().code();
         block_error(a.error().code(), a.error().message());
         break;
@@ -308,7 +332,7 @@ Result<size_t> PrefixIndex::publish_many(std::span<const uint32_t> slots, std::s
   for (uint32_t sl : slots)
     if (sl < hdr_.nslots) stripes.push_back(sl / hdr_.stripe_slots);
   LockSet ls(*this);
-  CXLKV_TRY(ls.acquire(stripes, slots));  // the entries in the same sweep as the stripe lines
+  CXLKV_TRY(ls.acquire(stripes, slots, slots));  // entries and ext records in the same sweep as the stripe lines
   size_t good = 0;
   const uint32_t now = now_ms();
   uint32_t last_published = kNo;

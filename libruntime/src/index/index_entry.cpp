@@ -266,21 +266,40 @@ cxlkv_index_ext PrefixIndex::read_ext(uint32_t slot) const {
   LockSet* ls = LockSet::holding(this, slot);  // line cache (lock_set.hpp)
   if (ls)
     if (const cxlkv_index_ext* c = ls->cached_ext(slot)) return *c;
-  cxlkv_index_ext x;
   // rule 4: only lock holders write ext records, and the caller holds the
-  // stripe lock, so one invalidate + fence + load sees the last holder's NT stores.
-  d_->invalidate(ext_ptr(slot), sizeof x);
+  // stripe lock, so one invalidate + fence + load sees the last holder's NT
+  // stores.  The whole line: its other record is of the same stripe.
+  cxlkv_index_ext x[2];
+  const uint32_t even = slot & ~1u;
+  d_->invalidate(ext_ptr(even), sizeof x);
   d_->fence();
-  d_->load(&x, ext_ptr(slot), sizeof x);
-  if (ls) ls->put_ext(slot, x);
-  return x;
+  d_->load(x, ext_ptr(even), sizeof x);
+  if (ls) {
+    ls->put_ext(even, x[0]);
+    ls->put_ext(even | 1u, x[1]);
+  }
+  return x[slot & 1u];
 }
 
 void PrefixIndex::write_ext(uint32_t slot, const cxlkv_index_ext& x) {
-  // rule 1: a line of two records with many writers over time: NT stores only.
+  LockSet* ls = LockSet::holding(this, slot);
+  const cxlkv_index_ext* other = ls ? ls->cached_ext(slot ^ 1u) : nullptr;
+  if (other) {
+    // rule 1: the line's two records are of one stripe, written only under
+    // its lock (rule 7), which this set holds, and the other record is
+    // known as memory has it: the whole line in one NT store writes back
+    // exactly that (a partial-line NT store costs a partial write-combining
+    // flush, ~0.2 us here).
+    cxlkv_index_ext line[2];
+    line[slot & 1u] = x;
+    line[(slot & 1u) ^ 1u] = *other;
+    d_->publish_line(ext_ptr(slot & ~1u), line);
+  } else {
+    // rule 1: a line of two records with many writers over time: NT stores only.
+    d_->store_nt(ext_ptr(slot), &x, sizeof x);
+  }
   // Fenced by LockSet::release() before the stripe line is cleaned (rule 3).
-  d_->store_nt(ext_ptr(slot), &x, sizeof x);
-  if (LockSet* ls = LockSet::holding(this, slot)) {
+  if (ls) {
     ls->put_ext(slot, x);
     ls->defer_fence();
   }

@@ -53,41 +53,60 @@ class LockSet {
   // read their stripe lines and the entry lines of `prefetch` (slots of the
   // held stripes the call is about to read; others are ignored) fresh in one
   // sweep: invalidate all, one fence, load all (rule 4).
-  Result<void> acquire(std::vector<uint32_t> stripes, std::span<const uint32_t> prefetch = {}) {
+  // `prefetch_ext`: slots whose ext records (whole lines: both records of
+  // the line) are read in the same sweep.
+  Result<void> acquire(std::vector<uint32_t> stripes, std::span<const uint32_t> prefetch = {},
+                       std::span<const uint32_t> prefetch_ext = {}) {
     std::sort(stripes.begin(), stripes.end());
     stripes.erase(std::unique(stripes.begin(), stripes.end()), stripes.end());
     MemoryDomain& d = *ix_.d_;
     const size_t first = held_.size();
+    if (first) return Error(-EBUSY, "index: a lock set takes its stripes in one acquire");
+    if (auto r = ix_.locks_->lock_many(stripes); !r) return r.error();  // one multi-lock acquire
     for (uint32_t s : stripes) {
-      if (auto r = ix_.locks_->lock(s); !r) {
-        release();
-        return r.error();
-      }
       held_.push_back(Held{s, {}});
       set_bit(s);
     }
+    stripes_ = std::move(stripes);
     activate();
     // rule 4 (+ rule 7: nobody but a holder writes these lines): one sweep.
     for (size_t i = first; i < held_.size(); i++) d.invalidate(ix_.stripe_ptr(held_[i].stripe), 64);
     size_t want = 0;
     for (uint32_t slot : prefetch)
-      if (slot < ix_.hdr_.nslots && holds(slot / ix_.hdr_.stripe_slots) && !find(slot)) {
+      if (slot < ix_.hdr_.nslots && holds(slot / ix_.hdr_.stripe_slots) && !cached_entry(slot)) {
         d.invalidate(ix_.slot_ptr(slot), 64);
         want++;
       }
+    for (uint32_t slot : prefetch_ext)
+      if (slot < ix_.hdr_.nslots && holds(slot / ix_.hdr_.stripe_slots) && !cached_ext(slot))
+        d.invalidate(ix_.ext_ptr(slot & ~1u), 64);
     d.fence();
     for (size_t i = first; i < held_.size(); i++) d.load(&held_[i].st, ix_.stripe_ptr(held_[i].stripe), 64);
     if (want) {
-      static const cxlkv_index_entry zero{};
+      // All the loads first (their misses overlap), then check and keep them.
+      std::vector<std::pair<uint32_t, cxlkv_index_entry>> got;
+      got.reserve(want);
       for (uint32_t slot : prefetch) {
-        if (slot >= ix_.hdr_.nslots || !holds(slot / ix_.hdr_.stripe_slots) || find(slot)) continue;
-        cxlkv_index_entry e;
-        d.load(&e, ix_.slot_ptr(slot), sizeof e);
-        ix_.probes_.fetch_add(1, std::memory_order_relaxed);
-        const bool valid = e.check ? e.check == cxlkv_index_entry_check(&e) : std::memcmp(&e, &zero, sizeof e) == 0;
-        if (valid) put_entry(slot, e);  // else: read_entry's careful path when the call reads it
+        if (slot >= ix_.hdr_.nslots || !holds(slot / ix_.hdr_.stripe_slots) || cached_entry(slot)) continue;
+        got.emplace_back(slot, cxlkv_index_entry{});
+        d.load(&got.back().second, ix_.slot_ptr(slot), sizeof(cxlkv_index_entry));
       }
+      static const cxlkv_index_entry zero{};
+      for (auto& [slot, e] : got) {
+        const bool valid = e.check ? e.check == cxlkv_index_entry_check(&e) : std::memcmp(&e, &zero, sizeof e) == 0;
+        if (valid && !cached_entry(slot)) put_entry(slot, e);  // else: read_entry's careful path when read
+      }
+      // One count for the sweep: an atomic add per line would be a locked
+      // instruction between the loads (a full barrier each).
+      ix_.probes_.fetch_add(want, std::memory_order_relaxed);
     }
+    for (uint32_t slot : prefetch_ext)
+      if (slot < ix_.hdr_.nslots && holds(slot / ix_.hdr_.stripe_slots) && !cached_ext(slot)) {
+        cxlkv_index_ext x[2];
+        d.load(x, ix_.ext_ptr(slot & ~1u), sizeof x);
+        put_ext(slot & ~1u, x[0]);  // both records of the line: the same stripe (stripe_slots is even)
+        put_ext(slot | 1u, x[1]);
+      }
     for (size_t i = first; i < held_.size(); i++)
       if (held_[i].st.list_dirty) {
         ix_.repair_stripe(*this, held_[i].stripe);  // a holder died mid-change
@@ -140,8 +159,9 @@ class LockSet {
         }
       d.fence();  // rule 3: clean lines in memory before the locks are released
     }
-    for (auto it = held_.rbegin(); it != held_.rend(); ++it) ix_.locks_->unlock(it->stripe);
+    ix_.locks_->unlock_many(stripes_);
     held_.clear();
+    stripes_.clear();
     std::fill(bits_.begin(), bits_.end(), 0);
     lines_.clear();
     std::fill(table_.begin(), table_.end(), 0);
@@ -237,6 +257,7 @@ class LockSet {
 
   PrefixIndex& ix_;
   std::vector<Held> held_;
+  std::vector<uint32_t> stripes_;  // held, ascending (as lock_many took them)
   std::vector<uint64_t> bits_;     // held stripes
   std::vector<Line> lines_;        // cached lines of held stripes
   std::vector<uint32_t> table_;    // slot -> 1 + index in lines_ (0: empty), open addressing

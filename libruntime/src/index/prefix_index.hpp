@@ -59,6 +59,21 @@ class StripeLocks {
   virtual ~StripeLocks() = default;
   virtual Result<void> lock(uint32_t stripe) = 0;
   virtual void unlock(uint32_t stripe) = 0;
+  // Several stripes in one call (a batch; `stripes` ascending, distinct):
+  // all or nothing.  The default takes them one at a time; the sync layer's
+  // implementation is one multi-lock acquire (cxlkv::LockSet).
+  virtual Result<void> lock_many(std::span<const uint32_t> stripes) {
+    for (size_t i = 0; i < stripes.size(); i++)
+      if (auto r = lock(stripes[i]); !r) {
+        for (size_t j = i; j-- > 0;) unlock(stripes[j]);
+        return r.error();
+      }
+    return {};
+  }
+  // Releases what one lock_many() took (descending order).
+  virtual void unlock_many(std::span<const uint32_t> stripes) {
+    for (size_t i = stripes.size(); i-- > 0;) unlock(stripes[i]);
+  }
 };
 
 // Is the process that attached as (node, incarnation) still alive?

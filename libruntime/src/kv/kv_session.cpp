@@ -8,7 +8,10 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cstring>
+#include <span>
+#include <vector>
 
 #include "cxlkv/alloc.hpp"
 #include "cxlkv/kv.hpp"
@@ -21,7 +24,7 @@ namespace {
 
 class TwoTierStripeLocks final : public StripeLocks {
  public:
-  TwoTierStripeLocks(NodeContext& node, uint32_t base, uint32_t n) {
+  TwoTierStripeLocks(NodeContext& node, uint32_t base, uint32_t n) : node_(node), base_(base) {
     for (uint32_t i = 0; i < n; i++) locks_.push_back(std::make_unique<TwoTierLock>(node, base + i));
   }
   Result<void> lock(uint32_t s) override {
@@ -35,8 +38,49 @@ class TwoTierStripeLocks final : public StripeLocks {
     return {};
   }
   void unlock(uint32_t s) override { (void)locks_[s]->unlock(); }
+  // A batch's stripes: one multi-lock acquire of the sync layer (LockSet,
+  // CONTRACTS.md "Multi-lock acquire"), one set per thread.
+  Result<void> lock_many(std::span<const uint32_t> stripes) override {
+    std::vector<uint32_t> ids;
+    ids.reserve(stripes.size());
+    for (uint32_t s : stripes) {
+      if (s >= locks_.size()) return Error(-EINVAL, "index: stripe lock " + std::to_string(s) + " out of range");
+      ids.push_back(base_ + s);
+    }
+    auto r = thread_set().lock(ids);
+    if (!r) return r.error();
+    return {};  // Acquired::recovered: as for lock()
+  }
+  void unlock_many(std::span<const uint32_t>) override { (void)thread_set().unlock(); }
 
  private:
+  // This thread's LockSet for this object (sets are per thread; an id, not
+  // the address, names the object, so a new one at the same address gets a
+  // set of its own node).
+  LockSet& thread_set() {
+    struct Entry {
+      uint64_t owner;
+      std::unique_ptr<LockSet> set;
+    };
+    static thread_local std::vector<Entry> sets;
+    for (auto& e : sets)
+      if (e.owner == id_) return *e.set;
+    if (sets.size() >= 8)  // a thread that used many stores: forget an idle one
+      for (auto it = sets.begin(); it != sets.end(); ++it)
+        if (it->set->held().empty()) {
+          sets.erase(it);
+          break;
+        }
+    sets.push_back(Entry{id_, std::make_unique<LockSet>(node_)});
+    return *sets.back().set;
+  }
+  static uint64_t next_id() {
+    static std::atomic<uint64_t> n{1};
+    return n.fetch_add(1);
+  }
+  NodeContext& node_;
+  uint32_t base_;
+  uint64_t id_ = next_id();
   std::vector<std::unique_ptr<TwoTierLock>> locks_;
 };
 
