@@ -293,7 +293,7 @@ void PrefixIndex::write_ext(uint32_t slot, const cxlkv_index_ext& x) {
     cxlkv_index_ext line[2];
     line[slot & 1u] = x;
     line[(slot & 1u) ^ 1u] = *other;
-    d_->publish_line(ext_ptr(slot & ~1u), line);
+    d_->store_nt(ext_ptr(slot & ~1u), line, sizeof line);  // one aligned line: one full-line NT store
   } else {
     // rule 1: a line of two records with many writers over time: NT stores only.
     d_->store_nt(ext_ptr(slot), &x, sizeof x);
