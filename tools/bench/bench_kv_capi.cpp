@@ -27,7 +27,9 @@
 // batch, warm-up included, the run waits for one line on stdin, and after
 // it writes "W|P|F <bytes done> <wall s> <cpu s>" to stdout, so the Python
 // side can run its own batch of the same sequence right beside each C++
-// batch: both see the same machine load, batch by batch.
+// batch: both see the same machine load, batch by batch.  With
+// CXLKV_KVCAPI_SHARED_POOL=URI it works as node 2 on that (the Python
+// side's) pool, under its lock manager and bound, with keys of its own.
 #include <time.h>
 #include <unistd.h>
 
@@ -183,13 +185,20 @@ struct Run {
 
 void bench_kv_capi(bench::Results& res) {
   const size_t n = std::max<size_t>(64, size_t(512 * bench::scale()));
-  const std::string uri = "shm:" + bench::shm_name("kvcapi") + ":" + std::to_string(1ull << 30);
+  // CXLKV_KVCAPI_SHARED_POOL=URI (py_bench.py's lockstep): work as node 2 on
+  // the Python side's pool, under its lock manager and capacity bound, with
+  // keys of its own: the pool, the manager and the bound are then the same
+  // for both sides, only the caller differs.
+  const char* shared = std::getenv("CXLKV_KVCAPI_SHARED_POOL");
+  const uint64_t key_base = shared ? 0x10000000 : 0;
+  const std::string uri =
+      shared ? std::string(shared) : "shm:" + bench::shm_name("kvcapi") + ":" + std::to_string(1ull << 30);
   auto fail = [](const char* what) { std::fprintf(stderr, "bench kv_capi: %s: %s\n", what, cxlkv_last_error()); };
   cxlkv_format_opts fo{};
   fo.size = sizeof fo;
   fo.max_nodes = 4;
   fo.flags = CXLKV_FORMAT_F_FORCE;
-  if (cxlkv_pool_format(uri.c_str(), &fo) != 0) return fail("format");
+  if (!shared && cxlkv_pool_format(uri.c_str(), &fo) != 0) return fail("format");
   cxlkv_pool* pool = nullptr;
   if (cxlkv_pool_open(uri.c_str(), &pool) != 0) return fail("open");
   cxlkv_lock_manager* mgr = nullptr;
@@ -198,9 +207,9 @@ void bench_kv_capi(bench::Results& res) {
   cxlkv_kv* kv = nullptr;
   cxlkv_kv_opts ko{};
   ko.size = sizeof ko;
-  ko.node = 1;
+  ko.node = shared ? 2 : 1;
   cxlkv_carve_info kc{};
-  if (cxlkv_lock_manager_start(pool, &mo, &mgr) != 0) {
+  if (!shared && cxlkv_lock_manager_start(pool, &mo, &mgr) != 0) {
     fail("lock manager");
   } else if (cxlkv_kv_open(pool, &ko, &kv) != 0) {
     fail("kv open");
@@ -220,16 +229,27 @@ void bench_kv_capi(bench::Results& res) {
       p.ndevices = cur->ndevices;
       for (unsigned i = 0; i < CXLKV_INDEX_MAX_DEVICES; i++) p.weights[i] = cur->weights[i];
     }
-    if (!cur || !cxlkv::index_set_policy(r.domain(), r.at(ic.offset), p)) {
+    if (!shared && (!cur || !cxlkv::index_set_policy(r.domain(), r.at(ic.offset), p))) {
       std::fprintf(stderr, "bench kv_capi: cannot set the capacity\n");
     } else {
-      std::memset(static_cast<std::byte*>(cxlkv_pool_base(pool)) + kc.offset, 0, kc.size);  // fault in the kv carve
+      // Fault the kv carve into this mapping, as the other side did: zero
+      // it (our own pool), or read one byte per page (a shared pool holds
+      // the other side's blocks; the pages exist, this process maps them).
+      auto* carve = static_cast<std::byte*>(cxlkv_pool_base(pool)) + kc.offset;
+      if (!shared) {
+        std::memset(carve, 0, kc.size);
+      } else {
+        volatile const std::byte* vc = carve;
+        std::byte sink{};
+        for (uint64_t off = 0; off < kc.size; off += 4096) sink ^= vc[off];
+        (void)sink;
+      }
       VllmCache cache;
       Run run(kv, cache);
-      run.publish(keys_of(0x5000000, n), nullptr);  // warm-up pass
+      run.publish(keys_of(key_base + 0x5000000, n), nullptr);  // warm-up pass
       Rates pub, fet;
       for (uint64_t pass = 0; pass < kPasses; pass++) {
-        auto keys = keys_of(0x6000000 + pass * n, n);
+        auto keys = keys_of(key_base + 0x6000000 + pass * n, n);
         run.publish(keys, &pub);
         std::vector<cxlkv_kv_key> recent(keys.end() - std::min<size_t>(kRecent, keys.size()), keys.end());
         run.fetch(recent, n, &fet);

@@ -6,7 +6,11 @@ tensors, beside two C++ baselines of the same run.  The like-for-like one
 beside batch (CXLKV_KVCAPI_LOCKSTEP: the C++ process runs its next batch of
 the same sequence right before or after each Python batch, alternately), so
 a load spike on this shared machine hits both batches of a pair and cancels
-in their ratio; the ratios are medians over every such pair of N runs.
+in their ratio; the ratios are medians over every such pair of N runs.  The
+C++ side works as node 2 on the Python side's pool (same lock manager, same
+capacity bound, keys of its own), so only the caller differs
+(CXLKV_PYBENCH_PEER=own: a pool of its own, as before; separate pools made
+publish differ by 0.7-1.0x between runs on this machine).
 
 Geometry, the same in the Python passes and in the like-for-like C++ baseline
 (cxlkv-bench's kv_capi group, tools/bench/bench_kv_capi.cpp): 2 MiB blocks of
@@ -72,6 +76,9 @@ CAPACITY = 192  # blocks cached at most (pool-wide memory-tier bound)
 RECENT = 128    # fetches cycle over this many most recently published blocks
 PASSES = 3      # publish + fetch passes per run (as the kv_capi group's)
 CACHE_BLOCKS = 16
+# The lockstep peer works on our pool as node 2 (same pool, lock manager and
+# bound: only the caller differs), or on a pool of its own (CXLKV_PYBENCH_PEER=own).
+SHARED_POOL = os.environ.get("CXLKV_PYBENCH_PEER", "shared") != "own"
 
 
 def median(v):
@@ -278,12 +285,14 @@ class Peer:
     bench_kv_capi.cpp): one C++ batch per step(), in the same sequence of
     batches as Engine.run (warm-up, then publish / fetch passes)."""
 
-    def __init__(self, build):
+    def __init__(self, build, shared_uri=None):
         bench = os.path.join(build, "tools", "cxlkv-bench")
         self.tmp = f"/tmp/cxlkv-pybench-peer-{os.getpid()}.json"
+        env = dict(os.environ, CXLKV_KVCAPI_LOCKSTEP="1")
+        if shared_uri:
+            env["CXLKV_KVCAPI_SHARED_POOL"] = shared_uri
         self.p = subprocess.Popen([bench, "--only", "kv_capi", "--out", self.tmp], stdin=subprocess.PIPE,
-                                  stdout=subprocess.PIPE, text=True, bufsize=1,
-                                  env=dict(os.environ, CXLKV_KVCAPI_LOCKSTEP="1"))
+                                  stdout=subprocess.PIPE, text=True, bufsize=1, env=env)
 
     def step(self):
         """(kind W|P|F, bytes done, wall s, cpu s) of the peer's next batch."""
@@ -341,13 +350,13 @@ def main():
         # The like-for-like baseline (kv_capi) in lockstep, batch beside
         # batch; the kv group's run just before (paired by time only).
         base = {k: v for k, v in cxx_run(build).items() if k in BASE}
-        peer = Peer(build) if have_bench else None
-        try:
-            with fresh_pool(build, f"run{r}") as kv:
+        with fresh_pool(build, f"run{r}") as kv:
+            peer = Peer(build, kv.pool.uri if SHARED_POOL else None) if have_bench else None
+            try:
                 runs.append(dict(base, **eng.run(kv, n, peer)))
-        finally:
-            if peer:
-                peer.close()
+            finally:
+                if peer:
+                    peer.close()
     with fresh_pool(build, "same") as kv:
         out = eng.same_process(kv, n)
 
