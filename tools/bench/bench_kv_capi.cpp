@@ -30,6 +30,7 @@
 // batch: both see the same machine load, batch by batch.  With
 // CXLKV_KVCAPI_SHARED_POOL=URI it works as node 2 on that (the Python
 // side's) pool, under its lock manager and bound, with keys of its own.
+#include <sys/mman.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -232,17 +233,17 @@ void bench_kv_capi(bench::Results& res) {
     if (!shared && (!cur || !cxlkv::index_set_policy(r.domain(), r.at(ic.offset), p))) {
       std::fprintf(stderr, "bench kv_capi: cannot set the capacity\n");
     } else {
-      // Fault the kv carve into this mapping, as the other side did: zero
-      // it (our own pool), or read one byte per page (a shared pool holds
-      // the other side's blocks; the pages exist, this process maps them).
+      // Fault the kv carve into this mapping, writable, as the other side
+      // did: zero it (our own pool), or populate the page tables for writing
+      // without changing a byte (a shared pool holds the other side's
+      // blocks): a read per page would map pages read-only and leave a
+      // write fault per page inside the timed batches.
       auto* carve = static_cast<std::byte*>(cxlkv_pool_base(pool)) + kc.offset;
       if (!shared) {
         std::memset(carve, 0, kc.size);
-      } else {
-        volatile const std::byte* vc = carve;
-        std::byte sink{};
-        for (uint64_t off = 0; off < kc.size; off += 4096) sink ^= vc[off];
-        (void)sink;
+      } else if (madvise(carve, kc.size, MADV_POPULATE_WRITE) != 0) {
+        for (uint64_t off = 0; off < kc.size; off += 4096)  // older kernels: a no-op atomic write per page
+          __atomic_fetch_add(reinterpret_cast<uint64_t*>(carve + off), 0, __ATOMIC_RELAXED);
       }
       VllmCache cache;
       Run run(kv, cache);

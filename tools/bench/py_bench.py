@@ -76,8 +76,9 @@ CAPACITY = 192  # blocks cached at most (pool-wide memory-tier bound)
 RECENT = 128    # fetches cycle over this many most recently published blocks
 PASSES = 3      # publish + fetch passes per run (as the kv_capi group's)
 CACHE_BLOCKS = 16
-# The lockstep peer works on our pool as node 2 (same pool, lock manager and
-# bound: only the caller differs), or on a pool of its own (CXLKV_PYBENCH_PEER=own).
+# The lockstep peer works on our pool as node 2 (same pool, bound and lock
+# manager, the manager being cxlkvd, in neither side's process: only the
+# caller differs), or on a pool of its own (CXLKV_PYBENCH_PEER=own).
 SHARED_POOL = os.environ.get("CXLKV_PYBENCH_PEER", "shared") != "own"
 
 
@@ -105,7 +106,31 @@ def bound_capacity(build, uri):
 
 
 @contextlib.contextmanager
-def fresh_pool(build, tag):
+def lock_manager(build, pool, own_process):
+    """The pool's lock manager: a thread of this process, or (own_process)
+    cxlkvd, so that a lockstep peer on the same pool is served by a manager
+    that lives in neither side's process."""
+    import cxlkv
+    d = os.path.join(build, "tools", "cxlkvd")
+    if not own_process or not os.path.exists(d):
+        with cxlkv.LockManager(pool):
+            yield
+        return
+    p = subprocess.Popen([d, "--pool", pool.uri, "--foreground", "--metrics-listen", "none"],
+                         stderr=subprocess.PIPE, text=True)
+    try:
+        while True:  # until it manages (or gives up)
+            ln = p.stderr.readline()
+            if not ln or "managing locks" in ln:
+                break
+        yield
+    finally:
+        p.terminate()
+        p.wait(60)
+
+
+@contextlib.contextmanager
+def fresh_pool(build, tag, manager_process=False):
     """A new 1 GiB shm pool (max_nodes 4) with its lock manager and a KV store
     of node 1, bounded to CAPACITY blocks, kv carve faulted in; removed after."""
     import cxlkv
@@ -115,7 +140,7 @@ def fresh_pool(build, tag):
     try:
         with cxlkv.Pool(uri) as pool:
             try:
-                with cxlkv.LockManager(pool), cxlkv.KvStore(pool, 1) as kv:
+                with lock_manager(build, pool, manager_process), cxlkv.KvStore(pool, 1) as kv:
                     bound_capacity(build, uri)
                     kc = next(c for c in pool.carves() if c["name"] == "kv")
                     ctypes.memset(pool.base + kc["offset"], 0, kc["size"])
@@ -350,7 +375,7 @@ def main():
         # The like-for-like baseline (kv_capi) in lockstep, batch beside
         # batch; the kv group's run just before (paired by time only).
         base = {k: v for k, v in cxx_run(build).items() if k in BASE}
-        with fresh_pool(build, f"run{r}") as kv:
+        with fresh_pool(build, f"run{r}", manager_process=SHARED_POOL) as kv:
             peer = Peer(build, kv.pool.uri if SHARED_POOL else None) if have_bench else None
             try:
                 runs.append(dict(base, **eng.run(kv, n, peer)))
