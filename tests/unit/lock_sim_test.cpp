@@ -363,4 +363,31 @@ TEST(LockSim, LockIdOutOfRangeIsRejected) {
 }
 
 }  // namespace
+// A process that detaches gives back the grants its node kept: its process
+// lives on (liveness would not free them) and no watcher of it is left to
+// answer a revocation, so another node would otherwise wait forever (seen
+// as a 240 s hang of a second process after the first closed its pool).
+TEST(LockSim, DetachGivesBackKeptGrantsSoAnotherNodeGetsTheLock) {
+  TestPool p("lock-sim-detach-kept");
+  p.simulate(3, 0.02, 5);
+  LockManagerOptions mo;
+  mo.node = 2;
+  auto mgr = LockManager::create(*p.region, p.domain(2), mo);
+  ASSERT_TRUE(mgr.ok()) << mgr.error().message();
+  mgr.value()->start();
+  {
+    auto& a = p.attach(0);
+    TwoTierLock l(a, kLock);
+    ASSERT_TRUE(l.lock().ok());
+    ASSERT_TRUE(l.unlock().ok());  // kept (sticky)
+  }
+  p.nodes.clear();  // node 0 detaches; this process lives on
+  auto& b = p.attach(1);
+  TwoTierLock lb(b, kLock);
+  auto got = lb.try_lock_for(5s);
+  ASSERT_TRUE(got.ok()) << got.error().message();
+  ASSERT_TRUE(lb.unlock().ok());
+  mgr.value()->stop();
+}
+
 }  // namespace cxlkv

@@ -108,6 +108,9 @@ NodeContext::~NodeContext() {
   stop_.store(true);
   if (heartbeat_.joinable()) heartbeat_.join();
   if (watcher_.joinable()) watcher_.join();
+  // A detaching process keeps no grant: no watcher of it would answer a
+  // revocation, and its process being alive, liveness would not free it.
+  if (region_.kind() != BackendKind::dev) sync::release_kept_grants(*this);
 }
 
 void NodeContext::beat() {

@@ -97,6 +97,25 @@ void sweep(NodeContext& n, std::vector<uint32_t>& cand, std::vector<Pending>& pe
 
 }  // namespace
 
+void release_kept_grants(NodeContext& n) {
+  MemoryDomain& d = n.domain();
+  for (uint32_t l = 0; l < n.control().max_locks(); l++) {
+    LocalLockEntry& e = n.local().locks[l];
+    if (__atomic_load_n(&e.phase, __ATOMIC_RELAXED) != LockPhase::cached) continue;
+    auto r = robust_mutex_trylock(&e.mu, "node-local lock");
+    if (!r) continue;  // another process of this node is using it: its watcher answers
+    if (r.value() == LockOutcome::owner_died) robust_mutex_consistent(&e.mu);
+    if (e.phase == LockPhase::cached) {
+      // rule 1: the slot is written NT, as every release.
+      d.write_nt<__u64>(&n.control().slot(l, n.node())->request, idle_word(e.ticket));
+      d.fence();  // rule 3: the release is visible before the phase lets anyone of this node ask anew
+      e.phase = LockPhase::idle;
+      __atomic_store_n(&e.revoke, 0u, __ATOMIC_RELEASE);
+    }
+    robust_mutex_unlock(&e.mu);
+  }
+}
+
 void run_watcher(NodeContext& n, const std::atomic<bool>& stop) {
   NodeLocalHeader* h = n.local().hdr;
   // Election: one watcher per node; a waiting candidate takes over when the

@@ -35,6 +35,12 @@ constexpr std::chrono::microseconds kWatcherPoll{500};
 // Run the watcher candidate of `node` until `stop` (NodeContext's thread).
 void run_watcher(NodeContext& node, const std::atomic<bool>& stop);
 
+// Give back every grant this node keeps but nobody uses (phase `cached`),
+// as a revocation's answer would: called when a process detaches, so a
+// grant is never kept by a node with no watcher left to answer for it
+// (the process lives on, so liveness would not free it).
+void release_kept_grants(NodeContext& node);
+
 class NodeWakers {
  public:
   NodeWakers(const Region& region, uint32_t max_nodes);
