@@ -230,7 +230,7 @@ python)
 	py=/usr/bin/python3
 	[ -x $py ] || { echo "SKIP: no /usr/bin/python3"; exit 77; }
 	ld=$(libdir_of "$root")
-	out=$(cd / && env -u CXLKV_LIB -u PYTHONPATH PYTHONPATH="$root/usr/lib/python3/dist-packages" LD_LIBRARY_PATH="$ld" \
+	out=$(cd / && env -u CXLKV_LIB -u CXLKV_BUILD -u PYTHONPATH PYTHONPATH="$root/usr/lib/python3/dist-packages" LD_LIBRARY_PATH="$ld" \
 		$py -c 'import cxlkv, cxlkv._lib as L; L.lib(); print(cxlkv.__file__); print([l.split()[-1] for l in open("/proc/self/maps") if "libcxlkv.so" in l][0])') ||
 		fail "import cxlkv from the installed tree"
 	echo "$out"

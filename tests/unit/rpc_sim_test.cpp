@@ -52,7 +52,7 @@ SimRun run_sim(uint32_t clients, uint32_t per_client, uint32_t qd, NonCoherentSi
   for (uint32_t c = 0; c < clients; c++) {
     th.emplace_back([&, c] {
       RpcClientOptions co;
-      co.timeout = 1500ms;
+      co.timeout = 10000ms;  // generous: the simulator is slow and make test runs it beside other tests
       auto cl = RpcClient::connect(*cn[c], co);
       if (!cl) {
         ADD_FAILURE() << cl.error().message();
