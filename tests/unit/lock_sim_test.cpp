@@ -390,4 +390,58 @@ TEST(LockSim, DetachGivesBackKeptGrantsSoAnotherNodeGetsTheLock) {
   mgr.value()->stop();
 }
 
+// The lost revocation behind a 4+4 replay hang: node 0 reads its fresh
+// grant (flags 0) and, before it marks itself `held`, the manager revokes
+// the grant for node 1 and node 0's watcher makes its one sweep for that
+// revocation.  A sweep that looked only at kept and held locks skipped it;
+// node 0 then kept the grant at release and node 1 waited for good.
+std::atomic<int> g_parked{0};
+std::atomic<bool> g_unpark{false};
+void park_on_grant(uint32_t id) {
+  if (id != kLock || g_parked.load() != 0) return;
+  g_parked = 1;
+  while (!g_unpark.load()) std::this_thread::sleep_for(1ms);
+}
+
+TEST(LockSim, RevocationBetweenGrantAndHeldIsAnsweredAtRelease) {
+  TestPool p("lock-sim-revoke-seen");
+  p.simulate(3, 0.02, 13);
+  auto& a = p.attach(0);
+  auto& b = p.attach(1);
+  LockManagerOptions mo;
+  mo.node = 2;
+  auto mgr = LockManager::create(*p.region, p.domain(2), mo);
+  ASSERT_TRUE(mgr.ok()) << mgr.error().message();
+  mgr.value()->start();
+  sync::testing::set_watcher_no_resweep(true);  // only the bump's sweep: what it misses stays missed
+  g_parked = 0;
+  g_unpark = false;
+  sync::testing::set_grant_seen_hook(park_on_grant);
+  TwoTierLock la(a, kLock), lb(b, kLock);
+  std::thread ta([&] {
+    ASSERT_TRUE(la.lock().ok());  // parks after reading its grant
+    ASSERT_TRUE(la.unlock().ok());
+  });
+  for (int i = 0; i < 5000 && g_parked.load() == 0; i++) std::this_thread::sleep_for(1ms);
+  ASSERT_EQ(g_parked.load(), 1) << "node 0 never saw its grant";
+  std::atomic<bool> b_got{false};
+  std::thread tb([&] {
+    if (lb.try_lock_for(5s).ok()) {
+      b_got = true;
+      (void)lb.unlock();
+    }
+  });
+  // The manager revokes node 0's grant for node 1; node 0's watcher sweeps.
+  for (int i = 0; i < 5000 && mgr.value()->stats().revokes == 0; i++) std::this_thread::sleep_for(1ms);
+  EXPECT_GE(mgr.value()->stats().revokes, 1u);
+  std::this_thread::sleep_for(100ms);  // the watcher's sweep for that bump (it polls every 0.5 ms)
+  g_unpark = true;
+  ta.join();
+  tb.join();
+  sync::testing::set_grant_seen_hook(nullptr);
+  sync::testing::set_watcher_no_resweep(false);
+  mgr.value()->stop();
+  EXPECT_TRUE(b_got.load()) << "node 0 kept a grant revoked before it marked itself held: node 1 never got it";
+}
+
 }  // namespace cxlkv

@@ -3,6 +3,8 @@
 // show that the NonCoherentSim tests catch a broken lock protocol.
 #pragma once
 
+#include <cstdint>
+
 namespace cxlkv::sync::testing {
 
 // When set, LockGuard skips the flush of its protected range before the
@@ -24,5 +26,17 @@ bool break_watcher_local();
 // posted after it first cached a doorbell line.
 void set_break_doorbell_invalidate(bool on);
 bool break_doorbell_invalidate();
+
+// Called (when set) by TwoTierLock::acquire after it has read its grant and
+// before it marks the lock held: a test parks the acquirer there to open
+// the window in which the manager revokes a grant its holder has seen.
+void set_grant_seen_hook(void (*hook)(uint32_t lock_id));
+void grant_seen_hook(uint32_t lock_id);
+
+// When set, the node's watcher sweeps for revoked grants only when the
+// doorbell's `revokes` counter moves (no periodic sweep), so a test sees
+// what a single sweep misses.
+void set_watcher_no_resweep(bool on);
+bool watcher_no_resweep();
 
 }  // namespace cxlkv::sync::testing

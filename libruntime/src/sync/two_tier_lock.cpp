@@ -35,7 +35,15 @@ namespace {
 std::atomic<bool> g_break_lock_flush{false};
 std::atomic<bool> g_break_watcher_local{false};
 std::atomic<bool> g_break_doorbell_invalidate{false};
+std::atomic<void (*)(uint32_t)> g_grant_seen_hook{nullptr};
+std::atomic<bool> g_watcher_no_resweep{false};
 }
+void set_grant_seen_hook(void (*hook)(uint32_t)) { g_grant_seen_hook.store(hook); }
+void grant_seen_hook(uint32_t lock_id) {
+  if (auto h = g_grant_seen_hook.load(std::memory_order_relaxed)) h(lock_id);
+}
+void set_watcher_no_resweep(bool on) { g_watcher_no_resweep.store(on); }
+bool watcher_no_resweep() { return g_watcher_no_resweep.load(std::memory_order_relaxed); }
 void set_break_doorbell_invalidate(bool on) { g_break_doorbell_invalidate.store(on); }
 bool break_doorbell_invalidate() { return g_break_doorbell_invalidate.load(std::memory_order_relaxed); }
 void set_break_watcher_local(bool on) { g_break_watcher_local.store(on); }
@@ -302,6 +310,7 @@ Result<Acquired> TwoTierLock::acquire(std::chrono::nanoseconds timeout, bool bou
     }
     backoff.idle(&h->grant_wake, woke);
   }
+  sync::testing::grant_seen_hook(id_);
   e.phase = LockPhase::held;
   return how;
 }

@@ -80,8 +80,13 @@ void sweep(NodeContext& n, std::vector<uint32_t>& cand, std::vector<Pending>& pe
   const ControlCarve& c = n.control();
   cand.clear();
   for (uint32_t l = 0; l < c.max_locks(); l++) {
+    // `requested` too: a process that read its grant before the manager
+    // flagged it REVOKED, and has not yet marked itself `held`, would
+    // otherwise be skipped by the one sweep this revocation's bump causes,
+    // then keep the grant at release, unrevoked for good (a replay of 4+4
+    // workers hung so, every node waiting on a grant kept by another).
     const auto ph = __atomic_load_n(&n.local().locks[l].phase, __ATOMIC_RELAXED);
-    if (ph == LockPhase::cached || ph == LockPhase::held) cand.push_back(l);
+    if (ph == LockPhase::cached || ph == LockPhase::held || ph == LockPhase::requested) cand.push_back(l);
   }
   for (uint32_t l : cand) d.invalidate(c.grant(l), sizeof(cxlkv_lock_grant));
   d.fence();  // rule 4: every invalidation completes before the loads below
@@ -141,10 +146,15 @@ void run_watcher(NodeContext& n, const std::atomic<bool>& stop) {
   std::vector<Pending> pending;
   bool first = true;
   uint64_t seen = 0;
+  auto swept = std::chrono::steady_clock::now();
   while (!stop.load(std::memory_order_relaxed)) {
     const uint32_t w = __atomic_load_n(&h->revoke_wake, __ATOMIC_ACQUIRE);
     const uint64_t rv = d.read_fresh(&db->revokes);  // rule 4
-    if (first || rv != seen) {
+    const auto now = std::chrono::steady_clock::now();
+    // Besides every bump, a sweep every kWatcherResweep: a revocation this
+    // node failed to notice must delay other nodes, never stop them.
+    if (first || rv != seen || (now - swept >= kWatcherResweep && !testing::watcher_no_resweep())) {
+      swept = now;
       // The manager wrote REVOKED grants (fenced) before this bump: the
       // sweep's fresh reads see them.
       sweep(n, cand, pending);

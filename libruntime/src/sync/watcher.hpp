@@ -31,6 +31,8 @@ namespace sync {
 
 // How often the watcher polls the pool when nothing wakes it.
 constexpr std::chrono::microseconds kWatcherPoll{500};
+// Longest time between two sweeps for revoked grants with no bump seen.
+constexpr std::chrono::milliseconds kWatcherResweep{20};
 
 // Run the watcher candidate of `node` until `stop` (NodeContext's thread).
 void run_watcher(NodeContext& node, const std::atomic<bool>& stop);
