@@ -43,8 +43,14 @@ TEST(Heartbeat, EvictingAHolderLetsTheManagerGrantTheNextNode) {
   auto mgr = LockManager::create(*p.region);
   ASSERT_TRUE(mgr.ok());
   mgr.value()->start();
-  TwoTierLock la(a, CXLKV_LOCK_FIRST_USER);
-  ASSERT_TRUE(la.lock().ok());  // node 0 "dies" holding the lock
+  // Node 0 "dies" holding the lock: a thread that takes it and ends (its
+  // robust node-local mutex is then owner-died, as after a process death;
+  // held by this thread it would still be on its robust list when node 0's
+  // node-local memory is unmapped at the end of the test).
+  std::thread([&] {
+    TwoTierLock la(a, CXLKV_LOCK_FIRST_USER);
+    ASSERT_TRUE(la.lock().ok());
+  }).join();
 
   auto released = evict_node(*p.region, p.region->domain(), 0, /*force=*/true);
   TwoTierLock lb(b, CXLKV_LOCK_FIRST_USER);
