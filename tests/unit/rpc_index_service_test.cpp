@@ -58,13 +58,15 @@ class IndexModes : public ::testing::TestWithParam<Mode> {
     mgr->start();
     NodeContext& server_node = pool->attach(0);
     NodeContext& client_node = pool->attach(1);
+    KvOpenOptions locks;
+    locks.index_mode = KvIndexMode::locks;  // the pool has the service carve: say which path
     if (GetParam() == Mode::locks) {
-      auto s = open_kv_session(*pool->region, client_node);
+      auto s = open_kv_session(*pool->region, client_node, locks);
       ASSERT_TRUE(s) << s.error().message();
       session = std::move(s.value());
       ops.direct = &session->store().index();
     } else {
-      auto s = open_kv_session(*pool->region, server_node);
+      auto s = open_kv_session(*pool->region, server_node, locks);
       ASSERT_TRUE(s) << s.error().message();
       session = std::move(s.value());
       RpcServerOptions so;

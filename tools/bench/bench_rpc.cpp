@@ -349,7 +349,9 @@ namespace {
   no.node = 0;
   auto n = cxlkv::NodeContext::attach(*r.value(), no);
   if (!n) _exit(3);
-  auto kv = cxlkv::open_kv_session(*r.value(), *n.value());
+  cxlkv::KvOpenOptions ko;
+  ko.index_mode = cxlkv::KvIndexMode::locks;  // the server's own store takes the locks
+  auto kv = cxlkv::open_kv_session(*r.value(), *n.value(), ko);
   if (!kv) _exit(4);
   cxlkv::RpcServerOptions o;
   o.spin_rounds = 4096;
@@ -429,7 +431,9 @@ void bench_index_service(bench::Results& res) {
   no.node = 1;
   auto n = cxlkv::NodeContext::attach(*rr.value(), no);
   if (up && mgr && n) {
-    auto kv = cxlkv::open_kv_session(*rr.value(), *n.value());
+    cxlkv::KvOpenOptions ko;
+    ko.index_mode = cxlkv::KvIndexMode::locks;
+    auto kv = cxlkv::open_kv_session(*rr.value(), *n.value(), ko);
     auto cl = cxlkv::IndexServiceClient::connect(*n.value());
     if (kv && cl) {
       for (int k = 0; k < 3; k++) {

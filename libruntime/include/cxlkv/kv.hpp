@@ -35,6 +35,7 @@ class DemotionTarget;
 struct BlockLocation;
 class Region;
 class NodeContext;
+class KvIndexBackend;
 
 // One pool device holding payload: its mapping and the domain to touch it.
 struct PoolDevice {
@@ -172,6 +173,9 @@ struct KvDeps {
   // lock-free probe each); a deployment whose SSD tiers all share devices
   // may turn it off.
   bool lookup_checks_readable = true;
+  // Issue 17: where reserve / publish / abort / pin / unpin go (the index
+  // service's client); nullptr: this store's own index (lock-based).
+  KvIndexBackend* index_backend = nullptr;
 };
 
 class KvStore {
@@ -274,6 +278,8 @@ class KvStore {
 
   Result<uint64_t> reclaim_dead();
   PrefixIndex& index() { return *index_; }
+  // "locks" (this process takes the index's stripe locks) or "service".
+  const char* index_mode() const;
   const KvStats& stats() const { return stats_; }
   void flush_stats();  // copy this node's stats into the pool now
   uint32_t node() const { return deps_.node; }
@@ -317,6 +323,8 @@ class KvStore {
 
   KvDeps deps_;
   std::unique_ptr<PrefixIndex> index_;
+  std::unique_ptr<KvIndexBackend> local_ops_;  // the lock-based path over index_
+  KvIndexBackend* ops_ = nullptr;              // deps_.index_backend or local_ops_
   std::unique_ptr<PayloadSpace> interleaved_space_;
   std::unique_ptr<PayloadTier> mem_tier_;
   std::unique_ptr<DemotionTarget> demotion_;  // issue 6: MEM -> SSD copy for the index
@@ -327,12 +335,19 @@ class KvStore {
 
 // ---- wiring to the real pool (sync layer: two-tier locks, node heap) -------
 
+// Issue 17: how a session's KvStore reaches the index.  automatic: the
+// CXLKV_INDEX_MODE environment variable ("locks" / "service") when set,
+// else service when the pool has the index service's RPC carve (made by
+// `cxlkvctl format --index-service` or by the first cxlkvd --index-service),
+// else locks.
+enum class KvIndexMode { automatic, locks, service };
 struct KvOpenOptions {
   std::vector<Region*> extra_devices;  // interleave set beyond the primary pool
   // SSD tier (issue 6), optional; passed to KvDeps unchanged (see there).
   PlacingTier* ssd_tier = nullptr;
   bool demote_on_evict = false;
   bool promote_on_hit = false;
+  KvIndexMode index_mode = KvIndexMode::automatic;  // issue 17
 };
 class KvSession;  // owns the adapters (locks, liveness, heap) of one node
 Result<std::unique_ptr<KvSession>> open_kv_session(Region& pool, NodeContext& node,

@@ -21,6 +21,7 @@
 
 #include "cxlkv/kv.hpp"
 #include "index/prefix_index.hpp"
+#include "kv/kv_index_backend.hpp"
 #include "util/log.hpp"
 
 namespace cxlkv {
@@ -90,14 +91,14 @@ Result<size_t> KvStore::reserve_chain(const BlockKey* parent, std::span<const Bl
   CXLKV_TRY(check_batch("reserve_chain", n, status.size(), {}, nullptr));
   std::vector<Reservation> ix(n);
   auto t0 = std::chrono::steady_clock::now();
-  auto good = index_->reserve_chain(parent, keys, bytes, ix, status, through_busy);
+  auto good = ops_->reserve_chain(parent, keys, bytes, ix, status, through_busy);
   // A block a dead writer left WRITING with blocks below it: the index
   // unwinds that chain and says -EAGAIN; the chain goes on from there
   // (bounded), below the blocks this call already holds.
   for (int attempt = 0; good && good.value() < n && status[good.value()] == -EAGAIN && attempt < 4; attempt++) {
     const size_t f = good.value();
-    auto more = index_->reserve_chain(f ? &keys[f - 1] : parent, keys.subspan(f), bytes,
-                                      std::span<Reservation>(ix).subspan(f), status.subspan(f, n - f), through_busy);
+    auto more = ops_->reserve_chain(f ? &keys[f - 1] : parent, keys.subspan(f), bytes,
+                                    std::span<Reservation>(ix).subspan(f), status.subspan(f, n - f), through_busy);
     if (!more) break;
     good = f + more.value();
   }
@@ -165,6 +166,8 @@ void KvStore::check_handles(const char* op, std::vector<HandleCheck>& hs, bool a
   std::vector<IndexEntryView> v(hs.size());
   index_->entries_fresh(slots, v);
   const uint32_t nslots = index_->header().nslots;
+  uint32_t owner_node = 0, owner_inc = 0;  // this node, or the index service's (issue 17)
+  ops_->reservation_owner(&owner_node, &owner_inc);
   for (size_t k = 0; k < hs.size(); k++) {
     HandleCheck& h = hs[k];
     const IndexEntryView& e = v[k];
@@ -187,7 +190,7 @@ void KvStore::check_handles(const char* op, std::vector<HandleCheck>& hs, bool a
              e.loc.tier != h.loc.tier) {
       fail(-EINVAL, "the handle's location does not match the index entry (forged handle)");
       continue;
-    } else if (h.owned && (e.owner_node != deps_.node || e.owner_inc != static_cast<uint32_t>(deps_.incarnation)))
+    } else if (h.owned && (e.owner_node != owner_node || e.owner_inc != owner_inc))
       why = "another node owns the reservation";
     if (!why) continue;
     if (after_copy)
@@ -306,7 +309,7 @@ Result<size_t> KvStore::publish_blocks(std::span<const KvReservation> rs, std::s
   }
   p.status.resize(hs.size());
   auto t0 = std::chrono::steady_clock::now();
-  auto good = index_->publish_many(p.slots, p.keys, p.status);
+  auto good = ops_->publish_many(p.slots, p.keys, p.status);
   record(CXLKV_LAT_PUBLISH, t0, p.at.size());
   if (!good) return good.error();
   for (size_t j = 0; j < p.at.size(); j++) {
@@ -323,7 +326,7 @@ Result<size_t> KvStore::publish_blocks(std::span<const KvReservation> rs, std::s
 Result<size_t> KvStore::abort_many(std::span<const KvReservation> rs, std::span<int32_t> status) {
   CXLKV_TRY(check_batch("abort_many", rs.size(), status.size(), {}, nullptr));
   Picked p = pick(rs, status, [](const KvReservation& r, int32_t*) { return r.reserved(); });
-  auto good = index_->abort_many(p.slots, p.keys, p.status);  // children before their parents
+  auto good = ops_->abort_many(p.slots, p.keys, p.status);  // children before their parents
   if (!good) return good.error();
   for (size_t j = 0; j < p.at.size(); j++) {
     status[p.at[j]] = p.status[j];
@@ -341,7 +344,7 @@ Result<size_t> KvStore::pin_many(std::span<const BlockKey> keys, std::span<KvPin
   CXLKV_TRY(check_batch("pin_many", n, status.size(), {}, nullptr));
   std::vector<PinnedBlock> ix(n);
   auto t0 = std::chrono::steady_clock::now();
-  auto good = index_->pin_many(keys, ix, status);
+  auto good = ops_->pin_many(keys, ix, status);
   record(CXLKV_LAT_PIN, t0, n);
   if (!good) return good.error();
   for (size_t i = 0; i < n; i++) {
@@ -466,7 +469,7 @@ Result<size_t> KvStore::unpin_many(std::span<const KvPin> pins, std::span<int32_
   // A pin consumed by dropping its damaged SSD block (issue 12) unpins as 0.
   Picked p = pick(pins, status, [this](const KvPin& k, int32_t*) { return k.pinned() && !consume_dropped_pin(k); });
   auto t0 = std::chrono::steady_clock::now();
-  auto good = index_->unpin_many(p.slots, p.keys, p.status);
+  auto good = ops_->unpin_many(p.slots, p.keys, p.status);
   record(CXLKV_LAT_UNPIN, t0, p.at.size());
   if (!good) return good.error();
   for (size_t j = 0; j < p.at.size(); j++) {

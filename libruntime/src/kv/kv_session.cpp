@@ -9,6 +9,8 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <span>
 #include <vector>
@@ -18,6 +20,8 @@
 #include "cxlkv/sync.hpp"
 #include "index/index_check.hpp"
 #include "index/prefix_index.hpp"
+#include "kv/kv_index_backend.hpp"
+#include "rpc/index_service.hpp"
 
 namespace cxlkv {
 namespace {
@@ -198,8 +202,22 @@ class RealSession final : public KvSession {
   std::unique_ptr<TwoTierStripeLocks> locks;
   std::unique_ptr<NodeTableLiveness> live;
   std::unique_ptr<HeapSpace> space;
+  std::unique_ptr<IndexServiceBackend> service;  // issue 17: service mode
   std::unique_ptr<KvStore> store_;
 };
+
+// Issue 17: the pool's index mode (see KvIndexMode).
+Result<KvIndexMode> resolve_index_mode(Region& pool, KvIndexMode asked) {
+  if (asked != KvIndexMode::automatic) return asked;
+  if (const char* e = std::getenv("CXLKV_INDEX_MODE"); e && *e) {
+    const std::string m(e);
+    if (m == "locks") return KvIndexMode::locks;
+    if (m == "service") return KvIndexMode::service;
+    if (m != "auto")
+      return Error(-EINVAL, "kv: CXLKV_INDEX_MODE is '" + m + "'; expected locks, service or auto");
+  }
+  return pool.carve(kIndexServiceCarve) ? KvIndexMode::service : KvIndexMode::locks;
+}
 
 }  // namespace
 
@@ -215,7 +233,18 @@ Result<std::unique_ptr<KvSession>> open_kv_session(Region& pool, NodeContext& no
   if (hdr.lock_base + hdr.nstripes > node.control().max_locks())
     return Error(-EINVAL, "kv: index stripes need lock ids up to " + std::to_string(hdr.lock_base + hdr.nstripes) +
                               ", the pool has " + std::to_string(node.control().max_locks()));
+  auto mode = resolve_index_mode(pool, opts.index_mode);
+  if (!mode) return mode.error();
   auto s = std::make_unique<RealSession>();
+  if (mode.value() == KvIndexMode::service) {
+    if (opts.ssd_tier)
+      return Error(-EOPNOTSUPP, "kv: pool " + pool.uri() + ": the SSD tier is not supported in index-service mode");
+    RpcClientOptions ro;
+    ro.timeout = std::chrono::milliseconds(5000);  // a batch of 256 on a loaded server
+    auto b = IndexServiceBackend::connect(node, pool.uri(), ro);
+    if (!b) return b.error();
+    s->service = std::move(b.value());
+  }
   auto heap = NodeHeap::open(node);
   if (!heap) return heap.error();
   s->heap = std::move(heap.value());
@@ -246,6 +275,7 @@ Result<std::unique_ptr<KvSession>> open_kv_session(Region& pool, NodeContext& no
   deps.ssd_tier = opts.ssd_tier;  // issue 6
   deps.demote_on_evict = opts.demote_on_evict;
   deps.promote_on_hit = opts.promote_on_hit;
+  deps.index_backend = s->service.get();  // nullptr: lock-based
   auto kv = KvStore::create(std::move(deps));
   if (!kv) return kv.error();
   s->store_ = std::move(kv.value());

@@ -12,6 +12,7 @@
 #include "cxlkv/kv.hpp"
 #include "index/prefix_index.hpp"
 #include "kv/interleave.hpp"
+#include "kv/kv_index_backend.hpp"
 #include "tier/ssd_payload_tier.hpp"
 #include "transfer/cpu_copy.hpp"
 #include "util/log.hpp"
@@ -273,6 +274,9 @@ Result<std::unique_ptr<KvStore>> KvStore::create(KvDeps deps) {
                                 *dp.locks, *dp.liveness, space);
   if (!ix) return ix.error();
   kv->index_ = std::move(ix.value());
+  // Issue 17: the locking calls go to the index service when one is given.
+  kv->local_ops_ = std::make_unique<LocalIndexBackend>(*kv->index_, dp.node, static_cast<uint32_t>(dp.incarnation));
+  kv->ops_ = dp.index_backend ? dp.index_backend : kv->local_ops_.get();
   kv->mem_tier_ = std::make_unique<MemTier>(dp.devices, set);
   if (dp.ssd_tier && dp.demote_on_evict) {  // issue 6
     kv->demotion_ = std::make_unique<TierDemotion>(*kv->mem_tier_, *dp.ssd_tier);
@@ -334,6 +338,8 @@ size_t KvStore::lookup(std::span<const BlockKey> chain) {
   record(CXLKV_LAT_LOOKUP, t0);
   return n;
 }
+
+const char* KvStore::index_mode() const { return ops_->mode(); }
 
 size_t KvStore::lookup_linear(std::span<const BlockKey> chain) { return index_->longest_prefix_linear(chain); }
 

@@ -2,15 +2,17 @@
 // Index service mode: wire format and the two sides (see index_service.hpp).
 //
 // Requests (little-endian, packed by memcpy):
-//   RESERVE_CHAIN  u32 n, u32 has_parent, u64 bytes, BlockKey parent, BlockKey keys[n]
+//   RESERVE_CHAIN  u32 n, u32 flags (1 has_parent, 2 through_busy), u64 bytes, BlockKey parent, BlockKey keys[n]
 //   PUBLISH / ABORT / UNPIN   u32 n, u32 0, u32 slots[n], BlockKey keys[n]
 //   PIN            u32 n, u32 0, BlockKey keys[n]
-// Replies: u64 result (the call's return value), i32 status[n], then for
+// Replies: u64 result (the call's return value), u32 server node, u32 server
+// incarnation (the owner of reservations made through it), i32 status[n], then for
 // RESERVE_CHAIN WireBlock[n] (with the reservation status), for PIN WireBlock[n].
 // The handler's status is 0, or the whole call's negative errno.
 #include "rpc/index_service.hpp"
 
 #include <cstring>
+#include <string>
 #include <vector>
 
 #include "cxlkv/sync.hpp"
@@ -29,9 +31,11 @@ struct WireBlock {
 };
 static_assert(sizeof(WireBlock) == 24);
 
-constexpr size_t kHdr = 8;  // u32 n, u32 flag
+constexpr size_t kHdr = 8;     // u32 n, u32 flags
+constexpr size_t kRepHdr = 16;  // u64 result, u32 owner node, u32 owner incarnation
+constexpr uint32_t kHasParent = 1, kThroughBusy = 2;
 constexpr size_t kMaxReq = kHdr + 8 + 16 + size_t(kIndexServiceMaxBatch) * 20;  // the largest of reserve (24 + 16 n) and slots (20 n)
-constexpr size_t kMaxRep = 8 + size_t(kIndexServiceMaxBatch) * (4 + sizeof(WireBlock));
+constexpr size_t kMaxRep = kRepHdr + size_t(kIndexServiceMaxBatch) * (4 + sizeof(WireBlock));
 
 uint32_t lines_for(size_t bytes) { return uint32_t(1 + (bytes - CXLKV_RPC_INLINE + 63) / 64); }
 
@@ -76,22 +80,28 @@ Result<std::unique_ptr<IndexService>> IndexService::create(NodeContext& node, Pr
   auto svc = std::unique_ptr<IndexService>(new IndexService);
   svc->server_ = std::move(s.value());
   PrefixIndex* ix = &index;
+  // Reservations made here are owned by this node's incarnation (the
+  // clients' handle checks compare against it).
+  const uint32_t me = node.node();
+  const uint32_t inc = static_cast<uint32_t>(node.domain().read_fresh(node.control().node_entry(me)).incarnation);  // rule 4
 
   auto parse_n = [](std::span<const std::byte> d, uint32_t* n) -> bool {
     if (d.size() < kHdr) return false;
     std::memcpy(n, d.data(), 4);
     return *n <= kIndexServiceMaxBatch;
   };
-  auto put_result = [](std::span<std::byte> rep, uint64_t ret, const std::vector<int32_t>& st) -> uint32_t {
+  auto put_result = [me, inc](std::span<std::byte> rep, uint64_t ret, const std::vector<int32_t>& st) -> uint32_t {
     std::memcpy(rep.data(), &ret, 8);
-    if (!st.empty()) std::memcpy(rep.data() + 8, st.data(), st.size() * 4);
-    return uint32_t(8 + st.size() * 4);
+    std::memcpy(rep.data() + 8, &me, 4);
+    std::memcpy(rep.data() + 12, &inc, 4);
+    if (!st.empty()) std::memcpy(rep.data() + kRepHdr, st.data(), st.size() * 4);
+    return uint32_t(kRepHdr + st.size() * 4);
   };
 
   svc->server_->handle(kOpReserve, [=](const RpcRequest& rq, std::span<std::byte> rep, uint32_t& len) -> int32_t {
-    uint32_t n = 0, has_parent = 0;
+    uint32_t n = 0, flags = 0;
     if (!parse_n(rq.data, &n) || rq.data.size() != kHdr + 8 + 16 + size_t(n) * 16) return -EINVAL;
-    std::memcpy(&has_parent, rq.data.data() + 4, 4);
+    std::memcpy(&flags, rq.data.data() + 4, 4);
     uint64_t bytes;
     std::memcpy(&bytes, rq.data.data() + kHdr, 8);
     BlockKey parent;
@@ -99,7 +109,7 @@ Result<std::unique_ptr<IndexService>> IndexService::create(NodeContext& node, Pr
     auto keys = read_array<BlockKey>(rq.data, kHdr + 24, n);
     std::vector<Reservation> out(n);
     std::vector<int32_t> st(n);
-    auto r = ix->reserve_chain(has_parent ? &parent : nullptr, keys, bytes, out, st);
+    auto r = ix->reserve_chain((flags & kHasParent) ? &parent : nullptr, keys, bytes, out, st, (flags & kThroughBusy) != 0);
     if (!r) return r.error().code();
     len = put_result(rep, r.value(), st);
     for (uint32_t i = 0; i < n; i++) {
@@ -154,7 +164,9 @@ Result<std::unique_ptr<IndexServiceHost>> IndexServiceHost::start(Region& pool, 
   auto n = NodeContext::attach(pool, no);
   if (!n) return n.error();
   h->node_ = std::move(n.value());
-  auto kv = open_kv_session(pool, *h->node_);
+  KvOpenOptions ko;
+  ko.index_mode = KvIndexMode::locks;  // the service's own store takes the stripe locks
+  auto kv = open_kv_session(pool, *h->node_, ko);
   if (!kv) return kv.error();
   h->session_ = std::move(kv.value());
   auto svc = IndexService::create(*h->node_, h->session_->store().index());
@@ -184,19 +196,23 @@ Result<std::unique_ptr<IndexServiceClient>> IndexServiceClient::connect(NodeCont
 }
 
 namespace {
-Result<uint64_t> finish(const Result<RpcReply>& r, const std::vector<std::byte>& rep, size_t n, const char* what) {
-  if (!r) return r.error();
-  if (r->status < 0) return Error(r->status, std::string("index service: ") + what + " failed on the server");
-  if (r->len < 8 + n * 4) return Error(-EPROTO, std::string("index service: ") + what + ": short reply");
+Result<uint64_t> finish(const Result<RpcReply>& r, const std::vector<std::byte>& rep, size_t n, const char* what,
+                        uint32_t* owner_node, uint32_t* owner_inc) {
+  if (!r) return Error(r.error().code(), std::string("index service: ") + what + ": " + r.error().message());
+  if (r->status < 0)
+    return Error(r->status, std::string("index service: ") + what + " failed on the server: " + std::strerror(-r->status));
+  if (r->len < kRepHdr + n * 4) return Error(-EPROTO, std::string("index service: ") + what + ": short reply");
   uint64_t ret;
   std::memcpy(&ret, rep.data(), 8);
+  std::memcpy(owner_node, rep.data() + 8, 4);
+  std::memcpy(owner_inc, rep.data() + 12, 4);
   return ret;
 }
 }  // namespace
 
 Result<size_t> IndexServiceClient::reserve_chain(const BlockKey* parent, std::span<const BlockKey> keys,
                                                  uint64_t bytes, std::span<Reservation> out,
-                                                 std::span<int32_t> status) {
+                                                 std::span<int32_t> status, bool through_busy) {
   if (out.size() < keys.size() || status.size() < keys.size())
     return Error(-EINVAL, "index service: reserve_chain: output spans shorter than the keys");
   size_t leading = 0;
@@ -204,22 +220,22 @@ Result<size_t> IndexServiceClient::reserve_chain(const BlockKey* parent, std::sp
   const BlockKey* par = parent;
   for (size_t base = 0; base < keys.size(); base += kIndexServiceMaxBatch) {
     const uint32_t n = uint32_t(std::min<size_t>(kIndexServiceMaxBatch, keys.size() - base));
-    uint32_t has_parent = par ? 1 : 0;
+    uint32_t flags = (par ? kHasParent : 0) | (through_busy ? kThroughBusy : 0);
     std::memcpy(req_.data(), &n, 4);
-    std::memcpy(req_.data() + 4, &has_parent, 4);
+    std::memcpy(req_.data() + 4, &flags, 4);
     std::memcpy(req_.data() + kHdr, &bytes, 8);
     BlockKey p = par ? *par : BlockKey{};
     std::memcpy(req_.data() + kHdr + 8, &p, 16);
     std::memcpy(req_.data() + kHdr + 24, keys.data() + base, size_t(n) * 16);
     auto r = rpc_->call(kOpReserve, {req_.data(), kHdr + 24 + size_t(n) * 16}, rep_.data(), uint32_t(rep_.size()));
-    auto ret = finish(r, rep_, n, "reserve_chain");
+    auto ret = finish(r, rep_, n, "reserve_chain", &owner_node_, &owner_inc_);
     if (!ret) return ret.error();
-    if (r->len < 8 + size_t(n) * (4 + sizeof(WireBlock)))
+    if (r->len < kRepHdr + size_t(n) * (4 + sizeof(WireBlock)))
       return Error(-EPROTO, "index service: reserve_chain: short reply");
-    std::memcpy(status.data() + base, rep_.data() + 8, size_t(n) * 4);
+    std::memcpy(status.data() + base, rep_.data() + kRepHdr, size_t(n) * 4);
     for (uint32_t i = 0; i < n; i++) {
       WireBlock w;
-      std::memcpy(&w, rep_.data() + 8 + size_t(n) * 4 + size_t(i) * sizeof w, sizeof w);
+      std::memcpy(&w, rep_.data() + kRepHdr + size_t(n) * 4 + size_t(i) * sizeof w, sizeof w);
       out[base + i] = Reservation{ReserveStatus(w.rstatus), w.slot, loc_of(w), w.version};
     }
     leading += ret.value();
@@ -246,9 +262,10 @@ Result<size_t> IndexServiceClient::slots_op(uint32_t op, std::span<const uint32_
     std::memcpy(req_.data() + kHdr, slots.data() + base, size_t(n) * 4);
     std::memcpy(req_.data() + kHdr + size_t(n) * 4, keys.data() + base, size_t(n) * 16);
     auto r = rpc_->call(op, {req_.data(), kHdr + size_t(n) * 20}, rep_.data(), uint32_t(rep_.size()));
-    auto ret = finish(r, rep_, n, op == kOpPublish ? "publish_many" : op == kOpAbort ? "abort_many" : "unpin_many");
+    auto ret = finish(r, rep_, n, op == kOpPublish ? "publish_many" : op == kOpAbort ? "abort_many" : "unpin_many",
+                      &owner_node_, &owner_inc_);
     if (!ret) return ret.error();
-    std::memcpy(status.data() + base, rep_.data() + 8, size_t(n) * 4);
+    std::memcpy(status.data() + base, rep_.data() + kRepHdr, size_t(n) * 4);
     ok += ret.value();
   }
   return ok;
@@ -279,18 +296,66 @@ Result<size_t> IndexServiceClient::pin_many(std::span<const BlockKey> keys, std:
     std::memcpy(req_.data() + 4, &zero, 4);
     std::memcpy(req_.data() + kHdr, keys.data() + base, size_t(n) * 16);
     auto r = rpc_->call(kOpPin, {req_.data(), kHdr + size_t(n) * 16}, rep_.data(), uint32_t(rep_.size()));
-    auto ret = finish(r, rep_, n, "pin_many");
+    auto ret = finish(r, rep_, n, "pin_many", &owner_node_, &owner_inc_);
     if (!ret) return ret.error();
-    if (r->len < 8 + size_t(n) * (4 + sizeof(WireBlock))) return Error(-EPROTO, "index service: pin_many: short reply");
-    std::memcpy(status.data() + base, rep_.data() + 8, size_t(n) * 4);
+    if (r->len < kRepHdr + size_t(n) * (4 + sizeof(WireBlock)))
+      return Error(-EPROTO, "index service: pin_many: short reply");
+    std::memcpy(status.data() + base, rep_.data() + kRepHdr, size_t(n) * 4);
     for (uint32_t i = 0; i < n; i++) {
       WireBlock w;
-      std::memcpy(&w, rep_.data() + 8 + size_t(n) * 4 + size_t(i) * sizeof w, sizeof w);
+      std::memcpy(&w, rep_.data() + kRepHdr + size_t(n) * 4 + size_t(i) * sizeof w, sizeof w);
       out[base + i] = PinnedBlock{w.slot, loc_of(w), w.version};
     }
     ok += ret.value();
   }
   return ok;
+}
+
+// ---- KvStore backend (service mode) ------------------------------------------
+
+Result<std::unique_ptr<IndexServiceBackend>> IndexServiceBackend::connect(NodeContext& node, const std::string& pool,
+                                                                        const RpcClientOptions& base) {
+  auto c = IndexServiceClient::connect(node, base);
+  if (!c)
+    return Error(c.error().code(), "kv: pool " + pool + " is in index-service mode (carve " + kIndexServiceCarve +
+                                       ") but its index service cannot be reached: " + c.error().message() +
+                                       " (start `cxlkvd --index-service` on the pool, or open with "
+                                       "CXLKV_INDEX_MODE=locks)");
+  auto b = std::unique_ptr<IndexServiceBackend>(new IndexServiceBackend);
+  b->cl_ = std::move(c.value());
+  b->pool_ = pool;
+  return b;
+}
+
+Result<size_t> IndexServiceBackend::named(Result<size_t> r) const {
+  if (r) return r;
+  return Error(r.error().code(), "kv: pool " + pool_ + ": " + r.error().message());
+}
+
+Result<size_t> IndexServiceBackend::reserve_chain(const BlockKey* parent, std::span<const BlockKey> keys,
+                                                  uint64_t bytes, std::span<Reservation> out,
+                                                  std::span<int32_t> status, bool through_busy) {
+  return named(cl_->reserve_chain(parent, keys, bytes, out, status, through_busy));
+}
+Result<size_t> IndexServiceBackend::publish_many(std::span<const uint32_t> slots, std::span<const BlockKey> keys,
+                                                 std::span<int32_t> status) {
+  return named(cl_->publish_many(slots, keys, status));
+}
+Result<size_t> IndexServiceBackend::abort_many(std::span<const uint32_t> slots, std::span<const BlockKey> keys,
+                                               std::span<int32_t> status) {
+  return named(cl_->abort_many(slots, keys, status));
+}
+Result<size_t> IndexServiceBackend::pin_many(std::span<const BlockKey> keys, std::span<PinnedBlock> out,
+                                             std::span<int32_t> status) {
+  return named(cl_->pin_many(keys, out, status));
+}
+Result<size_t> IndexServiceBackend::unpin_many(std::span<const uint32_t> slots, std::span<const BlockKey> keys,
+                                               std::span<int32_t> status) {
+  return named(cl_->unpin_many(slots, keys, status));
+}
+void IndexServiceBackend::reservation_owner(uint32_t* node, uint32_t* inc) const {
+  *node = cl_->owner_node();
+  *inc = cl_->owner_incarnation();
 }
 
 }  // namespace cxlkv

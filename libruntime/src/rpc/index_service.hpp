@@ -25,6 +25,7 @@
 #include "cxlkv/kv.hpp"
 #include "cxlkv/rpc.hpp"
 #include "index/prefix_index.hpp"
+#include "kv/kv_index_backend.hpp"
 
 namespace cxlkv {
 
@@ -72,7 +73,7 @@ class IndexServiceClient {
  public:
   static Result<std::unique_ptr<IndexServiceClient>> connect(NodeContext& node, const RpcClientOptions& base = {});
   Result<size_t> reserve_chain(const BlockKey* parent, std::span<const BlockKey> keys, uint64_t bytes,
-                               std::span<Reservation> out, std::span<int32_t> status);
+                               std::span<Reservation> out, std::span<int32_t> status, bool through_busy = false);
   Result<size_t> publish_many(std::span<const uint32_t> slots, std::span<const BlockKey> keys,
                               std::span<int32_t> status);
   Result<size_t> abort_many(std::span<const uint32_t> slots, std::span<const BlockKey> keys,
@@ -81,12 +82,46 @@ class IndexServiceClient {
   Result<size_t> unpin_many(std::span<const uint32_t> slots, std::span<const BlockKey> keys,
                             std::span<int32_t> status);
   RpcClient& rpc() { return *rpc_; }
+  // The serving node and its incarnation, from the latest reply (the owner
+  // of the reservations made through the service).
+  uint32_t owner_node() const { return owner_node_; }
+  uint32_t owner_incarnation() const { return owner_inc_; }
 
  private:
   Result<size_t> slots_op(uint32_t op, std::span<const uint32_t> slots, std::span<const BlockKey> keys,
                           std::span<int32_t> status);
   std::unique_ptr<RpcClient> rpc_;
   std::vector<std::byte> req_, rep_;
+  uint32_t owner_node_ = 0xffffffffu, owner_inc_ = 0;
+};
+
+// A KvStore's index backend in service mode (KvOpenOptions::index_mode,
+// open_kv_session): the client above, with errors that name the pool and
+// the service.  A service that is down is an error of the call, never a
+// hang: -ECONNRESET (no live server, or it died / was replaced under the
+// request) or -ETIMEDOUT (no answer within `timeout`).
+class IndexServiceBackend final : public KvIndexBackend {
+ public:
+  static Result<std::unique_ptr<IndexServiceBackend>> connect(NodeContext& node, const std::string& pool,
+                                                              const RpcClientOptions& base = {});
+  Result<size_t> reserve_chain(const BlockKey* parent, std::span<const BlockKey> keys, uint64_t bytes,
+                               std::span<Reservation> out, std::span<int32_t> status, bool through_busy) override;
+  Result<size_t> publish_many(std::span<const uint32_t> slots, std::span<const BlockKey> keys,
+                              std::span<int32_t> status) override;
+  Result<size_t> abort_many(std::span<const uint32_t> slots, std::span<const BlockKey> keys,
+                            std::span<int32_t> status) override;
+  Result<size_t> pin_many(std::span<const BlockKey> keys, std::span<PinnedBlock> out,
+                          std::span<int32_t> status) override;
+  Result<size_t> unpin_many(std::span<const uint32_t> slots, std::span<const BlockKey> keys,
+                            std::span<int32_t> status) override;
+  void reservation_owner(uint32_t* node, uint32_t* inc) const override;
+  const char* mode() const override { return "service"; }
+  IndexServiceClient& client() { return *cl_; }
+
+ private:
+  Result<size_t> named(Result<size_t> r) const;
+  std::unique_ptr<IndexServiceClient> cl_;
+  std::string pool_;
 };
 
 }  // namespace cxlkv

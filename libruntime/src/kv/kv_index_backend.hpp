@@ -1,0 +1,76 @@
+// SPDX-License-Identifier: MIT
+// Where a KvStore's locking index calls go (issue 17 item 2: an index
+// service mode selectable per pool).  The lock-based path calls the store's
+// own PrefixIndex (this process takes the stripe locks); the index service
+// path sends the same batch calls over the shared-memory RPC to the process
+// that owns the index (rpc/index_service.hpp).  Both act on the same
+// on-pool index, so statuses, locations and chain semantics are the same;
+// everything lock-free (lookup, handle checks, wait_ready) reads the index
+// directly in both modes.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string>
+
+#include "index/prefix_index.hpp"
+
+namespace cxlkv {
+
+class KvIndexBackend {
+ public:
+  virtual ~KvIndexBackend() = default;
+  virtual Result<size_t> reserve_chain(const BlockKey* parent, std::span<const BlockKey> keys, uint64_t bytes,
+                                       std::span<Reservation> out, std::span<int32_t> status, bool through_busy) = 0;
+  virtual Result<size_t> publish_many(std::span<const uint32_t> slots, std::span<const BlockKey> keys,
+                                      std::span<int32_t> status) = 0;
+  virtual Result<size_t> abort_many(std::span<const uint32_t> slots, std::span<const BlockKey> keys,
+                                    std::span<int32_t> status) = 0;
+  virtual Result<size_t> pin_many(std::span<const BlockKey> keys, std::span<PinnedBlock> out,
+                                  std::span<int32_t> status) = 0;
+  virtual Result<size_t> unpin_many(std::span<const uint32_t> slots, std::span<const BlockKey> keys,
+                                    std::span<int32_t> status) = 0;
+  // The node and incarnation (low 32 bits) that own reservations made
+  // through this backend (the handle check of issue 12): this node for the
+  // lock-based path, the serving node for the service.
+  virtual void reservation_owner(uint32_t* node, uint32_t* incarnation) const = 0;
+  // "locks" or "service" (metrics, messages).
+  virtual const char* mode() const = 0;
+};
+
+// The lock-based path: the store's own PrefixIndex.
+class LocalIndexBackend final : public KvIndexBackend {
+ public:
+  LocalIndexBackend(PrefixIndex& ix, uint32_t node, uint32_t inc) : ix_(ix), node_(node), inc_(inc) {}
+  Result<size_t> reserve_chain(const BlockKey* parent, std::span<const BlockKey> keys, uint64_t bytes,
+                               std::span<Reservation> out, std::span<int32_t> status, bool through_busy) override {
+    return ix_.reserve_chain(parent, keys, bytes, out, status, through_busy);
+  }
+  Result<size_t> publish_many(std::span<const uint32_t> slots, std::span<const BlockKey> keys,
+                              std::span<int32_t> status) override {
+    return ix_.publish_many(slots, keys, status);
+  }
+  Result<size_t> abort_many(std::span<const uint32_t> slots, std::span<const BlockKey> keys,
+                            std::span<int32_t> status) override {
+    return ix_.abort_many(slots, keys, status);
+  }
+  Result<size_t> pin_many(std::span<const BlockKey> keys, std::span<PinnedBlock> out,
+                          std::span<int32_t> status) override {
+    return ix_.pin_many(keys, out, status);
+  }
+  Result<size_t> unpin_many(std::span<const uint32_t> slots, std::span<const BlockKey> keys,
+                            std::span<int32_t> status) override {
+    return ix_.unpin_many(slots, keys, status);
+  }
+  void reservation_owner(uint32_t* node, uint32_t* inc) const override {
+    *node = node_;
+    *inc = inc_;
+  }
+  const char* mode() const override { return "locks"; }
+
+ private:
+  PrefixIndex& ix_;
+  uint32_t node_, inc_;
+};
+
+}  // namespace cxlkv

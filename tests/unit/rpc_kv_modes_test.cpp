@@ -1,0 +1,310 @@
+// SPDX-License-Identifier: MIT
+// KvStore in both index modes (issue 17 item 2): the same user-facing calls
+// (single and batch, put_chain / get_many) must behave the same whether this
+// process takes the index's stripe locks itself or an index service owns the
+// index and answers over the shared-memory RPC.  Also: how a pool's mode is
+// chosen, and what a caller sees when the service is down (an error naming
+// the pool and the service, never a hang).
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <thread>
+
+#include "cxlkv/kv.hpp"
+#include "rpc/index_service.hpp"
+#include "rpc_test_pool.hpp"
+
+namespace cxlkv {
+namespace {
+
+using rpctest::RpcPool;
+using Clock = std::chrono::steady_clock;
+
+// Unsets CXLKV_INDEX_MODE for the test (the service-mode CTest run sets it).
+struct EnvGuard {
+  explicit EnvGuard(const char* value) {
+    if (const char* e = std::getenv("CXLKV_INDEX_MODE")) saved = e, had = true;
+    if (value) setenv("CXLKV_INDEX_MODE", value, 1);
+    else unsetenv("CXLKV_INDEX_MODE");
+  }
+  ~EnvGuard() {
+    if (had) setenv("CXLKV_INDEX_MODE", saved.c_str(), 1);
+    else unsetenv("CXLKV_INDEX_MODE");
+  }
+  std::string saved;
+  bool had = false;
+};
+
+std::vector<BlockKey> chain(uint64_t tag, size_t n) {
+  std::vector<BlockKey> k(n);
+  for (size_t i = 0; i < n; i++) k[i] = BlockKey{tag * 1000003 + i + 1, 0xfeed0000 + tag};
+  return k;
+}
+
+std::vector<std::byte> pattern(size_t block, size_t len) {
+  std::vector<std::byte> b(len);
+  for (size_t i = 0; i < len; i++) b[i] = std::byte(uint8_t(block * 37 + i * 11 + 3));
+  return b;
+}
+
+// A pool with the service carve, a lock manager (node 0), and in service
+// mode an index service on node 0 (its own store takes the locks).  Stores
+// under test run as nodes 1 and 2.
+struct ModePool {
+  explicit ModePool(const std::string& tag)
+      : pool(tag, 64ull << 20, {{kIndexServiceCarve, kIndexServiceCarveBytes}}) {
+    LockManagerOptions mo;
+    mo.node = 0;
+    auto m = LockManager::create(*pool.region, mo);
+    if (!m) throw std::runtime_error(m.error().message());
+    mgr = std::move(m.value());
+    mgr->start();
+  }
+  ~ModePool() {
+    stores.clear();
+    stop_service();
+    if (mgr) mgr->stop();
+  }
+  void start_service() {
+    if (!server_node) server_node = &pool.attach(0, true);
+    NodeContext& sn = *server_node;
+    KvOpenOptions ko;
+    ko.index_mode = KvIndexMode::locks;
+    auto s = open_kv_session(*pool.region, sn, ko);
+    if (!s) throw std::runtime_error(s.error().message());
+    server_session = std::move(s.value());
+    RpcServerOptions so;
+    so.spin_rounds = 200;  // a loaded 2-core machine: yield soon
+    auto svc = IndexService::create(sn, server_session->store().index(), so);
+    if (!svc) throw std::runtime_error(svc.error().message());
+    service = std::move(svc.value());
+    service->server().start();
+  }
+  void stop_service() {
+    service.reset();
+    server_session.reset();
+  }
+  Result<std::unique_ptr<KvSession>> open(uint32_t node, KvIndexMode mode) {
+    NodeContext& n = pool.attach(node, true);
+    KvOpenOptions ko;
+    ko.index_mode = mode;
+    return open_kv_session(*pool.region, n, ko);
+  }
+  KvStore& store(uint32_t node, KvIndexMode mode) {
+    auto s = open(node, mode);
+    if (!s) throw std::runtime_error(s.error().message());
+    stores.push_back(std::move(s.value()));
+    return stores.back()->store();
+  }
+  RpcPool pool;
+  NodeContext* server_node = nullptr;
+  std::unique_ptr<LockManager> mgr;
+  std::unique_ptr<KvSession> server_session;
+  std::unique_ptr<IndexService> service;
+  std::vector<std::unique_ptr<KvSession>> stores;
+};
+
+class KvModes : public ::testing::TestWithParam<KvIndexMode> {
+ protected:
+  void SetUp() override {
+    mp = std::make_unique<ModePool>(GetParam() == KvIndexMode::locks ? "kvm-locks" : "kvm-svc");
+    if (GetParam() == KvIndexMode::service) mp->start_service();
+    a = &mp->store(1, GetParam());
+    b = &mp->store(2, GetParam());
+  }
+  void TearDown() override { mp.reset(); }
+  std::unique_ptr<ModePool> mp;
+  KvStore* a = nullptr;
+  KvStore* b = nullptr;
+};
+
+TEST_P(KvModes, StoreReportsTheModeItWasOpenedIn) {
+  EXPECT_STREQ(a->index_mode(), GetParam() == KvIndexMode::locks ? "locks" : "service");
+}
+
+TEST_P(KvModes, PutChainThenGetManyReturnsTheBytesAndASecondPutFindsThemCached) {
+  const size_t n = 40, len = 1000;  // 40 blocks: more than one stripe, one request
+  auto keys = chain(1, n);
+  std::vector<std::vector<std::byte>> data;
+  std::vector<Chunk> chunks;
+  for (size_t i = 0; i < n; i++) data.push_back(pattern(i, len));
+  for (auto& d : data) chunks.push_back(Chunk{d.data(), len});
+  std::vector<uint32_t> nch(n, 1);
+  std::vector<int32_t> st(n, 99);
+  auto p = a->put_chain(nullptr, keys, len, chunks, nch, st);
+  ASSERT_TRUE(p) << p.error().message();
+  EXPECT_EQ(p.value(), n);
+  for (size_t i = 0; i < n; i++) EXPECT_EQ(st[i], kKvReserved) << i;
+  EXPECT_EQ(b->lookup(keys), n) << "another node sees the published chain";
+
+  std::vector<std::vector<std::byte>> got(n, std::vector<std::byte>(len));
+  std::vector<Chunk> out;
+  for (auto& g : got) out.push_back(Chunk{g.data(), len});
+  auto g = b->get_many(keys, out, nch, st);
+  ASSERT_TRUE(g) << g.error().message();
+  EXPECT_EQ(g.value(), n);
+  for (size_t i = 0; i < n; i++) EXPECT_EQ(got[i], data[i]) << "block " << i;
+
+  auto again = b->put_chain(nullptr, keys, len, chunks, nch, st);
+  ASSERT_TRUE(again);
+  EXPECT_EQ(again.value(), n);
+  for (size_t i = 0; i < n; i++) EXPECT_EQ(st[i], kKvExists) << i;
+}
+
+TEST_P(KvModes, SingleBlockCallsReserveWritePublishPinFetchUnpin) {
+  auto keys = chain(2, 2);
+  auto bytes = pattern(7, 4096);
+  Chunk c{bytes.data(), bytes.size()};
+  auto r0 = a->reserve(keys[0], nullptr, bytes.size());
+  ASSERT_TRUE(r0) << r0.error().message();
+  EXPECT_TRUE(r0->reserved());
+  ASSERT_TRUE(a->write(*r0, {&c, 1}));
+  // The child may be reserved under a reserved parent; its publish waits
+  // for the parent's (-EAGAIN) in both modes.
+  auto r1 = a->reserve(keys[1], &keys[0], bytes.size());
+  ASSERT_TRUE(r1) << r1.error().message();
+  ASSERT_TRUE(a->write(*r1, {&c, 1}));
+  auto early = a->publish(*r1);
+  ASSERT_FALSE(early);
+  EXPECT_EQ(early.error().code(), -EAGAIN);
+  ASSERT_TRUE(a->publish(*r0));
+  ASSERT_TRUE(a->publish(*r1));
+  EXPECT_EQ(b->lookup(keys), 2u);
+
+  auto pin = b->pin(keys[1]);
+  ASSERT_TRUE(pin) << pin.error().message();
+  std::vector<std::byte> got(bytes.size());
+  Chunk o{got.data(), got.size()};
+  ASSERT_TRUE(b->fetch(*pin, {&o, 1}));
+  EXPECT_EQ(got, bytes);
+  ASSERT_TRUE(b->unpin(*pin));
+
+  auto miss = b->pin(BlockKey{999, 999});
+  ASSERT_FALSE(miss);
+  EXPECT_EQ(miss.error().code(), -ENOENT);
+}
+
+TEST_P(KvModes, AnotherNodesReservationIsBusyUntilAbortedThenReservable) {
+  auto keys = chain(3, 1);
+  auto r = a->reserve(keys[0], nullptr, 512);
+  ASSERT_TRUE(r) << r.error().message();
+  ASSERT_TRUE(r->reserved());
+  std::vector<KvReservation> rs(1);
+  std::vector<int32_t> st(1, 99);
+  ASSERT_TRUE(b->reserve_chain(nullptr, keys, 512, rs, st));
+  EXPECT_EQ(st[0], kKvBusy);
+  ASSERT_TRUE(a->abort(*r));
+  ASSERT_TRUE(b->reserve_chain(nullptr, keys, 512, rs, st));
+  EXPECT_EQ(st[0], kKvReserved);
+  ASSERT_TRUE(b->abort_many(rs, st));
+  EXPECT_EQ(st[0], kKvReserved);
+}
+
+TEST_P(KvModes, StaleReservationHandleIsRefusedAfterAbort) {
+  auto keys = chain(4, 1);
+  auto r = a->reserve(keys[0], nullptr, 512);
+  ASSERT_TRUE(r);
+  ASSERT_TRUE(a->abort(*r));
+  auto p = a->publish(*r);  // the entry is gone: the fencing check refuses it
+  ASSERT_FALSE(p);
+  EXPECT_EQ(p.error().code(), -ESTALE) << p.error().message();
+}
+
+TEST_P(KvModes, ChainLongerThanOneServiceRequestKeepsChainSemantics) {
+  const size_t n = 300;  // > kIndexServiceMaxBatch (the client splits it)
+  auto keys = chain(5, n);
+  std::vector<KvReservation> rs(n);
+  std::vector<int32_t> st(n, 99);
+  auto r = a->reserve_chain(nullptr, keys, 128, rs, st);
+  ASSERT_TRUE(r) << r.error().message();
+  EXPECT_EQ(r.value(), n);
+  auto p = a->publish_many(rs, st);
+  ASSERT_TRUE(p) << p.error().message();
+  EXPECT_EQ(p.value(), n);
+  std::vector<KvPin> pins(n);
+  auto q = b->pin_many(keys, pins, st);
+  ASSERT_TRUE(q);
+  EXPECT_EQ(q.value(), n);
+  for (size_t i = 0; i < n; i += 37) EXPECT_EQ(pins[i].loc_off, rs[i].loc_off) << i;
+  ASSERT_TRUE(b->unpin_many(pins, st));
+}
+
+INSTANTIATE_TEST_SUITE_P(BothModes, KvModes, ::testing::Values(KvIndexMode::locks, KvIndexMode::service),
+                         [](const auto& info) { return info.param == KvIndexMode::locks ? "locks" : "service"; });
+
+// ---- mode selection -----------------------------------------------------------
+
+TEST(KvIndexModeSelection, PoolWithTheServiceCarveIsInServiceModeUnlessTheEnvironmentSaysLocks) {
+  EnvGuard env(nullptr);
+  ModePool mp("kvm-sel");
+  mp.start_service();
+  EXPECT_STREQ(mp.store(1, KvIndexMode::automatic).index_mode(), "service");
+  setenv("CXLKV_INDEX_MODE", "locks", 1);
+  EXPECT_STREQ(mp.store(2, KvIndexMode::automatic).index_mode(), "locks");
+  setenv("CXLKV_INDEX_MODE", "sideways", 1);
+  auto bad = mp.open(3, KvIndexMode::automatic);
+  ASSERT_FALSE(bad);
+  EXPECT_EQ(bad.error().code(), -EINVAL);
+  EXPECT_NE(bad.error().message().find("CXLKV_INDEX_MODE"), std::string::npos) << bad.error().message();
+}
+
+TEST(KvIndexModeSelection, PoolWithoutTheServiceCarveIsLockBased) {
+  EnvGuard env(nullptr);
+  RpcPool pool("kvm-plain");
+  LockManagerOptions mo;
+  auto m = LockManager::create(*pool.region, mo);
+  ASSERT_TRUE(m);
+  m.value()->start();
+  {
+    auto s = open_kv_session(*pool.region, pool.attach(1));
+    ASSERT_TRUE(s) << s.error().message();
+    EXPECT_STREQ(s.value()->store().index_mode(), "locks");
+  }
+  m.value()->stop();
+}
+
+// ---- the service down ------------------------------------------------------------
+
+TEST(KvIndexServiceDown, CallsFailWithConnResetNamingPoolAndServiceNotAHang) {
+  EnvGuard env(nullptr);
+  ModePool mp("kvm-down");
+  mp.start_service();
+  KvStore& s = mp.store(1, KvIndexMode::service);
+  auto keys = chain(6, 4);
+  std::vector<KvReservation> rs(4);
+  std::vector<int32_t> st(4);
+  ASSERT_TRUE(s.reserve_chain(nullptr, keys, 256, rs, st));
+  mp.stop_service();  // the server marks its line STOPPED
+
+  auto t0 = Clock::now();
+  auto p = s.publish_many(rs, st);
+  auto took = Clock::now() - t0;
+  ASSERT_FALSE(p) << "a publish with the service down cannot succeed";
+  EXPECT_TRUE(p.error().code() == -ECONNRESET || p.error().code() == -ETIMEDOUT) << p.error().message();
+  EXPECT_NE(p.error().message().find(mp.pool.uri), std::string::npos) << p.error().message();
+  EXPECT_NE(p.error().message().find("index service"), std::string::npos) << p.error().message();
+  EXPECT_LT(took, std::chrono::seconds(30)) << "bounded (request timeout 5 s)";
+
+  // Opening a store in service mode with no server: an error naming both.
+  t0 = Clock::now();
+  auto o = mp.open(2, KvIndexMode::service);
+  ASSERT_FALSE(o);
+  EXPECT_NE(o.error().message().find(mp.pool.uri), std::string::npos) << o.error().message();
+  EXPECT_NE(o.error().message().find("index service"), std::string::npos) << o.error().message();
+  EXPECT_LT(Clock::now() - t0, std::chrono::seconds(30));
+
+  // A new service: the same store's calls go through again (reconnect), and
+  // the reservations the old server held are its node's (still alive here):
+  // they abort through the new server, which runs as the same node.
+  mp.start_service();
+  std::vector<KvReservation> rs2(4);
+  auto r2 = s.reserve_chain(nullptr, chain(7, 4), 256, rs2, st);
+  ASSERT_TRUE(r2) << r2.error().message();
+  EXPECT_EQ(r2.value(), 4u);
+  ASSERT_TRUE(s.abort_many(rs2, st));
+}
+
+}  // namespace
+}  // namespace cxlkv
