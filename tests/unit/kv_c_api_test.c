@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "cxlkv/cxlkv.h"
+#include "cxlkv/cxlkv_rpc.h"
 
 #include "c_check.h"
 
@@ -284,6 +285,7 @@ int main(void)
 	struct cxlkv_pool *pool = NULL;
 	struct cxlkv_lock_manager *mgr = NULL;
 	struct cxlkv_kv *kv = NULL;
+	struct cxlkv_index_service *svc = NULL;
 	struct cxlkv_kv_key keys[8];
 	uint32_t tokens[NTOKENS];
 
@@ -293,6 +295,8 @@ int main(void)
 	memset(&fo, 0, sizeof(fo));
 	fo.size = sizeof(fo);
 	fo.max_nodes = 4;
+	if (getenv("CXLKV_TEST_INDEX_SERVICE"))
+		fo.flags |= CXLKV_FORMAT_F_INDEX_SERVICE;
 	CHECK(cxlkv_pool_format(uri, &fo) == 0);
 	CHECK(cxlkv_pool_open(uri, &pool) == 0);
 	if (!pool) {
@@ -302,6 +306,11 @@ int main(void)
 	memset(&mo, 0, sizeof(mo));
 	mo.size = sizeof(mo);
 	CHECK(cxlkv_lock_manager_start(pool, &mo, &mgr) == 0);
+	/* The same test in index-service mode (issue 17; CTest's *_service_c run
+	 * sets CXLKV_TEST_INDEX_SERVICE and CXLKV_INDEX_MODE=service): a service
+	 * on node 3 owns the index, this store's calls go through it. */
+	if (getenv("CXLKV_TEST_INDEX_SERVICE"))
+		CHECK(cxlkv_index_service_start(pool, 3, &svc) == 0 && svc != NULL);
 	memset(&ko, 0, sizeof(ko));
 	ko.size = sizeof(ko);
 	ko.node = 1;
@@ -316,6 +325,9 @@ int main(void)
 		test_free_of_kv_block(pool, kv, keys);
 	}
 	cxlkv_kv_close(kv);
+	cxlkv_index_service_stop(svc);
+	if (svc)
+		cxlkv_node_remove_local(pool, 3);
 	cxlkv_lock_manager_stop(mgr);
 	cxlkv_node_remove_local(pool, 1); /* the node-local file this test created */
 	cxlkv_pool_close(pool);

@@ -8,6 +8,7 @@
 #include "command.hpp"
 #include "pool/format.hpp"
 #include "region/superblock.hpp"
+#include "rpc/index_service.hpp"
 
 namespace cxlkvctl {
 namespace {
@@ -132,6 +133,8 @@ int cmd_format(Context& ctx, const Args& a) {
   else if (!err.empty()) return fail("format: " + err);
   o.force = a.flag("force");
   o.standard = !a.flag("no-standard");
+  if (a.flag("index-service"))  // issue 17: the pool's index mode
+    o.extra_carves.emplace_back(cxlkv::kIndexServiceCarve, cxlkv::kIndexServiceCarveBytes);
   cxlkv::OpenOptions oo;
   oo.prefault = !a.flag("no-prefault");
   if (auto h = a.value("huge-pages")) {
@@ -218,6 +221,8 @@ CXLKVCTL_COMMAND({"format", "format a pool (superblock + standard carves)",
                    {"index-entries", true, "prefix index entries (default: one per 64 KiB of kv)"},
                    {"force", false, "overwrite a pool that holds a valid superblock"},
                    {"no-standard", false, "superblock only, no standard carves"},
+                   {"index-service", false,
+                    "index-service mode: stores reach the prefix index through `cxlkvd --index-service`"},
                    {"huge-pages", true, "off (default), prefer or require 2 MiB pages (tmpfs huge=, hugetlbfs)"},
                    {"no-prefault", false, "do not fault the pool's pages in now"}},
                   cmd_format});

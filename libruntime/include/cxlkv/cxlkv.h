@@ -44,6 +44,8 @@ struct cxlkv_format_opts {
 };
 #define CXLKV_FORMAT_F_FORCE        (1u << 0)   /* overwrite a valid pool */
 #define CXLKV_FORMAT_F_NO_STANDARD  (1u << 1)   /* superblock only, no standard carves */
+#define CXLKV_FORMAT_F_INDEX_SERVICE (1u << 2)  /* with the index service's "rpc.index" carve:
+                                                 * the pool is in index-service mode (cxlkv_rpc.h) */
 
 int  cxlkv_pool_format(const char *uri, const struct cxlkv_format_opts *opts);
 int  cxlkv_pool_open(const char *uri, struct cxlkv_pool **out);
@@ -274,8 +276,15 @@ struct cxlkv_kv_key { uint64_t lo, hi; };
 struct cxlkv_kv_opts {
 	size_t   size;          /* sizeof(struct cxlkv_kv_opts) */
 	uint32_t node;          /* node id of this process */
-	uint32_t flags;         /* reserved, 0 */
+	uint32_t flags;         /* 0, or one CXLKV_KV_INDEX_* below */
 };
+/* How the store reaches the prefix index (issue 17).  Neither flag: the
+ * CXLKV_INDEX_MODE environment variable ("locks" / "service") when set, else
+ * the pool's mode (index service when it has the "rpc.index" carve, see
+ * cxlkv_rpc.h).  In service mode a service that is down makes the calls fail
+ * with -ECONNRESET / -ETIMEDOUT (cxlkv_kv_open: its error), never hang. */
+#define CXLKV_KV_INDEX_LOCKS   (1u << 0)  /* this process takes the index's stripe locks */
+#define CXLKV_KV_INDEX_SERVICE (1u << 1)  /* through the pool's index service */
 int  cxlkv_kv_open(struct cxlkv_pool *pool, const struct cxlkv_kv_opts *opts, struct cxlkv_kv **out);
 void cxlkv_kv_close(struct cxlkv_kv *kv);
 

@@ -108,6 +108,22 @@ uint32_t cxlkv_rpc_client_ring(struct cxlkv_rpc_client *cli);
 uint32_t cxlkv_rpc_client_depth(struct cxlkv_rpc_client *cli);
 uint32_t cxlkv_rpc_client_request_max(struct cxlkv_rpc_client *cli);
 
+/* ---- index service (issue 17) ----
+ * One process owns the prefix index and serves its batched reserve /
+ * publish / abort / pin / unpin over this RPC (carve "rpc.index"); every
+ * cxlkv_kv_open on a pool that has that carve then goes through the service
+ * (unless CXLKV_KV_INDEX_LOCKS or CXLKV_INDEX_MODE=locks says otherwise),
+ * with the same C API behaviour.  cxlkvd --index-service hosts it as a
+ * daemon; this hosts it in the calling process: attaches as `node`, takes
+ * the index's stripe locks through the pool's lock manager, and serves on a
+ * thread of the library.  Creates the carve when the pool has none (the
+ * pool is in index-service mode from then on).  -EBUSY: a live service
+ * already runs on the pool. */
+struct cxlkv_pool;
+struct cxlkv_index_service;
+int  cxlkv_index_service_start(struct cxlkv_pool *pool, uint32_t node, struct cxlkv_index_service **out);
+void cxlkv_index_service_stop(struct cxlkv_index_service *svc);
+
 #ifdef __cplusplus
 }
 #endif

@@ -144,7 +144,14 @@ int cxlkv_kv_open(struct cxlkv_pool* pool, const struct cxlkv_kv_opts* opts, str
     no.heartbeat = true;
     auto node = NodeContext::attach(*pool->region, no);
     if (!node) return capi::set_error(node.error());
-    auto s = open_kv_session(*pool->region, *node.value());
+    KvOpenOptions ko;  // issue 17: the index mode
+    if (opts->flags & ~(CXLKV_KV_INDEX_LOCKS | CXLKV_KV_INDEX_SERVICE))
+      return bad(__func__, "unknown flags");
+    if ((opts->flags & CXLKV_KV_INDEX_LOCKS) && (opts->flags & CXLKV_KV_INDEX_SERVICE))
+      return bad(__func__, "CXLKV_KV_INDEX_LOCKS and CXLKV_KV_INDEX_SERVICE both set");
+    if (opts->flags & CXLKV_KV_INDEX_LOCKS) ko.index_mode = KvIndexMode::locks;
+    if (opts->flags & CXLKV_KV_INDEX_SERVICE) ko.index_mode = KvIndexMode::service;
+    auto s = open_kv_session(*pool->region, *node.value(), ko);
     if (!s) return capi::set_error(s.error());
     auto kv = std::make_unique<cxlkv_kv>();
     kv->node = std::move(node.value());

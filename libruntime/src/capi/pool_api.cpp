@@ -6,6 +6,7 @@
 
 #include "capi/capi.hpp"
 #include "pool/format.hpp"
+#include "rpc/index_service.hpp"
 
 using cxlkv::capi::guarded;
 using cxlkv::capi::set_error;
@@ -60,7 +61,9 @@ int cxlkv_pool_format(const char* uri, const struct cxlkv_format_opts* opts) {
       if (CXLKV_OPT_HAS(opts, index_entries)) o.index_entries = opts->index_entries;
       if (CXLKV_OPT_HAS(opts, rpc_bytes) && opts->rpc_bytes) o.extra_carves.emplace_back(CXLKV_CARVE_RPC, opts->rpc_bytes);
     }
-    if (flags & ~(CXLKV_FORMAT_F_FORCE | CXLKV_FORMAT_F_NO_STANDARD))
+    if (flags & CXLKV_FORMAT_F_INDEX_SERVICE)  // issue 17: the pool's index mode
+      o.extra_carves.emplace_back(cxlkv::kIndexServiceCarve, cxlkv::kIndexServiceCarveBytes);
+    if (flags & ~(CXLKV_FORMAT_F_FORCE | CXLKV_FORMAT_F_NO_STANDARD | CXLKV_FORMAT_F_INDEX_SERVICE))
       return set_error(-EINVAL, "cxlkv_pool_format: unknown flags " + std::to_string(flags));
     o.force = flags & CXLKV_FORMAT_F_FORCE;
     o.standard = !(flags & CXLKV_FORMAT_F_NO_STANDARD);

@@ -7,12 +7,16 @@
 #include "capi/capi.hpp"
 #include "cxlkv/cxlkv_rpc.h"
 #include "cxlkv/rpc.hpp"
+#include "rpc/index_service.hpp"
 
 struct cxlkv_rpc_server {
   std::unique_ptr<cxlkv::RpcServer> srv;
 };
 struct cxlkv_rpc_client {
   std::unique_ptr<cxlkv::RpcClient> cli;
+};
+struct cxlkv_index_service {
+  std::unique_ptr<cxlkv::IndexServiceHost> host;
 };
 
 using cxlkv::capi::guarded;
@@ -155,5 +159,19 @@ int cxlkv_rpc_call(struct cxlkv_rpc_client* cli, uint32_t op, const void* req, u
 uint32_t cxlkv_rpc_client_ring(struct cxlkv_rpc_client* cli) { return cli ? cli->cli->ring() : 0; }
 uint32_t cxlkv_rpc_client_depth(struct cxlkv_rpc_client* cli) { return cli ? cli->cli->depth() : 0; }
 uint32_t cxlkv_rpc_client_request_max(struct cxlkv_rpc_client* cli) { return cli ? cli->cli->request_max() : 0; }
+
+int cxlkv_index_service_start(struct cxlkv_pool* pool, uint32_t node, struct cxlkv_index_service** out) {
+  return guarded(__func__, [&]() -> int {
+    if (!pool || !pool->region || !out) return null_arg(__func__);
+    *out = nullptr;
+    auto h = cxlkv::IndexServiceHost::start(*pool->region, node);
+    if (!h) return set_error(h.error());
+    *out = new cxlkv_index_service{std::move(h.value())};
+    cxlkv::capi::clear_error();
+    return 0;
+  });
+}
+
+void cxlkv_index_service_stop(struct cxlkv_index_service* svc) { delete svc; }
 
 }  // extern "C"
