@@ -4,6 +4,8 @@
  * carve (CXLKV_CARVE_PNM), made by the first process that asks for it.
  *
  *   carve offset 0     struct cxlkv_pnm_header (one line, written once)
+ *   stats_off          nparts x struct cxlkv_pnm_part_stats (0: none, a carve
+ *                      made before the stats existed)
  *   parts_off          nparts writer partitions of part_bytes each
  *
  * A partition has one writer process at a time (it holds an flock on a
@@ -67,11 +69,14 @@ struct cxlkv_pnm_header {
 	__u64 part_bytes;       /* multiple of 64 */
 	__u32 slots_per_part;
 	__u32 checksum;         /* low 32 bits of cxlkv_hdr_checksum over this line */
-	__u8  reserved[24];
+	__u64 stats_off;        /* per-partition statistics, from the carve start; 0: none */
+	__u8  reserved[16];
 };
 CXLKV_STATIC_ASSERT(sizeof(struct cxlkv_pnm_header) == 64, "pnm header is one line");
 CXLKV_STATIC_ASSERT(__builtin_offsetof(struct cxlkv_pnm_header, checksum) == 36,
 		    "pnm header checksum offset is part of the layout");
+CXLKV_STATIC_ASSERT(__builtin_offsetof(struct cxlkv_pnm_header, stats_off) == 40,
+		    "pnm header stats_off offset is part of the layout");
 
 static inline __u32 cxlkv_pnm_header_checksum(const struct cxlkv_pnm_header *h)
 {
@@ -174,5 +179,57 @@ static inline __u64 cxlkv_pnm_digest_at(const struct cxlkv_pnm_ctx *c, __u32 lay
 	return c->digest_off +
 	       (((__u64)layer * c->kv_heads + head) * c->max_pages + page) * cxlkv_pnm_digest_bytes(c);
 }
+
+/*
+ * Statistics of a partition (the `pnm` metrics family, cxlkv/metrics.hpp):
+ * what the partition's writer process did (digest builds) and what the
+ * near-memory engines of that process did over any context (select and
+ * attention steps, bytes read near memory, bytes that crossed or would have
+ * crossed the link).  Written only by the partition's writer (rule 2), whole
+ * lines with non-temporal stores and a fence; read fresh (rule 4) by
+ * `cxlkvctl stats --prometheus`, cxlkvd's metrics endpoint and
+ * cxlkv_stats_prometheus().  Totals since the carve was made: a new writer of
+ * the partition continues from the stored values.
+ */
+enum cxlkv_pnm_counter {
+	CXLKV_PNM_CTR_DIGEST_BUILDS = 0,   /* appends that built and published digests */
+	CXLKV_PNM_CTR_GPU_DIGEST_BUILDS,   /* of which with digests computed on the GPU */
+	CXLKV_PNM_CTR_APPENDED_TOKENS,
+	CXLKV_PNM_CTR_DIGEST_WRITE_BYTES,  /* digest bytes written to the pool */
+	CXLKV_PNM_CTR_SELECT_STEPS,        /* decode steps that scored and selected pages */
+	CXLKV_PNM_CTR_SELECTED_PAGES,      /* summed over (layer, KV head) */
+	CXLKV_PNM_CTR_ATTEND_STEPS,        /* decode steps that computed near-memory attention */
+	CXLKV_PNM_CTR_STEP_ERRORS,         /* steps that failed */
+	CXLKV_PNM_CTR_DIGEST_READ_BYTES,   /* digests read near memory */
+	CXLKV_PNM_CTR_KV_READ_BYTES,       /* K and V read near memory */
+	CXLKV_PNM_CTR_LINK_BYTES,          /* crossed the link: queries in, output + LSE out */
+	CXLKV_PNM_CTR_LINK_SELECTED_BYTES, /* would have crossed recalling the selected pages */
+	CXLKV_PNM_CTR_LINK_ALL_BYTES,      /* would have crossed recalling every page */
+	CXLKV_PNM_CTR_HYBRID_STEPS,        /* hybrid steady-token steps */
+	CXLKV_PNM_CTR_HYBRID_RECALL_BYTES, /* pool -> GPU recalls of hybrid steps */
+	CXLKV_PNM_CTR_COUNT
+};
+#define CXLKV_PNM_CTR_SLOTS 16u        /* counters[] entries (2 lines) */
+enum cxlkv_pnm_latency {
+	CXLKV_PNM_LAT_DIGEST_BUILD = 0,    /* one append: pages, digests, publish */
+	CXLKV_PNM_LAT_SELECT,              /* score + top-K of one step, all layers and heads */
+	CXLKV_PNM_LAT_ATTEND,              /* near-memory attention of one step */
+	CXLKV_PNM_LAT_COUNT
+};
+/* Bucket b counts [2^(b/2), 2^((b+1)/2)) ns, as the index's node histograms. */
+#define CXLKV_PNM_LAT_BUCKETS 64u
+
+struct cxlkv_pnm_part_stats {
+	__u64 counters[CXLKV_PNM_CTR_SLOTS];                        /* enum cxlkv_pnm_counter; 2 lines */
+	__u32 latency[CXLKV_PNM_LAT_COUNT][CXLKV_PNM_LAT_BUCKETS];  /* 12 lines */
+	__u64 updated_ms;       /* writer's clock at its last store; 0: never written */
+	__u32 pid;              /* writer process */
+	__u32 reserved0;
+	__u8  reserved[48];
+};
+CXLKV_STATIC_ASSERT(CXLKV_PNM_CTR_COUNT <= CXLKV_PNM_CTR_SLOTS, "pnm counters fit their two lines");
+CXLKV_STATIC_ASSERT(__builtin_offsetof(struct cxlkv_pnm_part_stats, updated_ms) == 14 * 64,
+		    "pnm stats trailer follows the histograms");
+CXLKV_STATIC_ASSERT(sizeof(struct cxlkv_pnm_part_stats) == 15 * 64, "pnm partition stats are 15 lines");
 
 #endif /* _UAPI_CXLKV_PNM_H */

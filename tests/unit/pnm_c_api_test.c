@@ -3,7 +3,8 @@
  * The near-memory C API (cxlkv/cxlkv_pnm.h): a writer appends a long
  * context, a reader on the same pool finds it and runs a decode step whose
  * output with the whole context as budget equals attention over all pages;
- * merge of two partials; bad input refused with -errno and a message.
+ * merge of two partials; the pnm metrics family in cxlkv_stats_prometheus();
+ * bad input refused with -errno and a message.
  */
 #include <errno.h>
 #include <math.h>
@@ -126,6 +127,24 @@ int main(void)
 	CHECK(cxlkv_pnm_merge(L * QH, D, out_all, lse_all, out_m, lse_m, out_m, lse_m) == 0);
 	for (i = 0; i < L * QH * D; i++)
 		CHECK(fabsf(out_m[i] - out_all[i]) < 1e-6f);
+
+	/* The pnm metrics family reaches the pool's exposition (the text of
+	 * cxlkvctl stats --prometheus): the writer's append and a step on the
+	 * writer's handle count in its partition; the reader store's steps above
+	 * stay in this process (a reader has no stats lines). */
+	CHECK(cxlkv_pnm_attend(w, NULL, q, QH, 0, &st, out_sel, lse_sel, NULL) == 0);
+	{
+		static char text[1 << 16];
+		int n = cxlkv_stats_prometheus(pool, text, sizeof text);
+
+		CHECK(n > 0 && n < (int)sizeof text);
+		CHECK(strstr(text, "# TYPE cxlkv_pnm_select_seconds histogram\n") != NULL);
+		CHECK(strstr(text, "\ncxlkv_pnm_digest_builds_total{partition=\"0\"} 1\n") != NULL);
+		CHECK(strstr(text, "\ncxlkv_pnm_appended_tokens_total{partition=\"0\"} 100\n") != NULL);
+		CHECK(strstr(text, "\ncxlkv_pnm_select_steps_total{partition=\"0\"} 1\n") != NULL);
+		CHECK(strstr(text, "\ncxlkv_pnm_attention_steps_total{partition=\"0\"} 1\n") != NULL);
+		CHECK(strstr(text, "cxlkv_pnm_digest_builds_total{partition=\"1\"}") == NULL);
+	}
 
 	/* Bad input. */
 	CHECK_ERR(cxlkv_pnm_attend(r, NULL, q, 3, 0, &st, out_sel, lse_sel, NULL), -EINVAL);

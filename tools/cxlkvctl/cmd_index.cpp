@@ -145,11 +145,15 @@ int cmd_stats(Context& ctx, const Args& a) {
   if (!r) return 1;
   uint64_t size = 0;
   const void* carve = index_carve(*r, &size);
+  const bool prom = a.flag("prometheus");
+  if (prom && !carve && r->carve(CXLKV_CARVE_PNM)) {  // a near-memory pool without KV index: its pnm family
+    std::fputs(cxlkv::prometheus_region_exposition(*r).c_str(), stdout);
+    return 0;
+  }
   if (!carve) return fail("pool " + r->uri() + " has no index carve");
   auto nodes = cxlkv::read_pool_stats(r->domain(), carve);
   cxlkv::KvStats total;
   for (auto& n : nodes) total.add(n.stats);
-  const bool prom = a.flag("prometheus");
   if (prom) {
     // one definition: cxlkv/metrics.hpp (node counters, histograms, lease ends, pool state)
     std::fputs(cxlkv::prometheus_region_exposition(*r).c_str(), stdout);

@@ -82,10 +82,22 @@ enum {
 const MetricDesc& state_metric(int which);
 std::string prometheus_state_exposition(Region& r);
 // Everything about a pool: prometheus_pool_exposition (node KV counters,
-// latency histograms, lease ends) then prometheus_state_exposition.  What
+// latency histograms, lease ends), prometheus_state_exposition, then
+// prometheus_pnm_exposition.  What
 // cxlkvd's metrics endpoint, `cxlkvctl stats --prometheus` and
 // cxlkv_stats_prometheus() return.
 std::string prometheus_region_exposition(Region& r);
+
+// ---- Near-memory long contexts (libruntime/src/capi/metrics_pnm.cpp) ----------
+// The pnm family: per writer partition of the "pnm" carve (label
+// partition="P"), read fresh from its stats lines (uapi/cxlkv_pnm.h): digest
+// builds, select and attention steps of the near-memory engines, bytes read
+// near memory against bytes that crossed (or would have crossed) the link.
+// Counter CXLKV_PNM_CTR_* c as a Prometheus counter; histogram
+// CXLKV_PNM_LAT_* l in seconds.  Nothing when the pool has no pnm carve.
+const MetricDesc& pnm_counter_metric(int c);
+const MetricDesc& pnm_latency_metric(int l);
+std::string prometheus_pnm_exposition(Region& r);
 
 // The lock manager's own counters (one process: cxlkvd's endpoint adds them).
 enum {

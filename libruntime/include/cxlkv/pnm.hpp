@@ -23,6 +23,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <span>
 #include <string>
 #include <vector>
@@ -31,6 +32,7 @@
 
 struct cxlkv_pnm_slot;
 struct cxlkv_pnm_header;
+struct cxlkv_pnm_part_stats;
 
 namespace cxlkv {
 class Region;
@@ -68,6 +70,7 @@ struct StoreOptions {
 };
 
 class ContextStore;
+struct StepResult;
 
 // One long context (a request).  A writer handle appends; any handle reads.
 class Context {
@@ -77,6 +80,7 @@ class Context {
   Context& operator=(const Context&) = delete;
 
   uint64_t request_id() const { return request_id_; }
+  ContextStore& store() const { return *store_; }
   const Geometry& geometry() const { return geo_; }
   uint32_t generation() const { return generation_; }
   bool writable() const { return writable_; }
@@ -134,6 +138,7 @@ class Context {
   Result<void> publish(uint64_t new_tokens);
   Result<void> write_page_entry(uint32_t page, uint64_t off);
   Result<void> write_digest(uint32_t layer, uint32_t head, uint32_t page, const void* d);
+  Result<void> append_pages_impl(std::span<const uint64_t> page_offsets, const void* digests, uint64_t ntokens);
 
   ContextStore* store_ = nullptr;
   Region* region_ = nullptr;
@@ -174,6 +179,19 @@ class ContextStore {
   // Heap bytes left in this writer's partition.
   uint64_t heap_free() const;
 
+  // ---- statistics (the pnm metrics family, cxlkv/metrics.hpp) --------------
+  // What this process did through this store: digest builds of its
+  // contexts, steps of the engines over contexts it opened.  A writer store
+  // keeps them in its partition's stats lines (uapi/cxlkv_pnm.h; totals,
+  // continued from the stored values at open) and stores them there after
+  // every record; a read-only store keeps them in this process only.
+  void record_digest_build(uint64_t tokens, uint64_t digest_bytes, bool gpu, uint64_t ns);
+  void record_step(const StepResult& r, bool selected);
+  void record_hybrid_step(uint64_t recall_bytes);
+  // A copy of this store's statistics (what the partition's lines hold
+  // after the last record, for a writer store).
+  void stats(cxlkv_pnm_part_stats* out) const;
+
  private:
   friend class Context;
   ContextStore() = default;
@@ -181,6 +199,7 @@ class ContextStore {
   uint64_t slot_off(uint32_t p, uint32_t s) const { return part_off(p) + 64 + uint64_t(s) * 128; }
   Result<uint64_t> heap_alloc(uint64_t bytes);  // pool offset, 64-aligned
   Result<void> write_part();                   // publish the partition header (rule 3)
+  void store_stats_locked();                   // the stats lines (writer; stats_mu_ held)
 
   Region* region_ = nullptr;
   StoreOptions opts_{};
@@ -190,6 +209,9 @@ class ContextStore {
   std::string lock_path_;
   uint64_t heap_next_ = 0, heap_end_ = 0;  // writer's view of its partition header
   uint32_t live_ = 0;
+  uint64_t stats_off_ = 0;  // pool offset of this writer's partition stats; 0: none
+  mutable std::mutex stats_mu_;
+  std::unique_ptr<cxlkv_pnm_part_stats> stats_;
 };
 
 // Page digests computed on the GPU: K [rows][ntokens][head_dim] at k_dev ->

@@ -16,7 +16,8 @@ extern "C" int cxlkv_stats_prometheus(struct cxlkv_pool* pool, char* buf, size_t
   return capi::guarded(__func__, [&] {
     if (!pool || !pool->region || (!buf && len)) return capi::set_error(-EINVAL, "cxlkv_stats_prometheus: pool is required (and buf when len > 0)");
     auto c = pool->region->carve(CXLKV_CARVE_INDEX);
-    if (!c) return capi::set_error(-ENOENT, "cxlkv_stats_prometheus: pool " + pool->region->uri() + " has no index carve");
+    if (!c && !pool->region->carve(CXLKV_CARVE_PNM))  // a near-memory-only pool has its pnm family
+      return capi::set_error(-ENOENT, "cxlkv_stats_prometheus: pool " + pool->region->uri() + " has no index carve");
     std::string text = prometheus_region_exposition(*pool->region);
     if (text.size() > size_t(INT32_MAX)) return capi::set_error(-EOVERFLOW, "cxlkv_stats_prometheus: text too long");
     if (len) {

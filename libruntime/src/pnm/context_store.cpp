@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstring>
 #include <thread>
 
@@ -42,6 +43,11 @@ namespace {
 
 constexpr uint64_t kAlign = 64;
 uint64_t align_up(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
+
+uint64_t since_ns(std::chrono::steady_clock::time_point t0) {
+  return static_cast<uint64_t>(
+      std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count());
+}
 
 std::string hex(uint64_t v) {
   char b[24];
@@ -104,8 +110,10 @@ Result<std::unique_ptr<ContextStore>> ContextStore::open(Region& region, const S
     h.version = CXLKV_PNM_VERSION;
     h.nparts = o.partitions;
     h.slots_per_part = o.slots_per_partition;
-    h.parts_off = kAlign;
-    h.part_bytes = (carve->size - kAlign) / o.partitions / kAlign * kAlign;
+    // Per-partition statistics right after the header, partitions after them.
+    h.stats_off = kAlign;
+    h.parts_off = align_up(kAlign + uint64_t(o.partitions) * sizeof(cxlkv_pnm_part_stats), kAlign);
+    h.part_bytes = carve->size > h.parts_off ? (carve->size - h.parts_off) / o.partitions / kAlign * kAlign : 0;
     const uint64_t min_part = kAlign + uint64_t(o.slots_per_partition) * CXLKV_PNM_SLOT_SIZE + kAlign;
     if (h.part_bytes < min_part)
       return Error(-EINVAL, C + "carve of " + std::to_string(carve->size) + " bytes is too small for " +
@@ -121,6 +129,8 @@ Result<std::unique_ptr<ContextStore>> ContextStore::open(Region& region, const S
       d.store_nt(region.at(po), &part, sizeof part);
       std::vector<unsigned char> zero(size_t(o.slots_per_partition) * CXLKV_PNM_SLOT_SIZE, 0);
       d.store_nt(region.at(po + kAlign), zero.data(), zero.size());
+      const cxlkv_pnm_part_stats zs{};
+      d.store_nt(region.at(st->carve_off_ + h.stats_off + uint64_t(p) * sizeof zs), &zs, sizeof zs);
     }
     // Rule 3: partitions and slots in memory before the header's magic.
     d.fence();
@@ -152,6 +162,11 @@ Result<std::unique_ptr<ContextStore>> ContextStore::open(Region& region, const S
       kAlign + uint64_t(h.slots_per_part) * CXLKV_PNM_SLOT_SIZE > h.part_bytes)
     return Error(-EIO, C + "header geometry does not fit the carve (" + std::to_string(h.nparts) +
                            " partitions of " + std::to_string(h.part_bytes) + " bytes)");
+  if (h.stats_off && (h.stats_off % kAlign || h.stats_off + uint64_t(h.nparts) * sizeof(cxlkv_pnm_part_stats) >
+                                                   h.parts_off))
+    return Error(-EIO, C + "header names statistics at " + std::to_string(h.stats_off) +
+                           " that overlap the partitions at " + std::to_string(h.parts_off));
+  st->stats_ = std::make_unique<cxlkv_pnm_part_stats>();
   st->nparts_ = h.nparts;
   st->slots_ = h.slots_per_part;
   st->parts_off_ = h.parts_off;
@@ -194,11 +209,93 @@ Result<std::unique_ptr<ContextStore>> ContextStore::open(Region& region, const S
     st->heap_next_ = part.heap_next;
     st->heap_end_ = part.heap_end;
     st->live_ = part.live;
+    if (h.stats_off) {
+      // Totals continue from what the previous writer stored (rule 4: fresh).
+      st->stats_off_ = st->carve_off_ + h.stats_off + uint64_t(o.partition) * sizeof(cxlkv_pnm_part_stats);
+      const auto* sp = region.at<cxlkv_pnm_part_stats>(st->stats_off_);
+      d.invalidate(sp, sizeof *sp);  // rule 4
+      d.fence();
+      d.load(st->stats_.get(), sp, sizeof *sp);
+    }
   }
   return st;
 }
 
 uint64_t ContextStore::heap_free() const { return heap_end_ - heap_next_; }
+
+// ---- statistics --------------------------------------------------------------
+
+namespace {
+// Bucket of the half-octave histograms: [2^(b/2), 2^((b+1)/2)) ns (uapi/cxlkv_pnm.h).
+uint32_t lat_bucket(uint64_t ns) {
+  if (ns < 1) ns = 1;
+  const int b = static_cast<int>(std::floor(2.0 * std::log2(static_cast<double>(ns))));
+  return static_cast<uint32_t>(std::clamp(b, 0, int(CXLKV_PNM_LAT_BUCKETS) - 1));
+}
+uint64_t ms_to_ns(double ms) { return ms > 0 ? static_cast<uint64_t>(ms * 1e6) : 0; }
+}  // namespace
+
+void ContextStore::store_stats_locked() {
+  if (!stats_off_) return;
+  stats_->updated_ms = static_cast<uint64_t>(
+      std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
+          .count());
+  stats_->pid = static_cast<uint32_t>(::getpid());
+  MemoryDomain& d = region_->domain();
+  // Rule 2: this partition's writer is the lines' one writer; whole lines
+  // with non-temporal stores, then a fence (rule 3: in memory for readers).
+  if (testing::faults().skip_writer_flush) {
+    d.store(region_->at(stats_off_), stats_.get(), sizeof(cxlkv_pnm_part_stats));  // left in this cache
+  } else {
+    d.store_nt(region_->at(stats_off_), stats_.get(), sizeof(cxlkv_pnm_part_stats));
+  }
+  d.fence();
+}
+
+void ContextStore::record_digest_build(uint64_t tokens, uint64_t digest_bytes, bool gpu, uint64_t ns) {
+  std::lock_guard<std::mutex> g(stats_mu_);
+  auto& c = stats_->counters;
+  c[CXLKV_PNM_CTR_DIGEST_BUILDS]++;
+  if (gpu) c[CXLKV_PNM_CTR_GPU_DIGEST_BUILDS]++;
+  c[CXLKV_PNM_CTR_APPENDED_TOKENS] += tokens;
+  c[CXLKV_PNM_CTR_DIGEST_WRITE_BYTES] += digest_bytes;
+  stats_->latency[CXLKV_PNM_LAT_DIGEST_BUILD][lat_bucket(ns)]++;
+  store_stats_locked();
+}
+
+void ContextStore::record_step(const StepResult& r, bool selected) {
+  std::lock_guard<std::mutex> g(stats_mu_);
+  auto& c = stats_->counters;
+  if (!r.status.ok()) {
+    c[CXLKV_PNM_CTR_STEP_ERRORS]++;
+  } else {
+    if (selected) {
+      c[CXLKV_PNM_CTR_SELECT_STEPS]++;
+      for (const auto& p : r.selection.pages) c[CXLKV_PNM_CTR_SELECTED_PAGES] += p.size();
+      stats_->latency[CXLKV_PNM_LAT_SELECT][lat_bucket(ms_to_ns(r.select_ms))]++;
+    }
+    c[CXLKV_PNM_CTR_ATTEND_STEPS]++;
+    stats_->latency[CXLKV_PNM_LAT_ATTEND][lat_bucket(ms_to_ns(r.attend_ms))]++;
+    c[CXLKV_PNM_CTR_DIGEST_READ_BYTES] += r.digest_bytes;
+    c[CXLKV_PNM_CTR_KV_READ_BYTES] += r.kv_bytes;
+    c[CXLKV_PNM_CTR_LINK_BYTES] += r.link_bytes_near;
+    c[CXLKV_PNM_CTR_LINK_SELECTED_BYTES] += r.link_bytes_selected;
+    c[CXLKV_PNM_CTR_LINK_ALL_BYTES] += r.link_bytes_all;
+  }
+  store_stats_locked();
+}
+
+void ContextStore::record_hybrid_step(uint64_t recall_bytes) {
+  std::lock_guard<std::mutex> g(stats_mu_);
+  stats_->counters[CXLKV_PNM_CTR_HYBRID_STEPS]++;
+  stats_->counters[CXLKV_PNM_CTR_HYBRID_RECALL_BYTES] += recall_bytes;
+  store_stats_locked();
+}
+
+void ContextStore::stats(cxlkv_pnm_part_stats* out) const {
+  std::lock_guard<std::mutex> g(stats_mu_);
+  *out = *stats_;
+}
 
 Result<uint64_t> ContextStore::heap_alloc(uint64_t bytes) {
   bytes = align_up(bytes, kAlign);
@@ -401,6 +498,7 @@ Result<void> Context::publish(uint64_t new_tokens) {
 }
 
 Result<void> Context::append(const void* k, const void* v, uint32_t n) {
+  const auto t0 = std::chrono::steady_clock::now();
   const std::string C = "pool " + region_->uri() + ": pnm context " + std::to_string(request_id_) + ": append: ";
   if (!writable_) return Error(-EPERM, C + "read-only handle");
   if ((n > 0 && (!k || !v))) return Error(-EINVAL, C + "K or V is NULL");
@@ -413,6 +511,7 @@ Result<void> Context::append(const void* k, const void* v, uint32_t n) {
   const uint64_t row = uint64_t(geo_.head_dim) * es, db = 2 * row;
   const uint32_t pt = geo_.page_tokens;
   uint64_t t = tokens_;
+  const uint64_t tokens_before = tokens_;
   uint32_t done = 0;
   while (done < n) {
     const uint32_t page = static_cast<uint32_t>(t / pt), in_page = static_cast<uint32_t>(t % pt);
@@ -443,10 +542,23 @@ Result<void> Context::append(const void* k, const void* v, uint32_t n) {
     done += cnt;
     t += cnt;
   }
-  return publish(t);
+  CXLKV_TRY(publish(t));
+  const uint64_t written = uint64_t(pages_for(t) - tokens_before / geo_.page_tokens) * geo_.layers * geo_.kv_heads * db;
+  store_->record_digest_build(n, written, false, since_ns(t0));
+  return {};
 }
 
 Result<void> Context::append_pages(std::span<const uint64_t> offs, const void* digests, uint64_t ntokens) {
+  const auto t0 = std::chrono::steady_clock::now();
+  CXLKV_TRY(append_pages_impl(offs, digests, ntokens));
+  if (!offs.empty())
+    store_->record_digest_build(ntokens, uint64_t(offs.size()) * geo_.layers * geo_.kv_heads * 2ull * geo_.head_dim *
+                                             dtype_size(geo_.dtype),
+                                false, since_ns(t0));
+  return {};
+}
+
+Result<void> Context::append_pages_impl(std::span<const uint64_t> offs, const void* digests, uint64_t ntokens) {
   const std::string C =
       "pool " + region_->uri() + ": pnm context " + std::to_string(request_id_) + ": append_pages: ";
   if (!writable_) return Error(-EPERM, C + "read-only handle");

@@ -131,7 +131,8 @@ void Engine::parallel_for(uint32_t n, const std::function<void(uint32_t)>& f) {
   impl_->job = nullptr;
 }
 
-StepResult Engine::step(const StepRequest& req, Isa isa) {
+namespace {
+StepResult run_step(Engine& eng, const StepRequest& req, Isa isa) {
   StepResult r;
   if (!req.ctx) {
     r.status = Error(-EINVAL, "pnm engine step: no context");
@@ -169,7 +170,7 @@ StepResult Engine::step(const StepRequest& req, Isa isa) {
     for (uint32_t p = 0; p < np; p++) all[p] = p;
     for (auto& v : r.selection.pages) v = all;
   } else {
-    parallel_for(pairs, [&](uint32_t i) {
+    eng.parallel_for(pairs, [&](uint32_t i) {
       const uint32_t l = i / g.kv_heads, h = i % g.kv_heads;
       const float* q = req.queries.data() + (size_t(l) * req.q_heads + size_t(h) * group) * g.head_dim;
       auto p = detail::select_head(ctx, q, group, l, h, ntokens, req.select, isa);
@@ -201,7 +202,7 @@ StepResult Engine::step(const StepRequest& req, Isa isa) {
   r.partial.out.assign(size_t(g.layers) * req.q_heads * g.head_dim, 0.f);
   r.partial.lse.assign(size_t(g.layers) * req.q_heads, -INFINITY);
   const float scale = 1.f / std::sqrt(float(g.head_dim));
-  parallel_for(pairs, [&](uint32_t i) {
+  eng.parallel_for(pairs, [&](uint32_t i) {
     const uint32_t l = i / g.kv_heads, h = i % g.kv_heads;
     const size_t qh0 = size_t(l) * req.q_heads + size_t(h) * group;
     auto a = detail::attend_head(ctx, table.data(), r.selection.pages[i], l, h,
@@ -234,6 +235,15 @@ StepResult Engine::step(const StepRequest& req, Isa isa) {
   r.link_bytes_all = ntokens * g.layers * g.kv_heads * 2 * row;
   return r;
 }
+}  // namespace
+
+StepResult Engine::step(const StepRequest& req, Isa isa) {
+  StepResult r = run_step(*this, req, isa);
+  // The pnm metrics family: counted by the store the context was opened through.
+  if (req.ctx) req.ctx->store().record_step(r, !req.all_pages);
+  return r;
+}
+
 
 EngineGroup::EngineGroup(std::vector<EngineOptions> engines) {
   if (engines.empty()) engines.push_back({});

@@ -6,6 +6,7 @@
 #include <dlfcn.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 #include <vector>
 
@@ -58,6 +59,7 @@ Result<void> gpu_digests(gpu::CudaLibrary& lib, Dtype dtype, uint64_t k_dev, uin
 }
 
 Result<void> Context::append_gpu(gpu::GpuPool& gp, uint64_t k_dev, uint64_t v_dev, uint32_t n, void* stream) {
+  const auto t0 = std::chrono::steady_clock::now();
   const std::string C = "pool " + region_->uri() + ": pnm context " + std::to_string(request_id_) + ": append_gpu: ";
   if (!writable_) return Error(-EPERM, C + "read-only handle");
   const uint32_t pt = geo_.page_tokens;
@@ -124,7 +126,12 @@ Result<void> Context::append_gpu(gpu::GpuPool& gp, uint64_t k_dev, uint64_t v_de
   // publishes them is written.
   CXLKV_TRY(gp.sync(stream));
   // The kernel wrote [rows][np][2][d] -- append_pages' layout.
-  return append_pages(offs, dg.data(), n);
+  CXLKV_TRY(append_pages_impl(offs, dg.data(), n));
+  store_->record_digest_build(n, dbytes, true,
+                              static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                                        std::chrono::steady_clock::now() - t0)
+                                                        .count()));
+  return {};
 }
 
 }  // namespace cxlkv::pnm

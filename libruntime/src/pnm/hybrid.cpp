@@ -151,6 +151,7 @@ Result<Partial> HybridRequest::step(std::span<const float> queries, uint32_t q_h
                                   near_part.out.data() + qh0 * g.head_dim, near_part.lse.data() + qh0));
   }
   if (stats) *stats = st;
+  ctx.store().record_hybrid_step(st.recall_bytes);  // the pnm metrics family
   return merge(gpu_part, near_part);
 }
 
