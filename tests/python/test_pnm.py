@@ -2,7 +2,9 @@
 """cxlkv.pnm: a long context appended from Python (numpy and torch bf16) is
 read by a second store handle; attention with the whole context as budget
 equals a float64 numpy reference; on planted-needle KV a small budget keeps
-most of the attention mass; merging two partials equals the union."""
+most of the attention mass; on the small real-attention model's keys the
+captured mass is reported against T_budget; merging two partials equals the
+union."""
 import ctypes as C
 import os
 
@@ -126,3 +128,56 @@ def test_bad_input_is_refused(pool):
         with pytest.raises(cxlkv.CxlkvError) as e:
             pnm.PnmStore(pool)  # partition 0 already has a writer
         assert e.value.errno == 16  # EBUSY
+
+
+def test_selection_on_a_real_attention_models_keys_captures_mass_growing_with_the_budget(pool, capsys):
+    """Keys and the decode query of the small Llama-style model (tests/python/
+    tiny_llama.py: RoPE, grouped-query heads) on a 1023-token prompt: the
+    fraction of the full softmax mass held by the selected pages, against
+    T_budget.  It never falls as the budget grows (a larger budget selects a
+    superset), is 1 with the whole context as budget, and with the
+    per-dimension upper bound beats keeping the same number of pages blindly
+    (sink + most recent pages only)."""
+    torch = pytest.importorskip("torch")
+    from tiny_llama import Config, PagedCache, TinyLlama
+
+    torch.set_num_threads(1)
+    cfg = Config()
+    model = TinyLlama(cfg)
+    n, bt = 1023, 16
+    blocks = (n + 1 + bt - 1) // bt
+    cache = PagedCache("sglang", cfg, blocks, bt, torch.float32)
+    table = list(range(blocks))
+    rng = np.random.default_rng(5)
+    model.forward(rng.integers(0, cfg.vocab, n).tolist(), 0, cache, table)
+    # The decode step's queries: rope() is called with q, then k, per layer.
+    seen, rope = [], model.rope
+    model.rope = lambda x, pos: seen.append(rope(x, pos)) or seen[-1]
+    model.forward([int(rng.integers(0, cfg.vocab))], n, cache, table)
+    model.rope = rope
+    q = torch.stack([seen[2 * l][0] for l in range(cfg.layers)]).numpy()  # [layers][heads][head]
+    k = torch.stack([cache.read(l, table, n + 1)[0].permute(1, 0, 2) for l in range(cfg.layers)]).numpy()
+    v = torch.stack([cache.read(l, table, n + 1)[1].permute(1, 0, 2) for l in range(cfg.layers)]).numpy()
+    ntok = n + 1
+    with pnm.PnmStore(pool, carve_bytes=16 << 20) as ws:
+        w = ws.create(21, cfg.layers, cfg.kv_heads, cfg.head, max_tokens=ntok, dtype="f32", page_tokens=bt)
+        w.append(k, v)
+        _, lse_all, _ = w.attend(q, all_pages=True)
+        rows = []
+        last = 0.0
+        for budget in (64, 128, 256, 512, ntok):
+            _, lse, st = w.attend(q, token_budget=budget)
+            mass = float(np.exp(lse.astype(np.float64) - lse_all).mean())
+            # Blind: sink page + the most recent pages, as many as the budget's.
+            _, lse_b, _ = w.attend(q, token_budget=bt, sink_pages=1, local_pages=budget // bt - 1)
+            blind = float(np.exp(lse_b.astype(np.float64) - lse_all).mean())
+            rows.append((budget, mass, blind))
+            assert mass >= last - 1e-6, f"mass fell from {last} to {mass} at budget {budget}"
+            last = mass
+        with capsys.disabled():
+            print("\ntiny_llama keys, %d tokens: T_budget, attention mass captured (upper bound), blind" % ntok)
+            for b, m, bl in rows:
+                print("  %5d  %.4f  %.4f" % (b, m, bl))
+        assert abs(rows[-1][1] - 1.0) < 1e-5
+        for b, m, bl in rows[:-1]:
+            assert m >= bl - 1e-3, f"budget {b}: selection {m:.4f} < blind {bl:.4f}"

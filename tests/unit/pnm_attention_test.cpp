@@ -153,6 +153,30 @@ TEST(PnmAttentionBudget, BudgetOfTheWholeContextEqualsFullAttention) {
   EXPECT_EQ(a->lse, b->lse);
 }
 
+TEST(PnmAttentionBudget, AnEngineStepWithTheWholeContextAsBudgetEqualsAFloat64FullAttention) {
+  // The decode-step path (Engine::step: fresh count, select, attend), both
+  // score modes, no sink / local pages: T_budget >= the context keeps every
+  // page, and the result is full attention over every token.
+  for (ScoreMode mode : {ScoreMode::upper_bound, ScoreMode::coarse}) {
+    Fixture f(Dtype::bf16, 221, 6);
+    Engine eng;  // one thread: a NonCoherentSim node is one thread's cache
+    StepRequest rq;
+    rq.ctx = f.r.get();
+    rq.queries = f.q;
+    rq.q_heads = 8;
+    rq.select.token_budget = f.n;  // exactly the context
+    rq.select.sink_pages = 0;
+    rq.select.local_pages = 0;
+    rq.select.mode = mode;
+    StepResult r = eng.step(rq);
+    ASSERT_TRUE(r.status.ok()) << r.status.error().message();
+    EXPECT_EQ(uint64_t(f.n), r.ntokens);
+    const uint32_t np = f.r->pages_for(f.n);
+    for (const auto& pages : r.selection.pages) EXPECT_EQ(all_pages(np), pages) << to_string(mode);
+    EXPECT_LT(f.deviation(r.partial, [&](uint32_t, uint32_t) { return all_pages(np); }), kTol) << to_string(mode);
+  }
+}
+
 TEST(PnmAttentionMerge, MergedPartialsOfDisjointPagesEqualAttentionOverTheirUnion) {
   Fixture f(Dtype::bf16, 300, 4);
   const uint32_t np = f.r->pages_for(f.n);

@@ -83,7 +83,34 @@ struct HybridFixture {
     Tensor k = random_tensor(g.dtype, size_t(4) * n * 32, rng);
     Tensor v = random_tensor(g.dtype, k.vals.size(), rng);
     ASSERT_TRUE(w->append(k.data(), v.data(), n).ok());
+    for (uint32_t lh = 0; lh < 4; lh++) {  // what was appended, per (layer, KV head): [t][32]
+      kh[lh].insert(kh[lh].end(), k.vals.begin() + size_t(lh) * n * 32, k.vals.begin() + size_t(lh + 1) * n * 32);
+      vh[lh].insert(vh[lh].end(), v.vals.begin() + size_t(lh) * n * 32, v.vals.begin() + size_t(lh + 1) * n * 32);
+    }
   }
+  // Max deviation of p from float64 attention of each query head over the
+  // tokens of sel's pages of its KV head (first ntok tokens).
+  double float64_deviation(const Partial& p, const std::vector<float>& q, const Selection& sel, uint64_t ntok) const {
+    double worst = 0;
+    for (uint32_t l = 0; l < 2; l++)
+      for (uint32_t j = 0; j < 4; j++) {
+        const uint32_t lh = l * 2 + j / 2;
+        std::vector<const float*> ks, vs;
+        for (uint32_t pg : sel.at(l, j / 2))
+          for (uint64_t t = uint64_t(pg) * 16; t < std::min<uint64_t>(ntok, uint64_t(pg + 1) * 16); t++) {
+            ks.push_back(&kh[lh][t * 32]);
+            vs.push_back(&vh[lh][t * 32]);
+          }
+        double qd[32], out[32], lse;
+        for (int d = 0; d < 32; d++) qd[d] = q[(size_t(l) * 4 + j) * 32 + d];
+        ref_attention(qd, ks, vs, 32, 1.0 / std::sqrt(32.0), out, &lse);
+        const size_t i = size_t(l) * 4 + j;
+        worst = std::max(worst, std::fabs(lse - p.lse[i]));
+        for (int d = 0; d < 32; d++) worst = std::max(worst, std::fabs(out[d] - p.out[i * 32 + d]));
+      }
+    return worst;
+  }
+  std::vector<float> kh[4], vh[4];
   std::vector<float> query() {
     std::normal_distribution<float> nd(0.f, 1.f);
     std::vector<float> q(size_t(2) * 4 * 32);
@@ -146,6 +173,36 @@ TEST(PnmHybrid, StepsMergeGpuAndNearMemoryPartsIntoAttentionOverTheSelection) {
   EXPECT_EQ(0u, b.recalled);
   EXPECT_EQ(0u, b.evicted);
   EXPECT_EQ(0u, b.recall_bytes);
+}
+
+TEST(PnmHybrid, GpuAndNearMemoryPartsMergeIntoAFloat64AttentionOverTheirUnion) {
+  // The log-sum-exp merge of the GPU part (resident pages, recalled through
+  // the sparse-read path) and the near-memory part (the rest of the
+  // selection) against a float64 attention over the union -- the step's
+  // selection -- computed from what was appended, over decode steps that
+  // append, evict and recall.
+  HybridFixture f(260, 4);
+  auto gp = gpu::GpuPool::open(gpu::CudaLibrary::cpu_reference(), f.pool.mem.get(), f.pool.bytes);
+  ASSERT_TRUE(gp.ok()) << gp.error().message();
+  auto hy = HybridRequest::create(*f.r, **gp, 4);
+  ASSERT_TRUE(hy.ok()) << hy.error().message();
+  SelectOptions o;
+  o.token_budget = 9 * 16;
+  uint32_t both = 0;
+  for (int step = 0; step < 6; step++) {
+    f.add(5);
+    auto n = f.r->refresh();
+    ASSERT_TRUE(n.ok());
+    auto q = f.query();
+    HybridStats st;
+    auto h = (*hy)->step(q, 4, *n, o, &st);
+    ASSERT_TRUE(h.ok()) << h.error().message();
+    auto sel = select_pages(*f.r, q, 4, *n, o);
+    ASSERT_TRUE(sel.ok());
+    EXPECT_LT(f.float64_deviation(*h, q, *sel, *n), 2e-3) << "step " << step;
+    if (st.gpu_pages && st.near_pages) both++;
+  }
+  EXPECT_GT(both, 0u) << "no step had both a GPU and a near-memory part";
 }
 
 TEST(PnmEngines, SeveralEnginesServeRequestsDataParallelWithSingleEngineResults) {

@@ -139,7 +139,7 @@ TEST(PnmMetrics, WhatTheWriterDidReachesAnotherHostsExpositionUnderRandomEvictio
   const uint64_t db = 2ull * g.head_dim * 2;  // bf16 min + max
   const uint64_t digest_written = (3 + 3 + 1) * uint64_t(g.layers) * g.kv_heads * db;
 
-  Engine eng({2, -1});
+  Engine eng({1, -1});  // one thread: a NonCoherentSim node is one thread's cache
   const uint32_t qh = 4;
   auto q = queries(g, qh, rng);
   StepRequest req;
