@@ -335,6 +335,11 @@ CXLKV_BENCH({"rpc",
 //   rpc.index_service_ns_per_block_bN   the same calls answered by the index service
 //                                       (a forked server process owns the index)
 //   rpc.index_service_vs_lock_bN        lock ns / service ns (> 1: the service is faster)
+//   rpc.kv_lock_ns_per_block_bN         what a user gets: KvStore put_chain + get_many of
+//                                       an N-block chain (64 B blocks, so the index work
+//                                       dominates), the store opened in lock-based mode
+//   rpc.kv_service_ns_per_block_bN      the same, the store opened in index-service mode
+//   rpc.kv_service_vs_lock_bN           lock ns / service ns (> 1: the service is faster)
 // for N = 1, 16, 256.
 #include "cxlkv/kv.hpp"
 #include "rpc/index_service.hpp"
@@ -371,6 +376,33 @@ namespace {
   (void)s.value()->server().run(stop);
   watch.join();
   _exit(0);
+}
+
+// KvStore put_chain + get_many per block (fresh keys each round).
+double kv_per_block_ns(cxlkv::KvStore& kv, size_t batch, size_t rounds, uint64_t tag) {
+  constexpr size_t kLen = 64;
+  std::vector<cxlkv::BlockKey> keys(batch);
+  std::vector<std::byte> in(batch * kLen, std::byte{7}), out(batch * kLen);
+  std::vector<cxlkv::Chunk> cin(batch), cout(batch);
+  for (size_t i = 0; i < batch; i++) {
+    cin[i] = cxlkv::Chunk{in.data() + i * kLen, kLen};
+    cout[i] = cxlkv::Chunk{out.data() + i * kLen, kLen};
+  }
+  std::vector<uint32_t> nch(batch, 1);
+  std::vector<int32_t> st(batch);
+  double total_ns = 0;
+  size_t blocks = 0;
+  for (size_t r = 0; r < rounds; r++) {
+    for (size_t i = 0; i < batch; i++) keys[i] = cxlkv::BlockKey{(tag << 40) + r * batch + i + 1, tag};
+    auto t0 = Clock::now();
+    auto p = kv.put_chain(nullptr, keys, kLen, cin, nch, st);
+    if (!p || p.value() != batch) return -1;
+    auto g = kv.get_many(keys, cout, nch, st);
+    if (!g || g.value() != batch) return -1;
+    total_ns += us_since(t0) * 1000;
+    blocks += batch;
+  }
+  return total_ns / double(blocks);
 }
 
 template <class Ops>
@@ -443,6 +475,31 @@ void bench_index_service(bench::Results& res) {
         res.set("rpc.index_lock_ns_per_block_b" + b, lock_ns);
         res.set("rpc.index_service_ns_per_block_b" + b, svc_ns);
         if (svc_ns > 0 && lock_ns > 0) res.set("rpc.index_service_vs_lock_b" + b, lock_ns / svc_ns);
+      }
+      // Through the KvStore: one store per mode (nodes 1 and 2), the same calls.
+      cxlkv::NodeOptions no2;
+      no2.node = 2;
+      auto n2 = cxlkv::NodeContext::attach(*rr.value(), no2);
+      cxlkv::KvOpenOptions so;
+      so.index_mode = cxlkv::KvIndexMode::service;
+      auto skv = n2 ? cxlkv::open_kv_session(*rr.value(), *n2.value(), so)
+                    : cxlkv::Result<std::unique_ptr<cxlkv::KvSession>>(n2.error());
+      if (skv) {
+        for (int k = 0; k < 3; k++) {
+          double lock_ns = kv_per_block_ns(kv.value()->store(), batches[k], rounds[k], 300 + k);
+          double svc_ns = kv_per_block_ns(skv.value()->store(), batches[k], rounds[k], 400 + k);
+          std::string b = std::to_string(batches[k]);
+          res.set("rpc.kv_lock_ns_per_block_b" + b, lock_ns);
+          res.set("rpc.kv_service_ns_per_block_b" + b, svc_ns);
+          if (svc_ns > 0 && lock_ns > 0) res.set("rpc.kv_service_vs_lock_b" + b, lock_ns / svc_ns);
+        }
+        skv = cxlkv::Result<std::unique_ptr<cxlkv::KvSession>>(cxlkv::Error(-1, ""));
+      } else {
+        std::fprintf(stderr, "bench rpc index (kv, service mode): %s\n", skv.error().message().c_str());
+      }
+      if (n2) {
+        n2.value().reset();
+        (void)cxlkv::remove_node_local(*rr.value(), 2);
       }
     } else {
       std::fprintf(stderr, "bench rpc index: %s\n", !kv ? kv.error().message().c_str() : cl.error().message().c_str());
