@@ -7,6 +7,10 @@
 // the pool and the service, never a hang).
 #include <gtest/gtest.h>
 
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
@@ -304,6 +308,78 @@ TEST(KvIndexServiceDown, CallsFailWithConnResetNamingPoolAndServiceNotAHang) {
   ASSERT_TRUE(r2) << r2.error().message();
   EXPECT_EQ(r2.value(), 4u);
   ASSERT_TRUE(s.abort_many(rs2, st));
+}
+
+// cxlkvd --index-service in another process owns the index; a store opened
+// with no mode given finds the pool in service mode and works through it.
+// kill -9 of the daemon: the store's next call fails (-ECONNRESET or
+// -ETIMEDOUT, naming the pool and the service) within a bound, never hangs.
+TEST(KvIndexServiceDaemon, StoreInAutomaticModeUsesCxlkvdAndSeesItsDeathAsAnError) {
+  EnvGuard env(nullptr);
+  RpcPool pool("kvm-daemon", 64ull << 20, {{kIndexServiceCarve, kIndexServiceCarveBytes}});
+  const char* tools = std::getenv("CXLKV_TEST_TOOLS");
+  std::string cxlkvd = std::string(tools ? tools : "tools") + "/cxlkvd";
+  pid_t pid = fork();
+  if (pid == 0) {
+    execl(cxlkvd.c_str(), "cxlkvd", "--pool", pool.uri.c_str(), "--node", "0", "--foreground", "--metrics-listen",
+          "none", "--index-service", static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  ASSERT_GT(pid, 0);
+  struct Reap {
+    pid_t pid;
+    ~Reap() {
+      if (pid <= 0) return;
+      kill(pid, SIGKILL);
+      waitpid(pid, nullptr, 0);
+    }
+  } reap{pid};
+  NodeContext& me = pool.attach(1, true);
+  std::unique_ptr<KvSession> session;
+  std::string last;
+  for (int i = 0; i < 200 && !session; i++) {  // until cxlkvd serves (bounded: 10 s)
+    auto s = open_kv_session(*pool.region, me);
+    if (s) session = std::move(s.value());
+    else {
+      last = s.error().message();
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+  }
+  ASSERT_TRUE(session) << "no index service from cxlkvd: " << last;
+  KvStore& kv = session->store();
+  EXPECT_STREQ(kv.index_mode(), "service");
+  const size_t n = 8, len = 512;
+  auto keys = chain(8, n);
+  std::vector<std::byte> in(n * len), out(n * len);
+  for (size_t i = 0; i < in.size(); i++) in[i] = std::byte(uint8_t(i * 13 + 1));
+  std::vector<Chunk> cin, cout;
+  for (size_t i = 0; i < n; i++) {
+    cin.push_back(Chunk{in.data() + i * len, len});
+    cout.push_back(Chunk{out.data() + i * len, len});
+  }
+  std::vector<uint32_t> nch(n, 1);
+  std::vector<int32_t> st(n);
+  auto p = kv.put_chain(nullptr, keys, len, cin, nch, st);
+  ASSERT_TRUE(p) << p.error().message();
+  EXPECT_EQ(p.value(), n);
+  auto g = kv.get_many(keys, cout, nch, st);
+  ASSERT_TRUE(g) << g.error().message();
+  EXPECT_EQ(g.value(), n);
+  EXPECT_EQ(in, out);
+
+  kill(pid, SIGKILL);
+  waitpid(pid, nullptr, 0);
+  reap.pid = -1;  // reaped
+  auto t0 = Clock::now();
+  std::vector<KvPin> pins(n);
+  auto q = kv.pin_many(keys, pins, st);
+  ASSERT_FALSE(q) << "a pin with the service dead cannot succeed";
+  EXPECT_TRUE(q.error().code() == -ECONNRESET || q.error().code() == -ETIMEDOUT) << q.error().message();
+  EXPECT_NE(q.error().message().find(pool.uri), std::string::npos) << q.error().message();
+  EXPECT_NE(q.error().message().find("index service"), std::string::npos) << q.error().message();
+  EXPECT_LT(Clock::now() - t0, std::chrono::seconds(30));
+  // The lock-free read path does not need the service.
+  EXPECT_EQ(kv.lookup(keys), n);
 }
 
 }  // namespace
