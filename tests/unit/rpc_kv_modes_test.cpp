@@ -17,6 +17,7 @@
 #include <thread>
 
 #include "cxlkv/kv.hpp"
+#include "cxlkv/metrics.hpp"
 #include "rpc/index_service.hpp"
 #include "rpc_test_pool.hpp"
 
@@ -380,6 +381,35 @@ TEST(KvIndexServiceDaemon, StoreInAutomaticModeUsesCxlkvdAndSeesItsDeathAsAnErro
   EXPECT_LT(Clock::now() - t0, std::chrono::seconds(30));
   // The lock-free read path does not need the service.
   EXPECT_EQ(kv.lookup(keys), n);
+}
+
+// ---- rpc metrics ------------------------------------------------------------------
+
+TEST(RpcMetrics, ExpositionShowsTheIndexServiceAndItsClientsThenItsStop) {
+  EnvGuard env(nullptr);
+  ModePool mp("kvm-metrics");
+  for (int m = 0; m < int(CXLKV_METRIC_RPC_COUNT); m++) {
+    const std::string name = rpc_metric(m).name;
+    EXPECT_EQ(name.rfind("cxlkv_rpc_", 0), 0u) << name;
+    for (int k = 0; k < m; k++) EXPECT_NE(name, rpc_metric(k).name) << "one definition per metric";
+  }
+  mp.start_service();
+  mp.store(1, KvIndexMode::service);
+  mp.store(2, KvIndexMode::service);
+  std::string text = prometheus_region_exposition(*mp.pool.region);
+  EXPECT_NE(text.find("# TYPE cxlkv_rpc_server_running gauge"), std::string::npos) << text;
+  EXPECT_NE(text.find("cxlkv_rpc_server_running{carve=\"rpc.index\"} 1\n"), std::string::npos) << text;
+  EXPECT_NE(text.find("cxlkv_rpc_clients{carve=\"rpc.index\"} 2\n"), std::string::npos) << text;
+  mp.stores.clear();
+  mp.stop_service();
+  text = prometheus_region_exposition(*mp.pool.region);
+  EXPECT_NE(text.find("cxlkv_rpc_server_running{carve=\"rpc.index\"} 0\n"), std::string::npos) << text;
+  EXPECT_NE(text.find("cxlkv_rpc_clients{carve=\"rpc.index\"} 0\n"), std::string::npos) << text;
+}
+
+TEST(RpcMetrics, NoRpcCarveNoRpcFamilies) {
+  RpcPool pool("kvm-nometrics", 64ull << 20, {});
+  EXPECT_EQ(prometheus_rpc_exposition(*pool.region), "");
 }
 
 }  // namespace

@@ -83,7 +83,7 @@ const MetricDesc& state_metric(int which);
 std::string prometheus_state_exposition(Region& r);
 // Everything about a pool: prometheus_pool_exposition (node KV counters,
 // latency histograms, lease ends), prometheus_state_exposition, then
-// prometheus_pnm_exposition.  What
+// prometheus_pnm_exposition, prometheus_rpc_exposition.  What
 // cxlkvd's metrics endpoint, `cxlkvctl stats --prometheus` and
 // cxlkv_stats_prometheus() return.
 std::string prometheus_region_exposition(Region& r);
@@ -98,6 +98,21 @@ std::string prometheus_region_exposition(Region& r);
 const MetricDesc& pnm_counter_metric(int c);
 const MetricDesc& pnm_latency_metric(int l);
 std::string prometheus_pnm_exposition(Region& r);
+
+// ---- Shared-memory RPC (libruntime/src/capi/metrics_rpc.cpp) -------------------
+// Per RPC carve (label carve="rpc", "rpc.index" for the index service, ...),
+// read fresh from its server and client lines.  Nothing when the pool has
+// no RPC carve (or none ever served).
+enum {
+  CXLKV_METRIC_RPC_SERVER_RUNNING = 0,  // cxlkv_rpc_server_running{carve}
+  CXLKV_METRIC_RPC_SERVER_EPOCH,        // cxlkv_rpc_server_epoch{carve}
+  CXLKV_METRIC_RPC_RINGS,               // cxlkv_rpc_rings{carve}
+  CXLKV_METRIC_RPC_RING_DEPTH,          // cxlkv_rpc_ring_depth{carve}
+  CXLKV_METRIC_RPC_CLIENTS,             // cxlkv_rpc_clients{carve}
+  CXLKV_METRIC_RPC_COUNT
+};
+const MetricDesc& rpc_metric(int which);
+std::string prometheus_rpc_exposition(Region& r);
 
 // The lock manager's own counters (one process: cxlkvd's endpoint adds them).
 enum {

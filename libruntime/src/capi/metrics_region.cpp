@@ -288,7 +288,7 @@ std::string prometheus_state_exposition(Region& r) {
 std::string prometheus_region_exposition(Region& r) {
   std::string out;
   if (auto c = r.carve(CXLKV_CARVE_INDEX)) out = prometheus_pool_exposition(r.domain(), r.at(c->offset), c->size);
-  return out + prometheus_state_exposition(r) + prometheus_pnm_exposition(r);
+  return out + prometheus_state_exposition(r) + prometheus_pnm_exposition(r) + prometheus_rpc_exposition(r);
 }
 
 std::string prometheus_manager_exposition(const LockManagerStats& s) {
