@@ -95,6 +95,10 @@ class HostDomain final : public MemoryDomain {
     std::memcpy(dst, pool_src, n);
   }
 
+  void invalidate_clean(const void* p, size_t n) override {
+    if (mode_ == DomainMode::flush && n != 0) invalidate_bulk_(p, n);  // rule 4 (never-dirty lines); the caller fences
+  }
+
   void invalidate_payload(const void* p, size_t n) override {
     if (mode_ == DomainMode::flush && n != 0) invalidate_bulk_(p, n);  // rule 6; the caller fences (rule 4)
   }

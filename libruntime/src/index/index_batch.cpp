@@ -485,6 +485,11 @@ Result<size_t> PrefixIndex::pin_many(std::span<const BlockKey> keys, std::span<P
   LockSet ls(*this);
   CXLKV_TRY(ls.acquire(stripes, lines));
   const uint32_t now = now_ms();
+  // This process's pin counts: one mutex acquisition for the batch, after
+  // the entry writes (a lock is a locked instruction, which would wait for
+  // the pending NT entry writes once per block).
+  std::vector<uint32_t> pinned;
+  pinned.reserve(todo.size());
   for (size_t i : todo) {
     cxlkv_index_entry e;
     uint32_t slot = probe(keys[i], &e, nullptr);
@@ -497,13 +502,14 @@ Result<size_t> PrefixIndex::pin_many(std::span<const BlockKey> keys, std::span<P
     e.pin_mask |= 1ULL << node_;
     e.lru_ms = now;  // recency: the evictor gives this leaf a second chance
     write_entry(slot, e, false);
-    {
-      std::lock_guard<std::mutex> lk(pin_mu_);
-      local_pins_[slot]++;
-    }
+    pinned.push_back(slot);
     out[i] = PinnedBlock{slot, loc_of(e), e.version};
     status[i] = kBlockReserved;
     good++;
+  }
+  if (!pinned.empty()) {
+    std::lock_guard<std::mutex> lk(pin_mu_);
+    for (uint32_t slot : pinned) local_pins_[slot]++;
   }
   return good;
 }

@@ -17,16 +17,18 @@ void PrefixIndex::entries_fresh(std::span<const uint32_t> slots, std::span<Index
   bool any = false;
   for (size_t i = 0; i < n; i++)
     if (slots[i] < hdr_.nslots) {
-      d_->invalidate(slot_ptr(slots[i]), sizeof(cxlkv_index_entry));
+      d_->invalidate_clean(slot_ptr(slots[i]), sizeof(cxlkv_index_entry));  // rule 4 (+ rule 1: NT-only lines)
       any = true;
     }
   if (any) d_->fence();
+  // One count for the sweep: an atomic add per line is a locked instruction
+  // between the loads, which also waits for this thread's pending NT stores.
+  probes_.fetch_add(n, std::memory_order_relaxed);
   for (size_t i = 0; i < n; i++) {
     IndexEntryView& v = out[i];
     v = IndexEntryView{};
     if (slots[i] >= hdr_.nslots) continue;
     cxlkv_index_entry e;
-    probes_.fetch_add(1, std::memory_order_relaxed);
     d_->load(&e, slot_ptr(slots[i]), sizeof e);
     static const cxlkv_index_entry zero{};
     const bool valid = e.check ? e.check == cxlkv_index_entry_check(&e) : std::memcmp(&e, &zero, sizeof e) == 0;

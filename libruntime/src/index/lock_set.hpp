@@ -69,17 +69,20 @@ class LockSet {
     }
     stripes_ = std::move(stripes);
     activate();
+    // The line cache's room for what the call says it reads (no regrowth
+    // of the table or the lines while the call works).
+    reserve_lines(prefetch.size() + prefetch_ext.size() + 16);
     // rule 4 (+ rule 7: nobody but a holder writes these lines): one sweep.
-    for (size_t i = first; i < held_.size(); i++) d.invalidate(ix_.stripe_ptr(held_[i].stripe), 64);
+    for (size_t i = first; i < held_.size(); i++) d.invalidate_clean(ix_.stripe_ptr(held_[i].stripe), 64);
     size_t want = 0;
     for (uint32_t slot : prefetch)
       if (slot < ix_.hdr_.nslots && holds(slot / ix_.hdr_.stripe_slots) && !cached_entry(slot)) {
-        d.invalidate(ix_.slot_ptr(slot), 64);
+        d.invalidate_clean(ix_.slot_ptr(slot), 64);
         want++;
       }
     for (uint32_t slot : prefetch_ext)
       if (slot < ix_.hdr_.nslots && holds(slot / ix_.hdr_.stripe_slots) && !cached_ext(slot))
-        d.invalidate(ix_.ext_ptr(slot & ~1u), 64);
+        d.invalidate_clean(ix_.ext_ptr(slot & ~1u), 64);
     d.fence();
     for (size_t i = first; i < held_.size(); i++) d.load(&held_[i].st, ix_.stripe_ptr(held_[i].stripe), 64);
     if (want) {
@@ -205,6 +208,12 @@ class LockSet {
     cxlkv_index_entry e{};
     cxlkv_index_ext x{};
   };
+  void reserve_lines(size_t n) {
+    lines_.reserve(n);
+    size_t t = 256;
+    while (t < 2 * n) t *= 2;
+    if (table_.size() < t) table_.assign(t, 0);  // empty here: nothing to rehash
+  }
   void set_bit(uint32_t s) {
     if (s / 64 >= bits_.size()) bits_.resize(s / 64 + 1, 0);
     bits_[s / 64] |= 1ull << (s % 64);

@@ -263,7 +263,7 @@ Result<bool> LockManager::run_once() {
   if (!sync::testing::break_doorbell_invalidate())
     for (uint64_t w = s.watch; w; w &= w - 1) {
       const uint32_t n = static_cast<uint32_t>(__builtin_ctzll(w));
-      d.invalidate(ctrl_.doorbell(n), sizeof(cxlkv_doorbell));
+      d.invalidate_clean(ctrl_.doorbell(n), sizeof(cxlkv_doorbell));  // rule 4 (doorbells: NT-only, rule 1)
     }
   d.fence();  // rule 4: the invalidations complete before the loads below
   for (uint64_t w = s.watch; w; w &= w - 1) {
@@ -303,7 +303,7 @@ Result<bool> LockManager::run_once() {
   for (uint32_t l : s.active)
     if (s.locks[l].holder != kNone) {
       any_polled = true;
-      d.invalidate(ctrl_.slot(l, s.locks[l].holder), sizeof(cxlkv_lock_slot));
+      d.invalidate_clean(ctrl_.slot(l, s.locks[l].holder), sizeof(cxlkv_lock_slot));  // rule 4 (slots: NT-only, rule 1)
     }
   if (any_polled) d.fence();  // rule 4: all invalidations complete before the loads
   for (uint32_t l : s.active)

@@ -88,7 +88,8 @@ void sweep(NodeContext& n, std::vector<uint32_t>& cand, std::vector<Pending>& pe
     const auto ph = __atomic_load_n(&n.local().locks[l].phase, __ATOMIC_RELAXED);
     if (ph == LockPhase::cached || ph == LockPhase::held || ph == LockPhase::requested) cand.push_back(l);
   }
-  for (uint32_t l : cand) d.invalidate(c.grant(l), sizeof(cxlkv_lock_grant));
+  // rule 4 (+ rule 1: grant lines are written by the manager with whole-line NT stores only).
+  for (uint32_t l : cand) d.invalidate_clean(c.grant(l), sizeof(cxlkv_lock_grant));
   d.fence();  // rule 4: every invalidation completes before the loads below
   for (uint32_t l : cand) {
     const cxlkv_lock_grant g = d.read(c.grant(l));  // invalidated above
