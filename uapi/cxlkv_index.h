@@ -180,11 +180,18 @@ CXLKV_STATIC_ASSERT(sizeof(struct cxlkv_index_entry) == 64, "index entry is one 
  * being evicted, so blocks that come back outlive blocks seen once. */
 #define CXLKV_EXT_LINKED 0x01u   /* on the stripe's list */
 #define CXLKV_EXT_REUSED 0x02u
+/* HANDOFF: the block's lease was taken while the block was unused since it
+ * was linked (a block just published for its consumer): the consumer's reads
+ * are the handoff, not a reuse, so when the last lease ends the entry's
+ * lru_ms goes back to the lease's start and the block counts as unused
+ * (issue 11: reads by the request that produced a block do not make it look
+ * popular). */
+#define CXLKV_EXT_HANDOFF 0x04u
 struct cxlkv_index_ext {
 	__u32 lru_prev;          /* towards the head (more recent), or NO_SLOT */
 	__u32 lru_next;          /* towards the tail (older), or NO_SLOT */
 	__u32 linked_ms;         /* entry lru_ms when (re)linked */
-	__u8  linked;            /* CXLKV_EXT_LINKED | CXLKV_EXT_REUSED bits */
+	__u8  linked;            /* CXLKV_EXT_LINKED | CXLKV_EXT_REUSED | CXLKV_EXT_HANDOFF bits */
 	__u8  lease_node;        /* consumer node or CXLKV_LEASE_NODE_ANY */
 	__u16 lease_count;       /* live leases (0: none) */
 	__u64 lease_consumer;    /* first consumer id (display, release check) */

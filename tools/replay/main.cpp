@@ -54,6 +54,8 @@ const char* kUsage =
     "  --plot FILE.svg      with --sweep: draw the token hit ratio against capacity beside\n"
     "                       the LRU reference and the theoretical reuse (SVG)\n"
     "  --lease-ms MS        ttl of the handoff leases prefill takes for decode (30000)\n"
+    "  --max-lag N          prefill stays at most N requests ahead of decode (default:\n"
+    "                       prefill + decode workers; a serving system's bounded queue)\n"
     "  --pool-size SIZE     shm pool size (2G)\n"
     "  --pool URI           use this pool URI (formatted here, e.g. shm:NAME:SIZE)\n"
     "  --interleave N       stripe payload over N shm pools (1 or 2)\n"
@@ -441,6 +443,7 @@ bool parse(int argc, char** argv, Config* c, std::string* err) {
     else if (a == "--capacity-fraction") { if (!(v = need(i)) || !num(v, 0, 1, &x)) return false; c->capacity_fraction = x; }
     else if (a == "--sweep") c->sweep = true;
     else if (a == "--plot") { if (!(v = need(i))) return false; c->plot = v; }
+    else if (a == "--max-lag") { if (!(v = need(i)) || !num(v, 1, 1e6, &x)) return false; c->max_lag = uint32_t(x); }
     else if (a == "--lease-ms") { if (!(v = need(i)) || !num(v, 1, 86400000, &x)) return false; c->lease_ms = uint32_t(x); }
     else if (a == "--pool-size") { if (!(v = need(i)) || !num(v, 64, 1e6, &x)) return false; c->pool_size = uint64_t(x) << 20; }
     else if (a == "--pool") { if (!(v = need(i))) return false; c->pool_uri = v; }

@@ -40,6 +40,12 @@ struct Config {
   bool verify = true;
   uint32_t interleave = 1;       // pool devices to stripe payload over (1 or 2)
   uint32_t lease_ms = 30000;     // ttl of the handoff leases prefill takes for decode
+  // Prefill starts request r only once r - max_lag requests are decoded
+  // (0: prefill + decode workers): a serving system's bounded queue between
+  // prefill and decode.  Without it an as-fast-as-possible replay lets
+  // prefill run far ahead, and the leases of every handed-off request still
+  // waiting for decode hold cache capacity (issue 11).
+  uint32_t max_lag = 0;
   uint32_t interleave_stripe = 64 << 10;
   // SSD tier (issue 6): one file shared by all workers, each placing in its
   // own partition (node of prefill + decode + 1).  Blocks evicted from the

@@ -371,6 +371,14 @@ int run_worker(const Config& c) {
       uint64_t r = co.next_prefill.fetch_add(1);
       if (r >= reqs.size()) break;
       const Request& q = reqs[r];
+      // Bounded queue to decode: request r starts once r - max_lag requests
+      // are decoded (their prefills came earlier, so this always progresses).
+      const uint64_t lag = c.max_lag ? c.max_lag : c.prefill + c.decode;
+      for (uint32_t i = 0; r >= co.decoded.load(std::memory_order_acquire) + lag; i++) {
+        if (co.abort.load()) break;
+        if (i < 100) sched_yield();
+        else std::this_thread::sleep_for(std::chrono::microseconds(50));
+      }
       std::vector<BlockKey> keys = keys_from_ids(q.hash_ids);
       // ---- metadata phase, in trace order --------------------------------
       spin_wait(co.turn, r, co.abort);

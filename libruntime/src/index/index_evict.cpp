@@ -56,7 +56,7 @@ void PrefixIndex::link(LockSet& ls, uint32_t slot, uint32_t ms, bool at_head) {
     unlink(ls, slot);  // a move
     x = read_ext(slot);
   }
-  x.linked = static_cast<uint8_t>((x.linked & CXLKV_EXT_REUSED) | CXLKV_EXT_LINKED);
+  x.linked = static_cast<uint8_t>((x.linked & (CXLKV_EXT_REUSED | CXLKV_EXT_HANDOFF)) | CXLKV_EXT_LINKED);
   x.linked_ms = ms;
   if (lru_head(st) == kNo || lru_tail(st) == kNo) {
     x.lru_prev = x.lru_next = kNo;
@@ -166,7 +166,7 @@ void PrefixIndex::repair_stripe(LockSet& ls, uint32_t s) {
   std::sort(leaves.begin(), leaves.end());  // oldest first = tail
   for (size_t i = 0; i < leaves.size(); i++) {
     cxlkv_index_ext x = read_ext(leaves[i].second);
-    x.linked = static_cast<uint8_t>((x.linked & CXLKV_EXT_REUSED) | CXLKV_EXT_LINKED);
+    x.linked = static_cast<uint8_t>((x.linked & (CXLKV_EXT_REUSED | CXLKV_EXT_HANDOFF)) | CXLKV_EXT_LINKED);
     x.linked_ms = leaves[i].first;
     x.lru_next = i ? leaves[i - 1].second : kNo;                     // older
     x.lru_prev = i + 1 < leaves.size() ? leaves[i + 1].second : kNo;  // newer

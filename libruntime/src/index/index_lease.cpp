@@ -44,6 +44,7 @@ Result<size_t> PrefixIndex::lease_many(std::span<const BlockKey> keys, uint64_t 
       if (x.lease_consumer != consumer) {
         if (x.lease_count < UINT16_MAX) x.lease_count++;
         if (x.lease_node != node8) x.lease_node = CXLKV_LEASE_NODE_ANY;
+        x.linked &= static_cast<uint8_t>(~CXLKV_EXT_HANDOFF);  // another request reads it too: a reuse
       }
       if (static_cast<int32_t>(now + ttl_ms - x.lease_expiry_ms) > 0) x.lease_expiry_ms = now + ttl_ms;
     } else {
@@ -59,6 +60,17 @@ Result<size_t> PrefixIndex::lease_many(std::span<const BlockKey> keys, uint64_t 
       x.lease_node = node8;
       x.lease_start_ms = now;
       x.lease_expiry_ms = now + ttl_ms;
+      // Issue 11: a block unused since it was linked (just published for
+      // this consumer) is handed off: the consumer's reads will not count
+      // as a reuse.  Its link time moves to the lease's start, which its
+      // lru_ms goes back to when the lease ends.
+      const bool linked = x.linked & CXLKV_EXT_LINKED;
+      if (linked ? static_cast<int32_t>(e.lru_ms - x.linked_ms) <= 0 : false) {
+        x.linked |= CXLKV_EXT_HANDOFF;
+        if (static_cast<int32_t>(now - x.linked_ms) > 0) x.linked_ms = now;
+      } else {
+        x.linked &= static_cast<uint8_t>(~CXLKV_EXT_HANDOFF);
+      }
     }
     write_ext(slot, x);
     wrote = true;
@@ -108,6 +120,12 @@ Result<size_t> PrefixIndex::release_many(std::span<const BlockKey> keys, uint64_
     }
     if (x.lease_count > 1 && x.lease_consumer == consumer) x.lease_consumer = 0;
     if (--x.lease_count == 0) {
+      if ((x.linked & CXLKV_EXT_HANDOFF) && static_cast<int32_t>(e.lru_ms - x.lease_start_ms) > 0) {
+        // Issue 11: the consumer's reads were the handoff, not a reuse.
+        e.lru_ms = x.lease_start_ms;
+        write_entry(slot, e, false);
+      }
+      x.linked &= static_cast<uint8_t>(~CXLKV_EXT_HANDOFF);
       x.lease_consumer = 0;
       x.lease_node = CXLKV_LEASE_NODE_ANY;
       x.lease_start_ms = x.lease_expiry_ms = 0;
