@@ -112,8 +112,12 @@ enum cxlkv_rpc_client_state {
  * Ring line 0, written by the ring's client (whole line, non-temporal: the
  * ring changes owner).  A connect writes a fresh incarnation `inc` (non-zero
  * 16 bits), the server epoch it connected to and the first seq it will use;
- * the server starts expecting start_seq when it sees a new inc.  A ring whose
- * owner is dead (liveness rule) or DETACHED may be claimed by another client.
+ * the server starts expecting start_seq when it sees a new inc or token,
+ * and acknowledges with both.  A ring whose owner is dead (liveness rule) or
+ * DETACHED may be claimed by another client.  Two clients that claim one
+ * free ring at once (no cross-host atomics) both write the line; the last
+ * write stays, the other client finds another token there (before or after
+ * the ack) and gives the ring up.
  */
 struct cxlkv_rpc_client_line {
 	__u32 state;             /* enum cxlkv_rpc_client_state */
@@ -125,7 +129,9 @@ struct cxlkv_rpc_client_line {
 	__u32 epoch;             /* server epoch at connect */
 	__u32 start_seq;
 	__u32 reserved0;
-	__u8  reserved1[24];
+	__u64 token;             /* random per claim: tells apart two claims of one
+	                          * ring made at once (even by one process) */
+	__u8  reserved1[16];
 };
 CXLKV_STATIC_ASSERT(sizeof(struct cxlkv_rpc_client_line) == 64, "rpc client line is one line");
 
@@ -140,7 +146,8 @@ CXLKV_STATIC_ASSERT(sizeof(struct cxlkv_rpc_doorbell) == 64, "rpc doorbell is on
 struct cxlkv_rpc_ack {
 	__u32 inc;               /* the client line's inc the server accepted, 0 none */
 	__u32 epoch;             /* the server's epoch */
-	__u8  reserved[56];
+	__u64 token;             /* the client line's token the server accepted */
+	__u8  reserved[48];
 };
 CXLKV_STATIC_ASSERT(sizeof(struct cxlkv_rpc_ack) == 64, "rpc ack is one line");
 

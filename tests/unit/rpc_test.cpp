@@ -218,6 +218,44 @@ TEST(Rpc, RingOfALiveClientIsBusyAndAutomaticRingsDiffer) {
   EXPECT_TRUE(e->call(kEcho, {}, reply, sizeof reply));
 }
 
+// Two clients that claim one free ring at once both write its client line
+// (there are no cross-host atomics); the last write stays.  Here the other
+// claim lands after this client's claim was acknowledged -- the widest form
+// of that race.  The client finds the other token in the line, fails what it
+// had outstanding with -ECONNRESET instead of waiting for replies that the
+// server will never send to it, and takes another ring on its next call.
+TEST(Rpc, RingClaimedByAnotherClientAtTheSameMomentIsGivenUpAndAnotherRingTaken) {
+  RpcPool p("rpc-claim-race");
+  auto srv = serve_echo(p.attach(0), small_server());
+  NodeContext& cn = p.attach(1);
+  auto a = connect(cn, -1, 3000ms);
+  std::byte reply[64];
+  ASSERT_TRUE(a->call(kEcho, {}, reply, sizeof reply));
+  const uint32_t ring = a->ring();
+
+  MemoryDomain& d = p.region->domain();
+  cxlkv_rpc_client_line other = d.read_fresh(srv->carve().client_line(ring));
+  other.token ^= 0x5a5a5a5a5a5a5a5aull;  // the other client's claim: same process, same inc
+  other.start_seq += 1000;
+  d.publish_line(srv->carve().client_line(ring), &other);
+  d.fence();
+  auto t0 = std::chrono::steady_clock::now();
+  while (d.read_fresh(srv->carve().ack(ring)).token != other.token) {
+    ASSERT_LT(std::chrono::steady_clock::now() - t0, 5s) << "the server never served the other claim";
+    std::this_thread::sleep_for(1ms);
+  }
+
+  t0 = std::chrono::steady_clock::now();
+  auto lost = a->call(kEcho, {}, reply, sizeof reply);
+  ASSERT_FALSE(lost) << "a reply came for a request on a ring the server serves for another client";
+  EXPECT_EQ(lost.error().code(), -ECONNRESET) << lost.error().message();
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 2s) << "noticed within milliseconds, not at the call timeout";
+  auto ok = a->call(kEcho, {}, reply, sizeof reply);
+  ASSERT_TRUE(ok) << ok.error().message();
+  EXPECT_NE(a->ring(), ring) << "the ring now belongs to the other claim";
+  EXPECT_EQ(a->stats().reconnects, 1u);
+}
+
 TEST(Rpc, NoServerMeansECONNREFUSEDAtConnect) {
   RpcPool p("rpc-refused");
   NodeContext& n = p.attach(1);

@@ -50,6 +50,7 @@ struct RpcClient::State {
   RpcClientOptions opts;
   uint32_t ring = 0;
   uint32_t inc = 0;
+  uint64_t token = 0;  // this claim's token in the client line and the ack
   uint32_t epoch = 0;
   bool connected = false;
   cxlkv_rpc_server_line server{};
@@ -84,11 +85,19 @@ struct RpcClient::State {
     return rpc::party_alive(node, s.pid, s.start_time, s.host_id, s.node, why, &server_watch);
   }
 
+  // Does the ring's client line still carry this client's claim?  (rule 4:
+  // another client may have written it.)
+  bool line_is_ours() {
+    cxlkv_rpc_client_line now = d.read_fresh(carve.client_line(ring));
+    return now.state == CXLKV_RPC_CLIENT_ATTACHED && now.inc == inc && now.token == token &&
+           now.pid == self_pid();
+  }
+
   // Claim ring r for a new incarnation and wait for the server's ack.
   Result<void> claim(uint32_t r, bool explicit_ring) {
     cxlkv_rpc_client_line old = d.read_fresh(carve.client_line(r));  // rule 4
     // Our own earlier incarnation of this ring (a reconnect) is ours to replace.
-    const bool ours = r == ring && inc != 0 && old.inc == inc && old.pid == self_pid() &&
+    const bool ours = r == ring && inc != 0 && old.inc == inc && old.token == token && old.pid == self_pid() &&
                       old.start_time == self_start_time();
     if (old.state == CXLKV_RPC_CLIENT_ATTACHED && !ours) {
       std::string why;
@@ -112,6 +121,7 @@ struct RpcClient::State {
     cl.inc = inc;
     cl.epoch = epoch;
     cl.start_seq = next;
+    cl.token = token = rpc::random_u64();
     // rule 1: the client line changes writer when a ring is claimed: whole
     // line, non-temporal; rule 3: fenced.
     d.publish_line(carve.client_line(r), &cl);
@@ -120,7 +130,9 @@ struct RpcClient::State {
     const uint64_t t0 = now_ns(), limit = uint64_t(opts.connect_timeout.count()) * 1000000ull;
     for (uint32_t i = 0;; i++) {
       cxlkv_rpc_ack a = d.read_fresh(carve.ack(r));  // rule 4
-      if (a.inc == inc && a.epoch == epoch) break;
+      if (a.inc == inc && a.epoch == epoch && a.token == token) break;
+      if (i % 16 == 15 && !line_is_ours())
+        return Error(-EAGAIN, what() + "claimed by another client at the same time");
       if (now_ns() - t0 > limit)
         return Error(-ETIMEDOUT, what() + "the server (epoch " + std::to_string(epoch) + ") did not acknowledge within " +
                                      std::to_string(opts.connect_timeout.count()) + " ms");
@@ -131,9 +143,7 @@ struct RpcClient::State {
       if (i > 100) usleep(50);
     }
     // Two clients may claim a free ring at once: the later line wins.
-    cxlkv_rpc_client_line now = d.read_fresh(carve.client_line(r));
-    if (now.inc != inc || now.pid != self_pid())
-      return Error(-EAGAIN, what() + "claimed by process " + std::to_string(now.pid) + " at the same time");
+    if (!line_is_ours()) return Error(-EAGAIN, what() + "claimed by another client at the same time");
     connected = true;
     last_check_ns = last_live_ns = now_ns();
     return {};
@@ -142,7 +152,14 @@ struct RpcClient::State {
   Result<void> reconnect() {
     std::string why;
     if (!server_ok(&server, &why)) return Error(-ECONNRESET, what() + "no live server: " + why);
-    auto r = claim(ring, true);
+    const uint32_t first = ring;
+    Result<void> r = claim(first, true);
+    // A client that let the library pick its ring takes any free one when its
+    // own was claimed by another client meanwhile.
+    for (uint32_t k = 1; !r && opts.ring < 0 && r.error().code() == -EBUSY && k < carve.rings(); k++) {
+      r = claim((first + k) % carve.rings(), false);
+      if (!r && r.error().code() == -EAGAIN) r = Error(-EBUSY, r.error().message());
+    }
     if (!r) return Error(r.error().code() == -ECONNREFUSED ? -ECONNRESET : r.error().code(), r.error().message());
     st.reconnects++;
     return {};
@@ -231,6 +248,12 @@ struct RpcClient::State {
     cxlkv_rpc_server_line sv = d.read_fresh(carve.server_line());  // rule 4
     std::string why;
     bool ok = sv.state == CXLKV_RPC_SERVER_RUNNING && sv.epoch == epoch && sv.token == server.token;
+    if (ok && !line_is_ours()) {
+      // Another client claimed this ring at the same moment and its line
+      // came last: the server now serves that claim.
+      reset_all("the ring was claimed by another client at the same time");
+      return;
+    }
     if (!ok) {
       why = sv.epoch != epoch ? "the server was replaced (epoch " + std::to_string(epoch) + " -> " +
                                     std::to_string(sv.epoch) + ")"
@@ -280,7 +303,7 @@ Result<std::unique_ptr<RpcClient>> RpcClient::connect(NodeContext& node, const R
 RpcClient::~RpcClient() {
   if (!st_ || !st_->connected) return;
   cxlkv_rpc_client_line cl = st_->d.read_fresh(st_->carve.client_line(st_->ring));
-  if (cl.pid != self_pid() || cl.inc != st_->inc) return;  // someone else's now
+  if (cl.pid != self_pid() || cl.inc != st_->inc || cl.token != st_->token) return;  // someone else's now
   cl.state = CXLKV_RPC_CLIENT_DETACHED;
   // rule 1: whole line, NT; rule 3: fenced.
   st_->d.publish_line(st_->carve.client_line(st_->ring), &cl);

@@ -97,7 +97,7 @@ struct RpcServer::State {
       cxlkv_rpc_client_line cl = d.read(carve.client_line(r));
       RingState& rs = rings[r];
       bool wanted = cl.state == CXLKV_RPC_CLIENT_ATTACHED && cl.epoch == epoch && cl.inc != 0;
-      if (wanted && (!rs.active || rs.inc != cl.inc || rs.owner.pid != cl.pid)) {
+      if (wanted && (!rs.active || rs.inc != cl.inc || rs.owner.pid != cl.pid || rs.owner.token != cl.token)) {
         std::string why;
         rpc::HeartbeatWatch watch;  // a first look; a remote client's heartbeat progress is followed from now on
         if (!rpc::party_alive(node, cl.pid, cl.start_time, cl.host_id, cl.node, &why, &watch)) {
@@ -113,6 +113,7 @@ struct RpcServer::State {
         cxlkv_rpc_ack a{};
         a.inc = cl.inc;
         a.epoch = epoch;
+        a.token = cl.token;
         // rule 1/2: the ack line is the server's; whole line, NT.
         d.publish_line(carve.ack(r), &a);
         wrote = true;
