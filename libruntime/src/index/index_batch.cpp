@@ -209,6 +209,7 @@ size_t PrefixIndex::reserve_locked(LockSet& ls, const BlockKey* pkey, std::span<
 Result<size_t> PrefixIndex::reserve_chain(const BlockKey* parent, std::span<const BlockKey> keys, uint64_t bytes,
                                           std::span<Reservation> out, std::span<int32_t> status, bool through_busy) {
   begin_batch();
+  refresh_capacity();  // a bound set since this node attached applies (index_entry.cpp)
   if (out.size() < keys.size() || status.size() < keys.size())
     return Error(-EINVAL, "index: reserve_chain of " + std::to_string(keys.size()) + " blocks with " +
                               std::to_string(out.size()) + " results / " + std::to_string(status.size()) + " statuses");

@@ -9,6 +9,7 @@
 #include <time.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 #include <string>
 
@@ -99,6 +100,24 @@ Result<void> index_set_policy(MemoryDomain& d, void* carve, const IndexPolicy& p
   d.publish_line(static_cast<std::byte*>(carve) + kConfigOff, &c);  // rule 1: whole line, NT
   d.fence();
   return {};
+}
+
+// The bound is operator-written while nodes run: an index that kept the
+// value it read at attach ignored a bound set after it opened (a KV store
+// opened before `cxlkvctl kv ... --mem-capacity` filled the whole kv carve
+// and then evicted only when the allocator failed).  One fresh read of the
+// config line (rule 4) per kCapacityRefreshMs; the fields are written only
+// when they changed (8-byte atomic stores: other threads of this process
+// may be reading them in over_capacity()).
+void PrefixIndex::refresh_capacity() {
+  const int64_t now = std::chrono::duration_cast<std::chrono::milliseconds>(
+                          std::chrono::steady_clock::now().time_since_epoch())
+                          .count();
+  int64_t last = capacity_read_ms_.load(std::memory_order_relaxed);
+  if (now - last < kCapacityRefreshMs || !capacity_read_ms_.compare_exchange_strong(last, now)) return;
+  const cxlkv_index_config c = d_->read_fresh(reinterpret_cast<const cxlkv_index_config*>(carve_ + kConfigOff));
+  if (c.max_blocks != cfg_.max_blocks) __atomic_store_n(&cfg_.max_blocks, c.max_blocks, __ATOMIC_RELAXED);
+  if (c.max_bytes != cfg_.max_bytes) __atomic_store_n(&cfg_.max_bytes, c.max_bytes, __ATOMIC_RELAXED);
 }
 
 Result<std::unique_ptr<PrefixIndex>> PrefixIndex::attach(MemoryDomain& d, void* carve, uint64_t bytes,

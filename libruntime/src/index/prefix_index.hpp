@@ -457,6 +457,12 @@ class PrefixIndex {
   // The first slots of `key`'s probe sequence (read in a LockSet's sweep).
   void probe_lines(const BlockKey& key, std::vector<uint32_t>& out) const;
   static void begin_batch();  // remembers the first failure's message
+  // The capacity bound (max_blocks / max_bytes of the config line) as an
+  // operator sets it now (`cxlkvctl kv ... --mem-capacity` on a pool in
+  // service): read fresh at most every kCapacityRefreshMs (index_entry.cpp).
+  void refresh_capacity();
+  static constexpr int64_t kCapacityRefreshMs = 50;
+  std::atomic<int64_t> capacity_read_ms_{0};  // steady-clock ms of the last read
 
   MemoryDomain* d_ = nullptr;
   std::byte* carve_ = nullptr;
