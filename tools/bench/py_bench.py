@@ -43,8 +43,17 @@ Merges into the results file (one flat JSON object):
   py.publish_vs_kv_capi, py.fetch_vs_kv_capi
                                        the median over all lockstep pairs (py.*_lockstep_pairs of
                                        them) of Python batch rate / C++ batch rate (issue 14: >= 0.9)
-  py.publish_vs_kv, py.fetch_vs_kv     the median over the runs of each run's py / kv ratio (kv run
-                                       just before the Python run: paired by time only)
+  py.publish_vs_kv, py.fetch_vs_kv     issue 14's ratio: the median over every lockstep pair of
+                                       (Python batch rate / kv.* design batch rate), that design (the
+                                       C++ KvStore over in-process mutex stripe locks and a first-fit
+                                       allocator, one block per call, same bound and geometry, a pool
+                                       of its own) run by the peer beside each Python batch
+                                       (CXLKV_KVCAPI_LOCAL); py.kv_publish_gbps_lockstep /
+                                       py.kv_fetch_gbps_lockstep its median rates
+  py.publish_vs_kv_separate_run, py.fetch_vs_kv_separate_run
+                                       the median over the runs of each run's py / kv.*_gbps of the
+                                       separate `cxlkv-bench --only kv` run just before it (paired by
+                                       time only; rates swing 2-3x between minutes here)
   py.publish_gb_per_cpu_s, py.fetch_gb_per_cpu_s, py.*_per_cpu_s_vs_kv_capi
                                        the same per CPU-second of the calling thread, beside
                                        kv_capi.*_gb_per_cpu_s: less sensitive to the load of
@@ -140,11 +149,14 @@ def fresh_pool(build, tag, manager_process=False):
     try:
         with cxlkv.Pool(uri) as pool:
             try:
-                with lock_manager(build, pool, manager_process), cxlkv.KvStore(pool, 1) as kv:
+                with lock_manager(build, pool, manager_process):
+                    # The bound first, as an operator configures a pool before
+                    # serving (a store opened before it reads it within 50 ms).
                     bound_capacity(build, uri)
-                    kc = next(c for c in pool.carves() if c["name"] == "kv")
-                    ctypes.memset(pool.base + kc["offset"], 0, kc["size"])
-                    yield kv
+                    with cxlkv.KvStore(pool, 1) as kv:
+                        kc = next(c for c in pool.carves() if c["name"] == "kv")
+                        ctypes.memset(pool.base + kc["offset"], 0, kc["size"])
+                        yield kv
             finally:
                 pool.remove_node_local(1)
     finally:
@@ -186,14 +198,17 @@ class Engine:
         if rates is not None:
             rates.append(mine)
             if peer:
-                self.pairs[kind].append((mine, peer))
+                self.pairs[kind].append((mine, peer[0]))
+                if peer[1]:
+                    self.pairs["kv" + kind].append((mine, peer[1]))
         return done
 
     def _peer_step(self, want):
-        kind, done, w, c = self.peer.step()
+        kind, done, w, c, local = self.peer.step()
         if kind != want:
             raise RuntimeError(f"py bench: lockstep lost: the peer ran a {kind} batch beside our {want} batch")
-        return (done / max(w, 1e-9) / 1e9, done / max(c, 1e-9) / 1e9)
+        rate = lambda d, w, c: (d / max(w, 1e-9) / 1e9, d / max(c, 1e-9) / 1e9)
+        return rate(done, w, c), rate(*local) if local else None
 
     def publish(self, kv, tag, count, rates=None):
         keys = self.cxlkv.keys_from_hashes(range(tag, tag + count))
@@ -239,7 +254,7 @@ class Engine:
         peer (the kv_capi group in lockstep), each of our batches runs beside
         the peer's batch of the same position, and the run's ratios are those
         of the two medians over the same stretch of time."""
-        self.peer, self.pairs, self._turn = peer, {"P": [], "F": []}, 0
+        self.peer, self.pairs, self._turn = peer, {"P": [], "F": [], "kvP": [], "kvF": []}, 0
         try:
             self.publish(kv, 0x5000000, n)
             pub, fet = [], []
@@ -313,20 +328,23 @@ class Peer:
     def __init__(self, build, shared_uri=None):
         bench = os.path.join(build, "tools", "cxlkv-bench")
         self.tmp = f"/tmp/cxlkv-pybench-peer-{os.getpid()}.json"
-        env = dict(os.environ, CXLKV_KVCAPI_LOCKSTEP="1")
+        env = dict(os.environ, CXLKV_KVCAPI_LOCKSTEP="1", CXLKV_KVCAPI_LOCAL="1")
         if shared_uri:
             env["CXLKV_KVCAPI_SHARED_POOL"] = shared_uri
         self.p = subprocess.Popen([bench, "--only", "kv_capi", "--out", self.tmp], stdin=subprocess.PIPE,
                                   stdout=subprocess.PIPE, text=True, bufsize=1, env=env)
 
     def step(self):
-        """(kind W|P|F, bytes done, wall s, cpu s) of the peer's next batch."""
+        """(kind W|P|F, bytes done, wall s, cpu s) of the peer's next C API
+        batch, and the same of its kv.*-design stand-in batch at the same
+        position (None when the peer could not open the stand-in's pool)."""
         self.p.stdin.write("\n")
         self.p.stdin.flush()
         ln = self.p.stdout.readline().split()
-        if len(ln) != 4:
+        if len(ln) not in (4, 7):
             raise RuntimeError("py bench: the kv_capi peer stopped (see its messages above)")
-        return ln[0], int(ln[1]), float(ln[2]), float(ln[3])
+        local = (int(ln[4]), float(ln[5]), float(ln[6])) if len(ln) == 7 else None
+        return ln[0], int(ln[1]), float(ln[2]), float(ln[3]), local
 
     def close(self):
         self.p.stdin.close()
@@ -414,6 +432,20 @@ def main():
             out[f"py.{k}_vs_kv_capi"] = median(py[0] / c[0] for py, c in pairs)
             out[f"py.{k}_per_cpu_s_vs_kv_capi"] = median(py[1] / c[1] for py, c in pairs)
             out[f"py.{k}_lockstep_pairs"] = len(pairs)
+    # Issue 14's ratio, py / kv: the kv.* design (the C++ KvStore, one block
+    # per call, in-process mutex locks, first-fit allocator, same bound, a
+    # pool of its own) run by the peer at every position beside the Python
+    # batch, the same pairing.  The time-paired ratio against the separate
+    # `cxlkv-bench --only kv` run stays as py.*_vs_kv_separate_run: on this
+    # shared machine a run's rates swing 2-3x from one minute to the next.
+    for kind, k in (("kvP", "publish"), ("kvF", "fetch")):
+        pairs = [p for x in runs for p in x.get("_pairs", {}).get(kind, []) if p[1][0] > 0 and p[1][1] > 0]
+        if pairs:
+            if f"py.{k}_vs_kv" in out:
+                out[f"py.{k}_vs_kv_separate_run"] = out[f"py.{k}_vs_kv"]
+            out[f"py.{k}_vs_kv"] = median(py[0] / c[0] for py, c in pairs)
+            out[f"py.{k}_per_cpu_s_vs_kv"] = median(py[1] / c[1] for py, c in pairs)
+            out[f"py.kv_{k}_gbps_lockstep"] = median(c[0] for _, c in pairs)
 
     res = {}
     if os.path.exists(args.results):
