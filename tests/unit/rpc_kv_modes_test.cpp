@@ -18,6 +18,7 @@
 
 #include "cxlkv/kv.hpp"
 #include "cxlkv/metrics.hpp"
+#include "index/prefix_index.hpp"
 #include "rpc/index_service.hpp"
 #include "rpc_test_pool.hpp"
 
@@ -410,6 +411,242 @@ TEST(RpcMetrics, ExpositionShowsTheIndexServiceAndItsClientsThenItsStop) {
 TEST(RpcMetrics, NoRpcCarveNoRpcFamilies) {
   RpcPool pool("kvm-nometrics", 64ull << 20, {});
   EXPECT_EQ(prometheus_rpc_exposition(*pool.region), "");
+}
+
+// ---- what a client holds through the service ends with its claim -------------
+
+// Reservations and pins taken through the service belong to the serving
+// node; a client that goes away without aborting or unpinning would leave
+// them for good (pins keep blocks unevictable, reservations hold space).
+// The service undoes them when the client's claim of its ring ends.
+
+// Puts a one-block chain through `kv` and returns its key.
+BlockKey put_one(KvStore& kv, uint64_t tag) {
+  auto k = chain(tag, 1);
+  std::vector<std::byte> buf(256, std::byte{1});
+  std::vector<Chunk> c{Chunk{buf.data(), buf.size()}};
+  std::vector<uint32_t> nch{1};
+  std::vector<int32_t> st(1);
+  auto put = kv.put_chain(nullptr, k, 256, c, nch, st);
+  if (!put || put.value() != 1u) throw std::runtime_error("put of block " + std::to_string(tag) + " failed");
+  return k[0];
+}
+
+// Until the service has closed `claims` client claims (bounded: 10 s).
+bool wait_closed(IndexService& svc, uint64_t claims) {
+  const auto t0 = Clock::now();
+  while (svc.released().claims < claims && Clock::now() - t0 < std::chrono::seconds(10))
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  return svc.released().claims >= claims;
+}
+
+bool writing(PrefixIndex& ix, uint32_t slot, const BlockKey& k) {
+  auto e = ix.entry(slot);
+  return e.key == k && e.state == CXLKV_ENTRY_WRITING;
+}
+
+TEST(KvIndexServiceClients, AClientThatDetachesLeavesNoReservationOrPinBehind) {
+  EnvGuard env(nullptr);
+  ModePool mp("kvm-gone");
+  mp.start_service();
+  KvStore& stays = mp.store(2, KvIndexMode::service);
+  const BlockKey done = put_one(stays, 9);
+  PrefixIndex& ix = mp.server_session->store().index();
+
+  auto keys = chain(10, 3);
+  std::vector<KvReservation> rs(3);
+  std::vector<int32_t> st(3, 99);
+  uint32_t pinned_slot = 0;
+  {
+    auto leaving = mp.open(1, KvIndexMode::service);
+    ASSERT_TRUE(leaving) << leaving.error().message();
+    KvStore& kv = leaving.value()->store();
+    auto r = kv.reserve_chain(nullptr, keys, 256, rs, st);
+    ASSERT_TRUE(r && r.value() == 3u);
+    auto p = kv.pin(done);
+    ASSERT_TRUE(p) << p.error().message();
+    pinned_slot = p->slot;
+    EXPECT_NE(ix.entry(pinned_slot).pin_mask, 0u);
+    for (auto& x : rs) EXPECT_TRUE(writing(ix, x.slot, x.key));
+    // Gone without abort or unpin: the session closes (its ring detaches).
+  }
+  ASSERT_TRUE(wait_closed(*mp.service, 1)) << "the service never saw the client go";
+  EXPECT_EQ(mp.service->released().reservations, 3u);
+  EXPECT_EQ(mp.service->released().pins, 1u);
+  for (auto& x : rs) EXPECT_FALSE(writing(ix, x.slot, x.key)) << "reservation of slot " << x.slot << " left behind";
+  EXPECT_EQ(ix.entry(pinned_slot).pin_mask, 0u) << "its pin was not dropped";
+  EXPECT_TRUE(ix.remove(done)) << "the block it pinned is not removable (evictable) again";
+  std::vector<KvReservation> again(3);
+  auto r = stays.reserve_chain(nullptr, keys, 256, again, st);
+  ASSERT_TRUE(r) << r.error().message();
+  for (int i = 0; i < 3; i++) EXPECT_EQ(st[i], kKvReserved) << "block " << i << " is still held";
+  ASSERT_TRUE(stays.abort_many(again, st));
+}
+
+// kill -9 of a client process that reserved and pinned through the service:
+// its reservations are aborted (their space reused), its pins dropped -- and
+// a block that a live client also pins stays pinned until that one unpins.
+// The live client's own reservations are untouched.
+TEST(KvIndexServiceClients, AKilledClientProcessLosesItsHoldsAndALiveClientsPinOfTheSameBlockStays) {
+  EnvGuard env(nullptr);
+  // The client process: forked before this test starts any thread.
+  rpctest::ForkedClient child([](const std::string& line) -> std::string {
+    char uri[256];
+    unsigned long long plo = 0, phi = 0, qlo = 0, qhi = 0;
+    if (std::sscanf(line.c_str(), "%255s %llu %llu %llu %llu", uri, &plo, &phi, &qlo, &qhi) != 5) return "E bad line";
+    auto r = Region::open(uri);
+    if (!r) return "E " + r.error().message();
+    NodeOptions no;
+    no.node = 1;
+    auto n = NodeContext::attach(*r.value(), no);
+    if (!n) return "E " + n.error().message();
+    KvOpenOptions ko;
+    ko.index_mode = KvIndexMode::service;
+    auto s = open_kv_session(*r.value(), *n.value(), ko);
+    if (!s) return "E " + s.error().message();
+    KvStore& kv = s.value()->store();
+    auto keys = chain(10, 3);
+    std::vector<KvReservation> rs(3);
+    std::vector<int32_t> st(3);
+    auto res = kv.reserve_chain(nullptr, keys, 4096, rs, st);
+    if (!res || res.value() != 3) return "E reserve_chain";
+    auto p = kv.pin(BlockKey{plo, phi});
+    auto q = kv.pin(BlockKey{qlo, qhi});
+    if (!p || !q) return "E pin";
+    std::string out = "ok " + std::to_string(p->slot) + " " + std::to_string(q->slot);
+    for (auto& x : rs) out += " " + std::to_string(x.slot);
+    out += " " + n.value()->local_shm_name();
+    (void)r.value().release();  // killed with everything held: nothing is torn down
+    (void)n.value().release();
+    (void)s.value().release();
+    return out;
+  });
+  ModePool mp("kvm-kill");
+  mp.start_service();
+  KvStore& live = mp.store(2, KvIndexMode::service);
+  PrefixIndex& ix = mp.server_session->store().index();
+  const BlockKey shared = put_one(live, 9), only_dead = put_one(live, 11);
+  const auto before = ix.usage();
+
+  child.send(mp.pool.uri + " " + std::to_string(shared.lo) + " " + std::to_string(shared.hi) + " " +
+             std::to_string(only_dead.lo) + " " + std::to_string(only_dead.hi));
+  std::string report = child.read_line(std::chrono::seconds(60));
+  ASSERT_EQ(report.rfind("ok ", 0), 0u) << "the client process: '" << report << "'";
+  unsigned ps = 0, qs = 0, r0 = 0, r1 = 0, r2 = 0;
+  char local[200] = {};
+  ASSERT_EQ(std::sscanf(report.c_str(), "ok %u %u %u %u %u %199s", &ps, &qs, &r0, &r1, &r2, local), 6) << report;
+  mp.pool.local_names.push_back(local);  // its node-local file, removed with the pool
+  auto keys = chain(10, 3);
+  const uint32_t rslots[3] = {r0, r1, r2};
+  for (int i = 0; i < 3; i++) ASSERT_TRUE(writing(ix, rslots[i], keys[i])) << i;
+  EXPECT_GE(ix.usage().used_bytes, before.used_bytes + 3 * 4096);
+
+  // The live client pins the shared block too, and reserves its own chain.
+  auto lp = live.pin(shared);
+  ASSERT_TRUE(lp) << lp.error().message();
+  ASSERT_EQ(lp->slot, ps);
+  auto mine = chain(12, 2);
+  std::vector<KvReservation> lrs(2);
+  std::vector<int32_t> st(3, 99);
+  ASSERT_TRUE(live.reserve_chain(nullptr, mine, 256, lrs, st));
+  ASSERT_EQ(st[0], kKvReserved);
+  // A client cannot drop another client's pin (the node's count is shared).
+  KvPin theirs;
+  theirs.key = only_dead;
+  theirs.slot = qs;
+  auto u = live.unpin(theirs);
+  EXPECT_FALSE(u) << "an unpin of a pin this client does not hold went through";
+  EXPECT_NE(ix.entry(qs).pin_mask, 0u);
+
+  child.kill9();
+  ASSERT_TRUE(wait_closed(*mp.service, 1)) << "the service never judged the killed client dead";
+  EXPECT_EQ(mp.service->released().reservations, 3u);
+  EXPECT_EQ(mp.service->released().pins, 2u);
+  for (int i = 0; i < 3; i++) EXPECT_FALSE(writing(ix, rslots[i], keys[i])) << "reservation " << i << " left behind";
+  EXPECT_EQ(ix.usage().used_bytes, before.used_bytes + 2 * 256) << "its reserved space was not given back";
+  EXPECT_EQ(ix.entry(qs).pin_mask, 0u) << "the block only it pinned is still pinned";
+  EXPECT_TRUE(ix.remove(only_dead)) << "the block only it pinned is not evictable again";
+  EXPECT_NE(ix.entry(ps).pin_mask, 0u) << "the live client's pin of the shared block was lost";
+  auto busy = ix.remove(shared);
+  ASSERT_FALSE(busy) << "a block a live client pins was removable";
+  EXPECT_EQ(busy.error().code(), -EBUSY) << busy.error().message();
+  // The live client's holds are its own: it publishes, and unpins.
+  std::vector<std::byte> buf(256, std::byte{2});
+  std::vector<Chunk> ch{Chunk{buf.data(), buf.size()}, Chunk{buf.data(), buf.size()}};
+  std::vector<uint32_t> nch{1, 1};
+  auto w = live.write_many(lrs, ch, nch, st);
+  ASSERT_TRUE(w && w.value() == 2u);
+  auto pub = live.publish_many(lrs, st);
+  ASSERT_TRUE(pub) << pub.error().message();
+  EXPECT_EQ(pub.value(), 2u) << "the live client's reservations were touched";
+  ASSERT_TRUE(live.unpin(*lp));
+  EXPECT_EQ(ix.entry(ps).pin_mask, 0u);
+  EXPECT_TRUE(ix.remove(shared)) << "unpinned by everyone, the shared block is evictable";
+  // The killed client's keys can be reserved again.
+  std::vector<KvReservation> again(3);
+  auto r = live.reserve_chain(nullptr, keys, 4096, again, st);
+  ASSERT_TRUE(r) << r.error().message();
+  EXPECT_EQ(r.value(), 3u);
+  for (int i = 0; i < 3; i++) EXPECT_EQ(st[i], kKvReserved) << i;
+  ASSERT_TRUE(live.abort_many(again, st));
+}
+
+// A ring claimed anew before the server saw it free (the server is paused
+// while one client leaves and another takes its ring): the old claim's holds
+// are released, never the new claim's.
+TEST(KvIndexServiceClients, ARingClaimedAnewReleasesTheOldClaimsHoldsNotTheNewOnes) {
+  EnvGuard env(nullptr);
+  ModePool mp("kvm-reclaim");
+  mp.start_service();
+  KvStore& stays = mp.store(2, KvIndexMode::service);  // ring 0
+  const BlockKey shared = put_one(stays, 9);
+  PrefixIndex& ix = mp.server_session->store().index();
+  auto old_keys = chain(20, 2), new_keys = chain(21, 2);
+  std::vector<KvReservation> old_rs(2), new_rs(2);
+  std::vector<int32_t> st(2, 99);
+
+  auto a = mp.open(1, KvIndexMode::service);  // ring 1
+  ASSERT_TRUE(a) << a.error().message();
+  ASSERT_TRUE(a.value()->store().reserve_chain(nullptr, old_keys, 256, old_rs, st));
+  auto ap = a.value()->store().pin(shared);
+  ASSERT_TRUE(ap);
+  const uint32_t shared_slot = ap->slot;
+  const auto& carve = mp.service->server().carve();
+  MemoryDomain& d = mp.pool.region->domain();
+  ASSERT_EQ(d.read_fresh(carve.client_line(1)).state, uint32_t(CXLKV_RPC_CLIENT_ATTACHED));
+
+  mp.service->server().stop();
+  a.value().reset();  // detaches: not seen by the paused server
+  std::unique_ptr<KvSession> b;
+  std::thread opener([&] {
+    auto s = mp.open(3, KvIndexMode::service);  // takes ring 1, waits for the ack
+    if (s) b = std::move(s.value());
+  });
+  const auto t0 = Clock::now();
+  while (d.read_fresh(carve.client_line(1)).state != CXLKV_RPC_CLIENT_ATTACHED && Clock::now() - t0 < std::chrono::seconds(10))
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  mp.service->server().start();
+  opener.join();
+  ASSERT_TRUE(b) << "the new client did not connect";
+  EXPECT_EQ(mp.service->server().stats().reclaimed, 1u) << "the server did not see ring 1 claimed anew";
+  EXPECT_EQ(mp.service->released().claims, 1u);
+  EXPECT_EQ(mp.service->released().reservations, 2u);
+  EXPECT_EQ(mp.service->released().pins, 1u);
+  for (auto& x : old_rs) EXPECT_FALSE(writing(ix, x.slot, x.key));
+  EXPECT_EQ(ix.entry(shared_slot).pin_mask, 0u) << "the old claim's pin was not dropped";
+
+  KvStore& kb = b->store();
+  ASSERT_TRUE(kb.reserve_chain(nullptr, new_keys, 256, new_rs, st));
+  EXPECT_EQ(st[0], kKvReserved);
+  auto bp = kb.pin(shared);
+  ASSERT_TRUE(bp);
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));  // scans go on: nothing more is released
+  EXPECT_EQ(mp.service->released().claims, 1u);
+  for (auto& x : new_rs) EXPECT_TRUE(writing(ix, x.slot, x.key)) << "the new claim's reservation was released";
+  EXPECT_NE(ix.entry(bp->slot).pin_mask, 0u) << "the new claim's pin was dropped";
+  ASSERT_TRUE(kb.abort_many(new_rs, st));
+  ASSERT_TRUE(kb.unpin(*bp));
+  EXPECT_EQ(ix.entry(bp->slot).pin_mask, 0u);
 }
 
 }  // namespace

@@ -5,7 +5,10 @@
 
 #include <atomic>
 #include <chrono>
+#include <mutex>
+#include <string>
 #include <thread>
+#include <vector>
 
 #include "rpc/rpc_internal.hpp"
 #include "rpc_test_pool.hpp"
@@ -254,6 +257,127 @@ TEST(Rpc, RingClaimedByAnotherClientAtTheSameMomentIsGivenUpAndAnotherRingTaken)
   ASSERT_TRUE(ok) << ok.error().message();
   EXPECT_NE(a->ring(), ring) << "the ring now belongs to the other claim";
   EXPECT_EQ(a->stats().reconnects, 1u);
+}
+
+// on_ring_closed: once per claim of a ring that ends -- the client detached,
+// died (kill -9 of a real process), the ring was claimed anew before the
+// server saw it free, or the server went away with the claim open -- on the
+// polling thread after the claim's last request was answered and before the
+// first request of the ring's next claim runs.
+TEST(Rpc, EveryClaimOfARingIsClosedOnceBetweenItsLastRequestAndTheNextClaimsFirst) {
+  // The dead client: a real process, forked before any thread starts.
+  rpctest::ForkedClient dead([](const std::string& uri) -> std::string {
+    auto r = Region::open(uri);
+    if (!r) return "E " + r.error().message();
+    NodeOptions no;
+    no.node = 2;
+    auto n = NodeContext::attach(*r.value(), no);
+    if (!n) return "E " + n.error().message();
+    RpcClientOptions o;
+    o.ring = 5;
+    auto c = RpcClient::connect(*n.value(), o);
+    if (!c) return "E " + c.error().message();
+    std::byte tag{'d'}, reply[64];
+    auto k = c.value()->call(kEcho, {&tag, 1}, reply, sizeof reply);
+    if (!k) return "E " + k.error().message();
+    std::string local = n.value()->local_shm_name();
+    (void)r.value().release();  // killed with its claim open: nothing is torn down
+    (void)n.value().release();
+    (void)c.value().release();
+    return "ok " + local;
+  });
+  RpcPool p("rpc-closed");
+  std::mutex mu;
+  std::vector<std::pair<uint32_t, std::string>> events;  // (ring, "req X" / "close why")
+  auto count_of = [&](const std::string& what) {
+    std::lock_guard<std::mutex> g(mu);
+    size_t k = 0;
+    for (auto& e : events) k += e.second == what;
+    return k;
+  };
+  auto wait_for = [&](const std::string& what) {
+    const auto t0 = std::chrono::steady_clock::now();
+    while (count_of(what) == 0 && std::chrono::steady_clock::now() - t0 < 10s) std::this_thread::sleep_for(1ms);
+    return count_of(what) > 0;
+  };
+  const char* why_names[] = {"detached", "dead", "reclaimed", "server_stopped"};
+  RpcServerOptions o = small_server();
+  o.on_ring_closed = [&](uint32_t ring, RpcRingClose why) {
+    std::lock_guard<std::mutex> g(mu);
+    events.emplace_back(ring, std::string("close ") + why_names[int(why)]);
+  };
+  auto created = RpcServer::create(p.attach(0), o);
+  ASSERT_TRUE(created) << created.error().message();
+  std::unique_ptr<RpcServer> srv = std::move(created.value());
+  srv->handle(kEcho, [&](const RpcRequest& rq, std::span<std::byte>, uint32_t& len) -> int32_t {
+    std::lock_guard<std::mutex> g(mu);
+    events.emplace_back(rq.ring, "req " + std::string(1, char(rq.data.empty() ? '?' : char(rq.data[0]))));
+    len = 0;
+    return 0;
+  });
+  srv->start();
+  NodeContext& cn = p.attach(1);
+  std::byte reply[64];
+  auto call = [&](RpcClient& c, char tag) {
+    std::byte t{uint8_t(tag)};
+    auto r = c.call(kEcho, {&t, 1}, reply, sizeof reply);
+    ASSERT_TRUE(r) << r.error().message();
+  };
+
+  // 1. A client detaches.
+  call(*connect(cn, 3), 'a');
+  ASSERT_TRUE(wait_for("close detached"));
+
+  // 2. Ring 3 claimed anew before the server sees it free: the server is
+  // paused while the client detaches and another claims the ring.
+  auto b = connect(cn, 3);
+  call(*b, 'b');
+  srv->stop();
+  b.reset();  // DETACHED, not seen
+  std::unique_ptr<RpcClient> c;
+  std::thread claimer([&] { c = connect(cn, 3); });  // waits for the server's ack
+  MemoryDomain& d = p.region->domain();
+  const auto t0 = std::chrono::steady_clock::now();
+  while (d.read_fresh(srv->carve().client_line(3)).state != CXLKV_RPC_CLIENT_ATTACHED &&
+         std::chrono::steady_clock::now() - t0 < 10s)
+    std::this_thread::sleep_for(1ms);
+  srv->start();
+  claimer.join();
+  ASSERT_TRUE(c);
+  call(*c, 'c');
+  c.reset();
+  ASSERT_TRUE(wait_for("close reclaimed"));
+  const auto t1 = std::chrono::steady_clock::now();
+  while (count_of("close detached") < 2 && std::chrono::steady_clock::now() - t1 < 10s)
+    std::this_thread::sleep_for(1ms);
+
+  // 3. A client process is killed (no detach): judged dead by its pid.
+  dead.send(p.uri);
+  const std::string report = dead.read_line(30s);
+  ASSERT_EQ(report.rfind("ok ", 0), 0u) << "the client process: '" << report << "'";
+  p.local_names.push_back(report.substr(3));  // its node-local file, removed with the pool
+  dead.kill9();
+  ASSERT_TRUE(wait_for("close dead"));
+
+  // 4. A claim still open when the server goes away.
+  auto e = connect(cn, 6);
+  call(*e, 'e');
+  std::this_thread::sleep_for(50ms);  // a few more scans: nothing closes twice
+  srv.reset();
+  e.reset();
+
+  std::lock_guard<std::mutex> g(mu);
+  auto of_ring = [&](uint32_t r) {
+    std::vector<std::string> v;
+    for (auto& [ring, what] : events)
+      if (ring == r) v.push_back(what);
+    return v;
+  };
+  EXPECT_EQ(of_ring(3), (std::vector<std::string>{"req a", "close detached", "req b", "close reclaimed", "req c",
+                                                  "close detached"}));
+  EXPECT_EQ(of_ring(5), (std::vector<std::string>{"req d", "close dead"}));
+  EXPECT_EQ(of_ring(6), (std::vector<std::string>{"req e", "close server_stopped"}));
+  EXPECT_EQ(events.size(), 10u) << "no other ring was opened or closed";
 }
 
 TEST(Rpc, NoServerMeansECONNREFUSEDAtConnect) {

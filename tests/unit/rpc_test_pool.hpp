@@ -4,10 +4,15 @@
 // optionally each with its own NonCoherentSim cache.
 #pragma once
 
+#include <poll.h>
+#include <signal.h>
 #include <sys/mman.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -61,6 +66,67 @@ struct RpcPool {
   std::unique_ptr<NonCoherentSim> sim;
   std::vector<std::unique_ptr<NodeContext>> nodes;
   std::vector<std::string> local_names;
+};
+
+// A client in a real separate process: forked before the test starts any
+// thread (a fork of a multi-threaded process may inherit a held lock), it
+// waits for one line from the test (e.g. the pool's URI), runs body(line),
+// writes the line body returns, and then waits to be killed (kill -9: it
+// never detaches or cleans up).  The destructor kills and reaps it.
+struct ForkedClient {
+  explicit ForkedClient(std::function<std::string(const std::string&)> body) {
+    int down[2], up[2];
+    if (pipe(down) != 0 || pipe(up) != 0) throw std::runtime_error("pipe failed");
+    pid = fork();
+    if (pid < 0) throw std::runtime_error("fork failed");
+    if (pid == 0) {
+      close(down[1]);
+      close(up[0]);
+      std::string line;
+      char c;
+      while (read(down[0], &c, 1) == 1 && c != '\n') line += c;
+      std::string out = body(line) + "\n";
+      if (write(up[1], out.data(), out.size()) != ssize_t(out.size())) _exit(2);
+      for (;;) pause();
+    }
+    close(down[0]);
+    close(up[1]);
+    to = down[1];
+    from = up[0];
+  }
+  ~ForkedClient() {
+    kill9();
+    if (to >= 0) close(to);
+    if (from >= 0) close(from);
+  }
+  void send(const std::string& line) {
+    std::string l = line + "\n";
+    if (write(to, l.data(), l.size()) != ssize_t(l.size())) throw std::runtime_error("write to the child failed");
+  }
+  // Its report; "" when it did not answer within `limit` (or died).
+  std::string read_line(std::chrono::milliseconds limit) {
+    std::string line;
+    const auto end = std::chrono::steady_clock::now() + limit;
+    for (;;) {
+      auto left = std::chrono::duration_cast<std::chrono::milliseconds>(end - std::chrono::steady_clock::now());
+      if (left.count() <= 0) return "";
+      pollfd pf{from, POLLIN, 0};
+      if (poll(&pf, 1, int(left.count())) <= 0) continue;
+      char c;
+      if (read(from, &c, 1) != 1) return "";
+      if (c == '\n') return line;
+      line += c;
+    }
+  }
+  // kill -9 and reap (a zombie would still look alive by /proc).
+  void kill9() {
+    if (pid <= 0) return;
+    kill(pid, SIGKILL);
+    waitpid(pid, nullptr, 0);
+    pid = -1;
+  }
+  pid_t pid = -1;
+  int to = -1, from = -1;
 };
 
 // The request each test sends and the reply the echo handler computes: a

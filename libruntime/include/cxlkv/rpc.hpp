@@ -111,6 +111,14 @@ struct RpcRequest {
 // negative errno).  Handlers run on the server's polling thread.
 using RpcHandler = std::function<int32_t(const RpcRequest& req, std::span<std::byte> reply, uint32_t& reply_len)>;
 
+// Why a ring's claim ended (RpcServerOptions::on_ring_closed).
+enum class RpcRingClose : uint8_t {
+  detached,        // the client wrote DETACHED
+  dead,            // the client's process / node is dead (liveness rule)
+  reclaimed,       // the ring carries a new claim (another token) while the old one was open
+  server_stopped,  // the server was destroyed with the claim open
+};
+
 struct RpcServerOptions {
   std::string carve = CXLKV_CARVE_RPC;
   RpcGeometry geometry{};  // used when this server writes the carve header
@@ -125,12 +133,22 @@ struct RpcServerOptions {
   std::chrono::milliseconds scan_every{2};
   std::chrono::milliseconds liveness_every{20};
   uint32_t max_batch = 256;  // requests handled per round, over all rings
+  // Called once per closed claim of a ring, on the polling thread between
+  // rounds (so after the last request of that claim that ran was answered,
+  // and before any request of a later claim of the ring runs): its client
+  // detached, was judged dead, or the ring was claimed anew (another client,
+  // or a new incarnation of the same one) before a scan saw it free; and for
+  // every claim still open when the server is destroyed (after its thread
+  // stopped).  Per-client state the handlers keep (the index service's
+  // reservations and pins) is undone here.
+  std::function<void(uint32_t ring, RpcRingClose why)> on_ring_closed;
 };
 
 struct RpcServerStats {
   uint64_t rounds = 0, requests = 0, batches = 0;  // batches: rounds that handled >= 1
   uint64_t fences = 0;                              // fences issued by the server
   uint64_t connects = 0, dead_clients = 0, detaches = 0;
+  uint64_t reclaimed = 0;  // claims ended by a new claim of their ring
   uint64_t unknown_ops = 0, stale_epoch = 0;        // requests refused without running
   uint64_t sleeps = 0;
   uint32_t epoch = 0;

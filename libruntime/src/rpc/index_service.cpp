@@ -11,11 +11,16 @@
 // The handler's status is 0, or the whole call's negative errno.
 #include "rpc/index_service.hpp"
 
+#include <algorithm>
+#include <atomic>
 #include <cstring>
+#include <memory>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "cxlkv/sync.hpp"
+#include "util/log.hpp"
 
 namespace cxlkv {
 namespace {
@@ -60,6 +65,139 @@ std::vector<T> read_array(std::span<const std::byte> d, size_t off, size_t n) {
 
 }  // namespace
 
+// What each client holds through the service, by the ring (claim) it came
+// through.  Reservations and pins taken here belong to the serving node, so
+// a client that detaches or dies would leave them for good (pins keep blocks
+// unevictable, reservations hold space); they are undone when its claim of
+// the ring closes (RpcServerOptions::on_ring_closed).  Handlers and the
+// close run on the server's polling thread only; the counters are read by
+// other threads.
+struct IndexService::Held {
+  struct Res {
+    uint32_t ring = 0;
+    BlockKey key;
+    uint32_t version = 0;
+    uint64_t order = 0;  // reservation order: a chain parent-first
+  };
+  struct Pin {
+    BlockKey key;
+    uint32_t count = 0;
+  };
+  std::unordered_map<uint32_t, Res> res;    // slot -> the claim that reserved it (one at a time)
+  std::unordered_map<uint64_t, Pin> pins;   // (ring << 32 | slot) -> this claim's pins of the slot
+  uint64_t next_order = 0;
+  std::atomic<uint64_t> closed{0}, aborted{0}, dropped{0};
+
+  static uint64_t pin_id(uint32_t ring, uint32_t slot) { return uint64_t(ring) << 32 | slot; }
+
+  void reserved(uint32_t ring, uint32_t slot, const BlockKey& k, uint32_t version) {
+    res[slot] = Res{ring, k, version, next_order++};
+  }
+  // May `ring` publish / abort the reservation (slot, key)?  Not when another
+  // open claim made it (a client cannot settle another's reservation; one
+  // made through an earlier server of this node is no claim's: the index's
+  // owner check decides).
+  bool may_settle(uint32_t ring, uint32_t slot, const BlockKey& k) const {
+    auto it = res.find(slot);
+    return it == res.end() || it->second.ring == ring || !(it->second.key == k);
+  }
+  void settled(uint32_t ring, uint32_t slot) {
+    auto it = res.find(slot);
+    if (it != res.end() && it->second.ring == ring) res.erase(it);
+  }
+  void pinned(uint32_t ring, uint32_t slot, const BlockKey& k) {
+    Pin& p = pins[pin_id(ring, slot)];
+    p.key = k;
+    p.count++;
+  }
+  // Does this claim hold a pin of (slot, key)?  Only those are unpinned:
+  // another client's pin of the same block (the node's pin count is shared)
+  // is never dropped by this one.
+  bool holds_pin(uint32_t ring, uint32_t slot, const BlockKey& k) const {
+    auto it = pins.find(pin_id(ring, slot));
+    return it != pins.end() && it->second.count > 0 && it->second.key == k;
+  }
+  void unpinned(uint32_t ring, uint32_t slot) {
+    auto it = pins.find(pin_id(ring, slot));
+    if (it != pins.end() && --it->second.count == 0) pins.erase(it);
+  }
+
+  // The claim of `ring` ended: abort what it still reserved (leaf first:
+  // abort_many walks its list from the end, and the list is in reservation
+  // order), and drop its pins -- only its own count, so a block another
+  // client still pins stays pinned.  A server that stops keeps the
+  // reservations (a client of a new server of this node may still publish or
+  // abort them; the node's death reclaims them otherwise).
+  void close(PrefixIndex& ix, uint32_t ring, RpcRingClose why) {
+    std::vector<std::pair<uint32_t, Res>> mine;  // (slot, reservation)
+    for (auto it = res.begin(); it != res.end();) {
+      if (it->second.ring != ring) {
+        ++it;
+        continue;
+      }
+      if (why != RpcRingClose::server_stopped) mine.emplace_back(it->first, it->second);
+      it = res.erase(it);
+    }
+    std::sort(mine.begin(), mine.end(), [](const auto& a, const auto& b) { return a.second.order < b.second.order; });
+    std::vector<uint32_t> slots;
+    std::vector<BlockKey> keys;
+    for (const auto& [slot, r] : mine)
+      if (ix.still_valid(slot, r.key, CXLKV_ENTRY_WRITING, r.version)) {  // still that reservation (rule 4)
+        slots.push_back(slot);
+        keys.push_back(r.key);
+      }
+    uint64_t n_aborted = 0, n_unpinned = 0;
+    // A parent refused while a child of it is still reserved (-EBUSY) goes
+    // again in the next pass; a pass that aborts nothing ends it.
+    while (!slots.empty()) {
+      std::vector<int32_t> st(slots.size());
+      auto r = ix.abort_many(slots, keys, st);
+      if (!r) {
+        log().warn("index service: ring {} closed: abort of {} reservation(s): {}", ring, slots.size(),
+                   r.error().message());
+        break;
+      }
+      n_aborted += r.value();
+      size_t w = 0;
+      for (size_t i = 0; i < slots.size(); i++)
+        if (st[i] == -EBUSY) {
+          slots[w] = slots[i];
+          keys[w++] = keys[i];
+        }
+      if (r.value() == 0 || w == 0) break;
+      slots.resize(w);
+      keys.resize(w);
+    }
+    slots.clear();
+    keys.clear();
+    for (auto it = pins.begin(); it != pins.end();) {
+      if (uint32_t(it->first >> 32) != ring) {
+        ++it;
+        continue;
+      }
+      for (uint32_t c = 0; c < it->second.count; c++) {
+        slots.push_back(uint32_t(it->first));
+        keys.push_back(it->second.key);
+      }
+      it = pins.erase(it);
+    }
+    if (!slots.empty()) {
+      std::vector<int32_t> st(slots.size());
+      auto r = ix.unpin_many(slots, keys, st);
+      if (r) n_unpinned = r.value();
+      else log().warn("index service: ring {} closed: unpin of {} pin(s): {}", ring, slots.size(), r.error().message());
+    }
+    aborted += n_aborted;
+    dropped += n_unpinned;
+    closed++;  // last: a reader that sees the claim closed sees what its close undid (released())
+    if (n_aborted || n_unpinned)
+      log().info("index service: ring {}'s claim ended ({}): {} reservation(s) aborted, {} pin(s) dropped", ring,
+                 why == RpcRingClose::detached ? "detached" : why == RpcRingClose::dead ? "client dead"
+                 : why == RpcRingClose::reclaimed ? "claimed anew" : "server stopped",
+                 n_aborted, n_unpinned);
+  }
+};
+
 RpcGeometry index_service_geometry() {
   RpcGeometry g;
   g.rings = 16;
@@ -75,11 +213,16 @@ Result<std::unique_ptr<IndexService>> IndexService::create(NodeContext& node, Pr
   o.carve = kIndexServiceCarve;
   o.geometry = index_service_geometry();
   o.max_batch = 8;  // requests are batches already
+  // What each client holds through the service is undone when its claim of
+  // the ring ends (see Held).
+  auto held = std::make_shared<Held>();
+  PrefixIndex* ix = &index;
+  o.on_ring_closed = [held, ix](uint32_t ring, RpcRingClose why) { held->close(*ix, ring, why); };
   auto s = RpcServer::create(node, o);
   if (!s) return s.error();
   auto svc = std::unique_ptr<IndexService>(new IndexService);
+  svc->held_ = held;
   svc->server_ = std::move(s.value());
-  PrefixIndex* ix = &index;
   // Reservations made here are owned by this node's incarnation (the
   // clients' handle checks compare against it).
   const uint32_t me = node.node();
@@ -111,6 +254,9 @@ Result<std::unique_ptr<IndexService>> IndexService::create(NodeContext& node, Pr
     std::vector<int32_t> st(n);
     auto r = ix->reserve_chain((flags & kHasParent) ? &parent : nullptr, keys, bytes, out, st, (flags & kThroughBusy) != 0);
     if (!r) return r.error().code();
+    for (uint32_t i = 0; i < n; i++)
+      if (st[i] == kBlockReserved && out[i].status == ReserveStatus::reserved)
+        held->reserved(rq.ring, out[i].slot, keys[i], out[i].version);
     len = put_result(rep, r.value(), st);
     for (uint32_t i = 0; i < n; i++) {
       WireBlock w = to_wire(out[i].slot, out[i].loc, out[i].version, uint8_t(out[i].status));
@@ -119,17 +265,43 @@ Result<std::unique_ptr<IndexService>> IndexService::create(NodeContext& node, Pr
     }
     return 0;
   });
-  auto slots_handler = [=](uint32_t op) {
+  auto slots_handler = [ix, held, put_result, parse_n](uint32_t op) {
     return [=](const RpcRequest& rq, std::span<std::byte> rep, uint32_t& len) -> int32_t {
       uint32_t n = 0;
       if (!parse_n(rq.data, &n) || rq.data.size() != kHdr + size_t(n) * 20) return -EINVAL;
       auto slots = read_array<uint32_t>(rq.data, kHdr, n);
       auto keys = read_array<BlockKey>(rq.data, kHdr + size_t(n) * 4, n);
       std::vector<int32_t> st(n);
-      Result<size_t> r = op == kOpPublish ? ix->publish_many(slots, keys, st)
-                         : op == kOpAbort ? ix->abort_many(slots, keys, st)
-                                          : ix->unpin_many(slots, keys, st);
+      // A client settles only its own holds: an unpin of a pin this claim
+      // does not hold (a double unpin, or one after its earlier claim ended
+      // and its pins were dropped) would take another client's pin of the
+      // node; a publish / abort of a reservation another open claim made is
+      // not this client's to settle.
+      std::vector<uint32_t> at, s2;
+      std::vector<BlockKey> k2;
+      at.reserve(n);
+      for (uint32_t i = 0; i < n; i++) {
+        const bool ok = op == kOpUnpin ? held->holds_pin(rq.ring, slots[i], keys[i])
+                                       : held->may_settle(rq.ring, slots[i], keys[i]);
+        if (!ok) {
+          st[i] = op == kOpUnpin ? -EINVAL : -ESTALE;  // as the index says for a block not pinned / reserved by us
+          continue;
+        }
+        at.push_back(i);
+        s2.push_back(slots[i]);
+        k2.push_back(keys[i]);
+      }
+      std::vector<int32_t> st2(at.size());
+      Result<size_t> r = op == kOpPublish ? ix->publish_many(s2, k2, st2)
+                         : op == kOpAbort ? ix->abort_many(s2, k2, st2)
+                                          : ix->unpin_many(s2, k2, st2);
       if (!r) return r.error().code();
+      for (size_t j = 0; j < at.size(); j++) {
+        st[at[j]] = st2[j];
+        if (st2[j] != 0) continue;
+        if (op == kOpUnpin) held->unpinned(rq.ring, s2[j]);
+        else held->settled(rq.ring, s2[j]);
+      }
       len = put_result(rep, r.value(), st);
       return 0;
     };
@@ -145,6 +317,8 @@ Result<std::unique_ptr<IndexService>> IndexService::create(NodeContext& node, Pr
     std::vector<int32_t> st(n);
     auto r = ix->pin_many(keys, out, st);
     if (!r) return r.error().code();
+    for (uint32_t i = 0; i < n; i++)
+      if (st[i] == 0) held->pinned(rq.ring, out[i].slot, keys[i]);
     len = put_result(rep, r.value(), st);
     for (uint32_t i = 0; i < n; i++) {
       WireBlock w = to_wire(out[i].slot, out[i].loc, out[i].version, 0);
@@ -154,6 +328,14 @@ Result<std::unique_ptr<IndexService>> IndexService::create(NodeContext& node, Pr
     return 0;
   });
   return svc;
+}
+
+IndexService::~IndexService() { server_.reset(); }  // the open claims close while held_ is there
+
+IndexService::Released IndexService::released() const {
+  // closed first (braced initialisers are evaluated in order): the counts
+  // read after it include every claim it counts.
+  return Released{held_->closed.load(), held_->aborted.load(), held_->dropped.load()};
 }
 
 Result<std::unique_ptr<IndexServiceHost>> IndexServiceHost::start(Region& pool, uint32_t node) {

@@ -13,9 +13,16 @@
 // continues from the last key of the previous piece).
 //
 // Reservations and pins taken through the service belong to the server's
-// node: when a client dies, its reservations and pins stay until it (or an
-// operator) aborts / unpins them; the server's own death releases them by the
-// liveness rule as for any node.
+// node; the service keeps, per client claim of a ring, the reservations and
+// pins made through it, and undoes them when that claim ends (the client
+// detached, died, or its ring was claimed anew): its reservations are
+// aborted, its pins dropped (its own count only: a block another client still
+// pins stays pinned).  A client settles only its own: an unpin of a pin its
+// claim does not hold is refused (-EINVAL), as is a publish / abort of a
+// reservation another open claim made (-ESTALE).  A server that stops drops
+// its clients' pins and keeps their reservations (a new server of the same
+// node still takes their publish / abort); the server's own death releases
+// everything by the liveness rule as for any node.
 #pragma once
 
 #include <cstdint>
@@ -44,10 +51,18 @@ class IndexService {
  public:
   static Result<std::unique_ptr<IndexService>> create(NodeContext& node, PrefixIndex& index,
                                                       const RpcServerOptions& base = {});
+  ~IndexService();
   RpcServer& server() { return *server_; }
+  // Client claims that ended, and what their end undid.
+  struct Released {
+    uint64_t claims = 0, reservations = 0, pins = 0;
+  };
+  Released released() const;
 
  private:
-  std::unique_ptr<RpcServer> server_;
+  struct Held;
+  std::shared_ptr<Held> held_;
+  std::unique_ptr<RpcServer> server_;  // destroyed first: its end closes the open claims
 };
 
 // A process that hosts the service (cxlkvd --index-service): attaches as

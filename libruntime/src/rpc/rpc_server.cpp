@@ -98,12 +98,19 @@ struct RpcServer::State {
       RingState& rs = rings[r];
       bool wanted = cl.state == CXLKV_RPC_CLIENT_ATTACHED && cl.epoch == epoch && cl.inc != 0;
       if (wanted && (!rs.active || rs.inc != cl.inc || rs.owner.pid != cl.pid || rs.owner.token != cl.token)) {
+        // A new claim while an older one was open (the old client detached
+        // or died and another -- or its own new incarnation -- claimed the
+        // ring before this scan saw it free): the old claim ends here, before
+        // any request of the new one can run (its requests carry its inc and
+        // start_seq, served only once registered below).
+        if (rs.active) {
+          st.reclaimed++;
+          deactivate(r, RpcRingClose::reclaimed);
+        }
         std::string why;
         rpc::HeartbeatWatch watch;  // a first look; a remote client's heartbeat progress is followed from now on
-        if (!rpc::party_alive(node, cl.pid, cl.start_time, cl.host_id, cl.node, &why, &watch)) {
-          if (rs.active) deactivate(r);
+        if (!rpc::party_alive(node, cl.pid, cl.start_time, cl.host_id, cl.node, &why, &watch))
           continue;  // a dead client's claim: nothing to serve
-        }
         rs.watch = watch;
         rs.active = true;
         rs.inc = cl.inc;
@@ -121,7 +128,7 @@ struct RpcServer::State {
         log().debug("{}ring {} connected: pid {} node {} inc {}", what(), r, cl.pid, cl.node, cl.inc);
       } else if (!wanted && rs.active) {
         st.detaches++;
-        deactivate(r);
+        deactivate(r, RpcRingClose::detached);
       } else if (rs.active && now - rs.last_live_ns >= uint64_t(opts.liveness_every.count()) * 1000000ull) {
         rs.last_live_ns = now;
         std::string why;
@@ -129,7 +136,7 @@ struct RpcServer::State {
                               &rs.watch)) {
           st.dead_clients++;
           log().info("{}ring {}: client {} is dead ({}); ring freed", what(), r, rs.owner.pid, why);
-          deactivate(r);
+          deactivate(r, RpcRingClose::dead);
         }
       }
     }
@@ -139,7 +146,20 @@ struct RpcServer::State {
       if (rings[r].active) active.push_back(r);
   }
 
-  void deactivate(uint32_t r) { rings[r] = RingState{}; }
+  // The claim of ring r ends: called between rounds only (scan, or the
+  // destructor after the thread stopped), so every request of the claim that
+  // was taken has been answered; on_ring_closed runs once per claim (the
+  // ring is inactive afterwards until a new claim is registered).
+  void deactivate(uint32_t r, RpcRingClose why) {
+    if (!rings[r].active) return;
+    rings[r] = RingState{};
+    if (!opts.on_ring_closed) return;
+    try {
+      opts.on_ring_closed(r, why);
+    } catch (const std::exception& e) {
+      log().warn("{}ring {}: closing its claim threw: {}", what(), r, e.what());
+    }
+  }
 
   size_t round() {
     const uint64_t now = now_ns();
@@ -321,7 +341,11 @@ Result<std::unique_ptr<RpcServer>> RpcServer::create(NodeContext& node, const Rp
 
 RpcServer::~RpcServer() {
   stop();
-  if (st_) st_->write_server_line(CXLKV_RPC_SERVER_STOPPED);
+  if (!st_) return;
+  // The claims still open end with the server (its thread has stopped: no
+  // request is being handled), then clients see it STOPPED.
+  for (uint32_t r = 0; r < st_->rings.size(); r++) st_->deactivate(r, RpcRingClose::server_stopped);
+  st_->write_server_line(CXLKV_RPC_SERVER_STOPPED);
 }
 
 void RpcServer::handle(uint32_t op, RpcHandler h) { st_->handlers[op] = std::move(h); }
