@@ -37,12 +37,41 @@ struct cxlkv_pnm_digest_args {
 	uint32_t dtype;
 };
 
+/*
+ * Partial attention over pages resident in device memory (the hybrid
+ * steady-token mode's GPU part): for each of nq query heads i (float row
+ * q[i][head_dim]), softmax(scale * q.K) V over the tokens of the pages of its
+ * KV head i / group, written as out[i][head_dim] (float) and lse[i] (natural
+ * log of the sum of exp(scale * q.k); -inf with out 0 when it has no pages),
+ * so that it merges exactly with other partials by log-sum-exp.  The pages
+ * of KV head h are entries page_start[h] .. page_start[h + 1] - 1: page_k[e]
+ * is the device address of the page's K rows (page_ntok[e] rows of head_dim
+ * elements of dtype), its V rows are v_offset bytes after them.
+ */
+struct cxlkv_pnm_attend_args {
+	uint64_t q;           /* device: float [nq][head_dim] */
+	uint64_t out;         /* device: float [nq][head_dim] */
+	uint64_t lse;         /* device: float [nq] */
+	uint64_t page_start;  /* device: uint32 [nq / group + 1] */
+	uint64_t page_k;      /* device: uint64 [entries] */
+	uint64_t page_ntok;   /* device: uint32 [entries] */
+	uint64_t v_offset;    /* bytes from a page's K rows to its V rows */
+	uint32_t nq;
+	uint32_t group;       /* query heads per KV head; nq is a multiple of it */
+	uint32_t head_dim;
+	uint32_t dtype;       /* as cxlkv_pnm_digest_args */
+	float    scale;
+	uint32_t reserved;
+};
+
 struct cxlkv_cuda_pnm_ops {
 	uint32_t abi_version; /* CXLKV_CUDA_PNM_ABI_VERSION */
 	uint32_t size;        /* sizeof(struct cxlkv_cuda_pnm_ops) as the library was built */
 	const char *(*last_error)(void);
 	/* One launch (stream-ordered; returns once enqueued). */
 	int (*digest)(const struct cxlkv_pnm_digest_args *args, void *stream);
+	/* Appended (a library built before it has a smaller size): one launch. */
+	int (*attend)(const struct cxlkv_pnm_attend_args *args, void *stream);
 };
 
 typedef const struct cxlkv_cuda_pnm_ops *(*cxlkv_cuda_pnm_get_ops_fn)(uint32_t abi_version);

@@ -3,7 +3,11 @@
 // KV that comes from a GPU are computed on the GPU, next to the data, before
 // the pages go to the pool.  One thread block per (page, row), threads over
 // head_dim; the per-thread code is cuda/pnm_digest_core.h, which the CPU
-// reference in libcxlkv runs too.
+// reference in libcxlkv runs too.  Beside it the hybrid mode's GPU
+// partial-attention kernel (issue 16 item 4): one thread per query head,
+// per-thread code cuda/pnm_attend_core.h (output + log-sum-exp over the
+// GPU-resident pages).  Simple and untuned; it has not run on a GPU yet
+// (tests run its per-thread code on the CPU through a fake library).
 #include <cuda_runtime.h>
 
 #include <cerrno>
@@ -11,6 +15,7 @@
 #include <cstdio>
 
 #include "cuda/cxlkv_pnm_abi.h"
+#include "cuda/pnm_attend_core.h"
 #include "cuda/pnm_digest_core.h"
 
 namespace pc = cxlkv::pnmcore;
@@ -47,8 +52,24 @@ int op_digest(const cxlkv_pnm_digest_args* a, void* stream) {
   return 0;
 }
 
+__global__ void attend_kernel(cxlkv_pnm_attend_args a) {
+  const uint32_t i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < a.nq) pc::attend_query(a, i);
+}
+
+int op_attend(const cxlkv_pnm_attend_args* a, void* stream) {
+  if (const char* why = pc::check_attend_args(a)) return pnm_fail(-EINVAL, "pnm attend: %s", why);
+  const uint32_t threads = 64;
+  attend_kernel<<<(a->nq + threads - 1) / threads, threads, 0, static_cast<cudaStream_t>(stream)>>>(*a);
+  const cudaError_t e = cudaGetLastError();
+  if (e != cudaSuccess)
+    return pnm_fail(e == cudaErrorNoDevice ? -ENODEV : -EIO, "pnm attend kernel launch: %s: %s", cudaGetErrorName(e),
+                    cudaGetErrorString(e));
+  return 0;
+}
+
 const cxlkv_cuda_pnm_ops g_pnm_ops = {CXLKV_CUDA_PNM_ABI_VERSION, sizeof(cxlkv_cuda_pnm_ops), op_last_error,
-                                      op_digest};
+                                      op_digest, op_attend};
 
 }  // namespace
 

@@ -327,9 +327,11 @@ struct HybridStats {
 // side selects, Algorithm 1 decides evictions and recalls, recalls go
 // through the GPU sparse-read path (one batch per step), the GPU part is
 // attention over the resident pages, the near-memory part over the rest of
-// the selection, and the two merge by log-sum-exp.  With the CPU stand-in
-// library (gpu::CudaLibrary::cpu_reference()) the GPU part runs the CPU
-// kernels over the buffer.  The page holding the newest tokens is recalled
+// the selection, and the two merge by log-sum-exp.  With a CUDA library the
+// GPU part is one launch of the partial-attention kernel (cuda/pnm_digest.cu,
+// per-thread code cuda/pnm_attend_core.h; -ENOSYS from a library built
+// before it); with the CPU stand-in library
+// (gpu::CudaLibrary::cpu_reference()) it runs the CPU kernels over the buffer.  The page holding the newest tokens is recalled
 // again while resident (it grows between steps).
 class HybridRequest {
  public:

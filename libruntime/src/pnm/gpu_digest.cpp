@@ -7,11 +7,13 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstddef>
 #include <cstring>
 #include <vector>
 
 #include "cuda/cxlkv_cuda_abi.h"
 #include "cuda/cxlkv_pnm_abi.h"
+#include "cuda/pnm_attend_core.h"
 #include "cuda/pnm_digest_core.h"
 #include "cxlkv/gpu.hpp"
 #include "cxlkv/pnm.hpp"
@@ -30,19 +32,37 @@ void reference_digest(const cxlkv_pnm_digest_args& a) {
 }
 
 // The pnm table of the CUDA library `path` (already loaded by CudaLibrary).
-Result<const cxlkv_cuda_pnm_ops*> pnm_ops(const std::string& path) {
+Result<const cxlkv_cuda_pnm_ops*> pnm_ops_of(const std::string& path) {
   void* h = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL | RTLD_NOLOAD);
   if (!h) return Error(-ENOENT, "pnm digest: " + path + " is not loaded");
   auto get = reinterpret_cast<cxlkv_cuda_pnm_get_ops_fn>(dlsym(h, CXLKV_CUDA_PNM_ENTRY));
   dlclose(h);  // CudaLibrary keeps its own reference
   if (!get) return Error(-ENOSYS, "pnm digest: " + path + " has no " CXLKV_CUDA_PNM_ENTRY " (built without it)");
   const cxlkv_cuda_pnm_ops* ops = get(CXLKV_CUDA_PNM_ABI_VERSION);
-  if (!ops || ops->size < sizeof(cxlkv_cuda_pnm_ops))
+  if (!ops || ops->size < offsetof(cxlkv_cuda_pnm_ops, attend))  // digest at least; attend is checked at use
     return Error(-EPROTO, "pnm digest: " + path + " speaks another pnm ABI version");
   return ops;
 }
 
 }  // namespace
+
+namespace testing {
+const cxlkv_cuda_pnm_ops*& pnm_ops_override() {
+  static const cxlkv_cuda_pnm_ops* o = nullptr;
+  return o;
+}
+}  // namespace testing
+
+namespace detail {
+Result<const cxlkv_cuda_pnm_ops*> pnm_ops(gpu::CudaLibrary& lib) {
+  if (testing::pnm_ops_override()) return testing::pnm_ops_override();
+  return pnm_ops_of(lib.path());
+}
+
+void reference_attend(const cxlkv_pnm_attend_args& a) {
+  for (uint32_t i = 0; i < a.nq; i++) pnmcore::attend_query(a, i);
+}
+}  // namespace detail
 
 Result<void> gpu_digests(gpu::CudaLibrary& lib, Dtype dtype, uint64_t k_dev, uint64_t out_dev, uint32_t rows,
                          uint64_t ntokens, uint32_t head_dim, uint32_t page_tokens, void* stream) {
@@ -52,7 +72,7 @@ Result<void> gpu_digests(gpu::CudaLibrary& lib, Dtype dtype, uint64_t k_dev, uin
     reference_digest(a);
     return {};
   }
-  auto ops = pnm_ops(lib.path());
+  auto ops = detail::pnm_ops(lib);
   if (!ops.ok()) return ops.error();
   if (int rc = (*ops)->digest(&a, stream); rc < 0) return Error(rc, (*ops)->last_error());
   return {};

@@ -4,9 +4,11 @@
 // path, GPU part + near-memory part merged by log-sum-exp.
 #include <algorithm>
 #include <cmath>
+#include <cstddef>
 #include <cstring>
 
 #include "cuda/cxlkv_cuda_abi.h"
+#include "cuda/cxlkv_pnm_abi.h"
 #include "cxlkv/gpu.hpp"
 #include "cxlkv/pnm.hpp"
 #include "cxlkv/region.hpp"
@@ -121,14 +123,75 @@ Result<Partial> HybridRequest::step(std::span<const float> queries, uint32_t q_h
     p->lse.assign(size_t(g.layers) * q_heads, -INFINITY);
   }
   const float scale = 1.f / std::sqrt(float(g.head_dim));
-  if (!gpu_->library().is_reference())
-    return Error(-ENOTSUP, C + "GPU partial attention runs only with the CPU stand-in library for now (" +
-                               gpu_->library().path() + ")");
+  // GPU part on a GPU: the partial-attention kernel over the resident pages
+  // (one launch for every query head), output + log-sum-exp back to the host.
+  const bool on_gpu = !gpu_->library().is_reference();
+  if (on_gpu) {
+    gpu::CudaLibrary& lib = gpu_->library();
+    auto ops = detail::pnm_ops(lib);
+    if (!ops.ok()) return Error(ops.error().code(), C + ops.error().message());
+    if ((*ops)->size < offsetof(cxlkv_cuda_pnm_ops, attend) + sizeof((*ops)->attend) || !(*ops)->attend)
+      return Error(-ENOSYS, C + lib.path() + " has no GPU partial-attention kernel (built before it)");
+    const uint32_t nq = g.layers * q_heads;
+    std::vector<uint32_t> start(pairs + 1, 0), pn;
+    std::vector<uint64_t> pk;
+    for (size_t i = 0; i < pairs; i++) {
+      for (uint32_t p : from_mask(resident_[i])) {
+        pk.push_back(slot_dev(i, uint32_t(slot_of_[i][p]), 0));
+        pn.push_back(uint32_t(std::min<uint64_t>(g.page_tokens, ntokens - uint64_t(p) * g.page_tokens)));
+        st.gpu_pages++;
+      }
+      start[i + 1] = uint32_t(pk.size());
+    }
+    // One device allocation: q | out | lse | page_start | page_k | page_ntok.
+    auto al = [](uint64_t v) { return (v + 63) / 64 * 64; };
+    const uint64_t qb = uint64_t(nq) * g.head_dim * 4, lb = uint64_t(nq) * 4;
+    const uint64_t o_q = 0, o_out = al(qb), o_lse = o_out + al(qb), o_st = o_lse + al(lb),
+                   o_pk = o_st + al((pairs + 1) * 4), o_pn = o_pk + al(pk.size() * 8 + 8),
+                   total = o_pn + al(pn.size() * 4 + 4);
+    std::vector<unsigned char> host(total, 0);
+    std::memcpy(host.data() + o_q, queries.data(), qb);
+    std::memcpy(host.data() + o_st, start.data(), start.size() * 4);
+    if (!pk.empty()) std::memcpy(host.data() + o_pk, pk.data(), pk.size() * 8);
+    if (!pn.empty()) std::memcpy(host.data() + o_pn, pn.data(), pn.size() * 4);
+    const cxlkv_cuda_ops& co = lib.ops();
+    void* dev = nullptr;
+    if (int rc = co.device_alloc(&dev, total); rc < 0)
+      return Error(rc, C + "GPU attention buffer of " + std::to_string(total) + " bytes: " + co.last_error());
+    struct Free {
+      const cxlkv_cuda_ops& o;
+      void* p;
+      ~Free() { o.device_free(p); }
+    } free_dev{co, dev};
+    const uint64_t d0 = reinterpret_cast<uint64_t>(dev);
+    const cxlkv_pnm_attend_args a{d0 + o_q,  d0 + o_out,    d0 + o_lse, d0 + o_st, d0 + o_pk,
+                                  d0 + o_pn, piece_,        nq,         group,     g.head_dim,
+                                  static_cast<uint32_t>(g.dtype), scale, 0};
+    int rc = co.memcpy_async(dev, host.data(), total, nullptr);
+    if (rc < 0) return Error(rc, C + "GPU attention upload: " + co.last_error());
+    rc = (*ops)->attend(&a, nullptr);
+    if (rc < 0) {
+      const std::string why = (*ops)->last_error();
+      (void)gpu_->sync(nullptr);  // the upload reads `host`: done before it goes
+      return Error(rc, C + "GPU partial attention: " + why);
+    }
+    rc = co.memcpy_async(host.data() + o_out, reinterpret_cast<void*>(d0 + o_out), o_st - o_out, nullptr);
+    auto synced = gpu_->sync(nullptr);
+    if (rc < 0) return Error(rc, C + "GPU attention download: " + co.last_error());
+    if (!synced.ok()) return synced.error();
+    std::memcpy(gpu_part.out.data(), host.data() + o_out, qb);
+    std::memcpy(gpu_part.lse.data(), host.data() + o_lse, lb);
+  }
   std::vector<float> m(group), lsum(group);
   for (size_t i = 0; i < pairs; i++) {
     const uint32_t l = uint32_t(i / g.kv_heads), h = uint32_t(i % g.kv_heads);
     const size_t qh0 = size_t(l) * q_heads + size_t(h) * group;
     const float* q = queries.data() + qh0 * g.head_dim;
+    if (on_gpu) {
+      CXLKV_TRY(detail::attend_head(ctx, table.data(), near[i], l, h, q, group, ntokens, scale, isa,
+                                    near_part.out.data() + qh0 * g.head_dim, near_part.lse.data() + qh0));
+      continue;
+    }
     // GPU part: the resident pages, read from the GPU buffer (host memory
     // with the CPU stand-in).
     float* acc = gpu_part.out.data() + qh0 * g.head_dim;

@@ -6,6 +6,9 @@
 
 #include "cxlkv/pnm.hpp"
 
+struct cxlkv_cuda_pnm_ops;
+struct cxlkv_pnm_attend_args;
+
 namespace cxlkv::pnm {
 
 namespace testing {
@@ -16,6 +19,9 @@ struct Faults {
   bool skip_reader_invalidate = false;  // reads without invalidate + fence
 };
 Faults& faults();
+// The pnm kernel table used for every non-reference CUDA library instead of
+// the one the library exports (tests: a fake GPU library); nullptr: none.
+const cxlkv_cuda_pnm_ops*& pnm_ops_override();
 }  // namespace testing
 
 namespace detail {
@@ -49,6 +55,12 @@ Result<std::vector<uint32_t>> select_head(const Context& ctx, const float* q, ui
 Result<void> attend_head(const Context& ctx, const uint64_t* table, std::span<const uint32_t> pages, uint32_t layer,
                          uint32_t head, const float* q, uint32_t group, uint64_t ntokens, float scale, Isa isa,
                          float* out, float* lse);
+// The pnm kernel table of a loaded (non-reference) CUDA library.
+Result<const cxlkv_cuda_pnm_ops*> pnm_ops(gpu::CudaLibrary& lib);
+// The GPU partial-attention kernel's per-thread code over every query head
+// of a launch, on the CPU (its reference; "device" pointers are host memory).
+void reference_attend(const cxlkv_pnm_attend_args& a);
+
 // Shape checks of a step; "" when fine.
 std::string check_step(const Context& ctx, std::span<const float> queries, uint32_t q_heads, uint64_t ntokens);
 
