@@ -125,17 +125,25 @@ struct IndexService::Held {
   // The claim of `ring` ended: abort what it still reserved (leaf first:
   // abort_many walks its list from the end, and the list is in reservation
   // order), and drop its pins -- only its own count, so a block another
-  // client still pins stays pinned.  A server that stops keeps the
-  // reservations (a client of a new server of this node may still publish or
-  // abort them; the node's death reclaims them otherwise).
+  // client still pins stays pinned.  A server that stops leaves the index
+  // as it is and only forgets its records: its process may be shutting down
+  // with the lock manager already gone (cxlkvd), and the holds are its
+  // node's, reclaimed by the node's detach or death (a new server of the same
+  // node still takes the publish / abort of such a reservation).
   void close(PrefixIndex& ix, uint32_t ring, RpcRingClose why) {
+    if (why == RpcRingClose::server_stopped) {
+      for (auto it = res.begin(); it != res.end();) it = it->second.ring == ring ? res.erase(it) : std::next(it);
+      for (auto it = pins.begin(); it != pins.end();) it = uint32_t(it->first >> 32) == ring ? pins.erase(it) : std::next(it);
+      closed++;
+      return;
+    }
     std::vector<std::pair<uint32_t, Res>> mine;  // (slot, reservation)
     for (auto it = res.begin(); it != res.end();) {
       if (it->second.ring != ring) {
         ++it;
         continue;
       }
-      if (why != RpcRingClose::server_stopped) mine.emplace_back(it->first, it->second);
+      mine.emplace_back(it->first, it->second);
       it = res.erase(it);
     }
     std::sort(mine.begin(), mine.end(), [](const auto& a, const auto& b) { return a.second.order < b.second.order; });
@@ -192,8 +200,7 @@ struct IndexService::Held {
     closed++;  // last: a reader that sees the claim closed sees what its close undid (released())
     if (n_aborted || n_unpinned)
       log().info("index service: ring {}'s claim ended ({}): {} reservation(s) aborted, {} pin(s) dropped", ring,
-                 why == RpcRingClose::detached ? "detached" : why == RpcRingClose::dead ? "client dead"
-                 : why == RpcRingClose::reclaimed ? "claimed anew" : "server stopped",
+                 why == RpcRingClose::detached ? "detached" : why == RpcRingClose::dead ? "client dead" : "claimed anew",
                  n_aborted, n_unpinned);
   }
 };

@@ -19,10 +19,11 @@
 // aborted, its pins dropped (its own count only: a block another client still
 // pins stays pinned).  A client settles only its own: an unpin of a pin its
 // claim does not hold is refused (-EINVAL), as is a publish / abort of a
-// reservation another open claim made (-ESTALE).  A server that stops drops
-// its clients' pins and keeps their reservations (a new server of the same
-// node still takes their publish / abort); the server's own death releases
-// everything by the liveness rule as for any node.
+// reservation another open claim made (-ESTALE).  A server that stops
+// leaves its clients' holds in the index (they are its node's: the node's
+// detach or death reclaims them, and a new server of the same node still
+// takes the publish / abort of such a reservation); the server's own death
+// releases everything by the liveness rule as for any node.
 #pragma once
 
 #include <cstdint>
