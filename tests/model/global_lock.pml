@@ -32,6 +32,20 @@
  *                  re-acquires without checking
  *   BROKEN_DEAD    the manager ignores liveness: a waiter waits for ever
  *                  for a dead holder (invalid end state)
+ *   BROKEN_SWEEP   the watcher's sweep for a revocation looks only at
+ *                  locks its node keeps or holds, not at one it has asked
+ *                  for: a node that has read its grant but not yet marked
+ *                  itself held is skipped, keeps the grant at release and
+ *                  the other node waits for ever (invalid end state)
+ *
+ * The watcher is edge-triggered, as in watcher.cpp: it sweeps once per bump
+ * of its node's doorbell counter `revokes` (the manager bumps it after
+ * writing the REVOKED grant; modelled as a flag the watcher clears).  The
+ * code's extra periodic sweep is not modelled: the protocol must be right
+ * without it.  WATCHER_LEVEL instead lets the watcher act whenever the
+ * revoked grant and the node's phase allow (a coarser abstraction, used
+ * where timeouts and deaths together make the edge-triggered state space
+ * too big for make test).
  */
 #ifndef N
 #define N 2
@@ -66,6 +80,7 @@ bool lmu[N];          /* the lock's node-local mutex */
 byte phase[N];
 byte ltk[N];          /* the node's ticket */
 bool revoke[N];       /* set by the watcher when the mutex was busy */
+bool bumped[N];       /* the doorbell counter `revokes` moved since the watcher last looked */
 
 #define W(stmt) atomic { stmt; dirty = true }
 
@@ -101,7 +116,7 @@ proctype node(byte me) {
         * late grant for a withdrawn request admits a second holder */
        :: (grant_node == me) -> cont = grant_contended; phase[me] = P_HELD; goto cs
 #else
-       :: atomic { (grant_node == me && grant_ticket == ltk[me]) -> cont = grant_contended }; phase[me] = P_HELD; goto cs
+       :: atomic { (grant_node == me && grant_ticket == ltk[me]) -> cont = grant_contended || grant_revoked }; phase[me] = P_HELD; goto cs
 #endif
 #ifdef TIMEOUTS
        :: true -> W(req_state[me] = IDLE); phase[me] = P_IDLE; lmu[me] = false; goto next   /* timeout: withdraw */
@@ -139,7 +154,8 @@ end:
 
 /* The node's watcher: answers a revocation of the grant its node keeps or
  * holds.  Dies with its node. */
-proctype watcher(byte me) {
+#ifdef WATCHER_LEVEL
+proctype watcher(byte me) {   /* WATCHER_LEVEL: level-triggered abstraction */
   byte t;
 end_idle:
   do
@@ -165,6 +181,45 @@ end_broken:
   :: done == N -> break
   od
 }
+#else
+proctype watcher(byte me) {
+  byte t;
+  bool pending = false;
+end_idle:
+  do
+  :: atomic { alive[me] && bumped[me] ->   /* the counter moved: one sweep */
+       bumped[me] = false;
+       if
+       :: grant_node == me && grant_revoked && grant_ticket == ltk[me] &&
+#ifdef BROKEN_SWEEP
+          (phase[me] == P_CACHED || phase[me] == P_HELD) ->
+#else
+          (phase[me] == P_CACHED || phase[me] == P_HELD || phase[me] == P_REQ) ->
+#endif
+            pending = true; t = grant_ticket   /* an older pending ticket is moot: its answer would be dropped */
+       :: else
+       fi }
+#ifdef BROKEN_ACK
+  :: atomic { alive[me] && pending -> pending = false };
+       /* broken: release in the pool, leave the node-local phase CACHED */
+       W(req_state[me] = IDLE)
+#else
+       /* under the node-local mutex (taken and given back in one step: no
+        * other party of the node can look in between) */
+  :: atomic { alive[me] && pending && !lmu[me] ->
+       if
+       :: ltk[me] == t && phase[me] == P_CACHED -> req_state[me] = IDLE; phase[me] = P_IDLE; revoke[me] = false; dirty = true
+       :: else
+       fi;
+       pending = false }
+  :: atomic { alive[me] && pending && lmu[me] ->   /* busy: the release answers */
+       if :: ltk[me] == t -> revoke[me] = true :: else -> pending = false fi }
+#endif
+  :: done == N -> break
+  od
+}
+
+#endif
 
 init {
   byte i;
@@ -226,6 +281,7 @@ active proctype manager() {
                  if
                  :: others && !grant_revoked && !hcont ->
                       grant_revoked = true;   /* whole grant line, fence, then the node's counter */
+                      bumped[holder] = true;
                       progress = true;
 #ifdef BROKEN_REVOKE
                       /* broken: do not wait for the node's answer */
