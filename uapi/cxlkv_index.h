@@ -190,8 +190,7 @@ CXLKV_STATIC_ASSERT(sizeof(struct cxlkv_index_entry) == 64, "index entry is one 
 struct cxlkv_index_ext {
 	__u32 lru_prev;          /* towards the head (more recent), or NO_SLOT */
 	__u32 lru_next;          /* towards the tail (older), or NO_SLOT */
-	__u32 linked_ms;         /* entry lru_ms when (re)linked, or reserved (a block published with children):
-	                          * pins after it are reuses (second chance) */
+	__u32 linked_ms;         /* entry lru_ms when (re)linked */
 	__u8  linked;            /* CXLKV_EXT_LINKED | CXLKV_EXT_REUSED | CXLKV_EXT_HANDOFF bits */
 	__u8  lease_node;        /* consumer node or CXLKV_LEASE_NODE_ANY */
 	__u16 lease_count;       /* live leases (0: none) */

@@ -381,30 +381,3 @@ TEST(IndexEvict, ABlockThatComesBackAfterEvictionOutlivesBlocksSeenOnce) {
   EXPECT_FALSE(cached(5)) << "a block seen once went in its place";
   EXPECT_EQ(a->index().audit_lists(), 0u);
 }
-
-// Issue 11: a prefix reused while it had children keeps that reuse when its
-// last child goes: it gets a second chance over a block used once since.
-// (Linked at its lru_ms behind that newer block, it used to go first.)
-TEST(IndexEvict, APrefixReusedWhileItHadChildrenOutlivesABlockUsedOnce) {
-  SimPool p(1, 0.0, opts(1, 64, 3));
-  auto a = p.store(0);
-  auto pc = chain(4000, 2);  // P (shared prefix) -> C (its cold child)
-  auto q = chain(4001, 1), r = chain(4002, 1), s = chain(4003, 1);
-  auto cached = [&](const BlockKey& k) { return a->index().find_ready(k) != CXLKV_INDEX_NO_SLOT; };
-  ASSERT_TRUE(put(*a, pc, 0).ok());
-  ASSERT_TRUE(put(*a, pc, 1).ok());
-  tick();
-  ASSERT_TRUE(fetch_ok(*a, pc[0])) << "another request reuses the prefix P";
-  tick();
-  ASSERT_TRUE(put(*a, q, 0).ok());  // used once, after P's reuse
-  tick();
-  ASSERT_TRUE(put(*a, r, 0).ok());  // 4 > 3: C, the oldest leaf, goes; P is a leaf again
-  ASSERT_FALSE(cached(pc[1]));
-  ASSERT_TRUE(cached(pc[0])) << "prefix closure: the child went first";
-  tick();
-  ASSERT_TRUE(put(*a, s, 0).ok());
-  EXPECT_TRUE(cached(pc[0])) << "P was reused while it had a child: second chance";
-  EXPECT_FALSE(cached(q[0])) << "the block used once since went in its place";
-  EXPECT_GE(a->index().counters().second_chances, 1u);
-  EXPECT_EQ(a->index().audit_lists(), 0u);
-}

@@ -184,17 +184,13 @@ size_t PrefixIndex::reserve_locked(LockSet& ls, const BlockKey* pkey, std::span<
       ne.owner_node = static_cast<uint8_t>(node_);
       ne.owner_inc = inc_lo_;
       ne.parent_slot = prev;
-      // Never 0 (an ext linked_ms of 0 means "never set"): the ext below
-      // records it as linked_ms, from which pins count as reuses of a block
-      // published with children (index_evict.cpp, published()).
-      ne.lru_ms = std::max(now_ms(), 1u);
+      ne.lru_ms = now_ms();
       ls.mark(s);
       space_->claim(loc.value(), free_slot);  // issue 12: the block's owner record, before the entry names it
       const uint32_t ver = write_entry(free_slot, ne);
       cxlkv_index_ext x{};  // not listed (WRITING), no lease
       if (ghost) x.linked = CXLKV_EXT_REUSED;  // evicted before and back: one more trip (index_evict.cpp)
       x.lru_prev = x.lru_next = kNo;
-      x.linked_ms = ne.lru_ms;
       x.lease_node = CXLKV_LEASE_NODE_ANY;
       write_ext(free_slot, x);
       cxlkv_index_stripe& st = ls.st(s);
@@ -388,11 +384,9 @@ Result<size_t> PrefixIndex::publish_many(std::span<const uint32_t> slots, std::s
     // rule 3 / rule 5: the caller flushed and fenced the payload; this entry
     // write is the visibility boundary.
     e.state = CXLKV_ENTRY_READY;
-    // A block with children (a chain is published parent first) keeps its
-    // reserve time, its ext linked_ms: pins from now on are reuses.
-    if (e.children == 0) e.lru_ms = now;
+    e.lru_ms = now;
     write_entry(slot, e);
-    if (e.loc_tier == CXLKV_TIER_MEM) published(ls, slot, e, now);  // a leaf joins its list (index_evict.cpp)
+    if (e.children == 0 && e.loc_tier == CXLKV_TIER_MEM) link(ls, slot, now, /*at_head=*/true);
     status[i] = kBlockReserved;
     last_published = slot;
     good++;

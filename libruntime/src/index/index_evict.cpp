@@ -14,15 +14,10 @@
 //    a tail whose lru_ms is newer than its linked_ms to the head (second
 //    chance) instead of evicting it.  The victim stripe is the one whose tail
 //    is oldest (all stripe lines read in one sweep).
-//  * A parent whose last child is evicted joins its list at the tail with
-//    the linked_ms it had (its reserve, or its last trip on the list): one
-//    nobody pinned since goes next (a cold chain is removed from its end up,
-//    its shared prefix last), one pinned while it had children (a hot shared
-//    prefix) gets its second chance from the head.
-//  * Handoff reads are not reuses: a block leased right after its publish
-//    (the producer hands it to its consumer) gets back its lease-start
-//    lru_ms when the last lease ends, so the decode's reads do not earn it
-//    a second chance; a second consumer's lease is a reuse.
+//  * A parent whose last child is evicted joins its list at the tail when it
+//    is no more recent than the tail (it usually is as cold as the child it
+//    served), so a cold subtree is removed from its leaves up before warmer
+//    blocks go: the cold end of a chain goes first, its shared prefix last.
 //  * Scan resistance: an evicted block leaves a ghost (its tombstone keeps
 //    the key while the stripe has fewer than stripe_slots / 8 tombstones).
 //    A block reserved again whose ghost is found is marked REUSED and, at
@@ -128,32 +123,15 @@ void PrefixIndex::child_added(LockSet& ls, uint32_t parent_slot) {
   if (e.children == 1) unlink(ls, parent_slot);  // no longer a leaf: not evictable
 }
 
-void PrefixIndex::published(LockSet& ls, uint32_t slot, const cxlkv_index_entry& e, uint32_t now) {
-  // A leaf joins its list's head.  A block with children is not listed: its
-  // ext linked_ms and its lru_ms are both its reserve time (reserve_chain),
-  // so a pin from now on is a reuse that child_dropped() honours, at no
-  // extra line write here.  linked_ms 0 means "never set" (child_dropped,
-  // lease_many): a leaf published in the pool's first millisecond records 1.
-  if (e.children == 0) link(ls, slot, std::max(now, 1u), /*at_head=*/true);
-}
-
 void PrefixIndex::child_dropped(LockSet& ls, uint32_t parent_slot) {
   cxlkv_index_entry e = read_entry(parent_slot);
   if (!live_index_state(e.state) || e.children == 0) return;
   e.children--;
   write_entry(parent_slot, e, false);
   if (e.children == 0 && e.state == CXLKV_ENTRY_READY && e.loc_tier == CXLKV_TIER_MEM) {
-    // A leaf again: it joins at the tail (usually as cold as the child that
-    // just went) keeping the linked_ms it had (its reserve, or its last trip
-    // on the list), so a pin it got while it had children still counts as a
-    // reuse: the evictor gives it a second chance from the head, and a
-    // parent nobody used since goes next, from its chain's end up.  (Linking
-    // it at lru_ms dropped the credit of hot shared prefixes whose children
-    // went: on the synthetic trace, 2+2 workers, 1.005-1.011x / 1.001-1.002x
-    // block-LRU at 25% / 50% of the distinct blocks, 1.021x / 1.024x with it.)
-    const cxlkv_index_ext x = read_ext(parent_slot);
-    const uint32_t since = (x.linked_ms && static_cast<int32_t>(e.lru_ms - x.linked_ms) >= 0) ? x.linked_ms : e.lru_ms;
-    link(ls, parent_slot, since, /*at_head=*/false);
+    // A leaf again.  Usually as cold as the child that just went: the tail.
+    const cxlkv_index_stripe& st = ls.st(parent_slot / hdr_.stripe_slots);
+    link(ls, parent_slot, e.lru_ms, /*at_head=*/lru_tail(st) != kNo && e.lru_ms > st.tail_ms);
   }
 }
 

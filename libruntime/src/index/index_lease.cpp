@@ -64,8 +64,8 @@ Result<size_t> PrefixIndex::lease_many(std::span<const BlockKey> keys, uint64_t 
       // this consumer) is handed off: the consumer's reads will not count
       // as a reuse.  Its link time moves to the lease's start, which its
       // lru_ms goes back to when the lease ends.
-      // (A block published with children has its reserve time there: reserve_chain.)
-      if (x.linked_ms && static_cast<int32_t>(e.lru_ms - x.linked_ms) <= 0) {
+      const bool linked = x.linked & CXLKV_EXT_LINKED;
+      if (linked ? static_cast<int32_t>(e.lru_ms - x.linked_ms) <= 0 : false) {
         x.linked |= CXLKV_EXT_HANDOFF;
         if (static_cast<int32_t>(now - x.linked_ms) > 0) x.linked_ms = now;
       } else {

@@ -404,11 +404,6 @@ class PrefixIndex {
   void link(LockSet& ls, uint32_t slot, uint32_t ms, bool at_head);
   void unlink(LockSet& ls, uint32_t slot);
   void child_added(LockSet& ls, uint32_t parent_slot);
-  // A block just made READY at `now` (entry written): a leaf joins its list's
-  // head; a block with children keeps the linked_ms its reserve recorded
-  // (= its lru_ms), the time from which its pins count as a reuse once it is
-  // a leaf again.
-  void published(LockSet& ls, uint32_t slot, const cxlkv_index_entry& e, uint32_t now);
   // Children count down; a READY memory block left without children joins the list.
   void child_dropped(LockSet& ls, uint32_t parent_slot);
   void repair_stripe(LockSet& ls, uint32_t stripe);  // rebuild list + counters from the entries
