@@ -70,7 +70,7 @@ volatile sig_atomic_t g_term = 0;
   // Busy-poll, then yield the core between rounds (never sleep): on a
   // machine with fewer free cores than busy processes a pure spinner burns
   // its whole time slice while the client that would feed it waits.
-  o.spin_rounds = std::getenv("CXLKV_BENCH_RPC_SPIN") ? uint32_t(atoi(std::getenv("CXLKV_BENCH_RPC_SPIN"))) : 4096;
+  o.spin_rounds = std::getenv("CXLKV_BENCH_RPC_SPIN") ? uint32_t(atoi(std::getenv("CXLKV_BENCH_RPC_SPIN"))) : 64;
   o.yield_rounds = 1u << 30;
   auto s = cxlkv::RpcServer::create(*n.value(), o);
   if (!s) {
@@ -246,7 +246,7 @@ void bench_rpc(bench::Results& res) {
     } else {
       cxlkv::RpcClient& cli = *cl.value();
       const char* cs = std::getenv("CXLKV_BENCH_RPC_CLIENT_SPIN");
-      const uint64_t client_spin = cs ? std::max(1, atoi(cs)) : 256;
+      const uint64_t client_spin = cs ? std::max(1, atoi(cs)) : 16;
       auto one = [&](size_t msg_len, double* p50, double* p99, double* mops) {
         std::byte msg[kMsg], back[kMsg];
         std::memset(msg, 0x5a, sizeof msg);
@@ -279,6 +279,7 @@ void bench_rpc(bench::Results& res) {
           auto k = cli.poll(done);
           if (!k) break;
           if (k.value() == 0 && ++idle % client_spin == 0) sched_yield();  // see the server's polling
+          if (k.value()) idle = 0;
           for (size_t j = 0; j < k.value(); j++) bad += done[j].status != 0;
           completed += k.value();
         }

@@ -192,23 +192,30 @@ struct RpcClient::State {
   void harvest() {
     const uint32_t mask = carve.depth() - 1;
     if (busy) {
-      // rule 4: the reply headers of the oldest requests, invalidated as a
-      // batch with one fence.
+      // rule 4: the reply header of the oldest request first (replies come
+      // in order: while it is unanswered no later one is looked at, so an
+      // idle poll costs one line, not a sweep of the ring); once it is
+      // answered, the headers after it, invalidated as a batch with one fence.
       const uint32_t n = std::min<uint32_t>(busy, 64);
       const bool break_inv = rpc::testing::break_reply_invalidate();
-      if (!break_inv)
-        for (uint32_t k = 0; k < n; k++) d.invalidate(carve.resp(ring, (oldest + k) & mask), 64);
-      fence();
-      for (uint32_t k = 0; k < n; k++) __builtin_prefetch(carve.resp(ring, (oldest + k) & mask));  // overlap the misses
-      // Load the headers in order until one is not answered (replies come
-      // in order); the payload lines of the answered ones are invalidated
-      // after their flags were seen (rule 4), all with one more fence.
+      if (!break_inv) d.invalidate(carve.resp(ring, oldest & mask), 64);
+      fence();  // rule 4: the oldest header's invalidation before its load
+      d.load(&hdrs[0], carve.resp(ring, oldest & mask), sizeof hdrs[0]);
+      if (hdrs[0].flag == slots[oldest & mask].flag && n > 1) {
+        if (!break_inv)
+          for (uint32_t k = 1; k < n; k++) d.invalidate(carve.resp(ring, (oldest + k) & mask), 64);
+        fence();  // rule 4: the later headers' invalidations before their loads
+        for (uint32_t k = 1; k < n; k++) __builtin_prefetch(carve.resp(ring, (oldest + k) & mask));  // overlap the misses
+      }
+      // Load the headers in order until one is not answered; the payload
+      // lines of the answered ones are invalidated after their flags were
+      // seen (rule 4), all with one more fence.
       uint32_t ready_n = 0;
       bool long_ones = false;
       for (; ready_n < n; ready_n++) {
         Slot& s = slots[(oldest + ready_n) & mask];
         cxlkv_rpc_resp_hdr& h = hdrs[ready_n];
-        d.load(&h, carve.resp(ring, (oldest + ready_n) & mask), sizeof h);
+        if (ready_n) d.load(&h, carve.resp(ring, (oldest + ready_n) & mask), sizeof h);
         if (h.flag != s.flag) break;
         if (!s.reported && std::min(h.len, s.reply_cap) > CXLKV_RPC_INLINE) {
           d.invalidate(reinterpret_cast<const std::byte*>(carve.resp(ring, (oldest + ready_n) & mask)) + 64,
