@@ -75,9 +75,13 @@ cp "$ROOT/tests/vm/guest-init.sh" "$R/init"
 chmod +x "$R/init"
 
 # Userspace binaries from the CMake build, with the shared libraries ldd names.
+# The binaries go in without debug info: unstripped they are ~165 MiB, and the
+# memmap guest (512 MiB less the 64 MiB reserved) ran out of room unpacking
+# the initramfs ("Initramfs unpacking failed: write error", no init).
 copy_with_libs() {
 	local bin=$1 lib
 	cp "$bin" "$R/cxlkv/"
+	strip --strip-debug "$R/cxlkv/$(basename "$bin")"
 	for lib in $(ldd "$bin" 2>/dev/null | grep -oE '/[^ ]+\.so[^ ]*' | sort -u); do
 		mkdir -p "$R$(dirname "$lib")"
 		cp -L "$lib" "$R$lib"
