@@ -89,6 +89,16 @@ CounterRun run_counter(TestPool& p, uint32_t nodes, int iters, double evict, int
   return out;
 }
 
+// The simulated pool's lock manager on node `node`, started.
+std::unique_ptr<LockManager> start_manager(TestPool& p, uint32_t node) {
+  LockManagerOptions mo;
+  mo.node = node;
+  auto mgr = LockManager::create(*p.region, p.domain(node), mo);
+  if (!mgr) throw std::runtime_error(mgr.error().message());
+  mgr.value()->start();
+  return std::move(mgr.value());
+}
+
 TEST(LockSim, FourNodesWithEvictionsCountExactlyAndNeverOverlap) {
   TestPool p("lock-sim-ok");
   auto r = run_counter(p, 4, 150, 0.05);
@@ -150,15 +160,11 @@ TEST(LockSim, StickyReentryTouchesNoPoolLineAndNeedsNoManager) {
   TestPool p("lock-sim-sticky-fast");
   p.simulate(2, 0.02, 3);
   auto& a = p.attach(0);
-  LockManagerOptions mo;
-  mo.node = 1;
-  auto mgr = LockManager::create(*p.region, p.domain(1), mo);
-  ASSERT_TRUE(mgr.ok()) << mgr.error().message();
-  mgr.value()->start();
+  auto mgr = start_manager(p, 1);
   TwoTierLock l(a, kLock);
   ASSERT_TRUE(l.lock().ok());
   ASSERT_TRUE(l.unlock().ok());
-  mgr.value()->stop();  // no manager from here on
+  mgr->stop();  // no manager from here on
   const uint64_t req = p.domain(1).read_fresh(&a.control().slot(kLock, 0)->request);
 
   // 100 re-entries: pool accesses of node 0 counted by the simulator (the
@@ -185,11 +191,7 @@ TEST(LockSim, RevocationWhileTheKeeperIsInsideIsAnsweredAtItsRelease) {
   p.simulate(3, 0.02, 9);
   auto& a = p.attach(0);
   auto& b = p.attach(1);
-  LockManagerOptions mo;
-  mo.node = 2;
-  auto mgr = LockManager::create(*p.region, p.domain(2), mo);
-  ASSERT_TRUE(mgr.ok()) << mgr.error().message();
-  mgr.value()->start();
+  auto mgr = start_manager(p, 2);
   TwoTierLock la(a, kLock), lb(b, kLock);
   ASSERT_TRUE(la.lock().ok());
   ASSERT_TRUE(la.unlock().ok());  // kept
@@ -206,11 +208,11 @@ TEST(LockSim, RevocationWhileTheKeeperIsInsideIsAnsweredAtItsRelease) {
   const bool b_got_while_a_inside = b_got.load();
   ASSERT_TRUE(la.unlock().ok());
   tb.join();
-  mgr.value()->stop();
+  mgr->stop();
 
   EXPECT_FALSE(b_got_while_a_inside) << "node 1 was granted while node 0 was inside on its kept grant";
   EXPECT_TRUE(b_got.load());
-  EXPECT_GE(mgr.value()->stats().revokes, 1u);
+  EXPECT_GE(mgr->stats().revokes, 1u);
 }
 
 TEST(LockSim, KeptGrantIsRevokedForAnotherNodeAndTheKeeperAsksAgain) {
@@ -218,11 +220,7 @@ TEST(LockSim, KeptGrantIsRevokedForAnotherNodeAndTheKeeperAsksAgain) {
   p.simulate(3, 0.02, 5);
   auto& a = p.attach(0);
   auto& b = p.attach(1);
-  LockManagerOptions mo;
-  mo.node = 2;
-  auto mgr = LockManager::create(*p.region, p.domain(2), mo);
-  ASSERT_TRUE(mgr.ok()) << mgr.error().message();
-  mgr.value()->start();
+  auto mgr = start_manager(p, 2);
   TwoTierLock la(a, kLock), lb(b, kLock);
   ASSERT_TRUE(la.lock().ok());
   ASSERT_TRUE(la.unlock().ok());  // node 0 keeps the grant
@@ -240,11 +238,11 @@ TEST(LockSim, KeptGrantIsRevokedForAnotherNodeAndTheKeeperAsksAgain) {
   const bool a_got_while_b_held = a_got.load();
   ASSERT_TRUE(lb.unlock().ok());
   ta.join();
-  mgr.value()->stop();
+  mgr->stop();
 
   EXPECT_FALSE(a_got_while_b_held) << "node 0 re-entered on a revoked grant";
   EXPECT_TRUE(a_got.load());
-  EXPECT_GE(mgr.value()->stats().revokes, 1u);
+  EXPECT_GE(mgr->stats().revokes, 1u);
 }
 
 TEST(LockSim, ManagerSweepsEveryWatchedDoorbellWithOneFencePerRound) {
@@ -281,18 +279,14 @@ TEST(LockSim, DoorbellsReadWithoutInvalidateAreCaught) {
   TestPool p("lock-sim-doorbell-broken");
   p.simulate(3, 0.0);
   auto& a = p.attach(0);
-  LockManagerOptions mo;
-  mo.node = 2;
   sync::testing::set_break_doorbell_invalidate(true);
-  auto mgr = LockManager::create(*p.region, p.domain(2), mo);
-  ASSERT_TRUE(mgr.ok()) << mgr.error().message();
-  mgr.value()->start();
+  auto mgr = start_manager(p, 2);
   TwoTierLock l(a, kLock);
 
   auto broken = l.try_lock_for(300ms);
   sync::testing::set_break_doorbell_invalidate(false);
   auto fixed = l.try_lock_for(10s);
-  mgr.value()->stop();
+  mgr->stop();
 
   ASSERT_FALSE(broken.ok()) << "a request was granted although the manager never invalidated the doorbell";
   EXPECT_EQ(broken.error().code(), -ETIMEDOUT);
@@ -305,11 +299,7 @@ TEST(LockSim, LockGuardProtectedRangeCarriesDataBetweenNodes) {
   p.simulate(3, 0.02, 7);
   auto& a = p.attach(0);
   auto& b = p.attach(1);
-  LockManagerOptions mo;
-  mo.node = 2;
-  auto mgr = LockManager::create(*p.region, p.domain(2), mo);
-  ASSERT_TRUE(mgr.ok()) << mgr.error().message();
-  mgr.value()->start();
+  auto mgr = start_manager(p, 2);
   auto kv = p.region->carve(CXLKV_CARVE_KV).value();
   auto* data = p.region->at<uint64_t>(kv.offset);
   std::thread ta([&] {
@@ -375,11 +365,7 @@ TEST(LockSim, LockIdOutOfRangeIsRejected) {
 TEST(LockSim, DetachGivesBackKeptGrantsSoAnotherNodeGetsTheLock) {
   TestPool p("lock-sim-detach-kept");
   p.simulate(3, 0.02, 5);
-  LockManagerOptions mo;
-  mo.node = 2;
-  auto mgr = LockManager::create(*p.region, p.domain(2), mo);
-  ASSERT_TRUE(mgr.ok()) << mgr.error().message();
-  mgr.value()->start();
+  auto mgr = start_manager(p, 2);
   {
     auto& a = p.attach(0);
     TwoTierLock l(a, kLock);
@@ -392,7 +378,7 @@ TEST(LockSim, DetachGivesBackKeptGrantsSoAnotherNodeGetsTheLock) {
   auto got = lb.try_lock_for(5s);
   ASSERT_TRUE(got.ok()) << got.error().message();
   ASSERT_TRUE(lb.unlock().ok());
-  mgr.value()->stop();
+  mgr->stop();
 }
 
 // The lost revocation behind a 4+4 replay hang: node 0 reads its fresh
@@ -413,11 +399,7 @@ TEST(LockSim, RevocationBetweenGrantAndHeldIsAnsweredAtRelease) {
   p.simulate(3, 0.02, 13);
   auto& a = p.attach(0);
   auto& b = p.attach(1);
-  LockManagerOptions mo;
-  mo.node = 2;
-  auto mgr = LockManager::create(*p.region, p.domain(2), mo);
-  ASSERT_TRUE(mgr.ok()) << mgr.error().message();
-  mgr.value()->start();
+  auto mgr = start_manager(p, 2);
   sync::testing::set_watcher_no_resweep(true);  // only the bump's sweep: what it misses stays missed
   g_parked = 0;
   g_unpark = false;
@@ -437,15 +419,15 @@ TEST(LockSim, RevocationBetweenGrantAndHeldIsAnsweredAtRelease) {
     }
   });
   // The manager revokes node 0's grant for node 1; node 0's watcher sweeps.
-  for (int i = 0; i < 5000 && mgr.value()->stats().revokes == 0; i++) std::this_thread::sleep_for(1ms);
-  EXPECT_GE(mgr.value()->stats().revokes, 1u);
+  for (int i = 0; i < 5000 && mgr->stats().revokes == 0; i++) std::this_thread::sleep_for(1ms);
+  EXPECT_GE(mgr->stats().revokes, 1u);
   std::this_thread::sleep_for(100ms);  // the watcher's sweep for that bump (it polls every 0.5 ms)
   g_unpark = true;
   ta.join();
   tb.join();
   sync::testing::set_grant_seen_hook(nullptr);
   sync::testing::set_watcher_no_resweep(false);
-  mgr.value()->stop();
+  mgr->stop();
   EXPECT_TRUE(b_got.load()) << "node 0 kept a grant revoked before it marked itself held: node 1 never got it";
 }
 
