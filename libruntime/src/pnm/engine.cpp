@@ -72,6 +72,11 @@ struct Engine::Impl {
         cv.wait(g, [&] { return stop || epoch != seen; });
         if (stop) return;
         seen = epoch;
+        // Every index of this job already taken: parallel_for may have
+        // returned and destroyed the job, and a new job resets `next`; a
+        // worker that woke this late must not join (it would run the new
+        // job's indices with the old, dangling function).
+        if (next.load() >= n) continue;
         f = job;
         count = n;
         running++;
