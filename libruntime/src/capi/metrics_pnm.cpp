@@ -15,6 +15,7 @@
 #include "pnm/pnm_internal.hpp"
 #include "uapi/cxlkv.h"
 #include "uapi/cxlkv_pnm.h"
+#include "util/prom_text.hpp"
 
 namespace cxlkv {
 namespace {
@@ -60,12 +61,6 @@ const MetricDesc kPnmLatencies[CXLKV_PNM_LAT_COUNT] = {
 };
 const MetricDesc kBadPnm{"cxlkv_unknown", "counter", "?"};
 
-void appendf(std::string& s, const char* fmt, auto... args) {
-  char buf[512];
-  int n = std::snprintf(buf, sizeof buf, fmt, args...);
-  if (n > 0) s.append(buf, std::min<size_t>(size_t(n), sizeof buf - 1));
-}
-
 struct PartStats {
   uint32_t part;
   cxlkv_pnm_part_stats s;
@@ -108,7 +103,7 @@ std::string prometheus_pnm_exposition(Region& r) {
   const std::vector<PartStats> parts = read_parts(r);
   for (int c = 0; c < int(CXLKV_PNM_CTR_COUNT); c++) {
     const MetricDesc& m = kPnmCounters[c];
-    appendf(out, "# HELP %s %s\n# TYPE %s %s\n", m.name, m.help, m.name, m.type);
+    append_family_header(out, m);
     for (const auto& p : parts)
       appendf(out, "%s{partition=\"%u\"} %llu\n", m.name, p.part, (unsigned long long)p.s.counters[c]);
   }
@@ -116,25 +111,9 @@ std::string prometheus_pnm_exposition(Region& r) {
   // cumulative at le = 2^k ns (1 us .. 4.3 s), like the KV histograms.
   for (int l = 0; l < int(CXLKV_PNM_LAT_COUNT); l++) {
     const MetricDesc& m = kPnmLatencies[l];
-    appendf(out, "# HELP %s %s\n# TYPE %s %s\n", m.name, m.help, m.name, m.type);
-    for (const auto& p : parts) {
-      const uint32_t* h = p.s.latency[l];
-      uint64_t acc = 0, total = 0;
-      double sum_s = 0;
-      for (unsigned b = 0; b < CXLKV_PNM_LAT_BUCKETS; b++) {
-        total += h[b];
-        sum_s += h[b] * std::sqrt(std::pow(2.0, b / 2.0) * std::pow(2.0, (b + 1) / 2.0)) * 1e-9;
-      }
-      unsigned b = 0;
-      for (int k = 10; k <= 32; k++) {
-        for (; b < 2u * unsigned(k) && b < CXLKV_PNM_LAT_BUCKETS; b++) acc += h[b];
-        appendf(out, "%s_bucket{partition=\"%u\",le=\"%.9g\"} %llu\n", m.name, p.part, std::ldexp(1.0, k) * 1e-9,
-                (unsigned long long)acc);
-      }
-      appendf(out, "%s_bucket{partition=\"%u\",le=\"+Inf\"} %llu\n", m.name, p.part, (unsigned long long)total);
-      appendf(out, "%s_sum{partition=\"%u\"} %.9g\n", m.name, p.part, sum_s);
-      appendf(out, "%s_count{partition=\"%u\"} %llu\n", m.name, p.part, (unsigned long long)total);
-    }
+    append_family_header(out, m);
+    for (const auto& p : parts)
+      append_histogram(out, m, "partition", p.part, p.s.latency[l], CXLKV_PNM_LAT_BUCKETS);
   }
   return out;
 }

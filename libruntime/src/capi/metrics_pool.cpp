@@ -8,6 +8,7 @@
 
 #include "cxlkv/memory_domain.hpp"
 #include "cxlkv/metrics.hpp"
+#include "util/prom_text.hpp"
 #include "uapi/cxlkv_index.h"
 
 namespace cxlkv {
@@ -51,10 +52,8 @@ std::string prometheus_pool_exposition(MemoryDomain& d, const void* index_carve,
   const uint64_t v[CXLKV_METRIC_LEASE_COUNT] = {ls.expiries, ls.dead};
   for (int i = 0; i < CXLKV_METRIC_LEASE_COUNT; i++) {
     const MetricDesc& m = kLease[i];
-    char buf[512];
-    int n = std::snprintf(buf, sizeof buf, "# HELP %s %s\n# TYPE %s %s\n%s %llu\n", m.name, m.help, m.name, m.type,
-                          m.name, (unsigned long long)v[i]);
-    if (n > 0) out.append(buf, std::min<size_t>(size_t(n), sizeof buf - 1));
+    append_family_header(out, m);
+    appendf(out, "%s %llu\n", m.name, (unsigned long long)v[i]);
   }
   return out;
 }

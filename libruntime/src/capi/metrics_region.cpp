@@ -11,6 +11,7 @@
 
 #include "cxlkv/memory_domain.hpp"
 #include "cxlkv/metrics.hpp"
+#include "util/prom_text.hpp"
 #include "cxlkv/region.hpp"
 #include "cxlkv/sync.hpp"
 #include "uapi/cxlkv.h"
@@ -63,24 +64,14 @@ const MetricDesc kManager[CXLKV_METRIC_MANAGER_COUNT] = {
 };
 const MetricDesc kBadState{"cxlkv_unknown", "gauge", "?"};
 
-void appendf(std::string& s, const char* fmt, auto... args) {
-  char buf[512];
-  int n = std::snprintf(buf, sizeof buf, fmt, args...);
-  if (n > 0) s.append(buf, std::min<size_t>(size_t(n), sizeof buf - 1));
-}
-
-void head(std::string& out, const MetricDesc& m) {
-  appendf(out, "# HELP %s %s\n# TYPE %s %s\n", m.name, m.help, m.name, m.type);
-}
-
 void family(std::string& out, int which, double v) {
-  head(out, kState[which]);
+  append_family_header(out, kState[which]);
   appendf(out, "%s %.17g\n", kState[which].name, v);
 }
 
 template <typename F>
 void per_node(std::string& out, int which, const std::vector<uint32_t>& nodes, F value) {
-  head(out, kState[which]);
+  append_family_header(out, kState[which]);
   for (uint32_t n : nodes) appendf(out, "%s{node=\"%u\"} %.17g\n", kState[which].name, n, double(value(n)));
 }
 
@@ -147,7 +138,7 @@ void control_families(std::string& out, Region& r) {
     }
   }
   per_node(out, CXLKV_METRIC_NODE_UP, nodes, [&](uint32_t n) { return node(n).state == CXLKV_NODE_ACTIVE ? 1 : 0; });
-  head(out, kState[CXLKV_METRIC_NODE_HEARTBEAT]);
+  append_family_header(out, kState[CXLKV_METRIC_NODE_HEARTBEAT]);
   for (uint32_t n : nodes) {
     const cxlkv_node_entry e = node(n);
     if (e.heartbeat_ms == 0 || e.heartbeat_ns == 0) continue;  // no heartbeat thread
@@ -205,7 +196,7 @@ void alloc_families(std::string& out, Region& r) {
   }
   family(out, CXLKV_METRIC_ALLOC_CAPACITY, double(h.nchunks) * double(h.chunk_size));
   family(out, CXLKV_METRIC_ALLOC_CHUNK_SIZE, double(h.chunk_size));
-  head(out, kState[CXLKV_METRIC_ALLOC_CHUNKS]);
+  append_family_header(out, kState[CXLKV_METRIC_ALLOC_CHUNKS]);
   const char* kind_name[4] = {"free", "small", "large", "quarantine"};
   for (int k = 0; k < 4; k++)
     appendf(out, "%s{kind=\"%s\"} %llu\n", kState[CXLKV_METRIC_ALLOC_CHUNKS].name, kind_name[k],
@@ -253,11 +244,11 @@ void index_families(std::string& out, Region& r) {
     }
   }
   const char* tier[2] = {"mem", "ssd"};
-  head(out, kState[CXLKV_METRIC_KV_CACHED_BLOCKS]);
+  append_family_header(out, kState[CXLKV_METRIC_KV_CACHED_BLOCKS]);
   for (int t = 0; t < 2; t++)
     appendf(out, "%s{tier=\"%s\"} %llu\n", kState[CXLKV_METRIC_KV_CACHED_BLOCKS].name, tier[t],
             (unsigned long long)blocks[t]);
-  head(out, kState[CXLKV_METRIC_KV_CACHED_BYTES]);
+  append_family_header(out, kState[CXLKV_METRIC_KV_CACHED_BYTES]);
   for (int t = 0; t < 2; t++)
     appendf(out, "%s{tier=\"%s\"} %llu\n", kState[CXLKV_METRIC_KV_CACHED_BYTES].name, tier[t],
             (unsigned long long)bytes[t]);
@@ -296,7 +287,7 @@ std::string prometheus_manager_exposition(const LockManagerStats& s) {
                                                   s.dead_holders, s.dead_waiters, s.sleeps};
   std::string out;
   for (int i = 0; i < CXLKV_METRIC_MANAGER_COUNT; i++) {
-    head(out, kManager[i]);
+    append_family_header(out, kManager[i]);
     appendf(out, "%s %llu\n", kManager[i].name, (unsigned long long)v[i]);
   }
   return out;

@@ -9,6 +9,7 @@
 
 #include "cxlkv/memory_domain.hpp"
 #include "cxlkv/metrics.hpp"
+#include "util/prom_text.hpp"
 #include "cxlkv/region.hpp"
 #include "cxlkv/rpc.hpp"
 #include "uapi/cxlkv.h"
@@ -27,12 +28,6 @@ const MetricDesc kRpcMetrics[CXLKV_METRIC_RPC_COUNT] = {
     {"cxlkv_rpc_clients", "gauge", "Rings whose client is attached under the current server epoch, per rpc carve"},
 };
 const MetricDesc kBadRpc{"cxlkv_unknown", "gauge", "?"};
-
-void appendf(std::string& s, const char* fmt, auto... args) {
-  char buf[512];
-  int n = std::snprintf(buf, sizeof buf, fmt, args...);
-  if (n > 0) s.append(buf, std::min<size_t>(size_t(n), sizeof buf - 1));
-}
 
 }  // namespace
 
@@ -65,7 +60,7 @@ std::string prometheus_rpc_exposition(Region& r) {
   if (rows.empty()) return out;
   for (int m = 0; m < int(CXLKV_METRIC_RPC_COUNT); m++) {
     const MetricDesc& md = kRpcMetrics[m];
-    appendf(out, "# HELP %s %s\n# TYPE %s %s\n", md.name, md.help, md.name, md.type);
+    append_family_header(out, md);
     for (const Row& row : rows)
       appendf(out, "%s{carve=\"%s\"} %llu\n", md.name, row.carve.c_str(), (unsigned long long)row.v[m]);
   }

@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: MIT
 // Prometheus names and exposition of the KV statistics (cxlkv/metrics.hpp).
 #include "cxlkv/metrics.hpp"
+#include "util/prom_text.hpp"
 
 #include <cmath>
 #include <cstdio>
@@ -50,12 +51,6 @@ const MetricDesc kSsd[CXLKV_SSD_COUNT] = {
 };
 const MetricDesc kBad{"cxlkv_unknown", "counter", "?"};
 
-void appendf(std::string& s, const char* fmt, auto... args) {
-  char buf[512];
-  int n = std::snprintf(buf, sizeof buf, fmt, args...);
-  if (n > 0) s.append(buf, std::min<size_t>(size_t(n), sizeof buf - 1));
-}
-
 }  // namespace
 
 const MetricDesc& counter_metric(int c) { return c >= 0 && c < int(CXLKV_CTR_COUNT) ? kCounters[c] : kBad; }
@@ -66,7 +61,7 @@ std::string prometheus_exposition(const std::vector<NodeKvStats>& nodes) {
   std::string out;
   for (int c = 0; c < int(CXLKV_CTR_COUNT); c++) {
     const MetricDesc& m = kCounters[c];
-    appendf(out, "# HELP %s %s\n# TYPE %s %s\n", m.name, m.help, m.name, m.type);
+    append_family_header(out, m);
     for (auto& n : nodes)
       appendf(out, "%s{node=\"%u\"} %llu\n", m.name, n.node, (unsigned long long)n.stats.counters[c]);
   }
@@ -74,29 +69,12 @@ std::string prometheus_exposition(const std::vector<NodeKvStats>& nodes) {
   // (uapi/cxlkv_index.h); Prometheus buckets are cumulative at le = 2^k ns.
   for (int l = 0; l < int(CXLKV_LAT_COUNT); l++) {
     const MetricDesc& m = kLatencies[l];
-    appendf(out, "# HELP %s %s\n# TYPE %s %s\n", m.name, m.help, m.name, m.type);
-    for (auto& n : nodes) {
-      const uint32_t* h = n.stats.latency[l];
-      uint64_t acc = 0, total = 0;
-      double sum_s = 0;
-      for (unsigned b = 0; b < CXLKV_LAT_BUCKETS; b++) {
-        total += h[b];
-        sum_s += h[b] * std::sqrt(std::pow(2.0, b / 2.0) * std::pow(2.0, (b + 1) / 2.0)) * 1e-9;
-      }
-      unsigned b = 0;
-      for (int k = 10; k <= 32; k++) {  // le = 2^k ns: buckets b < 2k end at or below it
-        for (; b < 2u * unsigned(k) && b < CXLKV_LAT_BUCKETS; b++) acc += h[b];
-        appendf(out, "%s_bucket{node=\"%u\",le=\"%.9g\"} %llu\n", m.name, n.node, std::ldexp(1.0, k) * 1e-9,
-                (unsigned long long)acc);
-      }
-      appendf(out, "%s_bucket{node=\"%u\",le=\"+Inf\"} %llu\n", m.name, n.node, (unsigned long long)total);
-      appendf(out, "%s_sum{node=\"%u\"} %.9g\n", m.name, n.node, sum_s);
-      appendf(out, "%s_count{node=\"%u\"} %llu\n", m.name, n.node, (unsigned long long)total);
-    }
+    append_family_header(out, m);
+    for (auto& n : nodes) append_histogram(out, m, "node", n.node, n.stats.latency[l], CXLKV_LAT_BUCKETS);
   }
   for (int s = 0; s < int(CXLKV_SSD_COUNT); s++) {
     const MetricDesc& m = kSsd[s];
-    appendf(out, "# HELP %s %s\n# TYPE %s %s\n", m.name, m.help, m.name, m.type);
+    append_family_header(out, m);
     for (auto& n : nodes) appendf(out, "%s{node=\"%u\"} %llu\n", m.name, n.node, (unsigned long long)n.ssd[s]);
   }
   return out;
