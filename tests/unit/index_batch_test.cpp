@@ -298,16 +298,8 @@ TEST(IndexBatch, CallerDyingMidBatchLeaksNothing) {
 TEST(IndexBatch, EachStripeLockIsTakenOncePerCall) {
   SimPool p(1);
   CountingLocks counting(p.locks);
-  KvDeps d;
-  d.index_domain = &p.sim.node(0);
-  d.index_carve = p.pool.mem;
-  d.index_bytes = kIndexBytes;
-  d.node = 0;
-  d.incarnation = 100;
+  KvDeps d = p.deps(0);
   d.locks = &counting;
-  d.liveness = &p.live;
-  d.space = &p.space;
-  d.devices.push_back(PoolDevice{&p.sim.node(0), p.pool.mem, p.pool.bytes});
   auto kv = KvStore::create(std::move(d));
   ASSERT_TRUE(kv.ok());
   PrefixIndex& ix = (*kv)->index();

@@ -297,17 +297,7 @@ class PlainExtStores final : public MemoryDomain {
 TEST(IndexEvict, SimulatorCatchesListLinksWrittenWithoutNonTemporalStores) {
   SimPool p(2, 0.0, opts(1, 64, 0));
   PlainExtStores broken(p.sim.node(0));
-  KvDeps d;
-  d.index_domain = &broken;
-  d.index_carve = p.pool.mem;
-  d.index_bytes = kIndexBytes;
-  d.node = 0;
-  d.incarnation = 100;
-  d.locks = &p.locks;
-  d.liveness = &p.live;
-  d.space = &p.space;
-  d.devices.push_back(PoolDevice{&broken, p.pool.mem, p.pool.bytes});
-  auto a = KvStore::create(std::move(d));
+  auto a = KvStore::create(p.deps(0, &broken));
   ASSERT_TRUE(a.ok());
   for (uint64_t i = 0; i < 4; i++) ASSERT_TRUE(put1(**a, chain(80 + i, 1)[0]).ok());
   auto b = p.store(1);

@@ -32,9 +32,12 @@ struct SimPool {
     o.max_stripes = 8;
     return o;
   }
-  std::unique_ptr<KvStore> store(uint32_t node, uint32_t inc = 0) {
+  // What node `node`'s store is built from: index reads through `index`,
+  // payloads through `payload` (both default to the node's simulator view),
+  // the pool's stripe locks, liveness table and space.
+  KvDeps deps(uint32_t node, MemoryDomain* index = nullptr, MemoryDomain* payload = nullptr, uint32_t inc = 0) {
     KvDeps d;
-    d.index_domain = &sim.node(node);
+    d.index_domain = index ? index : &sim.node(node);
     d.index_carve = pool.mem;
     d.index_bytes = kIndexBytes;
     d.node = node;
@@ -42,11 +45,15 @@ struct SimPool {
     d.locks = &locks;
     d.liveness = &live;
     d.space = &space;
-    d.devices.push_back(PoolDevice{&sim.node(node), pool.mem, pool.bytes});
+    d.devices.push_back(PoolDevice{payload ? payload : index ? index : &sim.node(node), pool.mem, pool.bytes});
+    return d;
+  }
+  static std::unique_ptr<KvStore> make(KvDeps d) {
     auto kv = KvStore::create(std::move(d));
     EXPECT_TRUE(kv.ok()) << (kv.ok() ? "" : kv.error().message());
     return kv.ok() ? std::move(kv.value()) : nullptr;
   }
+  std::unique_ptr<KvStore> store(uint32_t node, uint32_t inc = 0) { return make(deps(node, nullptr, nullptr, inc)); }
   AlignedPool pool;
   NonCoherentSim sim;
   MutexStripeLocks locks;

@@ -350,17 +350,7 @@ class NoFlushPublish final : public MemoryDomain {
 TEST(PrefixIndex, SimulatorCatchesAPublishWithoutFlush) {
   SimPool p(2);
   NoFlushPublish broken(p.sim.node(0));
-  KvDeps d;
-  d.index_domain = &broken;
-  d.index_carve = p.pool.mem;
-  d.index_bytes = kIndexBytes;
-  d.node = 0;
-  d.incarnation = 100;
-  d.locks = &p.locks;
-  d.liveness = &p.live;
-  d.space = &p.space;
-  d.devices.push_back(PoolDevice{&broken, p.pool.mem, p.pool.bytes});
-  auto a = KvStore::create(std::move(d));
+  auto a = KvStore::create(p.deps(0, &broken));
   ASSERT_TRUE(a.ok());
   auto b = p.store(1);
   auto c = chain(20, 1);

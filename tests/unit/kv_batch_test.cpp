@@ -63,19 +63,7 @@ class HookedDomain final : public MemoryDomain {
 };
 
 std::unique_ptr<KvStore> hooked_store(SimPool& p, HookedDomain& h, uint32_t node) {
-  KvDeps d;
-  d.index_domain = &h;
-  d.index_carve = p.pool.mem;
-  d.index_bytes = kIndexBytes;
-  d.node = node;
-  d.incarnation = 100 + node;
-  d.locks = &p.locks;
-  d.liveness = &p.live;
-  d.space = &p.space;
-  d.devices.push_back(PoolDevice{&h, p.pool.mem, p.pool.bytes});
-  auto kv = KvStore::create(std::move(d));
-  EXPECT_TRUE(kv.ok()) << (kv.ok() ? "" : kv.error().message());
-  return kv.ok() ? std::move(kv.value()) : nullptr;
+  return SimPool::make(p.deps(node, &h));
 }
 
 // n root blocks (one-block chains) and their payloads.

@@ -81,19 +81,7 @@ class StaleConfigDomain final : public MemoryDomain {
 
 // A store of node `node` whose index reads go through `index_domain`.
 std::unique_ptr<KvStore> store_through(SimPool& p, uint32_t node, MemoryDomain& index_domain) {
-  KvDeps d;
-  d.index_domain = &index_domain;
-  d.index_carve = p.pool.mem;
-  d.index_bytes = kIndexBytes;
-  d.node = node;
-  d.incarnation = 100 + node;
-  d.locks = &p.locks;
-  d.liveness = &p.live;
-  d.space = &p.space;
-  d.devices.push_back(PoolDevice{&p.sim.node(node), p.pool.mem, p.pool.bytes});
-  auto kv = KvStore::create(std::move(d));
-  EXPECT_TRUE(kv.ok()) << (kv.ok() ? "" : kv.error().message());
-  return kv.ok() ? std::move(kv.value()) : nullptr;
+  return SimPool::make(p.deps(node, &index_domain, &p.sim.node(node)));
 }
 
 // Longer than the index's refresh period of the bound (50 ms).
