@@ -214,15 +214,8 @@ TEST_P(IndexModes, BatchesLargerThanOneRequestKeepChainSemantics) {
 // index; another process reserves, publishes and pins through it.
 TEST(IndexServiceDaemon, CxlkvdServesTheIndexToAnotherProcess) {
   RpcPool pool("ixs-daemon", 64ull << 20, {{kIndexServiceCarve, kIndexServiceCarveBytes}});
-  const char* tools = std::getenv("CXLKV_TEST_TOOLS");
-  std::string cxlkvd = std::string(tools ? tools : "tools") + "/cxlkvd";
-  pid_t pid = fork();
-  if (pid == 0) {
-    execl(cxlkvd.c_str(), "cxlkvd", "--pool", pool.uri.c_str(), "--node", "0", "--foreground", "--metrics-listen",
-          "none", "--index-service", static_cast<char*>(nullptr));
-    _exit(127);
-  }
-  ASSERT_GT(pid, 0);
+  rpctest::IndexServiceDaemon daemon(pool.uri);
+  ASSERT_GT(daemon.pid, 0);
   NodeContext& me = pool.attach(1);
   std::unique_ptr<IndexServiceClient> cl;
   std::string last;
@@ -249,9 +242,7 @@ TEST(IndexServiceDaemon, CxlkvdServesTheIndexToAnotherProcess) {
   EXPECT_EQ(p.value(), 3u);
   EXPECT_EQ(pins[2].loc.offset, res[2].loc.offset);
   cl.reset();
-  kill(pid, SIGTERM);
-  int wst = 0;
-  waitpid(pid, &wst, 0);
+  const int wst = daemon.stop();
   EXPECT_TRUE(WIFEXITED(wst) && WEXITSTATUS(wst) == 0) << "cxlkvd exit status " << wst;
 }
 

@@ -319,23 +319,8 @@ TEST(KvIndexServiceDown, CallsFailWithConnResetNamingPoolAndServiceNotAHang) {
 TEST(KvIndexServiceDaemon, StoreInAutomaticModeUsesCxlkvdAndSeesItsDeathAsAnError) {
   EnvGuard env(nullptr);
   RpcPool pool("kvm-daemon", 64ull << 20, {{kIndexServiceCarve, kIndexServiceCarveBytes}});
-  const char* tools = std::getenv("CXLKV_TEST_TOOLS");
-  std::string cxlkvd = std::string(tools ? tools : "tools") + "/cxlkvd";
-  pid_t pid = fork();
-  if (pid == 0) {
-    execl(cxlkvd.c_str(), "cxlkvd", "--pool", pool.uri.c_str(), "--node", "0", "--foreground", "--metrics-listen",
-          "none", "--index-service", static_cast<char*>(nullptr));
-    _exit(127);
-  }
-  ASSERT_GT(pid, 0);
-  struct Reap {
-    pid_t pid;
-    ~Reap() {
-      if (pid <= 0) return;
-      kill(pid, SIGKILL);
-      waitpid(pid, nullptr, 0);
-    }
-  } reap{pid};
+  rpctest::IndexServiceDaemon daemon(pool.uri);
+  ASSERT_GT(daemon.pid, 0);
   NodeContext& me = pool.attach(1, true);
   std::unique_ptr<KvSession> session;
   std::string last;
@@ -369,9 +354,7 @@ TEST(KvIndexServiceDaemon, StoreInAutomaticModeUsesCxlkvdAndSeesItsDeathAsAnErro
   EXPECT_EQ(g.value(), n);
   EXPECT_EQ(in, out);
 
-  kill(pid, SIGKILL);
-  waitpid(pid, nullptr, 0);
-  reap.pid = -1;  // reaped
+  daemon.kill9();
   auto t0 = Clock::now();
   std::vector<KvPin> pins(n);
   auto q = kv.pin_many(keys, pins, st);

@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <memory>
@@ -127,6 +128,42 @@ struct ForkedClient {
   }
   pid_t pid = -1;
   int to = -1, from = -1;
+};
+
+// cxlkvd --index-service on the pool `uri` as node 0, in a child process
+// (the binary from $CXLKV_TEST_TOOLS, else tools/).  The destructor kills
+// it with -9 and reaps it unless stop() or kill9() did already.
+struct IndexServiceDaemon {
+  explicit IndexServiceDaemon(const std::string& uri) {
+    const char* tools = std::getenv("CXLKV_TEST_TOOLS");
+    const std::string cxlkvd = std::string(tools ? tools : "tools") + "/cxlkvd";
+    pid = fork();
+    if (pid == 0) {
+      execl(cxlkvd.c_str(), "cxlkvd", "--pool", uri.c_str(), "--node", "0", "--foreground", "--metrics-listen", "none",
+            "--index-service", static_cast<char*>(nullptr));
+      _exit(127);
+    }
+  }
+  ~IndexServiceDaemon() { kill9(); }
+  IndexServiceDaemon(const IndexServiceDaemon&) = delete;
+  IndexServiceDaemon& operator=(const IndexServiceDaemon&) = delete;
+  // SIGTERM, then reap: the wait status (-1 if it was not running).
+  int stop() {
+    if (pid <= 0) return -1;
+    kill(pid, SIGTERM);
+    int wst = 0;
+    waitpid(pid, &wst, 0);
+    pid = -1;
+    return wst;
+  }
+  // kill -9 and reap.
+  void kill9() {
+    if (pid <= 0) return;
+    kill(pid, SIGKILL);
+    waitpid(pid, nullptr, 0);
+    pid = -1;
+  }
+  pid_t pid = -1;
 };
 
 // The request each test sends and the reply the echo handler computes: a
