@@ -21,21 +21,40 @@
  * written with non-temporal stores only (rule 1).
  *
  * Protocol (sequence numbers are per ring, 32 bits, wrapping; slot = seq %
- * depth, depth a power of two so the wrap keeps the mapping):
- *   client   writes the request slot (header line + payload lines) except the
- *            header's flag word, fences, then writes the flag word(s) and the
- *            doorbell tail, fences (rule 3).  Many requests share the fences.
- *   server   polls the doorbell (invalidate, fence, load: rule 4), then
- *            invalidates the new request slots, fences, loads them, and
- *            handles a request only when its flag equals
- *            cxlkv_rpc_flag(epoch, inc, seq) for the next expected seq: a
- *            slot whose flag is not yet visible is retried on a later round.
- *            It writes all responses of a round except their flag words,
- *            fences, writes the flags, fences (rule 3, batched).
- *   client   polls the response header (invalidate, fence, load) until its
- *            flag equals the request's flag, then reads the payload lines
- *            (invalidated after the flag was seen: rule 4).
- * The flag word is one aligned 8-byte non-temporal store (single-copy atomic).
+ * depth, depth a power of two so the wrap keeps the mapping).  A message
+ * (request or response) is line 0 (struct cxlkv_rpc_req_hdr / _resp_hdr:
+ * flag, op or status, len, 48 payload bytes) and, for longer payloads,
+ * continuation lines (struct cxlkv_rpc_cont_line: a stamp equal to the
+ * flag, 56 payload bytes).  Every line of a message carries its flag, so a
+ * reader can tell each line of this message from an older one on its own.
+ *   writer   (client for requests, server for responses) either
+ *            - whole lines (CXLKV_RPC_LEN_WHOLE set in len): every line,
+ *              flag and stamps included, is one 64-byte store (movdir64b:
+ *              never seen in part); one fence after all lines of a batch
+ *              (rule 3: each line is its own flag);
+ *            - or in two phases (a CPU without movdir64b: a line may land
+ *              in pieces): every line with line 0's flag word 0 (NT),
+ *              fence, the flag words (NT), fence (rule 3).
+ *            The client also writes the doorbell tail (flag of its last
+ *            request) in the same phase as the flags; many requests share
+ *            the fences.
+ *   reader   invalidates the doorbell (server) and the first lines of the
+ *            next expected slot, fences, loads (rule 4), so a lone request
+ *            or reply costs one round of misses; then further slots the
+ *            doorbell announces (server) or that follow an answered one
+ *            (client), as a batch with one fence.  A message is taken only
+ *            when line 0's flag equals cxlkv_rpc_flag(epoch, inc, seq) for
+ *            the next expected seq and every continuation line it needs
+ *            carries that flag as its stamp.  Continuation lines loaded
+ *            before the flag was seen are trusted only from a whole-lines
+ *            writer; otherwise they are invalidated again after the flag
+ *            was seen (rule 4).  A message not yet complete is retried on a
+ *            later round.
+ * The flag word is one aligned 8-byte store (single-copy atomic).
+ *
+ * Version 2 (this one): continuation lines carry a stamp (56 payload bytes
+ * each, 64 in version 1) and len carries CXLKV_RPC_LEN_WHOLE.  A carve of
+ * another version is refused at open.
  */
 #ifndef _UAPI_CXLKV_RPC_H
 #define _UAPI_CXLKV_RPC_H
@@ -52,12 +71,15 @@
 
 /* "CXLKRPC1" read as a little-endian u64. */
 #define CXLKV_RPC_MAGIC         0x314350524b4c5843ULL
-#define CXLKV_RPC_VERSION       1u
+#define CXLKV_RPC_VERSION       2u        /* 2: stamped continuation lines */
 #define CXLKV_RPC_MAX_RINGS     4096u
 #define CXLKV_RPC_MAX_DEPTH     4096u     /* power of two */
 #define CXLKV_RPC_MAX_LINES     1024u     /* per request / response slot */
 #define CXLKV_RPC_HDR_BYTES     16u       /* flag + op/status + len */
 #define CXLKV_RPC_INLINE        48u       /* payload bytes in the header line */
+#define CXLKV_RPC_CONT          56u       /* payload bytes in each continuation line */
+#define CXLKV_RPC_LEN_MASK      0x00ffffffu  /* len: payload bytes ... */
+#define CXLKV_RPC_LEN_WHOLE     0x80000000u  /* ... | every line written as one 64-byte store */
 #define CXLKV_RPC_RING_LINES    3u        /* client line, doorbell, ack */
 
 struct cxlkv_rpc_header {
@@ -155,7 +177,7 @@ CXLKV_STATIC_ASSERT(sizeof(struct cxlkv_rpc_ack) == 64, "rpc ack is one line");
 struct cxlkv_rpc_req_hdr {
 	__u64 flag;              /* cxlkv_rpc_flag(): written last, alone */
 	__u32 op;                /* handler number */
-	__u32 len;               /* payload bytes: data[] then the following lines */
+	__u32 len;               /* payload bytes (CXLKV_RPC_LEN_MASK) | CXLKV_RPC_LEN_WHOLE */
 	__u8  data[CXLKV_RPC_INLINE];
 };
 CXLKV_STATIC_ASSERT(sizeof(struct cxlkv_rpc_req_hdr) == 64, "rpc request header is one line");
@@ -164,10 +186,17 @@ CXLKV_STATIC_ASSERT(sizeof(struct cxlkv_rpc_req_hdr) == 64, "rpc request header 
 struct cxlkv_rpc_resp_hdr {
 	__u64 flag;              /* the request's flag: written last, alone */
 	__s32 status;            /* handler result, or a negative errno */
-	__u32 len;               /* payload bytes */
+	__u32 len;               /* payload bytes (CXLKV_RPC_LEN_MASK) | CXLKV_RPC_LEN_WHOLE */
 	__u8  data[CXLKV_RPC_INLINE];
 };
 CXLKV_STATIC_ASSERT(sizeof(struct cxlkv_rpc_resp_hdr) == 64, "rpc response header is one line");
+
+/* Lines 1.. of a request or response slot (same writer as line 0). */
+struct cxlkv_rpc_cont_line {
+	__u64 stamp;             /* the message's flag */
+	__u8  data[CXLKV_RPC_CONT];
+};
+CXLKV_STATIC_ASSERT(sizeof(struct cxlkv_rpc_cont_line) == 64, "rpc continuation line is one line");
 
 static inline __u64 cxlkv_rpc_flag(__u32 epoch, __u32 inc, __u32 seq)
 {
@@ -176,7 +205,13 @@ static inline __u64 cxlkv_rpc_flag(__u32 epoch, __u32 inc, __u32 seq)
 
 static inline __u32 cxlkv_rpc_payload_max(__u32 lines)
 {
-	return CXLKV_RPC_INLINE + (lines - 1) * 64u;
+	return CXLKV_RPC_INLINE + (lines - 1) * CXLKV_RPC_CONT;
+}
+
+/* Lines a message of `len` payload bytes occupies. */
+static inline __u32 cxlkv_rpc_msg_lines(__u32 len)
+{
+	return len <= CXLKV_RPC_INLINE ? 1u : 1u + (len - CXLKV_RPC_INLINE + CXLKV_RPC_CONT - 1) / CXLKV_RPC_CONT;
 }
 
 static inline __u64 cxlkv_rpc_ring_bytes(__u32 depth, __u32 req_lines, __u32 resp_lines)

@@ -98,7 +98,7 @@ int main(void)
 
 	CHECK(cxlkv_rpc_client_connect(cn, &co, &cli) == 0 && cli != NULL);
 	CHECK(cxlkv_rpc_client_depth(cli) == 8);
-	CHECK(cxlkv_rpc_client_request_max(cli) == 48 + 64);
+	CHECK(cxlkv_rpc_client_request_max(cli) == 48 + 56);
 
 	for (i = 0; i < sizeof(req); i++) {
 		req[i] = (unsigned char)(i * 7);

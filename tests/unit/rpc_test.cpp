@@ -52,14 +52,73 @@ TEST(Rpc, CallReturnsTheHandlersReplyAndStatusForEverySize) {
   RpcPool p("rpc-sizes");
   auto srv = serve_echo(p.attach(0), small_server(4));
   auto cli = connect(p.attach(1));
-  ASSERT_EQ(cli->request_max(), 48u + 3 * 64);
+  ASSERT_EQ(cli->request_max(), 48u + 3 * 56);
   std::vector<std::byte> req, reply(cli->reply_max());
-  for (size_t len : {0, 1, 47, 48, 49, 64, 111, 112, 113, 240}) {
+  for (size_t len : {0, 1, 47, 48, 49, 64, 103, 104, 105, 159, 160, 161, 216}) {
     rpctest::fill_request(req, 1, len, len);
     auto r = cli->call(kEcho, req, reply.data(), static_cast<uint32_t>(reply.size()));
     ASSERT_TRUE(r) << r.error().message();
     EXPECT_EQ(r->status, int32_t(len));
     EXPECT_TRUE(rpctest::is_echo_plus_one(req, reply.data(), r->len)) << "len " << len;
+  }
+}
+
+// Every continuation line of a reply carries the reply's flag as a stamp:
+// line 0 with its flag while the next line still holds an older message's
+// bytes (or is on its way) is not yet a reply; once that line lands it is.
+// A client that skipped the stamp check would take the stale bytes.
+TEST(Rpc, ReplyIsTakenOnlyWhenEveryLineCarriesItsStamp) {
+  for (bool skip_check : {false, true}) {
+    SCOPED_TRACE(skip_check ? "stamp check removed" : "stamp check in place");
+    RpcPool p(skip_check ? "rpc-stamp-broken" : "rpc-stamp");
+    NodeContext& sn = p.attach(0);
+    auto srv = serve_echo(sn, small_server(2));
+    auto cli = connect(p.attach(1), 0);
+    srv->stop();  // the test answers by hand from here on
+    MemoryDomain& d = p.domain(0);
+    const RpcCarve& carve = srv->carve();
+    std::vector<std::byte> req(100), reply(cli->reply_max());
+    rpctest::fill_request(req, 1, 1, req.size());
+    RpcCall call{kEcho, req, reply.data(), uint32_t(reply.size()), nullptr};
+    ASSERT_TRUE(cli->submit({&call, 1}, nullptr));
+    const uint64_t flag = d.read_fresh(carve.doorbell(0)).tail;
+    auto* slot = carve.resp(0, uint32_t(flag) & (carve.depth() - 1));
+    std::vector<std::byte> answer(req.size());
+    for (size_t i = 0; i < req.size(); i++) answer[i] = std::byte(uint8_t(req[i]) + 1);
+    // Line 1 of an older message (another stamp, other bytes), then line 0 of this one.
+    alignas(64) cxlkv_rpc_cont_line old{};
+    old.stamp = flag - 1;
+    std::memset(old.data, 0xee, sizeof old.data);
+    d.publish_line(reinterpret_cast<std::byte*>(slot) + 64, &old);
+    alignas(64) cxlkv_rpc_resp_hdr h{};
+    h.flag = flag;
+    h.status = int32_t(req.size());
+    h.len = uint32_t(req.size()) | CXLKV_RPC_LEN_WHOLE;
+    std::memcpy(h.data, answer.data(), CXLKV_RPC_INLINE);
+    d.publish_line(slot, &h);
+    d.fence();
+    rpc::testing::set_break_stamp_check(skip_check);
+    RpcCompletion done[2];
+    auto n = cli->poll(done);
+    rpc::testing::set_break_stamp_check(false);
+    ASSERT_TRUE(n);
+    if (skip_check) {
+      ASSERT_EQ(n.value(), 1u) << "without the check the stale line is taken";
+      EXPECT_FALSE(rpctest::is_echo_plus_one(req, reply.data(), done[0].len)) << "and its bytes are wrong";
+      continue;
+    }
+    EXPECT_EQ(n.value(), 0u) << "a reply whose line 1 is an older message's is not complete";
+    // Line 1 of this reply lands.
+    alignas(64) cxlkv_rpc_cont_line c{};
+    c.stamp = flag;
+    std::memcpy(c.data, answer.data() + CXLKV_RPC_INLINE, req.size() - CXLKV_RPC_INLINE);
+    d.publish_line(reinterpret_cast<std::byte*>(slot) + 64, &c);
+    d.fence();
+    n = cli->poll(done);
+    ASSERT_TRUE(n);
+    ASSERT_EQ(n.value(), 1u);
+    EXPECT_EQ(done[0].status, int32_t(req.size()));
+    EXPECT_TRUE(rpctest::is_echo_plus_one(req, reply.data(), done[0].len));
   }
 }
 

@@ -37,7 +37,7 @@ struct cxlkv_rpc_server_opts {
 	/* Geometry, used when this server writes the carve header (0: default). */
 	uint32_t    rings;       /* 64 */
 	uint32_t    depth;       /* 128, a power of two */
-	uint32_t    req_lines;   /* 1: 48 B requests; each more line adds 64 B */
+	uint32_t    req_lines;   /* 1: 48 B requests; each more line adds 56 B */
 	uint32_t    resp_lines;  /* 1 */
 	uint32_t    spin_rounds; /* idle polling rounds before yielding (0: 20000) */
 	uint32_t    reserved;

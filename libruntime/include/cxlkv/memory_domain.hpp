@@ -76,6 +76,11 @@ class MemoryDomain {
   // Publish one aligned 64-byte line with a single store where the CPU has
   // movdir64b, else NT stores; visible to other hosts after fence().
   virtual void publish_line(void* pool_dst64, const void* src64) = 0;
+  // Does publish_line() reach memory as one indivisible 64-byte write
+  // (movdir64b), so that no reader on any host ever sees part of it?  A
+  // protocol may then let each line carry its own flag (one fence per
+  // batch); otherwise it publishes data, fence, flag (rule 3).
+  virtual bool publish_line_whole() const { return false; }
 
   // ---- typed helpers ------------------------------------------------------
   template <class T>

@@ -50,7 +50,7 @@ class NodeContext;
 struct RpcGeometry {
   uint32_t rings = 64;       // clients (one ring each)
   uint32_t depth = 128;      // outstanding requests per ring (power of two)
-  uint32_t req_lines = 1;    // request slot: 48 B inline + 64 B per extra line
+  uint32_t req_lines = 1;    // request slot: 48 B inline + 56 B per extra line
   uint32_t resp_lines = 1;   // response slot, the same
 };
 // Bytes a carve of this geometry needs (before rounding to 2 MiB).

@@ -39,6 +39,7 @@ class HostDomain final : public MemoryDomain {
         stream_loads_(mode == DomainMode::uncached && cpu_has_sse41()) {}
 
   DomainMode mode() const override { return mode_; }
+  bool publish_line_whole() const override { return movdir64b_; }  // movdir64b: 64-byte write atomicity
 
   std::string describe() const override {
     std::string s = std::string(to_string(mode_)) + "(" + flush_name(flush_insn_) + ", " +

@@ -28,6 +28,8 @@ class NonCoherentSim::Node final : public MemoryDomain {
       : sim_(sim), id_(id), rng_(sim.opts_.seed + id), coin_(0.0, 1.0) {}
 
   DomainMode mode() const override { return DomainMode::flush; }
+  // A 64-byte aligned store_nt is one buffered piece, landing whole.
+  bool publish_line_whole() const override { return true; }
   std::string describe() const override {
     return "noncoherent-sim(node " + std::to_string(id_) + " of " +
            std::to_string(sim_.nodes_.size()) + ", evict_probability " +

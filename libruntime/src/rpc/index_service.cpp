@@ -42,7 +42,7 @@ constexpr uint32_t kHasParent = 1, kThroughBusy = 2;
 constexpr size_t kMaxReq = kHdr + 8 + 16 + size_t(kIndexServiceMaxBatch) * 20;  // the largest of reserve (24 + 16 n) and slots (20 n)
 constexpr size_t kMaxRep = kRepHdr + size_t(kIndexServiceMaxBatch) * (4 + sizeof(WireBlock));
 
-uint32_t lines_for(size_t bytes) { return uint32_t(1 + (bytes - CXLKV_RPC_INLINE + 63) / 64); }
+uint32_t lines_for(size_t bytes) { return cxlkv_rpc_msg_lines(static_cast<uint32_t>(bytes)); }
 
 WireBlock to_wire(uint32_t slot, const BlockLocation& l, uint32_t version, uint8_t rstatus) {
   return WireBlock{l.offset, l.length, slot, version, l.device, l.tier, rstatus, 0};

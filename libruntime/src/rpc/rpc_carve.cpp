@@ -163,7 +163,7 @@ uint64_t random_u64() {
 
 namespace testing {
 namespace {
-std::atomic<bool> g_req_inv{false}, g_reply_inv{false}, g_reply_flush{false};
+std::atomic<bool> g_req_inv{false}, g_reply_inv{false}, g_reply_flush{false}, g_stamps{false}, g_two_phase{false};
 }
 void set_break_request_invalidate(bool on) { g_req_inv = on; }
 bool break_request_invalidate() { return g_req_inv.load(std::memory_order_relaxed); }
@@ -171,6 +171,10 @@ void set_break_reply_invalidate(bool on) { g_reply_inv = on; }
 bool break_reply_invalidate() { return g_reply_inv.load(std::memory_order_relaxed); }
 void set_break_reply_flush(bool on) { g_reply_flush = on; }
 bool break_reply_flush() { return g_reply_flush.load(std::memory_order_relaxed); }
+void set_break_stamp_check(bool on) { g_stamps = on; }
+bool break_stamp_check() { return g_stamps.load(std::memory_order_relaxed); }
+void set_force_two_phase(bool on) { g_two_phase = on; }
+bool force_two_phase() { return g_two_phase.load(std::memory_order_relaxed); }
 }  // namespace testing
 
 }  // namespace rpc

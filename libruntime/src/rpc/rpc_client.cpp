@@ -1,9 +1,12 @@
 // SPDX-License-Identifier: MIT
 // RpcClient: one ring of an RPC carve (protocol in uapi/cxlkv_rpc.h).
-//   submit  request bytes but the flag (NT) for every call, one fence, the
-//           flags and the doorbell (NT), one fence
-//   poll    reply headers of the oldest outstanding requests: invalidate
-//           them all, one fence, load in order until one is not answered
+//   submit  whole request lines, each with its flag (movdir64b), and the
+//           doorbell, one fence; without movdir64b: request bytes but the
+//           flag (NT) for every call, one fence, the flags and the
+//           doorbell (NT), one fence
+//   poll    the first two lines of the oldest outstanding reply, then of
+//           the ones after it: invalidate them all, one fence, load in
+//           order until one is not answered
 //   every millisecond of polling: the server line (a new epoch or a STOPPED
 //   server resets the outstanding requests), deadlines; every 20 ms the
 //   server's liveness (process on this host, node heartbeat elsewhere).
@@ -38,6 +41,7 @@ struct Slot {
 
 constexpr uint64_t kServerCheckNs = 1000000;    // server line every 1 ms of polling
 constexpr uint64_t kServerLivenessNs = 20000000;  // server process / heartbeat every 20 ms
+constexpr uint64_t kSpinNs = 20000;               // call(): busy polls for 20 us (a reply takes ~1 us), then yields between polls
 
 }  // namespace
 
@@ -62,6 +66,7 @@ struct RpcClient::State {
   std::vector<Slot> slots;
   std::deque<RpcCompletion> ready;
   cxlkv_rpc_resp_hdr hdrs[64];
+  uint32_t need[64], have[64];  // per reply of a harvest: lines to take, lines taken
   uint64_t last_check_ns = 0, last_live_ns = 0;
   RpcClientStats st;
 
@@ -189,58 +194,86 @@ struct RpcClient::State {
     connected = false;
   }
 
-  void harvest() {
+  // Collects the answered replies, oldest first.  clock: also look at the
+  // clock for deadlines and the server line when due (call() skips that on
+  // most turns of its spin: a clock read costs about a tenth of a poll).
+  void harvest(bool clock = true) {
     const uint32_t mask = carve.depth() - 1;
     if (busy) {
-      // rule 4: the reply header of the oldest request first (replies come
-      // in order: while it is unanswered no later one is looked at, so an
-      // idle poll costs one line, not a sweep of the ring); once it is
-      // answered, the headers after it, invalidated as a batch with one fence.
       const uint32_t n = std::min<uint32_t>(busy, 64);
       const bool break_inv = rpc::testing::break_reply_invalidate();
-      if (!break_inv) d.invalidate(carve.resp(ring, oldest & mask), 64);
-      fence();  // rule 4: the oldest header's invalidation before its load
+      const bool check_stamps = !rpc::testing::break_stamp_check();
+      // Lines of a reply looked at before its flag is known: line 0 and the
+      // first continuation line (a 64 B payload is two lines).
+      const uint32_t peek = std::min<uint32_t>(carve.header().resp_lines, 2);
+      // rule 4: the oldest reply's first lines first (replies come in order:
+      // while it is unanswered no later one is looked at, so an idle poll
+      // costs one round of misses, not a sweep of the ring); once it is
+      // answered, the ones after it, invalidated as a batch with one fence.
+      // Response lines are only ever written by the server (never dirty
+      // here): the bulk invalidation is as strong as clflush.
+      if (!break_inv) d.invalidate_clean(carve.resp(ring, oldest & mask), 64ull * peek);
+      fence();  // rule 4: the invalidations before the loads
       d.load(&hdrs[0], carve.resp(ring, oldest & mask), sizeof hdrs[0]);
       if (hdrs[0].flag == slots[oldest & mask].flag && n > 1) {
         if (!break_inv)
-          for (uint32_t k = 1; k < n; k++) d.invalidate(carve.resp(ring, (oldest + k) & mask), 64);
-        fence();  // rule 4: the later headers' invalidations before their loads
-        for (uint32_t k = 1; k < n; k++) __builtin_prefetch(carve.resp(ring, (oldest + k) & mask));  // overlap the misses
+          for (uint32_t k = 1; k < n; k++) d.invalidate_clean(carve.resp(ring, (oldest + k) & mask), 64ull * peek);
+        fence();  // rule 4: the later replies' invalidations before their loads
+        for (uint32_t k = 1; k < n; k++)
+          for (uint32_t l = 0; l < peek; l++)
+            __builtin_prefetch(reinterpret_cast<const std::byte*>(carve.resp(ring, (oldest + k) & mask)) + 64 * l);
       }
-      // Load the headers in order until one is not answered; the payload
-      // lines of the answered ones are invalidated after their flags were
-      // seen (rule 4), all with one more fence.
+      // Line 0 of each in order until one is not answered.
       uint32_t ready_n = 0;
       bool long_ones = false;
       for (; ready_n < n; ready_n++) {
         Slot& s = slots[(oldest + ready_n) & mask];
+        const auto* slot = carve.resp(ring, (oldest + ready_n) & mask);
         cxlkv_rpc_resp_hdr& h = hdrs[ready_n];
-        if (ready_n) d.load(&h, carve.resp(ring, (oldest + ready_n) & mask), sizeof h);
+        if (ready_n) d.load(&h, slot, sizeof h);
         if (h.flag != s.flag) break;
-        if (!s.reported && std::min(h.len, s.reply_cap) > CXLKV_RPC_INLINE) {
-          d.invalidate(reinterpret_cast<const std::byte*>(carve.resp(ring, (oldest + ready_n) & mask)) + 64,
-                       std::min(h.len, s.reply_cap) - CXLKV_RPC_INLINE);
-          long_ones = true;
+        const uint32_t take = s.reported ? 0 : std::min(h.len & CXLKV_RPC_LEN_MASK, s.reply_cap);
+        if (take) std::memcpy(s.reply, h.data, std::min<uint32_t>(take, CXLKV_RPC_INLINE));
+        need[ready_n] = cxlkv_rpc_msg_lines(take);
+        have[ready_n] = 1;
+        // The first continuation line came with line 0, before the flag was
+        // seen: it counts only from a whole-lines writer (its stamp proves
+        // the line); otherwise it is invalidated again below (rule 4).
+        if (need[ready_n] > 1 && peek > 1 && (h.len & CXLKV_RPC_LEN_WHOLE) &&
+            rpc::load_cont(d, slot, s.flag, 1, 2, static_cast<std::byte*>(s.reply), take, check_stamps))
+          have[ready_n] = 2;
+        if (have[ready_n] < need[ready_n]) long_ones = true;
+      }
+      // The remaining continuation lines of the answered ones, now that
+      // their flags were seen (rule 4: one sweep, one fence); a reply with
+      // a line that does not carry its stamp yet waits for a later poll,
+      // and so do the ones after it.
+      if (long_ones) {
+        for (uint32_t k = 0; k < ready_n; k++)
+          if (have[k] < need[k] && !break_inv)
+            d.invalidate_clean(reinterpret_cast<const std::byte*>(carve.resp(ring, (oldest + k) & mask)) + 64ull * have[k],
+                               64ull * (need[k] - have[k]));
+        fence();  // rule 4: the invalidations before the loads
+        for (uint32_t k = 0; k < ready_n; k++) {
+          Slot& s = slots[(oldest + k) & mask];
+          if (have[k] < need[k] &&
+              !rpc::load_cont(d, carve.resp(ring, (oldest + k) & mask), s.flag, have[k], need[k],
+                              static_cast<std::byte*>(s.reply), std::min(hdrs[k].len & CXLKV_RPC_LEN_MASK, s.reply_cap),
+                              check_stamps)) {
+            ready_n = k;
+            break;
+          }
         }
       }
-      if (long_ones) fence();
       for (uint32_t k = 0; k < ready_n; k++) {
         Slot& s = slots[oldest & mask];
-        const cxlkv_rpc_resp_hdr& h = hdrs[k];
-        uint32_t len = h.len;
-        if (!s.reported) {
-          uint32_t take = std::min(len, s.reply_cap);
-          if (take) std::memcpy(s.reply, h.data, std::min<uint32_t>(take, CXLKV_RPC_INLINE));
-          if (take > CXLKV_RPC_INLINE)
-            d.load(static_cast<std::byte*>(s.reply) + CXLKV_RPC_INLINE,
-                   reinterpret_cast<const std::byte*>(carve.resp(ring, oldest & mask)) + 64, take - CXLKV_RPC_INLINE);
-          complete(s, h.status, len);
-        }
+        if (!s.reported) complete(s, hdrs[k].status, hdrs[k].len & CXLKV_RPC_LEN_MASK);
         s = Slot{};
         busy--;
         oldest++;
       }
     }
+    if (!clock) return;
     const uint64_t now = now_ns();
     if (now - last_check_ns < kServerCheckNs) return;
     last_check_ns = now;
@@ -324,6 +357,9 @@ Result<size_t> RpcClient::submit(std::span<const RpcCall> calls, uint64_t* ticke
   MemoryDomain& d = s.d;
   const uint32_t depth = s.carve.depth(), mask = depth - 1, req_max = s.carve.req_max();
   const uint64_t now = now_ns();
+  // Whole lines where publish_line lands in one piece (movdir64b): every
+  // line carries its flag, one fence; else data, fence, flags, fence.
+  const bool whole = d.publish_line_whole() && !rpc::testing::force_two_phase();
   size_t n = 0;
   for (const RpcCall& c : calls) {
     if (c.request.size() > req_max) {
@@ -335,19 +371,12 @@ Result<size_t> RpcClient::submit(std::span<const RpcCall> calls, uint64_t* ticke
     Slot& sl = s.slots[s.next & mask];
     if (sl.busy) break;  // ring full (the oldest request is still out)
     auto* rq = s.carve.req(s.ring, s.next & mask);
-    alignas(64) cxlkv_rpc_req_hdr h{};
-    h.op = c.op;
-    h.len = static_cast<uint32_t>(c.request.size());
-    std::memcpy(h.data, c.request.data(), std::min<size_t>(c.request.size(), CXLKV_RPC_INLINE));
-    // rule 2: request lines are this client's alone; NT stores (rule 3).
-    d.store_nt(reinterpret_cast<std::byte*>(rq) + 8, reinterpret_cast<const std::byte*>(&h) + 8, 56);
-    if (c.request.size() > CXLKV_RPC_INLINE)
-      d.copy_to_pool(reinterpret_cast<std::byte*>(rq) + 64, c.request.data() + CXLKV_RPC_INLINE,
-                     c.request.size() - CXLKV_RPC_INLINE);
     sl.busy = true;
     sl.reported = false;
     sl.seq = s.next;
     sl.flag = cxlkv_rpc_flag(s.epoch, s.inc, s.next);
+    // rule 2: request lines are this client's alone; whole lines, NT.
+    rpc::put_message(d, rq, sl.flag, c.op, c.request.data(), static_cast<uint32_t>(c.request.size()), whole);
     sl.ticket = ++s.tickets;
     sl.deadline_ns = now + uint64_t(s.opts.timeout.count()) * 1000000ull;
     sl.reply = c.reply;
@@ -360,11 +389,15 @@ Result<size_t> RpcClient::submit(std::span<const RpcCall> calls, uint64_t* ticke
     n++;
   }
   if (n == 0) return Error(-EAGAIN, s.what() + "all " + std::to_string(depth) + " slots are in flight");
-  s.fence();  // rule 3: request bytes before their flags
-  for (uint32_t q = s.next - static_cast<uint32_t>(n); q != s.next; q++)
-    d.write_nt<__u64>(&s.carve.req(s.ring, q & mask)->flag, s.slots[q & mask].flag);
-  d.write_nt<__u64>(&s.carve.doorbell(s.ring)->tail, s.slots[(s.next - 1) & mask].flag);
-  s.fence();  // rule 3: flags and doorbell leave the write-combining buffers now
+  if (!whole) {
+    s.fence();  // rule 3: request bytes before their flags
+    for (uint32_t q = s.next - static_cast<uint32_t>(n); q != s.next; q++)
+      d.write_nt<__u64>(&s.carve.req(s.ring, q & mask)->flag, s.slots[q & mask].flag);
+  }
+  alignas(64) cxlkv_rpc_doorbell db{};
+  db.tail = s.slots[(s.next - 1) & mask].flag;
+  d.publish_line(s.carve.doorbell(s.ring), &db);  // rule 1/2: the client's line, whole, NT
+  s.fence();  // rule 3: the lines (whole: each with its flag), flags and doorbell leave the write-combining buffers now
   s.st.submitted += n;
   return n;
 }
@@ -391,6 +424,8 @@ Result<RpcReply> RpcClient::call(uint32_t op, std::span<const std::byte> request
   auto sub = submit({&c, 1}, &ticket);
   s.opts.timeout = saved;
   if (!sub) return sub.error();
+  const uint64_t t0 = now_ns();
+  bool yielding = false;
   for (uint32_t spins = 0;; spins++) {
     for (auto it = s.ready.begin(); it != s.ready.end(); ++it) {
       if (it->ticket != ticket) continue;
@@ -402,8 +437,14 @@ Result<RpcReply> RpcClient::call(uint32_t op, std::span<const std::byte> request
         return Error(-ECONNRESET, s.what() + "the server went away before replying to op " + std::to_string(op));
       return RpcReply{done.status, done.len};
     }
-    s.harvest();
-    if (spins > 4096) sched_yield();  // share the CPU with the server on a small machine
+    // The clock every 16th turn: deadlines, the server line, and when to
+    // stop spinning -- a reply normally comes within microseconds; after
+    // kSpinNs the loop yields the CPU between polls (a server on the same
+    // small machine may need it).
+    const bool clock = spins % 16 == 0;
+    s.harvest(clock);
+    if (clock && !yielding) yielding = now_ns() - t0 > kSpinNs;
+    if (yielding) sched_yield();
   }
 }
 

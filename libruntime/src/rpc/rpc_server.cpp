@@ -2,13 +2,16 @@
 // RpcServer: polls every attached ring of an RPC carve (protocol in
 // uapi/cxlkv_rpc.h).  One round:
 //   1. (every scan_every) client lines: new connections, detaches, deaths
-//   2. doorbells of the attached rings: invalidate all, one fence, load
-//   3. header lines of the new request slots: invalidate all, one fence,
-//      load; a slot is taken only when its flag is the expected one
-//   4. payload lines of requests longer than the header line (one fence)
+//   2. doorbells and the first two lines of each attached ring's next slot:
+//      invalidate all, one fence, load
+//   3. the further slots the doorbells announce: invalidate all, one
+//      fence, load; a slot is taken only when its flag is the expected one
+//   4. continuation lines not yet loaded or not trusted (one fence); a
+//      request is taken only when every line carries its stamp
 //   5. handlers
-//   6. replies: every byte but the flags (NT), one fence, the flags (NT),
-//      one fence -- the flags and fences are shared by the whole batch.
+//   6. replies: whole lines (movdir64b), each with its flag, one fence; or
+//      every byte but the flags (NT), one fence, the flags (NT), one fence
+//      -- the flags and fences are shared by the whole batch.
 #include <sched.h>
 #include <unistd.h>
 
@@ -40,7 +43,10 @@ struct Pending {
   uint64_t flag = 0;
   int32_t status = 0;
   uint32_t reply_len = 0;
-  bool run = true;  // false: answered without running (stale epoch, bad length)
+  uint32_t lines = 1;  // lines of the request
+  uint32_t have = 1;   // lines [0, have) loaded and checked
+  bool run = true;     // false: answered without running (stale epoch, bad length)
+  bool skip = false;   // not complete yet (or after an incomplete one of its ring): a later round
 };
 
 }  // namespace
@@ -54,7 +60,8 @@ struct RpcServer::State {
   RpcServerOptions opts;
   uint32_t epoch = 0;
   uint64_t token = 0;
-  std::unordered_map<uint32_t, RpcHandler> handlers;
+  std::vector<RpcHandler> small_handlers = std::vector<RpcHandler>(64);  // ops 0..63: no hashing per request
+  std::unordered_map<uint32_t, RpcHandler> handlers;                     // the others
   std::vector<RingState> rings;
   std::vector<uint32_t> active;
   uint64_t last_scan_ns = 0;
@@ -161,6 +168,12 @@ struct RpcServer::State {
     }
   }
 
+  RpcHandler* handler(uint32_t op) {
+    if (op < small_handlers.size()) return small_handlers[op] ? &small_handlers[op] : nullptr;
+    auto it = handlers.find(op);
+    return it == handlers.end() ? nullptr : &it->second;
+  }
+
   size_t round() {
     const uint64_t now = now_ns();
     if (now - last_scan_ns >= uint64_t(opts.scan_every.count()) * 1000000ull) scan(now);
@@ -168,90 +181,136 @@ struct RpcServer::State {
     if (active.empty()) return 0;
     const uint32_t depth = carve.depth(), mask = depth - 1;
     const bool break_inv = rpc::testing::break_request_invalidate();
+    const bool check_stamps = !rpc::testing::break_stamp_check();
+    // Lines of a request slot looked at before its flag is known: line 0
+    // and the first continuation line (a 64 B payload is two lines), so a
+    // lone request costs one round of overlapped misses.
+    const uint32_t peek = std::min<uint32_t>(carve.header().req_lines, 2);
+    constexpr uint64_t kNoEpoch = 0xffffffffffffull;  // flag bits but the epoch's
 
-    // 2. doorbells (rule 4).
-    for (uint32_t r : active) d.invalidate(carve.doorbell(r), 64);
-    fence();
+    // 2. doorbells and every ring's next slot.  rule 4: the client writes
+    // them: invalidate all, one fence, load.  This host never writes these
+    // lines (never dirty here), so the bulk invalidation is as strong as
+    // clflush (MemoryDomain::invalidate_clean).
+    for (uint32_t r : active) {
+      d.invalidate_clean(carve.doorbell(r), 64);
+      if (!break_inv) d.invalidate_clean(carve.req(r, rings[r].next & mask), 64ull * peek);
+    }
+    fence();  // rule 4: the invalidations before the loads
     want.clear();
     uint32_t budget = opts.max_batch;
     for (uint32_t r : active) {
       if (!budget) break;
       RingState& rs = rings[r];
+      uint32_t cnt = 0;
       uint64_t tail = d.read(&carve.doorbell(r)->tail);
-      if (((tail >> 32) & 0xffff) != rs.inc) continue;  // an older incarnation's doorbell
-      uint32_t ahead = static_cast<uint32_t>(tail) - rs.next;
-      if (ahead >= 0x80000000u) continue;  // tail behind next: nothing new
-      uint32_t cnt = std::min({ahead + 1, depth, budget});
+      if (((tail >> 32) & 0xffff) == rs.inc) {
+        uint32_t ahead = static_cast<uint32_t>(tail) - rs.next;
+        if (ahead < 0x80000000u) cnt = ahead + 1;  // else tail behind next: nothing new
+      }
+      // A request whose lines landed before the doorbell is served now.
+      uint64_t f = d.read(&carve.req(r, rs.next & mask)->flag);
+      if (cnt == 0 && (f & kNoEpoch) == (cxlkv_rpc_flag(epoch, rs.inc, rs.next) & kNoEpoch)) cnt = 1;
+      cnt = std::min({cnt, depth, budget});
+      if (!cnt) continue;
       want.emplace_back(r, cnt);
       budget -= cnt;
     }
     if (want.empty()) return 0;
 
-    // 3. request header lines (rule 4: invalidate all, one fence, load).
-    if (!break_inv)
-      for (auto [r, cnt] : want)
-        for (uint32_t k = 0; k < cnt; k++) d.invalidate(carve.req(r, (rings[r].next + k) & mask), 64);
-    fence();
-    // The loads below miss (the lines were just invalidated); touch them all
-    // first so the misses overlap instead of queueing one after another.
+    // 3. the further slots the doorbells announce (rule 4: one sweep of
+    // invalidations, one fence), then line 0 of every wanted slot in ring
+    // order; a slot whose flag is not the expected one ends its ring's run
+    // (not visible yet: retried on a later round).
+    bool more = false;
     for (auto [r, cnt] : want)
-      for (uint32_t k = 0; k < cnt; k++) __builtin_prefetch(carve.req(r, (rings[r].next + k) & mask));
+      for (uint32_t k = 1; k < cnt; k++) {
+        if (!break_inv) d.invalidate_clean(carve.req(r, (rings[r].next + k) & mask), 64ull * peek);
+        more = true;
+      }
+    if (more) {
+      fence();  // rule 4: the invalidations before the loads
+      // The loads below miss; touch the lines first so the misses overlap.
+      for (auto [r, cnt] : want)
+        for (uint32_t k = 1; k < cnt; k++)
+          for (uint32_t l = 0; l < peek; l++)
+            __builtin_prefetch(reinterpret_cast<const std::byte*>(carve.req(r, (rings[r].next + k) & mask)) + 64 * l);
+    }
     batch.clear();
     const uint32_t req_max = carve.req_max();
     bool long_ones = false;
     for (auto [r, cnt] : want) {
       RingState& rs = rings[r];
       for (uint32_t k = 0; k < cnt; k++) {
-        uint32_t seq = rs.next + k;
+        const uint32_t seq = rs.next + k;
+        const auto* slot = carve.req(r, seq & mask);
         cxlkv_rpc_req_hdr h;
-        d.load(&h, carve.req(r, seq & mask), sizeof h);
-        uint64_t expect = cxlkv_rpc_flag(epoch, rs.inc, seq);
+        d.load(&h, slot, sizeof h);
+        const uint64_t expect = cxlkv_rpc_flag(epoch, rs.inc, seq);
         Pending p;
         p.ring = r;
         p.seq = seq;
         p.flag = h.flag;
         p.op = h.op;
-        p.len = h.len;
+        p.len = h.len & CXLKV_RPC_LEN_MASK;
         if (h.flag != expect) {
           // Same incarnation and seq under another epoch: submitted to a
           // server that is gone; answer without running it.
-          if ((h.flag & 0xffffffffffffull) == (expect & 0xffffffffffffull)) {
-            p.run = false;
-            p.status = -ECONNRESET;
-            p.len = 0;
-            st.stale_epoch++;
-          } else {
-            break;  // not visible yet: retry on a later round
-          }
-        } else if (h.len > req_max) {
+          if ((h.flag & kNoEpoch) != (expect & kNoEpoch)) break;  // not visible yet
+          p.run = false;
+          p.status = -ECONNRESET;
+          p.len = 0;
+          st.stale_epoch++;
+        } else if (p.len > req_max) {
           p.run = false;
           p.status = -EMSGSIZE;
           p.len = 0;
         }
-        if (p.run && p.len > CXLKV_RPC_INLINE) long_ones = true;
-        size_t i = batch.size();
-        std::memcpy(req_buf.data() + i * req_max, h.data, std::min<uint32_t>(p.len, CXLKV_RPC_INLINE));
+        if (p.run) {
+          std::byte* dst = req_buf.data() + batch.size() * req_max;
+          std::memcpy(dst, h.data, std::min<uint32_t>(p.len, CXLKV_RPC_INLINE));
+          p.lines = cxlkv_rpc_msg_lines(p.len);
+          // The first continuation line was loaded with line 0, before the
+          // flag was seen: it counts only from a whole-lines writer (its
+          // stamp then proves the whole line); otherwise it is invalidated
+          // again below, now that the flag was seen (rule 4).
+          if (p.lines > 1 && peek > 1 && (h.len & CXLKV_RPC_LEN_WHOLE) &&
+              rpc::load_cont(d, slot, p.flag, 1, 2, dst, p.len, check_stamps))
+            p.have = 2;
+          if (p.have < p.lines) long_ones = true;
+        }
         batch.push_back(p);
       }
     }
     if (batch.empty()) return 0;
 
-    // 4. payload lines after the header line (rule 4).
+    // 4. the remaining continuation lines, now that the flags were seen
+    // (rule 4: one sweep, one fence).  A request with a line that does not
+    // carry its stamp yet waits, with the later requests of its ring, for a
+    // later round.
     if (long_ones) {
-      if (!break_inv)
-        for (const Pending& p : batch)
-          if (p.run && p.len > CXLKV_RPC_INLINE)
-            d.invalidate(reinterpret_cast<std::byte*>(carve.req(p.ring, p.seq & mask)) + 64, p.len - CXLKV_RPC_INLINE);
-      fence();
       for (const Pending& p : batch)
-        if (p.run && p.len > CXLKV_RPC_INLINE)
-          for (uint32_t off = 64; off < 16 + p.len; off += 64)
-            __builtin_prefetch(reinterpret_cast<std::byte*>(carve.req(p.ring, p.seq & mask)) + off);
+        if (p.run && p.have < p.lines && !break_inv)
+          d.invalidate_clean(reinterpret_cast<const std::byte*>(carve.req(p.ring, p.seq & mask)) + 64ull * p.have,
+                             64ull * (p.lines - p.have));
+      fence();  // rule 4: the invalidations before the loads
+      for (const Pending& p : batch)
+        if (p.run && p.have < p.lines)
+          for (uint32_t l = p.have; l < p.lines; l++)
+            __builtin_prefetch(reinterpret_cast<const std::byte*>(carve.req(p.ring, p.seq & mask)) + 64 * l);
+      uint32_t cut = UINT32_MAX;  // the ring whose run ended at an incomplete request
       for (size_t i = 0; i < batch.size(); i++) {
-        const Pending& p = batch[i];
-        if (p.run && p.len > CXLKV_RPC_INLINE)
-          d.load(req_buf.data() + i * req_max + CXLKV_RPC_INLINE,
-                 reinterpret_cast<std::byte*>(carve.req(p.ring, p.seq & mask)) + 64, p.len - CXLKV_RPC_INLINE);
+        Pending& p = batch[i];
+        if (p.ring == cut) {
+          p.skip = true;
+          continue;
+        }
+        if (p.run && p.have < p.lines &&
+            !rpc::load_cont(d, carve.req(p.ring, p.seq & mask), p.flag, p.have, p.lines,
+                            req_buf.data() + i * req_max, p.len, check_stamps)) {
+          p.skip = true;
+          cut = p.ring;
+        }
       }
     }
 
@@ -259,18 +318,18 @@ struct RpcServer::State {
     const uint32_t resp_max = carve.resp_max();
     for (size_t i = 0; i < batch.size(); i++) {
       Pending& p = batch[i];
-      std::span<std::byte> reply(reply_buf.data() + i * resp_max, resp_max);
-      if (!p.run) continue;
-      auto it = handlers.find(p.op);
-      if (it == handlers.end()) {
+      if (!p.run || p.skip) continue;
+      RpcHandler* h = handler(p.op);
+      if (!h) {
         p.status = -EOPNOTSUPP;
         st.unknown_ops++;
         continue;
       }
+      std::span<std::byte> reply(reply_buf.data() + i * resp_max, resp_max);
       RpcRequest req{p.op, p.ring, p.seq, {req_buf.data() + i * req_max, p.len}};
       uint32_t rl = 0;
       try {
-        p.status = it->second(req, reply, rl);
+        p.status = (*h)(req, reply, rl);
       } catch (const std::exception& e) {
         log().warn("{}handler for op {} threw: {}", what(), p.op, e.what());
         p.status = -EIO;
@@ -279,34 +338,32 @@ struct RpcServer::State {
       p.reply_len = std::min(rl, resp_max);
     }
 
-    // 6. replies: everything but the flag words, one fence, the flags, one fence.
+    // 6. replies (rule 2: response lines are the server's alone).  Whole
+    // lines: every line carries the flag, one fence for the batch (rule 3);
+    // otherwise every byte but the flag words, one fence, the flags, one
+    // fence (rule 3, batched).
+    const bool whole = d.publish_line_whole() && !rpc::testing::force_two_phase();
     const bool break_flush = rpc::testing::break_reply_flush();
+    size_t answered = 0;
     for (size_t i = 0; i < batch.size(); i++) {
       const Pending& p = batch[i];
-      auto* rh = carve.resp(p.ring, p.seq & mask);
-      const std::byte* src = reply_buf.data() + i * resp_max;
-      alignas(64) cxlkv_rpc_resp_hdr h{};
-      h.status = p.status;
-      h.len = p.reply_len;
-      std::memcpy(h.data, src, std::min<uint32_t>(p.reply_len, CXLKV_RPC_INLINE));
-      // rule 2: response lines are the server's alone; NT stores put them in
-      // memory for the client's fresh reads (rule 3).
-      d.store_nt(reinterpret_cast<std::byte*>(rh) + 8, reinterpret_cast<const std::byte*>(&h) + 8, 56);
-      if (p.reply_len > CXLKV_RPC_INLINE) {
-        std::byte* dst = reinterpret_cast<std::byte*>(rh) + 64;
-        if (break_flush)
-          d.store(dst, src + CXLKV_RPC_INLINE, p.reply_len - CXLKV_RPC_INLINE);  // test: rule 3 broken
-        else
-          d.copy_to_pool(dst, src + CXLKV_RPC_INLINE, p.reply_len - CXLKV_RPC_INLINE);
-      }
+      if (p.skip) continue;
+      rpc::put_message(d, carve.resp(p.ring, p.seq & mask), p.flag, static_cast<uint32_t>(p.status),
+                       reply_buf.data() + i * resp_max, p.reply_len, whole, break_flush);
+      answered++;
     }
-    fence();  // rule 3: reply bytes before their flags
-    for (const Pending& p : batch) d.write_nt<__u64>(&carve.resp(p.ring, p.seq & mask)->flag, p.flag);
-    fence();  // rule 3: the flags leave the write-combining buffers now
-    for (const Pending& p : batch) rings[p.ring].next = p.seq + 1;
-    st.requests += batch.size();
+    if (!answered) return 0;
+    fence();  // rule 3: whole lines leave the write-combining buffers now / the bytes before their flags
+    if (!whole) {
+      for (const Pending& p : batch)
+        if (!p.skip) d.write_nt<__u64>(&carve.resp(p.ring, p.seq & mask)->flag, p.flag);
+      fence();  // rule 3: the flags leave the write-combining buffers now
+    }
+    for (const Pending& p : batch)
+      if (!p.skip) rings[p.ring].next = p.seq + 1;
+    st.requests += answered;
     st.batches++;
-    return batch.size();
+    return answered;
   }
 };
 
@@ -348,7 +405,12 @@ RpcServer::~RpcServer() {
   st_->write_server_line(CXLKV_RPC_SERVER_STOPPED);
 }
 
-void RpcServer::handle(uint32_t op, RpcHandler h) { st_->handlers[op] = std::move(h); }
+void RpcServer::handle(uint32_t op, RpcHandler h) {
+  if (op < st_->small_handlers.size())
+    st_->small_handlers[op] = std::move(h);
+  else
+    st_->handlers[op] = std::move(h);
+}
 
 Result<size_t> RpcServer::poll_once() {
   std::lock_guard<std::mutex> g(st_->stats_mu);
