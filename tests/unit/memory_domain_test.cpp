@@ -219,6 +219,13 @@ TEST(HostDomain, UnsupportedForcedPathOnThisCpuIsAClearError) {
   if (!any) GTEST_SKIP() << "this CPU has every path";
 }
 
+// Protocols that let every line carry its own flag (the RPC, issue 17) rely
+// on publish_line landing in one piece: only movdir64b guarantees that.
+TEST(HostDomain, PublishLineIsWholeExactlyWhenTheCpuHasMovdir64b) {
+  for (DomainMode m : {DomainMode::coherent, DomainMode::flush, DomainMode::uncached})
+    EXPECT_EQ(make_host_domain({.mode = m})->publish_line_whole(), cpu_features().movdir64b) << to_string(m);
+}
+
 TEST(HostDomain, ModeNamesAreStable) {
   EXPECT_STREQ(to_string(DomainMode::coherent), "coherent");
   EXPECT_STREQ(to_string(DomainMode::flush), "flush");
