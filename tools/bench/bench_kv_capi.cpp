@@ -46,6 +46,11 @@
 // position too and the line carries its three figures after the C API's.
 // With CXLKV_KVCAPI_SHARED_POOL=URI it works as node 2 on that (the Python
 // side's) pool, under its lock manager and bound, with keys of its own.
+// In lockstep the sides run in a fixed order (the C API, then the stand-in),
+// so that with the Python side always first every side's batch has the same
+// two batches of the other sides between it and its own previous batch (the
+// same share of its memory still in cache, the same lock hand-offs); each
+// stand-in has engine memory of its own, as the Python side has.
 #include <sys/mman.h>
 #include <time.h>
 #include <unistd.h>
@@ -202,10 +207,16 @@ class CapiSide final : public Side {
 // C API's calls (put_chain / get_many) without the real pool's two-tier
 // locks, node heap and C layer; otherwise one block per call (reserve /
 // write / publish, pin / fetch / unpin), the design of kv.publish_gbps /
-// kv.fetch_gbps (bench_kv.cpp).
-class LocalSide final : public Side {
+// kv.fetch_gbps (bench_kv.cpp).  Engine memory of its own (OwnCache, a
+// base, so that it exists before Side binds it).
+struct OwnCache {
+  VllmCache own_cache;
+};
+
+class LocalSide final : private OwnCache, public Side {
  public:
-  LocalSide(VllmCache& c, bool batched) : Side(c), batched_(batched) {}
+  // Engine memory of its own, as each side of the lockstep has.
+  explicit LocalSide(bool batched) : Side(own_cache), batched_(batched) {}
   // Opens its pool, bounded to kCapacity blocks, kv carve faulted in.
   bool open(const std::string& what) {
     if (!pool_.open(what, 1ull << 30, 1, 0, kCapacity)) {
@@ -275,7 +286,8 @@ struct Run {
     if (!step.wait()) return false;
     std::vector<double> out(3 * sides.size());
     for (size_t s = 0; s < sides.size(); s++) {
-      size_t i = (turn + s) % sides.size();
+      // Rotating order, but fixed in lockstep (see the top of the file).
+      size_t i = step.on ? s : (turn + s) % sides.size();
       Side& side = *sides[i];
       auto t0 = clk::now();
       double c0 = thread_cpu_s();
@@ -392,7 +404,7 @@ void bench_kv_capi(bench::Results& res) {
     // lockstep: then the single-block one only, the kv.* design).
     const bool lockstep = std::getenv("CXLKV_KVCAPI_LOCKSTEP") != nullptr;
     const bool with_local = !lockstep || std::getenv("CXLKV_KVCAPI_LOCAL") != nullptr;
-    LocalSide batched(cache, true), single(cache, false);
+    LocalSide batched(true), single(false);
     Run run;
     run.sides.push_back(&capi);
     if (with_local && !lockstep && batched.open("kvcapi_batched")) run.sides.push_back(&batched);

@@ -3,14 +3,22 @@
 """The `py` bench group: KV publish / fetch through the Python package on CPU
 tensors, beside two C++ baselines of the same run.  The like-for-like one
 (cxlkv-bench's kv_capi group) runs in lockstep with the Python passes, batch
-beside batch (CXLKV_KVCAPI_LOCKSTEP: the C++ process runs its next batch of
-the same sequence right before or after each Python batch, alternately), so
-a load spike on this shared machine hits both batches of a pair and cancels
-in their ratio; the ratios are medians over every such pair of N runs.  The
-C++ side works as node 2 on the Python side's pool (same lock manager, same
-capacity bound, keys of its own), so only the caller differs
-(CXLKV_PYBENCH_PEER=own: a pool of its own, as before; separate pools made
-publish differ by 0.7-1.0x between runs on this machine).
+beside batch (CXLKV_KVCAPI_LOCKSTEP: after each Python batch the C++ process
+runs its batches of the same position, the C API's, then the kv.* design's
+stand-in's), so a load spike on this shared machine hits the batches of a
+position alike and cancels in their ratios; the ratios are medians over
+every such position of N runs.  The order is one fixed cycle (Python, C API,
+stand-in), and every side has engine memory of its own, so every side's
+batch has the same two batches of the other sides since its own previous
+one: the same share of its memory still in cache.  (An order that
+alternated gave a Python batch that followed its own previous batch ~1.2x
+the rate of one that followed the C++ process's two batches sharing one
+cache, the pair ratios two modes apart, and their median anywhere from
+0.6x to 1.2x between runs.)  Each side works on a pool of its own with its
+own lock manager, as the kv.* design does (CXLKV_PYBENCH_PEER=shared: the
+C++ side works as node 2 on the Python side's pool under cxlkvd, with keys
+of its own; then the Python and C API batches also take their stripe grants
+back from each other every batch, and the stand-in's do not).
 
 Geometry, the same in the Python passes and in the like-for-like C++ baseline
 (cxlkv-bench's kv_capi group, tools/bench/bench_kv_capi.cpp): 2 MiB blocks of
@@ -85,10 +93,10 @@ CAPACITY = 192  # blocks cached at most (pool-wide memory-tier bound)
 RECENT = 128    # fetches cycle over this many most recently published blocks
 PASSES = 3      # publish + fetch passes per run (as the kv_capi group's)
 CACHE_BLOCKS = 16
-# The lockstep peer works on our pool as node 2 (same pool, bound and lock
-# manager, the manager being cxlkvd, in neither side's process: only the
-# caller differs), or on a pool of its own (CXLKV_PYBENCH_PEER=own).
-SHARED_POOL = os.environ.get("CXLKV_PYBENCH_PEER", "shared") != "own"
+# The lockstep peer works on a pool of its own (as the kv.* design does), or
+# (CXLKV_PYBENCH_PEER=shared) on our pool as node 2 (same pool, bound and lock
+# manager, the manager being cxlkvd, in neither side's process).
+SHARED_POOL = os.environ.get("CXLKV_PYBENCH_PEER", "own") == "shared"
 
 
 def median(v):
@@ -182,18 +190,19 @@ class Engine:
 
     peer = None       # a Peer in lockstep: its batch runs right beside each of ours
     pairs = None      # {"P": [(py rates, peer rates)], "F": [...]}: batches side by side
-    _turn = 0
 
     def timed(self, call, rates, kind="W"):
         # one batch: (wall GB/s, GB per CPU-second of this thread) of the blocks it did;
-        # the peer's batch of the same position first or after it, alternately (no order bias)
-        self._turn += 1
-        peer = self._peer_step(kind) if self.peer and self._turn % 2 else None
+        # then the peer's batches of the same position (the C API's, then the
+        # stand-in's): one fixed cycle, so every side's batch has the other two
+        # sides' batches between it and its own previous one (an order that
+        # alternated made a side's batch after its own previous one far
+        # faster than one after the other process's, and the pair ratios
+        # bimodal: their median jumped between the two modes from run to run)
         t0, c0 = time.perf_counter(), time.thread_time()
         done = int((call() == self.cxlkv.RESERVED).sum()) * self.paged.block_bytes
         w, c = time.perf_counter() - t0, time.thread_time() - c0
-        if self.peer and not self._turn % 2:
-            peer = self._peer_step(kind)
+        peer = self._peer_step(kind) if self.peer else None
         mine = (done / max(w, 1e-9) / 1e9, done / max(c, 1e-9) / 1e9)
         if rates is not None:
             rates.append(mine)
@@ -251,10 +260,10 @@ class Engine:
     def run(self, kv, n, peer=None):
         """One run, as the kv_capi group's: warm-up pass, PASSES x (publish n,
         fetch n); the median batch of each, wall and per CPU-second.  With a
-        peer (the kv_capi group in lockstep), each of our batches runs beside
-        the peer's batch of the same position, and the run's ratios are those
-        of the two medians over the same stretch of time."""
-        self.peer, self.pairs, self._turn = peer, {"P": [], "F": [], "kvP": [], "kvF": []}, 0
+        peer (the kv_capi group in lockstep), each of our batches is followed
+        by the peer's batches of the same position, and the run's ratios are
+        those of the medians over the same stretch of time."""
+        self.peer, self.pairs = peer, {"P": [], "F": [], "kvP": [], "kvF": []}
         try:
             self.publish(kv, 0x5000000, n)
             pub, fet = [], []
@@ -353,6 +362,26 @@ class Peer:
             os.unlink(self.tmp)
 
 
+def same_build(build):
+    """None, or why the Python side (libcxlkv.so) and the C++ side
+    (cxlkv-bench, linked with libcxlkv.a) would not run the same code: both
+    libraries are linked from the same objects, and a partial build
+    (`--target cxlkv-bench` alone) relinks only the static one.  (A
+    libcxlkv.so left 8 hours old made the Python side take its stripe locks
+    one at a time and sleep on them: 0.6-0.8x for no fault of the package.)"""
+    objs = os.path.join(build, "libruntime", "CMakeFiles", "cxlkv_objs.dir")
+    so = os.path.join(build, "libruntime", "libcxlkv.so")
+    if not os.path.isdir(objs) or os.path.realpath(os.environ.get("CXLKV_LIB", so)) != os.path.realpath(so):
+        return None
+    newest = max((os.path.getmtime(os.path.join(d, f)) for d, _, fs in os.walk(objs) for f in fs
+                  if f.endswith(".o")), default=0)
+    for lib in (so, os.path.join(build, "tools", "cxlkv-bench")):
+        if os.path.exists(lib) and os.path.getmtime(os.path.realpath(lib)) < newest:
+            return (f"{lib} is older than the library's objects: build it "
+                    f"(cmake --build {build} --target cxlkv_shared cxlkv-bench)")
+    return None
+
+
 def cxx_run(build):
     """One run of cxlkv-bench's kv group ({} when not built): kv.publish_gbps
     / kv.fetch_gbps, another design (in-process mutex locks, a range
@@ -383,12 +412,16 @@ def main():
     args = ap.parse_args()
     os.environ.setdefault("CXLKV_LIB", os.path.join(build, "libruntime", "libcxlkv.so"))
 
+    have_bench = os.path.exists(os.path.join(build, "tools", "cxlkv-bench"))
+    why = same_build(build) if have_bench else None
+    if why:
+        print(f"py bench: the two sides would run different code: {why}", file=sys.stderr)
+        return 2
     scale = float(os.environ.get("CXLKV_BENCH_SCALE", "1") or 1)
     n = max(64, int(512 * scale))
     reps = int(os.environ.get("CXLKV_PYBENCH_REPS", "3"))
     eng = Engine(args.batch)
     runs = []
-    have_bench = os.path.exists(os.path.join(build, "tools", "cxlkv-bench"))
     for r in range(reps):
         # The like-for-like baseline (kv_capi) in lockstep, batch beside
         # batch; the kv group's run just before (paired by time only).
