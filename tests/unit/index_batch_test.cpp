@@ -262,6 +262,39 @@ TEST(IndexBatch, StillValidFailsOnceTheBlockIsEvictedAndTheSlotReused) {
   EXPECT_FALSE(a->index().still_valid(old.slot, x[0], CXLKV_ENTRY_READY, old.version));
 }
 
+// Fencing at publish (issue 12): the KV store's put_chain checks its
+// handles only in the publish, by the version and location each
+// reservation carries.  A handle whose version or location is not the
+// entry's (the reservation was reclaimed and made again) is refused, block
+// by block, and nothing of it becomes visible; the real one publishes.
+TEST(IndexBatch, PublishManyOfReservationsRefusesAChangedVersionOrLocation) {
+  SimPool p(1);
+  auto a = p.store(0);
+  auto c = chain(111, 3);
+  Batch bt(3);
+  ASSERT_EQ(a->index().reserve_chain(nullptr, c, 4096, bt.res, bt.status).value(), 3u);
+  std::vector<Reservation> stale = bt.res;
+  stale[0].version++;             // reserved again since
+  stale[1].loc.offset += 4096;    // reserved again, elsewhere
+  std::vector<int32_t> st(3, 99);
+  auto n = a->index().publish_many(std::span<const Reservation>(stale), c, st);
+  ASSERT_TRUE(n.ok()) << n.error().message();
+  EXPECT_EQ(n.value(), 0u);
+  EXPECT_EQ(st[0], -ESTALE);
+  EXPECT_EQ(st[1], -ESTALE);
+  EXPECT_EQ(st[2], -EAGAIN) << "its parent was not published";
+  EXPECT_NE(PrefixIndex::last_block_message().find("changed since it was reserved"), std::string::npos)
+      << PrefixIndex::last_block_message();
+  EXPECT_EQ(a->lookup(c), 0u) << "nothing of the stale handles became visible";
+  EXPECT_FALSE(a->index().publish_many(std::span<const Reservation>(bt.res).first(2), c, st).ok())
+      << "one reservation per key";
+  n = a->index().publish_many(std::span<const Reservation>(bt.res), c, st);
+  ASSERT_TRUE(n.ok()) << n.error().message();
+  EXPECT_EQ(n.value(), 3u);
+  EXPECT_EQ(st, (std::vector<int32_t>(3, kBlockReserved)));
+  EXPECT_EQ(a->lookup(c), 3u);
+}
+
 // A caller that dies between reserving a chain and publishing all of it:
 // nothing it held stays blocked or allocated, and another node completes it.
 TEST(IndexBatch, CallerDyingMidBatchLeaksNothing) {

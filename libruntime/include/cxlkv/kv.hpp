@@ -300,15 +300,19 @@ class KvStore {
   // The batch calls' bodies.  `made_here`: the handles come from this
   // store's own reserve_chain / pin_many in the same call (put_chain,
   // get_many), so the pre-copy check is skipped; the post-copy check stays
-  // (for a write it is also the check publish needs: `checked`).
+  // (for a write it is also the check publish needs: PublishCheck::done)
+  // unless `post_check` is false because the publish that follows checks
+  // in the index (PublishCheck::in_index).
+  enum class PublishCheck { handles, done, in_index };
   Result<size_t> write_blocks(std::span<const KvReservation> rs, std::span<const Chunk> chunks,
-                              std::span<const uint32_t> nchunks, std::span<int32_t> status, bool made_here);
-  Result<size_t> publish_blocks(std::span<const KvReservation> rs, std::span<int32_t> status, bool checked);
+                              std::span<const uint32_t> nchunks, std::span<int32_t> status, bool made_here,
+                              bool post_check = true);
+  Result<size_t> publish_blocks(std::span<const KvReservation> rs, std::span<int32_t> status, PublishCheck how);
   Result<size_t> fetch_blocks(std::span<const KvPin> pins, std::span<const Chunk> chunks,
                               std::span<const uint32_t> nchunks, std::span<int32_t> status, bool made_here);
   Result<size_t> settle_blocks(const BlockKey* parent, std::span<const BlockKey> keys,
                                std::span<const KvReservation> rs, std::span<const int32_t> written,
-                               std::span<int32_t> status, bool checked);
+                               std::span<int32_t> status, PublishCheck how);
   // fetch_blocks' SSD blocks (checked handles) in one PlacingTier::read_many
   // (several in flight): code 0 read, else status[at] is set.
   void fetch_ssd(std::span<const KvPin> pins, std::vector<HandleCheck>& ssd,

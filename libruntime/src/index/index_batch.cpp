@@ -78,6 +78,9 @@ size_t PrefixIndex::reserve_locked(LockSet& ls, const BlockKey* pkey, std::span<
     prev = ps;
   }
   // A count raised by an earlier round that ran out of space (see below).
+  // One clock read per call: the recency stamp of every block it reserves
+  // (milliseconds; a clock_gettime per block cost more than the stamp is worth).
+  const uint32_t now = now_ms();
   bool carried = *held_parent != kNo && *held_parent == prev;
   if (*held_parent != kNo && !carried) child_dropped(ls, *held_parent);
   *held_parent = kNo;
@@ -184,7 +187,7 @@ size_t PrefixIndex::reserve_locked(LockSet& ls, const BlockKey* pkey, std::span<
       ne.owner_node = static_cast<uint8_t>(node_);
       ne.owner_inc = inc_lo_;
       ne.parent_slot = prev;
-      ne.lru_ms = now_ms();
+      ne.lru_ms = now;
       ls.mark(s);
       space_->claim(loc.value(), free_slot);  // issue 12: the block's owner record, before the entry names it
       const uint32_t ver = write_entry(free_slot, ne);
@@ -324,8 +327,24 @@ Result<size_t> PrefixIndex::reserve_chain(const BlockKey* parent, std::span<cons
   return settled(m);
 }
 
+Result<size_t> PrefixIndex::publish_many(std::span<const Reservation> handles, std::span<const BlockKey> keys,
+                                         std::span<int32_t> status) {
+  if (handles.size() != keys.size())
+    return Error(-EINVAL, "index: publish_many: " + std::to_string(handles.size()) + " reservations for " +
+                              std::to_string(keys.size()) + " keys");
+  std::vector<uint32_t> slots(handles.size());
+  for (size_t i = 0; i < handles.size(); i++) slots[i] = handles[i].slot;
+  return publish_checked(slots, keys, handles, status);
+}
+
 Result<size_t> PrefixIndex::publish_many(std::span<const uint32_t> slots, std::span<const BlockKey> keys,
                                          std::span<int32_t> status) {
+  return publish_checked(slots, keys, {}, status);
+}
+
+// `handles` empty: no fencing by version and location (the plain call).
+Result<size_t> PrefixIndex::publish_checked(std::span<const uint32_t> slots, std::span<const BlockKey> keys,
+                                            std::span<const Reservation> handles, std::span<int32_t> status) {
   begin_batch();
   if (slots.size() != keys.size() || status.size() < keys.size())
     return Error(-EINVAL, "index: publish_many: slots, keys and statuses differ in length");
@@ -353,6 +372,13 @@ Result<size_t> PrefixIndex::publish_many(std::span<const uint32_t> slots, std::s
         e.owner_inc != inc_lo_) {
       fail(-ESTALE, "index: block " + to_hex(key) + " at slot " + std::to_string(slot) +
                         " is not reserved by this node (state " + std::to_string(e.state) + ")");
+      continue;
+    }
+    if (!handles.empty() && (e.version != handles[i].version || e.loc_off != handles[i].loc.offset ||
+                             e.loc_len != handles[i].loc.length || e.loc_dev != handles[i].loc.device ||
+                             e.loc_tier != handles[i].loc.tier)) {
+      fail(-ESTALE, "index: block " + to_hex(key) + " at slot " + std::to_string(slot) +
+                        " changed since it was reserved (reclaimed and reserved again): not published");
       continue;
     }
     if (e.parent_slot != kNo) {

@@ -307,6 +307,14 @@ class PrefixIndex {
   // first), so a child whose parent is published earlier in the call succeeds.
   Result<size_t> publish_many(std::span<const uint32_t> slots, std::span<const BlockKey> keys,
                               std::span<int32_t> status);
+  // publish_many of reservations (slot, location, version) that also fences
+  // each block by its handle (issue 12): a block whose entry no longer has
+  // the version and location its reservation carries (reclaimed and
+  // reserved again) fails with -ESTALE.  The check is the fresh read publish
+  // makes under the stripe lock anyway, so the KV store's put_chain needs no
+  // handle check of its own after the copy.
+  Result<size_t> publish_many(std::span<const Reservation> handles, std::span<const BlockKey> keys,
+                              std::span<int32_t> status);
   Result<size_t> abort_many(std::span<const uint32_t> slots, std::span<const BlockKey> keys,
                             std::span<int32_t> status);
   Result<size_t> pin_many(std::span<const BlockKey> keys, std::span<PinnedBlock> out, std::span<int32_t> status);
@@ -456,6 +464,8 @@ class PrefixIndex {
   void block_error(int32_t code, std::string msg);
   // The first slots of `key`'s probe sequence (read in a LockSet's sweep).
   void probe_lines(const BlockKey& key, std::vector<uint32_t>& out) const;
+  Result<size_t> publish_checked(std::span<const uint32_t> slots, std::span<const BlockKey> keys,
+                                 std::span<const Reservation> handles, std::span<int32_t> status);
   static void begin_batch();  // remembers the first failure's message
   // The capacity bound (max_blocks / max_bytes of the config line) as an
   // operator sets it now (`cxlkvctl kv ... --mem-capacity` on a pool in

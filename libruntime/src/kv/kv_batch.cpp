@@ -10,8 +10,13 @@
 // after it (a block reclaimed or evicted under the copy fails with -ESTALE,
 // never 0); publish checks before the index call.  put_chain / get_many
 // skip the pre-copy check of the handles their own reserve_chain / pin_many
-// made a moment before, and put_chain's post-copy check is also its publish
-// check: one fresh read per block on top of the index's own work.
+// made a moment before.  put_chain on the lock-based path has no check of
+// its own after the copy: its publish hands the reservations to the index,
+// which compares key, state, owner, version and location in the fresh read
+// of each entry it makes under the stripe lock anyway (rule 4) -- no fresh
+// read per block on top of the index's own work.  Through the index
+// service (no versions in its protocol) the post-copy check stays and is
+// also the publish check.
 #include <cerrno>
 #include <algorithm>
 #include <chrono>
@@ -206,7 +211,8 @@ Result<size_t> KvStore::write_many(std::span<const KvReservation> rs, std::span<
 }
 
 Result<size_t> KvStore::write_blocks(std::span<const KvReservation> rs, std::span<const Chunk> chunks,
-                                     std::span<const uint32_t> nchunks, std::span<int32_t> status, bool made_here) {
+                                     std::span<const uint32_t> nchunks, std::span<int32_t> status, bool made_here,
+                                     bool post_check) {
   CXLKV_TRY(check_batch("write_many", rs.size(), status.size(), chunks, &nchunks));
   const auto t0 = std::chrono::steady_clock::now();
   ChunkCursor cur(chunks, nchunks);
@@ -237,8 +243,10 @@ Result<size_t> KvStore::write_blocks(std::span<const KvReservation> rs, std::spa
   }
   keep_passed(hs);
   // After the copy: a writer paused past its liveness (SIGSTOP, swap storm)
-  // finds its reservation reclaimed here and must not publish.
-  check_handles("write", hs, true);
+  // finds its reservation reclaimed here and must not publish.  put_chain
+  // leaves this to its publish, which reads each entry fresh under the
+  // stripe lock and checks key, state, owner and version there.
+  if (post_check) check_handles("write", hs, true);
   size_t ok = 0;
   for (auto& h : hs) {
     status[h.at] = h.code ? h.code : kKvReserved;
@@ -276,10 +284,11 @@ static Picked pick(std::span<const Handle> hs, std::span<int32_t> status, Take t
 }
 
 Result<size_t> KvStore::publish_many(std::span<const KvReservation> rs, std::span<int32_t> status) {
-  return publish_blocks(rs, status, false);
+  return publish_blocks(rs, status, PublishCheck::handles);
 }
 
-Result<size_t> KvStore::publish_blocks(std::span<const KvReservation> rs, std::span<int32_t> status, bool checked) {
+Result<size_t> KvStore::publish_blocks(std::span<const KvReservation> rs, std::span<int32_t> status,
+                                       PublishCheck how) {
   CXLKV_TRY(check_batch("publish_many", rs.size(), status.size(), {}, nullptr));
   // Fencing: a reservation whose entry changed (reclaimed while this
   // process was paused, forged, settled) is refused before the index call.
@@ -292,24 +301,30 @@ Result<size_t> KvStore::publish_blocks(std::span<const KvReservation> rs, std::s
     }
     hs.push_back(HandleCheck{i, rs[i].slot, rs[i].key, loc_of(rs[i]), rs[i].version, CXLKV_ENTRY_WRITING, true});
   }
-  if (!checked) {
+  if (how == PublishCheck::handles) {
     check_handles("publish", hs, false);
     for (auto& h : hs)
       if (h.code) status[h.at] = h.code;
     keep_passed(hs);
   }
   Picked p;
+  std::vector<Reservation> handles;
   p.at.reserve(hs.size());
   p.slots.reserve(hs.size());
   p.keys.reserve(hs.size());
+  if (how == PublishCheck::in_index) handles.reserve(hs.size());
   for (auto& h : hs) {
     p.at.push_back(h.at);
     p.slots.push_back(h.slot);
     p.keys.push_back(h.key);
+    if (how == PublishCheck::in_index) handles.push_back(Reservation{ReserveStatus::reserved, h.slot, h.loc, h.version});
   }
   p.status.resize(hs.size());
   auto t0 = std::chrono::steady_clock::now();
-  auto good = ops_->publish_many(p.slots, p.keys, p.status);
+  // in_index: the handle check is the index's own fresh read under the
+  // stripe lock (key, state, owner, and the reservation's version and location).
+  auto good = how == PublishCheck::in_index ? ops_->publish_many_versioned(handles, p.keys, p.status)
+                                            : ops_->publish_many(p.slots, p.keys, p.status);
   record(CXLKV_LAT_PUBLISH, t0, p.at.size());
   if (!good) return good.error();
   for (size_t j = 0; j < p.at.size(); j++) {
@@ -489,11 +504,14 @@ Result<size_t> KvStore::put_chain(const BlockKey* parent, std::span<const BlockK
   std::vector<int32_t> written(n);
   CXLKV_TRY(reserve_chain(parent, keys, bytes, rs, status));
   std::string first_error = block_error_;
-  // The handles are this call's own: no check before the copy; the one
-  // after it is also the publish check (one fresh read per block).
-  CXLKV_TRY(write_blocks(rs, chunks, nchunks, written, true));
+  // The handles are this call's own: no check before the copy.  After it,
+  // one fresh read per block: the publish's own under the stripe lock where
+  // the index checks versions there (the lock-based path), else the write's
+  // post-copy check, which is then also the publish check.
+  const bool in_index = ops_->publish_checks_versions();
+  CXLKV_TRY(write_blocks(rs, chunks, nchunks, written, true, !in_index));
   if (first_error.empty()) first_error = block_error_;
-  auto ok = settle_blocks(parent, keys, rs, written, status, true);
+  auto ok = settle_blocks(parent, keys, rs, written, status, in_index ? PublishCheck::in_index : PublishCheck::done);
   if (!first_error.empty()) block_error_ = first_error;
   if (n) record(CXLKV_LAT_PUT, t0);  // the whole publish of this request
   return ok;
@@ -502,12 +520,12 @@ Result<size_t> KvStore::put_chain(const BlockKey* parent, std::span<const BlockK
 Result<size_t> KvStore::settle_chain(const BlockKey* parent, std::span<const BlockKey> keys,
                                      std::span<const KvReservation> rs, std::span<const int32_t> written,
                                      std::span<int32_t> status) {
-  return settle_blocks(parent, keys, rs, written, status, false);
+  return settle_blocks(parent, keys, rs, written, status, PublishCheck::handles);
 }
 
 Result<size_t> KvStore::settle_blocks(const BlockKey* parent, std::span<const BlockKey> keys,
                                       std::span<const KvReservation> rs, std::span<const int32_t> written,
-                                      std::span<int32_t> status, bool checked) {
+                                      std::span<int32_t> status, PublishCheck how) {
   const size_t n = keys.size();
   if (rs.size() < n || written.size() < n || status.size() < n)
     return Error(-EINVAL, "kv: settle_chain: " + std::to_string(n) + " keys with fewer handles or statuses");
@@ -531,7 +549,7 @@ Result<size_t> KvStore::settle_blocks(const BlockKey* parent, std::span<const Bl
   // that parent is waited for (bounded) and the call repeated once.
   auto publish_from = [&](size_t from) -> Result<size_t> {
     std::span<const KvReservation> part(rs.data() + from, cut - from);
-    CXLKV_TRY(publish_blocks(part, std::span<int32_t>(st.data() + from, cut - from), checked));
+    CXLKV_TRY(publish_blocks(part, std::span<int32_t>(st.data() + from, cut - from), how));
     keep_error();
     for (size_t i = from; i < cut; i++)
       if (rs[i].reserved() && st[i] != kKvReserved) return i;
@@ -543,7 +561,7 @@ Result<size_t> KvStore::settle_blocks(const BlockKey* parent, std::span<const Bl
   if (failed.value() < cut && st[failed.value()] == -EAGAIN && failed.value() == 0 && parent &&
       wait_ready(*parent, kParentWait)) {
     first_error = before_publish;
-    checked = false;  // after the wait: the handles are checked again
+    if (how == PublishCheck::done) how = PublishCheck::handles;  // after the wait: the handles are checked again
     failed = publish_from(0);
     if (!failed) return failed.error();
   }
@@ -624,7 +642,7 @@ Result<void> KvStore::write(const KvReservation& r, std::span<const Chunk> chunk
 Result<void> KvStore::publish(const KvReservation& r) {
   if (!r.reserved()) return Error(-EINVAL, "kv: block " + to_hex(r.key) + " is not reserved by this call");
   int32_t st = 0;
-  CXLKV_TRY(publish_blocks({&r, 1}, {&st, 1}, false));
+  CXLKV_TRY(publish_blocks({&r, 1}, {&st, 1}, PublishCheck::handles));
   if (st != kKvReserved) return Error(st, block_error_);
   return {};
 }

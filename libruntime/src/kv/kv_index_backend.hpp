@@ -9,6 +9,7 @@
 // directly in both modes.
 #pragma once
 
+#include <cerrno>
 #include <cstdint>
 #include <span>
 #include <string>
@@ -26,6 +27,15 @@ class KvIndexBackend {
                                       std::span<int32_t> status) = 0;
   virtual Result<size_t> abort_many(std::span<const uint32_t> slots, std::span<const BlockKey> keys,
                                     std::span<int32_t> status) = 0;
+  // publish_many that also checks each entry's version and location under
+  // the stripe lock (PrefixIndex::publish_many of reservations); false where
+  // the backend cannot (the index service's protocol carries no versions):
+  // the store then checks the handles itself before publishing.
+  virtual bool publish_checks_versions() const { return false; }
+  virtual Result<size_t> publish_many_versioned(std::span<const Reservation>, std::span<const BlockKey>,
+                                                std::span<int32_t>) {
+    return Error(-ENOTSUP, std::string("kv: the ") + mode() + " index path cannot check versions at publish");
+  }
   virtual Result<size_t> pin_many(std::span<const BlockKey> keys, std::span<PinnedBlock> out,
                                   std::span<int32_t> status) = 0;
   virtual Result<size_t> unpin_many(std::span<const uint32_t> slots, std::span<const BlockKey> keys,
@@ -49,6 +59,11 @@ class LocalIndexBackend final : public KvIndexBackend {
   Result<size_t> publish_many(std::span<const uint32_t> slots, std::span<const BlockKey> keys,
                               std::span<int32_t> status) override {
     return ix_.publish_many(slots, keys, status);
+  }
+  bool publish_checks_versions() const override { return true; }
+  Result<size_t> publish_many_versioned(std::span<const Reservation> handles, std::span<const BlockKey> keys,
+                                        std::span<int32_t> status) override {
+    return ix_.publish_many(handles, keys, status);
   }
   Result<size_t> abort_many(std::span<const uint32_t> slots, std::span<const BlockKey> keys,
                             std::span<int32_t> status) override {
