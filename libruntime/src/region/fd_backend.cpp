@@ -21,6 +21,9 @@
 #include "util/log.hpp"
 #include "util/safe_file.hpp"
 
+#ifndef MADV_POPULATE_READ
+#define MADV_POPULATE_READ 22  // Linux 5.14
+#endif
 #ifndef MADV_POPULATE_WRITE
 #define MADV_POPULATE_WRITE 23  // Linux 5.14
 #endif
@@ -146,7 +149,22 @@ void FdBackend::undo_creation() {
 // pages now, so the data path takes no first-touch faults.  Read-touching
 // each page is the fallback on kernels without MADV_POPULATE_WRITE (it maps
 // the pages; the first write to each is then a cheap write-protect fault).
+//
+// Attaching to an existing pool on tmpfs (shm:) or hugetlbfs, the pages are
+// there already and only the page tables are missing: MADV_POPULATE_READ
+// maps them with fault-around (many pages per fault) and, tmpfs needing no
+// write notification, maps them writable, so writes take no fault either;
+// MADV_POPULATE_WRITE would take one write fault (and a dirty-accounting
+// pass) per 4 KiB page: 2.3x the time of the read populate on a 2-core VM
+// (0.44 vs 0.19 s per GiB), paid by every attaching process.  A file system
+// that tracks dirty pages (file: pools) keeps the write populate.
 Result<void> FdBackend::populate() {
+  if (!s_.allocate) {
+    struct statfs f {};
+    if (::fstatfs(s_.fd, &f) == 0 && (f.f_type == TMPFS_MAGIC || f.f_type == HUGETLBFS_MAGIC) &&
+        ::madvise(base_, s_.size, MADV_POPULATE_READ) == 0)
+      return {};
+  }
   if (::madvise(base_, s_.size, MADV_POPULATE_WRITE) == 0) return {};
   int e = errno;
   if (e != EINVAL) return space_error("fault in", e);

@@ -78,6 +78,7 @@ struct LockManager::State {
   uint64_t watch = 0;               // nodes whose doorbells are polled
   std::vector<NodeInfo> nodes;
   bool lease_lost = false;
+  bool all_local = false;           // every watched node is on this host and wakes us (NodeWakers)
   std::atomic<uint64_t> rounds{0}, grants{0}, releases{0}, doorbells{0}, rescans{0}, sleeps{0};
   std::atomic<uint64_t> revokes_n{0}, dead_holders{0}, dead_waiters{0};
 };
@@ -256,6 +257,8 @@ Result<bool> LockManager::run_once() {
       s.wakers->refresh(n, s.nodes[n].entry);
     }
     s.watch = w;
+    s.wakers->stamp(uint64_t(std::chrono::duration_cast<std::chrono::nanoseconds>(now.time_since_epoch()).count()));
+    s.all_local = s.wakers->all_open(w);
   }
 
   // ---- doorbells: new requests.  One sweep: invalidate every watched
@@ -438,18 +441,45 @@ Result<bool> LockManager::run_once() {
 }
 
 Result<void> LockManager::run(const std::atomic<bool>& stop) {
+  State& s = *st_;
   sync::Backoff backoff(opts_.poll.spin_rounds, opts_.poll.yield_rounds, opts_.poll.max_sleep);
+  // Nodes on this host wake a sleeping manager when they post a request or
+  // release a lock (sync::wake_manager): it then sleeps in the kernel instead
+  // of polling -- after a short yield phase, and up to kWokenSleep when every
+  // watched node can wake it (else max_sleep: a node on another host is
+  // only seen by polling).  The sleep stays bounded for the lease renewal
+  // and the liveness checks of holders others wait for.
+  constexpr uint32_t kWokenYields = 16;
+  constexpr auto kWokenSleep = std::chrono::milliseconds(2);
+  uint32_t idle_rounds = 0;
   while (!stop.load(std::memory_order_relaxed)) {
     auto r = run_once();
     if (!r) return r.error();
     if (r.value()) {
       backoff.reset();
+      idle_rounds = 0;
       // Something changed (a grant, a release): let a waiter that shares
       // this CPU run now instead of after our spin phase (2-core machines).
       sched_yield();
-    } else if (backoff.idle()) {
-      st_->sleeps.fetch_add(1, std::memory_order_relaxed);
+      continue;
     }
+    idle_rounds++;
+    if (s.all_local && idle_rounds > opts_.poll.spin_rounds + std::min(kWokenYields, opts_.poll.yield_rounds)) {
+      s.wakers->arm();
+      auto again = run_once();  // what was written before our flag was seen
+      if (!again || again.value()) {
+        s.wakers->disarm();
+        if (!again) return again.error();
+        backoff.reset();
+        idle_rounds = 0;
+        continue;
+      }
+      s.sleeps.fetch_add(1, std::memory_order_relaxed);
+      s.wakers->sleep(uint64_t(std::chrono::nanoseconds(kWokenSleep).count()));
+      s.wakers->disarm();
+      continue;
+    }
+    if (backoff.idle()) s.sleeps.fetch_add(1, std::memory_order_relaxed);
   }
   return {};
 }
@@ -458,6 +488,7 @@ void LockManager::start() {
   if (thread_.joinable()) return;
   stop_.store(false);
   thread_ = std::thread([this] {
+    pthread_setname_np(pthread_self(), "cxlkv-lockmgr");
     auto r = run(stop_);
     if (!r) log().error("{}", r.error().message());
   });

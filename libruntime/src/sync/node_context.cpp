@@ -77,6 +77,7 @@ Result<std::unique_ptr<NodeContext>> NodeContext::attach(Region& region, MemoryD
     uint32_t ms = opts.heartbeat_ms ? opts.heartbeat_ms : 250;
     NodeContext* self = nc.get();
     nc->heartbeat_ = std::thread([self, ms] {
+      pthread_setname_np(pthread_self(), "cxlkv-heartbeat");
       pthread_mutex_t* mu = &self->local_->hdr->heartbeat_mu;
       bool owner = false;
       while (!self->stop_.load(std::memory_order_relaxed)) {
@@ -99,7 +100,10 @@ Result<std::unique_ptr<NodeContext>> NodeContext::attach(Region& region, MemoryD
   // any process of the node lives.  dev: pools keep no grants.
   if (region.kind() != BackendKind::dev) {
     NodeContext* self = nc.get();
-    nc->watcher_ = std::thread([self] { sync::run_watcher(*self, self->stop_); });
+    nc->watcher_ = std::thread([self] {
+      pthread_setname_np(pthread_self(), "cxlkv-watcher");
+      sync::run_watcher(*self, self->stop_);
+    });
   }
   return nc;
 }

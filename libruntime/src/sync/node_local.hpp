@@ -79,6 +79,17 @@ struct alignas(64) NodeLocalHeader {
   alignas(64) uint32_t grant_wake;
   uint32_t grant_sleepers;  // waiters blocked on grant_wake (the manager skips the syscall at 0)
   alignas(64) uint32_t revoke_wake;
+  // The other direction: a lock manager on this host that found nothing to
+  // do sleeps on mgr_wake of every node it maps (futex_waitv) after setting
+  // mgr_sleeping; a process of this node that posts a request or releases a
+  // lock others wait for bumps mgr_wake and wakes it (wake_manager()).
+  // waker_ns: CLOCK_MONOTONIC time at which such a manager last stamped this
+  // header (every node-table scan): while recent, every grant and revocation
+  // for this node comes with a wake, and the node's polls (the fallback for a
+  // manager on another host) can be slow.  Zero in files of older versions.
+  uint32_t mgr_wake;
+  uint32_t mgr_sleeping;
+  uint64_t waker_ns;
 };
 
 static_assert(sizeof(NodeLocalHeader) <= 4096, "a lock manager maps the first page (sync/watcher.hpp)");

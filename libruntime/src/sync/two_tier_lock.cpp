@@ -26,6 +26,7 @@
 #include "sync/node_local.hpp"
 #include "sync/robust_mutex.hpp"
 #include "sync/testing.hpp"
+#include "sync/watcher.hpp"
 #include "util/log.hpp"
 
 namespace cxlkv {
@@ -81,6 +82,7 @@ void ring_doorbell(NodeContext& n, uint32_t id) {
   d.write_nt<__u64>(&db->seq, seq + 1);
   d.fence();
   h->doorbell_seq = seq + 1;
+  sync::wake_manager(h);  // a manager on this host sleeping for lack of work
 }
 
 // The slot's owner (pid + start time): the manager on this host judges a
@@ -340,6 +342,7 @@ Result<void> TwoTierLock::unlock() {
   }
   d.write_nt<__u64>(&slot->request, request_word(e.ticket, CXLKV_SLOT_IDLE));  // rule 1
   d.fence();  // rule 3: release visible before another local process can start
+  sync::wake_manager(node_.local().hdr);  // others may wait: a sleeping manager on this host grants now
   Result<void> dis;
   // dev: pools: give the slot back after the release, before the next local
   // process may take it (it would otherwise retry on -EBUSY).

@@ -68,6 +68,7 @@ bool acknowledge(NodeContext& n, const Pending& p) {
     d.fence();
     e.phase = LockPhase::idle;
     __atomic_store_n(&e.revoke, 0u, __ATOMIC_RELEASE);
+    wake_manager(n.local().hdr);  // the node that waits for it gets its grant now
   }
   robust_mutex_unlock(&e.mu);
   return true;
@@ -171,8 +172,8 @@ void run_watcher(NodeContext& n, const std::atomic<bool>& stop) {
       }
     // A holder inside its critical section: look again soon; else wait for
     // a wake from a manager on this host, or poll again after kWatcherPoll.
-    futex_wait(&h->revoke_wake, w,
-               pending.empty() ? uint64_t(std::chrono::nanoseconds(kWatcherPoll).count()) : 20000);
+    const auto poll = woken_by_local_manager(h) ? kWatcherPollWoken : kWatcherPoll;
+    futex_wait(&h->revoke_wake, w, pending.empty() ? uint64_t(std::chrono::nanoseconds(poll).count()) : 20000);
   }
   robust_mutex_unlock(&h->watcher_mu);
 }
@@ -229,6 +230,68 @@ void NodeWakers::wake_grant(uint32_t n) {
   // grant_wake (after the grant's fence), then read grant_sleepers.
   __atomic_fetch_add(&h->grant_wake, 1u, __ATOMIC_SEQ_CST);
   if (__atomic_load_n(&h->grant_sleepers, __ATOMIC_SEQ_CST) != 0) futex_wake_all(&h->grant_wake);
+}
+
+void NodeWakers::stamp(uint64_t now_ns) {
+  for (auto& e : nodes_)
+    if (e.hdr) __atomic_store_n(&e.hdr->waker_ns, now_ns, __ATOMIC_RELAXED);
+}
+
+bool NodeWakers::all_open(uint64_t watch) const {
+  if (!waitv_ok_) return false;  // no futex_waitv: nothing can wake the manager
+  for (uint64_t w = watch; w; w &= w - 1) {
+    const uint32_t n = static_cast<uint32_t>(__builtin_ctzll(w));
+    if (n >= nodes_.size() || !nodes_[n].hdr) return false;
+  }
+  return true;
+}
+
+void NodeWakers::arm() {
+  armed_.clear();
+  for (auto& e : nodes_) {
+    if (!e.hdr || armed_.size() == kFutexWaitvMax) continue;
+    // Dekker with wake_manager(): flag (seq_cst), then the caller's fresh
+    // pool reads; the node writes the pool, fences, then reads the flag.
+    __atomic_store_n(&e.hdr->mgr_sleeping, 1u, __ATOMIC_SEQ_CST);
+    armed_.push_back({__atomic_load_n(&e.hdr->mgr_wake, __ATOMIC_SEQ_CST),
+                      reinterpret_cast<uint64_t>(&e.hdr->mgr_wake), kFutex32, 0});
+  }
+}
+
+void NodeWakers::sleep(uint64_t ns) {
+  static_assert(sizeof(FutexWaitvSlot) == sizeof(FutexWaitv));
+  if (!armed_.empty() && waitv_ok_) {
+    if (futex_waitv(reinterpret_cast<FutexWaitv*>(armed_.data()), static_cast<uint32_t>(armed_.size()), ns)) return;
+    waitv_ok_ = false;  // refused: sleep without wakes from now on
+    log().warn("lock manager: futex_waitv refused ({}); sleeping {} us per idle round instead", std::strerror(errno),
+               ns / 1000);
+  }
+  timespec ts{static_cast<time_t>(ns / 1000000000), static_cast<long>(ns % 1000000000)};
+  nanosleep(&ts, nullptr);
+}
+
+void NodeWakers::disarm() {
+  for (auto& e : nodes_)
+    if (e.hdr) __atomic_store_n(&e.hdr->mgr_sleeping, 0u, __ATOMIC_RELAXED);
+  armed_.clear();
+}
+
+void wake_manager(NodeLocalHeader* h) {
+  // Dekker with NodeWakers::arm(): our pool write (NT stores, fenced by the
+  // caller) is ordered before the load of the flag by a full fence.
+  __atomic_thread_fence(__ATOMIC_SEQ_CST);
+  if (__atomic_load_n(&h->mgr_sleeping, __ATOMIC_SEQ_CST) == 0) return;
+  __atomic_fetch_add(&h->mgr_wake, 1u, __ATOMIC_SEQ_CST);
+  futex_wake_all(&h->mgr_wake);
+}
+
+bool woken_by_local_manager(const NodeLocalHeader* h) {
+  const uint64_t t = __atomic_load_n(&h->waker_ns, __ATOMIC_RELAXED);
+  if (t == 0) return false;
+  timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  const uint64_t now = uint64_t(ts.tv_sec) * 1000000000ull + uint64_t(ts.tv_nsec);
+  return now - t < uint64_t(std::chrono::nanoseconds(kWakerFresh).count());
 }
 
 void NodeWakers::wake_revoke(uint32_t n) {

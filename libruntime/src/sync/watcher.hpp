@@ -29,8 +29,26 @@ struct NodeLocalHeader;
 
 namespace sync {
 
-// How often the watcher polls the pool when nothing wakes it.
+struct FutexWaitvSlot {  // sync/futex.hpp FutexWaitv
+  uint64_t val, uaddr;
+  uint32_t flags, reserved;
+};
+
+// How often the watcher polls the pool when nothing wakes it, and (slow)
+// while a lock manager on this host stamps the node's header: that manager
+// wakes the watcher after each revocation, so the poll is only a safety net.
 constexpr std::chrono::microseconds kWatcherPoll{500};
+constexpr std::chrono::microseconds kWatcherPollWoken{10000};
+// A stamp younger than this says a manager on this host wakes the node (it
+// stamps every node-table scan, 20 ms).
+constexpr std::chrono::milliseconds kWakerFresh{100};
+
+// After writing a request (doorbell) or a release to the pool: wake a lock
+// manager on this host that sleeps for lack of work (NodeLocalHeader::
+// mgr_sleeping).  Costs a fence and a load when none sleeps.
+void wake_manager(NodeLocalHeader* h);
+// Whether a manager on this host stamped `h` within kWakerFresh.
+bool woken_by_local_manager(const NodeLocalHeader* h);
 // Longest time between two sweeps for revoked grants with no bump seen.
 constexpr std::chrono::milliseconds kWatcherResweep{20};
 
@@ -54,6 +72,20 @@ class NodeWakers {
   void refresh(uint32_t n, const cxlkv_node_entry& e);
   void wake_grant(uint32_t n);   // a grant for node n was written (after the fence)
   void wake_revoke(uint32_t n);  // a kept grant of node n was revoked (after the fence)
+  // Stamp every open header with `now_ns` (CLOCK_MONOTONIC): its node may
+  // poll slowly (NodeLocalHeader::waker_ns).
+  void stamp(uint64_t now_ns);
+  // Whether every node of the `watch` mask has its header open here: then a
+  // request or release of any of them comes with a wake.
+  bool all_open(uint64_t watch) const;
+  // Sleeping for lack of work, in three steps: arm() sets mgr_sleeping in
+  // every open header (seq_cst) and notes their mgr_wake words; the caller
+  // then looks at the pool once more (a request or release written before
+  // the flag was seen is found there; one written after it bumps the word);
+  // sleep() waits until a word moves or `ns` pass; disarm() clears the flags.
+  void arm();
+  void sleep(uint64_t ns);
+  void disarm();
 
  private:
   struct Entry {
@@ -64,6 +96,8 @@ class NodeWakers {
   void close(Entry& e);
   std::string pool_prefix_;
   std::vector<Entry> nodes_;
+  std::vector<FutexWaitvSlot> armed_;
+  bool waitv_ok_ = true;  // the kernel has futex_waitv
 };
 
 }  // namespace sync
