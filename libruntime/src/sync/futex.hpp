@@ -41,16 +41,16 @@ constexpr uint32_t kFutexWaitvMax = 128;
 constexpr uint32_t kFutex32 = 2;  // FUTEX2_SIZE_U32, process-shared
 
 // Sleep until one of the words differs from its value or is woken, at most
-// `ns`.  False when the call is refused (no futex_waitv before Linux 5.16,
-// or a seccomp filter): nothing slept, the caller sleeps another way.
-inline bool futex_waitv(FutexWaitv* w, uint32_t n, uint64_t ns) {
+// `ns`.  1: a word moved or was woken; 0: time up (or a signal, or a word
+// unmapped meanwhile); -1: the call is refused (no futex_waitv before Linux
+// 5.16, or a seccomp filter): nothing slept, the caller sleeps another way.
+inline int futex_waitv(FutexWaitv* w, uint32_t n, uint64_t ns) {
   timespec t;
   clock_gettime(CLOCK_MONOTONIC, &t);
   const uint64_t end = uint64_t(t.tv_sec) * 1000000000ull + uint64_t(t.tv_nsec) + ns;
   timespec abs{static_cast<time_t>(end / 1000000000), static_cast<long>(end % 1000000000)};
-  if (syscall(SYS_futex_waitv, w, n, 0, &abs, CLOCK_MONOTONIC) >= 0) return true;  // woken
-  // A word moved, time up, signal; EFAULT: a header was unmapped meanwhile.
-  return errno == EAGAIN || errno == ETIMEDOUT || errno == EINTR || errno == EFAULT;
+  if (syscall(SYS_futex_waitv, w, n, 0, &abs, CLOCK_MONOTONIC) >= 0 || errno == EAGAIN) return 1;
+  return errno == ETIMEDOUT || errno == EINTR || errno == EFAULT ? 0 : -1;
 }
 
 }  // namespace cxlkv::sync

@@ -80,7 +80,7 @@ struct LockManager::State {
   bool lease_lost = false;
   bool all_local = false;           // every watched node is on this host and wakes us (NodeWakers)
   std::atomic<uint64_t> rounds{0}, grants{0}, releases{0}, doorbells{0}, rescans{0}, sleeps{0};
-  std::atomic<uint64_t> revokes_n{0}, dead_holders{0}, dead_waiters{0};
+  std::atomic<uint64_t> revokes_n{0}, dead_holders{0}, dead_waiters{0}, wakeups{0};
 };
 
 LockManager::LockManager(Region& r, MemoryDomain& d, ControlCarve c, LockManagerOptions o)
@@ -475,7 +475,8 @@ Result<void> LockManager::run(const std::atomic<bool>& stop) {
         continue;
       }
       s.sleeps.fetch_add(1, std::memory_order_relaxed);
-      s.wakers->sleep(uint64_t(std::chrono::nanoseconds(kWokenSleep).count()));
+      if (s.wakers->sleep(uint64_t(std::chrono::nanoseconds(kWokenSleep).count())))
+        s.wakeups.fetch_add(1, std::memory_order_relaxed);
       s.wakers->disarm();
       continue;
     }
@@ -523,6 +524,7 @@ LockManagerStats LockManager::stats() const {
   o.revokes = st_->revokes_n.load();
   o.dead_holders = st_->dead_holders.load();
   o.dead_waiters = st_->dead_waiters.load();
+  o.wakeups = st_->wakeups.load();
   o.epoch = st_->epoch;
   return o;
 }

@@ -258,16 +258,18 @@ void NodeWakers::arm() {
   }
 }
 
-void NodeWakers::sleep(uint64_t ns) {
+bool NodeWakers::sleep(uint64_t ns) {
   static_assert(sizeof(FutexWaitvSlot) == sizeof(FutexWaitv));
   if (!armed_.empty() && waitv_ok_) {
-    if (futex_waitv(reinterpret_cast<FutexWaitv*>(armed_.data()), static_cast<uint32_t>(armed_.size()), ns)) return;
+    const int r = futex_waitv(reinterpret_cast<FutexWaitv*>(armed_.data()), static_cast<uint32_t>(armed_.size()), ns);
+    if (r >= 0) return r == 1;
     waitv_ok_ = false;  // refused: sleep without wakes from now on
     log().warn("lock manager: futex_waitv refused ({}); sleeping {} us per idle round instead", std::strerror(errno),
                ns / 1000);
   }
   timespec ts{static_cast<time_t>(ns / 1000000000), static_cast<long>(ns % 1000000000)};
   nanosleep(&ts, nullptr);
+  return false;
 }
 
 void NodeWakers::disarm() {

@@ -82,9 +82,10 @@ class NodeWakers {
   // every open header (seq_cst) and notes their mgr_wake words; the caller
   // then looks at the pool once more (a request or release written before
   // the flag was seen is found there; one written after it bumps the word);
-  // sleep() waits until a word moves or `ns` pass; disarm() clears the flags.
+  // sleep() waits until a word moves (true) or `ns` pass; disarm() clears
+  // the flags.
   void arm();
-  void sleep(uint64_t ns);
+  bool sleep(uint64_t ns);
   void disarm();
 
  private:
