@@ -37,6 +37,60 @@ void PrefixIndex::probe_lines(const BlockKey& key, std::vector<uint32_t>& out) c
   for (uint32_t i = 0; i < kPrefetchProbe && i < hdr_.stripe_slots; i++) out.push_back(base + ((off + i) & mask));
 }
 
+// Walks key's probe sequence over the lines `ls` has cached: the slot where
+// probe() will stop (the key's, or the first free one for a new key), or
+// kNo with *missing = the first slot whose line is not cached yet.
+static uint32_t walk_cached(const index_detail::LockSet& ls, const BlockKey& key, uint32_t base, uint32_t mask,
+                            uint32_t* missing) {
+  *missing = kNo;
+  uint32_t free_slot = kNo;
+  const uint32_t off = static_cast<uint32_t>(key.lo & mask);
+  for (uint32_t i = 0; i <= mask; i++) {
+    const uint32_t slot = base + ((off + i) & mask);
+    const cxlkv_index_entry* e = ls.cached_entry(slot);
+    if (!e) {
+      *missing = slot;
+      return kNo;
+    }
+    if (e->state == CXLKV_ENTRY_EMPTY) return free_slot != kNo ? free_slot : slot;
+    if (e->state == CXLKV_ENTRY_TOMBSTONE) {
+      if (free_slot == kNo) free_slot = slot;
+      continue;
+    }
+    if (e->key_lo == key.lo && e->key_hi == key.hi && live_index_state(e->state)) return slot;
+  }
+  return free_slot;
+}
+
+void PrefixIndex::prefetch_probes(LockSet& ls, const BlockKey* pkey, std::span<const BlockKey> keys) {
+  // acquire() read each key's home entry and ext lines.  A probe that runs past the lines
+  // read so far gets its next kPrefetchProbe lines in the next sweep; a
+  // probe that ends gets the ext line of its slot (a new block's ext record
+  // is written as a whole line with its neighbour's; a parent that gains its
+  // first child is unlinked).  One fence per sweep, at most kSweeps; what a
+  // longer probe still lacks, probe() reads one line at a time.
+  constexpr int kSweeps = 3;
+  const uint32_t mask = hdr_.stripe_slots - 1;
+  std::vector<uint32_t> more, exts;
+  for (int sweep = 0; sweep < kSweeps; sweep++) {
+    more.clear();
+    exts.clear();
+    auto plan = [&](const BlockKey& k) {
+      if (k.is_zero()) return;
+      const uint32_t base = stripe_of(k) * hdr_.stripe_slots;
+      uint32_t missing;
+      const uint32_t at = walk_cached(ls, k, base, mask, &missing);
+      if (at != kNo) exts.push_back(at);
+      if (missing == kNo) return;
+      for (uint32_t j = 0; j < kPrefetchProbe && j <= mask; j++) more.push_back(base + ((missing - base + j) & mask));
+    };
+    if (pkey) plan(*pkey);
+    for (const BlockKey& k : keys) plan(k);
+    ls.prefetch(more, exts);
+    if (more.empty()) return;
+  }
+}
+
 size_t PrefixIndex::reserve_locked(LockSet& ls, const BlockKey* pkey, std::span<const BlockKey> keys, size_t from,
                                    uint64_t bytes, std::span<Reservation> out, std::span<int32_t> status,
                                    std::vector<uint32_t>* parents, bool* need_reclaim, uint32_t* held_parent,
@@ -281,22 +335,27 @@ Result<size_t> PrefixIndex::reserve_chain(const BlockKey* parent, std::span<cons
     const BlockKey* pkey = next ? &keys[next - 1] : parent;
     std::vector<uint32_t> stripes, lines;
     stripes.reserve(m - next + 1);
-    lines.reserve((m - next + 1) * kPrefetchProbe);
+    lines.reserve(m - next + 1);
     for (size_t i = next; i < m; i++) {
       stripes.push_back(stripe_of(keys[i]));
-      probe_lines(keys[i], lines);
+      lines.push_back(home(keys[i]));
     }
     if (pkey) {
       stripes.push_back(stripe_of(*pkey));
-      probe_lines(*pkey, lines);
+      lines.push_back(home(*pkey));
     }
     {
       LockSet ls(*this);
+      // Stripe lines, home entry lines and their ext lines (a new block
+      // usually lands at its home slot): one sweep.
       if (auto a = ls.acquire(stripes, lines, lines); !a) {
         status[next] = a.error().code();
         block_error(a.error().code(), a.error().message());
         break;
       }
+      // The rest of each probe and the ext lines of the slots the probes
+      // end at, in as few more sweeps as the probes need (usually none).
+      prefetch_probes(ls, pkey, keys.subspan(next, m - next));
       ls.mark_all();  // a new block changes its stripe's counters: one fence for every dirty mark
       next = reserve_locked(ls, pkey, keys.first(m), next, bytes, out, status, &parents, &need_reclaim,
                             &held_parent, view, through_busy);
@@ -352,7 +411,23 @@ Result<size_t> PrefixIndex::publish_checked(std::span<const uint32_t> slots, std
   for (uint32_t sl : slots)
     if (sl < hdr_.nslots) stripes.push_back(sl / hdr_.stripe_slots);
   LockSet ls(*this);
-  CXLKV_TRY(ls.acquire(stripes, slots, slots));  // entries and ext records in the same sweep as the stripe lines
+  CXLKV_TRY(ls.acquire(stripes, slots));  // entries in the same sweep as the stripe lines
+  {
+    // Ext records are read and written only for blocks that become leaves
+    // of their stripe's list (link: theirs and the list head's): those
+    // lines in a second sweep, once the entries say which they are (a
+    // chain's blocks have children but its last).
+    std::vector<uint32_t> exts;
+    for (uint32_t sl : slots) {
+      if (sl >= hdr_.nslots) continue;
+      const cxlkv_index_entry* e = ls.cached_entry(sl);
+      if (!e || e->children != 0 || e->loc_tier != CXLKV_TIER_MEM) continue;
+      exts.push_back(sl);
+      const uint32_t s = sl / hdr_.stripe_slots;
+      if (ls.holds(s)) exts.push_back(lru_head(ls.st(s)));
+    }
+    ls.prefetch({}, exts);
+  }
   size_t good = 0;
   const uint32_t now = now_ms();
   uint32_t last_published = kNo;

@@ -117,6 +117,41 @@ class LockSet {
       }
     return {};
   }
+  // More lines of held stripes read fresh after acquire, in one sweep with
+  // one fence (rule 4; rule 7 keeps them valid for the hold, as acquire's):
+  // the entry lines of `slots` and the ext lines of `ext_slots` that the set
+  // has not read yet.  For calls that learn which lines they need only from
+  // the first sweep (PrefixIndex::prefetch_probes, publish_many's leaves).
+  // Before the call's own writes to those lines (a cached line is skipped).
+  void prefetch(std::span<const uint32_t> slots, std::span<const uint32_t> ext_slots) {
+    MemoryDomain& d = *ix_.d_;
+    const uint32_t ns = ix_.hdr_.nslots, ss = ix_.hdr_.stripe_slots;
+    std::vector<uint32_t> es, xs;
+    for (uint32_t slot : slots)
+      if (slot < ns && holds(slot / ss) && !cached_entry(slot)) es.push_back(slot);
+    for (uint32_t slot : ext_slots)
+      if (slot < ns && holds(slot / ss) && !cached_ext(slot)) xs.push_back(slot & ~1u);
+    if (es.empty() && xs.empty()) return;
+    reserve_lines(lines_.size() + es.size() + 2 * xs.size());
+    for (uint32_t slot : es) d.invalidate_clean(ix_.slot_ptr(slot), 64);  // rule 4 (+ rule 1: NT-only lines)
+    for (uint32_t slot : xs) d.invalidate_clean(ix_.ext_ptr(slot), 64);
+    d.fence();  // rule 4: every invalidation before the loads below
+    std::vector<cxlkv_index_entry> got(es.size());
+    for (size_t i = 0; i < es.size(); i++) d.load(&got[i], ix_.slot_ptr(es[i]), sizeof(cxlkv_index_entry));
+    static const cxlkv_index_entry zero{};
+    for (size_t i = 0; i < es.size(); i++) {
+      const cxlkv_index_entry& e = got[i];
+      const bool valid = e.check ? e.check == cxlkv_index_entry_check(&e) : std::memcmp(&e, &zero, sizeof e) == 0;
+      if (valid && !cached_entry(es[i])) put_entry(es[i], e);  // else: read_entry's careful path when read
+    }
+    if (!es.empty()) ix_.probes_.fetch_add(es.size(), std::memory_order_relaxed);
+    for (uint32_t even : xs) {
+      cxlkv_index_ext x[2];
+      d.load(x, ix_.ext_ptr(even), sizeof x);
+      if (!cached_ext(even)) put_ext(even, x[0]);  // both records of the line: one stripe (stripe_slots is even)
+      if (!cached_ext(even | 1u)) put_ext(even | 1u, x[1]);
+    }
+  }
   bool holds(uint32_t s) const { return s / 64 < bits_.size() && (bits_[s / 64] >> (s % 64) & 1); }
   Held& at(uint32_t s) {
     for (auto& h : held_)
@@ -210,6 +245,7 @@ class LockSet {
   };
   void reserve_lines(size_t n) {
     lines_.reserve(n);
+    if (!lines_.empty()) return;  // a filled table grows (and rehashes) in line()
     size_t t = 256;
     while (t < 2 * n) t *= 2;
     if (table_.size() < t) table_.assign(t, 0);  // empty here: nothing to rehash

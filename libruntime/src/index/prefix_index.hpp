@@ -464,6 +464,7 @@ class PrefixIndex {
   void block_error(int32_t code, std::string msg);
   // The first slots of `key`'s probe sequence (read in a LockSet's sweep).
   void probe_lines(const BlockKey& key, std::vector<uint32_t>& out) const;
+  void prefetch_probes(LockSet& ls, const BlockKey* pkey, std::span<const BlockKey> keys);
   Result<size_t> publish_checked(std::span<const uint32_t> slots, std::span<const BlockKey> keys,
                                  std::span<const Reservation> handles, std::span<int32_t> status);
   static void begin_batch();  // remembers the first failure's message
