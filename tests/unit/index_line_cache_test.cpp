@@ -74,3 +74,46 @@ TEST(IndexLineCache, TheCopyDiesWithTheHoldAndWritesReachOtherNodes) {
   EXPECT_EQ(ps[0], kBlockMiss) << "a cached line never outlives the hold that read it";
   EXPECT_EQ(b->lookup(c), 2u);
 }
+
+// A probe that runs past the lines of the first sweep (keys sharing a home
+// slot) gets the rest of its lines in later sweeps of the same hold
+// (PrefixIndex::prefetch_probes, LockSet::prefetch): those are invalidated
+// and read fresh too.  Node 1 caches the lines as EMPTY, node 0 fills them;
+// a later sweep that served node 1's stale copies would hand node 1 an
+// occupied slot as free and overwrite node 0's blocks.
+TEST(IndexLineCache, ProbesPastTheFirstSweepReadTheirLinesFreshInTheNextSweeps) {
+  SimPool p(2, 0.05);  // random evictions
+  auto a = p.store(0), b = p.store(1);
+  const uint32_t ns = a->index().header().nstripes, ss = a->index().header().stripe_slots;
+  auto key = [&](uint64_t j, uint32_t stripe, uint32_t home) {
+    return BlockKey{home + uint64_t(ss) * (j + 1), stripe + uint64_t(ns) * (j + 1)};
+  };
+  // A chain whose keys after the first have home slot 10 of stripe 1 (the
+  // first is elsewhere: reserve_chain's lock-free look at the chain's first
+  // uncached block reads its probe fresh before any lock is taken).
+  std::vector<BlockKey> mine(4);
+  mine[0] = key(100, 2, 5);
+  for (size_t j = 1; j < mine.size(); j++) mine[j] = key(100 + j, 1, 10);
+  for (uint32_t home = 10; home < 20; home++) {  // node 1 now caches slots 10..19 as EMPTY (misses)
+    std::vector<BlockKey> probe{key(200 + home, 1, home)};
+    EXPECT_EQ(b->lookup(probe), 0u);
+  }
+  std::vector<std::vector<BlockKey>> theirs;
+  for (uint64_t j = 0; j < 6; j++) {  // node 0: six roots with the same home
+    theirs.push_back({key(j, 1, 10)});
+    ASSERT_TRUE(put(*a, theirs.back(), 0).ok());
+  }
+  std::vector<Reservation> res(mine.size());
+  std::vector<int32_t> st(mine.size(), 99);
+  auto n = b->index().reserve_chain(nullptr, mine, 4096, res, st);
+  ASSERT_TRUE(n.ok()) << n.error().message();
+  ASSERT_EQ(n.value(), mine.size());
+  std::vector<uint32_t> slots;
+  for (auto& r : res) slots.push_back(r.slot);
+  auto pub = b->index().publish_many(slots, mine, st);
+  ASSERT_TRUE(pub.ok() && pub.value() == mine.size());
+  for (auto& k : theirs) EXPECT_EQ(a->lookup(k), 1u) << "node 0's block " << to_hex(k[0]) << " was overwritten";
+  EXPECT_EQ(a->lookup(mine), mine.size());
+  std::string problem;
+  EXPECT_EQ(a->index().audit_lists(&problem), 0u) << problem;
+}
