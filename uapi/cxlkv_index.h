@@ -40,8 +40,8 @@
 
 /* "CXLKVIX1" */
 #define CXLKV_INDEX_MAGIC        0x315849564b4c5843ULL
-/* 4: header checksum (issue 12) */
-#define CXLKV_INDEX_VERSION      4u
+/* 4: header checksum (issue 12); 5: hot and cold eviction lists per stripe (issue 11) */
+#define CXLKV_INDEX_VERSION      5u
 #define CXLKV_INDEX_NO_SLOT      0xffffffffu
 #define CXLKV_INDEX_STATS_LINES  40u
 
@@ -104,14 +104,22 @@ struct cxlkv_index_stripe {
 	__u64 used_blocks;       /* WRITING + READY + EVICTING entries in memory (not on the SSD tier) */
 	__u64 used_bytes;        /* their payload bytes */
 	__u64 evictions;
-	__u64 reclaims;          /* WRITING entries of dead writers removed */
-	__u64 tombstones;
-	__u32 lru_head;          /* slot + 1 of the most recently used evictable leaf (0: list empty) */
-	__u32 lru_tail;          /* slot + 1 of the least recently used one: the eviction candidate */
-	__u32 tail_ms;           /* linked_ms of lru_tail: the pool-wide victim is the oldest tail */
-	__u32 list_dirty;        /* 1 while a holder changes the list / counters (crash repair) */
+	__u32 reclaims;          /* WRITING entries of dead writers removed */
+	__u32 tombstones;
+	/* Two eviction lists of READY memory leaves (version 5): the cold list
+	 * holds blocks not known to be reused, the hot list blocks read again
+	 * by another request or cached again after an eviction
+	 * (CXLKV_EXT_REUSED).  Cold tails go first; a hot tail only once it is
+	 * several times older than the oldest cold tail (index_evict.cpp). */
+	__u32 lru_head;          /* cold list: slot + 1 of the most recently used leaf (0: list empty) */
+	__u32 lru_tail;          /* cold list: slot + 1 of the least recently used one */
+	__u32 tail_ms;           /* linked_ms of lru_tail */
+	__u32 hot_head;          /* hot list: slot + 1 of its most recently used leaf (0: list empty) */
+	__u32 hot_tail;          /* hot list: slot + 1 of its least recently used leaf */
+	__u32 hot_tail_ms;       /* linked_ms of hot_tail */
+	__u16 list_dirty;        /* 1 while a holder changes the lists / counters (crash repair) */
+	__u16 lease_dead;        /* leases ended by their consumer node's death */
 	__u32 lease_expiries;    /* leases ended by their ttl or their consumer node's death */
-	__u32 lease_dead;        /* of which by the consumer node's death */
 };
 CXLKV_STATIC_ASSERT(sizeof(struct cxlkv_index_stripe) == 64, "index stripe is one line");
 
@@ -161,9 +169,9 @@ CXLKV_STATIC_ASSERT(sizeof(struct cxlkv_index_entry) == 64, "index entry is one 
  * line has many writers over time and two records: rule 1) and read under
  * that lock after an invalidation (rule 4).
  *
- * Eviction list: every READY memory-tier leaf (children == 0) of a stripe is
- * on the stripe's doubly linked list, most recently used at lru_head.  A
- * block is linked at publish and when its last child goes, unlinked when it
+ * Eviction lists: every READY memory-tier leaf (children == 0) of a stripe is
+ * on one of the stripe's two doubly linked lists (cold or hot), most recently
+ * used at the head.  A block is linked at publish and when its last child goes, unlinked when it
  * gains a child or leaves; a pin does not move it (it stamps the entry's
  * lru_ms): the evictor finds lru_ms > linked_ms at the tail and moves it to
  * the head instead (lazy promotion, CLOCK-like), so a victim costs O(1)
@@ -174,11 +182,13 @@ CXLKV_STATIC_ASSERT(sizeof(struct cxlkv_index_entry) == 64, "index entry is one 
  * CXLKV_NODE_ANY) is dead.
  */
 #define CXLKV_LEASE_NODE_ANY 0xffu
-/* ext.linked bits.  REUSED: the block was cached before and evicted (its
- * key was found in a ghost tombstone when it was reserved again): when it
- * reaches its list's tail it gets one more trip from the head instead of
- * being evicted, so blocks that come back outlive blocks seen once. */
-#define CXLKV_EXT_LINKED 0x01u   /* on the stripe's list */
+/* ext.linked bits.  REUSED (sticky): the block was read by a request other
+ * than the one that produced it (a hit), gained a child from a later request,
+ * had a reused child, or came back after an eviction (its key was found in a
+ * ghost tombstone when it was reserved again).  HOT: it is on its stripe's
+ * hot list (set by link from REUSED, kept until unlink, so the list it is on
+ * is always known). */
+#define CXLKV_EXT_LINKED 0x01u   /* on one of the stripe's lists */
 #define CXLKV_EXT_REUSED 0x02u
 /* HANDOFF: the block's lease was taken while the block was unused since it
  * was linked (a block just published for its consumer): the consumer's reads
@@ -187,11 +197,15 @@ CXLKV_STATIC_ASSERT(sizeof(struct cxlkv_index_entry) == 64, "index entry is one 
  * (issue 11: reads by the request that produced a block do not make it look
  * popular). */
 #define CXLKV_EXT_HANDOFF 0x04u
+#define CXLKV_EXT_HOT     0x08u
+/* LEASED (sticky): the block has been leased; a lease for another consumer
+ * after the first one ended marks it REUSED. */
+#define CXLKV_EXT_LEASED  0x10u
 struct cxlkv_index_ext {
 	__u32 lru_prev;          /* towards the head (more recent), or NO_SLOT */
 	__u32 lru_next;          /* towards the tail (older), or NO_SLOT */
 	__u32 linked_ms;         /* entry lru_ms when (re)linked */
-	__u8  linked;            /* CXLKV_EXT_LINKED | CXLKV_EXT_REUSED | CXLKV_EXT_HANDOFF bits */
+	__u8  linked;            /* CXLKV_EXT_* bits */
 	__u8  lease_node;        /* consumer node or CXLKV_LEASE_NODE_ANY */
 	__u16 lease_count;       /* live leases (0: none) */
 	__u64 lease_consumer;    /* first consumer id (display, release check) */

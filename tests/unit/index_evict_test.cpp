@@ -347,8 +347,8 @@ TEST(IndexEvict, AReserveThatEvictsCostsAFewFencesMoreThanOneThatDoesNot) {
 }
 
 // Scan resistance (issue 11): an evicted block leaves a ghost (its tombstone
-// keeps the key); reserved again, it is marked REUSED and, at the tail, gets
-// one more trip instead of going, so it outlives blocks seen only once.
+// keeps the key); reserved again, it is marked REUSED and goes on its
+// stripe's hot list, so it outlives blocks seen only once.
 TEST(IndexEvict, ABlockThatComesBackAfterEvictionOutlivesBlocksSeenOnce) {
   SimPool p(1, 0.0, opts(8, 64, 4));
   auto a = p.store(0);
@@ -367,7 +367,40 @@ TEST(IndexEvict, ABlockThatComesBackAfterEvictionOutlivesBlocksSeenOnce) {
     ASSERT_TRUE(put1(*a, k[i]).ok()) << i;
     tick();
   }
-  EXPECT_TRUE(cached(0)) << "the block that came back got one more trip";
+  EXPECT_TRUE(cached(0)) << "the block that came back is on the hot list";
   EXPECT_FALSE(cached(5)) << "a block seen once went in its place";
+  EXPECT_EQ(a->index().audit_lists(), 0u);
+}
+
+// Issue 11: a block another request reads (leased again, for a second
+// consumer, after its producer's handoff) is reused: it goes on the hot list
+// and outlives blocks seen once that are newer than it, while a block only
+// handed off to its own consumer is not protected.
+TEST(IndexEvict, ABlockReadByAnotherRequestOutlivesNewerBlocksSeenOnce) {
+  SimPool p(1, 0.0, opts(8, 64, 4));
+  auto a = p.store(0);
+  std::vector<BlockKey> k;
+  for (uint64_t i = 0; i < 7; i++) k.push_back(chain(4000 + i, 1)[0]);
+  auto cached = [&](size_t i) { return a->index().find_ready(k[i]) != CXLKV_INDEX_NO_SLOT; };
+  auto lease_and_release = [&](size_t i, uint64_t consumer) {
+    int32_t st = -1;
+    ASSERT_EQ(a->lease(std::span(&k[i], 1), consumer, KvStore::kLeaseNodeAny, 60000, std::span(&st, 1)).value(), 1u);
+    ASSERT_EQ(a->lease_release(std::span(&k[i], 1), consumer, std::span(&st, 1)).value(), 1u);
+  };
+  ASSERT_TRUE(put1(*a, k[0]).ok());
+  lease_and_release(0, 1);  // its producer's handoff
+  lease_and_release(0, 2);  // another request reads it: reused
+  tick();
+  for (size_t i = 1; i < 4; i++) {
+    ASSERT_TRUE(put1(*a, k[i]).ok()) << i;
+    lease_and_release(i, 10 + i);  // handed off once only
+  }
+  // Blocks seen once live here for a while before the next ones come, so
+  // that a hot tail's age bonus clearly exceeds the gap between k0 and k1.
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  for (size_t i = 4; i < 7; i++) ASSERT_TRUE(put1(*a, k[i]).ok()) << i;
+  EXPECT_TRUE(cached(0)) << "the reused block stays, though older than k1..k3";
+  for (size_t i = 1; i < 4; i++) EXPECT_FALSE(cached(i)) << "k" << i << ", seen once, went first";
+  for (size_t i = 4; i < 7; i++) EXPECT_TRUE(cached(i)) << i;
   EXPECT_EQ(a->index().audit_lists(), 0u);
 }

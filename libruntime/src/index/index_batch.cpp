@@ -424,7 +424,7 @@ Result<size_t> PrefixIndex::publish_checked(std::span<const uint32_t> slots, std
       if (!e || e->children != 0 || e->loc_tier != CXLKV_TIER_MEM) continue;
       exts.push_back(sl);
       const uint32_t s = sl / hdr_.stripe_slots;
-      if (ls.holds(s)) exts.push_back(lru_head(ls.st(s)));
+      if (ls.holds(s)) exts.push_back(list_head(ls.st(s), false));  // the cold list's (a new block is cold unless it came back)
     }
     ls.prefetch({}, exts);
   }

@@ -1,29 +1,34 @@
 // SPDX-License-Identifier: MIT
-// Eviction: pool-wide capacity, per-stripe lists of evictable leaves in the
-// pool, the pool-wide victim (oldest list tail), removal, SSD demotion, and
-// the fallback window scan.
+// Eviction: pool-wide capacity, per-stripe hot and cold lists of evictable
+// leaves in the pool, the pool-wide victim (oldest list tail, hot tails with
+// an age bonus), removal, SSD demotion, and the fallback window scan.
 //
 // Policy (what goes first and why):
 //  * Only READY memory leaves are candidates (prefix closure: a block with
 //    cached children stays, so every cached block's whole prefix is cached
 //    and can hit; plain block-LRU keeps children whose parent is gone, which
 //    can never hit again).
-//  * Among leaves, least recently used first, pool-wide: each stripe's list
-//    is ordered by the time a leaf was linked (publish, or last child gone)
-//    or promoted; a pin stamps the entry's lru_ms only, and the evictor moves
-//    a tail whose lru_ms is newer than its linked_ms to the head (second
-//    chance) instead of evicting it.  The victim stripe is the one whose tail
-//    is oldest (all stripe lines read in one sweep).
-//  * A parent whose last child is evicted joins its list at the tail when it
-//    is no more recent than the tail (it usually is as cold as the child it
-//    served), so a cold subtree is removed from its leaves up before warmer
-//    blocks go: the cold end of a chain goes first, its shared prefix last.
+//  * Leaves are on one of two lists per stripe, each in recency order: cold
+//    (seen by one request) and hot (reused: read by a later request, which
+//    leases it for a second consumer or pins it, found used at a list tail;
+//    cached again while its ghost lived; or the parent of a reused block,
+//    since every read of a block reads its whole prefix).  Most blocks of a
+//    serving trace are seen once; a reused block is likely to be read again.
+//  * The victim is the oldest cold tail pool-wide (all stripe lines read in
+//    one sweep); a hot tail goes first only once its age exceeds
+//    kHotAgeFactor + 1 times that of the oldest cold tail (its key is its
+//    link time plus kHotAgeFactor x that age): a reused block outlives blocks
+//    seen once by several of their lifetimes, yet one unused for long goes
+//    (the bound adapts to capacity and load, no fixed time).
+//  * A pin stamps the entry's lru_ms only; the evictor moves a tail whose
+//    lru_ms is newer than its linked_ms to the head (second chance), and to
+//    the hot list unless the read was its producer's handoff (HANDOFF).
+//  * A parent whose last child goes joins its list at the head when it was
+//    read more recently than that list's tail, else at the tail: a cold
+//    subtree is removed from its leaves up before warmer blocks go.
 //  * Scan resistance: an evicted block leaves a ghost (its tombstone keeps
-//    the key while the stripe has fewer than stripe_slots / 8 tombstones).
-//    A block reserved again whose ghost is found is marked REUSED and, at
-//    the tail, gets one more trip from the head instead of going: blocks
-//    that come back (shared prefixes, multi-turn contexts) outlive the long
-//    tails of prompts seen once, which LRU keeps as long as anything else.
+//    the key while the stripe has fewer than stripe_slots / 8 tombstones);
+//    a block reserved again whose ghost is found is REUSED (hot list).
 //  * Pinned blocks, leased blocks (live lease) and WRITING blocks are never
 //    evicted; a reserve evicts instead of refusing while any other block can go.
 #include <algorithm>
@@ -40,12 +45,19 @@ namespace {
 constexpr uint32_t kEvictWindow = 128;      // fallback scan window (slots)
 constexpr uint32_t kTailSteps = 16;         // list tails examined per eviction in one stripe
 constexpr uint32_t kCandidateStripes = 4;   // oldest tails tried per pool-wide victim
-constexpr uint32_t kNoLimit = UINT32_MAX;
+constexpr uint64_t kNoLimit = UINT64_MAX;
 constexpr uint32_t kNo = CXLKV_INDEX_NO_SLOT;
+// A parent slot in remove_locked()'s `parents` with this bit: the child that
+// went was reused (only in an index of at most 2^31 slots).
+constexpr uint32_t kReusedChild = 0x80000000u;
+// A hot tail goes before a cold one only once it is this many times older
+// than the oldest cold tail (plus one): reused blocks outlive blocks seen once
+// by several lifetimes of the latter, yet a hot block unused for long goes.
+constexpr uint32_t kHotAgeFactor = 8;
 
 }  // namespace
 
-// ---- the list ----------------------------------------------------------------
+// ---- the lists ---------------------------------------------------------------
 
 void PrefixIndex::link(LockSet& ls, uint32_t slot, uint32_t ms, bool at_head) {
   const uint32_t s = slot / hdr_.stripe_slots;
@@ -53,33 +65,35 @@ void PrefixIndex::link(LockSet& ls, uint32_t slot, uint32_t ms, bool at_head) {
   cxlkv_index_stripe& st = ls.st(s);
   cxlkv_index_ext x = read_ext(slot);
   if (x.linked & CXLKV_EXT_LINKED) {
-    unlink(ls, slot);  // a move
+    unlink(ls, slot);  // a move (perhaps to the other list)
     x = read_ext(slot);
   }
-  x.linked = static_cast<uint8_t>((x.linked & (CXLKV_EXT_REUSED | CXLKV_EXT_HANDOFF)) | CXLKV_EXT_LINKED);
+  const bool hot = x.linked & CXLKV_EXT_REUSED;  // reused blocks go on the hot list
+  x.linked = static_cast<uint8_t>((x.linked & kExtKeep) | CXLKV_EXT_LINKED |
+                                  (hot ? CXLKV_EXT_HOT : 0));
   x.linked_ms = ms;
-  if (lru_head(st) == kNo || lru_tail(st) == kNo) {
+  if (list_head(st, hot) == kNo || list_tail(st, hot) == kNo) {
     x.lru_prev = x.lru_next = kNo;
-    set_lru_head(st, slot);
-    set_lru_tail(st, slot);
-    st.tail_ms = ms;
+    set_list_head(st, hot, slot);
+    set_list_tail(st, hot, slot);
+    set_list_tail_ms(st, hot, ms);
   } else if (at_head) {
-    const uint32_t head = lru_head(st);
+    const uint32_t head = list_head(st, hot);
     cxlkv_index_ext h = read_ext(head);
     h.lru_prev = slot;
     write_ext(head, h);
     x.lru_prev = kNo;
     x.lru_next = head;
-    set_lru_head(st, slot);
+    set_list_head(st, hot, slot);
   } else {
-    const uint32_t tail = lru_tail(st);
+    const uint32_t tail = list_tail(st, hot);
     cxlkv_index_ext t = read_ext(tail);
     t.lru_next = slot;
     write_ext(tail, t);
     x.lru_next = kNo;
     x.lru_prev = tail;
-    set_lru_tail(st, slot);
-    st.tail_ms = ms;
+    set_list_tail(st, hot, slot);
+    set_list_tail_ms(st, hot, ms);
   }
   write_ext(slot, x);
 }
@@ -94,6 +108,7 @@ void PrefixIndex::unlink(LockSet& ls, uint32_t slot) {
     x = read_ext(slot);
     if (!(x.linked & CXLKV_EXT_LINKED)) return;
   }
+  const bool hot = x.linked & CXLKV_EXT_HOT;  // the list it is on
   ls.mark(s);
   cxlkv_index_stripe& st = ls.st(s);
   if (x.lru_prev != kNo) {
@@ -101,18 +116,25 @@ void PrefixIndex::unlink(LockSet& ls, uint32_t slot) {
     p.lru_next = x.lru_next;
     write_ext(x.lru_prev, p);
   } else {
-    set_lru_head(st, x.lru_next);
+    set_list_head(st, hot, x.lru_next);
   }
   if (x.lru_next != kNo) {
     cxlkv_index_ext n = read_ext(x.lru_next);
     n.lru_prev = x.lru_prev;
     write_ext(x.lru_next, n);
   } else {
-    set_lru_tail(st, x.lru_prev);
-    st.tail_ms = x.lru_prev != kNo ? read_ext(x.lru_prev).linked_ms : 0;
+    set_list_tail(st, hot, x.lru_prev);
+    set_list_tail_ms(st, hot, x.lru_prev != kNo ? read_ext(x.lru_prev).linked_ms : 0);
   }
-  x.linked &= static_cast<uint8_t>(~CXLKV_EXT_LINKED);  // REUSED stays with the block
+  x.linked &= static_cast<uint8_t>(~(CXLKV_EXT_LINKED | CXLKV_EXT_HOT));  // REUSED stays with the block
   x.lru_prev = x.lru_next = kNo;
+  write_ext(slot, x);
+}
+
+void PrefixIndex::mark_reused(uint32_t slot) {
+  cxlkv_index_ext x = read_ext(slot);
+  if (x.linked & CXLKV_EXT_REUSED) return;
+  x.linked |= CXLKV_EXT_REUSED;  // takes effect when it is next linked
   write_ext(slot, x);
 }
 
@@ -123,26 +145,33 @@ void PrefixIndex::child_added(LockSet& ls, uint32_t parent_slot) {
   if (e.children == 1) unlink(ls, parent_slot);  // no longer a leaf: not evictable
 }
 
-void PrefixIndex::child_dropped(LockSet& ls, uint32_t parent_slot) {
+void PrefixIndex::child_dropped(LockSet& ls, uint32_t parent_slot, bool reused_child) {
   cxlkv_index_entry e = read_entry(parent_slot);
   if (!live_index_state(e.state) || e.children == 0) return;
   e.children--;
   write_entry(parent_slot, e, false);
+  // Every read of a block is a read of its whole prefix: the parent of a
+  // reused block was reused too.
+  if (reused_child) mark_reused(parent_slot);
   if (e.children == 0 && e.state == CXLKV_ENTRY_READY && e.loc_tier == CXLKV_TIER_MEM) {
-    // A leaf again.  Usually as cold as the child that just went: the tail.
+    // A leaf again, on its list by its last read: at the head when read
+    // more recently than that list's tail, else at the tail (usually as
+    // cold as the child that just went).
+    const bool hot = read_ext(parent_slot).linked & CXLKV_EXT_REUSED;
     const cxlkv_index_stripe& st = ls.st(parent_slot / hdr_.stripe_slots);
-    link(ls, parent_slot, e.lru_ms, /*at_head=*/lru_tail(st) != kNo && e.lru_ms > st.tail_ms);
+    link(ls, parent_slot, e.lru_ms,
+         /*at_head=*/list_tail(st, hot) != kNo && static_cast<int32_t>(e.lru_ms - list_tail_ms(st, hot)) > 0);
   }
 }
 
 void PrefixIndex::repair_stripe(LockSet& ls, uint32_t s) {
   // A holder died mid-change (list_dirty) or links are damaged: rebuild the
-  // list and the counters from the entries, which are self-consistent lines.
+  // lists and the counters from the entries, which are self-consistent lines.
   LockSet::Held& h = ls.at(s);
   h.marked = true;  // release() writes the line back clean
   cxlkv_index_stripe& st = h.st;
   const uint32_t base = s * hdr_.stripe_slots;
-  std::vector<std::pair<uint32_t, uint32_t>> leaves;  // (lru_ms, slot)
+  std::vector<std::pair<uint32_t, uint32_t>> leaves[2];  // (lru_ms, slot): cold, hot
   uint64_t blocks = 0, bytes = 0, tombs = 0;
   for (uint32_t i = 0; i < hdr_.stripe_slots; i++) {
     const uint32_t slot = base + i;
@@ -153,32 +182,37 @@ void PrefixIndex::repair_stripe(LockSet& ls, uint32_t s) {
     }
     if (e.state == CXLKV_ENTRY_TOMBSTONE) tombs++;
     if (e.state == CXLKV_ENTRY_READY && e.children == 0 && e.loc_tier == CXLKV_TIER_MEM) {
-      leaves.emplace_back(e.lru_ms, slot);
+      leaves[(read_ext(slot).linked & CXLKV_EXT_REUSED) ? 1 : 0].emplace_back(e.lru_ms, slot);
     } else {
       cxlkv_index_ext x = read_ext(slot);
       if (x.linked & CXLKV_EXT_LINKED) {
-        x.linked &= static_cast<uint8_t>(~CXLKV_EXT_LINKED);
+        x.linked &= static_cast<uint8_t>(~(CXLKV_EXT_LINKED | CXLKV_EXT_HOT));
         x.lru_prev = x.lru_next = kNo;
         write_ext(slot, x);
       }
     }
   }
-  std::sort(leaves.begin(), leaves.end());  // oldest first = tail
-  for (size_t i = 0; i < leaves.size(); i++) {
-    cxlkv_index_ext x = read_ext(leaves[i].second);
-    x.linked = static_cast<uint8_t>((x.linked & (CXLKV_EXT_REUSED | CXLKV_EXT_HANDOFF)) | CXLKV_EXT_LINKED);
-    x.linked_ms = leaves[i].first;
-    x.lru_next = i ? leaves[i - 1].second : kNo;                     // older
-    x.lru_prev = i + 1 < leaves.size() ? leaves[i + 1].second : kNo;  // newer
-    write_ext(leaves[i].second, x);
+  for (const bool hot : {false, true}) {
+    auto& lv = leaves[hot];
+    std::sort(lv.begin(), lv.end());  // oldest first = tail
+    for (size_t i = 0; i < lv.size(); i++) {
+      cxlkv_index_ext x = read_ext(lv[i].second);
+      x.linked = static_cast<uint8_t>((x.linked & kExtKeep) | CXLKV_EXT_LINKED |
+                                      (hot ? CXLKV_EXT_HOT : 0));
+      x.linked_ms = lv[i].first;
+      x.lru_next = i ? lv[i - 1].second : kNo;                // older
+      x.lru_prev = i + 1 < lv.size() ? lv[i + 1].second : kNo;  // newer
+      write_ext(lv[i].second, x);
+    }
+    set_list_tail(st, hot, lv.empty() ? kNo : lv.front().second);
+    set_list_head(st, hot, lv.empty() ? kNo : lv.back().second);
+    set_list_tail_ms(st, hot, lv.empty() ? 0 : lv.front().first);
   }
-  set_lru_tail(st, leaves.empty() ? kNo : leaves.front().second);
-  set_lru_head(st, leaves.empty() ? kNo : leaves.back().second);
-  st.tail_ms = leaves.empty() ? 0 : leaves.front().first;
   st.used_blocks = blocks;
   st.used_bytes = bytes;
-  st.tombstones = tombs;
-  log().info("index: stripe {} rebuilt after an interrupted change ({} leaves listed)", s, leaves.size());
+  st.tombstones = static_cast<uint32_t>(tombs);
+  log().info("index: stripe {} rebuilt after an interrupted change ({} cold and {} hot leaves listed)", s,
+             leaves[0].size(), leaves[1].size());
 }
 
 // ---- removal -------------------------------------------------------------------
@@ -188,6 +222,7 @@ void PrefixIndex::remove_locked(LockSet& ls, uint32_t slot, cxlkv_index_entry e,
   const uint32_t stripe = slot / hdr_.stripe_slots;
   const BlockLocation loc{e.loc_off, e.loc_len, e.loc_dev, e.loc_tier};
   const bool was_writing = e.state == CXLKV_ENTRY_WRITING;
+  const bool reused = read_ext(slot).linked & CXLKV_EXT_REUSED;  // passed on to the parent
   ls.mark(stripe);
   unlink(ls, slot);
   // EVICTING first: lock-free readers stop treating it as READY, and if we
@@ -252,18 +287,19 @@ void PrefixIndex::remove_locked(LockSet& ls, uint32_t slot, cxlkv_index_entry e,
     space_->free(loc);
   }
   if (parent < hdr_.nslots) {
-    if (ls.holds(parent / hdr_.stripe_slots)) child_dropped(ls, parent);
-    else parents->push_back(parent);
+    if (ls.holds(parent / hdr_.stripe_slots)) child_dropped(ls, parent, reused);
+    else parents->push_back(parent | (reused && hdr_.nslots <= kReusedChild ? kReusedChild : 0));
   }
 }
 
 Result<void> PrefixIndex::drop_children(std::vector<uint32_t>& parents, PoolView* view) {
   if (parents.empty()) return {};
+  const uint32_t flag = hdr_.nslots <= kReusedChild ? kReusedChild : 0;
   std::vector<uint32_t> stripes;
-  for (uint32_t p : parents) stripes.push_back(p / hdr_.stripe_slots);
+  for (uint32_t p : parents) stripes.push_back((p & ~flag) / hdr_.stripe_slots);
   LockSet ls(*this);
   CXLKV_TRY(ls.acquire(stripes));
-  for (uint32_t p : parents) child_dropped(ls, p);
+  for (uint32_t p : parents) child_dropped(ls, p & ~flag, p & flag);
   parents.clear();
   if (view) view->take(ls);
   return {};
@@ -286,12 +322,13 @@ bool PrefixIndex::lease_live(cxlkv_index_ext& x, uint32_t now, bool* ended_dead)
   return true;
 }
 
-bool PrefixIndex::evict_from_list(LockSet& ls, uint32_t s, std::vector<uint32_t>* parents, uint32_t limit_ms) {
+bool PrefixIndex::evict_from_list(LockSet& ls, uint32_t s, bool hot, std::vector<uint32_t>* parents,
+                                  uint64_t limit, uint64_t bonus) {
   cxlkv_index_stripe& st = ls.st(s);
   const uint32_t now = now_ms(), base = s * hdr_.stripe_slots;
   bool repaired = false;
-  for (uint32_t step = 0, trips = 0; step < kTailSteps && trips < 4 * kTailSteps && lru_tail(st) != kNo; step++) {
-    const uint32_t slot = lru_tail(st);
+  for (uint32_t step = 0; step < kTailSteps && list_tail(st, hot) != kNo; step++) {
+    const uint32_t slot = list_tail(st, hot);
     if (slot < base || slot >= base + hdr_.stripe_slots) {
       if (repaired) return false;
       repair_stripe(ls, s);
@@ -301,28 +338,30 @@ bool PrefixIndex::evict_from_list(LockSet& ls, uint32_t s, std::vector<uint32_t>
     cxlkv_index_entry e = read_entry(slot);
     cxlkv_index_ext x = read_ext(slot);
     ctr_.victim_reads += 2;
-    if (!(x.linked & CXLKV_EXT_LINKED) || e.state != CXLKV_ENTRY_READY || e.children || e.loc_tier != CXLKV_TIER_MEM) {
+    if (!(x.linked & CXLKV_EXT_LINKED) || bool(x.linked & CXLKV_EXT_HOT) != hot || e.state != CXLKV_ENTRY_READY ||
+        e.children || e.loc_tier != CXLKV_TIER_MEM) {
       if (repaired) return false;
       repair_stripe(ls, s);  // the list disagrees with the entries
       repaired = true;
       continue;
     }
     if (static_cast<int32_t>(e.lru_ms - x.linked_ms) > 0) {
-      link(ls, slot, e.lru_ms, /*at_head=*/true);  // used since linked: second chance
+      // Used since linked: second chance at its list's head.  A read by
+      // another request than its producer's handoff is a reuse: the block
+      // moves to the hot list.
+      if (!(x.linked & CXLKV_EXT_HANDOFF) && !(x.linked & CXLKV_EXT_REUSED)) {
+        x.linked |= CXLKV_EXT_REUSED;
+        write_ext(slot, x);
+      }
+      link(ls, slot, e.lru_ms, /*at_head=*/true);
       ctr_.second_chances++;
       continue;
     }
-    if (x.linked_ms > limit_ms) return false;  // another stripe's tail is older
-    if (x.linked & CXLKV_EXT_REUSED) {
-      // A block that came back after an eviction: one more trip (the flag
-      // is spent), so it outlives blocks seen only once (scan resistance).
-      x.linked &= static_cast<uint8_t>(~CXLKV_EXT_REUSED);
-      write_ext(slot, x);
-      link(ls, slot, now, /*at_head=*/true);
-      ctr_.second_chances++;
-      step--, trips++;  // a spent flag, not a failed step: bounded by trips
+    if (!hot && (x.linked & CXLKV_EXT_REUSED)) {  // marked while listed: to the hot list
+      link(ls, slot, x.linked_ms, /*at_head=*/true);
       continue;
     }
+    if (uint64_t(x.linked_ms) + (hot ? bonus : 0) > limit) return false;  // another tail goes first
     bool changed = false, dead = false;
     const bool pinned = pins_live(e, &changed);
     if (changed) write_entry(slot, e, false);  // dead nodes' pins cleared
@@ -344,7 +383,9 @@ bool PrefixIndex::evict_from_list(LockSet& ls, uint32_t s, std::vector<uint32_t>
 }
 
 Result<bool> PrefixIndex::evict_locked(LockSet& ls, uint32_t stripe, std::vector<uint32_t>* parents) {
-  if (evict_from_list(ls, stripe, parents, kNoLimit)) return true;
+  // This stripe's cold tail, else its hot tail (no pool-wide view here).
+  if (evict_from_list(ls, stripe, false, parents, kNoLimit, 0)) return true;
+  if (evict_from_list(ls, stripe, true, parents, kNoLimit, 0)) return true;
   // Issue 6: with an SSD tier, a memory block is chosen first (and demoted);
   // an SSD block is dropped only when no memory block can go.
   if (demotion_) {
@@ -463,35 +504,54 @@ Result<bool> PrefixIndex::evict_pass(LockSet& ls, uint32_t stripe, std::vector<u
 }
 
 Result<bool> PrefixIndex::evict_global(std::vector<uint32_t>* parents, LockSet* held, PoolView* view) {
-  std::vector<std::pair<uint32_t, uint32_t>> cand;  // (tail_ms, stripe)
+  // Candidates: every stripe's cold tail, keyed by its link time, and its
+  // hot tail, keyed by its link time plus a bonus of kHotAgeFactor times the
+  // age of the oldest cold tail: a reused block goes only once it has gone
+  // unused several times as long as a block seen once lives here.
+  struct Cand {
+    uint64_t key;
+    uint32_t stripe;
+    bool hot;
+    bool operator<(const Cand& o) const { return key < o.key; }
+  };
+  std::vector<Cand> cand;
+  PoolView own;
+  std::vector<std::pair<uint32_t, const cxlkv_index_stripe*>> lines;  // (stripe, line)
   if (held) {
-    for (const auto& h : held->held())
-      if (lru_tail(h.st) != kNo) cand.emplace_back(h.st.tail_ms, h.stripe);
+    for (const auto& h : held->held()) lines.emplace_back(h.stripe, &h.st);
   } else {
-    PoolView own;
     if (!view) own = pool_view();  // one sweep, one fence (rule 4)
     const std::vector<cxlkv_index_stripe>& v = view ? view->st : own.st;
-    for (uint32_t s = 0; s < hdr_.nstripes && s < v.size(); s++)
-      if (lru_tail(v[s]) != kNo) cand.emplace_back(v[s].tail_ms, s);
+    for (uint32_t s = 0; s < hdr_.nstripes && s < v.size(); s++) lines.emplace_back(s, &v[s]);
+  }
+  const uint32_t now = now_ms();
+  uint32_t oldest_cold = now;
+  for (const auto& [s, st] : lines)
+    if (list_tail(*st, false) != kNo && static_cast<int32_t>(list_tail_ms(*st, false) - oldest_cold) < 0)
+      oldest_cold = list_tail_ms(*st, false);
+  const uint64_t bonus = uint64_t(kHotAgeFactor) * (now - oldest_cold);
+  for (const auto& [s, st] : lines) {
+    if (list_tail(*st, false) != kNo) cand.push_back({list_tail_ms(*st, false), s, false});
+    if (list_tail(*st, true) != kNo) cand.push_back({uint64_t(list_tail_ms(*st, true)) + bonus, s, true});
   }
   // The few oldest tails, without sorting them all.
   const size_t k = std::min<size_t>(cand.size(), kCandidateStripes);
   std::partial_sort(cand.begin(), cand.begin() + k, cand.end());
   cand.resize(k);
-  auto try_list = [&](uint32_t s, uint32_t limit) -> Result<bool> {
-    if (held) return evict_from_list(*held, s, parents, limit);
+  auto try_list = [&](const Cand& c, uint64_t limit) -> Result<bool> {
+    if (held) return evict_from_list(*held, c.stripe, c.hot, parents, limit, bonus);
     LockSet ls(*this);
-    CXLKV_TRY(ls.acquire({s}));
-    auto r = evict_from_list(ls, s, parents, limit);
+    CXLKV_TRY(ls.acquire({c.stripe}));
+    auto r = evict_from_list(ls, c.stripe, c.hot, parents, limit, bonus);
     if (view) view->take(ls);  // the line as this eviction leaves it (read fresh under the lock)
     return r;
   };
   for (size_t i = 0; i < cand.size(); i++) {
-    auto r = try_list(cand[i].second, i + 1 < cand.size() ? cand[i + 1].first : kNoLimit);
+    auto r = try_list(cand[i], i + 1 < cand.size() ? cand[i + 1].key : kNoLimit);
     if (!r || r.value()) return r;
   }
   if (!cand.empty()) {
-    auto r = try_list(cand[0].second, kNoLimit);
+    auto r = try_list(cand[0], kNoLimit);
     if (!r || r.value()) return r;
   }
   // Nothing on the lists could go: dead writers, EVICTING leftovers, SSD
@@ -613,23 +673,28 @@ uint64_t PrefixIndex::audit_lists(std::string* first) const {
     }
     if (v[s].list_dirty) problem("stripe " + std::to_string(s) + ": list_dirty set");
     uint64_t walked = 0;
-    uint32_t prev = kNo, slot = lru_head(v[s]);
-    while (slot != kNo && walked <= hdr_.stripe_slots) {
-      if (slot < base || slot >= base + hdr_.stripe_slots) {
-        problem("stripe " + std::to_string(s) + ": link to slot " + std::to_string(slot) + " outside it");
-        break;
+    for (const bool hot : {false, true}) {
+      const std::string name = "stripe " + std::to_string(s) + (hot ? " hot list" : " cold list");
+      uint32_t prev = kNo, slot = list_head(v[s], hot);
+      while (slot != kNo && walked <= hdr_.stripe_slots) {
+        if (slot < base || slot >= base + hdr_.stripe_slots) {
+          problem(name + ": link to slot " + std::to_string(slot) + " outside it");
+          break;
+        }
+        cxlkv_index_entry e = read_entry(slot);
+        cxlkv_index_ext x = read_ext(slot);
+        if (!(x.linked & CXLKV_EXT_LINKED) || x.lru_prev != prev)
+          problem(name + ": slot " + std::to_string(slot) + " badly linked");
+        if (bool(x.linked & CXLKV_EXT_HOT) != hot)
+          problem(name + ": slot " + std::to_string(slot) + " flagged for the other list");
+        if (e.state != CXLKV_ENTRY_READY || e.children || e.loc_tier != CXLKV_TIER_MEM)
+          problem(name + ": slot " + std::to_string(slot) + " listed but not an evictable leaf");
+        walked++;
+        prev = slot;
+        slot = x.lru_next;
       }
-      cxlkv_index_entry e = read_entry(slot);
-      cxlkv_index_ext x = read_ext(slot);
-      if (!(x.linked & CXLKV_EXT_LINKED) || x.lru_prev != prev)
-        problem("stripe " + std::to_string(s) + ": slot " + std::to_string(slot) + " badly linked");
-      if (e.state != CXLKV_ENTRY_READY || e.children || e.loc_tier != CXLKV_TIER_MEM)
-        problem("stripe " + std::to_string(s) + ": slot " + std::to_string(slot) + " listed but not an evictable leaf");
-      walked++;
-      prev = slot;
-      slot = x.lru_next;
+      if (prev != list_tail(v[s], hot)) problem(name + ": tail does not end the list");
     }
-    if (prev != lru_tail(v[s])) problem("stripe " + std::to_string(s) + ": tail does not end the list");
     if (walked != leaves || linked_flags != leaves)
       problem("stripe " + std::to_string(s) + ": " + std::to_string(walked) + " listed, " +
               std::to_string(linked_flags) + " flagged, " + std::to_string(leaves) + " READY memory leaves");

@@ -32,14 +32,27 @@ inline bool live_index_state(uint8_t s) {
   return s == CXLKV_ENTRY_WRITING || s == CXLKV_ENTRY_READY || s == CXLKV_ENTRY_EVICTING;
 }
 
-// Stripe list ends are stored as slot + 1 so that a zeroed line is an empty list.
-inline uint32_t lru_head(const cxlkv_index_stripe& st) { return st.lru_head ? st.lru_head - 1 : CXLKV_INDEX_NO_SLOT; }
-inline uint32_t lru_tail(const cxlkv_index_stripe& st) { return st.lru_tail ? st.lru_tail - 1 : CXLKV_INDEX_NO_SLOT; }
-inline void set_lru_head(cxlkv_index_stripe& st, uint32_t slot) {
-  st.lru_head = slot == CXLKV_INDEX_NO_SLOT ? 0 : slot + 1;
+// ext.linked bits a block keeps when it is (re)linked or unlinked.
+constexpr uint8_t kExtKeep = CXLKV_EXT_REUSED | CXLKV_EXT_HANDOFF | CXLKV_EXT_LEASED;
+
+// Stripe list ends are stored as slot + 1 so that a zeroed line is an empty
+// list.  Each stripe has two lists (uapi cxlkv_index_stripe): cold (hot =
+// false) and hot.
+inline uint32_t list_head(const cxlkv_index_stripe& st, bool hot) {
+  const uint32_t v = hot ? st.hot_head : st.lru_head;
+  return v ? v - 1 : CXLKV_INDEX_NO_SLOT;
 }
-inline void set_lru_tail(cxlkv_index_stripe& st, uint32_t slot) {
-  st.lru_tail = slot == CXLKV_INDEX_NO_SLOT ? 0 : slot + 1;
+inline uint32_t list_tail(const cxlkv_index_stripe& st, bool hot) {
+  const uint32_t v = hot ? st.hot_tail : st.lru_tail;
+  return v ? v - 1 : CXLKV_INDEX_NO_SLOT;
 }
+inline uint32_t list_tail_ms(const cxlkv_index_stripe& st, bool hot) { return hot ? st.hot_tail_ms : st.tail_ms; }
+inline void set_list_head(cxlkv_index_stripe& st, bool hot, uint32_t slot) {
+  (hot ? st.hot_head : st.lru_head) = slot == CXLKV_INDEX_NO_SLOT ? 0 : slot + 1;
+}
+inline void set_list_tail(cxlkv_index_stripe& st, bool hot, uint32_t slot) {
+  (hot ? st.hot_tail : st.lru_tail) = slot == CXLKV_INDEX_NO_SLOT ? 0 : slot + 1;
+}
+inline void set_list_tail_ms(cxlkv_index_stripe& st, bool hot, uint32_t ms) { (hot ? st.hot_tail_ms : st.tail_ms) = ms; }
 
 }  // namespace cxlkv

@@ -45,6 +45,7 @@ Result<size_t> PrefixIndex::lease_many(std::span<const BlockKey> keys, uint64_t 
         if (x.lease_count < UINT16_MAX) x.lease_count++;
         if (x.lease_node != node8) x.lease_node = CXLKV_LEASE_NODE_ANY;
         x.linked &= static_cast<uint8_t>(~CXLKV_EXT_HANDOFF);  // another request reads it too: a reuse
+        x.linked |= CXLKV_EXT_REUSED;                          // (index_evict.cpp: the hot list)
       }
       if (static_cast<int32_t>(now + ttl_ms - x.lease_expiry_ms) > 0) x.lease_expiry_ms = now + ttl_ms;
     } else {
@@ -55,6 +56,10 @@ Result<size_t> PrefixIndex::lease_many(std::span<const BlockKey> keys, uint64_t 
         if (dead) st.lease_dead++;
         ctr_.lease_expiries++;
       }
+      // Leased before (for its producer's consumer) and leased again: a
+      // later request reads it, a reuse (index_evict.cpp: the hot list).
+      if ((x.linked & CXLKV_EXT_LEASED) && x.lease_consumer != consumer) x.linked |= CXLKV_EXT_REUSED;
+      x.linked |= CXLKV_EXT_LEASED;
       x.lease_count = 1;
       x.lease_consumer = consumer;
       x.lease_node = node8;

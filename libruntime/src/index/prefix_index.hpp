@@ -23,10 +23,11 @@
 //    its set first.  So waits-for edges always go from a lower to a higher
 //    stripe: no deadlock.
 //  * Eviction (index_evict.cpp): pool-wide capacity; each stripe keeps its
-//    READY memory leaves on a list in the pool (uapi cxlkv_index_ext); the
-//    victim is the oldest list tail over all stripes, with lazy promotion of
-//    tails used since they were linked; prefix closure holds because only
-//    leaves are listed.
+//    READY memory leaves on two lists in the pool (cold: seen by one
+//    request; hot: reused), uapi cxlkv_index_ext; the victim is the oldest
+//    cold tail over all stripes unless a hot tail is far older, with lazy
+//    promotion of tails used since they were linked; prefix closure holds
+//    because only leaves are listed.
 #pragma once
 
 #include <atomic>
@@ -413,15 +414,19 @@ class PrefixIndex {
   void unlink(LockSet& ls, uint32_t slot);
   void child_added(LockSet& ls, uint32_t parent_slot);
   // Children count down; a READY memory block left without children joins the list.
-  void child_dropped(LockSet& ls, uint32_t parent_slot);
-  void repair_stripe(LockSet& ls, uint32_t stripe);  // rebuild list + counters from the entries
+  // reused_child: the child that went was reused, so the parent was too.
+  void child_dropped(LockSet& ls, uint32_t parent_slot, bool reused_child = false);
+  void mark_reused(uint32_t slot);  // sets ext REUSED (under the stripe lock)
+  void repair_stripe(LockSet& ls, uint32_t stripe);  // rebuild the lists + counters from the entries
   // Remove entry at slot (payload freed).  A parent in a held stripe has its
   // children count dropped at once, else its slot is appended to `parents`
   // for drop_child() after unlocking.
   void remove_locked(LockSet& ls, uint32_t slot, cxlkv_index_entry e, bool reclaim, std::vector<uint32_t>* parents);
-  // Evict from the stripe's list tail (lazy promotion of used tails); false
-  // if no victim whose linked_ms <= limit_ms was found in a few steps.
-  bool evict_from_list(LockSet& ls, uint32_t stripe, std::vector<uint32_t>* parents, uint32_t limit_ms);
+  // Evict from the tail of the stripe's hot or cold list (lazy promotion of
+  // used tails); a tail's key is its linked_ms (+ bonus on the hot list):
+  // false if no victim whose key <= limit was found in a few steps.
+  bool evict_from_list(LockSet& ls, uint32_t stripe, bool hot, std::vector<uint32_t>* parents, uint64_t limit,
+                       uint64_t bonus);
   // Read n consecutive entries in one invalidation sweep and one fence (rule 4).
   void read_window(uint32_t first, uint32_t n, cxlkv_index_entry* out) const;
   Result<bool> evict_locked(LockSet& ls, uint32_t stripe, std::vector<uint32_t>* parents);
