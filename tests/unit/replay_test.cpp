@@ -310,3 +310,39 @@ TEST(Replay, BadOptionsAreRefused) {
   run("--trace /nonexistent.jsonl", &st);
   EXPECT_NE(st, 0);
 }
+
+namespace {
+
+// exit status and stderr of `cxlkv-replay ARGS`, bounded by `timeout` (a
+// hang is a failure here, exit 124, not a stuck test).
+int run_stderr(const std::string& args, std::string* err) {
+  std::string cmd = "timeout 60 " + replay_run::tools() + "/cxlkv-replay --quiet " + args + " 2>&1 >/dev/null";
+  FILE* f = popen(cmd.c_str(), "r");
+  char buf[4096];
+  err->clear();
+  while (size_t n = fread(buf, 1, sizeof buf, f)) err->append(buf, n);
+  int st = pclose(f);
+  return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+}  // namespace
+
+TEST(Replay, ARefusedNumberNamesItsOptionAndWhatItAcceptsAndNanIsRefused) {
+  std::string err;
+  EXPECT_EQ(run_stderr("--prefill 0", &err), 2);
+  EXPECT_NE(err.find("--prefill: '0' is not a whole number from 1 to 15"), std::string::npos) << err;
+  // NaN compared false against both bounds and became 0 prefill workers: the
+  // decode workers waited for ever.
+  EXPECT_EQ(run_stderr("--prefill nan", &err), 2) << err;
+  EXPECT_NE(err.find("--prefill: 'nan'"), std::string::npos) << err;
+  EXPECT_EQ(run_stderr("--decode 1.5", &err), 2) << "a fraction of a worker: " << err;
+  EXPECT_EQ(run_stderr("--unique-fraction nan", &err), 2) << err;
+  EXPECT_NE(err.find("--unique-fraction: 'nan' is not a number from 0 to 1"), std::string::npos) << err;
+  EXPECT_EQ(run_stderr("--pool-size 100K", &err), 2);
+  EXPECT_NE(err.find("--pool-size: '100K' is not a size in whole MiB"), std::string::npos) << err;
+}
+
+TEST(Replay, PoolSizeTakesTheSuffixItsHelpShows) {
+  std::string err;
+  EXPECT_EQ(run_stderr("--requests 4 --prefill 1 --decode 1 --pool-size 1G", &err), 0) << err;
+}

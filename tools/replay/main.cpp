@@ -26,6 +26,7 @@
 #include "cxlkv/version.h"
 #include "index/prefix_index.hpp"
 #include "pool/format.hpp"
+#include "region/backend.hpp"
 #include "replay.hpp"
 
 namespace replay {
@@ -56,7 +57,7 @@ const char* kUsage =
     "  --lease-ms MS        ttl of the handoff leases prefill takes for decode (30000)\n"
     "  --max-lag N          prefill stays at most N requests ahead of decode (default:\n"
     "                       prefill + decode workers; a serving system's bounded queue)\n"
-    "  --pool-size SIZE     shm pool size (2G)\n"
+    "  --pool-size SIZE     shm pool size: MiB, or with a suffix (512M, 2G; default 2G)\n"
     "  --pool URI           use this pool URI (formatted here, e.g. shm:NAME:SIZE)\n"
     "  --interleave N       stripe payload over N shm pools (1 or 2)\n"
     "  --ssd PATH           add an SSD tier on this file (created if missing; O_DIRECT needs\n"
@@ -64,7 +65,8 @@ const char* kUsage =
     "                       it).  Blocks evicted from memory are demoted to it, SSD hits\n"
     "                       promoted back.  Without --capacity the memory capacity is bounded\n"
     "                       to 1/4 of the distinct blocks so that demotion happens\n"
-    "  --ssd-size SIZE      SSD file size in MiB (default: room for every distinct block)\n"
+    "  --ssd-size SIZE      SSD file size: MiB, or with a suffix (default: room for every\n"
+    "                       distinct block)\n"
     "  --layers L --kv-heads H --head-size S   engine geometry of a 512-token block (8, 2, 64: 2 MiB)\n"
     "  --time-scale X       trace time x X (0: as fast as possible)\n"
     "  --no-verify          skip byte verification\n"
@@ -419,49 +421,87 @@ bool parse(int argc, char** argv, Config* c, std::string* err) {
     }
     return argv[++i];
   };
-  auto num = [&](const char* v, double lo, double hi, double* out) {
+  // A refused value names its option and what the option accepts (one text
+  // for every numeric option; NaN, fractions and suffixes never slip through).
+  auto refuse = [&](const std::string& opt, const char* v, const std::string& what) {
+    *err = opt + ": '" + v + "' is not " + what;
+    return false;
+  };
+  auto whole = [&](const std::string& opt, const char* v, uint64_t lo, uint64_t hi, uint64_t* out) {
+    const std::string s = v;
+    uint64_t x = 0;
+    bool ok = !s.empty() && s.size() <= 19 && s.find_first_not_of("0123456789") == std::string::npos;
+    if (ok) x = std::strtoull(v, nullptr, 10);
+    if (!ok || x < lo || x > hi)
+      return refuse(opt, v, "a whole number from " + std::to_string(lo) + " to " + std::to_string(hi));
+    *out = x;
+    return true;
+  };
+  auto real = [&](const std::string& opt, const char* v, double lo, double hi, double* out) {
     char* e = nullptr;
     double x = std::strtod(v, &e);
-    if (!v[0] || *e || x < lo || x > hi) {
-      *err = std::string("bad value '") + v + "'";
-      return false;
+    if (!v[0] || *e || !std::isfinite(x) || x < lo || x > hi) {
+      char range[64];
+      std::snprintf(range, sizeof range, "a number from %g to %g", lo, hi);
+      return refuse(opt, v, range);
     }
     *out = x;
+    return true;
+  };
+  // Sizes in MiB: a plain number is MiB, or with a suffix (512M, 2G).
+  auto mib = [&](const std::string& opt, const char* v, uint64_t lo, uint64_t hi, uint64_t* bytes) {
+    const std::string s = v;
+    uint64_t x = 0;
+    bool ok;
+    if (!s.empty() && s.find_first_not_of("0123456789") == std::string::npos) {
+      ok = s.size() <= 12;
+      if (ok) x = std::strtoull(v, nullptr, 10) << 20;
+    } else {
+      ok = cxlkv::region::parse_size(s, &x);
+    }
+    if (!ok || x % (1u << 20) || (x >> 20) < lo || (x >> 20) > hi)
+      return refuse(opt, v, "a size in whole MiB from " + std::to_string(lo) + " to " + std::to_string(hi) +
+                                " MiB (a number of MiB, or with a suffix: 512M, 2G)");
+    *bytes = x;
     return true;
   };
   for (int i = 1; i < argc; i++) {
     std::string a = argv[i];
     const char* v;
+    uint64_t u;
     double x;
+    auto num = [&](uint64_t lo, uint64_t hi) { return (v = need(i)) && whole(a, v, lo, hi, &u); };
+    auto frac = [&](double lo, double hi) { return (v = need(i)) && real(a, v, lo, hi, &x); };
+    auto size = [&](uint64_t lo, uint64_t hi) { return (v = need(i)) && mib(a, v, lo, hi, &u); };
     if (a == "--trace") { if (!(v = need(i))) return false; c->trace = v; }
-    else if (a == "--requests") { if (!(v = need(i)) || !num(v, 1, 1e7, &x)) return false; c->max_requests = uint32_t(x); }
-    else if (a == "--unique-fraction") { if (!(v = need(i)) || !num(v, 0, 1, &x)) return false; c->gen.unique_fraction = x; }
-    else if (a == "--seed") { if (!(v = need(i)) || !num(v, 0, 1e18, &x)) return false; c->gen.seed = uint64_t(x); }
-    else if (a == "--prefill") { if (!(v = need(i)) || !num(v, 1, 32, &x)) return false; c->prefill = uint32_t(x); }
-    else if (a == "--decode") { if (!(v = need(i)) || !num(v, 0, 32, &x)) return false; c->decode = uint32_t(x); }
-    else if (a == "--capacity") { if (!(v = need(i)) || !num(v, 0, 1e12, &x)) return false; c->capacity_blocks = uint64_t(x); }
-    else if (a == "--capacity-fraction") { if (!(v = need(i)) || !num(v, 0, 1, &x)) return false; c->capacity_fraction = x; }
+    else if (a == "--requests") { if (!num(1, 10000000)) return false; c->max_requests = uint32_t(u); }
+    else if (a == "--unique-fraction") { if (!frac(0, 1)) return false; c->gen.unique_fraction = x; }
+    else if (a == "--seed") { if (!num(0, 1000000000000000000ull)) return false; c->gen.seed = u; }
+    else if (a == "--prefill") { if (!num(1, 15)) return false; c->prefill = uint32_t(u); }
+    else if (a == "--decode") { if (!num(0, 14)) return false; c->decode = uint32_t(u); }
+    else if (a == "--capacity") { if (!num(0, 1000000000000ull)) return false; c->capacity_blocks = u; }
+    else if (a == "--capacity-fraction") { if (!frac(0, 1)) return false; c->capacity_fraction = x; }
     else if (a == "--sweep") c->sweep = true;
     else if (a == "--plot") { if (!(v = need(i))) return false; c->plot = v; }
-    else if (a == "--max-lag") { if (!(v = need(i)) || !num(v, 1, 1e6, &x)) return false; c->max_lag = uint32_t(x); }
-    else if (a == "--lease-ms") { if (!(v = need(i)) || !num(v, 1, 86400000, &x)) return false; c->lease_ms = uint32_t(x); }
-    else if (a == "--pool-size") { if (!(v = need(i)) || !num(v, 64, 1e6, &x)) return false; c->pool_size = uint64_t(x) << 20; }
+    else if (a == "--max-lag") { if (!num(1, 1000000)) return false; c->max_lag = uint32_t(u); }
+    else if (a == "--lease-ms") { if (!num(1, 86400000)) return false; c->lease_ms = uint32_t(u); }
+    else if (a == "--pool-size") { if (!size(64, 1000000)) return false; c->pool_size = u; }
     else if (a == "--pool") { if (!(v = need(i))) return false; c->pool_uri = v; }
     else if (a == "--extra-pool") { if (!(v = need(i))) return false; c->extra_pools.push_back(v); }
-    else if (a == "--interleave") { if (!(v = need(i)) || !num(v, 1, 2, &x)) return false; c->interleave = uint32_t(x); }
+    else if (a == "--interleave") { if (!num(1, 2)) return false; c->interleave = uint32_t(u); }
     else if (a == "--ssd") { if (!(v = need(i))) return false; c->ssd_path = v; }
-    else if (a == "--ssd-size") { if (!(v = need(i)) || !num(v, 64, 1e8, &x)) return false; c->ssd_size = uint64_t(x) << 20; }
-    else if (a == "--min-index-entries") { if (!(v = need(i)) || !num(v, 0, 1e10, &x)) return false; c->min_index_entries = uint64_t(x); }
-    else if (a == "--layers") { if (!(v = need(i)) || !num(v, 1, 128, &x)) return false; c->layers = uint32_t(x); }
-    else if (a == "--kv-heads") { if (!(v = need(i)) || !num(v, 1, 128, &x)) return false; c->kv_heads = uint32_t(x); }
-    else if (a == "--head-size") { if (!(v = need(i)) || !num(v, 1, 1024, &x)) return false; c->head_size = uint32_t(x); }
-    else if (a == "--time-scale") { if (!(v = need(i)) || !num(v, 0, 1e6, &x)) return false; c->time_scale = x; }
+    else if (a == "--ssd-size") { if (!size(64, 100000000)) return false; c->ssd_size = u; }
+    else if (a == "--min-index-entries") { if (!num(0, 10000000000ull)) return false; c->min_index_entries = u; }
+    else if (a == "--layers") { if (!num(1, 128)) return false; c->layers = uint32_t(u); }
+    else if (a == "--kv-heads") { if (!num(1, 128)) return false; c->kv_heads = uint32_t(u); }
+    else if (a == "--head-size") { if (!num(1, 1024)) return false; c->head_size = uint32_t(u); }
+    else if (a == "--time-scale") { if (!frac(0, 1e6)) return false; c->time_scale = x; }
     else if (a == "--no-verify") c->verify = false;
     else if (a == "--json") c->json = true;
     else if (a == "--quiet") c->quiet = true;
     else if (a == "--worker") { if (!(v = need(i))) return false; c->worker = v; }
-    else if (a == "--worker-index") { if (!(v = need(i)) || !num(v, 0, 63, &x)) return false; c->worker_index = uint32_t(x); }
-    else if (a == "--node") { if (!(v = need(i)) || !num(v, 0, 63, &x)) return false; c->node = uint32_t(x); }
+    else if (a == "--worker-index") { if (!num(0, 63)) return false; c->worker_index = uint32_t(u); }
+    else if (a == "--node") { if (!num(0, 63)) return false; c->node = uint32_t(u); }
     else if (a == "--coord") { if (!(v = need(i))) return false; c->coord = v; }
     else if (a == "-h" || a == "--help") { std::fputs(kUsage, stdout); std::exit(0); }
     else if (a == "--version") { std::printf("cxlkv-replay (cxlkv) %s\n", CXLKV_VERSION); std::exit(0); }
