@@ -99,12 +99,34 @@ TEST(AllocSim, ExhaustionIsACleanEnospc) {
   Harness h("alloc-enospc", 1, 0.0);
   auto heap = NodeHeap::open(*h.ctx[0]);
   ASSERT_TRUE(heap.ok());
+  const auto& geo = heap.value()->chunks().geometry();
+
+  Error last(0, "");
+  for (uint64_t i = 0; i <= geo.nchunks; i++) {
+    auto r = heap.value()->alloc(geo.chunk_size);
+    if (!r) {
+      last = r.error();
+      break;
+    }
+  }
+
+  EXPECT_EQ(last.code(), -ENOSPC) << last.message();
+}
+
+// A block larger than the whole kv carve can never be allocated, whatever is
+// freed: -EFBIG, so that the index does not evict every block for it (it
+// evicts on -ENOSPC) before failing.
+TEST(AllocSim, ABlockLargerThanTheKvCarveIsEfbigNotEnospc) {
+  Harness h("alloc-efbig", 1, 0.0);
+  auto heap = NodeHeap::open(*h.ctx[0]);
+  ASSERT_TRUE(heap.ok());
   uint64_t kv = h.p.region->carve(CXLKV_CARVE_KV).value().size;
 
   auto r = heap.value()->alloc(kv * 2);
 
   ASSERT_FALSE(r.ok());
-  EXPECT_EQ(r.error().code(), -ENOSPC);
+  EXPECT_EQ(r.error().code(), -EFBIG);
+  EXPECT_NE(r.error().message().find("larger than the whole kv carve"), std::string::npos) << r.error().message();
 }
 
 TEST(AllocSizeClasses, MidSizeBlocksGetPowerOfTwoClassesUpToHalfAChunk) {

@@ -414,6 +414,20 @@ TEST_F(CxlkvctlKv, NodeCommandsLeaveNoNodeLocalFileAndTheNodeDetaches) {
   }
 }
 
+TEST_F(CxlkvctlKv, PutOfABlockLargerThanThePoolFailsAtOnceNamingTheSizeAndEvictsNothing) {
+  // The pool is 64 MiB: no eviction can make room for 80 MiB.  It used to
+  // evict every cached block first and then blame pinned blocks.
+  write(files_[0], noise(4096, 7));
+  ASSERT_EQ(on_pool("kv put small " + files_[0]).status, 0);
+  write(files_[1], std::string(80 << 20, 'x'));
+  Outcome big = on_pool("kv put big " + files_[1]);
+  EXPECT_EQ(big.status, 1);
+  EXPECT_TRUE(has(big.err, "a block of 83886080 bytes is larger than the whole kv carve")) << big.err;
+  Outcome get = on_pool("kv get small " + files_[2]);
+  ASSERT_EQ(get.status, 0) << "the cached block was evicted for a block that can never fit: " << get.err;
+  EXPECT_EQ(slurp(files_[2]), slurp(files_[0]));
+}
+
 TEST_F(Cxlkvctl, KvCommandsWithoutALockManagerFailWithAMessageInsteadOfHanging) {
   ASSERT_EQ(on_pool("format --size 64M").status, 0);
   std::ofstream(path_ + ".a") << "x";

@@ -188,8 +188,8 @@ uint64_t release_due(NodeContext& node, LockedBitmap& bm, cxlkv_chunk_desc* desc
 Result<uint64_t> ChunkAllocator::alloc_run(uint64_t n, bool small, uint32_t size_class) {
   MemoryDomain& d = node_->domain();
   const std::string who = "pool " + node_->region().uri() + ": alloc carve";
-  if (n == 0 || n > geo_.nchunks)
-    return Error(-ENOSPC, "pool " + node_->region().uri() + ": allocation of " + std::to_string(n) +
+  if (n == 0 || n > geo_.nchunks)  // -EFBIG: no eviction can make room (NodeHeap::alloc)
+    return Error(n ? -EFBIG : -EINVAL, "pool " + node_->region().uri() + ": allocation of " + std::to_string(n) +
                               " chunks exceeds the kv carve (" + std::to_string(geo_.nchunks) + " chunks of " +
                               std::to_string(geo_.chunk_size) + " bytes)");
   auto* words = reinterpret_cast<uint64_t*>(base_ + hdr_.bitmap_off);

@@ -145,9 +145,11 @@ Result<uint64_t> NodeHeap::alloc(uint64_t bytes) {
     if (bytes > geo.nchunks * geo.chunk_size) {
       sync::RobustLock g(&I.nl->hdr->heap_mu, "node heap");
       I.hdr->stats.enospc++;
-      return Error(-ENOSPC, "pool " + node_.region().uri() + ": allocation of " + std::to_string(bytes) +
-                                " bytes exceeds the kv carve (" + std::to_string(geo.nchunks * geo.chunk_size) +
-                                " bytes)");
+      // -EFBIG, not -ENOSPC: no eviction can make room, so callers that
+      // evict on -ENOSPC (the index's reserve) must not empty the cache for it.
+      return Error(-EFBIG, "pool " + node_.region().uri() + ": a block of " + std::to_string(bytes) +
+                               " bytes is larger than the whole kv carve (" +
+                               std::to_string(geo.nchunks * geo.chunk_size) + " bytes of payload space)");
     }
     uint64_t n = (bytes + geo.chunk_size - 1) / geo.chunk_size;
     auto first = chunks_.alloc_run(n, false, 0);
