@@ -1,5 +1,6 @@
 // SPDX-License-Identifier: MIT
 // cxlkvctl pool commands, run as a program: exit codes, stdout, stderr.
+#include <dirent.h>
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <signal.h>
@@ -426,6 +427,37 @@ TEST_F(CxlkvctlKv, PutOfABlockLargerThanThePoolFailsAtOnceNamingTheSizeAndEvicts
   Outcome get = on_pool("kv get small " + files_[2]);
   ASSERT_EQ(get.status, 0) << "the cached block was evicted for a block that can never fit: " << get.err;
   EXPECT_EQ(slurp(files_[2]), slurp(files_[0]));
+}
+
+TEST_F(CxlkvctlKv, GetThatCannotWriteTheWholeFileLeavesTheFileAsItWasAndSaysWhy) {
+  // A file size limit stands in for a full disk: writes past 1-2 MiB fail
+  // (SIGXFSZ ignored: write returns EFBIG, as ENOSPC on a full disk).  The
+  // get used to truncate FILE first and leave the part it had written.
+  const std::string data = noise(3 << 20, 9);
+  write(files_[0], data);
+  ASSERT_EQ(on_pool("kv put k " + files_[0]).status, 0);
+  write(files_[2], "previous contents");
+  Outcome r = run("--pool " + uri_ + " kv get k " + files_[2]);  // the unlimited run works
+  ASSERT_EQ(r.status, 0) << r.err;
+  write(files_[2], "previous contents");
+  std::string cmd = "sh -c \"trap '' XFSZ; ulimit -f 2048; exec " + tool_ + " --pool " + uri_ + " kv get k " +
+                    files_[2] + "\" >" + path_ + ".out 2>" + path_ + ".err";
+  int st = std::system(cmd.c_str());
+  std::string err = slurp(path_ + ".err");
+  EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 1) << "status " << st << ": " << err;
+  EXPECT_TRUE(has(err, files_[2] + ": write: File too large")) << err;
+  const std::string now = slurp(files_[2]);
+  EXPECT_TRUE(now == "previous contents") << "a failed get changed FILE: now " << now.size() << " bytes";
+  // Nothing else is left beside it (the temporary file is removed).
+  std::string dir = files_[2].substr(0, files_[2].rfind('/'));
+  std::string base = files_[2].substr(dir.size() + 1);
+  std::string left;
+  if (DIR* d = opendir(dir.c_str())) {
+    while (dirent* e = readdir(d))
+      if (std::string(e->d_name).find(base + ".cxlkvctl-") != std::string::npos) left += e->d_name;
+    closedir(d);
+  }
+  EXPECT_TRUE(left.empty()) << "left behind: " << left;
 }
 
 TEST_F(Cxlkvctl, KvCommandsWithoutALockManagerFailWithAMessageInsteadOfHanging) {

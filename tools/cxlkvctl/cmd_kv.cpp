@@ -209,22 +209,45 @@ Result<std::vector<std::byte>> read_file(const std::string& path) {
   return data;
 }
 
-Result<void> write_file(const std::string& path, const std::byte* p, size_t n) {
-  // No symlink followed; an existing regular file is replaced in place.
-  int fd = path == "-" ? dup(1) : ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0644);
-  if (fd < 0) return Error(-errno, path + ": " + std::strerror(errno));
+Result<void> write_all(int fd, const std::string& path, const std::byte* p, size_t n) {
   for (size_t off = 0; off < n;) {
     ssize_t k = ::write(fd, p + off, n - off);
     if (k < 0 && errno == EINTR) continue;
-    if (k <= 0) {
-      int e = errno;
-      ::close(fd);
-      return Error(-e, path + ": write: " + std::strerror(e));
-    }
+    if (k <= 0) return Error(k < 0 ? -errno : -EIO, path + ": write: " + std::strerror(k < 0 ? errno : EIO));
     off += size_t(k);
   }
-  if (::close(fd) != 0) return Error(-errno, path + ": close: " + std::strerror(errno));
   return {};
+}
+
+// Writes FILE whole or not at all: a regular file (or a new one) is written
+// to a temporary file beside it and renamed over it, so a full disk or an
+// I/O error leaves no truncated FILE behind (and an existing FILE as it
+// was).  A symlink is refused; a device or FIFO (/dev/null) and "-" are
+// written directly.
+Result<void> write_file(const std::string& path, const std::byte* p, size_t n) {
+  struct stat st {};
+  const bool exists = path != "-" && ::lstat(path.c_str(), &st) == 0;
+  if (exists && S_ISLNK(st.st_mode)) return Error(-ELOOP, path + ": " + std::strerror(ELOOP));
+  if (path == "-" || (exists && !S_ISREG(st.st_mode))) {
+    int fd = path == "-" ? dup(1) : ::open(path.c_str(), O_WRONLY | O_NOFOLLOW | O_CLOEXEC);
+    if (fd < 0) return Error(-errno, path + ": " + std::strerror(errno));
+    auto w = write_all(fd, path, p, n);
+    if (::close(fd) != 0 && w) return Error(-errno, path + ": close: " + std::strerror(errno));
+    return w;
+  }
+  const size_t slash = path.rfind('/');
+  const std::string tmp = (slash == std::string::npos ? std::string() : path.substr(0, slash + 1)) + "." +
+                          path.substr(slash == std::string::npos ? 0 : slash + 1) + ".cxlkvctl-" +
+                          std::to_string(getpid());
+  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC,
+                  exists ? (st.st_mode & 07777) : 0644);
+  if (fd < 0) return Error(-errno, path + ": " + std::strerror(errno));
+  auto w = write_all(fd, path, p, n);
+  if (w && ::fsync(fd) != 0) w = Error(-errno, path + ": fsync: " + std::strerror(errno));
+  if (::close(fd) != 0 && w) w = Error(-errno, path + ": close: " + std::strerror(errno));
+  if (w && ::rename(tmp.c_str(), path.c_str()) != 0) w = Error(-errno, path + ": rename: " + std::strerror(errno));
+  if (!w) ::unlink(tmp.c_str());
+  return w;
 }
 
 int kv_put(Context& ctx, const Args& args) {
@@ -373,7 +396,8 @@ CXLKVCTL_COMMAND({"kv put", "store FILE as the KV block KEY (reserve, write, pub
 
 CXLKVCTL_COMMAND({"kv get", "read the KV block KEY into FILE (pin, fetch, unpin)",
                   std::string("cxlkvctl kv get KEY FILE\n\n"
-                              "Writes the block's bytes to FILE (- for stdout; a symlink is refused).\n"
+                              "Writes the block's bytes to FILE (- for stdout; a symlink is refused),\n"
+                              "whole or not at all: on a full disk FILE is left as it was.\n"
                               "Exits 1 with a message when the block is not cached or fails its checks\n"
                               "(changed while read, SSD checksum, I/O error).\n\n") + kKeyHelp,
                   kNodeOptions, kv_get});
