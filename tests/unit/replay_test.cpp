@@ -86,6 +86,36 @@ TEST(Workload, BadTraceLinesAreErrorsNamingTheLine) {
   EXPECT_FALSE(read_trace("/nonexistent/trace.jsonl").ok());
 }
 
+TEST(Workload, MalformedTracesAreRefusedNamingTheFileTheLineAndTheCause) {
+  const std::string path = "/tmp/cxlkv-bad-trace2-" + std::to_string(getpid()) + ".jsonl";
+  const std::string good = "{\"timestamp\": 0, \"input_length\": 1024, \"output_length\": 1, \"hash_ids\": [1, 2]}\n";
+  auto refused = [&](const std::string& second_line) {
+    std::ofstream(path) << good << second_line << "\n";
+    auto r = read_trace(path);
+    std::remove(path.c_str());
+    return r.ok() ? std::string("accepted") : r.error().message();
+  };
+  const std::string at = "trace " + path + ":2: ";
+  // A line cut short, a missing field: the field is named.
+  EXPECT_EQ(refused("{\"timestamp\": 1, \"input_le").find(at + "no field \"input_length\""), 0u)
+      << refused("{\"timestamp\": 1, \"input_le");
+  // NaN and 1e300 became 0 (and an 'input_length 0' message) or any number.
+  std::string nan = refused("{\"timestamp\": nan, \"input_length\": 512, \"output_length\": 1, \"hash_ids\": [1]}");
+  EXPECT_EQ(nan.find(at + "field \"timestamp\" is not a number"), 0u) << nan;
+  std::string huge = refused("{\"timestamp\": 0, \"input_length\": 1e300, \"output_length\": 1, \"hash_ids\": [1]}");
+  EXPECT_EQ(huge.find(at + "field \"input_length\" is not a number"), 0u) << huge;
+  // -1 read as 2^64-1.
+  std::string neg = refused("{\"timestamp\": 0, \"input_length\": 512, \"output_length\": 1, \"hash_ids\": [-1]}");
+  EXPECT_EQ(neg.find(at + "field \"hash_ids\" holds '-1'"), 0u) << neg;
+  // Fewer block ids than the input needs replayed a shorter prompt, silently.
+  std::string few = refused("{\"timestamp\": 0, \"input_length\": 4096, \"output_length\": 1, \"hash_ids\": [1]}");
+  EXPECT_EQ(few, at + "hash_ids has 1 block ids; input_length 4096 needs 8 (one per 512 tokens)");
+  // A directory read as an empty file ("no requests").
+  auto dir = read_trace("/tmp");
+  ASSERT_FALSE(dir.ok());
+  EXPECT_EQ(dir.error().message(), "trace /tmp: is a directory, not a JSONL trace file");
+}
+
 TEST(Workload, LruReferenceHitsCachedLeadingBlocksAndEvictsTheLeastRecentlyUsed) {
   auto req = [](std::vector<uint64_t> ids) {
     Request r;

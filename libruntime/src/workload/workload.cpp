@@ -1,7 +1,10 @@
 // SPDX-License-Identifier: MIT
 #include "workload/workload.hpp"
 
+#include <sys/stat.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <cmath>
 #include <cstring>
 #include <fstream>
@@ -51,36 +54,53 @@ std::vector<Request> generate_workload(const GeneratorOptions& o) {
 
 namespace {
 
-// Minimal field reader for one flat JSON object line.
-bool find_number(const std::string& line, const char* field, uint64_t* out) {
+// Minimal field reader for one flat JSON object line.  A field that is
+// missing or malformed sets *why, naming the field.
+bool find_number(const std::string& line, const char* field, uint64_t* out, std::string* why) {
   std::string key = std::string("\"") + field + "\"";
   size_t p = line.find(key);
-  if (p == std::string::npos) return false;
-  p = line.find(':', p + key.size());
-  if (p == std::string::npos) return false;
+  if (p == std::string::npos || (p = line.find(':', p + key.size())) == std::string::npos) {
+    *why = "no field \"" + std::string(field) + "\"";
+    return false;
+  }
   p++;
   while (p < line.size() && (line[p] == ' ' || line[p] == '\t')) p++;
   char* end = nullptr;
-  double v = std::strtod(line.c_str() + p, &end);
-  if (end == line.c_str() + p || v < 0) return false;
+  // A JSON number: digits first (strtod would also take "nan", "inf", "-1", hex).
+  double v = p < line.size() && line[p] >= '0' && line[p] <= '9' ? std::strtod(line.c_str() + p, &end) : -1;
+  if (!(v >= 0 && v < 1.8e19)) {
+    *why = "field \"" + std::string(field) + "\" is not a number from 0 to 2^64-1";
+    return false;
+  }
   *out = static_cast<uint64_t>(v);
   return true;
 }
 
-bool find_ids(const std::string& line, std::vector<uint64_t>* ids) {
+bool find_ids(const std::string& line, std::vector<uint64_t>* ids, std::string* why) {
   size_t p = line.find("\"hash_ids\"");
-  if (p == std::string::npos) return false;
+  if (p == std::string::npos) {
+    *why = "no field \"hash_ids\"";
+    return false;
+  }
   p = line.find('[', p);
-  size_t e = line.find(']', p);
-  if (p == std::string::npos || e == std::string::npos) return false;
+  size_t e = p == std::string::npos ? p : line.find(']', p);
+  if (p == std::string::npos || e == std::string::npos) {
+    *why = "field \"hash_ids\" is not a [list] (a line cut short?)";
+    return false;
+  }
   const char* s = line.c_str() + p + 1;
   const char* end = line.c_str() + e;
   while (s < end) {
     while (s < end && (*s == ' ' || *s == ',')) s++;
     if (s >= end) break;
     char* q = nullptr;
-    unsigned long long v = std::strtoull(s, &q, 10);
-    if (q == s) return false;
+    errno = 0;
+    unsigned long long v = *s >= '0' && *s <= '9' ? std::strtoull(s, &q, 10) : 0;
+    if (q == nullptr || q == s || q > end || errno == ERANGE) {
+      *why = "field \"hash_ids\" holds '" + std::string(s, std::min<size_t>(size_t(end - s), 24)) +
+             "', not a block id from 0 to 2^64-1";
+      return false;
+    }
     ids->push_back(v);
     s = q;
   }
@@ -90,6 +110,9 @@ bool find_ids(const std::string& line, std::vector<uint64_t>* ids) {
 }  // namespace
 
 Result<std::vector<Request>> read_trace(const std::string& path, uint32_t max_requests) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) return Error(-errno, "trace " + path + ": cannot open: " + std::strerror(errno));
+  if (S_ISDIR(st.st_mode)) return Error(-EISDIR, "trace " + path + ": is a directory, not a JSONL trace file");
   std::ifstream f(path);
   if (!f) return Error(-ENOENT, "trace " + path + ": cannot open: " + std::strerror(errno));
   std::vector<Request> reqs;
@@ -98,25 +121,33 @@ Result<std::vector<Request>> read_trace(const std::string& path, uint32_t max_re
   while (std::getline(f, line)) {
     lineno++;
     if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+    const std::string at = "trace " + path + ":" + std::to_string(lineno) + ": ";
     Request r;
     uint64_t ts = 0, in = 0, out = 0;
-    if (!find_number(line, "timestamp", &ts) || !find_number(line, "input_length", &in) ||
-        !find_number(line, "output_length", &out) || !find_ids(line, &r.hash_ids))
-      return Error(-EINVAL, "trace " + path + ":" + std::to_string(lineno) +
-                                ": expected fields timestamp, input_length, output_length, hash_ids");
+    std::string why;
+    if (!find_number(line, "timestamp", &ts, &why) || !find_number(line, "input_length", &in, &why) ||
+        !find_number(line, "output_length", &out, &why) || !find_ids(line, &r.hash_ids, &why))
+      return Error(-EINVAL, at + why + " (each line: {\"timestamp\", \"input_length\", \"output_length\", "
+                                       "\"hash_ids\": [...]})");
     if (in == 0 || in > (1u << 24))
-      return Error(-EINVAL, "trace " + path + ":" + std::to_string(lineno) + ": input_length " + std::to_string(in) +
-                                " out of range");
+      return Error(-EINVAL, at + "input_length " + std::to_string(in) + " out of range (1 to 2^24 tokens)");
     r.timestamp_ms = ts;
     r.input_length = static_cast<uint32_t>(in);
-    r.output_length = static_cast<uint32_t>(out);
-    // Blocks beyond the input (a malformed trace) carry no tokens: drop them.
+    r.output_length = static_cast<uint32_t>(std::min<uint64_t>(out, UINT32_MAX));
+    // One block id per kTraceBlockTokens tokens of input: fewer would replay
+    // a shorter prompt than the trace says (its tail counted as misses).
     uint64_t nblocks = (in + kTraceBlockTokens - 1) / kTraceBlockTokens;
+    if (r.hash_ids.size() < nblocks)
+      return Error(-EINVAL, at + "hash_ids has " + std::to_string(r.hash_ids.size()) + " block ids; input_length " +
+                                std::to_string(in) + " needs " + std::to_string(nblocks) + " (one per " +
+                                std::to_string(kTraceBlockTokens) + " tokens)");
+    // Blocks beyond the input (a malformed trace) carry no tokens: drop them.
     if (r.hash_ids.size() > nblocks) r.hash_ids.resize(nblocks);
     reqs.push_back(std::move(r));
     if (max_requests && reqs.size() >= max_requests) break;
   }
-  if (reqs.empty()) return Error(-EINVAL, "trace " + path + ": no requests");
+  if (f.bad()) return Error(-EIO, "trace " + path + ": read error after line " + std::to_string(lineno));
+  if (reqs.empty()) return Error(-EINVAL, "trace " + path + ": no requests (empty file?)");
   return reqs;
 }
 
