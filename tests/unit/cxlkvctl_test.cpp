@@ -120,6 +120,27 @@ TEST_F(Cxlkvctl, UnformattedPoolSaysHowToFormatIt) {
   EXPECT_TRUE(has(r.err, "format"));
 }
 
+TEST_F(Cxlkvctl, TheFormatCommandAnUnformattedShmPoolSuggestsWorks) {
+  // The message suggests `cxlkvctl --pool shm:NAME format`; for an existing
+  // shm: pool without a size in the URI that command itself was refused
+  // ("formatting a shm: pool needs a size").  It now keeps the pool's size.
+  const std::string name = "cxlkvctl-test-" + tag_;
+  const std::string file = "/dev/shm/" + name;
+  ASSERT_EQ(run("--pool shm:" + name + ":32M format").status, 0);
+  {
+    std::fstream f(file, std::ios::binary | std::ios::in | std::ios::out);
+    f.write(std::string(4096, '\0').data(), 4096);
+  }
+  Outcome info = run("--pool shm:" + name + " info");
+  const std::string suggested = "cxlkvctl --pool shm:" + name + " format";
+  EXPECT_TRUE(has(info.err, "unformatted") && has(info.err, "`" + suggested + "`")) << info.err;
+  Outcome fmt = run("--pool shm:" + name + " format");
+  EXPECT_EQ(fmt.status, 0) << fmt.err;
+  EXPECT_TRUE(has(fmt.out, "size            32 MiB")) << fmt.out;
+  EXPECT_EQ(run("--pool shm:" + name + " info").status, 0);
+  std::remove(file.c_str());
+}
+
 TEST_F(Cxlkvctl, FormattingANewPoolWithoutASizeSaysSoAndCreatesNothing) {
   for (const char* extra : {"", " --no-standard"}) {
     Outcome r = on_pool(std::string("format") + extra);

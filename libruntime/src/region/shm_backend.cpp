@@ -10,8 +10,9 @@ namespace cxlkv::region {
 Result<std::unique_ptr<Backend>> open_shm_backend(const PoolUri& uri, const BackendOpenOptions& o) {
   BackendOpenOptions fo = o;
   if (o.create) {
-    if (uri.size == 0 && o.size == 0)
-      return Error(-EINVAL, "pool " + uri.uri + ": formatting a shm: pool needs a size (shm:NAME:SIZE)");
+    // No size at all: an existing pool is formatted at its own size, as a
+    // file: pool is (Region::format refuses a missing one with
+    // needs_size_error before it gets here).
     if (uri.size != 0 && o.size != 0 && uri.size != o.size)
       return Error(-EINVAL, "pool " + uri.uri + ": size " + std::to_string(o.size) +
                                 " differs from the URI's size " + std::to_string(uri.size));
