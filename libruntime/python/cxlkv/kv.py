@@ -11,6 +11,7 @@ same chain failed.
 """
 import ctypes as C
 import errno
+import threading
 import time
 
 import numpy as np
@@ -60,9 +61,10 @@ class Gpu:
         self.pool = pool
         self._h = C.c_void_p()
         o = _lib.GpuOpts(C.sizeof(_lib.GpuOpts), _lib.GPU_F_CPU_REFERENCE if reference else 0, device, 0)
-        _lib.check(_lib.lib().cxlkv_gpu_open_pool(pool.handle, C.byref(o), C.byref(self._h)),
-                   f"pin pool {pool.uri} for the GPU")
-        pool._adopt(self)
+        with pool._lock:
+            _lib.check(_lib.lib().cxlkv_gpu_open_pool(pool.handle, C.byref(o), C.byref(self._h)),
+                       f"pin pool {pool.uri} for the GPU")
+            pool._adopt(self)
 
     _close_rank = 2
 
@@ -77,10 +79,19 @@ class Gpu:
         return rc == 0, msg.value.decode(errors="replace")
 
     @property
+    def handle(self):
+        """The C handle (``struct cxlkv_gpu *``); ValueError once closed."""
+        if not self._h:
+            raise ValueError(f"cxlkv: the GPU pinning of pool {self.pool.uri} is closed")
+        return self._h
+
+    @property
     def pin_method(self):
-        return _lib.lib().cxlkv_gpu_pin_method(self._h).decode()
+        """How the pool was registered for DMA (the C library's name for it)."""
+        return (_lib.lib().cxlkv_gpu_pin_method(self.handle) or b"").decode()
 
     def close(self):
+        """Unpin the pool (after the caller's streams are idle); twice is harmless."""
         if self._h:
             _lib.lib().cxlkv_gpu_close(self._h)
             self._h = C.c_void_p()
@@ -100,10 +111,14 @@ def _current_stream(kv):
 
 
 class KvStore:
-    """One node's handle on a pool's KV store (``cxlkv_kv_open``).  Use it
-    from one thread at a time (the async :class:`cxlkv.aio.AsyncKv` owns its
-    own).  A lock manager must run for the pool (cxlkvd or
-    :class:`cxlkv.LockManager`).
+    """One node's handle on a pool's KV store (``cxlkv_kv_open``).  A lock
+    manager must run for the pool (cxlkvd or :class:`cxlkv.LockManager`).
+
+    Thread-safe: the C handle serves one thread at a time, so the calls of
+    several threads (an engine's scheduler, prefetch and backup threads) take
+    turns on it, and :meth:`close` (or closing the pool) waits for a call in
+    progress, after which calls raise ValueError.  For batches that overlap,
+    give each thread its own store, or use :class:`cxlkv.aio.AsyncKv`.
 
     ``metrics``: a :class:`cxlkv.metrics.Metrics` to count into (tokens,
     bytes, latency histograms); ``block_tokens`` lets it count tokens."""
@@ -112,9 +127,15 @@ class KvStore:
         self.pool = pool
         self.node = node
         self._h = C.c_void_p()
+        # Serialises the C calls on the handle and close() (one thread at a
+        # time per handle: cxlkv.h).  Re-entrant: a Pins released by the
+        # garbage collector inside a call of this thread unpins at once.
+        self._lock = threading.RLock()
         o = _lib.KvOpts(C.sizeof(_lib.KvOpts), node, 0)
-        _lib.check(_lib.lib().cxlkv_kv_open(pool.handle, C.byref(o), C.byref(self._h)),
-                   f"open KV store of {pool.uri} as node {node}")
+        with pool._lock:
+            _lib.check(_lib.lib().cxlkv_kv_open(pool.handle, C.byref(o), C.byref(self._h)),
+                       f"open KV store of {pool.uri} as node {node}")
+            pool._adopt(self)
         self._lib = _lib.lib()
         # The hot batch calls through their own function objects taking plain
         # addresses (c_void_p): no POINTER casts per call (issue 14).
@@ -123,7 +144,6 @@ class KvStore:
         self._put_chain.restype, self._put_chain.argtypes = C.c_int, [vp, vp, vp, sz, C.c_uint64, vp, vp, vp]
         self._get_many = self._lib["cxlkv_kv_get_many"]
         self._get_many.restype, self._get_many.argtypes = C.c_int, [vp, vp, sz, vp, vp, vp]
-        pool._adopt(self)
         self.metrics = metrics
         self.block_tokens = block_tokens
 
@@ -134,14 +154,20 @@ class KvStore:
 
     @property
     def handle(self):
+        """The C handle (``struct cxlkv_kv *``); ValueError once closed.  A
+        C call on it must hold ``self._lock``."""
         if not self._h:
             raise ValueError(f"cxlkv: KV store of node {self.node} on {self.pool.uri} is closed")
         return self._h
 
     def close(self):
-        if self._h:
-            self._lib.cxlkv_kv_close(self._h)
-            self._h = C.c_void_p()
+        """Detach this node's handle (after a call in progress on another
+        thread returns).  Later calls raise ValueError; closing twice is
+        harmless."""
+        with self._lock:
+            if self._h:
+                self._lib.cxlkv_kv_close(self._h)
+                self._h = C.c_void_p()
 
     def __enter__(self):
         return self
@@ -160,7 +186,8 @@ class KvStore:
         """Number of leading blocks of the chain ``keys`` that are cached."""
         k = as_keys(keys)
         t0 = time.perf_counter()
-        n = _lib.check(self._lib.cxlkv_kv_lookup(self.handle, _kp(k), len(k)), "cxlkv_kv_lookup")
+        with self._lock:
+            n = _lib.check(self._lib.cxlkv_kv_lookup(self.handle, _kp(k), len(k)), "cxlkv_kv_lookup")
         if self.metrics:
             self.metrics.observe_lookup(len(k), n, self.block_tokens, time.perf_counter() - t0)
         return n
@@ -218,8 +245,9 @@ class KvStore:
         else:
             _keep, chp, cntp, nbytes = self._chunk_args(src, k, block_ids)
             bytes_ = nbytes
-            rc = self._put_chain(self.handle, par.ctypes.data if par is not None else None, k.ctypes.data, n,
-                                 nbytes, chp, cntp, status.ctypes.data)
+            with self._lock:
+                rc = self._put_chain(self.handle, par.ctypes.data if par is not None else None, k.ctypes.data, n,
+                                     nbytes, chp, cntp, status.ctypes.data)
             _lib.check(rc, "cxlkv_kv_put_chain")
         if self.metrics:
             self.metrics.observe_store(int((status == RESERVED).sum()) * bytes_, int(put_ok(status).sum()),
@@ -240,7 +268,8 @@ class KvStore:
             nbytes = self._gpu_get(k, dst, block_ids, gpu, stream, status)
         else:
             _keep, chp, cntp, nbytes = self._chunk_args(dst, k, block_ids)
-            rc = self._get_many(self.handle, k.ctypes.data, n, chp, cntp, status.ctypes.data)
+            with self._lock:
+                rc = self._get_many(self.handle, k.ctypes.data, n, chp, cntp, status.ctypes.data)
             _lib.check(rc, "cxlkv_kv_get_many")
         if self.metrics:
             self.metrics.observe_load(int(get_ok(status).sum()) * nbytes, time.perf_counter() - t0)
@@ -255,9 +284,10 @@ class KvStore:
             raise ValueError(f"cxlkv: {len(k)} keys but {ids.size} block ids")
         lay, _keep = kv.gpu_layout()
         s = stream if stream is not None else _current_stream(kv)
-        rc = self._lib.cxlkv_kv_gpu_put_chain(self.handle, gpu._h, C.byref(lay), _kp(par) if par is not None else None,
-                                              _kp(k), ids.ctypes.data_as(_U64P), len(k), s,
-                                              status.ctypes.data_as(_I32P))
+        with self._lock:
+            rc = self._lib.cxlkv_kv_gpu_put_chain(self.handle, gpu.handle, C.byref(lay),
+                                                  _kp(par) if par is not None else None, _kp(k),
+                                                  ids.ctypes.data_as(_U64P), len(k), s, status.ctypes.data_as(_I32P))
         _lib.check(rc, "cxlkv_kv_gpu_put_chain")
         return kv.block_bytes
 
@@ -269,8 +299,9 @@ class KvStore:
             raise ValueError(f"cxlkv: {len(k)} keys but {ids.size} block ids")
         lay, _keep = kv.gpu_layout()
         s = stream if stream is not None else _current_stream(kv)
-        rc = self._lib.cxlkv_kv_gpu_get_many(self.handle, gpu._h, C.byref(lay), _kp(k),
-                                             ids.ctypes.data_as(_U64P), len(k), s, status.ctypes.data_as(_I32P))
+        with self._lock:
+            rc = self._lib.cxlkv_kv_gpu_get_many(self.handle, gpu.handle, C.byref(lay), _kp(k),
+                                                 ids.ctypes.data_as(_U64P), len(k), s, status.ctypes.data_as(_I32P))
         _lib.check(rc, "cxlkv_kv_gpu_get_many")
         return kv.block_bytes
 
@@ -282,9 +313,10 @@ class KvStore:
         k = as_keys(keys)
         blocks = (_lib.KvBlock * max(len(k), 1))()
         status = np.zeros(len(k), dtype=np.int32)
-        rc = self._lib.cxlkv_kv_pin_many(self.handle, _kp(k), len(k), blocks, status.ctypes.data_as(_I32P))
-        _lib.check(rc, "cxlkv_kv_pin_many")
-        return Pins(self, k, blocks, status)
+        with self._lock:
+            rc = self._lib.cxlkv_kv_pin_many(self.handle, _kp(k), len(k), blocks, status.ctypes.data_as(_I32P))
+            _lib.check(rc, "cxlkv_kv_pin_many")
+            return Pins(self, k, blocks, status)
 
     # ---- leases -----------------------------------------------------------------
     def lease(self, keys, consumer_id, consumer_node=NODE_ANY, ttl_ms=30000):
@@ -293,8 +325,9 @@ class KvStore:
         node dies.  Returns the status array."""
         k = as_keys(keys)
         status = np.zeros(len(k), dtype=np.int32)
-        _lib.check(self._lib.cxlkv_kv_lease(self.handle, _kp(k), len(k), consumer_id, consumer_node, ttl_ms,
-                                            status.ctypes.data_as(_I32P)), "cxlkv_kv_lease")
+        with self._lock:
+            _lib.check(self._lib.cxlkv_kv_lease(self.handle, _kp(k), len(k), consumer_id, consumer_node, ttl_ms,
+                                                status.ctypes.data_as(_I32P)), "cxlkv_kv_lease")
         return status
 
     def lease_release(self, keys, consumer_id):
@@ -305,8 +338,9 @@ class KvStore:
         (not leased to this consumer)."""
         k = as_keys(keys)
         status = np.zeros(len(k), dtype=np.int32)
-        _lib.check(self._lib.cxlkv_kv_lease_release(self.handle, _kp(k), len(k), consumer_id,
-                                                    status.ctypes.data_as(_I32P)), "cxlkv_kv_lease_release")
+        with self._lock:
+            _lib.check(self._lib.cxlkv_kv_lease_release(self.handle, _kp(k), len(k), consumer_id,
+                                                        status.ctypes.data_as(_I32P)), "cxlkv_kv_lease_release")
         if self.metrics:
             ended = int((status == -errno.ETIMEDOUT).sum())
             if ended:
@@ -319,7 +353,8 @@ class KvStore:
         :meth:`cxlkv.Pool.prometheus`."""
         s = _lib.KvStats()
         s.size = C.sizeof(s)
-        _lib.check(self._lib.cxlkv_kv_stats(self.handle, C.byref(s)), "cxlkv_kv_stats")
+        with self._lock:
+            _lib.check(self._lib.cxlkv_kv_stats(self.handle, C.byref(s)), "cxlkv_kv_stats")
         return {name: getattr(s, name) for name, _ in _lib.KvStats._fields_ if name != "size"}
 
 
@@ -345,21 +380,27 @@ class Pins:
         st = self.status.copy()
         ch, counts, _ = self.store._chunks(dst, self.keys, block_ids)
         L = self.store._lib
+        if self._released:
+            raise ValueError("cxlkv: fetch of pins already released")
         # Blocks not pinned are skipped by the C call (their handle status is not 0).
-        _lib.check(L.cxlkv_kv_fetch_many(self.store.handle, self._blocks, len(self.keys), ch.ctypes.data_as(_CHP),
-                                         counts.ctypes.data_as(_U32P), st.ctypes.data_as(_I32P)),
-                   "cxlkv_kv_fetch_many")
+        with self.store._lock:
+            _lib.check(L.cxlkv_kv_fetch_many(self.store.handle, self._blocks, len(self.keys), ch.ctypes.data_as(_CHP),
+                                             counts.ctypes.data_as(_U32P), st.ctypes.data_as(_I32P)),
+                       "cxlkv_kv_fetch_many")
         return st
 
     def release(self):
-        if self._released or not self.store._h:
-            return
-        self._released = True
-        # One call; handles of blocks that were not pinned are skipped by it.
-        out = np.zeros(len(self.keys), dtype=np.int32)
-        if len(self.keys):
-            self.store._lib.cxlkv_kv_unpin_many(self.store.handle, self._blocks, len(self.keys),
-                                                out.ctypes.data_as(_I32P))
+        """Unpin (once; later calls do nothing).  After the store closed
+        there is nothing to unpin: closing detached the node and its pins."""
+        with self.store._lock:
+            if self._released or not self.store._h:
+                return
+            self._released = True
+            # One call; handles of blocks that were not pinned are skipped by it.
+            out = np.zeros(len(self.keys), dtype=np.int32)
+            if len(self.keys):
+                self.store._lib.cxlkv_kv_unpin_many(self.store.handle, self._blocks, len(self.keys),
+                                                    out.ctypes.data_as(_I32P))
 
     def __enter__(self):
         return self

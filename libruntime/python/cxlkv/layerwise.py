@@ -212,9 +212,10 @@ def load_layers(store, keys, dst, block_ids, gpu, layers_per_group=1, stream=Non
     n = len(k)
     st = np.zeros(n, dtype=np.int32)
     h = C.c_void_p()
-    rc = _L().cxlkv_kv_gpu_load_layers(store.handle, gpu._h, C.byref(lay), k.ctypes.data_as(_KEYP),
-                                       ids.ctypes.data_as(_U64P), n, int(layers_per_group), _stream(dst, stream),
-                                       st.ctypes.data_as(_I32P), C.byref(h))
+    with store._lock:
+        rc = _L().cxlkv_kv_gpu_load_layers(store.handle, gpu.handle, C.byref(lay), k.ctypes.data_as(_KEYP),
+                                           ids.ctypes.data_as(_U64P), n, int(layers_per_group), _stream(dst, stream),
+                                           st.ctypes.data_as(_I32P), C.byref(h))
     _lib.check(rc, "cxlkv_kv_gpu_load_layers")
     return LayerLoad(h, n, st, rc, dst)
 
@@ -228,9 +229,10 @@ def save_layers(store, keys, src, block_ids, gpu, parent=None):
     par = as_keys([parent]) if parent is not None else None
     st = np.zeros(n, dtype=np.int32)
     h = C.c_void_p()
-    rc = _L().cxlkv_kv_gpu_save_begin(store.handle, gpu._h, C.byref(lay),
-                                      par.ctypes.data_as(_KEYP) if par is not None else None,
-                                      k.ctypes.data_as(_KEYP), ids.ctypes.data_as(_U64P), n,
-                                      st.ctypes.data_as(_I32P), C.byref(h))
+    with store._lock:
+        rc = _L().cxlkv_kv_gpu_save_begin(store.handle, gpu.handle, C.byref(lay),
+                                          par.ctypes.data_as(_KEYP) if par is not None else None,
+                                          k.ctypes.data_as(_KEYP), ids.ctypes.data_as(_U64P), n,
+                                          st.ctypes.data_as(_I32P), C.byref(h))
     _lib.check(rc, "cxlkv_kv_gpu_save_begin")
     return LayerSave(h, n, st, src, lay.num_layers)

@@ -29,9 +29,10 @@ BUCKETS = tuple(2.0 ** k * 1e-9 for k in range(10, 33))
 def pool_exposition(pool):
     """Prometheus text of every node's KV statistics in ``pool``."""
     L = _lib.lib()
-    n = _lib.check(L.cxlkv_stats_prometheus(pool.handle, None, 0), f"metrics of {pool.uri}")
-    buf = C.create_string_buffer(n + 1)
-    _lib.check(L.cxlkv_stats_prometheus(pool.handle, buf, n + 1), f"metrics of {pool.uri}")
+    with pool._lock:  # the mapping stays while the C call reads it
+        n = _lib.check(L.cxlkv_stats_prometheus(pool.handle, None, 0), f"metrics of {pool.uri}")
+        buf = C.create_string_buffer(n + 1)
+        _lib.check(L.cxlkv_stats_prometheus(pool.handle, buf, n + 1), f"metrics of {pool.uri}")
     return buf.value.decode()
 
 

@@ -1,6 +1,7 @@
 # SPDX-License-Identifier: MIT
 """Pools (format / open / info) and the in-process lock manager."""
 import ctypes as C
+import threading
 import weakref
 
 from . import _lib
@@ -19,6 +20,9 @@ class Pool:
         self.uri = uri
         self._h = C.c_void_p()
         self._deps = weakref.WeakSet()  # objects whose C handles point into this mapping
+        # Held by this object's C calls, by the opening of objects over the
+        # pool and by close(), so the mapping is never unmapped under a call.
+        self._lock = threading.RLock()
         _lib.check(_lib.lib().cxlkv_pool_open(uri.encode(), C.byref(self._h)), f"open pool {uri}")
 
     @staticmethod
@@ -31,6 +35,7 @@ class Pool:
 
     @property
     def handle(self):
+        """The C handle (``struct cxlkv_pool *``); ValueError once closed."""
         if not self._h:
             raise ValueError(f"cxlkv: pool {self.uri} is closed")
         return self._h
@@ -38,17 +43,20 @@ class Pool:
     @property
     def size(self):
         """Bytes of the pool mapping."""
-        return int(_lib.lib().cxlkv_pool_size(self.handle))
+        with self._lock:
+            return int(_lib.lib().cxlkv_pool_size(self.handle))
 
     @property
     def base(self):
         """Address of this process's mapping of the pool."""
-        return int(_lib.lib().cxlkv_pool_base(self.handle))
+        with self._lock:
+            return int(_lib.lib().cxlkv_pool_base(self.handle))
 
     def carves(self):
         """The carve table: a list of dicts (name, offset, size, memtype, flags)."""
         arr = (_lib.CarveInfo * 64)()
-        n = _lib.check(_lib.lib().cxlkv_carve_list(self.handle, arr, 64), f"list carves of {self.uri}")
+        with self._lock:
+            n = _lib.check(_lib.lib().cxlkv_carve_list(self.handle, arr, 64), f"list carves of {self.uri}")
         return [dict(name=c.name.decode(), offset=c.offset, size=c.size, memtype=c.memtype, flags=c.flags)
                 for c in arr[: min(n, 64)]]
 
@@ -57,8 +65,9 @@ class Pool:
         (/dev/shm/cxlkv-node-<pool id>-<node>) once no process of that node
         uses it: what a tool or a test that attached the node leaves behind.
         A missing file is not an error."""
-        _lib.check(_lib.lib().cxlkv_node_remove_local(self.handle, int(node)),
-                   f"remove node-local file of node {node} of {self.uri}")
+        with self._lock:
+            _lib.check(_lib.lib().cxlkv_node_remove_local(self.handle, int(node)),
+                       f"remove node-local file of node {node} of {self.uri}")
 
     def info(self):
         """uri, size and carves of the pool."""
@@ -69,7 +78,8 @@ class Pool:
         histograms (every node), the same text as ``cxlkvctl stats --prometheus``
         (one definition: the C call ``cxlkv_stats_prometheus``)."""
         from . import metrics
-        return metrics.pool_exposition(self)
+        with self._lock:
+            return metrics.pool_exposition(self)
 
     def _adopt(self, obj):
         """Register an object built over this pool (it has ``_close_rank`` and
@@ -80,7 +90,9 @@ class Pool:
         """Unmap the pool.  What was opened over it (async stores, KV stores,
         GPU pins, the lock manager, in that order) is closed first, so no C
         handle outlives the mapping; their later calls raise ValueError."""
-        if self._h:
+        with self._lock:
+            if not self._h:
+                return
             for d in sorted(list(self._deps), key=lambda d: d._close_rank):
                 try:
                     d._close_for_pool()
@@ -114,9 +126,10 @@ class LockManager:
         self.pool = pool
         self._h = C.c_void_p()
         o = _lib.LockManagerOpts(C.sizeof(_lib.LockManagerOpts), node, lease_ms, 1 if wait else 0, 0)
-        _lib.check(_lib.lib().cxlkv_lock_manager_start(pool.handle, C.byref(o), C.byref(self._h)),
-                   f"start lock manager of {pool.uri}")
-        pool._adopt(self)
+        with pool._lock:
+            _lib.check(_lib.lib().cxlkv_lock_manager_start(pool.handle, C.byref(o), C.byref(self._h)),
+                       f"start lock manager of {pool.uri}")
+            pool._adopt(self)
 
     _close_rank = 3
 
@@ -124,6 +137,7 @@ class LockManager:
         self.stop()
 
     def stop(self):
+        """Stop the manager thread and give its lease back (twice is harmless)."""
         if self._h:
             _lib.lib().cxlkv_lock_manager_stop(self._h)
             self._h = C.c_void_p()
