@@ -40,32 +40,64 @@ def empty(n):
     return np.zeros((n, 2), dtype=KEY_DTYPE)
 
 
+_KEY_FORMS = ("block keys are 128-bit unsigned ints, 32-hex-digit strings or (lo, hi) pairs of 64-bit ints, "
+              "or an (n, 2) integer array; map an engine's block hashes with cxlkv.keys_from_hashes")
+_U64_MAX = (1 << 64) - 1
+
+
+def _word(v, i, what):
+    """One 64-bit half of key ``i`` (an int; negative int64 values are taken
+    as their two's-complement bits, as NumPy / PyTorch int64 arrays hold them)."""
+    if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer)):
+        raise TypeError(f"cxlkv: key {i}: {what} is a {type(v).__name__}; {_KEY_FORMS}")
+    v = int(v)
+    if not -(1 << 63) <= v <= _U64_MAX:
+        raise ValueError(f"cxlkv: key {i}: {what} {v} does not fit in 64 bits")
+    return v & _U64_MAX
+
+
 def as_keys(keys):
     """Convert keys to a C-contiguous (n, 2) uint64 array.
 
-    Accepts such an array, a sequence of 128-bit ints, of 32-hex-digit strings
-    (hi then lo, as ``cxlkvctl`` prints them) or of (lo, hi) pairs."""
+    Accepts such an array (any integer dtype; int64 values are taken as
+    their bits), a PyTorch integer tensor of shape (n, 2), or a sequence of
+    128-bit ints, of 32-hex-digit strings (hi then lo, as ``cxlkvctl`` prints
+    them) or of (lo, hi) pairs.  Anything else raises TypeError / ValueError
+    naming the key and the accepted forms (floats, bytes and None are never
+    silently converted)."""
+    if hasattr(keys, "detach") and hasattr(keys, "numpy"):  # a torch tensor
+        keys = keys.detach().cpu().numpy()
     if isinstance(keys, np.ndarray):
+        if keys.dtype.kind not in "iu":
+            raise TypeError(f"cxlkv: key array of dtype {keys.dtype}; {_KEY_FORMS}")
         a = np.ascontiguousarray(keys, dtype=KEY_DTYPE)
         if a.ndim == 1 and a.size == 2:
             a = a.reshape(1, 2)
         if a.ndim != 2 or a.shape[1] != 2:
             raise ValueError(f"cxlkv: key array must have shape (n, 2), got {keys.shape}")
         return a
+    if keys is None or isinstance(keys, (str, bytes, bytearray, memoryview)) or not hasattr(keys, "__len__"):
+        raise TypeError(f"cxlkv: keys must be a sequence of keys or an (n, 2) array, got {type(keys).__name__}")
     out = empty(len(keys))
     for i, k in enumerate(keys):
-        if isinstance(k, int):
+        if isinstance(k, (int, np.integer)) and not isinstance(k, (bool, np.bool_)):
+            k = int(k)
             if k < 0 or k >> 128:
-                raise ValueError(f"cxlkv: key {k} is not a 128-bit unsigned int")
-            out[i, 0], out[i, 1] = k & 0xFFFFFFFFFFFFFFFF, k >> 64
+                raise ValueError(f"cxlkv: key {i} ({k}) is not a 128-bit unsigned int")
+            out[i, 0], out[i, 1] = k & _U64_MAX, k >> 64
         elif isinstance(k, str):
-            if len(k) != 32:
-                raise ValueError(f"cxlkv: key {k!r} is not 32 hex digits")
-            v = int(k, 16)
-            out[i, 0], out[i, 1] = v & 0xFFFFFFFFFFFFFFFF, v >> 64
+            try:
+                if len(k) != 32:
+                    raise ValueError
+                v = int(k, 16)
+            except ValueError:
+                raise ValueError(f"cxlkv: key {i} ({k!r}) is not 32 hex digits") from None
+            out[i, 0], out[i, 1] = v & _U64_MAX, v >> 64
+        elif isinstance(k, (tuple, list, np.ndarray)) and len(k) == 2:
+            out[i, 0], out[i, 1] = _word(k[0], i, "lo"), _word(k[1], i, "hi")
         else:
-            lo, hi = k
-            out[i, 0], out[i, 1] = lo, hi
+            raise TypeError(f"cxlkv: key {i} is a {type(k).__name__}"
+                            f"{f' of length {len(k)}' if hasattr(k, '__len__') else ''}; {_KEY_FORMS}")
     return out
 
 
