@@ -42,6 +42,17 @@ def status_name(s):
     return f"{errno.errorcode.get(-s, str(-s))} ({__import__('os').strerror(-s)})"
 
 
+def _uint(v, bits, what):
+    """``v`` as an unsigned C integer of ``bits`` bits, or TypeError /
+    ValueError naming ``what`` (ctypes would truncate it silently)."""
+    if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
+        raise TypeError(f"cxlkv: {what} must be an int, got {type(v).__name__}")
+    v = int(v)
+    if not 0 <= v < (1 << bits):
+        raise ValueError(f"cxlkv: {what} {v} is not in 0 .. 2**{bits}-1")
+    return v
+
+
 def put_ok(status):
     """Blocks of a put that are in the pool now (written, or already there)."""
     return (status == RESERVED) | (status == EXISTS)
@@ -125,7 +136,7 @@ class KvStore:
 
     def __init__(self, pool, node, metrics=None, block_tokens=0):
         self.pool = pool
-        self.node = node
+        self.node = node = _uint(node, 32, f"node of a KV store of {pool.uri}")
         self._h = C.c_void_p()
         # Serialises the C calls on the handle and close() (one thread at a
         # time per handle: cxlkv.h).  Re-entrant: a Pins released by the
@@ -193,20 +204,25 @@ class KvStore:
         return n
 
     # ---- bulk put / get -----------------------------------------------------
-    def _chunk_args(self, src, keys, block_ids):
-        """(arrays to keep alive, chunks address, counts address, bytes per block)."""
+    def _chunk_args(self, src, keys, block_ids, writable=False):
+        """(arrays to keep alive, chunks address, counts address, bytes per
+        block).  ``writable``: the call writes into ``src`` (a get)."""
         if isinstance(src, PagedKV):
+            if writable and not src.writable:
+                raise ValueError("cxlkv: the PagedKV is read-only (a read-only array or buffer); a get writes into it")
             if block_ids is None:
                 raise ValueError("cxlkv: a PagedKV transfer needs block_ids (one per key)")
             if len(block_ids) != len(keys):
                 raise ValueError(f"cxlkv: {len(keys)} keys but {len(block_ids)} block ids")
             ch, counts, chp, cntp = src.chunk_args(block_ids)
             return (ch, counts), chp, cntp, src.block_bytes
-        ch, counts, nbytes = self._chunks(src, keys, block_ids)
+        ch, counts, nbytes = self._chunks(src, keys, block_ids, writable)
         return (ch, counts), ch.ctypes.data, counts.ctypes.data, nbytes
 
-    def _chunks(self, src, keys, block_ids):
+    def _chunks(self, src, keys, block_ids, writable=False):
         if isinstance(src, PagedKV):
+            if writable and not src.writable:
+                raise ValueError("cxlkv: the PagedKV is read-only (a read-only array or buffer); a get writes into it")
             if block_ids is None:
                 raise ValueError("cxlkv: a PagedKV transfer needs block_ids (one per key)")
             if len(block_ids) != len(keys):
@@ -219,7 +235,7 @@ class KvStore:
             return src.chunks, src.counts, src.block_bytes
         if len(src) != len(keys):
             raise ValueError(f"cxlkv: {len(keys)} keys but {len(src)} buffers")
-        ch, counts, sizes = buffer_chunks(src)
+        ch, counts, sizes = buffer_chunks(src, writable)
         if len(sizes) and (sizes != sizes[0]).any():
             raise ValueError("cxlkv: every block buffer of one put must have the same size")
         return ch, counts, int(sizes[0]) if len(sizes) else 0
@@ -267,7 +283,7 @@ class KvStore:
         if isinstance(dst, PagedKV) and (dst.is_cuda or gpu is not None):
             nbytes = self._gpu_get(k, dst, block_ids, gpu, stream, status)
         else:
-            _keep, chp, cntp, nbytes = self._chunk_args(dst, k, block_ids)
+            _keep, chp, cntp, nbytes = self._chunk_args(dst, k, block_ids, writable=True)
             with self._lock:
                 rc = self._get_many(self.handle, k.ctypes.data, n, chp, cntp, status.ctypes.data)
             _lib.check(rc, "cxlkv_kv_get_many")
@@ -279,7 +295,7 @@ class KvStore:
     def _gpu_put(self, k, par, kv, block_ids, gpu, stream, status):
         if gpu is None:
             raise ValueError("cxlkv: a CUDA transfer needs a cxlkv.Gpu (the pool pinned for DMA)")
-        ids = np.ascontiguousarray(block_ids, dtype=np.uint64)
+        ids = kv.block_id_array(block_ids)
         if ids.size != len(k):
             raise ValueError(f"cxlkv: {len(k)} keys but {ids.size} block ids")
         lay, _keep = kv.gpu_layout()
@@ -294,7 +310,7 @@ class KvStore:
     def _gpu_get(self, k, kv, block_ids, gpu, stream, status):
         if gpu is None:
             raise ValueError("cxlkv: a CUDA transfer needs a cxlkv.Gpu (the pool pinned for DMA)")
-        ids = np.ascontiguousarray(block_ids, dtype=np.uint64)
+        ids = kv.block_id_array(block_ids)
         if ids.size != len(k):
             raise ValueError(f"cxlkv: {len(k)} keys but {ids.size} block ids")
         lay, _keep = kv.gpu_layout()
@@ -324,6 +340,9 @@ class KvStore:
         node): they are not evicted until released, expired, or the consumer
         node dies.  Returns the status array."""
         k = as_keys(keys)
+        consumer_id = _uint(consumer_id, 64, "lease consumer_id")
+        consumer_node = _uint(consumer_node, 32, "lease consumer_node")
+        ttl_ms = _uint(ttl_ms, 32, "lease ttl_ms")
         status = np.zeros(len(k), dtype=np.int32)
         with self._lock:
             _lib.check(self._lib.cxlkv_kv_lease(self.handle, _kp(k), len(k), consumer_id, consumer_node, ttl_ms,
@@ -337,6 +356,7 @@ class KvStore:
         ``cxlkv_client_lease_expiries_total``), MISS (not cached), ``-ENOENT``
         (not leased to this consumer)."""
         k = as_keys(keys)
+        consumer_id = _uint(consumer_id, 64, "lease consumer_id")
         status = np.zeros(len(k), dtype=np.int32)
         with self._lock:
             _lib.check(self._lib.cxlkv_kv_lease_release(self.handle, _kp(k), len(k), consumer_id,
@@ -378,7 +398,7 @@ class Pins:
         """Read the pinned blocks into ``dst`` (PagedKV + block_ids, or buffers);
         returns the status array (blocks not pinned keep their status)."""
         st = self.status.copy()
-        ch, counts, _ = self.store._chunks(dst, self.keys, block_ids)
+        ch, counts, _ = self.store._chunks(dst, self.keys, block_ids, writable=True)
         L = self.store._lib
         if self._released:
             raise ValueError("cxlkv: fetch of pins already released")

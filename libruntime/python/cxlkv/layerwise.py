@@ -80,7 +80,7 @@ def _args(keys, kv, block_ids, gpu):
     if gpu is None:
         raise ValueError("cxlkv.layerwise: a cxlkv.Gpu (the pool opened for DMA) is required")
     k = as_keys(keys)
-    ids = np.ascontiguousarray(block_ids, dtype=np.uint64)
+    ids = kv.block_id_array(block_ids)
     if ids.size != len(k):
         raise ValueError(f"cxlkv.layerwise: {len(k)} keys but {ids.size} block ids")
     lay, keep = kv.gpu_layout()

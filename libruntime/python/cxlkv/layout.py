@@ -33,6 +33,24 @@ def tensor_info(x):
     return x.ctypes.data, tuple(x.shape), tuple(x.strides), x.itemsize, False
 
 
+def is_writable(x):
+    """Whether a transfer may write into ``x``: False for ``bytes``, read-only
+    NumPy arrays and read-only memoryviews (a get into them would change an
+    immutable object under Python); tensors are writable."""
+    if hasattr(x, "data_ptr") and hasattr(x, "element_size"):
+        return True
+    if isinstance(x, np.ndarray):
+        return bool(x.flags.writeable)
+    if isinstance(x, memoryview):
+        return not x.readonly
+    if isinstance(x, bytearray):
+        return True
+    try:
+        return not memoryview(x).readonly
+    except TypeError:
+        return False
+
+
 def _runs(shape, strides, itemsize):
     """Byte offsets and length of the contiguous runs of a strided view, in C
     order of its elements."""
@@ -60,6 +78,8 @@ class PagedKV:
         # sources: per (layer, K|V) in pool order:
         #   (address of block 0, block stride bytes, inner shape, inner strides, itemsize, is_cuda, num_blocks)
         self._keep = keep
+        #: False when a source is read-only (a NumPy view of bytes, ...): loads into it are refused.
+        self.writable = all(is_writable(t) for t in keep)
         s0 = sources[0]
         self.num_layers = len(sources) // 2
         self.block_tokens, self.num_kv_heads, self.head_size = s0[2]
@@ -149,7 +169,10 @@ class PagedKV:
         batch calls.  Built with NumPy from the per-layout template; the
         last few hundred distinct block-id lists are kept, so an engine that
         reuses its block ids pays one dict lookup per batch."""
-        ids = np.asarray(block_ids, dtype=np.int64).reshape(-1)
+        ids = np.asarray(block_ids)
+        if ids.dtype.kind not in "iu" and ids.size:
+            raise TypeError(f"cxlkv: block ids must be integers, got dtype {ids.dtype}")
+        ids = ids.astype(np.int64, copy=False).reshape(-1)
         key = ids.tobytes()
         hit = self._chunk_cache.get(key)
         if hit is not None:
@@ -168,6 +191,17 @@ class PagedKV:
             self._chunk_cache.pop(next(iter(self._chunk_cache)))  # the oldest entry
         self._chunk_cache[key] = out
         return out
+
+    def block_id_array(self, block_ids):
+        """``block_ids`` as a uint64 array for the GPU calls: integers in
+        0 .. num_blocks-1, else TypeError / IndexError."""
+        ids = np.asarray(block_ids)
+        if ids.dtype.kind not in "iu" and ids.size:
+            raise TypeError(f"cxlkv: block ids must be integers, got dtype {ids.dtype}")
+        ids = ids.astype(np.int64, copy=False).reshape(-1)
+        if ids.size and (ids.min() < 0 or ids.max() >= self.num_blocks):
+            raise IndexError(f"cxlkv: block id out of range 0..{self.num_blocks - 1}")
+        return np.ascontiguousarray(ids, dtype=np.uint64)
 
     def gpu_layout(self):
         """A ``struct cxlkv_gpu_layout`` for the GPU path (and the layout's
@@ -189,16 +223,24 @@ class PagedKV:
         return lay, arr
 
 
-def buffer_chunks(buffers):
+def buffer_chunks(buffers, writable=False):
     """(chunk array, counts, total bytes per block) for one contiguous buffer
     per block (tensors, arrays, bytearray, memoryview); every buffer is one
-    chunk."""
+    chunk.  ``writable``: the transfer writes into the buffers (a get), so a
+    read-only one is refused."""
     ch = np.empty(len(buffers), dtype=CHUNK_DTYPE)
     sizes = np.empty(len(buffers), dtype=np.uint64)
     for i, b in enumerate(buffers):
-        p, shape, st, e, cuda = tensor_info(b)
+        try:
+            p, shape, st, e, cuda = tensor_info(b)
+        except (TypeError, ValueError, BufferError) as err:
+            raise TypeError(f"cxlkv: buffer {i} ({type(b).__name__}) is not a contiguous tensor, array or "
+                            f"bytes-like object: {err}") from None
         if cuda:
             raise ValueError("cxlkv: CUDA tensors go through a PagedKV and the GPU path")
+        if writable and not is_writable(b):
+            raise ValueError(f"cxlkv: buffer {i} ({type(b).__name__}) is read-only; a get writes into its buffers "
+                             "(pass a bytearray, a writable array or a tensor)")
         o, run = _runs(shape, st, e)
         n = int(np.prod(shape)) * e
         if o.size != 1 and n:
