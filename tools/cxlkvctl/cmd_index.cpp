@@ -10,6 +10,7 @@
 #include "command.hpp"
 #include "cxlkv/kv.hpp"
 #include "cxlkv/metrics.hpp"
+#include "index/index_check.hpp"
 #include "uapi/cxlkv_index.h"
 
 namespace {
@@ -28,12 +29,11 @@ int cmd_index_stats(Context& ctx, const Args&) {
   if (!r) return 1;
   uint64_t size = 0;
   const void* carve = index_carve(*r, &size);
-  if (!carve) return fail("pool " + r->uri() + " has no index carve");
   cxlkv::MemoryDomain& d = r->domain();
+  auto hr = cxlkv::read_index_header(*r, d);  // every offset below checked against the carve
+  if (!hr) return fail(hr.error().message());
+  const cxlkv_index_header h = hr.value();
   auto* base = static_cast<const std::byte*>(carve);
-  auto h = d.read_fresh(reinterpret_cast<const cxlkv_index_header*>(base));
-  if (h.magic != CXLKV_INDEX_MAGIC) return fail("pool " + r->uri() + ": index carve is not formatted");
-  if (h.entry_off + h.nslots * 64 > size) return fail("pool " + r->uri() + ": index header is inconsistent");
   auto cfg = d.read_fresh(reinterpret_cast<const cxlkv_index_config*>(base + 64));
   uint64_t used_blocks = 0, used_bytes = 0, evictions = 0, reclaims = 0, tombstones = 0, lease_expiries = 0,
            lease_dead = 0;
@@ -96,12 +96,11 @@ int cmd_index_leases(Context& ctx, const Args&) {
   if (!r) return 1;
   uint64_t size = 0;
   const void* carve = index_carve(*r, &size);
-  if (!carve) return fail("pool " + r->uri() + " has no index carve");
   cxlkv::MemoryDomain& d = r->domain();
+  auto hr = cxlkv::read_index_header(*r, d);
+  if (!hr) return fail(hr.error().message());
+  const cxlkv_index_header h = hr.value();
   auto* base = static_cast<const std::byte*>(carve);
-  auto h = d.read_fresh(reinterpret_cast<const cxlkv_index_header*>(base));
-  if (h.magic != CXLKV_INDEX_MAGIC) return fail("pool " + r->uri() + ": index carve is not formatted");
-  if (h.version != CXLKV_INDEX_VERSION) return fail("pool " + r->uri() + ": index layout version " + std::to_string(h.version));
   const uint64_t ext_off = cxlkv_index_ext_off(&h);
   if (h.nslots > (1ull << 32) || h.entry_off > size || ext_off > size || h.nslots * 32 > size - ext_off)
     return fail("pool " + r->uri() + ": index header is inconsistent");
@@ -150,8 +149,8 @@ int cmd_stats(Context& ctx, const Args& a) {
     std::fputs(cxlkv::prometheus_region_exposition(*r).c_str(), stdout);
     return 0;
   }
-  if (!carve) return fail("pool " + r->uri() + " has no index carve");
-  auto nodes = cxlkv::read_pool_stats(r->domain(), carve);
+  if (auto hr = cxlkv::read_index_header(*r, r->domain()); !hr) return fail(hr.error().message());
+  auto nodes = cxlkv::read_pool_stats(r->domain(), carve, size);
   cxlkv::KvStats total;
   for (auto& n : nodes) total.add(n.stats);
   if (prom) {

@@ -88,9 +88,9 @@ std::unique_ptr<KvNode> KvNode::open(Context& ctx, const Args& args, int* status
   if (!n->region_) return nullptr;
   Region& r = *n->region_;
   auto ic = r.carve(CXLKV_CARVE_INDEX);
-  if (!ic) return fail("pool " + r.uri() + " has no index carve (format it first)"), nullptr;
-  auto h = r.domain().read_fresh(reinterpret_cast<const cxlkv_index_header*>(r.at(ic->offset)));  // rule 4
-  if (h.magic != CXLKV_INDEX_MAGIC) return fail("pool " + r.uri() + ": index carve is not formatted"), nullptr;
+  auto hr = read_index_header(r, r.domain());
+  if (!hr) return fail(hr.error().message()), nullptr;
+  const cxlkv_index_header h = hr.value();
 
   // The node: --node N, else the highest free one: never attached or
   // evicted first, then one whose process is gone (a node of this host whose
@@ -326,14 +326,11 @@ int kv_rm(Context& ctx, const Args& args) {
 int kv_ls(Context& ctx, const Args& args) {
   auto r = ctx.open_pool();
   if (!r) return 1;
-  auto ic = r->carve(CXLKV_CARVE_INDEX);
-  if (!ic) return fail("pool " + r->uri() + " has no index carve");
   MemoryDomain& d = r->domain();
-  auto* base = static_cast<const std::byte*>(r->at(ic->offset));
-  auto h = d.read_fresh(reinterpret_cast<const cxlkv_index_header*>(base));  // rule 4
-  if (h.magic != CXLKV_INDEX_MAGIC) return fail("pool " + r->uri() + ": index carve is not formatted");
-  if (h.entry_off > ic->size || h.nslots > (ic->size - h.entry_off) / 64)
-    return fail("pool " + r->uri() + ": index header is inconsistent (entries beyond the carve)");
+  auto hr = read_index_header(*r, d);  // entries inside the carve, checked
+  if (!hr) return fail(hr.error().message());
+  const cxlkv_index_header h = hr.value();
+  auto* base = static_cast<const std::byte*>(r->at(r->carve(CXLKV_CARVE_INDEX)->offset));
   const bool all = args.flag("all");
   static const char* kState[] = {"empty", "writing", "ready", "evicting", "tombstone"};
   uint64_t listed = 0;

@@ -115,6 +115,10 @@ struct NodeKvStats {
   uint64_t ssd[CXLKV_SSD_COUNT] = {};  // the node's SSD tier counters (enum cxlkv_index_ssd_counter)
 };
 std::vector<NodeKvStats> read_pool_stats(MemoryDomain& d, const void* index_carve);
+// The same for an index carve of `carve_bytes` whose header this process has
+// not checked (a pool on disk, the metrics endpoint): empty, never a read
+// outside the carve, when the header is damaged (read_index_header says why).
+std::vector<NodeKvStats> read_pool_stats(MemoryDomain& d, const void* index_carve, uint64_t carve_bytes);
 
 // Per-block outcome of the batch calls: the values of cxlkv.h's CXLKV_KV_*
 // (>= 0), or a negative errno for a block that failed, -ECANCELED for one

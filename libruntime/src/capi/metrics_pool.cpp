@@ -47,7 +47,7 @@ PoolLeaseStats read_pool_lease_stats(MemoryDomain& d, const void* index_carve, u
 }
 
 std::string prometheus_pool_exposition(MemoryDomain& d, const void* index_carve, uint64_t carve_bytes) {
-  std::string out = prometheus_exposition(read_pool_stats(d, index_carve));
+  std::string out = prometheus_exposition(read_pool_stats(d, index_carve, carve_bytes));
   const PoolLeaseStats ls = read_pool_lease_stats(d, index_carve, carve_bytes);
   const uint64_t v[CXLKV_METRIC_LEASE_COUNT] = {ls.expiries, ls.dead};
   for (int i = 0; i < CXLKV_METRIC_LEASE_COUNT; i++) {

@@ -110,15 +110,35 @@ Result<std::optional<NamedBlock>> index_entry_naming(const Region& pool, MemoryD
   return std::optional<NamedBlock>{};
 }
 
+Result<cxlkv_index_header> read_index_header(const Region& pool, MemoryDomain& d) {
+  auto ic = pool.carve(CXLKV_CARVE_INDEX);
+  if (!ic)
+    return Error(-ENOENT, "pool " + pool.uri() + " has no index carve (format it with the standard layout: "
+                                                 "cxlkvctl format)");
+  const std::string who = "pool " + pool.uri() + ": index carve: ";
+  if (ic->size < sizeof(cxlkv_index_header)) return Error(-EUCLEAN, who + "smaller than its header");
+  const auto h = d.read_fresh(reinterpret_cast<const cxlkv_index_header*>(pool.at(ic->offset)));  // rule 4
+  if (h.magic != CXLKV_INDEX_MAGIC) {
+    const auto* b = reinterpret_cast<const unsigned char*>(&h);
+    if (std::all_of(b, b + sizeof h, [](unsigned char c) { return c == 0; }))
+      return Error(-ENODATA, who + "not formatted (all zero; cxlkvctl format --force reformats the pool)");
+    char m[64];
+    std::snprintf(m, sizeof m, "bad magic 0x%016llx (expected 0x%016llx)", (unsigned long long)h.magic,
+                  (unsigned long long)CXLKV_INDEX_MAGIC);
+    return Error(-EUCLEAN, who + m + ": damaged");
+  }
+  CXLKV_TRY(check_index_header(h, ic->size, who));
+  return h;
+}
+
 Result<std::vector<std::string>> index_audit_locations(const Region& pool, MemoryDomain& d) {
   std::vector<std::string> out;
+  auto hr = read_index_header(pool, d);
+  if (!hr) return hr.error();
+  const cxlkv_index_header h = hr.value();
   auto ic = pool.carve(CXLKV_CARVE_INDEX);
-  if (!ic) return out;
   const std::byte* carve = pool.at(ic->offset);
-  const auto h = d.read_fresh(reinterpret_cast<const cxlkv_index_header*>(carve));  // rule 4
   const std::string who = "pool " + pool.uri() + ": index carve: ";
-  if (h.magic != CXLKV_INDEX_MAGIC) return out;
-  CXLKV_TRY(check_index_header(h, ic->size, who));
   auto kv = pool.carve(CXLKV_CARVE_KV);
   const uint64_t lo = kv ? kv->offset : 0, hi = kv ? kv->offset + kv->size : 0;
   const auto* entries = reinterpret_cast<const cxlkv_index_entry*>(carve + h.entry_off);

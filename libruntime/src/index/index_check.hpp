@@ -33,10 +33,17 @@ Result<std::optional<NamedBlock>> index_entry_naming(const Region& pool, MemoryD
 // The magic is checked by the caller (an unformatted carve is not damage).
 Result<void> check_index_header(const cxlkv_index_header& h, uint64_t carve_bytes, const std::string& who);
 
+// The pool's index carve header, read fresh (rule 4) and checked before a
+// lock-free reader (cxlkvctl, the metrics) follows its offsets: errors say
+// whether the carve is missing, unformatted (all zero), damaged (bad magic)
+// or inconsistent (check_index_header names the field).
+Result<cxlkv_index_header> read_index_header(const Region& pool, MemoryDomain& d);
+
 // Issue 12: a lock-free audit of every WRITING / READY / EVICTING entry's
 // location: memory-tier entries (not interleaved) must lie inside the kv
 // carve and overlap no other entry.  One line per finding, naming the
-// block, the slot and the cause; empty when the index is sound.
+// block, the slot and the cause; empty when the index is sound; an error
+// when it cannot be read (read_index_header).
 Result<std::vector<std::string>> index_audit_locations(const Region& pool, MemoryDomain& d);
 
 // "block <key> (slot N, READY, bytes [a, b))" for messages.

@@ -10,6 +10,7 @@
 #include <thread>
 
 #include "cxlkv/kv.hpp"
+#include "index/index_check.hpp"
 #include "index/prefix_index.hpp"
 #include "kv/interleave.hpp"
 #include "kv/kv_index_backend.hpp"
@@ -244,6 +245,13 @@ std::vector<NodeKvStats> read_pool_stats(MemoryDomain& d, const void* index_carv
     out.push_back(ns);
   }
   return out;
+}
+
+std::vector<NodeKvStats> read_pool_stats(MemoryDomain& d, const void* index_carve, uint64_t carve_bytes) {
+  if (!index_carve || carve_bytes < sizeof(cxlkv_index_header)) return {};
+  auto h = d.read_fresh(static_cast<const cxlkv_index_header*>(index_carve));  // rule 4
+  if (h.magic != CXLKV_INDEX_MAGIC || !check_index_header(h, carve_bytes, "").ok()) return {};
+  return read_pool_stats(d, index_carve);
 }
 
 // ---- KvStore ------------------------------------------------------------------
