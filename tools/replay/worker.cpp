@@ -24,6 +24,10 @@
 #include "tier/ssd_payload_tier.hpp"
 #include "replay.hpp"
 
+#ifndef MADV_POPULATE_WRITE
+#define MADV_POPULATE_WRITE 23  // Linux 5.14
+#endif
+
 namespace replay {
 
 using namespace cxlkv;
@@ -179,17 +183,38 @@ struct Engine {
     layout.dtype_bytes = 2;
     layout.order = LayoutOrder::layer_first;
     per_tensor = layout.chunk_bytes() * layout.num_blocks;
-    store.resize(per_tensor * 2 * layout.num_layers);
-    for (uint32_t i = 0; i < 2 * layout.num_layers; i++) layout.bases.push_back(store.data() + i * per_tensor);
+    bytes = per_tensor * 2 * layout.num_layers;
+    // The engine's memory, as a serving engine allocates its KV cache: one
+    // mapping, huge pages where the kernel gives them (fewer TLB misses in
+    // every copy and check), faulted in at once (one call instead of a zeroed
+    // 4 KiB first-touch fault per page, then a memset over the same bytes).
+    void* m = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (m == MAP_FAILED) {
+      store.resize(bytes);
+      base = store.data();
+    } else {
+      base = static_cast<std::byte*>(m);
+      mapped = true;
+      (void)madvise(m, bytes, MADV_HUGEPAGE);      // THP "madvise" mode; ignored where off
+      (void)madvise(m, bytes, MADV_POPULATE_WRITE);  // Linux 5.14+; else first touch faults
+    }
+    for (uint32_t i = 0; i < 2 * layout.num_layers; i++) layout.bases.push_back(base + i * per_tensor);
   }
+  ~Engine() {
+    if (mapped) munmap(base, bytes);
+  }
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
   std::vector<Chunk> chunks(uint32_t engine_block) {
     uint32_t id = engine_block % layout.num_blocks;
     auto r = chunks_for_blocks(layout, {&id, 1});
     return r.ok() ? r.value() : std::vector<Chunk>{};
   }
   EngineLayout layout;
-  uint64_t per_tensor;
-  std::vector<std::byte> store;
+  uint64_t per_tensor, bytes;
+  std::byte* base = nullptr;
+  bool mapped = false;
+  std::vector<std::byte> store;  // where the mapping failed
 };
 
 void wait_until(uint64_t t_ns) {
@@ -295,17 +320,24 @@ int run_worker(const Config& c) {
     std::fprintf(stderr, "cxlkv-replay: %s of request %lu block %zu (%s): %s: %s\n", who, (unsigned long)r, i,
                  to_hex(k).c_str(), what, why.c_str());
   };
-  // Pin, fetch, verify and unpin keys[first..last) in batches: one pin_many,
-  // fetch_many and unpin_many call per batch.  Returns the blocks found
-  // missing (not cached at pin time); counts errors.  An I/O error (a fetch
-  // or unpin that failed) is reported as such, apart from bytes that differ.
-  // Prefill (leased != nullptr): lease each pinned block for request r's
-  // decode while the pin holds it, marking leased[i].
+  // Pin, fetch, verify and unpin keys[first..last) in batches: one pin_many
+  // and unpin_many call per batch (the stripe-lock rounds); the pinned
+  // blocks are fetched one fetch_many call each and each is verified right
+  // after its copy, while its 2 MiB are still in this core's cache (a check
+  // after the whole batch's 32 MiB read them back from memory).  Returns
+  // the blocks found missing (not cached at pin time); counts errors.  An
+  // I/O error (a fetch or unpin that failed) is reported as such, apart from
+  // bytes that differ.  Prefill (leased != nullptr): lease each pinned
+  // block for request r's decode while the pin holds it, marking leased[i].
+  // Time spent verifying inside read_blocks: left out of the whole-fetch latency.
+  uint64_t verify_ns = 0;
   auto read_blocks = [&](std::span<const BlockKey> keys, size_t first, uint64_t r, const char* who,
                          std::vector<char>* leased = nullptr, std::vector<size_t>* missed = nullptr) -> uint64_t {
     uint64_t missing = 0;
     std::vector<KvPin> pins(kBatch);
     std::vector<int32_t> pst(kBatch), fst(kBatch), ust(kBatch);
+    std::vector<std::string> fetch_err(kBatch);
+    std::vector<int> bad_chunk(kBatch);  // first chunk whose bytes differ, -1: none
     for (size_t at = first; at < keys.size(); at += kBatch) {
       const size_t n = std::min<size_t>(kBatch, keys.size() - at);
       auto ks = keys.subspan(at, n);
@@ -326,9 +358,38 @@ int run_worker(const Config& c) {
         }
       }
       batch_chunks(n);
-      auto fr = kv.fetch_many({pins.data(), n}, chunks, nchunks, {fst.data(), n});
-      const std::string fetch_err = kv.last_block_error();
-      t0 = lat(kLatFetch, t0);
+      // The fetch latency is the batch's fetch calls together (as one
+      // batched call), the checks between them left out.
+      uint64_t fetch_ns = 0;
+      for (size_t b = 0; b < n; b++) {
+        fetch_err[b].clear();
+        bad_chunk[b] = -1;
+        fst[b] = pst[b];
+        if (pst[b] != 0) continue;
+        auto ch = block_chunks(b);
+        const uint64_t tf = now_ns();
+        auto fr = kv.fetch_many({&pins[b], 1}, ch, {&nchunks[b], 1}, {&fst[b], 1});
+        fetch_ns += now_ns() - tf;
+        if (!fr) {
+          fst[b] = fr.error().code() < 0 ? fr.error().code() : -EIO;
+          fetch_err[b] = fr.error().message();
+          continue;
+        }
+        if (fst[b] != 0) {
+          fetch_err[b] = kv.last_block_error();
+          continue;
+        }
+        if (!c.verify) continue;
+        const uint64_t tv = now_ns();
+        for (uint32_t j = 0; j < ch.size(); j++)
+          if (!check_chunk(ks[b].lo, ks[b].hi, j, static_cast<const std::byte*>(ch[j].addr), ch[j].len)) {
+            bad_chunk[b] = int(j);
+            break;
+          }
+        verify_ns += now_ns() - tv;
+      }
+      wc.lat[kLatFetch].add(fetch_ns);
+      t0 = now_ns();
       auto ur = kv.unpin_many({pins.data(), n}, {ust.data(), n});
       const std::string unpin_err = kv.last_block_error();
       lat(kLatUnpin, t0);
@@ -341,15 +402,9 @@ int run_worker(const Config& c) {
         const char* what = nullptr;
         std::string why;
         if (pst[b] != 0) what = "pin failed", why = std::strerror(-pst[b]);
-        else if (!fr) what = "fetch failed (I/O error)", why = fr.error().message();
-        else if (fst[b] != 0) what = "fetch failed (I/O error)", why = fetch_err.empty() ? std::strerror(-fst[b]) : fetch_err;
+        else if (fst[b] != 0) what = "fetch failed (I/O error)", why = fetch_err[b].empty() ? std::strerror(-fst[b]) : fetch_err[b];
         else if (!ur || ust[b] != 0) what = "unpin failed", why = ur ? unpin_err : ur.error().message();
-        else if (c.verify) {
-          auto ch = block_chunks(b);
-          for (uint32_t j = 0; j < ch.size() && !what; j++)
-            if (!check_chunk(ks[b].lo, ks[b].hi, j, static_cast<const std::byte*>(ch[j].addr), ch[j].len))
-              what = "bytes differ from what was published", why = "chunk " + std::to_string(j);
-        }
+        else if (bad_chunk[b] >= 0) what = "bytes differ from what was published", why = "chunk " + std::to_string(bad_chunk[b]);
         if (what) {
           report(who, r, at + b, ks[b], what, why);
           wc.errors++;
@@ -423,10 +478,11 @@ int run_worker(const Config& c) {
       // ---- payload phase ---------------------------------------------------
       if (hit) {
         const uint64_t t_fetch = now_ns();
+        verify_ns = 0;
         for (size_t i : busy) kv.wait_ready(keys[i], std::chrono::milliseconds(10000));
         // evicted between lookup and pin (bounded capacity)
         wc.lost_hits += read_blocks(std::span<const BlockKey>(keys.data(), hit), 0, r, "prefill", &leased);
-        lat(kLatWholeFetch, t_fetch);
+        lat(kLatWholeFetch, t_fetch + verify_ns);
       }
       const uint64_t t_write = now_ns();
       std::vector<int32_t> st(kBatch);
@@ -434,21 +490,35 @@ int run_worker(const Config& c) {
         const size_t n = std::min<size_t>(kBatch, mine.size() - at);
         std::span<KvReservation> rs(mine.data() + at, n);
         batch_chunks(n);
+        // Each block is produced and written by one write_many call while
+        // its 2 MiB are still in this core's cache (producing the whole
+        // batch first left the copy to read 32 MiB back from memory).  The
+        // write latency is the batch's write calls together; a block after
+        // a failed one is not written (it could not be published).
+        uint64_t write_ns = 0;
+        std::string write_err;
+        size_t good = 0;
+        for (size_t b = 0; b < n; b++) st[b] = -ECANCELED;
         for (size_t b = 0; b < n; b++) {
           auto ch = block_chunks(b);
           for (uint32_t j = 0; j < ch.size(); j++)
             fill_chunk(rs[b].key.lo, rs[b].key.hi, j, static_cast<std::byte*>(ch[j].addr), ch[j].len);
+          const uint64_t tw = now_ns();
+          auto wr = kv.write_many(rs.subspan(b, 1), ch, {&nchunks[b], 1}, {&st[b], 1});
+          write_ns += now_ns() - tw;
+          if (wr && st[b] == kKvReserved) {
+            good++;
+            continue;
+          }
+          write_err = wr ? kv.last_block_error() : wr.error().message();
+          break;
         }
+        wc.lat[kLatWrite].add(write_ns);
         t0 = now_ns();
-        auto wr = kv.write_many(rs, chunks, nchunks, {st.data(), n});
-        t0 = lat(kLatWrite, t0);
         // Publish the written prefix of the batch, parents first; a block
         // after a failed write cannot be published (its parent is missing).
-        size_t good = 0;
-        while (good < n && wr && st[good] == kKvReserved) good++;
         if (good < n) {
-          report("prefill", r, at + good, rs[good].key, "write failed (I/O error)",
-                 wr ? kv.last_block_error() : wr.error().message());
+          report("prefill", r, at + good, rs[good].key, "write failed (I/O error)", write_err);
           wc.errors++;
         }
         size_t published = 0;
@@ -515,9 +585,10 @@ int run_worker(const Config& c) {
       const uint32_t rd = co.ready[r].load(std::memory_order_acquire);
       std::vector<BlockKey> keys(all.begin(), all.begin() + std::min<size_t>(all.size(), rd ? rd - 1 : 0));
       const uint64_t t_fetch = now_ns();
+      verify_ns = 0;
       std::vector<size_t> missed;
       uint64_t misses = read_blocks(keys, 0, r, "decode", nullptr, &missed);
-      if (!keys.empty()) lat(kLatWholeFetch, t_fetch);
+      if (!keys.empty()) lat(kLatWholeFetch, t_fetch + verify_ns);
       if (!keys.empty()) {
         std::vector<int32_t> rst(keys.size());
         auto rl = kv.lease_release(keys, r + 1, rst);
