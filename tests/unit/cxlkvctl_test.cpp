@@ -115,9 +115,10 @@ TEST_F(Cxlkvctl, CorruptedPoolIsRefusedWithThePoolAndTheProblem) {
 }
 
 namespace {
-// Overwrites 8 bytes at `off` of the pool's index carve (offset from info --json).
-bool damage_index(const std::string& path, const std::string& info_json, uint64_t off, const std::string& bytes) {
-  const std::string at = "{\"name\":\"index\",\"offset\":";
+// Overwrites bytes at `off` of the pool's carve `name` (offset from info --json).
+bool damage_carve(const std::string& path, const std::string& info_json, const std::string& name, uint64_t off,
+                  const std::string& bytes) {
+  const std::string at = "{\"name\":\"" + name + "\",\"offset\":";
   size_t p = info_json.find(at);
   if (p == std::string::npos) return false;
   uint64_t carve = std::strtoull(info_json.c_str() + p + at.size(), nullptr, 10);
@@ -133,7 +134,7 @@ TEST_F(Cxlkvctl, ADamagedIndexHeaderIsAnErrorNamingTheFieldForEveryReaderNeverAC
   Outcome info = on_pool("info --json");
   // stats_off (offset 40) far outside the carve: `stats` followed it (SIGSEGV);
   // a bad stripe_slots crashed `index stats`; kv ls / index leases listed nothing.
-  ASSERT_TRUE(damage_index(path_, info.out, 40, std::string("\xff\xff\xff\x7f\xff\xff\xff\x7f", 8)));
+  ASSERT_TRUE(damage_carve(path_, info.out, "index", 40, std::string("\xff\xff\xff\x7f\xff\xff\xff\x7f", 8)));
   for (const char* c : {"index stats", "index leases", "stats", "stats --json", "stats --prometheus", "kv ls", "kv check"}) {
     Outcome r = on_pool(c);
     EXPECT_EQ(r.status, 1) << c << ": " << r.err;
@@ -147,10 +148,19 @@ TEST_F(Cxlkvctl, ADamagedIndexHeaderIsAnErrorNamingTheFieldForEveryReaderNeverAC
     EXPECT_TRUE(has(text, "cxlkv_kv_lease_expiries_total")) << text.substr(0, 400);
   }
   // A zeroed index: kv check said "index locations sound" (exit 0).
-  ASSERT_TRUE(damage_index(path_, info.out, 0, std::string(64, '\0')));
+  ASSERT_TRUE(damage_carve(path_, info.out, "index", 0, std::string(64, '\0')));
   Outcome check = on_pool("kv check");
   EXPECT_EQ(check.status, 1) << check.out;
   EXPECT_TRUE(has(check.err, "pool " + uri_ + ": index carve: not formatted")) << check.err;
+}
+
+TEST_F(Cxlkvctl, ADamagedControlCarveIsNamedAsSuchNotAsMissing) {
+  ASSERT_EQ(on_pool("format --size 64M").status, 0);
+  Outcome info = on_pool("info --json");
+  ASSERT_TRUE(damage_carve(path_, info.out, "control", 0, std::string("garbage!", 8)));
+  Outcome r = on_pool("node list");
+  EXPECT_EQ(r.status, 1);
+  EXPECT_TRUE(has(r.err, "pool " + uri_ + ": control carve: not formatted (bad magic")) << r.err;
 }
 
 TEST_F(Cxlkvctl, UnformattedPoolSaysHowToFormatIt) {

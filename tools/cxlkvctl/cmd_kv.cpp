@@ -95,8 +95,9 @@ std::unique_ptr<KvNode> KvNode::open(Context& ctx, const Args& args, int* status
   // The node: --node N, else the highest free one: never attached or
   // evicted first, then one whose process is gone (a node of this host whose
   // pid no longer runs, or a stale heartbeat).
-  auto nodes = list_nodes(r, r.domain());
-  if (nodes.empty()) return fail("pool " + r.uri() + ": no control carve"), nullptr;
+  auto table = node_table(r);
+  if (!table) return nullptr;
+  const auto& nodes = *table;
   char host[256] = {};
   gethostname(host, sizeof host - 1);
   auto gone = [&](const NodeStatus& s) {

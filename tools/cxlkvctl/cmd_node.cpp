@@ -12,6 +12,15 @@
 #include "cxlkv/sync.hpp"
 
 namespace cxlkvctl {
+
+std::optional<std::vector<cxlkv::NodeStatus>> node_table(cxlkv::Region& r) {
+  auto nodes = cxlkv::list_nodes(r, r.domain());
+  if (!nodes.empty()) return nodes;
+  auto c = cxlkv::ControlCarve::open(r, r.domain());
+  fail(c ? "pool " + r.uri() + ": the control carve's node table is empty" : c.error().message());
+  return std::nullopt;
+}
+
 namespace {
 
 const char* state_name(cxlkv_node_state s) {
@@ -27,8 +36,9 @@ int node_list(Context& ctx, const Args& args) {
   auto r = ctx.open_pool();
   if (!r) return 1;
   bool all = args.flag("all");
-  auto nodes = cxlkv::list_nodes(*r, r->domain());
-  if (nodes.empty()) return fail("pool " + r->uri() + ": no control carve (not formatted with the standard layout?)");
+  auto table = node_table(*r);
+  if (!table) return 1;
+  const auto& nodes = *table;
   if (ctx.json) {
     std::printf("[");
     bool first = true;

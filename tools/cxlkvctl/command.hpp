@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "cxlkv/region.hpp"
+#include "cxlkv/sync.hpp"
 
 namespace cxlkvctl {
 
@@ -54,6 +55,11 @@ const std::vector<Command>& commands();
 
 // Print "cxlkvctl: <msg>" to stderr and return exit status 1.
 int fail(const std::string& msg);
+
+// The pool's node table (cxlkv::list_nodes); when the control carve cannot
+// be read, prints why (ControlCarve::open: missing, unformatted, damaged)
+// and returns nullopt.
+std::optional<std::vector<cxlkv::NodeStatus>> node_table(cxlkv::Region& r);
 
 // Parse "4096", "64K", "2M", "1G", "1T" (powers of 1024).
 std::optional<uint64_t> parse_size(const std::string& s);
