@@ -3,6 +3,7 @@
 // KV, or K / V read from files) and runs decode steps on near-memory
 // engines, printing per step the time, the bytes that would cross the link
 // to the GPU, and the selection quality (see --help).
+#include <signal.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -74,9 +75,22 @@ struct Args {
   bool coarse = false, quality = true, json = false;
 };
 
-[[noreturn]] void die(const std::string& m) {
-  std::fprintf(stderr, "cxlkv-longctx: %s\n", m.c_str());
-  std::exit(2);
+// A fatal error unwinds to main(), so that the destructors remove what the
+// run made: the context in the pool, the store's lock file and a pool of its
+// own (std::exit skipped them: every error after the pool was made left it,
+// often GiBs, in /dev/shm).
+struct Fatal {
+  std::string message;
+  int status;
+};
+[[noreturn]] void die(const std::string& m, int status = 2) { throw Fatal{m, status}; }
+
+// SIGINT / SIGTERM: stop at the next chunk or step and clean up the same way.
+volatile sig_atomic_t g_stop_signal = 0;
+void on_stop_signal(int sig) { g_stop_signal = sig; }
+void stop_if_signalled() {
+  if (int sig = g_stop_signal)
+    die(std::string("stopped by signal ") + std::to_string(sig) + " (" + strsignal(sig) + ")", 128 + sig);
 }
 
 uint64_t num(const char* flag, const char* v) {
@@ -157,8 +171,12 @@ std::string human(double b) {
 
 }  // namespace
 
-int main(int argc, char** argv) {
+static int run(int argc, char** argv) {
   const Args a = parse(argc, argv);
+  struct sigaction sa {};
+  sa.sa_handler = on_stop_signal;
+  sigaction(SIGINT, &sa, nullptr);
+  sigaction(SIGTERM, &sa, nullptr);
   const uint64_t max_tokens = a.tokens + uint64_t(a.steps) * a.append;
   Geometry g{a.layers, a.kv_heads, a.head_dim, a.dtype, a.page_tokens, max_tokens};
   const uint64_t pages = (max_tokens + a.page_tokens - 1) / a.page_tokens;
@@ -198,6 +216,15 @@ int main(int argc, char** argv) {
   auto ctx = (*store)->create(rid, g);
   if (!ctx.ok()) die(ctx.error().message());
   Context& c = **ctx;
+  // Destroyed on every way out (a --pool keeps only a few context slots).
+  struct DropContext {
+    ContextStore* store;
+    uint64_t rid;
+    bool armed = true;
+    ~DropContext() {
+      if (armed) (void)store->destroy(rid);
+    }
+  } drop{store->get(), rid};
 
   // Build the context.
   NeedleSet ns(g, a.q_heads, a.tokens, a.kv_file.empty() ? a.needles : 0);
@@ -213,6 +240,7 @@ int main(int argc, char** argv) {
   }
   const size_t row = size_t(a.head_dim) * dtype_size(a.dtype);
   for (uint64_t t = 0; t < a.tokens; t += chunk) {
+    stop_if_signalled();
     const uint32_t n = uint32_t(std::min<uint64_t>(chunk, a.tokens - t));
     if (a.kv_file.empty()) {
       ns.make_kv(t, n, k, v);
@@ -268,6 +296,7 @@ int main(int argc, char** argv) {
                 "link:near", "link:sel", "link:all", "mass", "needles", a.hybrid ? "   hybrid(ms, recalled)" : "");
   double sum_ms = 0, sum_mass = 0;
   for (uint32_t s = 0; s < a.steps; s++) {
+    stop_if_signalled();
     if (a.append) {
       ns.make_kv(c.tokens(), a.append, k, v);
       if (auto r = c.append(k.data(), v.data(), a.append); !r.ok()) die(r.error().message());
@@ -339,6 +368,16 @@ int main(int argc, char** argv) {
                 sum_ms / a.steps, a.quality ? sum_mass / a.steps : NAN, (unsigned long long)a.budget);
   hy.reset();
   reader->reset();
+  drop.armed = false;
   if (auto d = (*store)->destroy(rid); !d.ok()) die(d.error().message());
   return 0;
+}
+
+int main(int argc, char** argv) {
+  try {
+    return run(argc, argv);
+  } catch (const Fatal& f) {
+    std::fprintf(stderr, "cxlkv-longctx: %s\n", f.message.c_str());
+    return f.status;
+  }
 }
