@@ -30,7 +30,9 @@ Completion = collections.namedtuple("Completion", "id op ok status error")
 Completion.__doc__ = """One finished request: ``op`` is "get", "put", "exists" or "exists_each"; ``status``
 the per-block int32 status array (for "exists": RESERVED for a cached
 block, MISS otherwise); ``ok`` whether every block succeeded; ``error`` a
-message for a failed call (CxlkvError text) or a cancellation, else None."""
+message for a failed call (CxlkvError text), a cancellation, or the
+library's message about blocks that failed (e.g. a lock not granted: no lock
+manager), else None (a block that is simply not cached is only its MISS)."""
 
 
 class AsyncKv:
@@ -165,6 +167,7 @@ class AsyncKv:
     def _execute(self, rid, op, k, buf, block_ids, parent):
         n = len(k)
         status = np.full(n, -errno.ECANCELED, np.int32)
+        why = None  # the library's message about blocks a sub-batch did not do
         try:
             if op == "exists_each":
                 with self._store.pin(k) as pins:
@@ -189,10 +192,11 @@ class AsyncKv:
                 else:
                     par = parent if lo == 0 else k[lo - 1]
                     status[lo:hi] = self._store.put(k[lo:hi], part, ids, parent=par, gpu=self.gpu)
-                    if not put_ok(status[lo:hi]).all():
-                        break  # a chain stops at its first failed block (rest: -ECANCELED)
+                why = why or self._store.last_error or None
+                if op == "put" and not put_ok(status[lo:hi]).all():
+                    break  # a chain stops at its first failed block (rest: -ECANCELED)
             ok = bool((get_ok(status) if op == "get" else put_ok(status)).all())
-            return Completion(rid, op, ok, status, None)
+            return Completion(rid, op, ok, status, None if ok else why)
         except Exception as e:  # a whole-call failure (bad arguments, closed pool)
             return Completion(rid, op, False, status, f"{type(e).__name__}: {e}")
 

@@ -192,6 +192,12 @@ class KvStore:
         except Exception:
             pass
 
+    def _settle(self, rc, n, what):
+        """Raise CxlkvError for a failed call; remember the library's message
+        about the blocks a batch did not do (``last_error``)."""
+        _lib.check(rc, what)
+        self.last_error = _lib.last_error() if rc < n else ""
+
     # ---- lookup -------------------------------------------------------------
     def lookup(self, keys):
         """Number of leading blocks of the chain ``keys`` that are cached."""
@@ -264,7 +270,7 @@ class KvStore:
             with self._lock:
                 rc = self._put_chain(self.handle, par.ctypes.data if par is not None else None, k.ctypes.data, n,
                                      nbytes, chp, cntp, status.ctypes.data)
-            _lib.check(rc, "cxlkv_kv_put_chain")
+            self._settle(rc, n, "cxlkv_kv_put_chain")
         if self.metrics:
             self.metrics.observe_store(int((status == RESERVED).sum()) * bytes_, int(put_ok(status).sum()),
                                        time.perf_counter() - t0)
@@ -286,7 +292,7 @@ class KvStore:
             _keep, chp, cntp, nbytes = self._chunk_args(dst, k, block_ids, writable=True)
             with self._lock:
                 rc = self._get_many(self.handle, k.ctypes.data, n, chp, cntp, status.ctypes.data)
-            _lib.check(rc, "cxlkv_kv_get_many")
+            self._settle(rc, n, "cxlkv_kv_get_many")
         if self.metrics:
             self.metrics.observe_load(int(get_ok(status).sum()) * nbytes, time.perf_counter() - t0)
         return status
@@ -304,7 +310,7 @@ class KvStore:
             rc = self._lib.cxlkv_kv_gpu_put_chain(self.handle, gpu.handle, C.byref(lay),
                                                   _kp(par) if par is not None else None, _kp(k),
                                                   ids.ctypes.data_as(_U64P), len(k), s, status.ctypes.data_as(_I32P))
-        _lib.check(rc, "cxlkv_kv_gpu_put_chain")
+        self._settle(rc, len(k), "cxlkv_kv_gpu_put_chain")
         return kv.block_bytes
 
     def _gpu_get(self, k, kv, block_ids, gpu, stream, status):
@@ -318,7 +324,7 @@ class KvStore:
         with self._lock:
             rc = self._lib.cxlkv_kv_gpu_get_many(self.handle, gpu.handle, C.byref(lay), _kp(k),
                                                  ids.ctypes.data_as(_U64P), len(k), s, status.ctypes.data_as(_I32P))
-        _lib.check(rc, "cxlkv_kv_gpu_get_many")
+        self._settle(rc, len(k), "cxlkv_kv_gpu_get_many")
         return kv.block_bytes
 
     # ---- pins -----------------------------------------------------------------

@@ -26,14 +26,26 @@
 namespace cxlkv {
 namespace {
 
+// How long a KV call waits for a stripe lock before it fails with
+// -ETIMEDOUT and the lock's story (describe_lock: its holder, and whether a
+// lock manager holds the pool's lease): without a running manager nothing
+// is ever granted, and an engine thread hung for good instead of hearing
+// "start cxlkvd".  CXLKV_LOCK_TIMEOUT_MS overrides it; 0 waits forever.
+std::chrono::nanoseconds stripe_lock_timeout() {
+  uint64_t ms = 30000;
+  if (const char* e = std::getenv("CXLKV_LOCK_TIMEOUT_MS"); e && *e) ms = std::strtoull(e, nullptr, 10);
+  return ms ? std::chrono::nanoseconds(std::chrono::milliseconds(ms)) : std::chrono::nanoseconds::max();
+}
+
 class TwoTierStripeLocks final : public StripeLocks {
  public:
-  TwoTierStripeLocks(NodeContext& node, uint32_t base, uint32_t n) : node_(node), base_(base) {
+  TwoTierStripeLocks(NodeContext& node, uint32_t base, uint32_t n)
+      : node_(node), base_(base), timeout_(stripe_lock_timeout()) {
     for (uint32_t i = 0; i < n; i++) locks_.push_back(std::make_unique<TwoTierLock>(node, base + i));
   }
   Result<void> lock(uint32_t s) override {
     if (s >= locks_.size()) return Error(-EINVAL, "index: stripe lock " + std::to_string(s) + " out of range");
-    auto r = locks_[s]->lock();
+    auto r = bounded() ? locks_[s]->try_lock_for(timeout_) : locks_[s]->lock();
     if (!r) return r.error();
     // Acquired::recovered: a process of this node died inside the critical
     // section.  Every index entry is a single self-checking line and an
@@ -51,13 +63,14 @@ class TwoTierStripeLocks final : public StripeLocks {
       if (s >= locks_.size()) return Error(-EINVAL, "index: stripe lock " + std::to_string(s) + " out of range");
       ids.push_back(base_ + s);
     }
-    auto r = thread_set().lock(ids);
+    auto r = bounded() ? thread_set().try_lock_for(ids, timeout_) : thread_set().lock(ids);
     if (!r) return r.error();
     return {};  // Acquired::recovered: as for lock()
   }
   void unlock_many(std::span<const uint32_t>) override { (void)thread_set().unlock(); }
 
  private:
+  bool bounded() const { return timeout_ != std::chrono::nanoseconds::max(); }
   // This thread's LockSet for this object (sets are per thread; an id, not
   // the address, names the object, so a new one at the same address gets a
   // set of its own node).
@@ -84,6 +97,7 @@ class TwoTierStripeLocks final : public StripeLocks {
   }
   NodeContext& node_;
   uint32_t base_;
+  std::chrono::nanoseconds timeout_;
   uint64_t id_ = next_id();
   std::vector<std::unique_ptr<TwoTierLock>> locks_;
 };
