@@ -355,6 +355,16 @@ int run_stderr(const std::string& args, std::string* err) {
   return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
 }
 
+// stdout of a shell command.
+std::string command_output(const std::string& cmd) {
+  FILE* f = popen(cmd.c_str(), "r");
+  std::string out;
+  char buf[4096];
+  while (size_t n = fread(buf, 1, sizeof buf, f)) out.append(buf, n);
+  pclose(f);
+  return out;
+}
+
 }  // namespace
 
 TEST(Replay, ARefusedNumberNamesItsOptionAndWhatItAcceptsAndNanIsRefused) {
@@ -375,4 +385,20 @@ TEST(Replay, ARefusedNumberNamesItsOptionAndWhatItAcceptsAndNanIsRefused) {
 TEST(Replay, PoolSizeTakesTheSuffixItsHelpShows) {
   std::string err;
   EXPECT_EQ(run_stderr("--requests 4 --prefill 1 --decode 1 --pool-size 1G", &err), 0) << err;
+}
+
+TEST(Replay, APoolNamedWithPoolThatHoldsAValidPoolIsNotReformattedWithoutForce) {
+  // The run formats its pool (force): --pool naming an operator's pool
+  // silently destroyed every block cached in it.
+  const std::string name = "cxlkv-replay-test-force-" + std::to_string(getpid());
+  const std::string ctl = replay_run::tools() + "/cxlkvctl --pool shm:" + name;
+  ASSERT_EQ(std::system((ctl + ":256M format >/dev/null").c_str()), 0);
+  const std::string before = command_output(ctl + " info --json");
+  std::string err;
+  EXPECT_EQ(run_stderr("--requests 3 --prefill 1 --decode 1 --pool shm:" + name, &err), 1);
+  EXPECT_NE(err.find("pool shm:" + name + " holds a valid cxlkv pool"), std::string::npos) << err;
+  EXPECT_NE(err.find("add --force"), std::string::npos) << err;
+  EXPECT_EQ(command_output(ctl + " info --json"), before) << "the pool was reformatted";
+  EXPECT_EQ(run_stderr("--requests 3 --prefill 1 --decode 1 --force --pool shm:" + name, &err), 0) << err;
+  std::remove(("/dev/shm/" + name).c_str());
 }

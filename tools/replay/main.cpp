@@ -58,7 +58,9 @@ const char* kUsage =
     "  --max-lag N          prefill stays at most N requests ahead of decode (default:\n"
     "                       prefill + decode workers; a serving system's bounded queue)\n"
     "  --pool-size SIZE     shm pool size: MiB, or with a suffix (512M, 2G; default 2G)\n"
-    "  --pool URI           use this pool URI (formatted here, e.g. shm:NAME:SIZE)\n"
+    "  --pool URI           run on this pool (e.g. shm:NAME:SIZE).  The run formats it, which\n"
+    "                       destroys what it holds: a valid pool is refused without --force\n"
+    "  --force              let --pool reformat a valid pool\n"
     "  --interleave N       stripe payload over N shm pools (1 or 2)\n"
     "  --ssd PATH           add an SSD tier on this file (created if missing; O_DIRECT needs\n"
     "                       a real file system such as /tmp or /var/tmp; older tmpfs refuses\n"
@@ -487,6 +489,7 @@ bool parse(int argc, char** argv, Config* c, std::string* err) {
     else if (a == "--lease-ms") { if (!num(1, 86400000)) return false; c->lease_ms = uint32_t(u); }
     else if (a == "--pool-size") { if (!size(64, 1000000)) return false; c->pool_size = u; }
     else if (a == "--pool") { if (!(v = need(i))) return false; c->pool_uri = v; }
+    else if (a == "--force") c->force = true;
     else if (a == "--extra-pool") { if (!(v = need(i))) return false; c->extra_pools.push_back(v); }
     else if (a == "--interleave") { if (!num(1, 2)) return false; c->interleave = uint32_t(u); }
     else if (a == "--ssd") { if (!(v = need(i))) return false; c->ssd_path = v; }
@@ -516,6 +519,21 @@ bool parse(int argc, char** argv, Config* c, std::string* err) {
 
 int run_parent(const Config& c, char** argv, int argc) {
   std::string err;
+  // The run formats its pool: a valid pool given with --pool (an operator's
+  // cache) is destroyed only when asked (README: format never destroys a
+  // valid pool without --force).
+  if (!c.pool_uri.empty() && !c.force) {
+    OpenOptions oo;
+    oo.prefault = false;
+    if (auto existing = Region::open(c.pool_uri, oo)) {
+      std::fprintf(stderr,
+                   "cxlkv-replay: pool %s holds a valid cxlkv pool (generation %llu); the replay formats the pool it "
+                   "runs on, which would destroy it: add --force to let it, or leave out --pool for a pool of its "
+                   "own\n",
+                   c.pool_uri.c_str(), (unsigned long long)existing.value()->superblock().generation);
+      return 1;
+    }
+  }
   std::vector<Request> reqs = load_workload(c, &err);
   if (reqs.empty()) {
     std::fprintf(stderr, "cxlkv-replay: %s\n", err.empty() ? "empty workload" : err.c_str());
