@@ -114,6 +114,27 @@ TEST(TierPool, TooSmallDeviceIsRefusedWithAClearError) {
   EXPECT_NE(p.error().message().find("too small"), std::string::npos) << p.error().message();
 }
 
+TEST(TierPool, AFailedOpenRemovesTheFileItCreatedAndKeepsOneThatWasThere) {
+  tier_test::ScratchDir dir;
+  TIER_REQUIRE_DIRECT_IO(dir);
+  auto o = small_pool();
+  o.devices = {dev(dir.file("tiny"), 64 * 1024)};
+  auto p = SsdPool::open(o);
+  ASSERT_FALSE(p);
+  // A 64 KiB file stayed behind: the next open without a size took it for
+  // the device and failed for another reason than the missing file.
+  EXPECT_NE(access(dir.file("tiny").c_str(), F_OK), 0) << "the file the failed open created is still there";
+  o.devices = {dev(dir.file("tiny"), 0)};
+  auto again = SsdPool::open(o);
+  ASSERT_FALSE(again);
+  EXPECT_NE(again.error().message().find("does not exist"), std::string::npos) << again.error().message();
+  // A file that was there before is never removed.
+  { std::FILE* f = std::fopen(dir.file("theirs").c_str(), "w"); ASSERT_TRUE(f); std::fputs("x", f); std::fclose(f); }
+  o.devices = {dev(dir.file("theirs"), 64 * 1024)};
+  ASSERT_FALSE(SsdPool::open(o));
+  EXPECT_EQ(access(dir.file("theirs").c_str(), F_OK), 0);
+}
+
 TEST(TierPool, BatchIsPlacedWithinOneBlockOfTheBandwidthShares) {
   tier_test::ScratchDir dir;
   TIER_REQUIRE_DIRECT_IO(dir);

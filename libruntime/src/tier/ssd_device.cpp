@@ -67,7 +67,17 @@ Result<std::unique_ptr<SsdDevice>> SsdDevice::open(const SsdDeviceOptions& opts)
       return sf.error();
     }
     d->fd_ = sf->fd;
+    d->created_ = sf->created;
   }
+  // A file this open created goes again when the open fails (a full file
+  // system left an empty file, which the next open took for a device of
+  // 0 bytes: "0 bytes is too small").
+  struct RemoveCreated {
+    const std::string* path;
+    ~RemoveCreated() {
+      if (path) ::unlink(path->c_str());
+    }
+  } remove_created{d->created_ ? &p : nullptr};
   struct stat st {};
   if (fstat(d->fd_, &st) != 0) return Error(-errno, "SSD device " + p + ": fstat: " + std::strerror(errno));
   if (S_ISBLK(st.st_mode)) {
@@ -159,6 +169,7 @@ Result<std::unique_ptr<SsdDevice>> SsdDevice::open(const SsdDeviceOptions& opts)
   log().info("SSD device {}: {} bytes, logical block {}, memory align {}, qd {}{}{}{}", p, d->capacity_,
              d->logical_block_, d->memory_align_, d->queue_depth_, d->sqpoll_ ? ", sqpoll" : "",
              d->fixed_file_ ? ", fixed file" : "", d->fixed_.empty() ? "" : ", fixed buffers");
+  remove_created.path = nullptr;
   return d;
 }
 

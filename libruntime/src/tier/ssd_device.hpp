@@ -91,6 +91,8 @@ class SsdDevice {
   bool fixed_buffers() const { return !fixed_.empty(); }
   bool fixed_file() const { return fixed_file_; }
   bool sqpoll() const { return sqpoll_; }
+  // This open created the file (SsdPool::open removes it again when it fails).
+  bool created() const { return created_; }
 
   struct Counters {
     std::atomic<uint64_t> reads{0}, writes{0}, bytes_read{0}, bytes_written{0};
@@ -109,6 +111,7 @@ class SsdDevice {
   std::string path_;
   int fd_ = -1;
   bool block_device_ = false;
+  bool created_ = false;
   uint32_t logical_block_ = 4096;
   uint32_t memory_align_ = 4096;
   uint64_t capacity_ = 0;

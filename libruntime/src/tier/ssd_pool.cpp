@@ -1,5 +1,7 @@
 // SPDX-License-Identifier: MIT
 // SsdPool: the pool organizer of the SSD tier (see cxlkv/tier.hpp).
+#include <unistd.h>
+
 #include <algorithm>
 #include <atomic>
 #include <mutex>
@@ -226,6 +228,15 @@ Result<std::unique_ptr<SsdPool>> SsdPool::open(const SsdPoolOptions& opts) {
     return Error(-EINVAL, "SSD pool: partition " + std::to_string(opts.partition) + " of " + std::to_string(parts));
   auto impl = std::make_unique<Impl>();
   impl->opts = opts;
+  // Files this call created are removed when it fails (one too small for
+  // its header and probe area, say): a leftover empty or short file would
+  // turn the next attempt's error into a misleading one.
+  struct RemoveCreated {
+    std::vector<std::string> paths;
+    ~RemoveCreated() {
+      for (auto& p : paths) ::unlink(p.c_str());
+    }
+  } created;
   for (size_t i = 0; i < opts.devices.size(); i++) {
     const SsdDeviceConfig& c = opts.devices[i];
     tier::SsdDeviceOptions o;
@@ -237,6 +248,7 @@ Result<std::unique_ptr<SsdPool>> SsdPool::open(const SsdPoolOptions& opts) {
     if (i < opts.faults.size()) o.faults = opts.faults[i];
     auto dev = SsdDevice::open(o);
     if (!dev) return dev.error();
+    if ((*dev)->created()) created.paths.push_back(c.path);
     auto slot = std::make_unique<DeviceSlot>();
     slot->dev = std::move(*dev);
     SsdDevice& d = *slot->dev;
@@ -276,6 +288,7 @@ Result<std::unique_ptr<SsdPool>> SsdPool::open(const SsdPoolOptions& opts) {
                slot->source, slot->alloc->capacity());
     impl->devs.push_back(std::move(slot));
   }
+  created.paths.clear();
   return std::unique_ptr<SsdPool>(new SsdPool(std::move(impl)));
 }
 
