@@ -532,6 +532,17 @@ TEST_F(CxlkvctlKv, GetThatCannotWriteTheWholeFileLeavesTheFileAsItWasAndSaysWhy)
   EXPECT_TRUE(left.empty()) << "left behind: " << left;
 }
 
+TEST_F(CxlkvctlKv, AnSsdFileThatDoesNotExistSaysHowToCreateItAndATooSmallOneIsNotLeftBehind) {
+  write(files_[0], "x");
+  Outcome missing = on_pool("kv put k " + files_[0] + " --ssd " + ssd_);
+  EXPECT_EQ(missing.status, 1);
+  EXPECT_TRUE(has(missing.err, ssd_ + " does not exist (--ssd-size SIZE creates it)")) << missing.err;
+  Outcome tiny = on_pool("kv put k " + files_[0] + " --ssd " + ssd_ + " --ssd-size 1M");
+  EXPECT_EQ(tiny.status, 1);
+  EXPECT_TRUE(has(tiny.err, "too small")) << tiny.err;
+  EXPECT_NE(access(ssd_.c_str(), F_OK), 0) << "the too-small SSD file stayed";
+}
+
 TEST_F(Cxlkvctl, KvCommandsWithoutALockManagerFailWithAMessageInsteadOfHanging) {
   ASSERT_EQ(on_pool("format --size 64M").status, 0);
   std::ofstream(path_ + ".a") << "x";

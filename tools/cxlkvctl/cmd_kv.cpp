@@ -176,7 +176,10 @@ std::unique_ptr<KvNode> KvNode::open(Context& ctx, const Args& args, int* status
     else if (!err.empty()) return fail(err), nullptr;
     so.devices.push_back(SsdDeviceConfig{*path, create, 0, false});
     auto p = SsdPool::open(so);
-    if (!p) return fail("SSD tier " + *path + ": " + p.error().message()), nullptr;
+    if (!p)
+      return fail("SSD tier " + *path + ": " + p.error().message() +
+                  (p.error().code() == -ENOENT && !create ? " (--ssd-size SIZE creates it)" : "")),
+             nullptr;
     n->ssd_ = std::move(p.value());
     n->ssd_tier_ = std::make_unique<SsdPayloadTier>(*n->ssd_);
     ko.ssd_tier = n->ssd_tier_.get();
