@@ -163,6 +163,22 @@ TEST_F(Cxlkvctl, ADamagedControlCarveIsNamedAsSuchNotAsMissing) {
   EXPECT_TRUE(has(r.err, "pool " + uri_ + ": control carve: not formatted (bad magic")) << r.err;
 }
 
+TEST_F(Cxlkvctl, AnUnknownCxlkvLogLevelKeepsTheWarningsAndSaysSo) {
+  ASSERT_EQ(on_pool("format --size 32M").status, 0);
+  {
+    std::fstream f(path_, std::ios::binary | std::ios::in | std::ios::out);
+    f.seekp(24);  // max_nodes, without fixing the checksum: the runtime logs a warning
+    f.put('\x7f');
+  }
+  // spdlog read an unknown name as "off": a typo silenced every warning.
+  const std::string cmd = "env -u CXLKV_POOL CXLKV_LOG=verbose " + tool_ + " --pool " + uri_ + " info >/dev/null 2>" +
+                          path_ + ".err";
+  EXPECT_NE(std::system(cmd.c_str()), 0);
+  const std::string err = slurp(path_ + ".err");
+  EXPECT_TRUE(has(err, "CXLKV_LOG='verbose' is not a log level")) << err;
+  EXPECT_TRUE(has(err, "[warning]") && has(err, "superblock checksum mismatch")) << err;
+}
+
 TEST_F(Cxlkvctl, UnformattedPoolSaysHowToFormatIt) {
   { std::ofstream(path_).write(std::string(4 << 20, '\0').data(), 4 << 20); }
   Outcome r = on_pool("carve list");
