@@ -179,6 +179,38 @@ TEST_F(Cxlkvctl, AnUnknownCxlkvLogLevelKeepsTheWarningsAndSaysSo) {
   EXPECT_TRUE(has(err, "[warning]") && has(err, "superblock checksum mismatch")) << err;
 }
 
+TEST_F(Cxlkvctl, APoolTruncatedUnderCxlkvdEndsItWithAMessageNotABusError) {
+  ASSERT_EQ(on_pool("format --size 64M").status, 0);
+  const std::string d = tool_.substr(0, tool_.rfind('/')) + "/cxlkvd";
+  pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    int fd = open((path_ + ".err").c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    dup2(fd, 2);
+    execl(d.c_str(), d.c_str(), "--pool", uri_.c_str(), "--foreground", "--metrics-listen", "none", "--lease-ms", "200",
+          (char*)nullptr);
+    _exit(127);
+  }
+  // Running once it says so; then its lease renewals touch the lost pages.
+  for (int i = 0; i < 500 && !has(slurp(path_ + ".err"), "managing locks"); i++) usleep(10000);
+  ASSERT_EQ(truncate(path_.c_str(), 1 << 20), 0);
+  int st = 0;
+  pid_t done = 0;
+  for (int i = 0; i < 1000 && done == 0; i++) {
+    done = waitpid(pid, &st, WNOHANG);
+    if (done == 0) usleep(10000);
+  }
+  if (done == 0) {
+    kill(pid, SIGKILL);
+    waitpid(pid, &st, 0);
+    FAIL() << "cxlkvd still running 10 s after its pool was truncated";
+  }
+  const std::string err = slurp(path_ + ".err");
+  EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 1)
+      << (WIFSIGNALED(st) ? "killed by signal " + std::to_string(WTERMSIG(st)) : "status " + std::to_string(st));
+  EXPECT_TRUE(has(err, "cxlkvd: pool " + uri_ + ": bus error on the pool's memory: the pool file was truncated")) << err;
+}
+
 TEST_F(Cxlkvctl, UnformattedPoolSaysHowToFormatIt) {
   { std::ofstream(path_).write(std::string(4 << 20, '\0').data(), 4 << 20); }
   Outcome r = on_pool("carve list");

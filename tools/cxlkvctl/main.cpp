@@ -6,6 +6,7 @@
 #include <iostream>
 
 #include "command.hpp"
+#include "pool_fault.hpp"
 #include "cxlkv/version.h"
 #include "region/backend.hpp"
 
@@ -88,6 +89,7 @@ std::unique_ptr<cxlkv::Region> Context::open_pool() {
     fail(r.error().message());
     return nullptr;
   }
+  cxlkv_tools::report_pool_faults("cxlkvctl", pool_uri, r.value()->base(), r.value()->size());
   return std::move(r).value();
 }
 

@@ -19,6 +19,7 @@
 #include "cxlkv/region.hpp"
 #include "cxlkv/sync.hpp"
 #include "metrics_http.hpp"
+#include "pool_fault.hpp"
 #include "rpc/index_service.hpp"
 #include "cxlkv/version.h"
 
@@ -159,6 +160,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "cxlkvd: %s\n", region.error().message().c_str());
     return 1;
   }
+  cxlkv_tools::report_pool_faults("cxlkvd", pool, region.value()->base(), region.value()->size());
   if (mo.node >= region.value()->max_nodes()) {
     std::fprintf(stderr, "cxlkvd: --node %u: pool %s has nodes 0..%u only\n", mo.node, pool.c_str(),
                  region.value()->max_nodes() - 1);

@@ -23,6 +23,7 @@
 #include "cxlkv/region.hpp"
 #include "cxlkv/version.h"
 #include "pnm/synthetic.hpp"
+#include "pool_fault.hpp"
 
 namespace {
 
@@ -199,6 +200,7 @@ static int run(int argc, char** argv) {
     if (!r.ok()) die(r.error().message());
     region = std::move(r.value());
   }
+  cxlkv_tools::report_pool_faults("cxlkv-longctx", uri, region->base(), region->size());
   struct Cleanup {
     std::string shm;
     ~Cleanup() {
