@@ -402,3 +402,12 @@ TEST(Replay, APoolNamedWithPoolThatHoldsAValidPoolIsNotReformattedWithoutForce) 
   EXPECT_EQ(run_stderr("--requests 3 --prefill 1 --decode 1 --force --pool shm:" + name, &err), 0) << err;
   std::remove(("/dev/shm/" + name).c_str());
 }
+
+TEST(Replay, APlotPathThatCannotBeWrittenFailsBeforeAnyRun) {
+  // The picture is drawn after the whole sweep (minutes on the real trace):
+  // a bad path used to fail only then.
+  std::string err;
+  EXPECT_EQ(run_stderr("--requests 10 --sweep --plot /nonexistent-dir/x.svg", &err), 1);
+  EXPECT_NE(err.find("cxlkv-replay: --plot: cannot write /nonexistent-dir/x.svg.tmp"), std::string::npos) << err;
+  EXPECT_EQ(err.find("summary"), std::string::npos) << "the runs happened first: " << err;
+}

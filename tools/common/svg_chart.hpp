@@ -88,12 +88,13 @@ class Document {
     {
       std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
       if (!f) {
-        *err = "cannot write " + tmp + ": " + std::strerror(errno);
+        *err = cannot_write(tmp);
         return false;
       }
       f << text;
       if (!f.flush()) {
-        *err = "cannot write " + tmp + ": " + std::strerror(errno);
+        *err = cannot_write(tmp);
+        std::remove(tmp.c_str());
         return false;
       }
     }
@@ -104,8 +105,22 @@ class Document {
     }
     return true;
   }
+  // Whether save_text(path) can create its file: checked before a long run,
+  // so that a bad path fails at once rather than after all the work.
+  static bool can_save(const std::string& path, std::string* err) {
+    const std::string tmp = path + ".tmp";
+    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
+    if (!f) {
+      *err = cannot_write(tmp);
+      return false;
+    }
+    f.close();
+    std::remove(tmp.c_str());
+    return true;
+  }
 
  private:
+  static std::string cannot_write(const std::string& tmp) { return "cannot write " + tmp + ": " + std::strerror(errno); }
   double w_, h_;
   std::string body_;
 };

@@ -28,6 +28,7 @@
 #include "pool/format.hpp"
 #include "region/backend.hpp"
 #include "replay.hpp"
+#include "svg_chart.hpp"
 
 namespace replay {
 namespace {
@@ -531,6 +532,13 @@ int run_parent(const Config& c, char** argv, int argc) {
                    "runs on, which would destroy it: add --force to let it, or leave out --pool for a pool of its "
                    "own\n",
                    c.pool_uri.c_str(), (unsigned long long)existing.value()->superblock().generation);
+      return 1;
+    }
+  }
+  if (!c.plot.empty()) {  // the picture is drawn after the whole sweep: a bad path fails now
+    std::string perr;
+    if (!cxlkv::svg::Document::can_save(c.plot, &perr)) {
+      std::fprintf(stderr, "cxlkv-replay: --plot: %s\n", perr.c_str());
       return 1;
     }
   }
