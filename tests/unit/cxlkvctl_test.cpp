@@ -211,6 +211,17 @@ TEST_F(Cxlkvctl, APoolTruncatedUnderCxlkvdEndsItWithAMessageNotABusError) {
   EXPECT_TRUE(has(err, "cxlkvd: pool " + uri_ + ": bus error on the pool's memory: the pool file was truncated")) << err;
 }
 
+TEST_F(Cxlkvctl, CxlkvdIndexServiceOnAPoolWithoutItsCarveNamesTheFormatFlag) {
+  ASSERT_EQ(on_pool("format --size 64M").status, 0);  // no rpc.index carve, no free space for one
+  const std::string d = tool_.substr(0, tool_.rfind('/')) + "/cxlkvd";
+  const std::string cmd = "timeout 30 " + d + " --pool " + uri_ + " --foreground --metrics-listen none --index-service 2>" +
+                          path_ + ".err";
+  int st = std::system(cmd.c_str());
+  EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 1) << st;
+  const std::string err = slurp(path_ + ".err");
+  EXPECT_TRUE(has(err, "rpc carve 'rpc.index'") && has(err, "cxlkvctl format --index-service")) << err;
+}
+
 TEST_F(Cxlkvctl, UnformattedPoolSaysHowToFormatIt) {
   { std::ofstream(path_).write(std::string(4 << 20, '\0').data(), 4 << 20); }
   Outcome r = on_pool("carve list");

@@ -29,6 +29,13 @@ Result<void> check_geometry(const RpcGeometry& g, const std::string& what) {
   return {};
 }
 
+// How an operator gets a missing rpc carve (the index service's has a cxlkvctl flag).
+std::string how_to_format(std::string_view name) {
+  return name == CXLKV_CARVE_RPC ".index"
+             ? "format the pool with it: cxlkvctl format --index-service (PoolFormatOptions::extra_carves from C++)"
+             : "format the pool with it (PoolFormatOptions::extra_carves)";
+}
+
 std::string carve_what(const Region& r, std::string_view name) {
   return "pool " + r.uri() + ": rpc carve '" + std::string(name) + "': ";
 }
@@ -49,7 +56,7 @@ RpcGeometry rpc_geometry_for(uint64_t carve_size, RpcGeometry g) {
 Result<RpcCarve> RpcCarve::open(const Region& region, MemoryDomain& d, std::string_view name) {
   const std::string what = carve_what(region, name);
   auto ci = region.carve(name);
-  if (!ci) return Error(-ENOENT, what + "absent (format the pool with it, e.g. PoolFormatOptions::extra_carves)");
+  if (!ci) return Error(-ENOENT, what + "absent (" + how_to_format(name) + ")");
   RpcCarve c;
   c.name_ = std::string(name);
   c.base_ = region.at(ci->offset);
@@ -85,7 +92,7 @@ Result<RpcCarve> RpcCarve::open_or_format(Region& region, MemoryDomain& d, std::
     auto made = region.carve_create(name, rpc_carve_bytes(want), MemType::wb);
     if (!made)
       return Error(made.error().code(), what + "absent and cannot be created (" + made.error().message() +
-                                            "); format the pool with it (PoolFormatOptions::extra_carves)");
+                                            "); " + how_to_format(name));
     ci = made;
     // A carve made here may hold old bytes: zero it before the header.
     std::vector<std::byte> zero(1 << 16);
