@@ -602,6 +602,18 @@ TEST_F(CxlkvctlKv, AnSsdFileThatDoesNotExistSaysHowToCreateItAndATooSmallOneIsNo
   EXPECT_NE(access(ssd_.c_str(), F_OK), 0) << "the too-small SSD file stayed";
 }
 
+TEST_F(CxlkvctlKv, ATypoInCxlkvLockTimeoutMsKeepsTheBoundAndSaysSo) {
+  // strtoull read "30s" as 30 and "abc" as 0, and 0 means "wait forever":
+  // a typo removed the bound on every stripe lock wait.
+  write(files_[0], "x");
+  const std::string cmd = "env -u CXLKV_POOL CXLKV_LOCK_TIMEOUT_MS=abc " + tool_ + " --pool " + uri_ + " kv put k " +
+                          files_[0] + " >/dev/null 2>" + path_ + ".err";
+  EXPECT_EQ(std::system(cmd.c_str()), 0);
+  const std::string err = slurp(path_ + ".err");
+  EXPECT_TRUE(has(err, "CXLKV_LOCK_TIMEOUT_MS='abc' is not a number of milliseconds (0: wait forever); using 30000"))
+      << err;
+}
+
 TEST_F(Cxlkvctl, KvCommandsWithoutALockManagerFailWithAMessageInsteadOfHanging) {
   ASSERT_EQ(on_pool("format --size 64M").status, 0);
   std::ofstream(path_ + ".a") << "x";

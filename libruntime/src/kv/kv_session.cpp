@@ -13,6 +13,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "cxlkv/alloc.hpp"
@@ -22,6 +23,7 @@
 #include "index/prefix_index.hpp"
 #include "kv/kv_index_backend.hpp"
 #include "rpc/index_service.hpp"
+#include "util/log.hpp"
 
 namespace cxlkv {
 namespace {
@@ -33,7 +35,14 @@ namespace {
 // "start cxlkvd".  CXLKV_LOCK_TIMEOUT_MS overrides it; 0 waits forever.
 std::chrono::nanoseconds stripe_lock_timeout() {
   uint64_t ms = 30000;
-  if (const char* e = std::getenv("CXLKV_LOCK_TIMEOUT_MS"); e && *e) ms = std::strtoull(e, nullptr, 10);
+  if (const char* e = std::getenv("CXLKV_LOCK_TIMEOUT_MS"); e && *e) {
+    // Digits only: strtoull read a typo as 0, which means "wait forever".
+    const std::string v = e;
+    if (v.size() <= 12 && v.find_first_not_of("0123456789") == std::string::npos)
+      ms = std::strtoull(e, nullptr, 10);
+    else
+      log().warn("CXLKV_LOCK_TIMEOUT_MS='{}' is not a number of milliseconds (0: wait forever); using {}", v, ms);
+  }
   return ms ? std::chrono::nanoseconds(std::chrono::milliseconds(ms)) : std::chrono::nanoseconds::max();
 }
 
