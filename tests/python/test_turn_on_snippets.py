@@ -87,3 +87,30 @@ def test_package_docstring_example_runs(env):
     assert cxlkv.get_ok(kv.get(keys[:hit], cache, [0, 2, 3])).all()
     assert all(torch.equal(t[:, [0, 2, 3]], t[:, [5, 1, 7]]) for t in kv_caches)
     kv.close()
+
+
+def test_readme_python_example_runs_as_written(env):
+    """The README's Python block (section "Python and serving engines"), as
+    written, on a pool of this test: only the pool URI is replaced and the
+    engine's variables (token ids, paged caches, block ids) are given."""
+    import os
+    import torch
+    from conftest import ROOT
+    text = open(os.path.join(ROOT, "README.md"), encoding="utf-8").read()
+    sec = text[text.index("## Python and serving engines"):]
+    code = sec[sec.index("```python\n") + len("```python\n"):]
+    code = code[:code.index("```")]
+    assert 'cxlkv.Pool("dax:/dev/dax0.0")' in code
+    code = code.replace('"dax:/dev/dax0.0"', repr(env.uri))
+    kv_caches = {f"layers.{l}": torch.randn(2, 8, 16, 2, 32) for l in range(3)}  # vLLM FlashAttention layout
+    before = {k: v.clone() for k, v in kv_caches.items()}
+    g = dict(token_ids=list(range(1000, 1000 + 4 * 16 + 3)), kv_caches=kv_caches, block_ids=[6, 2, 4, 0],
+             other_ids=[1, 3, 5, 7])
+    exec(compile(code, "README.md", "exec"), g)  # noqa: S102 -- the documented example
+    try:
+        assert g["hit"] == 4 and cxlkv.get_ok(g["st"]).all()
+        for k, t in kv_caches.items():
+            assert torch.equal(t[:, [1, 3, 5, 7]], before[k][:, [6, 2, 4, 0]]), k
+    finally:
+        g["kv"].close()
+        g["pool"].close()
