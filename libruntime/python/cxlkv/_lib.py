@@ -215,6 +215,32 @@ def lib():
         return _lib
 
 
+class Handle:
+    """A C handle opened over a pool, shared by its Python owner and the pool.
+
+    The pool keeps its handles with strong references (this small object,
+    not the owner), so closing the pool closes every handle still open even
+    when the owner is unreachable garbage whose weak references the
+    collector already cleared (interpreter exit): the pool is never unmapped
+    under a live handle (its heartbeat and watcher threads crashed on it).
+    ``close_fn(h)`` runs once, under ``lock`` (the owner's lock for its C
+    calls)."""
+
+    __slots__ = ("h", "close_fn", "rank", "lock")
+
+    def __init__(self, close_fn, rank, lock=None):
+        self.h = C.c_void_p()
+        self.close_fn = close_fn
+        self.rank = rank
+        self.lock = lock if lock is not None else threading.RLock()
+
+    def close(self):
+        with self.lock:
+            if self.h:
+                h, self.h = self.h, C.c_void_p()
+                self.close_fn(h)
+
+
 def has(name):
     """Whether the loaded library exports C function `name`."""
     return hasattr(lib(), name)

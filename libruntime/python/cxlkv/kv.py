@@ -13,6 +13,7 @@ import ctypes as C
 import errno
 import threading
 import time
+import weakref
 
 import numpy as np
 
@@ -70,11 +71,12 @@ class Gpu:
 
     def __init__(self, pool, device=0, reference=False):
         self.pool = pool
-        self._h = C.c_void_p()
+        self._hd = _lib.Handle(_lib.lib().cxlkv_gpu_close, 2)
         o = _lib.GpuOpts(C.sizeof(_lib.GpuOpts), _lib.GPU_F_CPU_REFERENCE if reference else 0, device, 0)
         with pool._lock:
-            _lib.check(_lib.lib().cxlkv_gpu_open_pool(pool.handle, C.byref(o), C.byref(self._h)),
+            _lib.check(_lib.lib().cxlkv_gpu_open_pool(pool.handle, C.byref(o), C.byref(self._hd.h)),
                        f"pin pool {pool.uri} for the GPU")
+            pool._hold(self._hd)
             pool._adopt(self)
 
     _close_rank = 2
@@ -90,6 +92,10 @@ class Gpu:
         return rc == 0, msg.value.decode(errors="replace")
 
     @property
+    def _h(self):
+        return self._hd.h
+
+    @property
     def handle(self):
         """The C handle (``struct cxlkv_gpu *``); ValueError once closed."""
         if not self._h:
@@ -103,9 +109,8 @@ class Gpu:
 
     def close(self):
         """Unpin the pool (after the caller's streams are idle); twice is harmless."""
-        if self._h:
-            _lib.lib().cxlkv_gpu_close(self._h)
-            self._h = C.c_void_p()
+        self._hd.close()
+        self.pool._release(self._hd)
 
     def __enter__(self):
         return self
@@ -137,15 +142,19 @@ class KvStore:
     def __init__(self, pool, node, metrics=None, block_tokens=0):
         self.pool = pool
         self.node = node = _uint(node, 32, f"node of a KV store of {pool.uri}")
-        self._h = C.c_void_p()
         # Serialises the C calls on the handle and close() (one thread at a
         # time per handle: cxlkv.h).  Re-entrant: a Pins released by the
         # garbage collector inside a call of this thread unpins at once.
         self._lock = threading.RLock()
+        self._hd = _lib.Handle(_lib.lib().cxlkv_kv_close, 1, self._lock)
+        # What this handle holds in the pool on behalf of Python objects
+        # (Pins, layer-wise loads and saves): released by close() first.
+        self._held = weakref.WeakSet()
         o = _lib.KvOpts(C.sizeof(_lib.KvOpts), node, 0)
         with pool._lock:
-            _lib.check(_lib.lib().cxlkv_kv_open(pool.handle, C.byref(o), C.byref(self._h)),
+            _lib.check(_lib.lib().cxlkv_kv_open(pool.handle, C.byref(o), C.byref(self._hd.h)),
                        f"open KV store of {pool.uri} as node {node}")
+            pool._hold(self._hd)
             pool._adopt(self)
         self._lib = _lib.lib()
         # The hot batch calls through their own function objects taking plain
@@ -164,6 +173,10 @@ class KvStore:
         self.close()
 
     @property
+    def _h(self):
+        return self._hd.h
+
+    @property
     def handle(self):
         """The C handle (``struct cxlkv_kv *``); ValueError once closed.  A
         C call on it must hold ``self._lock``."""
@@ -173,12 +186,21 @@ class KvStore:
 
     def close(self):
         """Detach this node's handle (after a call in progress on another
-        thread returns).  Later calls raise ValueError; closing twice is
-        harmless."""
+        thread returns), unpinning the pins of :class:`Pins` not yet released
+        and ending unfinished layer-wise loads / saves first.  Later calls
+        raise ValueError; closing twice is harmless."""
         with self._lock:
             if self._h:
-                self._lib.cxlkv_kv_close(self._h)
-                self._h = C.c_void_p()
+                # Pins and reservations are the node's, and the node stays
+                # alive while this process lives: closing without giving them
+                # back kept those blocks unevictable for every node.
+                for obj in list(self._held):
+                    try:
+                        obj._release_for_store()
+                    except Exception:  # noqa: BLE001 -- closing must reach the C close
+                        pass
+                self._hd.close()
+            self.pool._release(self._hd)
 
     def __enter__(self):
         return self
@@ -391,6 +413,10 @@ class Pins:
     def __init__(self, store, keys, blocks, status):
         self.store, self.keys, self._blocks, self.status = store, keys, blocks, status
         self._released = False
+        store._held.add(self)
+
+    def _release_for_store(self):
+        self.release()
 
     @property
     def pinned(self):
@@ -422,6 +448,7 @@ class Pins:
             if self._released or not self.store._h:
                 return
             self._released = True
+            self.store._held.discard(self)
             # One call; handles of blocks that were not pinned are skipped by it.
             out = np.zeros(len(self.keys), dtype=np.int32)
             if len(self.keys):

@@ -20,6 +20,7 @@ the blocks are published only after the last layer's copy completed.
 Each is one C call to start, one per layer, one to finish (never per block).
 Statuses are those of :meth:`KvStore.get` / :meth:`KvStore.put`.
 """
+import contextlib
 import ctypes as C
 
 import numpy as np
@@ -74,6 +75,11 @@ def _stream(kv, stream):
     return C.c_void_p(torch.cuda.current_stream().cuda_stream)
 
 
+def _store_lock(store):
+    """The store's lock (its C session is used by the call), or nothing."""
+    return store._lock if store is not None else contextlib.nullcontext()
+
+
 def _args(keys, kv, block_ids, gpu):
     if not isinstance(kv, PagedKV):
         raise TypeError("cxlkv.layerwise: the KV cache must be a cxlkv.PagedKV")
@@ -92,13 +98,20 @@ class LayerLoad:
     the start (0 loading, MISS, -errno), ``loading`` the blocks being loaded,
     ``groups`` the number of layer groups (one event each)."""
 
-    def __init__(self, h, n, status, loading, kv):
+    def __init__(self, h, n, status, loading, kv, store=None):
         self._h = h
         self._n = n
         self.status = status
         self.loading = loading
         self._kv = kv
+        self._store = store
         self.groups = _L().cxlkv_gpu_load_groups(h)
+        if store is not None:
+            store._held.add(self)  # closing the store finishes it (its pins) first
+
+    def _release_for_store(self):
+        if self._h:
+            self.finish()
 
     def _live(self):
         if not self._h:
@@ -128,10 +141,11 @@ class LayerLoad:
     def finish(self):
         """Wait for every group, unpin; returns the final status array (as
         :meth:`KvStore.get`: 0 loaded, MISS, -errno).  Once."""
-        h = self._live()
-        self._h = None
-        st = np.zeros(self._n, dtype=np.int32)
-        _lib.check(_L().cxlkv_gpu_load_finish(h, st.ctypes.data_as(_I32P)), "cxlkv_gpu_load_finish")
+        with _store_lock(self._store):
+            h = self._live()
+            self._h = None
+            st = np.zeros(self._n, dtype=np.int32)
+            _lib.check(_L().cxlkv_gpu_load_finish(h, st.ctypes.data_as(_I32P)), "cxlkv_gpu_load_finish")
         self.status = st
         return st
 
@@ -154,12 +168,18 @@ class LayerSave:
     """A layer-wise save in progress.  ``status`` has the reservation of
     every block (RESERVED: this save writes it, EXISTS, BUSY, -errno)."""
 
-    def __init__(self, h, n, status, kv, layers):
+    def __init__(self, h, n, status, kv, layers, store=None):
         self._h = h
         self._n = n
         self.status = status
         self._kv = kv
         self.layers = layers
+        self._store = store
+        if store is not None:
+            store._held.add(self)  # closing the store aborts it (its reservations) first
+
+    def _release_for_store(self):
+        self.abort()
 
     def _live(self):
         if not self._h:
@@ -176,18 +196,20 @@ class LayerSave:
         """Wait for every layer's copy, then publish (parents first); blocks
         whose layers were not all saved are aborted (-ENODATA).  Returns the
         status array as :meth:`KvStore.put`.  Once."""
-        h = self._live()
-        self._h = None
-        st = np.zeros(self._n, dtype=np.int32)
-        _lib.check(_L().cxlkv_gpu_save_finish(h, st.ctypes.data_as(_I32P)), "cxlkv_gpu_save_finish")
+        with _store_lock(self._store):
+            h = self._live()
+            self._h = None
+            st = np.zeros(self._n, dtype=np.int32)
+            _lib.check(_L().cxlkv_gpu_save_finish(h, st.ctypes.data_as(_I32P)), "cxlkv_gpu_save_finish")
         self.status = st
         return st
 
     def abort(self):
         """Release every reservation (after the enqueued copies completed)."""
-        if self._h:
-            h, self._h = self._h, None
-            _L().cxlkv_gpu_save_abort(h)
+        with _store_lock(self._store):
+            if self._h:
+                h, self._h = self._h, None
+                _L().cxlkv_gpu_save_abort(h)
 
     def __enter__(self):
         return self
@@ -216,8 +238,8 @@ def load_layers(store, keys, dst, block_ids, gpu, layers_per_group=1, stream=Non
         rc = _L().cxlkv_kv_gpu_load_layers(store.handle, gpu.handle, C.byref(lay), k.ctypes.data_as(_KEYP),
                                            ids.ctypes.data_as(_U64P), n, int(layers_per_group), _stream(dst, stream),
                                            st.ctypes.data_as(_I32P), C.byref(h))
-    _lib.check(rc, "cxlkv_kv_gpu_load_layers")
-    return LayerLoad(h, n, st, rc, dst)
+        _lib.check(rc, "cxlkv_kv_gpu_load_layers")
+        return LayerLoad(h, n, st, rc, dst, store)
 
 
 def save_layers(store, keys, src, block_ids, gpu, parent=None):
@@ -234,5 +256,5 @@ def save_layers(store, keys, src, block_ids, gpu, parent=None):
                                           par.ctypes.data_as(_KEYP) if par is not None else None,
                                           k.ctypes.data_as(_KEYP), ids.ctypes.data_as(_U64P), n,
                                           st.ctypes.data_as(_I32P), C.byref(h))
-    _lib.check(rc, "cxlkv_kv_gpu_save_begin")
-    return LayerSave(h, n, st, src, lay.num_layers)
+        _lib.check(rc, "cxlkv_kv_gpu_save_begin")
+        return LayerSave(h, n, st, src, lay.num_layers, store)

@@ -20,6 +20,7 @@ class Pool:
         self.uri = uri
         self._h = C.c_void_p()
         self._deps = weakref.WeakSet()  # objects whose C handles point into this mapping
+        self._handles = {}  # id -> _lib.Handle of every C handle still open over it (strong)
         # Held by this object's C calls, by the opening of objects over the
         # pool and by close(), so the mapping is never unmapped under a call.
         self._lock = threading.RLock()
@@ -86,6 +87,14 @@ class Pool:
         ``_close_for_pool()``): closing the pool closes it first."""
         self._deps.add(obj)
 
+    def _hold(self, handle):
+        """Register an open C handle (a :class:`_lib.Handle`) over this pool."""
+        self._handles[id(handle)] = handle
+
+    def _release(self, handle):
+        """Forget a handle its owner closed."""
+        self._handles.pop(id(handle), None)
+
     def close(self):
         """Unmap the pool.  What was opened over it (async stores, KV stores,
         GPU pins, the lock manager, in that order) is closed first, so no C
@@ -98,6 +107,14 @@ class Pool:
                     d._close_for_pool()
                 except Exception:  # noqa: BLE001 -- closing must reach the unmap
                     pass
+            # Handles whose owners the garbage collector is finalizing (their
+            # weak references are gone already): closed all the same.
+            for hd in sorted(self._handles.values(), key=lambda hd: hd.rank):
+                try:
+                    hd.close()
+                except Exception:  # noqa: BLE001
+                    pass
+            self._handles.clear()
             _lib.lib().cxlkv_pool_close(self._h)
             self._h = C.c_void_p()
 
@@ -124,11 +141,12 @@ class LockManager:
 
     def __init__(self, pool, node=0, lease_ms=0, wait=False):
         self.pool = pool
-        self._h = C.c_void_p()
+        self._hd = _lib.Handle(_lib.lib().cxlkv_lock_manager_stop, 3)
         o = _lib.LockManagerOpts(C.sizeof(_lib.LockManagerOpts), node, lease_ms, 1 if wait else 0, 0)
         with pool._lock:
-            _lib.check(_lib.lib().cxlkv_lock_manager_start(pool.handle, C.byref(o), C.byref(self._h)),
+            _lib.check(_lib.lib().cxlkv_lock_manager_start(pool.handle, C.byref(o), C.byref(self._hd.h)),
                        f"start lock manager of {pool.uri}")
+            pool._hold(self._hd)
             pool._adopt(self)
 
     _close_rank = 3
@@ -138,9 +156,8 @@ class LockManager:
 
     def stop(self):
         """Stop the manager thread and give its lease back (twice is harmless)."""
-        if self._h:
-            _lib.lib().cxlkv_lock_manager_stop(self._h)
-            self._h = C.c_void_p()
+        self._hd.close()
+        self.pool._release(self._hd)
 
     def __enter__(self):
         return self
