@@ -8,6 +8,7 @@
 // small-file-system cases mount a tmpfs of a few MiB (root; skipped when the
 // mount is refused).
 #include <gtest/gtest.h>
+#include <sys/mman.h>
 #include <sys/mount.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -22,7 +23,9 @@
 #include <fstream>
 #include <string>
 
+#include "cxlkv/kv.hpp"
 #include "cxlkv/region.hpp"
+#include "cxlkv/sync.hpp"
 #include "pool/format.hpp"
 #include "sync/node_local.hpp"
 #include "tier/ssd_device.hpp"
@@ -405,6 +408,96 @@ TEST(PoolFiles, AttachFaultsTheWholePoolIn) {
     ASSERT_TRUE(e.ok());
     EXPECT_LT(smaps_field(e.value()->base(), "Rss:"), 4 * MiB) << "CXLKV_PREFAULT=0 turns it off";
   }
+}
+
+// OpenOptions::map_on_use: attach maps nothing; prepare() maps whole 2 MiB
+// granules once, and only those a range touches.
+TEST(PoolFiles, MapOnUseAttachMapsOnlyThePreparedGranules) {
+  std::string name = unique("onuse"), path = "/dev/shm/" + name;
+  Removed rm{path};
+  ASSERT_TRUE(format_pool("shm:" + name + ":32M", PoolFormatOptions{}).ok());
+  OpenOptions o;
+  o.map_on_use = true;
+  auto r = Region::open("shm:" + name, o);
+  ASSERT_TRUE(r.ok()) << r.error().message();
+  const Region& pool = *r.value();
+  const uint64_t at_attach = smaps_field(pool.base(), "Rss:");
+  EXPECT_LT(at_attach, 4 * MiB) << "nothing but what attach read is mapped";
+
+  // Read fault-around may map up to a window (64 KiB) beside a range's ends.
+  constexpr uint64_t kSlack = 256 * 1024;
+  auto near = [&](uint64_t got, uint64_t want) { return got + 64 * 1024 >= want && got <= want + kSlack; };
+  pool.prepare(16 * MiB + 100, 1);  // one byte: its whole granule [16, 18) MiB
+  const uint64_t one = smaps_field(pool.base(), "Rss:");
+  EXPECT_PRED2(near, one, at_attach + 2 * MiB) << "the granule of the byte is mapped";
+  pool.prepare(16 * MiB, 2 * MiB);  // the same granule again: nothing new
+  EXPECT_EQ(smaps_field(pool.base(), "Rss:"), one);
+  pool.prepare(16 * MiB + 4096, 4 * MiB);  // granules 8 (mapped), 9 and 10 (new)
+  const uint64_t three = smaps_field(pool.base(), "Rss:");
+  EXPECT_PRED2(near, three, one + 4 * MiB);
+  pool.prepare(31 * MiB, 64 * MiB);  // past the end: up to the end only (granule 15)
+  const uint64_t four = smaps_field(pool.base(), "Rss:");
+  EXPECT_PRED2(near, four, three + 2 * MiB);
+  pool.prepare(64 * MiB, 2 * MiB);  // outside the pool: nothing
+  EXPECT_EQ(smaps_field(pool.base(), "Rss:"), four);
+  EXPECT_LT(four, 12 * MiB) << "4 granules of 16 and what attach read";
+
+  // The bytes are the pool's: a write through one mapping is read through another.
+  std::memset(pool.at(17 * MiB), 0x5a, 4096);
+  auto whole = Region::open("shm:" + name);
+  ASSERT_TRUE(whole.ok());
+  EXPECT_EQ(std::to_integer<int>(*whole.value()->at(17 * MiB + 4095)), 0x5a);
+  // Without map_on_use prepare() has nothing to do (all mapped at attach).
+  whole.value()->prepare(0, 32 * MiB);
+  EXPECT_EQ(smaps_field(whole.value()->base(), "Rss:"), 32 * MiB);
+}
+
+// A KV store over a map_on_use pool maps each block's payload before its
+// copy: a put and a get move the right bytes, and the pool stays mapped
+// only around what was used.
+TEST(PoolFiles, MapOnUseKvStoreMapsEachBlockBeforeItsCopy) {
+  const std::string name = unique("onusekv"), uri = "shm:" + name + ":64M";
+  Removed rm{"/dev/shm/" + name};
+  PoolFormatOptions fo;
+  ASSERT_TRUE(format_pool(uri, fo).ok());
+  OpenOptions o;
+  o.map_on_use = true;
+  auto region = Region::open("shm:" + name, o);
+  ASSERT_TRUE(region.ok()) << region.error().message();
+  auto mgr = LockManager::create(*region.value());
+  ASSERT_TRUE(mgr.ok()) << mgr.error().message();
+  mgr.value()->start();
+  NodeOptions no;
+  no.node = 1;
+  auto node = NodeContext::attach(*region.value(), no);
+  ASSERT_TRUE(node.ok()) << node.error().message();
+  const std::string local = node.value()->local_shm_name();
+  {
+    auto s = open_kv_session(*region.value(), *node.value());
+    ASSERT_TRUE(s.ok()) << s.error().message();
+    KvStore& kv = s.value()->store();
+    const uint64_t before = smaps_field(region.value()->base(), "Rss:");
+    const uint64_t bytes = 2 * MiB;
+    std::vector<std::byte> src(bytes), got(bytes);
+    for (size_t i = 0; i < bytes; i++) src[i] = std::byte(i * 7 + i / 4096);
+    BlockKey k{0x1234, 0x5678};
+    Chunk in{src.data(), bytes}, out{got.data(), bytes};
+    uint32_t nch = 1;
+    int32_t st = -1;
+    auto put = kv.put_chain(nullptr, {&k, 1}, bytes, {&in, 1}, {&nch, 1}, {&st, 1});
+    ASSERT_TRUE(put.ok()) << put.error().message();
+    ASSERT_EQ(put.value(), 1u) << "status " << st;
+    const uint64_t after_put = smaps_field(region.value()->base(), "Rss:");
+    EXPECT_GE(after_put, before + bytes - 64 * 1024) << "the block's payload was mapped for the write";
+    EXPECT_LT(after_put, 24 * MiB) << "not the whole 64 MiB pool";
+    auto get = kv.get_many({&k, 1}, {&out, 1}, {&nch, 1}, {&st, 1});
+    ASSERT_TRUE(get.ok()) << get.error().message();
+    ASSERT_EQ(get.value(), 1u) << "status " << st;
+    EXPECT_EQ(std::memcmp(src.data(), got.data(), bytes), 0) << "byte-exact";
+  }
+  node.value().reset();
+  shm_unlink(("/" + local).c_str());
+  mgr.value()->stop();
 }
 
 TEST(PoolFiles, HugePagesFallBackOnATmpfsWithoutThem) {

@@ -249,12 +249,17 @@ int run_worker(const Config& c) {
   Coord& co = *static_cast<Coord*>(m);
   WorkerCounters& wc = co.workers[c.node];
 
-  auto region = Region::open(c.pool_uri);
+  // Each worker maps the pool's pages as it first uses them (its share of
+  // the blocks) rather than the whole pool at attach: page tables built at
+  // attach, and torn down at exit, for what it never touches.
+  OpenOptions oo;
+  oo.map_on_use = true;
+  auto region = Region::open(c.pool_uri, oo);
   if (!region) return fail(region.error().message());
   std::vector<std::unique_ptr<Region>> extra;
   KvOpenOptions ko;
   for (auto& u : c.extra_pools) {
-    auto r = Region::open(u);
+    auto r = Region::open(u, oo);
     if (!r) return fail(r.error().message());
     extra.push_back(std::move(r.value()));
     ko.extra_devices.push_back(extra.back().get());

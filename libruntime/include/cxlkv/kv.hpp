@@ -46,6 +46,9 @@ struct PoolDevice {
   // device's kv carve); an index entry naming other bytes (the superblock,
   // another carve) is refused, never read.  0, 0: the whole device.
   uint64_t payload_lo = 0, payload_hi = 0;
+  // The device's pool, when it maps on use (OpenOptions::map_on_use): each
+  // block's payload range is prepared (Region::prepare) before its copy.
+  const Region* region = nullptr;
 };
 
 // Payload I/O of one tier (MEM: pool devices; SSD: the tier layer).

@@ -10,9 +10,10 @@
 // and refuses a damaged pool with an Error naming the pool and the problem.
 #pragma once
 
+#include <atomic>
+#include <cassert>
 #include <cstddef>
 #include <cstdint>
-#include <cassert>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -76,6 +77,14 @@ struct OpenOptions {
   // pages (4 KiB per GiB with 2 MiB pages), and attach takes time in
   // proportion to the pool size.  CXLKV_PREFAULT=0 turns it off.
   bool prefault = true;
+  // With prefault: attaching to an existing shm:/file: pool maps no page up
+  // front; Region::prepare() maps a range at its first use instead (2 MiB
+  // at a time, once per process), and the KV store prepares each block's
+  // payload before its copy.  For a process that uses part of a large pool
+  // (each of several workers, or a reader of a few blocks): it builds page
+  // tables (and tears them down at exit) only for what it touches, instead
+  // of the whole pool at attach.  Format still faults everything in.
+  bool map_on_use = false;
   HugePages huge_pages = HugePages::off;  // CXLKV_HUGE_PAGES when off
 };
 
@@ -155,6 +164,13 @@ class Region {
   }
   bool contains(uint64_t off, uint64_t len) const { return off <= size_ && len <= size_ - off; }
 
+  // OpenOptions::map_on_use: map [off, off + len) now if this process has
+  // not yet (whole 2 MiB granules, one madvise per run of new ones), so
+  // that the copy that follows takes no page fault per 4 KiB page.  A hint:
+  // a range it cannot map is faulted in by the access as usual.  Thread
+  // safe; nothing to do (and cheap) on a pool mapped whole at attach.
+  void prepare(uint64_t off, uint64_t len) const;
+
  private:
   Region() = default;
   static Result<std::unique_ptr<Region>> attach(std::string uri, BackendKind kind,
@@ -178,6 +194,9 @@ class Region {
   uint32_t torn_read_patience_us_ = 5000;
   mutable std::mutex mu_;                 // last_good_
   mutable cxlkv_superblock last_good_{};  // last superblock that validated
+  // map_on_use: one bit per 2 MiB granule this process has mapped (null:
+  // the pool was mapped whole, or not by this process's page tables).
+  std::unique_ptr<std::atomic<uint64_t>[]> mapped_;
 };
 
 // Typed pool pointer: an offset, never a virtual address (DESIGN: the pool).

@@ -287,6 +287,7 @@ Result<std::unique_ptr<KvSession>> open_kv_session(Region& pool, NodeContext& no
   // Issue 12: payload only inside each device's kv carve.
   auto device = [](Region& r, MemoryDomain& dom) {
     PoolDevice dv{&dom, r.base(), r.size()};
+    dv.region = &r;  // map_on_use pools: payload mapped block by block at first use
     if (auto kv = r.carve(CXLKV_CARVE_KV)) {
       dv.payload_lo = kv->offset;
       dv.payload_hi = kv->offset + kv->size;

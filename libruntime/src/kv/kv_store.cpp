@@ -10,6 +10,7 @@
 #include <thread>
 
 #include "cxlkv/kv.hpp"
+#include "cxlkv/region.hpp"
 #include "index/index_check.hpp"
 #include "index/prefix_index.hpp"
 #include "kv/interleave.hpp"
@@ -68,6 +69,7 @@ class MemTier final : public PayloadTier {
           return Error(-EFAULT, "kv: interleaved block at " + std::to_string(loc.offset) + " exceeds device " +
                                     std::to_string(d));
         CXLKV_TRY(in_payload_range(devs_[d], d, loc.offset, ext));
+        if (devs_[d].region) devs_[d].region->prepare(loc.offset, ext);  // map_on_use: before the copy
       }
       if (!wr) {
         // rules 4/6: each device's part of the block is invalidated in one
@@ -105,6 +107,7 @@ class MemTier final : public PayloadTier {
       return Error(-EFAULT, "kv: block [" + std::to_string(loc.offset) + ", +" + std::to_string(loc.length) +
                                 ") outside device " + std::to_string(loc.device));
     CXLKV_TRY(in_payload_range(dv, loc.device, loc.offset, loc.length));
+    if (dv.region) dv.region->prepare(loc.offset, loc.length);  // map_on_use: before the copy
     std::byte* pool = dv.base + loc.offset;
     // gather_write: NT / flushed copy + fence (rule 3), so the caller may
     // publish; scatter_read invalidates before loading (rule 6).

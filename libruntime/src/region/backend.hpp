@@ -47,6 +47,9 @@ struct BackendOpenOptions {
   // Mapping (shm:, file:): fault every page in at map(), and huge pages;
   // see OpenOptions.  Probes that only read the superblock leave them off.
   bool prefault = false;
+  // With prefault: an existing device is not faulted in at map(); map_range()
+  // maps parts of it on demand (OpenOptions::map_on_use).  Format ignores it.
+  bool map_on_use = false;
   HugePages huge_pages = HugePages::off;
 };
 
@@ -69,6 +72,11 @@ class Backend {
   // Map the whole device shared, read/write.  One mapping per backend.
   virtual Result<std::byte*> map() = 0;
   virtual void unmap() = 0;
+  // map_on_use: whether map() left the pages to map_range(), and mapping
+  // [off, off + len) of the mapping now (page-aligned; a hint: false when
+  // the kernel refused, the access then faults as usual).
+  virtual bool maps_on_use() const { return false; }
+  virtual bool map_range(uint64_t /*off*/, uint64_t /*len*/) { return true; }
 
   // Serialize superblock updates between processes of this host (flock on
   // the device file where there is one); unlock_metadata() releases it.

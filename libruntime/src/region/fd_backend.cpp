@@ -10,6 +10,7 @@
 #include <sys/statvfs.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cinttypes>
 #include <cstdio>
@@ -107,6 +108,7 @@ BackendOpenOptions attach_options(const OpenOptions& o) {
   BackendOpenOptions b;
   std::string pf = env_or_empty("CXLKV_PREFAULT");
   b.prefault = o.prefault && !(pf == "0" || pf == "off" || pf == "no");
+  b.map_on_use = b.prefault && o.map_on_use;
   b.huge_pages = o.huge_pages;
   if (b.huge_pages == HugePages::off) {
     std::string h = env_or_empty("CXLKV_HUGE_PAGES");
@@ -213,8 +215,18 @@ Result<std::byte*> FdBackend::map() {
 
   const bool formatting = s_.allocate;
   Result<void> r;
-  if (s_.allocate) r = allocate_and_populate();
-  else if (s_.prefault) r = populate();
+  if (s_.allocate) {
+    r = allocate_and_populate();
+  } else if (s_.prefault && s_.map_on_use && s_.huge == HugePages::off) {
+    // Mapped on use (Region::prepare): the same populate as below, a range
+    // at a time (tmpfs / hugetlbfs: the pages exist, read populate maps them
+    // writable; a file system that tracks dirty pages: write populate).
+    struct statfs f {};
+    const bool mem_fs = ::fstatfs(s_.fd, &f) == 0 && (f.f_type == TMPFS_MAGIC || f.f_type == HUGETLBFS_MAGIC);
+    on_use_advice_ = mem_fs ? MADV_POPULATE_READ : MADV_POPULATE_WRITE;
+  } else if (s_.prefault) {
+    r = populate();
+  }
   if (!r) {
     unmap();
     if (s_.allocate) undo_creation();
@@ -238,6 +250,12 @@ Result<std::byte*> FdBackend::map() {
     }
   }
   return base_;
+}
+
+bool FdBackend::map_range(uint64_t off, uint64_t len) {
+  if (!base_ || !on_use_advice_ || off >= s_.size) return false;
+  len = std::min(len, s_.size - off);
+  return ::madvise(base_ + off, len, on_use_advice_) == 0;
 }
 
 void FdBackend::unmap() {
@@ -273,6 +291,7 @@ Result<std::unique_ptr<Backend>> open_fd_backend(const PoolUri& uri, const std::
   s.created = f->created;
   s.size = s.old_size = static_cast<uint64_t>(f->st.st_size);
   s.prefault = o.prefault;
+  s.map_on_use = o.map_on_use;
   s.huge = o.huge_pages;
   auto fail = [&](Error e) -> Result<std::unique_ptr<Backend>> {
     if (s.created) ::unlink(path.c_str());

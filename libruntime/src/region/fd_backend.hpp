@@ -23,6 +23,7 @@ class FdBackend : public Backend {
     uint64_t old_size = 0;  // size before this open resized it
     bool allocate = false;  // allocate the whole file at map()
     bool prefault = false;
+    bool map_on_use = false;
     HugePages huge = HugePages::off;
   };
   FdBackend(PoolUri uri, Setup s) : Backend(std::move(uri)), s_(std::move(s)) {}
@@ -32,6 +33,8 @@ class FdBackend : public Backend {
   uint64_t map_alignment() const override;
   Result<std::byte*> map() override;
   void unmap() override;
+  bool maps_on_use() const override { return on_use_advice_ != 0; }
+  bool map_range(uint64_t off, uint64_t len) override;
   Result<void> lock_metadata() override;
   void unlock_metadata() override;
   // After map(): whether huge pages back the mapping (checked only when the
@@ -47,6 +50,7 @@ class FdBackend : public Backend {
   Setup s_;
   std::byte* base_ = nullptr;
   bool huge_effective_ = false;
+  int on_use_advice_ = 0;  // map_on_use: the madvise that maps a range (0: mapped whole at map())
 };
 
 // Open (optionally create / resize) the file at `path` for the pool `uri`.

@@ -24,6 +24,11 @@
 
 namespace cxlkv {
 
+namespace {
+// Region::prepare maps whole granules of this size (the carve alignment).
+constexpr uint64_t kGranule = 2ull << 20;
+}  // namespace
+
 using region::human_size;
 
 const char* to_string(BackendKind k) {
@@ -155,7 +160,34 @@ Result<std::unique_ptr<Region>> Region::attach(std::string uri, BackendKind kind
   r->owned_domain_ = std::move(domain->owned);
   r->domain_ = domain->d;
   r->torn_read_patience_us_ = opts.torn_read_patience_us;
+  if (r->backend_->maps_on_use()) {
+    const uint64_t words = (r->size_ / kGranule + 63) / 64 + 1;
+    r->mapped_.reset(new std::atomic<uint64_t>[words]);
+    for (uint64_t i = 0; i < words; i++) r->mapped_[i].store(0, std::memory_order_relaxed);
+  }
   return r;
+}
+
+void Region::prepare(uint64_t off, uint64_t len) const {
+  if (!mapped_ || len == 0 || off >= size_) return;
+  len = std::min(len, size_ - off);
+  const uint64_t first = off / kGranule, last = (off + len - 1) / kGranule;
+  auto is_mapped = [&](uint64_t g) {
+    return (mapped_[g / 64].load(std::memory_order_relaxed) >> (g % 64)) & 1;
+  };
+  // Runs of granules not mapped yet: one madvise each.  Two threads may map
+  // the same granule at once; mapping is idempotent.
+  for (uint64_t g = first; g <= last;) {
+    if (is_mapped(g)) {
+      g++;
+      continue;
+    }
+    uint64_t end = g + 1;
+    while (end <= last && !is_mapped(end)) end++;
+    if (backend_->map_range(g * kGranule, (end - g) * kGranule))
+      for (uint64_t k = g; k < end; k++) mapped_[k / 64].fetch_or(1ull << (k % 64), std::memory_order_relaxed);
+    g = end;
+  }
 }
 
 Result<std::unique_ptr<Region>> Region::validate_attached(std::unique_ptr<Region> r) {
