@@ -110,3 +110,32 @@ def test_mla_only_rank_0_writes_and_old_interface(env):
     assert r0.batch_get(["k-old", "k-none"], [torch.zeros(64), torch.zeros(64)])[1] is None
     r0.close()
     r1.close()
+
+
+def test_a_failing_call_answers_false_and_logs_why(env, caplog):
+    """SGLang's threads must not see an exception, so a failed call answers
+    False / 0 -- and says why on the cxlkv.sglang logger (before, nothing
+    told the operator why every page came back False)."""
+    import logging
+    from cxlkv.integrations import sglang as cs
+    b = cs.CxlkvHiCacheStorage(sglang_config(extra={"pool": env.uri, "node": 2}), None)
+    keys = page_hashes(2, b"log")
+    with caplog.at_level(logging.WARNING, logger="cxlkv.sglang"):
+        assert b.batch_set_v1(keys, torch.arange(0, 32)) == [False, False]  # no host pool registered yet
+        assert "register_mem_pool_host() was not called" in caplog.text
+        caplog.clear()
+        host = SGLangHostPool()
+        b.register_mem_pool_host(host)
+        # pages of another size under the same keys: per-page errors, logged with the library's message
+        assert b.batch_set_v1(keys, torch.arange(0, 32)) == [True, True]
+        small = SGLangHostPool(head=8)
+        b.register_mem_pool_host(small)
+        assert b.batch_get_v1(keys, torch.arange(0, 32)) == [False, False]
+        assert "batch_get_v1 failed" in caplog.text and "EINVAL" in caplog.text
+        caplog.clear()
+        b.store.close()
+        assert b.batch_exists(keys) == 0 and b.batch_get_v1(keys, torch.arange(0, 32)) == [False, False]
+        assert b.batch_exists(keys) == 0  # the same cause again: counted, logged at powers of two
+        assert f"KV store of node 2 on {env.uri} is closed" in caplog.text
+        assert "(2 times)" in caplog.text
+    b.close()

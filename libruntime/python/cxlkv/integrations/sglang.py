@@ -28,10 +28,14 @@ backup threads die on a None); ``get`` returns None only for a missing key, as
 the interface defines.
 """
 
+import logging
+
 import cxlkv
 from cxlkv.layout import RawChunks
 
 __all__ = ["CxlkvHiCacheStorage"]
+
+log = logging.getLogger("cxlkv.sglang")
 
 
 def _cfg(storage_config, name, default=None):
@@ -43,7 +47,18 @@ def _cfg(storage_config, name, default=None):
 
 
 class CxlkvHiCacheStorageImpl:
-    """The backend's logic; :data:`CxlkvHiCacheStorage` adds SGLang's base class."""
+    """SGLang HiCache L3 storage backend over a cxlkv pool.
+
+    ``CxlkvHiCacheStorage(storage_config, kwargs)`` then
+    ``register_mem_pool_host(host_pool)``, as SGLang's dynamic backend
+    factory does.  Config: ``extra_config`` of the storage config (or
+    ``kwargs``): ``pool`` (URI, required), ``node`` (default 1),
+    ``namespace``.  Thread-safe (SGLang's prefetch and backup threads call at
+    once).  Every batch call returns a list, never None; a call that fails
+    returns False / 0 for its keys and logs the cause on the ``cxlkv.sglang``
+    logger (SGLang would lose its thread on an exception).
+    :data:`CxlkvHiCacheStorage` adds SGLang's base class when SGLang is
+    importable."""
 
     def __init__(self, storage_config=None, kwargs=None, **extra):
         cfg = dict(_cfg(storage_config, "extra_config") or {})
@@ -64,19 +79,38 @@ class CxlkvHiCacheStorageImpl:
         # used by one thread at a time.
         self._lock = threading.Lock()
         self.mem_pool_host = None
+        self._failures = {}  # message -> times seen (logged at 1, 2, 4, 8, ...)
+
+    def _failed(self, what, e):
+        """A call that SGLang must not see raise: log why (the first time a
+        cause is seen, then at powers of two) and let the caller answer False."""
+        msg = f"cxlkv HiCache {what} failed: {type(e).__name__}: {e}"
+        n = self._failures[msg] = self._failures.get(msg, 0) + 1
+        if n & (n - 1) == 0:
+            log.warning("%s%s", msg, f" ({n} times)" if n > 1 else "")
 
     def register_mem_pool_host(self, mem_pool_host):
+        """The host KV pool whose ``get_page_buffer_meta`` names each page's pieces."""
         self.mem_pool_host = mem_pool_host
 
     def _keys(self, keys):
         return cxlkv.keys_from_hashes(list(keys), self.namespace)
 
     def _pages(self, keys, host_indices):
+        if self.mem_pool_host is None:
+            raise RuntimeError("no host memory pool: register_mem_pool_host() was not called")
         ptrs, sizes = self.mem_pool_host.get_page_buffer_meta(host_indices)
         n = len(keys)
         if n == 0 or len(ptrs) % n:
             raise ValueError(f"cxlkv: {len(ptrs)} page pieces for {n} keys")
         return RawChunks(ptrs, sizes, len(ptrs) // n)
+
+    def _note_blocks(self, what, st, fine):
+        """Log the cause of blocks that failed (not a plain miss / busy)."""
+        if not fine.all():
+            bad = sorted({cxlkv.status_name(x) for x in st[~fine]})
+            self._failed(what, RuntimeError(f"{int((~fine).sum())} of {len(st)} pages: {', '.join(bad)}"
+                                            f"{'; ' + self.store.last_error if self.store.last_error else ''}"))
 
     # ---- zero-copy v1 -----------------------------------------------------------
     def batch_exists(self, keys, extra_info=None):
@@ -86,7 +120,8 @@ class CxlkvHiCacheStorageImpl:
         try:
             with self._lock:
                 return int(self.store.lookup(self._keys(keys)))
-        except Exception:
+        except Exception as e:  # noqa: BLE001 -- SGLang's thread must live on
+            self._failed("batch_exists", e)
             return 0
 
     def batch_get_v1(self, keys, host_indices, extra_info=None):
@@ -97,8 +132,10 @@ class CxlkvHiCacheStorageImpl:
             pages = self._pages(keys, host_indices)
             with self._lock:
                 st = self.store.get(self._keys(keys), pages)
+            self._note_blocks("batch_get_v1", st, cxlkv.get_ok(st) | (st == cxlkv.MISS))
             return [bool(x) for x in cxlkv.get_ok(st)]
-        except Exception:
+        except Exception as e:  # noqa: BLE001 -- SGLang's thread must live on
+            self._failed("batch_get_v1", e)
             return [False] * len(keys)
 
     def batch_set_v1(self, keys, host_indices, extra_info=None):
@@ -112,12 +149,15 @@ class CxlkvHiCacheStorageImpl:
             pages = self._pages(keys, host_indices)
             with self._lock:
                 st = self.store.put(self._keys(keys), pages)
+            self._note_blocks("batch_set_v1", st, cxlkv.put_ok(st) | (st == cxlkv.BUSY))
             return [bool(x) for x in cxlkv.put_ok(st)]
-        except Exception:
+        except Exception as e:  # noqa: BLE001 -- SGLang's thread must live on
+            self._failed("batch_set_v1", e)
             return [False] * len(keys)
 
     # ---- the older per-tensor interface ----------------------------------------------
     def exists(self, key):
+        """Whether page ``key`` is in the pool."""
         return self.batch_exists([key]) == 1
 
     def get(self, key, target_location=None, target_sizes=None):
@@ -128,15 +168,18 @@ class CxlkvHiCacheStorageImpl:
         try:
             with self._lock:
                 st = self.store.get(self._keys([key]), [target_location])
-        except Exception:
+        except Exception as e:  # noqa: BLE001
+            self._failed("get", e)
             return None
         return target_location if cxlkv.get_ok(st)[0] else None
 
     def batch_get(self, keys, target_locations=None, target_sizes=None):
+        """:meth:`get` of each key into its target: a list (None for a miss)."""
         locs = list(target_locations) if target_locations is not None else [None] * len(keys)
         return [self.get(k, t) for k, t in zip(keys, locs)]
 
     def set(self, key, value=None, target_location=None, target_sizes=None):
+        """Store one page from tensor ``value``; True when it is in the pool."""
         if value is None:
             return False
         if self.is_mla and self.tp_rank != 0:
@@ -144,22 +187,28 @@ class CxlkvHiCacheStorageImpl:
         try:
             with self._lock:
                 st = self.store.put(self._keys([key]), [value.contiguous() if hasattr(value, "contiguous") else value])
-        except Exception:
+        except Exception as e:  # noqa: BLE001
+            self._failed("set", e)
             return False
         return bool(cxlkv.put_ok(st)[0])
 
     def batch_set(self, keys, values=None, target_locations=None, target_sizes=None):
+        """:meth:`set` of each (key, value); True when every page is in the pool."""
         if values is None:
             return False
         return all([self.set(k, v) for k, v in zip(keys, values)])
 
     def clear(self):
-        pass
+        """Nothing to do: the pool is shared with other hosts and engines;
+        its blocks leave by eviction (or ``cxlkvctl kv evict``)."""
 
     def get_stats(self):
+        """None: the pool's statistics are ``cxlkv.Pool.prometheus()`` /
+        cxlkvd's metrics endpoint."""
         return None
 
     def close(self):
+        """Close the KV store and the pool."""
         self.store.close()
         self.pool.close()
 
