@@ -263,3 +263,33 @@ def test_closing_the_pool_first_or_exiting_with_everything_open_does_not_crash(t
                 for node in range(4):
                     p.remove_node_local(node)
             os.unlink(path)
+
+
+def test_help_explains_every_public_call():
+    """help() on the package's classes and the engine adapters explains every
+    public method and property (an engineer plugging cxlkv in reads these)."""
+    import inspect
+    from cxlkv.integrations import lmcache, sglang, vllm
+    import cxlkv.aio
+    import cxlkv.layerwise
+    import cxlkv.metrics
+    import cxlkv.pnm
+    objs = {n: getattr(cxlkv, n) for n in cxlkv.__all__ if callable(getattr(cxlkv, n))}
+    objs.update(AsyncKv=cxlkv.aio.AsyncKv, Metrics=cxlkv.metrics.Metrics, RawChunks=cxlkv.layout.RawChunks,
+                LayerLoad=cxlkv.layerwise.LayerLoad, LayerSave=cxlkv.layerwise.LayerSave,
+                PnmStore=cxlkv.pnm.PnmStore, CxlkvConnector=vllm.CxlkvConnector,
+                CxlkvHiCacheStorage=sglang.CxlkvHiCacheStorage, CxlkvNativePlugin=lmcache.CxlkvNativePlugin)
+    missing = []
+    for name, o in objs.items():
+        if not (inspect.getdoc(o) or "").strip():
+            missing.append(name)
+        if inspect.isclass(o):
+            for m, f in inspect.getmembers(o):
+                if not m.startswith("_") and (inspect.isfunction(f) or isinstance(f, property)) \
+                        and not (f.__doc__ or "").strip():
+                    missing.append(f"{name}.{m}")
+    assert missing == []
+    for cls, words in ((vllm.CxlkvConnector, ["pool", "node", "SCHEDULER", "WORKER"]),
+                       (sglang.CxlkvHiCacheStorage, ["pool", "node", "register_mem_pool_host", "never None"])):
+        doc = inspect.getdoc(cls)
+        assert all(w in doc for w in words), (cls.__name__, doc)

@@ -247,6 +247,8 @@ def has(name):
 
 
 def last_error():
+    """The C library's message about the last failed call of this thread
+    (``cxlkv_last_error()``; "" if none)."""
     return (lib().cxlkv_last_error() or b"").decode(errors="replace")
 
 

@@ -140,6 +140,7 @@ class AsyncKv:
             return c
 
     def pending(self):
+        """Requests submitted and not completed yet (queued plus running)."""
         with self._cv:
             return len(self._queue) + (1 if getattr(self, "_running", None) else 0)
 

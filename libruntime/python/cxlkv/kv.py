@@ -424,6 +424,7 @@ class Pins:
         return self.status == RESERVED
 
     def lengths(self):
+        """Bytes of each pinned block (uint64 array; 0 for a block not pinned)."""
         return np.array([self._blocks[i].length for i in range(len(self.keys))], dtype=np.uint64)
 
     def fetch(self, dst, block_ids=None):

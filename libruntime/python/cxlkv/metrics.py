@@ -72,21 +72,25 @@ class Metrics:
         self.hist = {k: _Histogram() for k in self.HISTOGRAMS}
 
     def inc(self, name, v=1):
+        """Add ``v`` to counter ``name`` (one of :attr:`COUNTERS`)."""
         with self._lock:
             self.counters[name] += v
 
     def observe_lookup(self, queried_blocks, hit_blocks, block_tokens, seconds):
+        """Count one lookup: blocks asked and hit (as tokens) and its latency."""
         with self._lock:
             self.counters["cxlkv_client_query_tokens_total"] += queried_blocks * block_tokens
             self.counters["cxlkv_client_hit_tokens_total"] += hit_blocks * block_tokens
             self.hist["cxlkv_client_lookup_seconds"].observe(seconds)
 
     def observe_load(self, nbytes, seconds):
+        """Count one load (get): bytes read and its latency."""
         with self._lock:
             self.counters["cxlkv_client_load_bytes_total"] += nbytes
             self.hist["cxlkv_client_load_seconds"].observe(seconds)
 
     def observe_store(self, nbytes, blocks, seconds):
+        """Count one store (put): bytes written, blocks now in the pool, latency."""
         with self._lock:
             self.counters["cxlkv_client_store_bytes_total"] += nbytes
             self.counters["cxlkv_client_stored_blocks_total"] += blocks

@@ -228,6 +228,8 @@ class PnmStore:
         _lib.check(_l().cxlkv_pnm_store_open(pool.handle, C.byref(o), C.byref(self._h)), f"pnm store of {pool.uri}")
 
     def create(self, request_id, layers, kv_heads, head_dim, max_tokens, dtype="bf16", page_tokens=16):
+        """A new context of ``request_id`` (up to ``max_tokens`` tokens) in this
+        writer's partition: a :class:`Context` to append K/V to."""
         if dtype not in DTYPES:
             raise ValueError(f"cxlkv.pnm: dtype {dtype!r} is not one of {sorted(DTYPES)}")
         g = Geometry(C.sizeof(Geometry), layers, kv_heads, head_dim, DTYPES[dtype], page_tokens, 0, max_tokens)
@@ -237,14 +239,17 @@ class PnmStore:
         return Context(self, h, request_id)
 
     def find(self, request_id):
+        """The context of ``request_id`` (any partition): a :class:`Context`."""
         h = _vp()
         _lib.check(_l().cxlkv_pnm_find(self._h, int(request_id), C.byref(h)), f"pnm find {request_id}")
         return Context(self, h, request_id)
 
     def destroy(self, request_id):
+        """Remove the context of ``request_id`` and free its slot."""
         _lib.check(_l().cxlkv_pnm_destroy(self._h, int(request_id)), f"pnm destroy {request_id}")
 
     def close(self):
+        """Close the store (twice is harmless)."""
         if self._h:
             _l().cxlkv_pnm_store_close(self._h)
             self._h = _vp()

@@ -73,6 +73,8 @@ class CxlkvNativePlugin:
         return out
 
     def close(self):
+        """Finish submitted batches, then close the async store and the pool
+        (twice is harmless)."""
         if not self._closed:
             self._closed = True
             self._aio.close()

@@ -71,7 +71,18 @@ def _role_name(role):
 
 
 class CxlkvConnectorImpl:
-    """The connector's logic (both roles); :data:`CxlkvConnector` adds vLLM's base class."""
+    """vLLM v1 KV connector over a cxlkv pool (both roles).
+
+    ``CxlkvConnector(vllm_config, role, kv_cache_config)``: vLLM builds it
+    once in the scheduler (role SCHEDULER: lookups, the step's load / save
+    plan, producer leases) and once per GPU worker (role WORKER: one batched
+    load before the first layer, one batched save after the last).  Config
+    comes from ``kv_transfer_config.kv_connector_extra_config``: ``pool``
+    (URI, required), ``node`` (default 1), ``namespace``, ``tp_rank``,
+    ``lease_ttl_ms`` (default 60000).  Blocks whose load fails are returned
+    by :meth:`get_block_ids_with_load_errors` (vLLM recomputes them).  See
+    the module docstring for turning it on; :data:`CxlkvConnector` adds
+    vLLM's base class when vLLM is importable."""
 
     def __init__(self, vllm_config, role, kv_cache_config=None):
         base_init = getattr(super(), "__init__", None)
@@ -264,6 +275,8 @@ class CxlkvConnectorImpl:
         return out
 
     def shutdown(self):
+        """Close what this side opened: the async store, GPU pinning, the KV
+        store and the pool (outstanding transfers finish first)."""
         if getattr(self, "aio", None) is not None:
             self.aio.close()
             self.aio = None
@@ -276,9 +289,11 @@ class CxlkvConnectorImpl:
 
     # Worker metadata plumbing for the plain class (vLLM's base provides these).
     def bind_connector_metadata(self, connector_metadata):
+        """The step's plan from the scheduler (vLLM's base class does this when present)."""
         self._connector_metadata = connector_metadata
 
     def clear_connector_metadata(self):
+        """Forget the step's plan after the forward pass."""
         self._connector_metadata = None
         self._meta = None
 
