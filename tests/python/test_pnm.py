@@ -181,3 +181,36 @@ def test_selection_on_a_real_attention_models_keys_captures_mass_growing_with_th
         assert abs(rows[-1][1] - 1.0) < 1e-5
         for b, m, bl in rows[:-1]:
             assert m >= bl - 1e-3, f"budget {b}: selection {m:.4f} < blind {bl:.4f}"
+
+
+def test_closing_the_pool_first_closes_pnm_stores_and_contexts(tmp_path):
+    """pool.close() with a PnmStore and a context open: their later calls
+    raise ValueError naming them (before: SIGSEGV in cxlkv_pnm_find on the
+    unmapped pool).  Run in a child process so a crash fails only this test."""
+    import subprocess
+    import sys
+    uri, path = make_uri("pnmclose", 64 << 20)
+    script = tmp_path / "pnm_close.py"
+    script.write_text(f"""
+import ctypes as C, numpy as np, cxlkv
+from cxlkv import _lib, pnm
+o = _lib.FormatOpts(C.sizeof(_lib.FormatOpts), 0, 4, 1 << 1, 0, 0, 0)
+_lib.check(_lib.lib().cxlkv_pool_format({uri!r}.encode(), C.byref(o)), "format")
+p = cxlkv.Pool({uri!r})
+st = pnm.PnmStore(p, carve_bytes=8 << 20)
+ctx = st.create(7, layers=1, kv_heads=1, head_dim=32, max_tokens=64, dtype="f32")
+p.close()
+for call in (lambda: st.find(7), lambda: ctx.append(np.zeros((1, 1, 16, 32), np.float32), np.zeros((1, 1, 16, 32), np.float32))):
+    try:
+        call()
+        print("answered")
+    except ValueError as e:
+        print("closed" if "is closed" in str(e) else e)
+ctx.close(); st.close()  # harmless now
+""")
+    try:
+        r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+        assert r.returncode == 0 and r.stdout.split() == ["closed", "closed"], (r.returncode, r.stdout, r.stderr[-3000:])
+    finally:
+        if os.path.exists(path):
+            os.unlink(path)

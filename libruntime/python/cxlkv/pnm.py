@@ -154,7 +154,12 @@ class Context:
     """One request's long context (a writer handle from create(), a reader from find())."""
 
     def __init__(self, store, h, request_id):
-        self._store, self._h, self.request_id = store, h, request_id
+        self._store, self.request_id = store, request_id
+        # The handle lives in the pool's registry too: closing the pool
+        # closes it first (a later call raises ValueError, not a crash).
+        self._hd = _lib.Handle(_l().cxlkv_pnm_context_close, 0)
+        self._hd.h = h
+        store._pool._hold(self._hd)
         g = Geometry()
         g.size = C.sizeof(Geometry)
         _lib.check(_l().cxlkv_pnm_geometry_of(self._h, C.byref(g)), f"pnm context {request_id}")
@@ -208,10 +213,18 @@ class Context:
                    f"pnm select on {self.request_id}")
         return [pages[i * room: i * room + counts[i]].copy() for i in range(pairs)]
 
+    @property
+    def _h(self):
+        if not self._hd.h:
+            raise ValueError(f"cxlkv.pnm: context {self.request_id} is closed (or its pool is)")
+        return self._hd.h
+
     def close(self):
-        if self._h:
-            _l().cxlkv_pnm_context_close(self._h)
-            self._h = _vp()
+        """Close this handle on the context (twice is harmless)."""
+        hd = getattr(self, "_hd", None)
+        if hd is not None:
+            hd.close()
+            self._store._pool._release(hd)
 
     __del__ = close
 
@@ -222,10 +235,19 @@ class PnmStore:
 
     def __init__(self, pool, partition=0, readonly=False, carve_bytes=0, partitions=0, slots_per_partition=0):
         self._pool = pool
-        self._h = _vp()
+        self._hd = _lib.Handle(_l().cxlkv_pnm_store_close, 1)
         o = StoreOpts(C.sizeof(StoreOpts), int(carve_bytes), int(partitions), int(slots_per_partition),
                       int(partition), _STORE_F_READONLY if readonly else 0)
-        _lib.check(_l().cxlkv_pnm_store_open(pool.handle, C.byref(o), C.byref(self._h)), f"pnm store of {pool.uri}")
+        with pool._lock:
+            _lib.check(_l().cxlkv_pnm_store_open(pool.handle, C.byref(o), C.byref(self._hd.h)),
+                       f"pnm store of {pool.uri}")
+            pool._hold(self._hd)  # closing the pool closes it first
+
+    @property
+    def _h(self):
+        if not self._hd.h:
+            raise ValueError(f"cxlkv.pnm: the pnm store of {self._pool.uri} is closed (or its pool is)")
+        return self._hd.h
 
     def create(self, request_id, layers, kv_heads, head_dim, max_tokens, dtype="bf16", page_tokens=16):
         """A new context of ``request_id`` (up to ``max_tokens`` tokens) in this
@@ -250,9 +272,10 @@ class PnmStore:
 
     def close(self):
         """Close the store (twice is harmless)."""
-        if self._h:
-            _l().cxlkv_pnm_store_close(self._h)
-            self._h = _vp()
+        hd = getattr(self, "_hd", None)
+        if hd is not None:
+            hd.close()
+            self._pool._release(hd)
 
     __del__ = close
 
