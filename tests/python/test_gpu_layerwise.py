@@ -124,3 +124,31 @@ def test_a_layer_wise_load_is_one_call_per_layer_not_per_block(env):
                 setattr(L, n, orig[n])
         assert calls == {"cxlkv_kv_gpu_load_layers": 1, "cxlkv_gpu_load_wait": layers, "cxlkv_gpu_load_finish": 1}
         assert torch.equal(out, ref.flip(0))
+
+
+def test_closing_the_store_ends_an_unfinished_layer_wise_save_and_load(env):
+    """An engine that stops mid-request (its store closed with a save half
+    done and a load not finished): the save's reservations and the load's
+    pins are given back, so the blocks are not BUSY / pinned for every node
+    for as long as the process lives (before: another node's put of the same
+    keys was BUSY for good)."""
+    layers, blocks, bt, heads, head = 2, 4, 4, 2, 16
+    _, src = _vllm(layers, blocks, bt, heads, head, 3)
+    with cxlkv.Gpu(env.pool, reference=True) as gpu:
+        kv = env.store(1)
+        done = cxlkv.block_keys(np.arange(2 * bt) + 500, bt)
+        assert cxlkv.put_ok(kv.put(done, src, [0, 1])).all()
+        keys = cxlkv.block_keys(np.arange(2 * bt) + 900, bt)
+        save = layerwise.save_layers(kv, keys, src, [2, 3], gpu)
+        assert save.status.tolist() == [cxlkv.RESERVED] * 2
+        save.save_layer(0)  # the other layer never comes
+        load = layerwise.load_layers(kv, done, src, [2, 3], gpu)
+        assert load.loading == 2
+        kv.close()
+        other = env.store(2)
+        st = other.put(keys, [np.zeros(src.block_bytes, np.uint8)] * 2)
+        assert st.tolist() == [cxlkv.RESERVED] * 2, st
+        with other.pin(done) as p:  # unpinned by node 1: node 2's pin is the only one
+            assert p.pinned.all()
+        with pytest.raises(ValueError, match="finished"):
+            save.save_layer(1)
