@@ -251,6 +251,13 @@ TEST_F(Cxlkvctl, TheFormatCommandAnUnformattedShmPoolSuggestsWorks) {
   std::remove(file.c_str());
 }
 
+TEST_F(Cxlkvctl, FormatWithSizeZeroSaysSoInsteadOfAskingForASize) {
+  Outcome r = on_pool("format --size 0");
+  EXPECT_EQ(r.status, 1);
+  EXPECT_TRUE(has(r.err, "format: --size 0: leave --size out to keep an existing pool's size")) << r.err;
+  EXPECT_NE(access(path_.c_str(), F_OK), 0);
+}
+
 TEST_F(Cxlkvctl, FormattingANewPoolWithoutASizeSaysSoAndCreatesNothing) {
   for (const char* extra : {"", " --no-standard"}) {
     Outcome r = on_pool(std::string("format") + extra);

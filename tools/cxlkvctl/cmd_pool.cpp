@@ -127,6 +127,8 @@ int cmd_format(Context& ctx, const Args& a) {
   std::string err;
   if (auto s = a.size("size", &err)) o.size = *s;
   else if (!err.empty()) return fail("format: " + err);
+  // 0 is "no size" to the library: a new pool was told it "needs a size (--size)".
+  if (a.value("size") && o.size == 0) return fail("format: --size 0: leave --size out to keep an existing pool's size");
   if (!parse_u32(a, "max-nodes", &o.max_nodes, &err) || !parse_u32(a, "max-locks", &o.max_locks, &err))
     return fail("format: " + err);
   if (auto s = a.size("index-entries", &err)) o.index_entries = *s;
