@@ -226,25 +226,28 @@ Result<void> write_all(int fd, const std::string& path, const std::byte* p, size
 // Writes FILE whole or not at all: a regular file (or a new one) is written
 // to a temporary file beside it and renamed over it, so a full disk or an
 // I/O error leaves no truncated FILE behind (and an existing FILE as it
-// was).  A symlink is refused; a device or FIFO (/dev/null) and "-" are
-// written directly.
+// was).  A symlink is refused; a device or FIFO (/dev/null), "-", and an
+// existing file in a directory this process may not create files in are
+// written in place.
 Result<void> write_file(const std::string& path, const std::byte* p, size_t n) {
   struct stat st {};
   const bool exists = path != "-" && ::lstat(path.c_str(), &st) == 0;
   if (exists && S_ISLNK(st.st_mode)) return Error(-ELOOP, path + ": " + std::strerror(ELOOP));
-  if (path == "-" || (exists && !S_ISREG(st.st_mode))) {
-    int fd = path == "-" ? dup(1) : ::open(path.c_str(), O_WRONLY | O_NOFOLLOW | O_CLOEXEC);
+  auto in_place = [&]() -> Result<void> {
+    int fd = path == "-" ? dup(1) : ::open(path.c_str(), O_WRONLY | O_TRUNC | O_NOFOLLOW | O_CLOEXEC);
     if (fd < 0) return Error(-errno, path + ": " + std::strerror(errno));
     auto w = write_all(fd, path, p, n);
     if (::close(fd) != 0 && w) return Error(-errno, path + ": close: " + std::strerror(errno));
     return w;
-  }
+  };
+  if (path == "-" || (exists && !S_ISREG(st.st_mode))) return in_place();
   const size_t slash = path.rfind('/');
   const std::string tmp = (slash == std::string::npos ? std::string() : path.substr(0, slash + 1)) + "." +
                           path.substr(slash == std::string::npos ? 0 : slash + 1) + ".cxlkvctl-" +
                           std::to_string(getpid());
   int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC,
                   exists ? (st.st_mode & 07777) : 0644);
+  if (fd < 0 && exists) return in_place();
   if (fd < 0) return Error(-errno, path + ": " + std::strerror(errno));
   auto w = write_all(fd, path, p, n);
   if (w && ::fsync(fd) != 0) w = Error(-errno, path + ": fsync: " + std::strerror(errno));
