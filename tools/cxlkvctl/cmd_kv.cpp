@@ -45,8 +45,10 @@ const char* tier_name(uint8_t t) { return t == CXLKV_TIER_SSD ? "ssd" : "mem"; }
 // SIGINT / SIGTERM while attached (e.g. waiting for a lock): remove the
 // node-local file this command created, then end as the signal would.
 char g_local_path[256];
+char g_tmp_path[4096];  // kv get's temporary output file while it is written
 void on_stop_signal(int sig) {
   if (g_local_path[0]) unlink(g_local_path);  // async-signal-safe
+  if (g_tmp_path[0]) unlink(g_tmp_path);
   signal(sig, SIG_DFL);
   raise(sig);
 }
@@ -249,11 +251,17 @@ Result<void> write_file(const std::string& path, const std::byte* p, size_t n) {
                   exists ? (st.st_mode & 07777) : 0644);
   if (fd < 0 && exists) return in_place();
   if (fd < 0) return Error(-errno, path + ": " + std::strerror(errno));
+  if (tmp.size() < sizeof g_tmp_path) {  // interrupted: the handler removes it
+    std::memcpy(g_tmp_path, tmp.c_str(), tmp.size() + 1);
+    signal(SIGINT, on_stop_signal);
+    signal(SIGTERM, on_stop_signal);
+  }
   auto w = write_all(fd, path, p, n);
   if (w && ::fsync(fd) != 0) w = Error(-errno, path + ": fsync: " + std::strerror(errno));
   if (::close(fd) != 0 && w) w = Error(-errno, path + ": close: " + std::strerror(errno));
   if (w && ::rename(tmp.c_str(), path.c_str()) != 0) w = Error(-errno, path + ": rename: " + std::strerror(errno));
   if (!w) ::unlink(tmp.c_str());
+  g_tmp_path[0] = 0;
   return w;
 }
 
