@@ -127,3 +127,47 @@ def test_a_short_prompt_fully_cached_still_leaves_the_last_token_to_compute(env)
     kv.put(keys, [np.zeros(64, np.uint8)] * 2)
     assert s.get_num_new_matched_tokens(req, 0) == (BS, False)  # not 2*BS: vLLM computes the last token
     s.shutdown()
+
+
+def test_register_kv_caches_refuses_layouts_it_would_store_in_another_order(env):
+    """The worker reads the K|V dimension from the tensors' shape.  A
+    FlashAttention cache of 2 blocks ([2, 2, ...]) was taken for FlashInfer's
+    and stored K/V and blocks swapped (the bytes another engine read back
+    were other blocks'); a heads-before-tokens cache was stored as if its
+    heads were tokens.  Both are refused now, naming the layer and shape;
+    ``kv_layout`` in the extra config settles the 2-block case."""
+    from cxlkv.integrations import vllm as cv
+    L, H, D = 2, 2, 8
+    torch.manual_seed(5)
+
+    def worker(kv_layout=None):
+        cfg = vllm_config(env.uri, 2, "kv_both", BS)
+        if kv_layout:
+            cfg.kv_transfer_config.kv_connector_extra_config["kv_layout"] = kv_layout
+        return cv.CxlkvConnector(cfg, vllm_role("WORKER"), None)
+
+    c = worker()
+    try:
+        hnd = {f"layers.{l}": torch.zeros(2, 6, H, BS, D) for l in range(L)}  # [2, blocks, heads, tokens, head]
+        with pytest.raises(ValueError, match=r"layers\.0: KV cache of shape \(2, 6, 2, 16, 8\) is neither"):
+            c.register_kv_caches(hnd)
+        two = {f"layers.{l}": torch.randn(2, 2, BS, H, D) for l in range(L)}  # FlashAttention, 2 blocks
+        with pytest.raises(ValueError, match="ambiguous"):
+            c.register_kv_caches(two)
+    finally:
+        c.shutdown()
+    c = worker("flash_attn")
+    try:
+        c.register_kv_caches(two)
+        keys = cxlkv.block_keys(np.arange(2 * BS) + 123, BS)
+        kv = env.store(3)
+        # publish through the connector's layout, read back block-first: block b, layer l, K|V
+        assert cxlkv.put_ok(kv.put(keys, c.kv, [1, 0])).all()
+        back = torch.zeros(2, L, 2, BS, H, D)
+        assert cxlkv.get_ok(kv.get(keys, cxlkv.PagedKV.block_first(back), [0, 1])).all()
+        for i, b in enumerate([1, 0]):
+            for l in range(L):
+                assert torch.equal(back[i, l, 0], two[f"layers.{l}"][0, b])  # K of block b
+                assert torch.equal(back[i, l, 1], two[f"layers.{l}"][1, b])  # V of block b
+    finally:
+        c.shutdown()

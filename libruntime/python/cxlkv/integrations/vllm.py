@@ -79,7 +79,8 @@ class CxlkvConnectorImpl:
     load before the first layer, one batched save after the last).  Config
     comes from ``kv_transfer_config.kv_connector_extra_config``: ``pool``
     (URI, required), ``node`` (default 1), ``namespace``, ``tp_rank``,
-    ``lease_ttl_ms`` (default 60000).  Blocks whose load fails are returned
+    ``lease_ttl_ms`` (default 60000), ``kv_layout`` ("flash_attn" /
+    "flashinfer"; read from the tensors' shape by default).  Blocks whose load fails are returned
     by :meth:`get_block_ids_with_load_errors` (vLLM recomputes them).  See
     the module docstring for turning it on; :data:`CxlkvConnector` adds
     vLLM's base class when vLLM is importable."""
@@ -99,6 +100,7 @@ class CxlkvConnectorImpl:
                                          tp_size=int(getattr(pc, "tensor_parallel_size", 1) or 1),
                                          extra=str(cfg.get("namespace", "")))
         self.lease_ttl_ms = int(cfg.get("lease_ttl_ms", 60000))
+        self.kv_layout = str(cfg.get("kv_layout", "") or "")
         self.pool = cxlkv.Pool(cfg["pool"])
         self.node = int(cfg.get("node", 1))
         self.metrics = cxlkv.metrics.Metrics(labels={"engine": "vllm", "role": self._role_name.lower()})
@@ -220,12 +222,35 @@ class CxlkvConnectorImpl:
         ``[blocks, 2, block_size, heads, head]``."""
         self._layer_names = list(kv_caches.keys())
         first = next(iter(kv_caches.values()))
-        kv_dim = 0 if first.shape[0] == 2 and first.shape[1] != 2 else 1
-        self.kv = cxlkv.PagedKV.vllm(kv_caches, kv_dim=kv_dim)
+        self.kv = cxlkv.PagedKV.vllm(kv_caches, kv_dim=self._kv_dim(kv_caches))
         if self.kv.is_cuda:
             self.gpu = cxlkv.Gpu(self.pool, device=first.device.index or 0)
         self.aio = AsyncKv(self.pool, self.node, sub_batch=1 << 20, metrics=self.metrics, block_tokens=self.block_size,
                            gpu=self.gpu)
+
+    def _kv_dim(self, kv_caches):
+        """Which dimension of the layer tensors is K|V: 0 for FlashAttention's
+        ``[2, blocks, block_size, heads, head]``, 1 for FlashInfer's
+        ``[blocks, 2, block_size, heads, head]`` (extra config ``kv_layout``:
+        "flash_attn" or "flashinfer" says it where the shape cannot: two
+        blocks).  A layout whose third dimension is not the block size (heads
+        before tokens, "HND") would be stored in another order than every
+        other engine reads: refused."""
+        for name, t in kv_caches.items():
+            shape = tuple(t.shape)
+            if len(shape) != 5 or 2 not in shape[:2] or shape[2] != self.block_size:
+                raise ValueError(f"cxlkv: vLLM layer {name}: KV cache of shape {shape} is neither FlashAttention's "
+                                 f"[2, blocks, {self.block_size}, heads, head] nor FlashInfer's "
+                                 f"[blocks, 2, {self.block_size}, heads, head] (block_size {self.block_size})")
+        if self.kv_layout in ("flash_attn", "flashinfer"):
+            return 0 if self.kv_layout == "flash_attn" else 1
+        if self.kv_layout:
+            raise ValueError(f"cxlkv: kv_layout {self.kv_layout!r} is not 'flash_attn' or 'flashinfer'")
+        shape = tuple(next(iter(kv_caches.values())).shape)
+        if shape[0] == 2 and shape[1] == 2:
+            raise ValueError(f"cxlkv: vLLM KV cache of shape {shape}: with 2 blocks the K|V dimension is ambiguous; "
+                             "set kv_connector_extra_config kv_layout to 'flash_attn' or 'flashinfer'")
+        return 0 if shape[0] == 2 else 1
 
     def start_load_kv(self, forward_context, **kwargs):
         """Submit this step's loads (one batched call) without waiting."""
