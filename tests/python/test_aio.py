@@ -65,3 +65,27 @@ def test_a_failed_call_is_reported_not_raised(env):
         rid = a.submit_put(keys, [np.zeros(10, np.uint8)])  # 2 keys, 1 buffer
         c = a.wait(rid, 60)
         assert not c.ok and "ValueError" in c.error and (c.status == -errno.ECANCELED).all()
+
+
+def test_after_close_the_event_fd_is_not_handed_out_or_read(env):
+    """A closed AsyncKv's fd number goes back to the process: the next file
+    opened gets it.  event_fd() then raised nothing and drain() read 8 bytes
+    from that other file (an LMCache server's socket, say)."""
+    import os
+    import pytest
+    a = AsyncKv(env.pool, node=2)
+    fd = a.event_fd()
+    a.close()
+    r, w = os.pipe()
+    try:
+        assert fd in (r, w)  # the number was reused
+        os.write(w, b"12345678")
+        with pytest.raises(ValueError, match="AsyncKv of node 2 on .* is closed"):
+            a.event_fd()
+        assert a.drain() == []
+        assert os.read(r, 8) == b"12345678"
+        with pytest.raises(ValueError, match="is closed"):
+            a.submit_exists(cxlkv.block_keys(np.arange(16), 16))
+    finally:
+        os.close(r)
+        os.close(w)

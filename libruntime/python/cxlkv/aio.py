@@ -63,7 +63,7 @@ class AsyncKv:
         k = as_keys(keys)
         with self._cv:
             if self._closing:
-                raise ValueError("cxlkv: AsyncKv is closed")
+                raise ValueError(f"cxlkv: AsyncKv of node {self._store.node} on {self._store.pool.uri} is closed")
             rid = self._next
             self._next += 1
             self._queue.append((rid, op, k, buf, block_ids, parent))
@@ -109,18 +109,26 @@ class AsyncKv:
 
     # ---- completions -------------------------------------------------------------
     def event_fd(self):
-        """An event fd, readable while completions wait to be drained."""
+        """An event fd, readable while completions wait to be drained
+        (ValueError once closed: its number may name another file by then)."""
+        if self._efd < 0:
+            raise ValueError(f"cxlkv: AsyncKv of node {self._store.node} on {self._store.pool.uri} is closed")
         return self._efd
+
+    def _reset_fd(self):
+        # caller holds self._cv
+        if self._efd >= 0:
+            try:
+                os.eventfd_read(self._efd)
+            except BlockingIOError:
+                pass
 
     def drain(self):
         """All completions waiting (possibly none); resets the event fd."""
         with self._cv:
             out = list(self._done)
             self._done.clear()
-            try:
-                os.eventfd_read(self._efd)
-            except BlockingIOError:
-                pass
+            self._reset_fd()
         return out
 
     def wait(self, rid, timeout=None):
@@ -133,10 +141,7 @@ class AsyncKv:
             c = next(c for c in self._done if c.id == rid)
             self._done.remove(c)
             if not self._done:
-                try:
-                    os.eventfd_read(self._efd)
-                except BlockingIOError:
-                    pass
+                self._reset_fd()
             return c
 
     def pending(self):
@@ -147,7 +152,8 @@ class AsyncKv:
     def _complete(self, c):
         # caller holds self._cv
         self._done.append(c)
-        os.eventfd_write(self._efd, 1)
+        if self._efd >= 0:
+            os.eventfd_write(self._efd, 1)
         self._cv.notify_all()
 
     # ---- worker ------------------------------------------------------------------------
@@ -210,7 +216,9 @@ class AsyncKv:
             self._cv.notify_all()
         self._thread.join()
         self._store.close()
-        os.close(self._efd)
+        with self._cv:
+            fd, self._efd = self._efd, -1
+        os.close(fd)
 
     def __enter__(self):
         return self
