@@ -222,6 +222,33 @@ TEST_F(Cxlkvctl, CxlkvdIndexServiceOnAPoolWithoutItsCarveNamesTheFormatFlag) {
   EXPECT_TRUE(has(err, "rpc carve 'rpc.index'") && has(err, "cxlkvctl format --index-service")) << err;
 }
 
+TEST_F(Cxlkvctl, CxlkvdInTheBackgroundExitsWithItsSetupErrorAndItsLeaseNamesTheDaemon) {
+  ASSERT_EQ(on_pool("format --size 64M").status, 0);
+  const std::string d = tool_.substr(0, tool_.rfind('/')) + "/cxlkvd --pool " + uri_ + " --metrics-listen none";
+  // daemon(3) returned before the setup: exit 0, nothing printed, no daemon.
+  int st = std::system(("timeout 30 " + d + " --index-service 2>" + path_ + ".err").c_str());
+  EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 1) << st;
+  EXPECT_TRUE(has(slurp(path_ + ".err"), "cxlkvd: index service: ")) << slurp(path_ + ".err");
+  // A daemon that serves: the command exits 0, and a second manager is
+  // refused naming the daemon's pid (the lease named the parent's, gone).
+  st = std::system(("timeout 30 " + d + " 2>" + path_ + ".err").c_str());
+  ASSERT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << st << slurp(path_ + ".err");
+  st = std::system(("timeout 30 " + d + " --foreground 2>" + path_ + ".err").c_str());
+  const std::string err = slurp(path_ + ".err");
+  EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 3) << st << err;
+  const size_t at = err.find("pid ");
+  ASSERT_NE(at, std::string::npos) << err;
+  const pid_t daemon_pid = pid_t(std::strtol(err.c_str() + at + 4, nullptr, 10));
+  ASSERT_GT(daemon_pid, 1) << err;
+  EXPECT_EQ(kill(daemon_pid, 0), 0) << "the lease names pid " << daemon_pid << ", which does not run: " << err;
+  // Stop the daemon (it is not our child: poll until it is gone).
+  for (int i = 0; i < 500 && kill(daemon_pid, 0) == 0; i++) {
+    if (i == 0) kill(daemon_pid, SIGTERM);
+    usleep(10000);
+  }
+  EXPECT_NE(kill(daemon_pid, 0), 0) << "daemon " << daemon_pid << " still runs";
+}
+
 TEST_F(Cxlkvctl, UnformattedPoolSaysHowToFormatIt) {
   { std::ofstream(path_).write(std::string(4 << 20, '\0').data(), 4 << 20); }
   Outcome r = on_pool("carve list");

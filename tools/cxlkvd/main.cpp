@@ -3,7 +3,9 @@
 // locking").  Exactly one runs per pool: the manager lease in the control
 // carve makes a second one refuse while the first is alive and take over
 // once its lease has expired (--wait keeps trying instead of exiting).
+#include <fcntl.h>
 #include <signal.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <array>
@@ -72,6 +74,54 @@ void usage() {
       "  --version           print the version\n\n"
       "SIGTERM / SIGINT: stop granting, free the lease, exit 0.\n",
       cxlkvd::kDefaultMetricsListen);
+}
+
+// Daemon mode.  The command forks the daemon before it takes the lease (the
+// lease names the daemon's pid) and waits until the daemon serves: exit 0
+// then, or the daemon's own exit status, its messages on this same stderr.
+// (daemon(3) returned at once: a setup error after it -- an index service
+// without its carve, a metrics port in use -- left exit status 0, nothing
+// printed and no daemon.)  Returns the daemon's end of the ready pipe, in
+// the daemon; -1 with errno when the fork failed.
+int start_daemon() {
+  int p[2];
+  if (pipe2(p, O_CLOEXEC) != 0) return -1;
+  const pid_t pid = fork();
+  if (pid < 0) return -1;
+  if (pid > 0) {
+    close(p[1]);
+    char c;
+    ssize_t n;
+    do n = read(p[0], &c, 1);
+    while (n < 0 && errno == EINTR);
+    if (n == 1) _exit(0);
+    int st = 0;
+    while (waitpid(pid, &st, 0) < 0 && errno == EINTR) {
+    }
+    _exit(WIFEXITED(st) ? WEXITSTATUS(st) : 1);
+  }
+  close(p[0]);
+  setsid();
+  if (chdir("/") != 0) {
+  }
+  if (int null = open("/dev/null", O_RDWR); null >= 0) {
+    dup2(null, 0);
+    close(null);
+  }
+  return p[1];
+}
+
+// The daemon serves: the command exits 0; stdout and stderr go to /dev/null.
+void daemon_ready(int fd) {
+  if (int null = open("/dev/null", O_RDWR); null >= 0) {
+    dup2(null, 1);
+    dup2(null, 2);
+    close(null);
+  }
+  const char ok = 0;
+  ssize_t w = write(fd, &ok, 1);
+  (void)w;
+  close(fd);
 }
 
 // The metrics endpoint: the pool's whole exposition (cxlkv/metrics.hpp)
@@ -173,6 +223,11 @@ int main(int argc, char** argv) {
     for (const auto& g : cxlkv::gc_node_local({id}, false))
       if (g.removed) std::fprintf(stderr, "cxlkvd: removed stale node-local file /dev/shm/%s\n", g.name.c_str());
   }
+  int ready_fd = -1;
+  if (!foreground && (ready_fd = start_daemon()) < 0) {
+    std::fprintf(stderr, "cxlkvd: daemon: %s\n", std::strerror(errno));
+    return 1;
+  }
   struct sigaction sa {};
   sa.sa_handler = on_signal;
   sigaction(SIGTERM, &sa, nullptr);
@@ -182,11 +237,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "cxlkvd: %s\n", mgr.error().message().c_str());
     return mgr.error().code() == -EBUSY ? 3 : 1;
   }
-  if (!foreground && daemon(0, 0) != 0) {
-    std::fprintf(stderr, "cxlkvd: daemon: %s\n", std::strerror(errno));
-    return 1;
-  }
-  // After daemon(): the endpoint's thread must live in the final process.
+  // In the daemon: the endpoint's thread must live in the final process.
   auto metrics = start_metrics(metrics_at, metrics_explicit, *region.value(), *mgr.value());
   if (metrics_explicit && metrics_at.enabled && !metrics) {
     mgr.value()->release_lease();
@@ -210,6 +261,7 @@ int main(int argc, char** argv) {
   }
   std::fprintf(stderr, "cxlkvd: managing locks of %s (epoch %lu)\n", pool.c_str(),
                static_cast<unsigned long>(mgr.value()->stats().epoch));
+  if (ready_fd >= 0) daemon_ready(ready_fd);
   auto r = mgr.value()->run(g_stop);
   mgr.value()->release_lease();
   if (!r) {
