@@ -477,6 +477,11 @@ TEST_F(CxlkvctlKv, BadKeysFilesAndOptionsAreRefusedWithMessages) {
   Outcome cap = on_pool("kv put k " + files_[0] + " --mem-capacity -3");
   EXPECT_EQ(cap.status, 1);
   EXPECT_TRUE(has(cap.err, "--mem-capacity")) << cap.err;
+  for (const char* bad : {"99999999999999999999999", "+5", " 5"}) {
+    Outcome big = on_pool("kv put k " + files_[0] + " --mem-capacity '" + bad + "'");
+    EXPECT_EQ(big.status, 1) << bad;
+    EXPECT_TRUE(has(big.err, "--mem-capacity: not a number of blocks")) << bad << ": " << big.err;
+  }
   // A symlink as output is not followed.
   std::string link = path_ + ".link";
   ASSERT_EQ(on_pool("kv put k " + files_[0]).status, 0);

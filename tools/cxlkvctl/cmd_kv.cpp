@@ -154,8 +154,10 @@ std::unique_ptr<KvNode> KvNode::open(Context& ctx, const Args& args, int* status
   KvOpenOptions ko;
   if (auto cap = args.value("mem-capacity")) {
     char* end = nullptr;
+    errno = 0;
     unsigned long long x = std::strtoull(cap->c_str(), &end, 10);
-    if (cap->empty() || *end || (*cap)[0] == '-')
+    // Digits only; a number past 2^64 (ERANGE) read as 2^64-1, i.e. unbounded.
+    if (cap->empty() || *end || cap->find_first_not_of("0123456789") != std::string::npos || errno == ERANGE)
       return fail("--mem-capacity: not a number of blocks: '" + *cap + "'"), nullptr;
     // The pool-wide memory-tier capacity, as the replay and the KV store's
     // owner set it (0: unbounded).
