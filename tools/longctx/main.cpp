@@ -176,6 +176,7 @@ static int run(int argc, char** argv) {
   const Args a = parse(argc, argv);
   struct sigaction sa {};
   sa.sa_handler = on_stop_signal;
+  sa.sa_flags = SA_RESTART;  // the run stops at its next chunk or step, not inside a call
   sigaction(SIGINT, &sa, nullptr);
   sigaction(SIGTERM, &sa, nullptr);
   const uint64_t max_tokens = a.tokens + uint64_t(a.steps) * a.append;
@@ -379,6 +380,12 @@ int main(int argc, char** argv) {
   try {
     return run(argc, argv);
   } catch (const Fatal& f) {
+    // A call the signal interrupted (EINTR while the pool is allocated) fails
+    // for the signal's sake: report the signal.
+    if (int sig = g_stop_signal; sig && f.status != 128 + sig) {
+      std::fprintf(stderr, "cxlkv-longctx: stopped by signal %d (%s)\n", sig, strsignal(sig));
+      return 128 + sig;
+    }
     std::fprintf(stderr, "cxlkv-longctx: %s\n", f.message.c_str());
     return f.status;
   }
