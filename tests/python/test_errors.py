@@ -154,3 +154,15 @@ def test_buffers_that_are_not_bytes_like_are_named(env):
         kv.put(keys, [memoryview(bytearray(128))[::2]])
     with pytest.raises(ValueError, match="buffer 0 is not contiguous"):
         kv.put(keys, [torch.zeros(8, 8).t()])
+
+
+def test_token_ids_and_block_size_of_the_wrong_type_are_refused():
+    toks = list(range(32))
+    with pytest.raises(TypeError, match="token ids must be integers, got dtype float64"):
+        cxlkv.block_keys([1.7, 2.2] * 16, 16)  # was hashed as [1, 2] * 16
+    with pytest.raises(TypeError, match="token ids must be integers, got dtype float32"):
+        cxlkv.block_keys(torch.arange(32, dtype=torch.float32), 16)
+    with pytest.raises(TypeError, match="block_tokens must be an int, got str"):
+        cxlkv.block_keys(toks, "16")
+    assert (cxlkv.block_keys(torch.arange(32), 16) == cxlkv.block_keys(np.arange(32, dtype=np.uint32), 16)).all()
+    assert cxlkv.block_keys([], 16).shape == (0, 2)

@@ -122,11 +122,17 @@ def block_keys(tokens, block_tokens, extras=b""):
     The same keys as ``cxlkv_kv_block_keys`` / ``cxlkv::block_keys``."""
     if hasattr(tokens, "detach"):
         tokens = tokens.detach().cpu().numpy()
-    t = np.ascontiguousarray(np.asarray(tokens, dtype=np.int64))
+    t = np.asarray(tokens)
+    if t.size and t.dtype.kind not in "iu":
+        # np.asarray(..., int64) truncated 1.7 to 1 and hashed other tokens than given
+        raise TypeError(f"cxlkv: token ids must be integers, got dtype {t.dtype}")
+    t = np.ascontiguousarray(t, dtype=np.int64)
     if t.ndim != 1:
         raise ValueError("cxlkv: tokens must be one-dimensional")
     if t.size and (t.min() < 0 or t.max() > 0xFFFFFFFF):
         raise ValueError("cxlkv: token ids must be in 0 .. 2**32-1")
+    if isinstance(block_tokens, bool) or not isinstance(block_tokens, (int, np.integer)):
+        raise TypeError(f"cxlkv: block_tokens must be an int, got {type(block_tokens).__name__}")
     if block_tokens <= 0:
         raise ValueError("cxlkv: block_tokens must be positive")
     t = t.astype(np.uint32)
