@@ -411,3 +411,11 @@ TEST(Replay, APlotPathThatCannotBeWrittenFailsBeforeAnyRun) {
   EXPECT_NE(err.find("cxlkv-replay: --plot: cannot write /nonexistent-dir/x.svg.tmp"), std::string::npos) << err;
   EXPECT_EQ(err.find("summary"), std::string::npos) << "the runs happened first: " << err;
 }
+
+TEST(Replay, ZeroDecodeWorkersIsRefusedInsteadOfWaitingForever) {
+  // Prefill stays at most --max-lag requests ahead of decode: with no decode
+  // worker it waited for ever.
+  std::string err;
+  EXPECT_EQ(run_stderr("--requests 20 --decode 0", &err), 2);
+  EXPECT_NE(err.find("--decode: '0' is not a whole number from 1 to 14"), std::string::npos) << err;
+}

@@ -48,7 +48,7 @@ const char* kUsage =
     "  --unique-fraction F  generator: share of requests with no shared prefix (0.3)\n"
     "  --seed N             generator seed (1)\n"
     "  --prefill P          prefill workers (2)\n"
-    "  --decode D           decode workers (2)\n"
+    "  --decode D           decode workers (2; at least 1: prefill waits for decode)\n"
     "  --capacity BLOCKS    cache capacity in blocks (default unbounded)\n"
     "  --capacity-fraction F  capacity as a fraction of the workload's distinct blocks\n"
     "  --sweep              also run at 5%, 10%, 25% and 50% of the distinct blocks and\n"
@@ -481,7 +481,7 @@ bool parse(int argc, char** argv, Config* c, std::string* err) {
     else if (a == "--unique-fraction") { if (!frac(0, 1)) return false; c->gen.unique_fraction = x; }
     else if (a == "--seed") { if (!num(0, 1000000000000000000ull)) return false; c->gen.seed = u; }
     else if (a == "--prefill") { if (!num(1, 15)) return false; c->prefill = uint32_t(u); }
-    else if (a == "--decode") { if (!num(0, 14)) return false; c->decode = uint32_t(u); }
+    else if (a == "--decode") { if (!num(1, 14)) return false; c->decode = uint32_t(u); }  // prefill waits for decode (--max-lag)
     else if (a == "--capacity") { if (!num(0, 1000000000000ull)) return false; c->capacity_blocks = u; }
     else if (a == "--capacity-fraction") { if (!frac(0, 1)) return false; c->capacity_fraction = x; }
     else if (a == "--sweep") c->sweep = true;
