@@ -171,3 +171,24 @@ def test_register_kv_caches_refuses_layouts_it_would_store_in_another_order(env)
                 assert torch.equal(back[i, l, 1], two[f"layers.{l}"][1, b])  # V of block b
     finally:
         c.shutdown()
+
+
+def test_a_pool_failure_in_the_scheduler_is_a_miss_and_a_log_line_not_a_dead_engine(env, caplog):
+    """An exception out of get_num_new_matched_tokens or request_finished
+    ends vLLM's engine core.  When the pool fails (here: the store is closed
+    under the connector; in service mode an index service that is down), the
+    scheduler side answers as for a miss and logs the cause on cxlkv.vllm."""
+    import logging
+    from cxlkv.integrations import vllm as cv
+    c = cv.CxlkvConnector(vllm_config(env.uri, 2, "kv_both", BS), vllm_role("SCHEDULER"), None)
+    try:
+        req = vllm_request("r1", list(range(3 * BS + 1)), BS, kv_transfer_params={"cxlkv_lease": 5, "cxlkv_blocks": 2})
+        assert c.get_num_new_matched_tokens(req, 0) == (0, False)
+        c.store.close()
+        with caplog.at_level(logging.WARNING, logger="cxlkv.vllm"):
+            assert c.get_num_new_matched_tokens(req, 0) == (0, False)
+            assert c.request_finished(req, [0, 1, 2]) == (False, None)
+        assert "lookup failed: ValueError" in caplog.text and "lease release failed" in caplog.text
+        assert f"KV store of node 2 on {env.uri} is closed" in caplog.text
+    finally:
+        c.shutdown()

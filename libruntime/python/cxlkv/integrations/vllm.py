@@ -27,6 +27,7 @@ tensor-parallel rank.  A pool block holds one vLLM block of every layer
 KV is written (``save_kv_layer`` of the last layer), one batched call each.
 """
 import dataclasses
+import logging
 import zlib
 
 import numpy as np
@@ -37,6 +38,8 @@ from cxlkv.aio import AsyncKv
 __all__ = ["CxlkvConnector", "CxlkvConnectorMetadata", "CxlkvConnectorImpl"]
 
 _VLLM_BASE = "vllm.distributed.kv_transfer.kv_connector.v1.base"
+
+log = logging.getLogger("cxlkv.vllm")
 
 
 @dataclasses.dataclass
@@ -121,6 +124,16 @@ class CxlkvConnectorImpl:
             self._meta = None
 
     # ---- helpers ---------------------------------------------------------------
+    def _failed(self, what, e):
+        """A pool failure vLLM must not see raise (an exception in the
+        scheduler ends the engine): log why, the first time a cause is seen
+        and then at powers of two; the caller answers as for a miss."""
+        fails = self.__dict__.setdefault("_failures", {})
+        msg = f"cxlkv connector ({self._role_name.lower()}) {what} failed: {type(e).__name__}: {e}"
+        n = fails[msg] = fails.get(msg, 0) + 1
+        if n & (n - 1) == 0:
+            log.warning("%s%s", msg, f" ({n} times)" if n > 1 else "")
+
     def _keys(self, request):
         return cxlkv.keys_from_hashes(list(request.block_hashes), self.namespace)
 
@@ -135,7 +148,11 @@ class CxlkvConnectorImpl:
             return 0, False
         self._computed[request.request_id] = num_computed_tokens
         keys = self._keys(request)
-        hit = self.store.lookup(keys) if len(keys) else 0
+        try:
+            hit = self.store.lookup(keys) if len(keys) else 0
+        except Exception as e:  # noqa: BLE001 -- a cache failure is a miss, not a dead engine
+            self._failed("lookup", e)
+            hit = 0
         hit_tokens = hit * self.block_size
         if hit_tokens >= request.num_tokens:
             hit_tokens = (request.num_tokens - 1) // self.block_size * self.block_size
@@ -206,11 +223,17 @@ class CxlkvConnectorImpl:
         keys = self._keys(request)
         if self.kv_role == "kv_producer" and st is not None and st["saved"]:
             cid = consumer_id(rid)
-            status = self.store.lease(keys[: st["saved"]], cid, cxlkv.NODE_ANY, self.lease_ttl_ms)
-            params = dict(cxlkv_lease=cid, cxlkv_blocks=int((status == cxlkv.RESERVED).sum()))
+            try:
+                status = self.store.lease(keys[: st["saved"]], cid, cxlkv.NODE_ANY, self.lease_ttl_ms)
+                params = dict(cxlkv_lease=cid, cxlkv_blocks=int((status == cxlkv.RESERVED).sum()))
+            except Exception as e:  # noqa: BLE001 -- the request finishes; the consumer recomputes
+                self._failed("lease", e)
         tp = getattr(request, "kv_transfer_params", None) or {}
         if "cxlkv_lease" in tp:
-            self.store.lease_release(keys[: int(tp.get("cxlkv_blocks", len(keys)))], int(tp["cxlkv_lease"]))
+            try:
+                self.store.lease_release(keys[: int(tp.get("cxlkv_blocks", len(keys)))], int(tp["cxlkv_lease"]))
+            except Exception as e:  # noqa: BLE001 -- the lease ends by its ttl
+                self._failed("lease release", e)
         return False, params
 
     # ==============================
