@@ -147,6 +147,13 @@ TEST_F(Cxlkvctl, ADamagedIndexHeaderIsAnErrorNamingTheFieldForEveryReaderNeverAC
     std::string text = cxlkv::prometheus_region_exposition(*region.value());
     EXPECT_TRUE(has(text, "cxlkv_kv_lease_expiries_total")) << text.substr(0, 400);
   }
+  // A damaged config line: index stats printed "50 device(s)" as a fact.
+  ASSERT_EQ(on_pool("format --size 64M --force").status, 0);
+  info = on_pool("info --json");
+  ASSERT_TRUE(damage_carve(path_, info.out, "index", 64 + 28, std::string(1, '\x32')));  // config ndevices = 50
+  Outcome st = on_pool("index stats");
+  EXPECT_EQ(st.status, 1) << st.out;
+  EXPECT_TRUE(has(st.err, "index carve: config line: ndevices 50 is not 1..8 (damaged)")) << st.err;
   // A zeroed index: kv check said "index locations sound" (exit 0).
   ASSERT_TRUE(damage_carve(path_, info.out, "index", 0, std::string(64, '\0')));
   Outcome check = on_pool("kv check");

@@ -128,6 +128,11 @@ Result<cxlkv_index_header> read_index_header(const Region& pool, MemoryDomain& d
     return Error(-EUCLEAN, who + m + ": damaged");
   }
   CXLKV_TRY(check_index_header(h, ic->size, who));
+  // The config line (no checksum: operator-written) names the interleave set.
+  const auto cfg = d.read_fresh(reinterpret_cast<const cxlkv_index_config*>(pool.at(ic->offset) + 64));  // rule 4
+  if (cfg.ndevices == 0 || cfg.ndevices > CXLKV_INDEX_MAX_DEVICES)
+    return Error(-EUCLEAN, who + "config line: ndevices " + std::to_string(cfg.ndevices) + " is not 1.." +
+                               std::to_string(CXLKV_INDEX_MAX_DEVICES) + " (damaged)");
   return h;
 }
 
