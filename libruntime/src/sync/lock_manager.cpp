@@ -21,6 +21,7 @@
 
 #include "cxlkv/sync.hpp"
 #include "sync/backoff.hpp"
+#include "sync/short_slice.hpp"
 #include "sync/testing.hpp"
 #include "sync/watcher.hpp"
 #include "util/log.hpp"
@@ -442,6 +443,7 @@ Result<bool> LockManager::run_once() {
 
 Result<void> LockManager::run(const std::atomic<bool>& stop) {
   State& s = *st_;
+  sync::request_short_slice();  // every grant and revocation waits for this thread (short_slice.hpp)
   sync::Backoff backoff(opts_.poll.spin_rounds, opts_.poll.yield_rounds, opts_.poll.max_sleep);
   // Nodes on this host wake a sleeping manager when they post a request or
   // release a lock (sync::wake_manager): it then sleeps in the kernel instead

@@ -14,6 +14,7 @@
 #include "cxlkv/sync.hpp"
 #include "sync/node_local.hpp"
 #include "sync/robust_mutex.hpp"
+#include "sync/short_slice.hpp"
 #include "sync/watcher.hpp"
 #include "util/log.hpp"
 
@@ -102,6 +103,7 @@ Result<std::unique_ptr<NodeContext>> NodeContext::attach(Region& region, MemoryD
     NodeContext* self = nc.get();
     nc->watcher_ = std::thread([self] {
       pthread_setname_np(pthread_self(), "cxlkv-watcher");
+      sync::request_short_slice();  // revocations wait for it (short_slice.hpp)
       sync::run_watcher(*self, self->stop_);
     });
   }
