@@ -2,12 +2,14 @@
 #include <dirent.h>
 #include <signal.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <string>
 #include <vector>
@@ -71,6 +73,12 @@ int main(int argc, char** argv) {
   std::vector<std::string> only;
   for (int i = 1; i < argc; i++) {
     std::string a = argv[i];
+    const int needs = a == "--out" || a == "--only" ? 1 : a == "--report-svg" ? 2 : 0;
+    if (needs && i + needs >= argc) {
+      std::fprintf(stderr, "cxlkv-bench: %s needs %s (see --help)\n", a.c_str(),
+                   needs == 2 ? "RESULTS.json and OUT.svg" : a == "--out" ? "a FILE" : "a GROUP (--list shows them)");
+      return 2;
+    }
     if (a == "--out" && i + 1 < argc) {
       out = argv[++i];
     } else if (a == "--only" && i + 1 < argc) {
@@ -96,6 +104,39 @@ int main(int argc, char** argv) {
       return 0;
     } else {
       std::fprintf(stderr, "cxlkv-bench: unknown argument '%s' (see --help)\n", a.c_str());
+      return 2;
+    }
+  }
+  // Refuse a group that does not exist (it ran nothing and wrote an empty
+  // results file) and an output that cannot be written, before any run:
+  // the whole set takes minutes.
+  for (auto& o : only) {
+    bool known = false;
+    for (auto& b : bench::registry()) known |= (o == b.name);
+    if (!known) {
+      std::string names;
+      for (auto& b : bench::registry())
+        if (names.find(b.name + ",") == std::string::npos && !names.ends_with(b.name))
+          names += (names.empty() ? "" : ", ") + b.name;
+      std::fprintf(stderr, "cxlkv-bench: --only %s: no such benchmark group (groups: %s)\n", o.c_str(), names.c_str());
+      return 2;
+    }
+  }
+  {
+    const size_t slash = out.rfind('/');
+    const std::string dir = slash == std::string::npos ? "." : slash == 0 ? "/" : out.substr(0, slash);
+    std::error_code ec;
+    std::filesystem::create_directories(dir, ec);  // build/bench/ in a fresh tree; an error shows below
+    struct stat st {};
+    const bool is_dir = ::stat(out.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
+    struct stat dst {};
+    const bool dir_ok = ::stat(dir.c_str(), &dst) == 0 && S_ISDIR(dst.st_mode);
+    if (is_dir || !dir_ok || ::access(dir.c_str(), W_OK) != 0 ||
+        (::access(out.c_str(), F_OK) == 0 && ::access(out.c_str(), W_OK) != 0)) {
+      std::fprintf(stderr, "cxlkv-bench: --out %s: cannot be written (%s)\n", out.c_str(),
+                   is_dir ? "it is a directory"
+                   : !dir_ok ? (dir + " is not a folder" + (ec ? ": " + ec.message() : std::string())).c_str()
+                             : std::strerror(errno));
       return 2;
     }
   }
