@@ -185,9 +185,11 @@ struct Engine {
     per_tensor = layout.chunk_bytes() * layout.num_blocks;
     bytes = per_tensor * 2 * layout.num_layers;
     // The engine's memory, as a serving engine allocates its KV cache: one
-    // mapping, huge pages where the kernel gives them (fewer TLB misses in
-    // every copy and check), faulted in at once (one call instead of a zeroed
-    // 4 KiB first-touch fault per page, then a memset over the same bytes).
+    // mapping faulted in at once (one call instead of a zeroed 4 KiB
+    // first-touch fault per page, then a memset over the same bytes).  No
+    // MADV_HUGEPAGE: on this VM zeroing fresh huge pages cost ~70 ms of CPU
+    // per worker inside the measured window (the host backs never-touched
+    // guest memory on first write), more than fewer TLB misses saved.
     void* m = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (m == MAP_FAILED) {
       store.resize(bytes);
@@ -195,7 +197,6 @@ struct Engine {
     } else {
       base = static_cast<std::byte*>(m);
       mapped = true;
-      (void)madvise(m, bytes, MADV_HUGEPAGE);      // THP "madvise" mode; ignored where off
       (void)madvise(m, bytes, MADV_POPULATE_WRITE);  // Linux 5.14+; else first touch faults
     }
     for (uint32_t i = 0; i < 2 * layout.num_layers; i++) layout.bases.push_back(base + i * per_tensor);
