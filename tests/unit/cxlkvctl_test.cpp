@@ -186,6 +186,21 @@ TEST_F(Cxlkvctl, AnUnknownCxlkvLogLevelKeepsTheWarningsAndSaysSo) {
   EXPECT_TRUE(has(err, "[warning]") && has(err, "superblock checksum mismatch")) << err;
 }
 
+TEST_F(Cxlkvctl, ATypoInCxlkvPrefaultKeepsPrefaultingAndSaysSo) {
+  ASSERT_EQ(on_pool("format --size 32M").status, 0);
+  // Before: any value but 0/off/no silently meant "on", so CXLKV_PREFAULT=of
+  // (meant: off) went unnoticed.
+  const std::string cmd = "env -u CXLKV_POOL CXLKV_PREFAULT=of " + tool_ + " --pool " + uri_ + " info >/dev/null 2>" +
+                          path_ + ".err";
+  EXPECT_EQ(std::system(cmd.c_str()), 0);
+  const std::string err = slurp(path_ + ".err");
+  EXPECT_TRUE(has(err, "CXLKV_PREFAULT='of' is not on or off")) << err;
+  const std::string ok = "env -u CXLKV_POOL CXLKV_PREFAULT=off " + tool_ + " --pool " + uri_ + " info >/dev/null 2>" +
+                         path_ + ".err";
+  EXPECT_EQ(std::system(ok.c_str()), 0);
+  EXPECT_FALSE(has(slurp(path_ + ".err"), "CXLKV_PREFAULT")) << slurp(path_ + ".err");
+}
+
 TEST_F(Cxlkvctl, APoolTruncatedUnderCxlkvdEndsItWithAMessageNotABusError) {
   ASSERT_EQ(on_pool("format --size 64M").status, 0);
   const std::string d = tool_.substr(0, tool_.rfind('/')) + "/cxlkvd";

@@ -107,7 +107,10 @@ const char* env_or_empty(const char* n) {
 BackendOpenOptions attach_options(const OpenOptions& o) {
   BackendOpenOptions b;
   std::string pf = env_or_empty("CXLKV_PREFAULT");
-  b.prefault = o.prefault && !(pf == "0" || pf == "off" || pf == "no");
+  const bool pf_off = pf == "0" || pf == "off" || pf == "no";
+  if (!pf.empty() && !pf_off && pf != "1" && pf != "on" && pf != "yes")
+    log().warn("CXLKV_PREFAULT='{}' is not on or off (1/on/yes, 0/off/no); keeping on", pf);
+  b.prefault = o.prefault && !pf_off;
   b.map_on_use = b.prefault && o.map_on_use;
   b.huge_pages = o.huge_pages;
   if (b.huge_pages == HugePages::off) {
