@@ -191,6 +191,54 @@ TEST(AllocSim, KvBlocksOf128KiBShareChunksUntilACleanEnospcAndAllChunksComeBack)
   EXPECT_TRUE(hp.alloc(geo.chunk_size * geo.nchunks / 2).ok());  // a large run fits again
 }
 
+// An idle owner gives back what other nodes freed of its blocks: the
+// drain (as the kv session's drainer thread runs it, drain_if_posted)
+// returns every chunk whose blocks all came back -- the current one too --
+// so another node can take them.
+TEST(AllocSim, RemoteFreesDrainedByAnIdleOwnerReturnWholeChunksToOtherNodes) {
+  Harness h("alloc-drain", 2, 0.02);
+  auto h0 = NodeHeap::open(*h.ctx[0]);
+  auto h1 = NodeHeap::open(*h.ctx[1]);
+  ASSERT_TRUE(h0.ok() && h1.ok());
+  const auto geo = h0.value()->chunks().geometry();
+  const uint64_t block = geo.chunk_size / 2;
+  std::vector<uint64_t> blocks;
+  for (;;) {
+    auto off = h0.value()->alloc(block);
+    if (!off) {
+      ASSERT_EQ(off.error().code(), -ENOSPC) << off.error().message();
+      break;
+    }
+    blocks.push_back(off.value());
+  }
+  ASSERT_EQ(blocks.size(), geo.nchunks * 2);
+  EXPECT_EQ(h1.value()->alloc(block).error().code(), -ENOSPC);
+  // Node 1 frees (evicts) all but one block: remote frees into node 0's inbox.
+  for (size_t i = 1; i < blocks.size(); i++) ASSERT_TRUE(h1.value()->free(blocks[i]).ok());
+  EXPECT_EQ(h1.value()->remote_frees_posted(0), blocks.size() - 1);
+  EXPECT_EQ(h1.value()->alloc(block).error().code(), -ENOSPC) << "the space is node 0's until it drains";
+  auto d = h0.value()->drain_if_posted(std::chrono::seconds(10));
+  ASSERT_TRUE(d.ok()) << d.error().message();
+  EXPECT_EQ(d.value(), blocks.size() - 1);
+  EXPECT_EQ(h1.value()->remote_frees_posted(0), 0u);
+  // Every chunk but the one that still holds blocks[0] is free again.
+  EXPECT_EQ(h0.value()->chunks().free_chunks(), geo.nchunks - 1);
+  EXPECT_EQ(h0.value()->stats().chunks_owned, 1u);
+  EXPECT_EQ(h0.value()->drain_if_posted(std::chrono::seconds(10)).value(), 0u) << "nothing posted: no work";
+  std::vector<uint64_t> theirs;
+  for (uint64_t i = 0; i < (geo.nchunks - 1) * 2; i++) {
+    auto off = h1.value()->alloc(block);
+    ASSERT_TRUE(off.ok()) << i << ": " << off.error().message();
+    EXPECT_NE(h1.value()->chunks().chunk_of(off.value()), h1.value()->chunks().chunk_of(blocks[0]));
+    theirs.push_back(off.value());
+  }
+  // The half-used chunk stays node 0's: its free half is node 0's to reuse.
+  EXPECT_EQ(h1.value()->alloc(block).error().code(), -ENOSPC);
+  auto again = h0.value()->alloc(block);
+  ASSERT_TRUE(again.ok()) << again.error().message();
+  EXPECT_EQ(h0.value()->chunks().chunk_of(again.value()), h0.value()->chunks().chunk_of(blocks[0]));
+}
+
 TEST(AllocSim, MixedSizesUpTo2MiBFromFourNodesNeverOverlap) {
   Harness h("alloc-mixed", 4, 0.02, 512ull << 20);
   std::mutex mu;

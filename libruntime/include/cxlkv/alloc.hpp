@@ -130,8 +130,17 @@ class NodeHeap {
   Result<void> free_taken(uint64_t pool_off, uint32_t node, uint32_t incarnation_lo);
   // Usable size of an allocated block.
   Result<uint64_t> usable_size(uint64_t pool_off) const;
-  // Pull blocks other nodes freed back into this node's free lists.
+  // Pull blocks other nodes freed back into this node's free lists; chunks
+  // whose blocks are all free again go back to the global bitmap.
   Result<uint64_t> drain_remote_frees();
+  // The same when this node's inbox says remote frees wait (one fresh read,
+  // no lock when none do), with a bound on the wait for the REMOTE_FREE
+  // lock: the kv session's drainer thread calls it each period, so an idle
+  // node gives back the space other nodes freed by evicting its blocks.
+  Result<uint64_t> drain_if_posted(std::chrono::nanoseconds lock_timeout);
+  // Remote frees posted to node n and not yet drained (one fresh read of
+  // its inbox line; 0 for a node out of range).
+  uint64_t remote_frees_posted(uint32_t n) const;
   HeapStats stats() const;
   ChunkAllocator& chunks() { return chunks_; }
   NodeContext& node() const { return node_; }

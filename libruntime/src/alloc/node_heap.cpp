@@ -12,12 +12,21 @@
 //                 all free again goes back to the global bitmap);
 //                 another node's chunk -> remote free (uapi/cxlkv_alloc.h);
 //                 a LARGE run -> back to the global bitmap.
-// Lock order: heap_mu (node-local) -> ALLOC / REMOTE_FREE+self (global).
+//   drain:        remote frees -> free bits; a chunk whose blocks are all
+//                 free again goes back to the global bitmap (after the
+//                 REMOTE_FREE lock is released).  The node drains when it
+//                 allocates and, while idle, from each kv session's drainer
+//                 thread (drain_if_posted), so space that other nodes free
+//                 by evicting this node's blocks becomes theirs to use.
+// Lock order: heap_mu (node-local) -> ALLOC / REMOTE_FREE+self (global),
+// never both global locks at once (drain returns chunks after releasing
+// REMOTE_FREE+self).  A remote free takes REMOTE_FREE+owner without heap_mu.
 #include <unistd.h>
 
 #include <cerrno>
 #include <cstring>
 #include <string>
+#include <vector>
 
 #include "alloc/heap_layout.hpp"
 #include "sync/node_local.hpp"
@@ -132,7 +141,8 @@ void maybe_return_chunk(NodeHeap& heap, NodeHeap::Impl& I, uint32_t c) {
   I.hdr->stats.chunk_returns++;
 }
 
-Result<uint64_t> drain_locked(NodeHeap& heap, NodeHeap::Impl& I);
+Result<uint64_t> drain_locked(NodeHeap& heap, NodeHeap::Impl& I,
+                              std::chrono::nanoseconds lock_timeout = std::chrono::nanoseconds::zero());
 
 }  // namespace
 
@@ -299,9 +309,23 @@ Result<uint64_t> NodeHeap::drain_remote_frees() {
   return drain_locked(*this, *impl_);
 }
 
+uint64_t NodeHeap::remote_frees_posted(uint32_t n) const {
+  const auto& h = chunks_.header();
+  if (n >= node_.control().max_nodes()) return 0;
+  auto* inbox = reinterpret_cast<cxlkv_remote_inbox*>(chunks_.carve_base() + h.inbox_off) + n;
+  return node_.domain().read_fresh(&inbox->pending);  // rule 4: one fresh read of the inbox line
+}
+
+Result<uint64_t> NodeHeap::drain_if_posted(std::chrono::nanoseconds lock_timeout) {
+  // The check costs one fresh read and no lock: an idle node calls it each period.
+  if (remote_frees_posted(node_.node()) == 0) return uint64_t{0};
+  sync::RobustLock g(&impl_->nl->hdr->heap_mu, "node heap");
+  return drain_locked(*this, *impl_, lock_timeout);
+}
+
 namespace {
-// Caller holds heap_mu.
-Result<uint64_t> drain_locked(NodeHeap& heap, NodeHeap::Impl& I) {
+// Caller holds heap_mu.  lock_timeout zero: wait for REMOTE_FREE+self as long as it takes.
+Result<uint64_t> drain_locked(NodeHeap& heap, NodeHeap::Impl& I, std::chrono::nanoseconds lock_timeout) {
   NodeContext& node = heap.node();
   MemoryDomain& d = node.domain();
   const auto& h = heap.chunks().header();
@@ -310,47 +334,59 @@ Result<uint64_t> drain_locked(NodeHeap& heap, NodeHeap::Impl& I) {
   auto* inbox = reinterpret_cast<cxlkv_remote_inbox*>(base + h.inbox_off) + me;
   if (d.read_fresh(&inbox->pending) == 0) return uint64_t{0};  // rule 4; a hint, checked again under the lock
   auto* pend = reinterpret_cast<uint64_t*>(base + h.pending_off + uint64_t(me) * h.pending_stride);
-  TwoTierLock lock(node, CXLKV_LOCK_REMOTE_FREE_BASE + me);
-  auto g = LockGuard::take(lock);
-  if (!g) return g.error();
+  std::vector<uint32_t> touched;  // chunks that got blocks back: returned once the lock is released
   uint64_t drained = 0;
-  const uint64_t nw = (h.nchunks + 63) / 64;
-  d.invalidate(pend, nw * 8);  // rule 4
-  d.fence();
-  for (uint64_t wi = 0; wi < nw; wi++) {
-    uint64_t pw = d.read(&pend[wi]);
-    if (!pw) continue;
-    for (uint64_t m = pw; m; m &= m - 1) {
-      const uint32_t c = static_cast<uint32_t>(wi * 64 + __builtin_ctzll(m));
-      LocalChunk& lc = I.chunks[c];
-      auto* rbits = reinterpret_cast<uint64_t*>(base + h.remote_bits_off + uint64_t(c) * h.remote_bits_stride);
-      const uint32_t cap = blocks_per_chunk(h.chunk_size, lc.cls);
-      const uint32_t rw = (cap + 63) / 64;
-      d.invalidate(rbits, rw * 8);  // rule 4
-      d.fence();
-      uint64_t* fb = I.free_bits(c);
-      for (uint32_t k = 0; k < rw; k++) {
-        uint64_t w = d.read(&rbits[k]);
-        if (!w) continue;
-        d.write_nt(&rbits[k], uint64_t{0});  // rule 1
-        if (!lc.owned) continue;             // not ours any more (node-local memory recreated): leak
-        w &= ~fb[k];                         // never count a block twice
-        fb[k] |= w;
-        uint32_t cnt = static_cast<uint32_t>(__builtin_popcountll(w));
-        lc.free_count += cnt;
-        drained += cnt;
-        I.hdr->stats.bytes_in_use -= uint64_t(cnt) * size_class_bytes(lc.cls);
+  {
+    TwoTierLock lock(node, CXLKV_LOCK_REMOTE_FREE_BASE + me);
+    auto g = lock_timeout.count() ? LockGuard::take_for(lock, lock_timeout) : LockGuard::take(lock);
+    if (!g) return g.error();
+    const uint64_t nw = (h.nchunks + 63) / 64;
+    d.invalidate(pend, nw * 8);  // rule 4
+    d.fence();
+    for (uint64_t wi = 0; wi < nw; wi++) {
+      uint64_t pw = d.read(&pend[wi]);
+      if (!pw) continue;
+      for (uint64_t m = pw; m; m &= m - 1) {
+        const uint32_t c = static_cast<uint32_t>(wi * 64 + __builtin_ctzll(m));
+        LocalChunk& lc = I.chunks[c];
+        auto* rbits = reinterpret_cast<uint64_t*>(base + h.remote_bits_off + uint64_t(c) * h.remote_bits_stride);
+        const uint32_t cap = blocks_per_chunk(h.chunk_size, lc.cls);
+        const uint32_t rw = (cap + 63) / 64;
+        d.invalidate(rbits, rw * 8);  // rule 4
+        d.fence();
+        uint64_t* fb = I.free_bits(c);
+        for (uint32_t k = 0; k < rw; k++) {
+          uint64_t w = d.read(&rbits[k]);
+          if (!w) continue;
+          d.write_nt(&rbits[k], uint64_t{0});  // rule 1
+          if (!lc.owned) continue;             // not ours any more (node-local memory recreated): leak
+          w &= ~fb[k];                         // never count a block twice
+          fb[k] |= w;
+          uint32_t cnt = static_cast<uint32_t>(__builtin_popcountll(w));
+          lc.free_count += cnt;
+          drained += cnt;
+          I.hdr->stats.bytes_in_use -= uint64_t(cnt) * size_class_bytes(lc.cls);
+        }
+        if (lc.owned && I.hdr->cur[lc.cls] != c && lc.free_count) partial_push(I, c);
+        if (lc.owned && lc.free_count) touched.push_back(c);
       }
-      if (lc.owned && I.hdr->cur[lc.cls] != c && lc.free_count) partial_push(I, c);
+      d.write_nt(&pend[wi], uint64_t{0});  // rule 1
     }
-    d.write_nt(&pend[wi], uint64_t{0});  // rule 1
+    cxlkv_remote_inbox in = d.read_fresh(inbox);
+    in.pending = 0;
+    d.fence();  // rule 3: bitmaps cleared before the count says so
+    d.publish_line(inbox, &in);
+    d.fence();
+    I.hdr->stats.remote_frees_drained += drained;
+  }  // REMOTE_FREE+self released: returning chunks takes ALLOC (lock order above)
+  for (uint32_t c : touched) {
+    LocalChunk& lc = I.chunks[c];
+    // A current chunk whose blocks all came back goes too: the node that
+    // evicted them needs whole chunks; this node takes a fresh one when it
+    // allocates again.
+    if (lc.owned && lc.free_count == lc.bump && I.hdr->cur[lc.cls] == c) I.hdr->cur[lc.cls] = kNoChunk;
+    maybe_return_chunk(heap, I, c);
   }
-  cxlkv_remote_inbox in = d.read_fresh(inbox);
-  in.pending = 0;
-  d.fence();  // rule 3: bitmaps cleared before the count says so
-  d.publish_line(inbox, &in);
-  d.fence();
-  I.hdr->stats.remote_frees_drained += drained;
   return drained;
 }
 }  // namespace

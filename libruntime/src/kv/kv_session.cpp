@@ -4,16 +4,20 @@
 //   payload space  -> the node heap (chunk allocator + size classes) over the kv carve
 //   liveness       -> the control carve's node table (state, incarnation,
 //                     heartbeat age; a same-host pid that no longer exists is dead at once)
+#include <pthread.h>
 #include <signal.h>
 #include <time.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstdlib>
 #include <cstring>
+#include <mutex>
 #include <span>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "cxlkv/alloc.hpp"
@@ -141,14 +145,24 @@ class NodeTableLiveness final : public NodeLiveness {
   std::string host_;
 };
 
+// Remote frees (evictions of blocks in another node's chunks) become
+// usable space only when the owner drains them (alloc/node_heap.cpp).  Each
+// session drains its node's inbox every kDrainPeriod from a thread, so an
+// idle node gives the space back; an allocation that finds no space while
+// an alive node has remote frees waiting polls for at most kDrainWait (a
+// few periods, with room for a loaded host) before -ENOSPC.
+constexpr std::chrono::milliseconds kDrainPeriod{10};
+constexpr std::chrono::milliseconds kDrainWait{500};
+
 class HeapSpace final : public PayloadSpace {
  public:
-  explicit HeapSpace(NodeHeap& heap) : heap_(heap) {}
+  explicit HeapSpace(NodeHeap& heap) : heap_(heap), stalled_(heap.node().control().max_nodes(), 0) {}
   Result<BlockLocation> alloc(uint64_t bytes) override {
     auto off = heap_.alloc(bytes);
     if (!off) {
       // Other nodes may have freed blocks of ours (evictions): take them back once.
       if (off.error().code() == -ENOSPC && heap_.drain_remote_frees().ok()) off = heap_.alloc(bytes);
+      if (!off && off.error().code() == -ENOSPC) off = wait_for_drains(bytes, off.error());
       if (!off) return off.error();
     }
     return BlockLocation{off.value(), static_cast<uint32_t>(bytes), 0, CXLKV_TIER_MEM};
@@ -208,6 +222,47 @@ class HeapSpace final : public PayloadSpace {
     const uint32_t cls = size_class_for(len, cs);
     return cls == kSizeClasses || size_class_bytes(cls) >= CXLKV_OWNER_GRANULE;
   }
+  // Alive nodes (not this one) with remote frees waiting, leaving out those
+  // that let a whole kDrainWait pass before (until they are seen drained).
+  std::vector<uint32_t> waiting_nodes() {
+    std::vector<uint32_t> w;
+    NodeContext& node = heap_.node();
+    for (uint32_t n = 0; n < stalled_.size(); n++) {
+      if (n == node.node()) continue;
+      if (heap_.remote_frees_posted(n) == 0) {  // rule 4: one fresh read of its inbox line
+        stalled_[n] = 0;
+        continue;
+      }
+      if (stalled_[n]) continue;
+      const cxlkv_node_entry e = node.domain().read_fresh(node.control().node_entry(n));  // rule 4
+      if (judge_node(e).alive) w.push_back(n);  // a dead node never drains
+    }
+    return w;
+  }
+  // Evictions freed blocks in chunks of other nodes: the space is theirs
+  // until they drain (their session's drainer, each kDrainPeriod).  Retry
+  // each time one of them drained, for at most kDrainWait.
+  Result<uint64_t> wait_for_drains(uint64_t bytes, const Error& first) {
+    std::vector<uint32_t> w = waiting_nodes();
+    if (w.empty()) return first;
+    const auto deadline = std::chrono::steady_clock::now() + kDrainWait;
+    while (std::chrono::steady_clock::now() < deadline) {
+      ::usleep(1000);
+      std::vector<uint32_t> now = waiting_nodes();
+      if (now.size() == w.size()) continue;  // nobody drained yet
+      auto off = heap_.alloc(bytes);
+      if (off || off.error().code() != -ENOSPC || now.empty()) return off;
+      w = std::move(now);
+    }
+    std::string names;
+    for (uint32_t n : w) {
+      stalled_[n] = 1;
+      names += (names.empty() ? "" : ", ") + std::to_string(n);
+    }
+    return Error(-ENOSPC, first.message() + "; space freed by evicting blocks of node " + names +
+                              " waits for that node to drain its remote frees (not done within " +
+                              std::to_string(kDrainWait.count()) + " ms)");
+  }
   void unclaim(const BlockLocation& loc) {
     if (!recorded(loc.length)) return;
     heap_.chunks().set_owner(loc.offset, cxlkv_block_owner{});
@@ -216,6 +271,37 @@ class HeapSpace final : public PayloadSpace {
   }
 
   NodeHeap& heap_;
+  std::vector<uint8_t> stalled_;  // per node: let kDrainWait pass undrained (see waiting_nodes)
+};
+
+// The session's drainer thread (see kDrainPeriod).
+class Drainer {
+ public:
+  explicit Drainer(NodeHeap& heap)
+      : thread_([this, &heap] {
+          pthread_setname_np(pthread_self(), "cxlkv-drainer");
+          std::unique_lock<std::mutex> lk(mu_);
+          while (!cv_.wait_for(lk, kDrainPeriod, [this] { return stop_; })) {
+            lk.unlock();
+            auto r = heap.drain_if_posted(std::chrono::milliseconds(100));  // bounded: the session can close
+            if (!r) log().debug("kv: draining remote frees: {}", r.error().message());
+            lk.lock();
+          }
+        }) {}
+  ~Drainer() {
+    {
+      std::lock_guard<std::mutex> g(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool stop_ = false;
+  std::thread thread_;
 };
 
 class RealSession final : public KvSession {
@@ -227,6 +313,7 @@ class RealSession final : public KvSession {
   std::unique_ptr<HeapSpace> space;
   std::unique_ptr<IndexServiceBackend> service;  // issue 17: service mode
   std::unique_ptr<KvStore> store_;
+  std::unique_ptr<Drainer> drainer;  // declared last: stops first, before the heap goes
 };
 
 // Issue 17: the pool's index mode (see KvIndexMode).
@@ -303,6 +390,7 @@ Result<std::unique_ptr<KvSession>> open_kv_session(Region& pool, NodeContext& no
   auto kv = KvStore::create(std::move(deps));
   if (!kv) return kv.error();
   s->store_ = std::move(kv.value());
+  s->drainer = std::make_unique<Drainer>(*s->heap);
   return std::unique_ptr<KvSession>(std::move(s));
 }
 

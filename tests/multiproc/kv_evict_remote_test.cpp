@@ -1,0 +1,230 @@
+// SPDX-License-Identifier: MIT
+// Space freed by evicting another node's blocks (real processes as nodes).
+// Node 1 (a forked process) fills the pool with 1 MiB blocks -- two per
+// 2 MiB chunk, so every chunk is node 1's -- and then idles, alive.  Node 2
+// (this process) then stores blocks: each eviction of one of node 1's blocks
+// is a remote free that only node 1 can turn back into whole free chunks.
+// Node 1's kv session drains its inbox from its drainer thread while idle,
+// and node 2's allocation waits (bounded) for that drain, so node 2 stores
+// every block by eviction instead of losing node 1's blocks for nothing.
+// Every wait is bounded; the child is killed whatever happens.
+#include <gtest/gtest.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "cxlkv/alloc.hpp"
+#include "cxlkv/kv.hpp"
+#include "cxlkv/region.hpp"
+#include "cxlkv/sync.hpp"
+#include "pool/format.hpp"
+
+using namespace cxlkv;
+using namespace std::chrono_literals;
+
+namespace {
+
+constexpr uint64_t kBlock = 1ull << 20;  // a size class of half a 2 MiB chunk
+
+// Keys spread over the index stripes as real (hashed) keys do.
+uint64_t mix(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+BlockKey key_of(uint32_t node, uint32_t i) {
+  const uint64_t h = mix((uint64_t(node) << 32) | i);
+  return BlockKey{h, mix(h)};
+}
+std::byte fill_of(uint32_t node, uint32_t i) { return std::byte(uint8_t(node * 64 + i % 61 + 1)); }
+
+// reserve + write + publish one root block; 0 stored, else the failing code.
+int put(KvStore& kv, uint32_t node, uint32_t i, std::string* why = nullptr) {
+  std::vector<std::byte> buf(kBlock, fill_of(node, i));
+  Chunk ch{buf.data(), buf.size()};
+  auto r = kv.reserve(key_of(node, i), nullptr, kBlock);
+  if (!r) {
+    if (why) *why = r.error().message();
+    return r.error().code();
+  }
+  if (!r->reserved()) return 1000;
+  if (auto w = kv.write(*r, {&ch, 1}); !w) return w.error().code();
+  if (auto p = kv.publish(*r); !p) return p.error().code();
+  return 0;
+}
+
+// 1: block present with the right bytes, 0: not cached, -1: wrong bytes / error.
+int check(KvStore& kv, uint32_t node, uint32_t i) {
+  auto p = kv.pin(key_of(node, i));
+  if (!p) return 0;
+  std::vector<std::byte> got(kBlock, std::byte{0});
+  Chunk ch{got.data(), got.size()};
+  auto f = kv.fetch(*p, {&ch, 1});
+  (void)kv.unpin(*p);
+  if (!f) return -1;
+  for (std::byte b : got)
+    if (b != fill_of(node, i)) return -1;
+  return 1;
+}
+
+// Node 1: fill the pool's free chunks with blocks, say how many on `out`,
+// then idle until `in` closes.  Exit codes name a failure.
+int child_node1(const std::string& uri, int in, int out) {
+  alarm(60);  // watchdog
+  auto region = Region::open(uri);
+  if (!region) return 10;
+  NodeOptions no;
+  no.node = 1;
+  no.heartbeat = true;
+  auto node = NodeContext::attach(*region.value(), no);
+  if (!node) return 11;
+  auto s = open_kv_session(*region.value(), *node.value());
+  if (!s) return 12;
+  auto ca = ChunkAllocator::open(*node.value());
+  if (!ca) return 13;
+  const uint32_t n = static_cast<uint32_t>(ca->free_chunks() * (ca->geometry().chunk_size / kBlock));
+  uint32_t stored = 0;
+  for (uint32_t i = 0; i < n; i++) stored += put(s.value()->store(), 1, i) == 0;
+  const std::string line = std::to_string(stored) + " " + std::to_string(n) + "\n";
+  if (write(out, line.data(), line.size()) != ssize_t(line.size())) return 14;
+  char c;
+  while (read(in, &c, 1) > 0) {
+  }
+  return 0;
+}
+
+}  // namespace
+
+TEST(KvEvictRemote, AnIdleNodesBlocksAreEvictedIntoSpaceTheOtherNodeCanUse) {
+  const std::string uri = "shm:cxlkv-evremote-" + std::to_string(getpid()) + ":64M";
+  PoolFormatOptions fo;
+  fo.force = true;
+  auto fmt = format_pool(uri, fo);
+  ASSERT_TRUE(fmt.ok()) << fmt.error().message();
+  std::unique_ptr<Region> region = std::move(fmt.value());
+
+  // Fork before this process starts any thread (lock manager, node threads).
+  int to[2], from[2];
+  ASSERT_EQ(pipe(to), 0);
+  ASSERT_EQ(pipe(from), 0);
+  pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    close(to[1]);
+    close(from[0]);
+    _exit(child_node1(uri, to[0], from[1]));
+  }
+  close(to[0]);
+  close(from[1]);
+  struct Cleanup {
+    pid_t child;
+    int to, from;
+    std::string uri;
+    ~Cleanup() {
+      close(to);  // node 1 leaves its idle loop
+      int st = 0;
+      for (int i = 0; i < 500 && waitpid(child, &st, WNOHANG) == 0; i++) usleep(10000);
+      if (waitpid(child, &st, WNOHANG) == 0) {
+        kill(child, SIGKILL);
+        waitpid(child, &st, 0);
+      }
+      const std::string name = uri.substr(4, uri.rfind(':') - 4);
+      shm_unlink(("/" + name).c_str());
+    }
+  } cleanup{child, to[1], from[0], uri};
+
+  auto mgr = LockManager::create(*region);
+  ASSERT_TRUE(mgr.ok()) << mgr.error().message();
+  mgr.value()->start();
+
+  // Node 1's report (bounded wait).
+  std::string got;
+  for (auto deadline = std::chrono::steady_clock::now() + 60s; got.find('\n') == std::string::npos;) {
+    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    ASSERT_GT(left.count(), 0) << "watchdog: node 1 did not report within 60 s";
+    pollfd p{from[0], POLLIN, 0};
+    if (poll(&p, 1, static_cast<int>(left.count())) <= 0) continue;
+    char b[64];
+    ssize_t k = read(from[0], b, sizeof b);
+    ASSERT_GT(k, 0) << "node 1 exited before reporting";
+    got.append(b, size_t(k));
+  }
+  unsigned stored1 = 0, asked1 = 0;
+  ASSERT_EQ(std::sscanf(got.c_str(), "%u %u", &stored1, &asked1), 2) << got;
+  ASSERT_GE(asked1, 40u) << "the pool holds too few blocks for this test";
+  ASSERT_EQ(stored1, asked1) << "node 1 could not fill the pool";
+
+  {
+    NodeOptions no;
+    no.node = 2;
+    no.heartbeat = true;
+    auto node = NodeContext::attach(*region, no);
+    ASSERT_TRUE(node.ok()) << node.error().message();
+    auto s = open_kv_session(*region, *node.value());
+    ASSERT_TRUE(s.ok()) << s.error().message();
+    KvStore& kv = s.value()->store();
+    auto ca = ChunkAllocator::open(*node.value());
+    ASSERT_TRUE(ca.ok());
+    ASSERT_EQ(ca->free_chunks(), 0u) << "node 1 holds every chunk";
+
+    // Node 2 stores 30 blocks: every one needs space freed by evicting node 1's.
+    constexpr uint32_t kPuts = 30;
+    uint32_t stored2 = 0;
+    std::string first_failure;
+    for (uint32_t i = 0; i < kPuts; i++) {
+      std::string why;
+      const int rc = put(kv, 2, i, &why);
+      stored2 += rc == 0;
+      if (rc && first_failure.empty()) first_failure = "block " + std::to_string(i) + ": " + std::to_string(rc) + " " + why;
+    }
+    EXPECT_EQ(stored2, kPuts) << "first failure: " << first_failure;
+
+    // What is cached reads back byte for byte.
+    uint32_t left2 = 0, left1 = 0;
+    for (uint32_t i = 0; i < kPuts; i++) {
+      const int c = check(kv, 2, i);
+      EXPECT_GE(c, 0) << "node 2 block " << i << " reads back wrong bytes";
+      left2 += c == 1;
+    }
+    for (uint32_t i = 0; i < asked1; i++) {
+      const int c = check(kv, 1, i);
+      EXPECT_GE(c, 0) << "node 1 block " << i << " reads back wrong bytes";
+      left1 += c == 1;
+    }
+    RecordProperty("cached", "node 1: " + std::to_string(left1) + " of " + std::to_string(asked1) +
+                                 ", node 2: " + std::to_string(left2) + " of " + std::to_string(kPuts));
+    EXPECT_LT(left1, asked1) << "node 2's space came from evicting node 1's blocks";
+    EXPECT_LE(left1 + left2, asked1);
+    EXPECT_GT(left2, 0u);
+
+    // The idle node keeps no chunk it no longer uses: every chunk node 1
+    // still owns holds one of its cached blocks (two per chunk), once its
+    // drainer has taken the last evictions in (bounded wait).
+    auto owned_by_1 = [&] {
+      uint32_t n = 0;
+      for (uint64_t c = 0; c < ca->geometry().nchunks; c++) {
+        const cxlkv_chunk_desc d = ca->desc(c);
+        n += d.kind == CXLKV_CHUNK_SMALL && d.owner == 1;
+      }
+      return n;
+    };
+    uint32_t owned1 = owned_by_1();
+    for (auto deadline = std::chrono::steady_clock::now() + 10s;
+         owned1 > left1 && std::chrono::steady_clock::now() < deadline; owned1 = owned_by_1())
+      std::this_thread::sleep_for(10ms);
+    EXPECT_LE(owned1, left1) << "node 1 keeps chunks whose blocks were all evicted";
+    EXPECT_GE(owned1 * 2, left1);
+    s.value().reset();
+  }
+  mgr.value()->stop();
+}
