@@ -33,7 +33,7 @@ using namespace std::chrono_literals;
 
 namespace {
 
-constexpr uint64_t kBlock = 1ull << 20;  // a size class of half a 2 MiB chunk
+constexpr uint64_t kBlock = 1ull << 20; // a size class of half a 2 MiB chunk
 
 // Keys spread over the index stripes as real (hashed) keys do.
 uint64_t mix(uint64_t x) {
@@ -46,123 +46,182 @@ BlockKey key_of(uint32_t node, uint32_t i) {
   const uint64_t h = mix((uint64_t(node) << 32) | i);
   return BlockKey{h, mix(h)};
 }
-std::byte fill_of(uint32_t node, uint32_t i) { return std::byte(uint8_t(node * 64 + i % 61 + 1)); }
+std::byte fill_of(uint32_t node, uint32_t i) {
+  return std::byte(uint8_t(node * 64 + i % 61 + 1));
+}
 
 // reserve + write + publish one root block; 0 stored, else the failing code.
-int put(KvStore& kv, uint32_t node, uint32_t i, std::string* why = nullptr) {
+int put(KvStore &kv, uint32_t node, uint32_t i, std::string *why = nullptr) {
   std::vector<std::byte> buf(kBlock, fill_of(node, i));
   Chunk ch{buf.data(), buf.size()};
   auto r = kv.reserve(key_of(node, i), nullptr, kBlock);
   if (!r) {
-    if (why) *why = r.error().message();
+    if (why)
+      *why = r.error().message();
     return r.error().code();
   }
-  if (!r->reserved()) return 1000;
-  if (auto w = kv.write(*r, {&ch, 1}); !w) return w.error().code();
-  if (auto p = kv.publish(*r); !p) return p.error().code();
+  if (!r->reserved())
+    return 1000;
+  if (auto w = kv.write(*r, {&ch, 1}); !w)
+    return w.error().code();
+  if (auto p = kv.publish(*r); !p)
+    return p.error().code();
   return 0;
 }
 
-// 1: block present with the right bytes, 0: not cached, -1: wrong bytes / error.
-int check(KvStore& kv, uint32_t node, uint32_t i) {
+// 1: block present with the right bytes, 0: not cached, -1: wrong bytes /
+// error.
+int check(KvStore &kv, uint32_t node, uint32_t i) {
   auto p = kv.pin(key_of(node, i));
-  if (!p) return 0;
+  if (!p)
+    return 0;
   std::vector<std::byte> got(kBlock, std::byte{0});
   Chunk ch{got.data(), got.size()};
   auto f = kv.fetch(*p, {&ch, 1});
   (void)kv.unpin(*p);
-  if (!f) return -1;
+  if (!f)
+    return -1;
   for (std::byte b : got)
-    if (b != fill_of(node, i)) return -1;
+    if (b != fill_of(node, i))
+      return -1;
   return 1;
 }
 
 // Node 1: fill the pool's free chunks with blocks, say how many on `out`,
 // then idle until `in` closes.  Exit codes name a failure.
-int child_node1(const std::string& uri, int in, int out) {
-  alarm(60);  // watchdog
+int child_node1(const std::string &uri, int in, int out, bool drainer) {
+  alarm(60); // watchdog
+  if (!drainer)
+    setenv("CXLKV_DRAIN_PERIOD_MS", "0", 1);
   auto region = Region::open(uri);
-  if (!region) return 10;
+  if (!region)
+    return 10;
   NodeOptions no;
   no.node = 1;
   no.heartbeat = true;
   auto node = NodeContext::attach(*region.value(), no);
-  if (!node) return 11;
+  if (!node)
+    return 11;
   auto s = open_kv_session(*region.value(), *node.value());
-  if (!s) return 12;
+  if (!s)
+    return 12;
   auto ca = ChunkAllocator::open(*node.value());
-  if (!ca) return 13;
-  const uint32_t n = static_cast<uint32_t>(ca->free_chunks() * (ca->geometry().chunk_size / kBlock));
+  if (!ca)
+    return 13;
+  const uint32_t n = static_cast<uint32_t>(
+      ca->free_chunks() * (ca->geometry().chunk_size / kBlock));
   uint32_t stored = 0;
-  for (uint32_t i = 0; i < n; i++) stored += put(s.value()->store(), 1, i) == 0;
-  const std::string line = std::to_string(stored) + " " + std::to_string(n) + "\n";
-  if (write(out, line.data(), line.size()) != ssize_t(line.size())) return 14;
+  for (uint32_t i = 0; i < n; i++)
+    stored += put(s.value()->store(), 1, i) == 0;
+  const std::string line =
+      std::to_string(stored) + " " + std::to_string(n) + "\n";
+  if (write(out, line.data(), line.size()) != ssize_t(line.size()))
+    return 14;
   char c;
   while (read(in, &c, 1) > 0) {
   }
   return 0;
 }
 
-}  // namespace
+} // namespace
 
-TEST(KvEvictRemote, AnIdleNodesBlocksAreEvictedIntoSpaceTheOtherNodeCanUse) {
-  const std::string uri = "shm:cxlkv-evremote-" + std::to_string(getpid()) + ":64M";
-  PoolFormatOptions fo;
-  fo.force = true;
-  auto fmt = format_pool(uri, fo);
-  ASSERT_TRUE(fmt.ok()) << fmt.error().message();
-  std::unique_ptr<Region> region = std::move(fmt.value());
+// The pool, node 1 (a forked process that filled it and idles) and a lock
+// manager; node 1 is killed on the way out whatever happens.
+struct TwoNodes {
+  std::string uri;
+  std::unique_ptr<Region> region;
+  std::unique_ptr<LockManager> mgr;
+  pid_t child = -1;
+  int to = -1, from = -1;
+  unsigned stored1 = 0, asked1 = 0;
 
-  // Fork before this process starts any thread (lock manager, node threads).
-  int to[2], from[2];
-  ASSERT_EQ(pipe(to), 0);
-  ASSERT_EQ(pipe(from), 0);
-  pid_t child = fork();
-  ASSERT_GE(child, 0);
-  if (child == 0) {
-    close(to[1]);
-    close(from[0]);
-    _exit(child_node1(uri, to[0], from[1]));
+  explicit TwoNodes(bool node1_drains) {
+    uri = "shm:cxlkv-evremote-" + std::to_string(getpid()) + ":64M";
+    PoolFormatOptions fo;
+    fo.force = true;
+    auto fmt = format_pool(uri, fo);
+    if (!fmt) {
+      ADD_FAILURE() << fmt.error().message();
+      return;
+    }
+    region = std::move(fmt.value());
+    // Fork before this process starts any thread (lock manager, node threads).
+    int tp[2], fp[2];
+    if (pipe(tp) != 0 || pipe(fp) != 0) {
+      ADD_FAILURE() << "pipe";
+      return;
+    }
+    child = fork();
+    if (child == 0) {
+      close(tp[1]);
+      close(fp[0]);
+      _exit(child_node1(uri, tp[0], fp[1], node1_drains));
+    }
+    close(tp[0]);
+    close(fp[1]);
+    to = tp[1];
+    from = fp[0];
+    auto m = LockManager::create(*region);
+    if (!m) {
+      ADD_FAILURE() << m.error().message();
+      return;
+    }
+    mgr = std::move(m.value());
+    mgr->start();
+    // Node 1's report (bounded wait).
+    std::string got;
+    for (auto deadline = std::chrono::steady_clock::now() + 60s;
+         got.find('\n') == std::string::npos;) {
+      auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+          deadline - std::chrono::steady_clock::now());
+      if (left.count() <= 0) {
+        ADD_FAILURE() << "watchdog: node 1 did not report within 60 s";
+        return;
+      }
+      pollfd p{from, POLLIN, 0};
+      if (poll(&p, 1, static_cast<int>(left.count())) <= 0)
+        continue;
+      char b[64];
+      ssize_t k = read(from, b, sizeof b);
+      if (k <= 0) {
+        ADD_FAILURE() << "node 1 exited before reporting";
+        return;
+      }
+      got.append(b, size_t(k));
+    }
+    if (std::sscanf(got.c_str(), "%u %u", &stored1, &asked1) != 2)
+      ADD_FAILURE() << got;
   }
-  close(to[0]);
-  close(from[1]);
-  struct Cleanup {
-    pid_t child;
-    int to, from;
-    std::string uri;
-    ~Cleanup() {
-      close(to);  // node 1 leaves its idle loop
+  ~TwoNodes() {
+    if (to >= 0)
+      close(to); // node 1 leaves its idle loop
+    if (from >= 0)
+      close(from);
+    if (child > 0) {
       int st = 0;
-      for (int i = 0; i < 500 && waitpid(child, &st, WNOHANG) == 0; i++) usleep(10000);
+      for (int i = 0; i < 500 && waitpid(child, &st, WNOHANG) == 0; i++)
+        usleep(10000);
       if (waitpid(child, &st, WNOHANG) == 0) {
         kill(child, SIGKILL);
         waitpid(child, &st, 0);
       }
-      const std::string name = uri.substr(4, uri.rfind(':') - 4);
-      shm_unlink(("/" + name).c_str());
     }
-  } cleanup{child, to[1], from[0], uri};
-
-  auto mgr = LockManager::create(*region);
-  ASSERT_TRUE(mgr.ok()) << mgr.error().message();
-  mgr.value()->start();
-
-  // Node 1's report (bounded wait).
-  std::string got;
-  for (auto deadline = std::chrono::steady_clock::now() + 60s; got.find('\n') == std::string::npos;) {
-    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
-    ASSERT_GT(left.count(), 0) << "watchdog: node 1 did not report within 60 s";
-    pollfd p{from[0], POLLIN, 0};
-    if (poll(&p, 1, static_cast<int>(left.count())) <= 0) continue;
-    char b[64];
-    ssize_t k = read(from[0], b, sizeof b);
-    ASSERT_GT(k, 0) << "node 1 exited before reporting";
-    got.append(b, size_t(k));
+    if (mgr)
+      mgr->stop();
+    mgr.reset();
+    region.reset();
+    const std::string name = uri.substr(4, uri.rfind(':') - 4);
+    shm_unlink(("/" + name).c_str());
   }
-  unsigned stored1 = 0, asked1 = 0;
-  ASSERT_EQ(std::sscanf(got.c_str(), "%u %u", &stored1, &asked1), 2) << got;
+};
+
+TEST(KvEvictRemote, AnIdleNodesBlocksAreEvictedIntoSpaceTheOtherNodeCanUse) {
+  TwoNodes t(true);
+  ASSERT_TRUE(t.mgr);
+  Region *region = t.region.get();
+  const unsigned asked1 = t.asked1;
   ASSERT_GE(asked1, 40u) << "the pool holds too few blocks for this test";
-  ASSERT_EQ(stored1, asked1) << "node 1 could not fill the pool";
+  ASSERT_EQ(t.stored1, asked1) << "node 1 could not fill the pool";
 
   {
     NodeOptions no;
@@ -172,12 +231,13 @@ TEST(KvEvictRemote, AnIdleNodesBlocksAreEvictedIntoSpaceTheOtherNodeCanUse) {
     ASSERT_TRUE(node.ok()) << node.error().message();
     auto s = open_kv_session(*region, *node.value());
     ASSERT_TRUE(s.ok()) << s.error().message();
-    KvStore& kv = s.value()->store();
+    KvStore &kv = s.value()->store();
     auto ca = ChunkAllocator::open(*node.value());
     ASSERT_TRUE(ca.ok());
     ASSERT_EQ(ca->free_chunks(), 0u) << "node 1 holds every chunk";
 
-    // Node 2 stores 30 blocks: every one needs space freed by evicting node 1's.
+    // Node 2 stores 30 blocks: every one needs space freed by evicting node
+    // 1's.
     constexpr uint32_t kPuts = 30;
     uint32_t stored2 = 0;
     std::string first_failure;
@@ -185,7 +245,9 @@ TEST(KvEvictRemote, AnIdleNodesBlocksAreEvictedIntoSpaceTheOtherNodeCanUse) {
       std::string why;
       const int rc = put(kv, 2, i, &why);
       stored2 += rc == 0;
-      if (rc && first_failure.empty()) first_failure = "block " + std::to_string(i) + ": " + std::to_string(rc) + " " + why;
+      if (rc && first_failure.empty())
+        first_failure = "block " + std::to_string(i) + ": " +
+                        std::to_string(rc) + " " + why;
     }
     EXPECT_EQ(stored2, kPuts) << "first failure: " << first_failure;
 
@@ -201,9 +263,12 @@ TEST(KvEvictRemote, AnIdleNodesBlocksAreEvictedIntoSpaceTheOtherNodeCanUse) {
       EXPECT_GE(c, 0) << "node 1 block " << i << " reads back wrong bytes";
       left1 += c == 1;
     }
-    RecordProperty("cached", "node 1: " + std::to_string(left1) + " of " + std::to_string(asked1) +
-                                 ", node 2: " + std::to_string(left2) + " of " + std::to_string(kPuts));
-    EXPECT_LT(left1, asked1) << "node 2's space came from evicting node 1's blocks";
+    RecordProperty("cached", "node 1: " + std::to_string(left1) + " of " +
+                                 std::to_string(asked1) +
+                                 ", node 2: " + std::to_string(left2) + " of " +
+                                 std::to_string(kPuts));
+    EXPECT_LT(left1, asked1)
+        << "node 2's space came from evicting node 1's blocks";
     EXPECT_LE(left1 + left2, asked1);
     EXPECT_GT(left2, 0u);
 
@@ -220,11 +285,36 @@ TEST(KvEvictRemote, AnIdleNodesBlocksAreEvictedIntoSpaceTheOtherNodeCanUse) {
     };
     uint32_t owned1 = owned_by_1();
     for (auto deadline = std::chrono::steady_clock::now() + 10s;
-         owned1 > left1 && std::chrono::steady_clock::now() < deadline; owned1 = owned_by_1())
+         owned1 > left1 && std::chrono::steady_clock::now() < deadline;
+         owned1 = owned_by_1())
       std::this_thread::sleep_for(10ms);
-    EXPECT_LE(owned1, left1) << "node 1 keeps chunks whose blocks were all evicted";
+    EXPECT_LE(owned1, left1)
+        << "node 1 keeps chunks whose blocks were all evicted";
     EXPECT_GE(owned1 * 2, left1);
     s.value().reset();
   }
-  mgr.value()->stop();
+}
+
+// Without node 1's drainer (what it guards): node 2's put evicts node 1's
+// blocks for nothing and fails, within a bounded time, with -ENOSPC naming
+// node 1 as the node whose drain the space waits for.
+TEST(KvEvictRemote, WithoutTheIdleNodesDrainThePutFailsNamingTheNode) {
+  TwoNodes t(false);
+  ASSERT_TRUE(t.mgr);
+  ASSERT_EQ(t.stored1, t.asked1);
+  NodeOptions no;
+  no.node = 2;
+  auto node = NodeContext::attach(*t.region, no);
+  ASSERT_TRUE(node.ok()) << node.error().message();
+  auto s = open_kv_session(*t.region, *node.value());
+  ASSERT_TRUE(s.ok()) << s.error().message();
+  std::string why;
+  const auto t0 = std::chrono::steady_clock::now();
+  const int rc = put(s.value()->store(), 2, 0, &why);
+  const auto took = std::chrono::steady_clock::now() - t0;
+  RecordProperty("error", why);
+  EXPECT_EQ(rc, -ENOSPC) << why;
+  EXPECT_NE(why.find("node 1 waits for that node to drain"), std::string::npos)
+      << why;
+  EXPECT_LT(took, 20s) << "bounded: one wait per node that does not drain";
 }

@@ -225,7 +225,7 @@ size_t PrefixIndex::reserve_locked(LockSet& ls, const BlockKey* pkey, std::span<
                     loc.error().code() == -ENOSPC
                         ? "index: no space for block " + to_hex(key) + " (" + std::to_string(bytes) +
                               " bytes): payload space is full and every block is pinned, leased, being written or "
-                              "has cached children"
+                              "has cached children (" + loc.error().message() + ")"
                         : loc.error().message());
       }
       cxlkv_index_entry old = read_entry(free_slot);

@@ -151,8 +151,20 @@ class NodeTableLiveness final : public NodeLiveness {
 // idle node gives the space back; an allocation that finds no space while
 // an alive node has remote frees waiting polls for at most kDrainWait (a
 // few periods, with room for a loaded host) before -ENOSPC.
+// CXLKV_DRAIN_PERIOD_MS overrides the period; 0 runs no drainer (for tests
+// that show what it guards).
 constexpr std::chrono::milliseconds kDrainPeriod{10};
 constexpr std::chrono::milliseconds kDrainWait{500};
+
+std::chrono::milliseconds drain_period() {
+  if (const char* e = std::getenv("CXLKV_DRAIN_PERIOD_MS"); e && *e) {
+    char* end = nullptr;
+    const unsigned long v = std::strtoul(e, &end, 10);
+    if (*end == 0 && v <= 60000) return std::chrono::milliseconds(v);
+    log().warn("kv: CXLKV_DRAIN_PERIOD_MS='{}' is not 0..60000; using {} ms", e, kDrainPeriod.count());
+  }
+  return kDrainPeriod;
+}
 
 class HeapSpace final : public PayloadSpace {
  public:
@@ -222,9 +234,9 @@ class HeapSpace final : public PayloadSpace {
     const uint32_t cls = size_class_for(len, cs);
     return cls == kSizeClasses || size_class_bytes(cls) >= CXLKV_OWNER_GRANULE;
   }
-  // Alive nodes (not this one) with remote frees waiting, leaving out those
-  // that let a whole kDrainWait pass before (until they are seen drained).
-  std::vector<uint32_t> waiting_nodes() {
+  // Alive nodes (not this one) with remote frees waiting; `stalled` gets
+  // those that let a whole kDrainWait pass before (until seen drained).
+  std::vector<uint32_t> waiting_nodes(std::vector<uint32_t>* stalled = nullptr) {
     std::vector<uint32_t> w;
     NodeContext& node = heap_.node();
     for (uint32_t n = 0; n < stalled_.size(); n++) {
@@ -233,9 +245,10 @@ class HeapSpace final : public PayloadSpace {
         stalled_[n] = 0;
         continue;
       }
-      if (stalled_[n]) continue;
       const cxlkv_node_entry e = node.domain().read_fresh(node.control().node_entry(n));  // rule 4
-      if (judge_node(e).alive) w.push_back(n);  // a dead node never drains
+      if (!judge_node(e).alive) continue;  // a dead node never drains
+      if (!stalled_[n]) w.push_back(n);
+      else if (stalled) stalled->push_back(n);
     }
     return w;
   }
@@ -243,22 +256,22 @@ class HeapSpace final : public PayloadSpace {
   // until they drain (their session's drainer, each kDrainPeriod).  Retry
   // each time one of them drained, for at most kDrainWait.
   Result<uint64_t> wait_for_drains(uint64_t bytes, const Error& first) {
-    std::vector<uint32_t> w = waiting_nodes();
-    if (w.empty()) return first;
+    std::vector<uint32_t> slow;
+    std::vector<uint32_t> w = waiting_nodes(&slow);
     const auto deadline = std::chrono::steady_clock::now() + kDrainWait;
-    while (std::chrono::steady_clock::now() < deadline) {
+    while (!w.empty() && std::chrono::steady_clock::now() < deadline) {
       ::usleep(1000);
       std::vector<uint32_t> now = waiting_nodes();
       if (now.size() == w.size()) continue;  // nobody drained yet
       auto off = heap_.alloc(bytes);
-      if (off || off.error().code() != -ENOSPC || now.empty()) return off;
+      if (off || off.error().code() != -ENOSPC) return off;
       w = std::move(now);
     }
+    for (uint32_t n : w) stalled_[n] = 1;
+    slow.insert(slow.end(), w.begin(), w.end());
+    if (slow.empty()) return first;
     std::string names;
-    for (uint32_t n : w) {
-      stalled_[n] = 1;
-      names += (names.empty() ? "" : ", ") + std::to_string(n);
-    }
+    for (uint32_t n : slow) names += (names.empty() ? "" : ", ") + std::to_string(n);
     return Error(-ENOSPC, first.message() + "; space freed by evicting blocks of node " + names +
                               " waits for that node to drain its remote frees (not done within " +
                               std::to_string(kDrainWait.count()) + " ms)");
@@ -277,11 +290,11 @@ class HeapSpace final : public PayloadSpace {
 // The session's drainer thread (see kDrainPeriod).
 class Drainer {
  public:
-  explicit Drainer(NodeHeap& heap)
-      : thread_([this, &heap] {
+  Drainer(NodeHeap& heap, std::chrono::milliseconds period)
+      : thread_([this, &heap, period] {
           pthread_setname_np(pthread_self(), "cxlkv-drainer");
           std::unique_lock<std::mutex> lk(mu_);
-          while (!cv_.wait_for(lk, kDrainPeriod, [this] { return stop_; })) {
+          while (!cv_.wait_for(lk, period, [this] { return stop_; })) {
             lk.unlock();
             auto r = heap.drain_if_posted(std::chrono::milliseconds(100));  // bounded: the session can close
             if (!r) log().debug("kv: draining remote frees: {}", r.error().message());
@@ -390,7 +403,7 @@ Result<std::unique_ptr<KvSession>> open_kv_session(Region& pool, NodeContext& no
   auto kv = KvStore::create(std::move(deps));
   if (!kv) return kv.error();
   s->store_ = std::move(kv.value());
-  s->drainer = std::make_unique<Drainer>(*s->heap);
+  if (auto period = drain_period(); period.count()) s->drainer = std::make_unique<Drainer>(*s->heap, period);
   return std::unique_ptr<KvSession>(std::move(s));
 }
 
