@@ -168,7 +168,10 @@ std::chrono::milliseconds drain_period() {
 
 class HeapSpace final : public PayloadSpace {
  public:
-  explicit HeapSpace(NodeHeap& heap) : heap_(heap), stalled_(heap.node().control().max_nodes(), 0) {}
+  explicit HeapSpace(NodeHeap& heap)
+      : heap_(heap),
+        nnodes_(heap.node().control().max_nodes()),
+        stalled_(std::make_unique<std::atomic<uint8_t>[]>(nnodes_)) {}
   Result<BlockLocation> alloc(uint64_t bytes) override {
     auto off = heap_.alloc(bytes);
     if (!off) {
@@ -239,15 +242,15 @@ class HeapSpace final : public PayloadSpace {
   std::vector<uint32_t> waiting_nodes(std::vector<uint32_t>* stalled = nullptr) {
     std::vector<uint32_t> w;
     NodeContext& node = heap_.node();
-    for (uint32_t n = 0; n < stalled_.size(); n++) {
+    for (uint32_t n = 0; n < nnodes_; n++) {
       if (n == node.node()) continue;
       if (heap_.remote_frees_posted(n) == 0) {  // rule 4: one fresh read of its inbox line
-        stalled_[n] = 0;
+        stalled_[n].store(0, std::memory_order_relaxed);
         continue;
       }
       const cxlkv_node_entry e = node.domain().read_fresh(node.control().node_entry(n));  // rule 4
       if (!judge_node(e).alive) continue;  // a dead node never drains
-      if (!stalled_[n]) w.push_back(n);
+      if (!stalled_[n].load(std::memory_order_relaxed)) w.push_back(n);
       else if (stalled) stalled->push_back(n);
     }
     return w;
@@ -262,12 +265,17 @@ class HeapSpace final : public PayloadSpace {
     while (!w.empty() && std::chrono::steady_clock::now() < deadline) {
       ::usleep(1000);
       std::vector<uint32_t> now = waiting_nodes();
-      if (now.size() == w.size()) continue;  // nobody drained yet
+      bool drained = false;  // one of w is no longer waiting (both ascending)
+      for (size_t i = 0, j = 0; i < w.size() && !drained; i++) {
+        while (j < now.size() && now[j] < w[i]) j++;
+        drained = j == now.size() || now[j] != w[i];
+      }
+      if (!drained) continue;
       auto off = heap_.alloc(bytes);
       if (off || off.error().code() != -ENOSPC) return off;
       w = std::move(now);
     }
-    for (uint32_t n : w) stalled_[n] = 1;
+    for (uint32_t n : w) stalled_[n].store(1, std::memory_order_relaxed);
     slow.insert(slow.end(), w.begin(), w.end());
     if (slow.empty()) return first;
     std::string names;
@@ -284,7 +292,10 @@ class HeapSpace final : public PayloadSpace {
   }
 
   NodeHeap& heap_;
-  std::vector<uint8_t> stalled_;  // per node: let kDrainWait pass undrained (see waiting_nodes)
+  uint32_t nnodes_;
+  // Per node: let a whole kDrainWait pass undrained (see waiting_nodes);
+  // several threads may allocate at once.
+  std::unique_ptr<std::atomic<uint8_t>[]> stalled_;
 };
 
 // The session's drainer thread (see kDrainPeriod).
