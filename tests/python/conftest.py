@@ -31,6 +31,16 @@ def make_uri(tag, size=256 << 20):
     return f"shm:{name}:{size}", f"/dev/shm/{name}"
 
 
+def remove_pool_files(uri, path, nodes=4):
+    """After a test whose pool was used by other processes: the node-local
+    files of nodes 0..nodes-1, then the pool file (nothing if it is gone)."""
+    if os.path.exists(path):
+        with cxlkv.Pool(uri) as p:
+            for node in range(nodes):
+                p.remove_node_local(node)
+        os.unlink(path)
+
+
 class PoolEnv:
     """A formatted pool, its lock manager and a KV store of node 1."""
 

@@ -5,7 +5,6 @@ shutdown) closes it or its pool while another is inside a call.  The C
 handle serves one thread at a time (cxlkv.h), so the package takes turns on
 it: every call returns the right bytes or raises ValueError ("closed"),
 never a crash."""
-import os
 import subprocess
 import sys
 import threading
@@ -14,7 +13,7 @@ import numpy as np
 import torch
 
 import cxlkv
-from conftest import make_uri
+from conftest import make_uri, remove_pool_files
 
 _CLOSE_RACE = r"""
 import sys, threading, time
@@ -67,11 +66,7 @@ def _run_close_race(tmp_path, what):
         r = subprocess.run([sys.executable, str(script), uri, what, "30"], capture_output=True, text=True,
                            timeout=300)
     finally:
-        if os.path.exists(path):
-            with cxlkv.Pool(uri) as p:
-                for node in range(4):
-                    p.remove_node_local(node)
-            os.unlink(path)
+        remove_pool_files(uri, path)
     # Before the store took turns on its handle, this died of SIGSEGV (-11):
     # close() freed the C session under the reader's cxlkv_kv_get_many.
     assert r.returncode == 0, (r.returncode, r.stdout[-2000:], r.stderr[-4000:])

@@ -11,7 +11,7 @@ import time
 import numpy as np
 
 import cxlkv
-from conftest import make_uri
+from conftest import make_uri, remove_pool_files
 
 # 2 MiB blocks: whole chunks, freed straight back to the pool's bitmap, so
 # another node can reuse what an eviction frees (smaller blocks go back to
@@ -149,8 +149,4 @@ def test_exiting_with_stores_pins_and_a_manager_open_does_not_crash(tmp_path):
             assert r.returncode == 0 and r.stdout.split() == ["ok", "4", "4"], (i, r.returncode, r.stdout,
                                                                                  r.stderr[-3000:])
         finally:
-            if os.path.exists(path):
-                with cxlkv.Pool(uri) as p:
-                    for node in range(4):
-                        p.remove_node_local(node)
-                os.unlink(path)
+            remove_pool_files(uri, path)

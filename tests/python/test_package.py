@@ -3,7 +3,6 @@
 arrays and PyTorch tensors in every paged layout."""
 import errno
 import hashlib
-import os
 import struct
 import subprocess
 import sys
@@ -249,7 +248,7 @@ else:
 
 @pytest.mark.parametrize("mode", ["close", "exit"])
 def test_closing_the_pool_first_or_exiting_with_everything_open_does_not_crash(tmp_path, mode):
-    from conftest import make_uri
+    from conftest import make_uri, remove_pool_files
     uri, path = make_uri("close")
     script = tmp_path / "close.py"
     script.write_text(_CLOSE_SCRIPT)
@@ -258,11 +257,7 @@ def test_closing_the_pool_first_or_exiting_with_everything_open_does_not_crash(t
                            timeout=120)
         assert r.returncode == 0 and r.stdout.strip() == "ok", (r.returncode, r.stdout, r.stderr)
     finally:
-        if os.path.exists(path):
-            with cxlkv.Pool(uri) as p:  # the nodes' node-local files, then the pool
-                for node in range(4):
-                    p.remove_node_local(node)
-            os.unlink(path)
+        remove_pool_files(uri, path)
 
 
 def test_help_explains_every_public_call():

@@ -1,7 +1,6 @@
 // SPDX-License-Identifier: MIT
 // cxlkv-longctx run as a program: whatever way a run ends (an error after
 // the pool is made, SIGTERM), it leaves no pool, lock file or context behind.
-#include <dirent.h>
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/wait.h>
@@ -10,29 +9,15 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
-#include <sstream>
 #include <string>
 #include <vector>
 
+#include "proc_util.hpp"
+
 namespace {
 
-std::string slurp(const std::string& path) {
-  std::ifstream f(path);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
-
-// /dev/shm entries whose name contains `part`.
-std::vector<std::string> shm_files(const std::string& part) {
-  std::vector<std::string> out;
-  if (DIR* d = opendir("/dev/shm")) {
-    while (dirent* e = readdir(d))
-      if (std::string(e->d_name).find(part) != std::string::npos) out.push_back(e->d_name);
-    closedir(d);
-  }
-  return out;
-}
+using proc_util::shm_entries_containing;
+using proc_util::slurp;
 
 class LongctxCli : public ::testing::Test {
  protected:
@@ -88,7 +73,7 @@ TEST_F(LongctxCli, AnErrorAfterItsOwnPoolIsMadeRemovesThePoolAndTheStoreLockFile
   std::vector<std::string> left;
   if (access(("/dev/shm/cxlkv-longctx-" + std::to_string(pid)).c_str(), F_OK) == 0)
     left.push_back("cxlkv-longctx-" + std::to_string(pid));
-  auto lock = shm_files("longctx_" + std::to_string(pid) + "_");
+  auto lock = shm_entries_containing("longctx_" + std::to_string(pid) + "_");
   left.insert(left.end(), lock.begin(), lock.end());
   for (auto& f : left) std::remove(("/dev/shm/" + f).c_str());
   EXPECT_TRUE(left.empty()) << "left in /dev/shm: " << left.front();
@@ -107,7 +92,7 @@ TEST_F(LongctxCli, FailedRunsOnAGivenPoolLeaveNoContextSoLaterRunsFindAFreeSlot)
   int ok = finish(start({"--pool", "shm:" + name, "--tokens", "64", "--layers", "1", "--steps", "1", "--no-quality"}));
   std::string err = slurp(tag_ + ".err");
   std::remove(("/dev/shm/" + name).c_str());
-  for (auto& f : shm_files("shm_cxlkv_longctx_test_pool_" + std::to_string(getpid()) + "-"))  // the store's lock
+  for (auto& f : shm_entries_containing("shm_cxlkv_longctx_test_pool_" + std::to_string(getpid()) + "-"))  // the store's lock
     std::remove(("/dev/shm/" + f).c_str());
   EXPECT_EQ(ok, 0) << err;
 }
@@ -129,7 +114,7 @@ TEST_F(LongctxCli, SigtermStopsTheRunWith143AndRemovesItsPool) {
       << slurp(tag_ + ".err");
   std::vector<std::string> left;
   if (access(("/dev/shm/" + pool).c_str(), F_OK) == 0) left.push_back(pool);
-  auto lock = shm_files("longctx_" + std::to_string(pid) + "_");
+  auto lock = shm_entries_containing("longctx_" + std::to_string(pid) + "_");
   left.insert(left.end(), lock.begin(), lock.end());
   for (auto& f : left) std::remove(("/dev/shm/" + f).c_str());
   EXPECT_TRUE(left.empty()) << "left in /dev/shm: " << left.front();
