@@ -2,9 +2,9 @@
 #include <dirent.h>
 #include <signal.h>
 #include <sys/mman.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -110,33 +110,29 @@ int main(int argc, char** argv) {
   // Refuse a group that does not exist (it ran nothing and wrote an empty
   // results file) and an output that cannot be written, before any run:
   // the whole set takes minutes.
+  std::vector<std::string> groups;  // in registry order, each once (a group may register several parts)
+  for (auto& b : bench::registry())
+    if (std::find(groups.begin(), groups.end(), b.name) == groups.end()) groups.push_back(b.name);
   for (auto& o : only) {
-    bool known = false;
-    for (auto& b : bench::registry()) known |= (o == b.name);
-    if (!known) {
-      std::string names;
-      for (auto& b : bench::registry())
-        if (names.find(b.name + ",") == std::string::npos && !names.ends_with(b.name))
-          names += (names.empty() ? "" : ", ") + b.name;
-      std::fprintf(stderr, "cxlkv-bench: --only %s: no such benchmark group (groups: %s)\n", o.c_str(), names.c_str());
-      return 2;
-    }
+    if (std::find(groups.begin(), groups.end(), o) != groups.end()) continue;
+    std::string names;
+    for (auto& g : groups) names += (names.empty() ? "" : ", ") + g;
+    std::fprintf(stderr, "cxlkv-bench: --only %s: no such benchmark group (groups: %s)\n", o.c_str(), names.c_str());
+    return 2;
   }
   {
+    namespace fs = std::filesystem;
     const size_t slash = out.rfind('/');
     const std::string dir = slash == std::string::npos ? "." : slash == 0 ? "/" : out.substr(0, slash);
-    std::error_code ec;
-    std::filesystem::create_directories(dir, ec);  // build/bench/ in a fresh tree; an error shows below
-    struct stat st {};
-    const bool is_dir = ::stat(out.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
-    struct stat dst {};
-    const bool dir_ok = ::stat(dir.c_str(), &dst) == 0 && S_ISDIR(dst.st_mode);
-    if (is_dir || !dir_ok || ::access(dir.c_str(), W_OK) != 0 ||
-        (::access(out.c_str(), F_OK) == 0 && ::access(out.c_str(), W_OK) != 0)) {
-      std::fprintf(stderr, "cxlkv-bench: --out %s: cannot be written (%s)\n", out.c_str(),
-                   is_dir ? "it is a directory"
-                   : !dir_ok ? (dir + " is not a folder" + (ec ? ": " + ec.message() : std::string())).c_str()
-                             : std::strerror(errno));
+    std::error_code made, ec;
+    fs::create_directories(dir, made);  // build/bench/ in a fresh tree; a failure shows below
+    std::string why;
+    if (fs::is_directory(out, ec)) why = "it is a directory";
+    else if (!fs::is_directory(dir, ec)) why = dir + " is not a folder" + (made ? ": " + made.message() : "");
+    else if (::access(dir.c_str(), W_OK) != 0 || (::access(out.c_str(), F_OK) == 0 && ::access(out.c_str(), W_OK) != 0))
+      why = std::strerror(errno);
+    if (!why.empty()) {
+      std::fprintf(stderr, "cxlkv-bench: --out %s: cannot be written (%s)\n", out.c_str(), why.c_str());
       return 2;
     }
   }
