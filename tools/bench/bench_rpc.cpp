@@ -6,7 +6,14 @@
 //   rpc.rtt_us_p50 / _p99        queue depth 1, call() round trips
 //   rpc.unix_rtt_us_p50 / _p99   the same ping-pong over a Unix stream socket
 //   rpc.tcp_rtt_us_p50 / _p99    ... over TCP loopback (TCP_NODELAY)
+//   rpc.unix_busy_rtt_us_p50 / _p99   the same over a Unix socket in its fast
+//                                mode: both ends poll with non-blocking reads,
+//                                so neither core sleeps between messages (the
+//                                faster of two runs, before and after the RPC's)
+//   rpc.tcp_busy_rtt_us_p50 / _p99    ... TCP loopback in that mode
 //   rpc.speedup_vs_unix_p50      unix p50 / rpc p50
+//   rpc.speedup_vs_unix_best_p50 the faster socket mode's p50 / rpc p50 (the
+//                                issue's 5x target); _tcp_best_ the same for TCP
 //   rpc.mops_qd128               128 requests outstanding from one client,
 //                                one server thread
 //   rpc.*_1line                  the same with 48 B payloads: request and
@@ -21,10 +28,12 @@
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -39,6 +48,13 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 constexpr uint32_t kEcho = 1;
+constexpr uint32_t kStamp = 2;  // echo, with the handler's clock (CLOCK_MONOTONIC ns) at bytes 8..15
+
+uint64_t mono_ns() {
+  timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return uint64_t(ts.tv_sec) * 1000000000ull + uint64_t(ts.tv_nsec);
+}
 constexpr size_t kMsg = 64;
 
 double pct(std::vector<double> v, double q) {
@@ -82,6 +98,13 @@ volatile sig_atomic_t g_term = 0;
     len = static_cast<uint32_t>(rq.data.size());
     return 0;
   });
+  s.value()->handle(kStamp, [](const cxlkv::RpcRequest& rq, std::span<std::byte> reply, uint32_t& len) -> int32_t {
+    const uint64_t t = mono_ns();
+    std::memcpy(reply.data(), rq.data.data(), rq.data.size());
+    std::memcpy(reply.data() + 8, &t, sizeof t);
+    len = static_cast<uint32_t>(rq.data.size());
+    return 0;
+  });
   char c = 'R';
   if (write(ready_fd, &c, 1) != 1) _exit(5);
   std::atomic<bool> stop{false};
@@ -98,10 +121,14 @@ volatile sig_atomic_t g_term = 0;
 
 // ---- socket echo server process ------------------------------------------------
 
-[[noreturn]] void echo_child(int fd) {
+// busy: the peer never sleeps in read(): it polls the socket with
+// non-blocking reads (MSG_DONTWAIT), so its core stays awake between
+// messages, as the RPC's server does -- the socket's fast mode.
+[[noreturn]] void echo_child(int fd, bool busy) {
   std::vector<char> buf(1 << 16);
   for (;;) {
-    ssize_t k = read(fd, buf.data(), buf.size());
+    ssize_t k = busy ? recv(fd, buf.data(), buf.size(), MSG_DONTWAIT) : read(fd, buf.data(), buf.size());
+    if (busy && k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) continue;
     if (k <= 0) _exit(0);
     ssize_t off = 0;
     while (off < k) {
@@ -112,9 +139,10 @@ volatile sig_atomic_t g_term = 0;
   }
 }
 
-bool read_full(int fd, char* p, size_t n) {
+bool read_full(int fd, char* p, size_t n, bool busy = false) {
   while (n) {
-    ssize_t k = read(fd, p, n);
+    ssize_t k = busy ? recv(fd, p, n, MSG_DONTWAIT) : read(fd, p, n);
+    if (busy && k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) continue;
     if (k <= 0) return false;
     p += k;
     n -= size_t(k);
@@ -126,7 +154,9 @@ struct SockFigures {
   double p50 = 0, p99 = 0, mops = 0;
 };
 
-SockFigures socket_run(int fd, size_t iters, double seconds) {
+// busy: both ends poll with non-blocking reads (the fast mode); the
+// pipelined run (seconds > 0) is measured in the blocking mode only.
+SockFigures socket_run(int fd, size_t iters, double seconds, bool busy) {
   SockFigures f;
   char msg[kMsg], back[kMsg];
   std::memset(msg, 0x5a, sizeof msg);
@@ -134,11 +164,12 @@ SockFigures socket_run(int fd, size_t iters, double seconds) {
   lat.reserve(iters);
   for (size_t i = 0; i < iters; i++) {
     auto t0 = Clock::now();
-    if (write(fd, msg, kMsg) != ssize_t(kMsg) || !read_full(fd, back, kMsg)) return f;
+    if (write(fd, msg, kMsg) != ssize_t(kMsg) || !read_full(fd, back, kMsg, busy)) return f;
     lat.push_back(us_since(t0));
   }
   f.p50 = pct(lat, 0.5);
   f.p99 = pct(lat, 0.99);
+  if (busy) return f;
   // Pipelined: 128 messages outstanding.
   const size_t qd = 128;
   std::vector<char> out(qd * kMsg, 0x33), in(qd * kMsg);
@@ -163,22 +194,22 @@ SockFigures socket_run(int fd, size_t iters, double seconds) {
   return f;
 }
 
-SockFigures unix_socket(size_t iters, double seconds) {
+SockFigures unix_socket(size_t iters, double seconds, bool busy) {
   int sv[2];
   if (socketpair(AF_UNIX, SOCK_STREAM, 0, sv) != 0) return {};
   pid_t pid = fork();
   if (pid == 0) {
     close(sv[0]);
-    echo_child(sv[1]);
+    echo_child(sv[1], busy);
   }
   close(sv[1]);
-  SockFigures f = socket_run(sv[0], iters, seconds);
+  SockFigures f = socket_run(sv[0], iters, seconds, busy);
   close(sv[0]);
   waitpid(pid, nullptr, 0);
   return f;
 }
 
-SockFigures tcp_loopback(size_t iters, double seconds) {
+SockFigures tcp_loopback(size_t iters, double seconds, bool busy) {
   int ls = socket(AF_INET, SOCK_STREAM, 0);
   sockaddr_in a{};
   a.sin_family = AF_INET;
@@ -192,16 +223,103 @@ SockFigures tcp_loopback(size_t iters, double seconds) {
     int c = accept(ls, nullptr, nullptr);
     int one = 1;
     setsockopt(c, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-    echo_child(c);
+    echo_child(c, busy);
   }
   close(ls);
   int s = socket(AF_INET, SOCK_STREAM, 0);
   int one = 1;
   setsockopt(s, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
   SockFigures f;
-  if (connect(s, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0) f = socket_run(s, iters, seconds);
+  if (connect(s, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0) f = socket_run(s, iters, seconds, busy);
   close(s);
   waitpid(pid, nullptr, 0);
+  return f;
+}
+
+// ---- the floor: the contract's bare ping-pong ---------------------------------------
+// Two processes, one 64-byte line each way, nothing but the MemoryDomain
+// calls the RPC is built from: the writer publishes the line whole
+// (publish_line: movdir64b) and then polls for the answer with
+// invalidate_clean, fence, load -- that first fence is the publish's fence
+// too (rule 3: the line leaves the write-combining buffers before anything
+// after it; rule 4: the invalidation before the load).  No rings, sequence
+// checks or handlers: what any protocol under the coherence contract pays on
+// this machine for a round trip.  Also the raw cost of one poll that misses
+// (the line not in this cache: invalidate, fence, load from memory) and of
+// one publish (publish_line + fence), single process.
+
+struct FloorFigures {
+  double p50 = 0, p99 = 0, miss_ns = 0, publish_ns = 0;
+};
+
+struct alignas(64) FloorLine {
+  uint64_t flag;
+  uint64_t pad[7];
+};
+
+bool floor_poll(cxlkv::MemoryDomain& d, const FloorLine* l, uint64_t want) {
+  for (uint64_t spins = 0; spins < (1ull << 32); spins++) {
+    d.invalidate_clean(l, 64);  // rule 4: the other process writes it
+    d.fence();                  // rule 4: invalidation before the load
+    if (d.read(&l->flag) == want) return true;
+  }
+  return false;
+}
+
+void floor_publish(cxlkv::MemoryDomain& d, FloorLine* l, uint64_t v) {
+  alignas(64) FloorLine src{};
+  src.flag = v;
+  d.publish_line(l, &src);  // rule 3: the whole line, carrying its flag; fenced by the caller's next fence
+}
+
+FloorFigures floor_pingpong(size_t iters) {
+  FloorFigures f;
+  void* m = mmap(nullptr, 1 << 16, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  if (m == MAP_FAILED) return f;
+  auto* lines = static_cast<FloorLine*>(m);
+  FloorLine* req = &lines[0];
+  FloorLine* resp = &lines[64];  // another page: no adjacent-line prefetch pairing
+  pid_t pid = fork();
+  if (pid == 0) {
+    auto d = cxlkv::make_host_domain();
+    for (uint64_t i = 1; i <= iters + 1000; i++) {
+      if (!floor_poll(*d, req, i)) _exit(1);
+      floor_publish(*d, resp, i);
+    }
+    d->fence();  // rule 3: the last answer out before this process ends
+    _exit(0);
+  }
+  auto d = cxlkv::make_host_domain();
+  std::vector<double> lat;
+  lat.reserve(iters);
+  for (uint64_t i = 1; i <= iters + 1000; i++) {
+    auto t0 = Clock::now();
+    floor_publish(*d, req, i);
+    if (!floor_poll(*d, resp, i)) break;
+    if (i > 1000) lat.push_back(us_since(t0));
+  }
+  waitpid(pid, nullptr, 0);
+  f.p50 = pct(lat, 0.5);
+  f.p99 = pct(lat, 0.99);
+  // Raw costs, this process alone, over 256 lines that are not in the cache.
+  FloorLine* raw = &lines[128];
+  std::vector<double> miss, pub;
+  for (size_t i = 0; i < 20000; i++) {
+    FloorLine* l = &raw[i % 256];
+    auto t0 = Clock::now();
+    d->invalidate_clean(l, 64);  // rule 4
+    d->fence();                  // rule 4
+    volatile uint64_t v = d->read(&l->flag);
+    (void)v;
+    miss.push_back(us_since(t0) * 1000);
+    t0 = Clock::now();
+    floor_publish(*d, l, i);
+    d->fence();  // rule 3
+    pub.push_back(us_since(t0) * 1000);
+  }
+  f.miss_ns = pct(miss, 0.5);
+  f.publish_ns = pct(pub, 0.5);
+  munmap(m, 1 << 16);
   return f;
 }
 
@@ -222,6 +340,10 @@ void bench_rpc(bench::Results& res) {
   }
   const size_t iters = std::max<size_t>(2000, size_t(50000 * bench::scale()));
   const double seconds = std::max(0.2, 1.0 * bench::scale());
+  // The sockets' fast mode (both ends busy-poll), once before the RPC's run
+  // and once after it.
+  SockFigures ux_busy = unix_socket(iters, 0, true);
+  SockFigures tcp_busy = tcp_loopback(iters, 0, true);
 
   int pfd[2];
   if (pipe(pfd) != 0) return;
@@ -236,6 +358,7 @@ void bench_rpc(bench::Results& res) {
   close(pfd[0]);
   double rpc_p50 = 0, rpc_p99 = 0, rpc_mops = 0;
   double line_p50 = 0, line_p99 = 0, line_mops = 0;  // 48 B payload: one 64 B line each way
+  double req_oneway = 0, resp_oneway = 0;
   if (up) {
     cxlkv::NodeOptions no;
     no.node = 1;
@@ -289,6 +412,29 @@ void bench_rpc(bench::Results& res) {
         if (bad) std::fprintf(stderr, "bench rpc: %llu failed requests at qd128\n", (unsigned long long)bad);
       };
       one(kMsg, &rpc_p50, &rpc_p99, &rpc_mops);
+      // Each direction of a 64 B round trip on its own: request (call() entered
+      // -> the handler runs) and reply (handler -> call() returns), on the
+      // system-wide monotonic clock.
+      {
+        std::byte msg[kMsg], back[kMsg];
+        std::memset(msg, 0x5a, sizeof msg);
+        std::vector<double> up_ns, down_ns;
+        up_ns.reserve(iters);
+        down_ns.reserve(iters);
+        for (size_t i = 0; i < iters; i++) {
+          const uint64_t t0 = mono_ns();
+          std::memcpy(msg, &t0, sizeof t0);
+          auto r = cli.call(kStamp, {msg, kMsg}, back, sizeof back);
+          const uint64_t t2 = mono_ns();
+          if (!r || r->len != kMsg) break;
+          uint64_t t1;
+          std::memcpy(&t1, back + 8, sizeof t1);
+          up_ns.push_back(double(t1 - t0));
+          down_ns.push_back(double(t2 - t1));
+        }
+        req_oneway = pct(up_ns, 0.5) / 1000;
+        resp_oneway = pct(down_ns, 0.5) / 1000;
+      }
       one(CXLKV_RPC_INLINE, &line_p50, &line_p99, &line_mops);
       cl.value().reset();
     }
@@ -301,8 +447,14 @@ void bench_rpc(bench::Results& res) {
   rr.value().reset();
   shm_unlink(("/" + name).c_str());
 
-  SockFigures ux = unix_socket(iters, seconds);
-  SockFigures tcp = tcp_loopback(iters, seconds);
+  FloorFigures floor = floor_pingpong(iters);
+  SockFigures ux = unix_socket(iters, seconds, false);
+  SockFigures tcp = tcp_loopback(iters, seconds, false);
+  // The fast modes, a second time after the RPC's run: the faster of the two
+  // counts (the baseline at its best in this run).
+  auto faster = [](SockFigures a, SockFigures b) { return b.p50 > 0 && (a.p50 <= 0 || b.p50 < a.p50) ? b : a; };
+  ux_busy = faster(ux_busy, unix_socket(iters, 0, true));
+  tcp_busy = faster(tcp_busy, tcp_loopback(iters, 0, true));
 
   res.set("rpc.rtt_us_p50", rpc_p50);
   res.set("rpc.rtt_us_p99", rpc_p99);
@@ -310,14 +462,29 @@ void bench_rpc(bench::Results& res) {
   res.set("rpc.rtt_us_p50_1line", line_p50);
   res.set("rpc.rtt_us_p99_1line", line_p99);
   res.set("rpc.mops_qd128_1line", line_mops);
+  res.set("rpc.req_oneway_us_p50", req_oneway);
+  res.set("rpc.resp_oneway_us_p50", resp_oneway);
+  res.set("rpc.floor_rtt_us_p50", floor.p50);
+  res.set("rpc.floor_rtt_us_p99", floor.p99);
+  res.set("rpc.floor_miss_ns_p50", floor.miss_ns);
+  res.set("rpc.floor_publish_ns_p50", floor.publish_ns);
   res.set("rpc.unix_rtt_us_p50", ux.p50);
   res.set("rpc.unix_rtt_us_p99", ux.p99);
   res.set("rpc.unix_mops_qd128", ux.mops);
   res.set("rpc.tcp_rtt_us_p50", tcp.p50);
   res.set("rpc.tcp_rtt_us_p99", tcp.p99);
   res.set("rpc.tcp_mops_qd128", tcp.mops);
+  res.set("rpc.unix_busy_rtt_us_p50", ux_busy.p50);
+  res.set("rpc.unix_busy_rtt_us_p99", ux_busy.p99);
+  res.set("rpc.tcp_busy_rtt_us_p50", tcp_busy.p50);
+  res.set("rpc.tcp_busy_rtt_us_p99", tcp_busy.p99);
   if (rpc_p50 > 0) res.set("rpc.speedup_vs_unix_p50", ux.p50 / rpc_p50);
   if (rpc_p50 > 0) res.set("rpc.speedup_vs_tcp_p50", tcp.p50 / rpc_p50);
+  // Against the socket's faster mode of this run (the 5x target).
+  const double unix_best = ux_busy.p50 > 0 ? std::min(ux.p50, ux_busy.p50) : ux.p50;
+  const double tcp_best = tcp_busy.p50 > 0 ? std::min(tcp.p50, tcp_busy.p50) : tcp.p50;
+  if (rpc_p50 > 0) res.set("rpc.speedup_vs_unix_best_p50", unix_best / rpc_p50);
+  if (rpc_p50 > 0) res.set("rpc.speedup_vs_tcp_best_p50", tcp_best / rpc_p50);
   if (ux.mops > 0) res.set("rpc.mops_qd128_vs_unix", rpc_mops / ux.mops);
 }
 
