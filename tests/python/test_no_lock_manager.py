@@ -126,3 +126,31 @@ def test_engine_adapters_report_a_missing_lock_manager_instead_of_hanging(bare_p
         assert "no lock manager holds the pool's lease" in err, err
     finally:
         p.close()
+
+
+def test_a_put_whose_allocator_lock_nobody_grants_fails_in_bound_and_leaves_nothing(bare_pool):
+    """The store keeps its stripe locks' grants (sticky) from a lookup while
+    the manager ran, but never held the allocator's lock: the put needs
+    ALLOC, which nobody grants any more.  It fails within the bound naming
+    the allocator lock, leaves no entry, and succeeds once a manager runs."""
+    uri, pool = bare_pool
+    mgr = cxlkv.LockManager(pool)
+    kv = cxlkv.KvStore(pool, 1)
+    try:
+        keys = cxlkv.block_keys(np.arange(4 * 16) + 11, 16)
+        st = kv.get(keys, [bytearray(256) for _ in range(4)])
+        assert st.tolist() == [cxlkv.MISS] * 4  # looked up under the stripe locks: their grants stay
+        mgr.stop()
+        st, took = _bounded(lambda: kv.put(keys, [np.zeros(256, np.uint8)] * 4), 60)
+        assert isinstance(st, np.ndarray), st
+        assert st.tolist() == [-errno.ETIMEDOUT] + [cxlkv.CANCELED] * 3
+        assert took >= BOUND_MS / 1000 * 0.9
+        for w in ("allocator lock (ALLOC)", f"pool {uri}",
+                  f"no lock manager holds the pool's lease (start one: `cxlkvd --pool {uri}`)"):
+            assert w in kv.last_error, kv.last_error
+        assert kv.lookup(keys) == 0, "a failed put left an entry"
+        mgr = cxlkv.LockManager(pool)
+        assert cxlkv.put_ok(kv.put(keys, [np.zeros(256, np.uint8)] * 4)).all(), kv.last_error
+    finally:
+        kv.close()
+        mgr.stop()

@@ -67,10 +67,15 @@ class ChunkAllocator {
   // when n == 1 and small, else LARGE).  Returns the first chunk index.
   Result<uint64_t> alloc_run(uint64_t n, bool small, uint32_t size_class);
   // Free the run starting at chunk `first` (any node may free a LARGE run).
-  Result<void> free_run(uint64_t first);
+  Result<void> free_run(uint64_t first) { return free_run(first, lock_timeout_); }
+  Result<void> free_run(uint64_t first, std::chrono::nanoseconds lock_timeout);
   // Instead of freeing, quarantine the LARGE run at `first`, taken from
   // (node, incarnation low bits) that was declared dead.
-  Result<void> quarantine_run(uint64_t first, uint32_t node, uint32_t incarnation_lo);
+  Result<void> quarantine_run(uint64_t first, uint32_t node, uint32_t incarnation_lo) {
+    return quarantine_run(first, node, incarnation_lo, lock_timeout_);
+  }
+  Result<void> quarantine_run(uint64_t first, uint32_t node, uint32_t incarnation_lo,
+                              std::chrono::nanoseconds lock_timeout);
   // Release the quarantine runs that may be released now; chunks released.
   Result<uint64_t> release_quarantine();
   // Chunks in quarantine (a fresh read of the state line; no lock).
@@ -87,6 +92,11 @@ class ChunkAllocator {
     return pool_off >= geo_.arena_off && pool_off < geo_.arena_off + geo_.nchunks * geo_.chunk_size;
   }
   const cxlkv_alloc_header& header() const { return hdr_; }
+  // The bound of every wait for ALLOC / REMOTE_FREE (CXLKV_LOCK_TIMEOUT_MS
+  // read at open, util/lock_timeout.hpp; nanoseconds::max(): unbounded).
+  // Past it a call fails with -ETIMEDOUT naming the pool and the lock, and
+  // changes nothing in the pool.
+  std::chrono::nanoseconds lock_timeout() const { return lock_timeout_; }
   std::byte* carve_base() const { return base_; }
   // Block owner records (issue 12, uapi/cxlkv_alloc.h): the record of the
   // granule where a block at pool offset `off` starts.  set_owner writes it
@@ -106,6 +116,7 @@ class ChunkAllocator {
   std::byte* base_ = nullptr;  // start of the alloc carve
   cxlkv_alloc_header hdr_{};
   AllocGeometry geo_{};
+  std::chrono::nanoseconds lock_timeout_ = std::chrono::nanoseconds::max();
 };
 
 struct HeapStats {
@@ -121,22 +132,35 @@ class NodeHeap {
   ~NodeHeap();
   // 64 B aligned block of at least `bytes` (1 .. pool size); -ENOSPC when exhausted.
   Result<uint64_t> alloc(uint64_t bytes);
-  // Free a block from any node.  -EINVAL for an offset that is not an allocated block.
+  // Free a block from any node.  -EINVAL for an offset that is not an
+  // allocated block.  A free that needs a global lock (a LARGE run: ALLOC;
+  // another node's block: REMOTE_FREE+owner) it does not get within
+  // chunks().lock_timeout() -- at once while earlier ones wait -- is
+  // deferred: it succeeds and is done by retry_deferred_frees() (the kv
+  // session's drainer calls it each period) or when the heap closes.
   Result<void> free(uint64_t pool_off);
   // Free a block taken from a reservation of (node, incarnation low bits),
   // declared dead: a whole-chunk run goes into quarantine unless that node
   // is a process of this host that is gone; a size-class block goes back
   // to its owner node as free() does (only that node reuses it).
   Result<void> free_taken(uint64_t pool_off, uint32_t node, uint32_t incarnation_lo);
+  // Frees deferred for a lock (see free()) and not yet done.
+  size_t deferred_frees() const;
+  // Do the deferred frees, each waiting at most lock_timeout for its lock
+  // (nanoseconds::max(): unbounded; 0: one try).  Returns how many were
+  // done; -ETIMEDOUT naming the lock when some still wait (kept for later).
+  Result<uint64_t> retry_deferred_frees(std::chrono::nanoseconds lock_timeout);
   // Usable size of an allocated block.
   Result<uint64_t> usable_size(uint64_t pool_off) const;
   // Pull blocks other nodes freed back into this node's free lists; chunks
   // whose blocks are all free again go back to the global bitmap.
   Result<uint64_t> drain_remote_frees();
+  // The wait for REMOTE_FREE+self is bounded by chunks().lock_timeout().
   // The same when this node's inbox says remote frees wait (one fresh read,
   // no lock when none do), with a bound on the wait for the REMOTE_FREE
-  // lock: the kv session's drainer thread calls it each period, so an idle
-  // node gives back the space other nodes freed by evicting its blocks.
+  // lock (nanoseconds::max(): unbounded; 0: one try): the kv session's
+  // drainer thread calls it each period, so an idle node gives back the
+  // space other nodes freed by evicting its blocks.
   Result<uint64_t> drain_if_posted(std::chrono::nanoseconds lock_timeout);
   // Remote frees posted to node n and not yet drained (one fresh read of
   // its inbox line; 0 for a node out of range).
@@ -149,6 +173,15 @@ class NodeHeap {
 
  private:
   NodeHeap(NodeContext& n, ChunkAllocator c);
+  struct PendingFree {
+    uint64_t off;
+    uint32_t node, inc;  // free_taken()'s; taken false: a plain free
+    bool taken;
+  };
+  // free() / free_taken() now, each global lock waited for at most lock_timeout.
+  Result<void> release(const PendingFree& f, std::chrono::nanoseconds lock_timeout);
+  Result<void> free_within(uint64_t pool_off, std::chrono::nanoseconds lock_timeout);
+  Result<void> release_or_defer(const PendingFree& f);
   NodeContext& node_;
   ChunkAllocator chunks_;
   std::unique_ptr<Impl> impl_;

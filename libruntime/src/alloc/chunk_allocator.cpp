@@ -13,6 +13,7 @@
 #include <string>
 
 #include "alloc/heap_layout.hpp"
+#include "util/lock_timeout.hpp"
 #include "util/log.hpp"
 
 namespace cxlkv {
@@ -72,6 +73,17 @@ class LockedBitmap {
   cxlkv_alloc_state st_;
 };
 
+}  // namespace
+
+Result<LockGuard> alloc::take_lock(TwoTierLock& lock, std::chrono::nanoseconds timeout, const std::string& role,
+                                   PoolRange protect) {
+  auto g = lock_wait_unbounded(timeout) ? LockGuard::take(lock, protect) : LockGuard::take_for(lock, timeout, protect);
+  if (!g) return Error(g.error().code(), role + ": " + g.error().message());
+  return g;
+}
+
+namespace {
+
 // This process's last quarantine sweep (the sweep reads every descriptor:
 // at most every 100 ms unless an allocation would fail).
 std::atomic<uint64_t> g_last_sweep_ns{0};
@@ -100,6 +112,7 @@ Result<ChunkAllocator> ChunkAllocator::open(NodeContext& node) {
   a.base_ = node.region().at(carve->offset);
   a.hdr_ = h.value();
   a.geo_ = {h->chunk_size, h->nchunks, h->arena_off};
+  a.lock_timeout_ = cxlkv::lock_timeout();
   return a;
 }
 
@@ -198,7 +211,7 @@ Result<uint64_t> ChunkAllocator::alloc_run(uint64_t n, bool small, uint32_t size
   TwoTierLock lock(*node_, CXLKV_LOCK_ALLOC);
   // The guard invalidates the bitmap after acquiring (rule 4) and flushes
   // it before releasing (rule 3); we also write changed words NT (rule 1).
-  auto g = LockGuard::take(lock, {words, nw * 8});
+  auto g = alloc::take_lock(lock, lock_timeout_, "allocator lock (ALLOC), allocating " + std::to_string(n) + " chunk(s)", {words, nw * 8});
   if (!g) return g.error();
   LockedBitmap bm(d, words, nw, state());
   CXLKV_TRY(bm.verify(who));  // issue 12: never allocate from a damaged bitmap
@@ -267,7 +280,7 @@ Result<uint64_t> ChunkAllocator::alloc_run(uint64_t n, bool small, uint32_t size
   return first;
 }
 
-Result<void> ChunkAllocator::free_run(uint64_t first) {
+Result<void> ChunkAllocator::free_run(uint64_t first, std::chrono::nanoseconds lock_timeout) {
   MemoryDomain& d = node_->domain();
   const std::string who = "pool " + node_->region().uri() + ": alloc carve";
   if (first >= geo_.nchunks)
@@ -276,7 +289,7 @@ Result<void> ChunkAllocator::free_run(uint64_t first) {
   auto* descs = reinterpret_cast<cxlkv_chunk_desc*>(base_ + hdr_.chunk_table_off);
   const uint64_t nw = (geo_.nchunks + 63) / 64;
   TwoTierLock lock(*node_, CXLKV_LOCK_ALLOC);
-  auto g = LockGuard::take(lock, {words, nw * 8});
+  auto g = alloc::take_lock(lock, lock_timeout, "allocator lock (ALLOC), freeing the run at chunk " + std::to_string(first), {words, nw * 8});
   if (!g) return g.error();
   LockedBitmap bm(d, words, nw, state());
   CXLKV_TRY(bm.verify(who));
@@ -308,11 +321,12 @@ Result<void> ChunkAllocator::free_run(uint64_t first) {
   return {};
 }
 
-Result<void> ChunkAllocator::quarantine_run(uint64_t first, uint32_t node, uint32_t incarnation_lo) {
+Result<void> ChunkAllocator::quarantine_run(uint64_t first, uint32_t node, uint32_t incarnation_lo,
+                                            std::chrono::nanoseconds lock_timeout) {
   MemoryDomain& d = node_->domain();
   const std::string who = "pool " + node_->region().uri() + ": alloc carve";
   const auto period = reclaim_quarantine();
-  if (period.count() == 0) return free_run(first);  // quarantine off (tests)
+  if (period.count() == 0) return free_run(first, lock_timeout);  // quarantine off (tests)
   if (first >= geo_.nchunks || node >= node_->control().max_nodes())
     return Error(-EINVAL, who + ": quarantine of chunk " + std::to_string(first) + " for node " +
                               std::to_string(node) + ": out of range");
@@ -320,7 +334,7 @@ Result<void> ChunkAllocator::quarantine_run(uint64_t first, uint32_t node, uint3
   auto* descs = reinterpret_cast<cxlkv_chunk_desc*>(base_ + hdr_.chunk_table_off);
   const uint64_t nw = (geo_.nchunks + 63) / 64;
   TwoTierLock lock(*node_, CXLKV_LOCK_ALLOC);
-  auto g = LockGuard::take(lock, {words, nw * 8});
+  auto g = alloc::take_lock(lock, lock_timeout, "allocator lock (ALLOC), quarantining the run at chunk " + std::to_string(first), {words, nw * 8});
   if (!g) return g.error();
   LockedBitmap bm(d, words, nw, state());
   CXLKV_TRY(bm.verify(who));
@@ -352,7 +366,7 @@ Result<uint64_t> ChunkAllocator::release_quarantine() {
   auto* descs = reinterpret_cast<cxlkv_chunk_desc*>(base_ + hdr_.chunk_table_off);
   const uint64_t nw = (geo_.nchunks + 63) / 64;
   TwoTierLock lock(*node_, CXLKV_LOCK_ALLOC);
-  auto g = LockGuard::take(lock, {words, nw * 8});
+  auto g = alloc::take_lock(lock, lock_timeout_, "allocator lock (ALLOC), releasing quarantined chunks", {words, nw * 8});
   if (!g) return g.error();
   LockedBitmap bm(d, words, nw, state());
   CXLKV_TRY(bm.verify(who));
@@ -369,7 +383,7 @@ Result<void> ChunkAllocator::check_bitmap() {
   auto* words = reinterpret_cast<uint64_t*>(base_ + hdr_.bitmap_off);
   const uint64_t nw = (geo_.nchunks + 63) / 64;
   TwoTierLock lock(*node_, CXLKV_LOCK_ALLOC);
-  auto g = LockGuard::take(lock, {words, nw * 8});
+  auto g = alloc::take_lock(lock, lock_timeout_, "allocator lock (ALLOC), checking the chunk bitmap", {words, nw * 8});
   if (!g) return g.error();
   LockedBitmap bm(d, words, nw, state());
   return bm.verify("pool " + node_->region().uri() + ": alloc carve");

@@ -21,6 +21,14 @@
 // Lock order: heap_mu (node-local) -> ALLOC / REMOTE_FREE+self (global),
 // never both global locks at once (drain returns chunks after releasing
 // REMOTE_FREE+self).  A remote free takes REMOTE_FREE+owner without heap_mu.
+// Every wait for a global lock is bounded by the allocator's lock_timeout()
+// (CXLKV_LOCK_TIMEOUT_MS): an allocation past it fails with -ETIMEDOUT and
+// changes nothing; a free that needs a global lock it cannot get is
+// deferred (kept in this process, retried each drainer period, by
+// retry_deferred_frees(), and when the heap closes), so an eviction neither
+// hangs nor loses the space.
+#include <algorithm>
+#include <mutex>
 #include <unistd.h>
 
 #include <cerrno>
@@ -46,10 +54,24 @@ struct NodeHeap::Impl {
   std::byte* bits = nullptr;  // per chunk free bitmaps
   uint64_t bits_stride = 0;
   uint64_t* free_bits(uint64_t c) const { return reinterpret_cast<uint64_t*>(bits + c * bits_stride); }
+  // Frees whose global lock did not come within the bound (see the top).
+  // deferred_mu is taken after heap_mu, never before.
+  mutable std::mutex deferred_mu;
+  std::vector<PendingFree> deferred;
+  std::string last_cause;  // why the last one was deferred
 };
 
 NodeHeap::NodeHeap(NodeContext& n, ChunkAllocator c) : node_(n), chunks_(c), impl_(std::make_unique<Impl>()) {}
-NodeHeap::~NodeHeap() = default;
+NodeHeap::~NodeHeap() {
+  if (!impl_ || deferred_frees() == 0) return;
+  // Last chance for frees deferred while a global lock was out of reach.
+  auto r = retry_deferred_frees(chunks_.lock_timeout());
+  const size_t left = deferred_frees();
+  if (left)
+    log().error("pool {}: {} block free(s) deferred for a lock could not be done before the node heap closed ({}); "
+                "their space stays allocated",
+                node_.region().uri(), left, r ? impl_->last_cause : r.error().message());
+}
 
 Result<std::unique_ptr<NodeHeap>> NodeHeap::open(NodeContext& node) {
   auto ca = ChunkAllocator::open(node);
@@ -128,21 +150,26 @@ int64_t take_block(NodeHeap::Impl& I, uint32_t c, uint32_t cap) {
 void maybe_return_chunk(NodeHeap& heap, NodeHeap::Impl& I, uint32_t c) {
   LocalChunk& lc = I.chunks[c];
   if (!lc.owned || lc.free_count != lc.bump || I.hdr->cur[lc.cls] == c) return;
+  // The global bitmap first: a chunk it does not take back (ALLOC out of
+  // reach within the bound) stays this node's, all free, on its partial
+  // list -- reused by the next allocation of its class, never lost.
+  // While frees wait for their lock, one try (0) instead of a whole bound.
+  auto r = heap.chunks().free_run(c, heap.deferred_frees() ? std::chrono::nanoseconds::zero()
+                                                           : heap.chunks().lock_timeout());
+  if (!r) {
+    log().warn("{} (chunk {} stays with node {})", r.error().message(), c, heap.node().node());
+    if (I.hdr->cur[lc.cls] != c) partial_push(I, c);
+    return;
+  }
   partial_remove(I, c);
   std::memset(I.free_bits(c), 0, I.bits_stride);
   lc = LocalChunk{};
   lc.prev = lc.next = kNoChunk;
-  auto r = heap.chunks().free_run(c);
-  if (!r) {
-    log().error("{}", r.error().message());
-    return;
-  }
   I.hdr->stats.chunks_owned--;
   I.hdr->stats.chunk_returns++;
 }
 
-Result<uint64_t> drain_locked(NodeHeap& heap, NodeHeap::Impl& I,
-                              std::chrono::nanoseconds lock_timeout = std::chrono::nanoseconds::zero());
+Result<uint64_t> drain_locked(NodeHeap& heap, NodeHeap::Impl& I, std::chrono::nanoseconds lock_timeout);
 
 }  // namespace
 
@@ -194,8 +221,10 @@ Result<uint64_t> NodeHeap::alloc(uint64_t bytes) {
     }
     if (!drained) {
       drained = true;
-      auto d = drain_locked(*this, I);
+      auto d = drain_locked(*this, I, chunks_.lock_timeout());
       if (d && d.value()) continue;
+      // No manager grants REMOTE_FREE+self: ALLOC would not come either.
+      if (!d && d.error().code() == -ETIMEDOUT) return d.error();
     }
     auto first = chunks_.alloc_run(1, true, cls);
     if (!first) {
@@ -215,7 +244,86 @@ Result<uint64_t> NodeHeap::alloc(uint64_t bytes) {
   }
 }
 
-Result<void> NodeHeap::free(uint64_t off) {
+Result<void> NodeHeap::free(uint64_t off) { return release_or_defer(PendingFree{off, 0, 0, false}); }
+
+Result<void> NodeHeap::free_taken(uint64_t off, uint32_t node, uint32_t incarnation_lo) {
+  return release_or_defer(PendingFree{off, node, incarnation_lo, true});
+}
+
+Result<void> NodeHeap::release_or_defer(const PendingFree& f) {
+  Impl& I = *impl_;
+  // While earlier frees wait for their lock, one try (0) instead of a whole
+  // bound each: an eviction of many blocks waits at most one bound.
+  const auto t = deferred_frees() ? std::chrono::nanoseconds::zero() : chunks_.lock_timeout();
+  auto r = release(f, t);
+  if (r || r.error().code() != -ETIMEDOUT) return r;
+  std::lock_guard<std::mutex> g(I.deferred_mu);
+  if (I.deferred.empty())
+    log().warn("pool {}: free of offset {} deferred until its lock comes: {}", node_.region().uri(), f.off,
+               r.error().message());
+  I.deferred.push_back(f);
+  I.last_cause = r.error().message();
+  return {};
+}
+
+Result<void> NodeHeap::release(const PendingFree& f, std::chrono::nanoseconds lock_timeout) {
+  if (!f.taken) return free_within(f.off, lock_timeout);
+  const uint64_t off = f.off;
+  const uint32_t node = f.node, incarnation_lo = f.inc;
+  if (!chunks_.in_arena(off) || node >= node_.control().max_nodes())
+    return free_within(off, lock_timeout);  // free() names the error
+  const uint64_t c = chunks_.chunk_of(off);
+  const cxlkv_chunk_desc cd = chunks_.desc(c);  // rule 4
+  if (cd.kind != CXLKV_CHUNK_LARGE_HEAD || off != chunks_.chunk_off(c)) return free_within(off, lock_timeout);
+  // A process of this host that is gone cannot store anything any more.
+  const cxlkv_node_entry e = node_.domain().read_fresh(node_.control().node_entry(node));  // rule 4
+  const NodeVerdict v = judge_node(e);
+  if (static_cast<uint32_t>(e.incarnation) == incarnation_lo && v.local && !v.alive)
+    return free_within(off, lock_timeout);
+  CXLKV_TRY(chunks_.quarantine_run(c, node, incarnation_lo, lock_timeout));
+  sync::RobustLock g(&impl_->nl->hdr->heap_mu, "node heap");
+  impl_->hdr->stats.frees++;
+  return {};
+}
+
+size_t NodeHeap::deferred_frees() const {
+  std::lock_guard<std::mutex> g(impl_->deferred_mu);
+  return impl_->deferred.size();
+}
+
+Result<uint64_t> NodeHeap::retry_deferred_frees(std::chrono::nanoseconds lock_timeout) {
+  Impl& I = *impl_;
+  std::vector<PendingFree> todo;
+  {
+    std::lock_guard<std::mutex> g(I.deferred_mu);
+    todo.swap(I.deferred);
+  }
+  uint64_t done = 0;
+  size_t i = 0;
+  std::string cause;
+  for (; i < todo.size(); i++) {
+    auto r = release(todo[i], lock_timeout);
+    if (r) {
+      done++;
+      continue;
+    }
+    if (r.error().code() == -ETIMEDOUT) {  // still out of reach: keep it and the rest
+      cause = r.error().message();
+      break;
+    }
+    log().error("pool {}: deferred free of offset {}: {}", node_.region().uri(), todo[i].off, r.error().message());
+  }
+  if (i < todo.size()) {
+    std::lock_guard<std::mutex> g(I.deferred_mu);
+    I.deferred.insert(I.deferred.begin(), todo.begin() + static_cast<ptrdiff_t>(i), todo.end());
+    I.last_cause = cause;
+    return Error(-ETIMEDOUT, cause);
+  }
+  if (done) log().info("pool {}: {} deferred free(s) done", node_.region().uri(), done);
+  return done;
+}
+
+Result<void> NodeHeap::free_within(uint64_t off, std::chrono::nanoseconds lock_timeout) {
   Impl& I = *impl_;
   const std::string who = "pool " + node_.region().uri() + ": free of offset " + std::to_string(off);
   if (!chunks_.in_arena(off)) return Error(-EINVAL, who + ": not in the kv carve");
@@ -242,7 +350,7 @@ Result<void> NodeHeap::free(uint64_t off) {
   cxlkv_chunk_desc cd = chunks_.desc(c);  // rule 4 (read fresh)
   if (cd.kind == CXLKV_CHUNK_LARGE_HEAD) {
     if (in_chunk) return Error(-EINVAL, who + ": not the start of a large allocation");
-    CXLKV_TRY(chunks_.free_run(c));
+    CXLKV_TRY(chunks_.free_run(c, lock_timeout));
     sync::RobustLock g(&I.nl->hdr->heap_mu, "node heap");
     I.hdr->stats.frees++;
     if (cd.owner == node_.node()) I.hdr->stats.chunks_owned -= cd.run;
@@ -267,7 +375,9 @@ Result<void> NodeHeap::free(uint64_t off) {
   MemoryDomain& d = node_.domain();
   TwoTierLock lock(node_, CXLKV_LOCK_REMOTE_FREE_BASE + cd.owner);
   {
-    auto g = LockGuard::take(lock);
+    auto g = alloc::take_lock(lock, lock_timeout,
+                              "remote-free lock of node " + std::to_string(cd.owner) + " (REMOTE_FREE+" +
+                                  std::to_string(cd.owner) + "), " + who);
     if (!g) return g.error();
     // rule 7: read-modify-write under the owner's REMOTE_FREE lock; rule 4
     // fresh reads; rule 1: NT writes (any node writes these words).
@@ -289,24 +399,9 @@ Result<void> NodeHeap::free(uint64_t off) {
   return {};
 }
 
-Result<void> NodeHeap::free_taken(uint64_t off, uint32_t node, uint32_t incarnation_lo) {
-  if (!chunks_.in_arena(off) || node >= node_.control().max_nodes()) return free(off);  // free() names the error
-  const uint64_t c = chunks_.chunk_of(off);
-  const cxlkv_chunk_desc cd = chunks_.desc(c);  // rule 4
-  if (cd.kind != CXLKV_CHUNK_LARGE_HEAD || off != chunks_.chunk_off(c)) return free(off);
-  // A process of this host that is gone cannot store anything any more.
-  const cxlkv_node_entry e = node_.domain().read_fresh(node_.control().node_entry(node));  // rule 4
-  const NodeVerdict v = judge_node(e);
-  if (static_cast<uint32_t>(e.incarnation) == incarnation_lo && v.local && !v.alive) return free(off);
-  CXLKV_TRY(chunks_.quarantine_run(c, node, incarnation_lo));
-  sync::RobustLock g(&impl_->nl->hdr->heap_mu, "node heap");
-  impl_->hdr->stats.frees++;
-  return {};
-}
-
 Result<uint64_t> NodeHeap::drain_remote_frees() {
   sync::RobustLock g(&impl_->nl->hdr->heap_mu, "node heap");
-  return drain_locked(*this, *impl_);
+  return drain_locked(*this, *impl_, chunks_.lock_timeout());
 }
 
 uint64_t NodeHeap::remote_frees_posted(uint32_t n) const {
@@ -324,7 +419,8 @@ Result<uint64_t> NodeHeap::drain_if_posted(std::chrono::nanoseconds lock_timeout
 }
 
 namespace {
-// Caller holds heap_mu.  lock_timeout zero: wait for REMOTE_FREE+self as long as it takes.
+// Caller holds heap_mu.  lock_timeout bounds the wait for REMOTE_FREE+self
+// (nanoseconds::max(): as long as it takes; 0: one try).
 Result<uint64_t> drain_locked(NodeHeap& heap, NodeHeap::Impl& I, std::chrono::nanoseconds lock_timeout) {
   NodeContext& node = heap.node();
   MemoryDomain& d = node.domain();
@@ -338,7 +434,9 @@ Result<uint64_t> drain_locked(NodeHeap& heap, NodeHeap::Impl& I, std::chrono::na
   uint64_t drained = 0;
   {
     TwoTierLock lock(node, CXLKV_LOCK_REMOTE_FREE_BASE + me);
-    auto g = lock_timeout.count() ? LockGuard::take_for(lock, lock_timeout) : LockGuard::take(lock);
+    auto g = alloc::take_lock(lock, lock_timeout,
+                              "remote-free lock of node " + std::to_string(me) + " (REMOTE_FREE+" +
+                                  std::to_string(me) + "), draining its remote frees");
     if (!g) return g.error();
     const uint64_t nw = (h.nchunks + 63) / 64;
     d.invalidate(pend, nw * 8);  // rule 4

@@ -119,6 +119,10 @@ size_t PrefixIndex::reserve_locked(LockSet& ls, const BlockKey* pkey, std::span<
     stash.locs.reserve(fresh);
     for (size_t i = 0; i < fresh; i++) {
       auto l = space_->alloc(bytes);
+      // A lock out of reach (-ETIMEDOUT: no lock manager) is not cured by
+      // asking again per block: fail now, before any entry is written.
+      if (!l && l.error().code() != -ENOSPC && l.error().code() != -EFBIG)
+        return fail(from, l.error().code(), l.error().message());
       if (!l) break;  // full: the blocks that get no stash allocate (and evict) one by one below
       stash.locs.push_back(l.value());
     }

@@ -27,33 +27,17 @@
 #include "index/prefix_index.hpp"
 #include "kv/kv_index_backend.hpp"
 #include "rpc/index_service.hpp"
+#include "util/lock_timeout.hpp"
 #include "util/log.hpp"
 
 namespace cxlkv {
 namespace {
 
-// How long a KV call waits for a stripe lock before it fails with
-// -ETIMEDOUT and the lock's story (describe_lock: its holder, and whether a
-// lock manager holds the pool's lease): without a running manager nothing
-// is ever granted, and an engine thread hung for good instead of hearing
-// "start cxlkvd".  CXLKV_LOCK_TIMEOUT_MS overrides it; 0 waits forever.
-std::chrono::nanoseconds stripe_lock_timeout() {
-  uint64_t ms = 30000;
-  if (const char* e = std::getenv("CXLKV_LOCK_TIMEOUT_MS"); e && *e) {
-    // Digits only: strtoull read a typo as 0, which means "wait forever".
-    const std::string v = e;
-    if (v.size() <= 12 && v.find_first_not_of("0123456789") == std::string::npos)
-      ms = std::strtoull(e, nullptr, 10);
-    else
-      log().warn("CXLKV_LOCK_TIMEOUT_MS='{}' is not a number of milliseconds (0: wait forever); using {}", v, ms);
-  }
-  return ms ? std::chrono::nanoseconds(std::chrono::milliseconds(ms)) : std::chrono::nanoseconds::max();
-}
-
 class TwoTierStripeLocks final : public StripeLocks {
  public:
+  // Stripe waits are bounded as every lock wait is (util/lock_timeout.hpp).
   TwoTierStripeLocks(NodeContext& node, uint32_t base, uint32_t n)
-      : node_(node), base_(base), timeout_(stripe_lock_timeout()) {
+      : node_(node), base_(base), timeout_(lock_timeout()) {
     for (uint32_t i = 0; i < n; i++) locks_.push_back(std::make_unique<TwoTierLock>(node, base + i));
   }
   Result<void> lock(uint32_t s) override {
@@ -83,7 +67,7 @@ class TwoTierStripeLocks final : public StripeLocks {
   void unlock_many(std::span<const uint32_t>) override { (void)thread_set().unlock(); }
 
  private:
-  bool bounded() const { return timeout_ != std::chrono::nanoseconds::max(); }
+  bool bounded() const { return !lock_wait_unbounded(timeout_); }
   // This thread's LockSet for this object (sets are per thread; an id, not
   // the address, names the object, so a new one at the same address gets a
   // set of its own node).
@@ -309,6 +293,8 @@ class Drainer {
             lk.unlock();
             auto r = heap.drain_if_posted(std::chrono::milliseconds(100));  // bounded: the session can close
             if (!r) log().debug("kv: draining remote frees: {}", r.error().message());
+            // Frees deferred for a lock out of reach (alloc/node_heap.cpp), once it comes.
+            if (heap.deferred_frees()) (void)heap.retry_deferred_frees(std::chrono::milliseconds(100));
             lk.lock();
           }
         }) {}
