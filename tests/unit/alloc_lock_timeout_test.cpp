@@ -213,4 +213,41 @@ TEST(AllocLockTimeout, FreesWhoseLockIsOutOfReachAreDeferredAndDoneLater) {
   EXPECT_EQ(p.free_chunks(), free_before + 2 * run) << "deferred frees did not give the space back";
 }
 
+// One convention for lock waits (util/lock_timeout.hpp): nanoseconds::max()
+// waits as long as it takes, 0 tries once.  drain_if_posted(0) used to mean
+// "wait forever" (it hung without a manager) and max() overflowed the
+// deadline (it gave up at once).
+TEST(AllocLockTimeout, DrainWithTimeoutZeroTriesOnceAndWithMaxWaitsForTheGrant) {
+  Pool p;
+  NodeContext& n1 = p.attach(1);
+  NodeContext& n2 = p.attach(2);
+  auto h1 = NodeHeap::open(n1);
+  auto h2 = NodeHeap::open(n2);
+  ASSERT_TRUE(h1.ok() && h2.ok());
+  std::vector<uint64_t> offs;
+  for (int i = 0; i < 4; i++) offs.push_back(h1.value()->alloc(256).value());
+  ASSERT_TRUE(h2.value()->free(offs[0]).ok());  // a remote free: node 2 keeps REMOTE_FREE+1's grant
+  ASSERT_EQ(h1.value()->remote_frees_posted(1), 1u);
+
+  // With a manager, max(): node 1 waits for the grant to come back from node 2.
+  Result<uint64_t> d = Error(-EINPROGRESS, "not run");
+  bounded([&] { d = h1.value()->drain_if_posted(std::chrono::nanoseconds::max()); }, [] {});
+  ASSERT_TRUE(d.ok()) << why(d.error());
+  EXPECT_EQ(d.value(), 1u);
+  EXPECT_EQ(h1.value()->remote_frees_posted(1), 0u);
+
+  ASSERT_TRUE(h2.value()->free(offs[1]).ok());  // the grant goes back to node 2
+  p.stop_manager();
+  auto took = bounded([&] { d = h1.value()->drain_if_posted(0ns); }, [&] { p.start_manager(); });
+  ASSERT_FALSE(d.ok()) << "drained without the lock's grant";
+  EXPECT_EQ(d.error().code(), -ETIMEDOUT);
+  EXPECT_LT(took, kBound / 2) << "0 waited instead of trying once";
+  EXPECT_NE(why(d.error()).find("remote-free lock of node 1 (REMOTE_FREE+1)"), std::string::npos) << why(d.error());
+  EXPECT_EQ(h1.value()->remote_frees_posted(1), 1u) << "the posted free was lost";
+  p.start_manager();
+  d = h1.value()->drain_if_posted(std::chrono::seconds(30));
+  ASSERT_TRUE(d.ok()) << why(d.error());
+  EXPECT_EQ(d.value(), 1u);
+}
+
 }  // namespace cxlkv
