@@ -7,6 +7,7 @@
 
 #include "command.hpp"
 #include "pool_fault.hpp"
+#include "pool_open.hpp"
 #include "cxlkv/version.h"
 #include "region/backend.hpp"
 
@@ -84,7 +85,7 @@ std::unique_ptr<cxlkv::Region> Context::open_pool() {
   // whole pool (seconds for a large one) would only slow them down.
   cxlkv::OpenOptions oo;
   oo.prefault = false;
-  auto r = cxlkv::Region::open(pool_uri, oo);
+  auto r = cxlkv_tools::open_pool(pool_uri, oo);  // its failure printed once (below)
   if (!r) {
     fail(r.error().message());
     return nullptr;

@@ -22,6 +22,7 @@
 #include "cxlkv/sync.hpp"
 #include "metrics_http.hpp"
 #include "pool_fault.hpp"
+#include "pool_open.hpp"
 #include "rpc/index_service.hpp"
 #include "cxlkv/version.h"
 
@@ -205,7 +206,7 @@ int main(int argc, char** argv) {
   // whole pool in (OpenOptions::prefault).
   cxlkv::OpenOptions oo;
   oo.prefault = false;
-  auto region = cxlkv::Region::open(pool, oo);
+  auto region = cxlkv_tools::open_pool(pool, oo);  // its failure printed once (below)
   if (!region) {
     std::fprintf(stderr, "cxlkvd: %s\n", region.error().message().c_str());
     return 1;

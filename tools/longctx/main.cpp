@@ -24,6 +24,7 @@
 #include "cxlkv/version.h"
 #include "pnm/synthetic.hpp"
 #include "pool_fault.hpp"
+#include "pool_open.hpp"
 
 namespace {
 
@@ -197,7 +198,7 @@ static int run(int argc, char** argv) {
     if (!r.ok()) die(r.error().message());
     region = std::move(r.value());
   } else {
-    auto r = Region::open(uri);
+    auto r = cxlkv_tools::open_pool(uri);  // its failure printed once (die)
     if (!r.ok()) die(r.error().message());
     region = std::move(r.value());
   }

@@ -26,6 +26,7 @@
 #include "cxlkv/version.h"
 #include "index/prefix_index.hpp"
 #include "pool/format.hpp"
+#include "pool_open.hpp"
 #include "region/backend.hpp"
 #include "replay.hpp"
 #include "svg_chart.hpp"
@@ -526,12 +527,23 @@ int run_parent(const Config& c, char** argv, int argc) {
   if (!c.pool_uri.empty() && !c.force) {
     OpenOptions oo;
     oo.prefault = false;
-    if (auto existing = Region::open(c.pool_uri, oo)) {
+    // A pool that is not valid is formatted below: no warning about it here.
+    if (auto existing = cxlkv_tools::open_pool(c.pool_uri, oo)) {
       std::fprintf(stderr,
                    "cxlkv-replay: pool %s holds a valid cxlkv pool (generation %llu); the replay formats the pool it "
                    "runs on, which would destroy it: add --force to let it, or leave out --pool for a pool of its "
                    "own\n",
                    c.pool_uri.c_str(), (unsigned long long)existing.value()->superblock().generation);
+      return 1;
+    }
+  }
+  // Extra pool devices the workers attach: one that does not open fails the
+  // run here, said once, instead of once by every worker.
+  for (const auto& u : c.extra_pools) {
+    OpenOptions oo;
+    oo.prefault = false;
+    if (auto r = cxlkv_tools::open_pool(u, oo); !r) {
+      std::fprintf(stderr, "cxlkv-replay: --extra-pool: %s\n", r.error().message().c_str());
       return 1;
     }
   }

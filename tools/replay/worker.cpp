@@ -21,6 +21,7 @@
 #include "cxlkv/sync.hpp"
 #include "cxlkv/tier.hpp"
 #include "index/prefix_index.hpp"
+#include "pool_open.hpp"
 #include "tier/ssd_payload_tier.hpp"
 #include "replay.hpp"
 
@@ -255,12 +256,12 @@ int run_worker(const Config& c) {
   // attach, and torn down at exit, for what it never touches.
   OpenOptions oo;
   oo.map_on_use = true;
-  auto region = Region::open(c.pool_uri, oo);
+  auto region = cxlkv_tools::open_pool(c.pool_uri, oo);  // its failure printed once (fail)
   if (!region) return fail(region.error().message());
   std::vector<std::unique_ptr<Region>> extra;
   KvOpenOptions ko;
   for (auto& u : c.extra_pools) {
-    auto r = Region::open(u, oo);
+    auto r = cxlkv_tools::open_pool(u, oo);
     if (!r) return fail(r.error().message());
     extra.push_back(std::move(r.value()));
     ko.extra_devices.push_back(extra.back().get());
