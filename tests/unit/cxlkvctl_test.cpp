@@ -233,6 +233,20 @@ TEST_F(Cxlkvctl, APoolTruncatedUnderCxlkvdEndsItWithAMessageNotABusError) {
   EXPECT_TRUE(has(err, "cxlkvd: pool " + uri_ + ": bus error on the pool's memory: the pool file was truncated")) << err;
 }
 
+// A lease shorter than the lock manager takes is a usage error naming the
+// option and its range (exit 2, as for any bad option), not the library's
+// refusal at create (exit 1) after the pool was opened.
+TEST_F(Cxlkvctl, CxlkvdLeaseMsOutOfRangeIsAUsageErrorNamingTheOption) {
+  ASSERT_EQ(on_pool("format --size 64M").status, 0);
+  const std::string d = tool_.substr(0, tool_.rfind('/')) + "/cxlkvd --pool " + uri_ + " --foreground --metrics-listen none";
+  for (const char* ms : {"0", "19", "3600001"}) {
+    int st = std::system(("timeout 30 " + d + " --lease-ms " + ms + " 2>" + path_ + ".err").c_str());
+    const std::string err = slurp(path_ + ".err");
+    EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 2) << ms << ": status " << st << " " << err;
+    EXPECT_EQ(err, std::string("cxlkvd: --lease-ms: ") + ms + " is out of range (20..3600000)\n") << ms;
+  }
+}
+
 TEST_F(Cxlkvctl, CxlkvdIndexServiceOnAPoolWithoutItsCarveNamesTheFormatFlag) {
   ASSERT_EQ(on_pool("format --size 64M").status, 0);  // no rpc.index carve, no free space for one
   const std::string d = tool_.substr(0, tool_.rfind('/')) + "/cxlkvd";

@@ -34,7 +34,7 @@ void on_signal(int) { g_stop.store(true); }
 
 // Strict unsigned parse: decimal digits only, no wrap-around; exits 2 with
 // a message naming the option otherwise.
-uint64_t number(const char* opt, const char* v, uint64_t max) {
+uint64_t number(const char* opt, const char* v, uint64_t max, uint64_t min = 0) {
   const std::string s = v;
   errno = 0;
   unsigned long long n = 0;
@@ -43,9 +43,13 @@ uint64_t number(const char* opt, const char* v, uint64_t max) {
     std::fprintf(stderr, "cxlkvd: %s: '%s' is not a number\n", opt, v);
     std::exit(2);
   }
-  if (errno == ERANGE || n > max) {
-    std::fprintf(stderr, "cxlkvd: %s: %s is out of range (at most %llu)\n", opt, v,
-                 static_cast<unsigned long long>(max));
+  if (errno == ERANGE || n > max || n < min) {
+    if (min)
+      std::fprintf(stderr, "cxlkvd: %s: %s is out of range (%llu..%llu)\n", opt, v,
+                   static_cast<unsigned long long>(min), static_cast<unsigned long long>(max));
+    else
+      std::fprintf(stderr, "cxlkvd: %s: %s is out of range (at most %llu)\n", opt, v,
+                   static_cast<unsigned long long>(max));
     std::exit(2);
   }
   return n;
@@ -62,7 +66,7 @@ void usage() {
       "  --pool URI          shm:NAME:SIZE | file:PATH | dax:/dev/daxX.Y | dev:/dev/cxlkvN\n"
       "                      (default: $CXLKV_POOL)\n"
       "  --node N            this host's node id, recorded in the lease (default 0)\n"
-      "  --lease-ms MS       lease duration (default 2000)\n"
+      "  --lease-ms MS       lease duration (20..3600000, default 2000)\n"
       "  --max-sleep-us US   idle polling sleeps at most this long (default 200)\n"
       "  --wait              wait for the lease instead of exiting when it is held\n"
       "  --foreground        stay in the foreground (default: daemonize)\n"
@@ -176,7 +180,10 @@ int main(int argc, char** argv) {
     } else if (a == "--node") {
       mo.node = static_cast<uint32_t>(number("--node", next("--node"), CXLKV_MAX_NODES - 1));
     } else if (a == "--lease-ms") {
-      mo.lease_ms = static_cast<uint32_t>(number("--lease-ms", next("--lease-ms"), 3600000));
+      // A usage error naming the option, as for any other number (not the
+      // library's refusal of the lease at create, exit 1).
+      mo.lease_ms = static_cast<uint32_t>(
+          number("--lease-ms", next("--lease-ms"), 3600000, cxlkv::LockManagerOptions::kMinLeaseMs));
     } else if (a == "--max-sleep-us") {
       mo.poll.max_sleep = std::chrono::microseconds(number("--max-sleep-us", next("--max-sleep-us"), 1000000));
     } else if (a == "--wait") {

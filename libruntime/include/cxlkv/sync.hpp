@@ -298,6 +298,7 @@ struct PollPolicy {
 struct LockManagerOptions {
   uint32_t node = 0;          // informational: recorded in the lease
   uint32_t lease_ms = 2000;   // a successor takes over after this long without renewal
+  static constexpr uint32_t kMinLeaseMs = 20;  // create() refuses a shorter lease (-EINVAL)
   bool wait_for_lease = false;  // create(): wait until the lease can be taken instead of -EBUSY
   PollPolicy poll{};
   // How often the liveness of a holder that others wait for (and of waiters
