@@ -126,6 +126,52 @@ TEST(RpcSim, QueueDepthOneUnderEvictions) {
   EXPECT_EQ(r.ok, 150u);
 }
 
+// call() leaves its request's last fence to its first poll's fence (one
+// mfence for rule 3 and rule 4), and the server leaves its replies' to its
+// next round's.  With NT stores held back until a fence, every call still
+// gets its own answer: the deferred fences come, on both sides.
+TEST(RpcSim, CallsAtQueueDepthOneUnderEvictionsAndBufferedStores) {
+  for (bool two_phase : {false, true}) {
+    SCOPED_TRACE(two_phase ? "two-phase publication" : "whole lines");
+    rpc::testing::set_force_two_phase(two_phase);
+    struct Restore {
+      ~Restore() { rpc::testing::set_force_two_phase(false); }
+    } restore;
+    RpcPool p("rpc-sim-call");
+    p.simulate(2, harsh(two_phase ? 21 : 22));
+    RpcServerOptions o;
+    o.geometry.rings = 2;
+    o.geometry.depth = 8;
+    o.geometry.req_lines = 4;
+    o.geometry.resp_lines = 4;
+    o.spin_rounds = 50;
+    o.max_sleep = 50us;
+    auto s = RpcServer::create(p.attach(0), o);
+    ASSERT_TRUE(s) << s.error().message();
+    s.value()->handle(kEcho, rpctest::echo_plus_one());
+    s.value()->start();
+    RpcClientOptions co;
+    co.timeout = 10000ms;
+    auto cl = RpcClient::connect(p.attach(1), co);
+    ASSERT_TRUE(cl) << cl.error().message();
+    uint32_t ok = 0;
+    for (uint32_t i = 0; i < 100; i++) {
+      std::vector<std::byte> req, rep(cl.value()->reply_max());
+      req.resize((i * 29) % 181);
+      rpctest::fill_request(req, 1, i, req.size());
+      auto r = cl.value()->call(kEcho, req, rep.data(), uint32_t(rep.size()));
+      ASSERT_TRUE(r) << "call " << i << ": " << r.error().message();
+      ASSERT_EQ(r->status, int32_t(req.size())) << "call " << i;
+      ASSERT_TRUE(rpctest::is_echo_plus_one(req, rep.data(), r->len)) << "call " << i;
+      ok++;
+    }
+    cl.value().reset();
+    EXPECT_EQ(s.value()->stats().requests, 100u) << "each call ran exactly once";
+    s.value().reset();
+    EXPECT_EQ(ok, 100u);
+  }
+}
+
 // Writers that cannot store a line in one piece (no movdir64b) publish in
 // two phases: every line with flag word 0, fence, the flags, fence.  The
 // same workload stays exact on that path.

@@ -160,6 +160,51 @@ TEST(Rpc, ManyOutstandingRequestsCompleteOnceEachInOrder) {
   EXPECT_LT(srv->stats().batches, reqs.size()) << "the server batches concurrent requests";
 }
 
+// An idle ring is polled by its next slot alone (no doorbell miss for a
+// lone request): a burst submitted to it is found by its first request, and
+// the rest come in the next round through the doorbell, which the server
+// reads while the ring stays busy.
+TEST(Rpc, IdleRingIsPolledByItsNextSlotAndABurstIsBatchedThroughTheDoorbell) {
+  RpcPool p("rpc-hot");
+  auto srv = serve_echo(p.attach(0), small_server(2));
+  auto cli = connect(p.attach(1));
+  srv->stop();  // rounds by hand from here on
+  for (int round = 0; round < 3; round++) {
+    SCOPED_TRACE("burst " + std::to_string(round));
+    auto idle = srv->poll_once();
+    ASSERT_TRUE(idle);
+    EXPECT_EQ(idle.value(), 0u) << "nothing submitted yet";
+    std::vector<std::vector<std::byte>> reqs(5), replies(5, std::vector<std::byte>(cli->reply_max()));
+    std::vector<RpcCall> calls;
+    for (size_t i = 0; i < reqs.size(); i++) {
+      rpctest::fill_request(reqs[i], 3, round * 10 + i, 20 + i * 20);
+      calls.push_back(RpcCall{kEcho, reqs[i], replies[i].data(), uint32_t(replies[i].size()), reinterpret_cast<void*>(i)});
+    }
+    auto sub = cli->submit(calls, nullptr);
+    ASSERT_TRUE(sub) << sub.error().message();
+    ASSERT_EQ(sub.value(), reqs.size());
+    auto first = srv->poll_once();
+    ASSERT_TRUE(first);
+    EXPECT_EQ(first.value(), 1u) << "an idle ring: its next slot only";
+    auto rest = srv->poll_once();
+    ASSERT_TRUE(rest);
+    EXPECT_EQ(rest.value(), reqs.size() - 1) << "a busy ring: the doorbell announces the rest, one round";
+    std::vector<RpcCompletion> done(8);
+    size_t got = 0;
+    for (int spins = 0; got < reqs.size() && spins < 1000; spins++) {
+      auto n = cli->poll(std::span(done.data() + got, done.size() - got));
+      ASSERT_TRUE(n);
+      got += n.value();
+    }
+    ASSERT_EQ(got, reqs.size());
+    for (size_t k = 0; k < got; k++) {
+      size_t i = reinterpret_cast<size_t>(done[k].tag);
+      EXPECT_EQ(i, k) << "in submission order";
+      EXPECT_TRUE(rpctest::is_echo_plus_one(reqs[i], replies[i].data(), done[k].len)) << i;
+    }
+  }
+}
+
 TEST(Rpc, UnknownOpAndOversizedRequestAreErrorsNotHangs) {
   RpcPool p("rpc-errs");
   auto srv = serve_echo(p.attach(0), small_server());

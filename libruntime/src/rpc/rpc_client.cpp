@@ -159,6 +159,8 @@ struct RpcClient::State {
     return {};
   }
 
+  Result<size_t> submit(std::span<const RpcCall> calls, uint64_t* tickets, bool fence_now);
+
   Result<void> reconnect() {
     std::string why;
     if (!server_ok(&server, &why)) return Error(-ECONNRESET, what() + "no live server: " + why);
@@ -218,7 +220,12 @@ struct RpcClient::State {
       // Response lines are only ever written by the server (never dirty
       // here): the bulk invalidation is as strong as clflush.
       if (!break_inv) d.invalidate_clean(carve.resp(ring, oldest & mask), 64ull * peek);
-      fence();  // rule 4: the invalidations before the loads
+      // rule 4: the invalidations before the loads; rule 3: also the fence of
+      // the requests call() just wrote (RpcClient::State::submit).
+      fence();
+      // The first continuation line now, so its miss overlaps line 0's
+      // (taken below only from a whole-lines writer, by its stamp).
+      if (peek > 1) __builtin_prefetch(reinterpret_cast<const std::byte*>(carve.resp(ring, oldest & mask)) + 64);
       d.load(&hdrs[0], carve.resp(ring, oldest & mask), sizeof hdrs[0]);
       if (hdrs[0].flag == slots[oldest & mask].flag && n > 1) {
         if (!break_inv)
@@ -356,7 +363,17 @@ RpcClient::~RpcClient() {
 }
 
 Result<size_t> RpcClient::submit(std::span<const RpcCall> calls, uint64_t* tickets) {
-  State& s = *st_;
+  return st_->submit(calls, tickets, true);
+}
+
+// fence_now false (call()): the requests' last fence is left to the caller's
+// very next fence -- the first poll's, which invalidates the reply lines and
+// fences before it loads them -- so one mfence serves rule 3 (the request
+// lines and the doorbell leave the write-combining buffers before anything
+// after it) and rule 4 (the invalidations before the loads), instead of two
+// back to back.
+Result<size_t> RpcClient::State::submit(std::span<const RpcCall> calls, uint64_t* tickets, bool fence_now) {
+  State& s = *this;
   if (calls.empty()) return size_t(0);
   if (!s.connected) CXLKV_TRY(s.reconnect());
   MemoryDomain& d = s.d;
@@ -402,7 +419,9 @@ Result<size_t> RpcClient::submit(std::span<const RpcCall> calls, uint64_t* ticke
   alignas(64) cxlkv_rpc_doorbell db{};
   db.tail = s.slots[(s.next - 1) & mask].flag;
   d.publish_line(s.carve.doorbell(s.ring), &db);  // rule 1/2: the client's line, whole, NT
-  s.fence();  // rule 3: the lines (whole: each with its flag), flags and doorbell leave the write-combining buffers now
+  // rule 3: the lines (whole: each with its flag), flags and doorbell leave
+  // the write-combining buffers now -- or at the caller's next fence (see above).
+  if (fence_now) s.fence();
   s.st.submitted += n;
   return n;
 }
@@ -426,7 +445,8 @@ Result<RpcReply> RpcClient::call(uint32_t op, std::span<const std::byte> request
     s.opts.timeout = std::max(std::chrono::milliseconds(1), std::chrono::duration_cast<std::chrono::milliseconds>(timeout));
   RpcCall c{op, request, reply, reply_cap, nullptr};
   uint64_t ticket = 0;
-  auto sub = submit({&c, 1}, &ticket);
+  // The request's fence is the first harvest's below (it polls at once).
+  auto sub = s.submit({&c, 1}, &ticket, false);
   s.opts.timeout = saved;
   if (!sub) return sub.error();
   const uint64_t t0 = now_ns();

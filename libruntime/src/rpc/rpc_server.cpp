@@ -36,6 +36,11 @@ struct RingState {
   cxlkv_rpc_client_line owner{};
   uint64_t last_live_ns = 0;
   rpc::HeartbeatWatch watch;  // remote client: heartbeat progress
+  // The last round took requests from this ring: the next one reads its
+  // doorbell too (how many more there are).  An idle ring is polled by its
+  // next slot's lines alone: a lone request costs no doorbell miss, and its
+  // load never waits for the doorbell store that follows the request's.
+  bool hot = false;
 };
 
 struct Pending {
@@ -70,11 +75,16 @@ struct RpcServer::State {
   std::vector<std::pair<uint32_t, uint32_t>> want;  // (ring, count) this round
   mutable std::mutex stats_mu;
   RpcServerStats st;
+  // Replies written whose last fence (rule 3) is left to this thread's next
+  // fence: run() polls again at once, and that round's first fence (after
+  // its invalidations) publishes them -- one mfence for rule 3 and rule 4.
+  bool unfenced = false;
 
   MemoryDomain& dom() { return d; }
   void fence() {
-    d.fence();
+    d.fence();  // every caller names its rule; it also publishes unfenced replies (rule 3)
     st.fences++;
+    unfenced = false;
   }
   std::string what() const { return "pool " + node.region().uri() + ": rpc carve '" + carve.name() + "': "; }
 
@@ -174,11 +184,15 @@ struct RpcServer::State {
     return it == handlers.end() ? nullptr : &it->second;
   }
 
-  size_t round() {
+  // defer_fence: leave the replies' last fence to the next round (run()).
+  size_t round(bool defer_fence = false) {
     const uint64_t now = now_ns();
     if (now - last_scan_ns >= uint64_t(opts.scan_every.count()) * 1000000ull) scan(now);
     st.rounds++;
-    if (active.empty()) return 0;
+    if (active.empty()) {
+      if (unfenced) fence();  // rule 3: the last round's replies out now (no poll fence follows)
+      return 0;
+    }
     const uint32_t depth = carve.depth(), mask = depth - 1;
     const bool break_inv = rpc::testing::break_request_invalidate();
     const bool check_stamps = !rpc::testing::break_stamp_check();
@@ -188,27 +202,37 @@ struct RpcServer::State {
     const uint32_t peek = std::min<uint32_t>(carve.header().req_lines, 2);
     constexpr uint64_t kNoEpoch = 0xffffffffffffull;  // flag bits but the epoch's
 
-    // 2. doorbells and every ring's next slot.  rule 4: the client writes
-    // them: invalidate all, one fence, load.  This host never writes these
-    // lines (never dirty here), so the bulk invalidation is as strong as
-    // clflush (MemoryDomain::invalidate_clean).
+    // 2. every ring's next slot, and the doorbells of the rings that were
+    // busy last round (RingState::hot).  rule 4: the client writes them:
+    // invalidate all, one fence, load.  This host never writes these lines
+    // (never dirty here), so the bulk invalidation is as strong as clflush
+    // (MemoryDomain::invalidate_clean).
     for (uint32_t r : active) {
-      d.invalidate_clean(carve.doorbell(r), 64);
+      if (rings[r].hot) d.invalidate_clean(carve.doorbell(r), 64);
       if (!break_inv) d.invalidate_clean(carve.req(r, rings[r].next & mask), 64ull * peek);
     }
-    fence();  // rule 4: the invalidations before the loads
+    fence();  // rule 4: the invalidations before the loads (rule 3: and the last round's replies out)
+    // The first continuation line of each next slot is touched now, so its
+    // miss overlaps line 0's instead of following it once the flag is seen
+    // (step 3 trusts it only from a whole-lines writer, by its stamp).
+    if (peek > 1)
+      for (uint32_t r : active)
+        __builtin_prefetch(reinterpret_cast<const std::byte*>(carve.req(r, rings[r].next & mask)) + 64);
     want.clear();
     uint32_t budget = opts.max_batch;
     for (uint32_t r : active) {
       if (!budget) break;
       RingState& rs = rings[r];
       uint32_t cnt = 0;
-      uint64_t tail = d.read(&carve.doorbell(r)->tail);
-      if (((tail >> 32) & 0xffff) == rs.inc) {
+      const bool hot = rs.hot;
+      rs.hot = false;  // until a request of this round is taken from it
+      const uint64_t tail = hot ? d.read(&carve.doorbell(r)->tail) : 0;  // 0: never a live inc
+      if (hot && ((tail >> 32) & 0xffff) == rs.inc) {
         uint32_t ahead = static_cast<uint32_t>(tail) - rs.next;
         if (ahead < 0x80000000u) cnt = ahead + 1;  // else tail behind next: nothing new
       }
-      // A request whose lines landed before the doorbell is served now.
+      // A request whose lines landed before the doorbell (or of a ring
+      // polled without it) is served now; the ones after it, next round.
       uint64_t f = d.read(&carve.req(r, rs.next & mask)->flag);
       if (cnt == 0 && (f & kNoEpoch) == (cxlkv_rpc_flag(epoch, rs.inc, rs.next) & kNoEpoch)) cnt = 1;
       cnt = std::min({cnt, depth, budget});
@@ -353,14 +377,22 @@ struct RpcServer::State {
       answered++;
     }
     if (!answered) return 0;
-    fence();  // rule 3: whole lines leave the write-combining buffers now / the bytes before their flags
     if (!whole) {
+      fence();  // rule 3: the bytes before their flags
       for (const Pending& p : batch)
         if (!p.skip) d.write_nt<__u64>(&carve.resp(p.ring, p.seq & mask)->flag, p.flag);
-      fence();  // rule 3: the flags leave the write-combining buffers now
     }
+    // rule 3: the whole lines / the flags leave the write-combining buffers
+    // now, or (defer_fence) at the next round's first fence.
+    if (defer_fence)
+      unfenced = true;
+    else
+      fence();
     for (const Pending& p : batch)
-      if (!p.skip) rings[p.ring].next = p.seq + 1;
+      if (!p.skip) {
+        rings[p.ring].next = p.seq + 1;
+        rings[p.ring].hot = true;
+      }
     st.requests += answered;
     st.batches++;
     return answered;
@@ -421,7 +453,13 @@ Result<void> RpcServer::run(const std::atomic<bool>& stop) {
   uint32_t idle = 0;
   uint64_t sleep_us = 1;
   while (!stop.load(std::memory_order_relaxed)) {
-    auto n = poll_once();
+    // The replies' last fence is the next round's first one: this loop polls
+    // again at once after a round that answered, and a round that answers
+    // nothing has fenced (State::round), before any yield or sleep below.
+    Result<size_t> n = [&] {
+      std::lock_guard<std::mutex> g(st_->stats_mu);
+      return Result<size_t>(st_->round(true));
+    }();
     if (!n) return n.error();
     if (n.value()) {
       idle = 0;
@@ -441,6 +479,8 @@ Result<void> RpcServer::run(const std::atomic<bool>& stop) {
     }
     sleep_us = std::min<uint64_t>(sleep_us * 2, st_->opts.max_sleep.count());
   }
+  std::lock_guard<std::mutex> g(st_->stats_mu);
+  if (st_->unfenced) st_->fence();  // rule 3: the last round's replies out before this thread stops
   return {};
 }
 
