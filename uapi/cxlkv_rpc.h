@@ -38,11 +38,15 @@
  *            The client also writes the doorbell tail (flag of its last
  *            request) in the same phase as the flags; many requests share
  *            the fences.
- *   reader   invalidates the doorbell (server) and the first lines of the
- *            next expected slot, fences, loads (rule 4), so a lone request
- *            or reply costs one round of misses; then further slots the
- *            doorbell announces (server) or that follow an answered one
- *            (client), as a batch with one fence.  A message is taken only
+ *            A writer that polls next (a client waiting for its reply, a
+ *            server's next round) may let that poll's fence be the
+ *            publication's last fence.
+ *   reader   invalidates the first lines of the next expected slot (and,
+ *            server, the doorbell of a ring that was busy in its last
+ *            round), fences, loads (rule 4), so a lone request or reply
+ *            costs one round of misses; then further slots the doorbell
+ *            announces (server) or that follow an answered one (client), as
+ *            a batch with one fence.  A message is taken only
  *            when line 0's flag equals cxlkv_rpc_flag(epoch, inc, seq) for
  *            the next expected seq and every continuation line it needs
  *            carries that flag as its stamp.  Continuation lines loaded

@@ -492,7 +492,8 @@ void bench_rpc(bench::Results& res) {
 
 CXLKV_BENCH({"rpc",
              "shared-memory RPC: round trip at queue depth 1 (p50/p99) and Mops at queue depth 128, two processes, "
-             "64 B requests/replies, beside a Unix socket and TCP loopback",
+             "64 B requests/replies, beside a Unix socket and TCP loopback (peers blocking and busy-polling) and the "
+             "coherence contract's bare one-line ping-pong (the floor)",
              bench_rpc});
 
 // ---- index service vs the lock-based index ---------------------------------------

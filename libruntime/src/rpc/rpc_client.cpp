@@ -3,7 +3,8 @@
 //   submit  whole request lines, each with its flag (movdir64b), and the
 //           doorbell, one fence; without movdir64b: request bytes but the
 //           flag (NT) for every call, one fence, the flags and the
-//           doorbell (NT), one fence
+//           doorbell (NT), one fence; call() leaves that last fence to
+//           its first poll's fence
 //   poll    the first two lines of the oldest outstanding reply, then of
 //           the ones after it: invalidate them all, one fence, load in
 //           order until one is not answered

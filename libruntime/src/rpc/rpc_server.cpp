@@ -2,8 +2,9 @@
 // RpcServer: polls every attached ring of an RPC carve (protocol in
 // uapi/cxlkv_rpc.h).  One round:
 //   1. (every scan_every) client lines: new connections, detaches, deaths
-//   2. doorbells and the first two lines of each attached ring's next slot:
-//      invalidate all, one fence, load
+//   2. the first two lines of each attached ring's next slot, and the
+//      doorbells of the rings that were busy last round: invalidate all,
+//      one fence, load (an idle ring costs one round of overlapped misses)
 //   3. the further slots the doorbells announce: invalidate all, one
 //      fence, load; a slot is taken only when its flag is the expected one
 //   4. continuation lines not yet loaded or not trusted (one fence); a
@@ -11,7 +12,8 @@
 //   5. handlers
 //   6. replies: whole lines (movdir64b), each with its flag, one fence; or
 //      every byte but the flags (NT), one fence, the flags (NT), one fence
-//      -- the flags and fences are shared by the whole batch.
+//      -- the flags and fences are shared by the whole batch; in run() the
+//      last fence is the next round's first (step 2's).
 #include <sched.h>
 #include <unistd.h>
 
