@@ -192,3 +192,144 @@ def test_a_pool_failure_in_the_scheduler_is_a_miss_and_a_log_line_not_a_dead_eng
         assert f"KV store of node 2 on {env.uri} is closed" in caplog.text
     finally:
         c.shutdown()
+
+
+# ---- pins between the scheduler's lookup and the worker's load ---------------------
+L_, H_, D_ = 2, 2, 8  # a small cache: 4 KiB pool blocks
+
+
+def _cached_prompt(env, node=2):
+    """A 5-block prompt (+3 tokens) whose blocks another node published."""
+    prompt = list(range(1000, 1000 + 5 * BS + 3))
+    torch.manual_seed(11)
+    src = {f"layers.{l}": torch.randn(2, 8, BS, H_, D_) for l in range(L_)}
+    return prompt, src
+
+
+def _publish(env, sched, req, src, node=2):
+    keys = cxlkv.keys_from_hashes(req.block_hashes, sched.namespace)
+    kv = env.store(node)
+    assert cxlkv.put_ok(kv.put(keys, cxlkv.PagedKV.vllm(src, kv_dim=0), list(range(5)))).all()
+    return keys, kv
+
+
+def _cap_pool(env, blocks):
+    """The pool-wide memory capacity (cxlkvctl kv --mem-capacity): the next
+    reserve evicts down to it whatever is not pinned."""
+    import os
+    import subprocess
+    from conftest import ROOT
+    ctl = os.path.join(os.environ.get("CXLKV_TEST_TOOLS", os.path.join(ROOT, "build", "tools")), "cxlkvctl")
+    if not os.path.exists(ctl):
+        pytest.skip("cxlkvctl not built")
+    # The policy is set when the command attaches; the block it asks for is not there.
+    r = subprocess.run([ctl, "--pool", env.uri, "kv", "get", "no-such-block", "-", "--mem-capacity", str(blocks),
+                        "--node", "7"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 1 and "not cached" in r.stderr, r.stderr
+
+
+def _pressure(env, tag, n=3, node=4):
+    """Another node stores n new blocks of the same size (past the capacity)."""
+    kv = env.store(node) if not hasattr(env, "_press") else env._press
+    env._press = kv
+    return kv.put(cxlkv.block_keys(np.arange(n * BS) + 50000 + 1000 * tag, BS), [np.ones(4096, np.uint8)] * n)
+
+
+def test_a_planned_load_finds_every_block_although_the_pool_evicts_in_between(env):
+    """The scheduler found 5 blocks; before the worker loads them, another
+    node stores past the pool's capacity.  The planned load's blocks are
+    pinned from update_state_after_alloc, so nothing it needs is evicted:
+    the worker reports no load error and its cache holds the published
+    bytes.  load_pin_steps plans later the pins are gone and the blocks are
+    evictable again."""
+    from cxlkv.integrations import vllm as cv
+    prompt, src = _cached_prompt(env)
+    sched = cv.CxlkvConnector(vllm_config(env.uri, 3, "kv_consumer", BS), vllm_role("SCHEDULER"), None)
+    w = cv.CxlkvConnector(vllm_config(env.uri, 5, "kv_consumer", BS), vllm_role("WORKER"), None)
+    try:
+        req = vllm_request("pinned", prompt, BS)
+        keys, kvp = _publish(env, sched, req, src)
+        n, _ = sched.get_num_new_matched_tokens(req, 0)
+        assert n == 5 * BS
+        table = [7, 2, 5, 0, 3, 1]
+        sched.update_state_after_alloc(req, Blocks(table), n)
+        meta = sched.build_connector_meta(scheduler_output("pinned", table, 0, len(prompt) - n))
+
+        _cap_pool(env, 5)
+        st = _pressure(env, 1)
+        assert not cxlkv.put_ok(st).any(), "a block was stored by evicting the planned load's blocks"
+        assert kvp.lookup(keys) == 5
+
+        dst = {f"layers.{l}": torch.zeros(2, 8, BS, H_, D_) for l in range(L_)}
+        w.register_kv_caches(dst)
+        w.bind_connector_metadata(meta)
+        w.start_load_kv(None)
+        w.wait_for_layer_load("layers.0")
+        assert w.get_block_ids_with_load_errors() == set()
+        for i, b in enumerate(table[:5]):
+            for l in range(L_):
+                assert torch.equal(dst[f"layers.{l}"][:, b], src[f"layers.{l}"][:, i]), (i, l)
+        w.clear_connector_metadata()
+
+        # Plans of later steps: after load_pin_steps of them the pins are given back.
+        for step in range(sched.load_pin_steps):
+            assert not cxlkv.put_ok(_pressure(env, 10 + step, n=1)).any(), f"unpinned after {step} steps"
+            sched.build_connector_meta(scheduler_output("pinned", table, len(prompt) + step, 1))
+        assert cxlkv.put_ok(_pressure(env, 2)).all(), kvp.last_error
+        assert kvp.lookup(keys) == 2, "the load's blocks stayed pinned"
+    finally:
+        w.shutdown()
+        sched.shutdown()
+
+
+def test_a_finished_or_aborted_request_gives_its_load_pins_back_at_once(env):
+    from cxlkv.integrations import vllm as cv
+    prompt, src = _cached_prompt(env)
+    sched = cv.CxlkvConnector(vllm_config(env.uri, 3, "kv_consumer", BS), vllm_role("SCHEDULER"), None)
+    try:
+        req = vllm_request("aborted", prompt, BS)
+        keys, kvp = _publish(env, sched, req, src)
+        n, _ = sched.get_num_new_matched_tokens(req, 0)
+        sched.update_state_after_alloc(req, Blocks([7, 2, 5, 0, 3, 1]), n)
+        _cap_pool(env, 5)
+        assert not cxlkv.put_ok(_pressure(env, 1)).any()
+        assert sched.request_finished(req, [7, 2, 5, 0, 3, 1]) == (False, None)
+        assert cxlkv.put_ok(_pressure(env, 2)).all(), kvp.last_error
+        assert kvp.lookup(keys) == 2
+    finally:
+        sched.shutdown()
+
+
+def _scheduler_pins_and_waits(conn, uri, prompt):
+    from cxlkv.integrations import vllm as cv
+    sched = cv.CxlkvConnector(vllm_config(uri, 6, "kv_consumer", BS), vllm_role("SCHEDULER"), None)
+    req = vllm_request("dies", prompt, BS)
+    n, _ = sched.get_num_new_matched_tokens(req, 0)
+    sched.update_state_after_alloc(req, Blocks([7, 2, 5, 0, 3, 1]), n)
+    conn.send(n)
+    import time
+    time.sleep(600)  # killed here, holding its pins
+
+
+def test_a_scheduler_process_killed_holding_load_pins_leaves_the_blocks_evictable(env):
+    prompt, src = _cached_prompt(env)
+    from cxlkv.integrations import vllm as cv
+    probe = cv.CxlkvConnector(vllm_config(env.uri, 3, "kv_consumer", BS), vllm_role("SCHEDULER"), None)
+    try:
+        keys, kvp = _publish(env, probe, vllm_request("dies", prompt, BS), src)
+    finally:
+        probe.shutdown()
+    ctx = mp.get_context("spawn")
+    conn, child = ctx.Pipe()
+    p = ctx.Process(target=_scheduler_pins_and_waits, args=(child, env.uri, prompt))
+    p.start()
+    try:
+        assert conn.poll(120), "scheduler process did not pin"
+        assert conn.recv() == 5 * BS
+        _cap_pool(env, 5)
+        assert not cxlkv.put_ok(_pressure(env, 1)).any(), "the scheduler process's pins did not hold"
+    finally:
+        p.kill()
+        p.join(60)
+    assert cxlkv.put_ok(_pressure(env, 2)).all(), kvp.last_error  # its node is dead: its pins count no more
+    assert kvp.lookup(keys) == 2

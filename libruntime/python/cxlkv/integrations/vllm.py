@@ -10,6 +10,13 @@ Turn it on with::
         "kv_connector_extra_config": {"pool": "dax:/dev/dax0.0", "node": 1}}'
 
 (every host the same ``PYTHONHASHSEED``, as vLLM's block hashes require).
+Between the scheduler's lookup and the worker's load the blocks a request
+will load are pinned (taken in ``update_state_after_alloc``, when vLLM has
+committed to the load; given back ``load_pin_steps`` scheduler steps later,
+when the request finishes or is aborted, or at shutdown; a scheduler process
+that dies holds nothing, its node's pins end with it), so an eviction in
+between no longer turns a hit into a load error and a recomputation.
+
 ``kv_role`` "kv_producer" on prefill instances and "kv_consumer" on decode
 instances gives a prefill-to-decode handoff through the pool: the producer
 publishes the prompt's blocks and leases them to the request, the consumer
@@ -82,7 +89,9 @@ class CxlkvConnectorImpl:
     load before the first layer, one batched save after the last).  Config
     comes from ``kv_transfer_config.kv_connector_extra_config``: ``pool``
     (URI, required), ``node`` (default 1), ``namespace``, ``tp_rank``,
-    ``lease_ttl_ms`` (default 60000), ``kv_layout`` ("flash_attn" /
+    ``lease_ttl_ms`` (default 60000), ``load_pin_steps`` (default 3: the
+    scheduler steps a load's pins outlive its plan; vLLM's asynchronous
+    scheduling runs one step ahead), ``kv_layout`` ("flash_attn" /
     "flashinfer"; read from the tensors' shape by default).  Blocks whose load fails are returned
     by :meth:`get_block_ids_with_load_errors` (vLLM recomputes them).  See
     the module docstring for turning it on; :data:`CxlkvConnector` adds
@@ -103,6 +112,9 @@ class CxlkvConnectorImpl:
                                          tp_size=int(getattr(pc, "tensor_parallel_size", 1) or 1),
                                          extra=str(cfg.get("namespace", "")))
         self.lease_ttl_ms = int(cfg.get("lease_ttl_ms", 60000))
+        self.load_pin_steps = int(cfg.get("load_pin_steps", 3))
+        if self.load_pin_steps < 1:
+            raise ValueError(f"cxlkv: load_pin_steps {self.load_pin_steps} is not at least 1")
         self.kv_layout = str(cfg.get("kv_layout", "") or "")
         self.pool = cxlkv.Pool(cfg["pool"])
         self.node = int(cfg.get("node", 1))
@@ -112,6 +124,8 @@ class CxlkvConnectorImpl:
             self._reqs = {}      # req_id -> dict(keys, saved, block_ids, request)
             self._loads = []     # this step's loads
             self._computed = {}  # req_id -> num_computed_tokens vLLM asked about
+            self._steps = 0      # plans built (build_connector_meta calls)
+            self._load_pins = {}  # req_id -> [(cxlkv.Pins, the step whose plan loads them)]
         else:
             self.store = None
             self.aio = None
@@ -175,12 +189,44 @@ class CxlkvConnectorImpl:
         last = first + num_external_tokens // self.block_size
         self._loads.append(_Transfer(request.request_id, keys[first:last], st["block_ids"][first:last]))
         st["saved"] = max(st["saved"], last)  # already in the pool: never saved again
+        self._pin_load(request.request_id, keys[first:last])
+
+    def _pin_load(self, rid, keys):
+        """Pin the blocks of a planned load until the worker has read them
+        (see the module docstring).  A block evicted since the lookup is
+        not pinned; its load fails and vLLM recomputes it, as before."""
+        try:
+            pins = self.store.pin(keys)
+        except Exception as e:  # noqa: BLE001 -- unpinned, the load may fail and be recomputed
+            self._failed("pin", e)
+            return
+        self._load_pins.setdefault(rid, []).append((pins, self._steps + 1))
+
+    def _unpin_loads(self, rid=None, before_step=None):
+        """Give back the load pins of request ``rid`` (None: every request)
+        whose plan is older than ``before_step`` (None: all of them)."""
+        for r in [rid] if rid is not None else list(self._load_pins):
+            keep = []
+            for pins, step in self._load_pins.pop(r, []):
+                if before_step is not None and step >= before_step:
+                    keep.append((pins, step))
+                    continue
+                try:
+                    pins.release()
+                except Exception as e:  # noqa: BLE001 -- closing the store gives them back
+                    self._failed("unpin", e)
+            if keep:
+                self._load_pins[r] = keep
 
     def build_connector_meta(self, scheduler_output):
         """The step's loads (from update_state_after_alloc) and saves (blocks
         that become full in this step); resets the per-step state."""
         meta = CxlkvConnectorMetadata(loads=self._loads)
         self._loads = []
+        self._steps += 1
+        # Loads planned load_pin_steps plans ago have run: their pins go.
+        if self._load_pins:
+            self._unpin_loads(before_step=self._steps - self.load_pin_steps + 1)
         if self.kv_role == "kv_consumer":
             return meta
         for nr in getattr(scheduler_output, "scheduled_new_reqs", []) or []:
@@ -219,6 +265,7 @@ class CxlkvConnectorImpl:
         a consumer releases the lease it was handed."""
         rid = request.request_id
         st = self._reqs.pop(rid, None)
+        self._unpin_loads(rid)  # finished or aborted: its loads are over
         params = None
         keys = self._keys(request)
         if self.kv_role == "kv_producer" and st is not None and st["saved"]:
@@ -331,6 +378,8 @@ class CxlkvConnectorImpl:
         if getattr(self, "gpu", None) is not None:
             self.gpu.close()
             self.gpu = None
+        if getattr(self, "_load_pins", None):
+            self._unpin_loads()
         if getattr(self, "store", None) is not None:
             self.store.close()
         self.pool.close()
