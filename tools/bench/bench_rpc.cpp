@@ -19,6 +19,15 @@
 //   rpc.*_1line                  the same with 48 B payloads: request and
 //                                reply are one 64 B line each (header inline)
 //   rpc.unix_mops_qd128 / rpc.tcp_mops_qd128   the same pipelining over sockets
+//   rpc.req_oneway_us_p50 / rpc.resp_oneway_us_p50   each direction of a 64 B
+//                                round trip (call() -> handler -> return) on the
+//                                system-wide monotonic clock
+//   rpc.floor_rtt_us_p50 / _p99  the coherence contract's bare one-line
+//                                ping-pong between two processes (see below):
+//                                what no protocol under the contract beats here
+//   rpc.floor_miss_ns_p50 / rpc.floor_publish_ns_p50   one poll that misses
+//                                (invalidate, fence, load) / one publish_line +
+//                                fence, single process
 // Both sides busy-poll; on a 2-core machine the two processes need both
 // cores, so anything else running shows up in these numbers.
 #include <netinet/in.h>
