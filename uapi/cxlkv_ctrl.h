@@ -123,12 +123,35 @@ enum cxlkv_slot_state {
 #define CXLKV_SLOT_STATE_MASK   0x3ULL
 #define CXLKV_SLOT_TICKET_SHIFT 2
 
+/*
+ * Lock sets (issue 10).  A node taking several locks at once (LockSet) asks
+ * for all of them in one go: it writes every request, each naming the next
+ * lower lock of the same set that it asks for (`prev_lock` = that id + 1, 0
+ * for none: a single lock, or the lowest the set asks for) and the ticket
+ * of that request (`prev_ticket`), then posts them on its doorbell once.
+ * The manager grants a request whose prev_lock is not 0 only while it
+ * holds that lower lock granted to this node with exactly prev_ticket, so
+ * each set is granted in ascending order, one lock after the other, as if
+ * the node had asked for them one at a time (no deadlock between sets: a
+ * set never holds a higher lock of its own while it waits for a lower one);
+ * the manager walks the locks in ascending order in a round, so a set whose
+ * locks are free is granted whole in one round, and it revokes every kept
+ * grant a waiting request names at once (eligible or not).  A node that
+ * keeps (sticky) a lock of the set above the first one it must ask for
+ * does not use it out of order: it asks for it anew (a newer ticket, which
+ * the manager reads as the release of the kept grant plus a request).
+ * prev fields are written (NT, rule 1) before the request word that they
+ * qualify, with a fence between (rule 3).
+ */
 struct cxlkv_lock_slot {
 	__u64 request;           /* (ticket << 2) | state, node-written */
 	__u32 owner_pid;         /* pid of the holder/waiter (liveness on its host) */
-	__u32 reserved0;
+	__u32 reserved0;         /* zeroed by the module with owner_pid (one 8-byte store) */
 	__u64 owner_start;       /* owner_pid's start time (/proc/PID/stat field 22), 0 unknown */
-	__u8  reserved1[40];
+	__u32 prev_lock;         /* lock sets: lower lock of the same set + 1; 0: none */
+	__u32 reserved2;
+	__u64 prev_ticket;       /* lock sets: ticket of the request for prev_lock - 1 */
+	__u8  reserved1[24];
 };
 CXLKV_STATIC_ASSERT(sizeof(struct cxlkv_lock_slot) == 64, "lock slot is one line");
 

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "lock_test_pool.hpp"
+#include "sync/testing.hpp"
 
 namespace cxlkv {
 namespace {
@@ -154,6 +155,149 @@ TEST(LockSet, OverlappingSetsInOppositeOrdersNeverDeadlockAndCountExactly) {
     EXPECT_EQ(v, kNodes * kIters - kIters * kNodes / kLocks) << "counter of lock " << k;
   }
   EXPECT_EQ(total, uint64_t(kNodes) * kIters * (kLocks - 1));
+}
+
+}  // namespace
+}  // namespace cxlkv
+
+namespace cxlkv {
+namespace {
+
+// Manager doorbell rounds (a node's seq moved) while `f` runs.
+template <class F>
+uint64_t doorbell_rounds(LockManager& m, F&& f) {
+  const uint64_t before = m.stats().doorbells;
+  f();
+  return m.stats().doorbells - before;
+}
+
+TEST(LockSet, AWholeSetIsAskedForInOnePostAndKeptSetsReenterWithoutTheManager) {
+  // uapi/cxlkv_ctrl.h "Lock sets": node 1 asks for all 6 locks node 0 keeps
+  // in one doorbell post (one at a time would be 6), the manager revokes
+  // node 0's six kept grants and grants node 1 the set in ascending order;
+  // node 1 then keeps them and re-enters the set on node-local memory only.
+  Sim s("lockset-onepost", 2);
+  std::vector<uint32_t> ids;
+  for (uint32_t k = 0; k < 6; k++) ids.push_back(kBase + 10 + 3 * k);
+  LockSet a(*s.ctx[0]), b(*s.ctx[1]);
+  ASSERT_TRUE(a.try_lock_for(ids, 10s).ok());
+  ASSERT_TRUE(a.unlock().ok());  // node 0 keeps all six
+
+  std::vector<uint32_t> order;
+  const uint64_t posts = doorbell_rounds(*s.mgr, [&] {
+    auto r = b.try_lock_for(ids, 10s);
+    ASSERT_TRUE(r.ok()) << r.error().message();
+    order.assign(b.held().begin(), b.held().end());
+    ASSERT_TRUE(b.unlock().ok());  // node 1 keeps them now
+  });
+  const uint64_t again = doorbell_rounds(*s.mgr, [&] {
+    ASSERT_TRUE(b.try_lock_for(ids, 10s).ok());
+    ASSERT_TRUE(b.unlock().ok());
+  });
+
+  EXPECT_EQ(order, ids);
+  EXPECT_GE(s.mgr->stats().revokes, 6u) << "node 0's kept grants were not revoked";
+  // One post (a re-ring after a second of waiting on a loaded machine at most adds one).
+  EXPECT_LE(posts, 2u) << "the set was not asked for in one doorbell post";
+  EXPECT_EQ(again, 0u) << "re-entering a kept set went to the manager";
+}
+
+TEST(LockSet, SetsAndSingleLocksInBurstsUnderEvictionsCountExactly) {
+  // Three nodes take overlapping sets of 3 of 4 locks in bursts (pauses
+  // between bursts: grants are kept, entered again, asked for anew when the
+  // set must first ask for a lower lock, and revoked), while a fourth node
+  // takes lock 2 alone with TwoTierLock.  Under random evictions every
+  // counter is exact in memory and nothing times out.
+  constexpr uint32_t kNodes = 3, kLocks = 4;
+  constexpr int kIters = 60;
+  Sim s("lockset-burst", kNodes + 1, 0.05);
+  auto kv = s.p.region->carve(CXLKV_CARVE_KV).value();
+  auto* counters = s.p.region->at<uint64_t>(kv.offset);  // counter i on line i
+  std::memset(counters, 0, kLocks * 64);
+  std::atomic<int> timeouts{0};
+  auto bump = [&](MemoryDomain& d, uint32_t id) {
+    uint64_t* c = counters + (id - kBase) * 8;
+    d.invalidate(c, 64);  // rule 4
+    d.fence();
+    const uint64_t v = d.read(c);
+    std::this_thread::yield();
+    d.write(c, v + 1);
+    d.flush(c, 64);  // rule 3: in memory before the release
+  };
+  std::vector<std::thread> th;
+  for (uint32_t n = 0; n < kNodes; n++)
+    th.emplace_back([&, n] {
+      MemoryDomain& d = s.ctx[n]->domain();
+      LockSet set(*s.ctx[n]);
+      for (int i = 0; i < kIters; i++) {
+        std::vector<uint32_t> ids;
+        for (uint32_t k = 0; k < kLocks; k++)
+          if (k != (n + i) % kLocks) ids.push_back(kBase + k);
+        if (!set.try_lock_for(ids, 20s).ok()) {
+          timeouts++;
+          continue;
+        }
+        for (uint32_t id : set.held()) bump(d, id);
+        if (!set.unlock().ok()) ADD_FAILURE() << "unlock failed";
+        if (i % 5 == 4) std::this_thread::sleep_for(std::chrono::microseconds(500 + 500 * ((i + n) % 3)));
+      }
+    });
+  th.emplace_back([&] {
+    MemoryDomain& d = s.ctx[kNodes]->domain();
+    TwoTierLock l(*s.ctx[kNodes], kBase + 2);
+    for (int i = 0; i < kIters; i++) {
+      if (!l.try_lock_for(20s).ok()) {
+        timeouts++;
+        continue;
+      }
+      bump(d, kBase + 2);
+      if (!l.unlock().ok()) ADD_FAILURE() << "unlock failed";
+      if (i % 5 == 4) std::this_thread::sleep_for(1ms);
+    }
+  });
+  for (auto& t : th) t.join();
+
+  EXPECT_EQ(timeouts.load(), 0);
+  for (uint32_t k = 0; k < kLocks; k++) {
+    uint64_t v;
+    std::memcpy(&v, counters + k * 8, 8);  // memory, not a node's cache
+    uint64_t want = k == 2 ? kIters : 0;
+    for (uint32_t n = 0; n < kNodes; n++)
+      for (int i = 0; i < kIters; i++) want += k != (n + i) % kLocks;
+    EXPECT_EQ(v, want) << "counter of lock " << k;
+  }
+  EXPECT_GT(s.mgr->stats().revokes, 0u) << "no kept grant was revoked: the run did not exercise revocation";
+}
+
+TEST(LockSet, GrantLinesPolledWithoutInvalidateAreCaught) {
+  // The set's poll with its invalidations removed (test switch): node 0
+  // reads lock 1's grant line once (held by node 1), keeps that stale copy
+  // in its cache (no evictions; its watcher's periodic sweep, which reads
+  // the lines of requested locks fresh, switched off), never sees its own
+  // grant after node 1's release, and times out.  Restored, the same set is granted.
+  Sim s("lockset-stale-grant", 2, 0.0);
+  TwoTierLock other(*s.ctx[1], kBase + 1);
+  ASSERT_TRUE(other.try_lock_for(10s).ok());
+  LockSet set(*s.ctx[0]);
+  const std::vector<uint32_t> ids{kBase, kBase + 1};
+  sync::testing::set_break_set_grant_invalidate(true);
+  sync::testing::set_watcher_no_resweep(true);  // node 0's watcher would refresh the line for it
+  std::thread release([&] {
+    std::this_thread::sleep_for(100ms);  // node 0 polls the stale grant meanwhile
+    ASSERT_TRUE(other.unlock().ok());
+  });
+  auto broken = set.try_lock_for(ids, 600ms);
+  const bool none_held = set.held().empty();  // all or nothing
+  release.join();
+  sync::testing::set_break_set_grant_invalidate(false);
+  sync::testing::set_watcher_no_resweep(false);
+  auto fixed = set.try_lock_for(ids, 10s);
+
+  ASSERT_FALSE(broken.ok()) << "the set saw its grant although it never invalidated the grant line";
+  EXPECT_EQ(broken.error().code(), -ETIMEDOUT);
+  EXPECT_TRUE(none_held);
+  ASSERT_TRUE(fixed.ok()) << fixed.error().message();
+  EXPECT_TRUE(set.unlock().ok());
 }
 
 }  // namespace

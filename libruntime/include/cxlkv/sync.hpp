@@ -259,7 +259,9 @@ class [[nodiscard]] LockGuard {
 // ascending order (one global order: two sets never deadlock; a lock taken
 // singly with TwoTierLock is a set of one).  A lock whose grant this node
 // keeps (sticky) costs node-local memory only; the others are requested
-// from the manager one after another in that order.  All or nothing: on an
+// from the manager together, in one doorbell post, and the manager grants
+// them in ascending order (uapi/cxlkv_ctrl.h "Lock sets"), so the set waits
+// once instead of once per lock.  All or nothing: on an
 // error the set holds nothing.  unlock() releases all of them (descending
 // order); the destructor does it if the caller did not.  One LockSet per
 // thread at a time; it is reusable after unlock().

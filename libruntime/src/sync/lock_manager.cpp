@@ -14,6 +14,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <string>
@@ -344,7 +345,12 @@ Result<bool> LockManager::run_once() {
   };
 
   // ---- releases, revocations, dead holders, grants ----
-  for (size_t i = 0; i < s.active.size();) {
+  // In ascending lock order: a set's requests (uapi "Lock sets") become
+  // eligible one after the other as the lower one is granted, so a set whose
+  // locks are free is granted whole in this one round.
+  std::sort(s.active.begin(), s.active.end());
+  bool retired = false;
+  for (size_t i = 0; i < s.active.size(); i++) {
     const uint32_t l = s.active[i];
     auto& L = s.locks[l];
     if (L.holder != kNone) {
@@ -401,6 +407,7 @@ Result<bool> LockManager::run_once() {
       }
     }
     if (L.holder == kNone && L.waiters && may_grant) {
+      uint64_t later = 0;  // waiters whose set has not got its lower lock yet: they stay
       for (uint32_t k = 1; k <= nodes && L.waiters; k++) {
         const uint32_t n = (L.last + k) % nodes;
         if (!(L.waiters & (1ull << n))) continue;
@@ -408,36 +415,46 @@ Result<bool> LockManager::run_once() {
         const cxlkv_lock_slot sl = d.read_fresh(ctrl_.slot(l, n));  // rule 4: grant only a live request
         const uint64_t req = sl.request;
         if ((req & CXLKV_SLOT_STATE_MASK) != CXLKV_SLOT_WAITING) continue;
+        // A set's request: only once the node holds the set's previous lock
+        // with the very request that links to it (uapi "Lock sets").  A link
+        // that does not point below this lock is not one our runtime writes:
+        // it is ignored (the request is granted as a single lock).
+        if (sl.prev_lock != 0 && sl.prev_lock - 1 < l && !sync::testing::break_set_order()) {
+          const auto& P = s.locks[sl.prev_lock - 1];
+          if (P.holder != n || P.holder_ticket != sl.prev_ticket) {
+            later |= 1ull << n;
+            continue;
+          }
+        }
         if (!owner_alive(n, sl)) {
           s.dead_waiters.fetch_add(1, std::memory_order_relaxed);
           continue;
         }
         ++L.grants;
         // Others still waiting: tell the holder not to keep the grant.
-        write_grant(l, n, req >> CXLKV_SLOT_TICKET_SHIFT, L.waiters ? CXLKV_GRANT_CONTENDED : 0u);
+        write_grant(l, n, req >> CXLKV_SLOT_TICKET_SHIFT, (L.waiters | later) ? CXLKV_GRANT_CONTENDED : 0u);
         d.fence();  // rule 3
         s.wakers->wake_grant(n);  // after the fence: a woken waiter reads the grant
         L.holder = n;
         L.holder_ticket = req >> CXLKV_SLOT_TICKET_SHIFT;
         L.revoked = false;
-        L.contended = L.waiters != 0;
+        L.contended = (L.waiters | later) != 0;
         L.last = n;
         L.next_live_check = now + opts_.liveness_check;
         did = true;
         s.grants.fetch_add(1, std::memory_order_relaxed);
         break;
       }
+      L.waiters |= later;
     }
     if (!L.waiters) {
       // Nobody waits: stop polling.  A kept or held grant stays in L.holder
       // and is looked at again when a doorbell names this lock.
       L.active = false;
-      s.active[i] = s.active.back();
-      s.active.pop_back();
-      continue;
+      retired = true;
     }
-    i++;
   }
+  if (retired) std::erase_if(s.active, [&](uint32_t l) { return !s.locks[l].active; });
   return did;
 }
 

@@ -3,17 +3,23 @@
 //
 // Deadlock freedom: every multi-lock path takes locks in ascending id
 // order and holds lower ids while it waits for higher ones, never the
-// reverse; a single TwoTierLock is a set of one.  Requests for several
-// locks are therefore not posted at once: the manager could grant lock 1 to
-// node A and lock 2 to node B while each waits for the other.  Locks whose
-// grant the node keeps (sticky) cost node-local memory only (see
-// two_tier_lock.cpp), so a batch whose stripes are all kept touches no pool
-// line at all, acquire or release.
+// reverse; a single TwoTierLock is a set of one.  Locks whose grant the
+// node keeps (sticky) cost node-local memory only (see two_tier_lock.cpp),
+// so a batch whose stripes are all kept touches no pool line at all,
+// acquire or release.  The others are asked for together (issue 10: one
+// manager round trip and one sleep per set instead of one per lock): every
+// request names the set's previous one, and the manager grants a request
+// only while the node holds the one it names, so grants still come in
+// ascending order (uapi/cxlkv_ctrl.h "Lock sets"; tests/model/lock_set.pml).
+// dev: pools take them one after the other (their module owns each slot
+// from before its request to after its release).
 #include <algorithm>
 #include <cerrno>
 #include <string>
 
 #include "cxlkv/sync.hpp"
+#include "sync/doorbell.hpp"
+#include "sync/node_local.hpp"
 #include "util/log.hpp"
 
 namespace cxlkv {
@@ -48,6 +54,17 @@ Result<Acquired> LockSet::acquire(std::span<const uint32_t> ids, std::chrono::na
                                 : std::chrono::steady_clock::time_point::max();
   Acquired how = Acquired::clean;
   held_.reserve(want.size());
+  if (node_.region().kind() != BackendKind::dev) {
+    // All of them in one request (uapi/cxlkv_ctrl.h "Lock sets").
+    auto r = sync::acquire_set(node_, want, deadline, bounded, held_);
+    if (!r) {
+      auto u = unlock();  // all or nothing
+      if (!u) log().error("{}", u.error().message());
+      return Error(r.error().code(), who + ": " + r.error().message());
+    }
+    return r.value();
+  }
+  // dev: pools: one lock after the other (the module owns slots one by one).
   for (uint32_t id : want) {
     TwoTierLock l(node_, id);
     Result<Acquired> r = Acquired::clean;

@@ -39,4 +39,17 @@ void grant_seen_hook(uint32_t lock_id);
 void set_watcher_no_resweep(bool on);
 bool watcher_no_resweep();
 
+// When set, the lock manager ignores the links of a lock set's requests
+// (uapi/cxlkv_ctrl.h "Lock sets") and grants them in any order: two sets
+// may then each hold a lock the other waits for (the BROKEN_ORDER variant
+// of tests/model/lock_set.pml).
+void set_break_set_order(bool on);
+bool break_set_order();
+
+// When set, a lock set polls the grant lines it waits for without
+// invalidating them first (rule 4), so it may keep reading a stale copy and
+// never see its grant.
+void set_break_set_grant_invalidate(bool on);
+bool break_set_grant_invalidate();
+
 }  // namespace cxlkv::sync::testing

@@ -22,6 +22,7 @@
 
 #include "cxlkv/sync.hpp"
 #include "sync/backoff.hpp"
+#include "sync/doorbell.hpp"
 #include "sync/kernel_slots.hpp"
 #include "sync/node_local.hpp"
 #include "sync/robust_mutex.hpp"
@@ -31,6 +32,31 @@
 
 namespace cxlkv {
 
+namespace sync {
+
+void ring_doorbell(NodeContext& n, std::span<const uint32_t> ids) {
+  if (ids.empty()) return;
+  MemoryDomain& d = n.domain();
+  NodeLocalHeader* h = n.local().hdr;
+  sync::RobustLock g(&h->doorbell_mu, "doorbell");
+  cxlkv_doorbell* db = n.control().doorbell(n.node());
+  if (!h->doorbell_valid || g.owner_died()) {
+    // rule 4: the pool's seq is authoritative after (re)creation or a crash mid-post.
+    h->doorbell_seq = d.read_fresh(&db->seq);
+    h->doorbell_valid = 1;
+  }
+  uint64_t seq = h->doorbell_seq;
+  // rule 1 + rule 3: entries first (NT), fence, then the seq that publishes them.
+  for (uint32_t id : ids.first(std::min<size_t>(ids.size(), kMaxHints + 1))) d.write_nt(&db->pending[seq++ % CXLKV_DOORBELL_RING], id);
+  d.fence();
+  d.write_nt<__u64>(&db->seq, seq);
+  d.fence();
+  h->doorbell_seq = seq;
+  sync::wake_manager(h);  // a manager on this host sleeping for lack of work
+}
+
+}  // namespace sync
+
 namespace sync::testing {
 namespace {
 std::atomic<bool> g_break_lock_flush{false};
@@ -38,7 +64,13 @@ std::atomic<bool> g_break_watcher_local{false};
 std::atomic<bool> g_break_doorbell_invalidate{false};
 std::atomic<void (*)(uint32_t)> g_grant_seen_hook{nullptr};
 std::atomic<bool> g_watcher_no_resweep{false};
+std::atomic<bool> g_break_set_order{false};
+std::atomic<bool> g_break_set_grant_invalidate{false};
 }
+void set_break_set_grant_invalidate(bool on) { g_break_set_grant_invalidate.store(on); }
+bool break_set_grant_invalidate() { return g_break_set_grant_invalidate.load(std::memory_order_relaxed); }
+void set_break_set_order(bool on) { g_break_set_order.store(on); }
+bool break_set_order() { return g_break_set_order.load(std::memory_order_relaxed); }
 void set_grant_seen_hook(void (*hook)(uint32_t)) { g_grant_seen_hook.store(hook); }
 void grant_seen_hook(uint32_t lock_id) {
   if (auto h = g_grant_seen_hook.load(std::memory_order_relaxed)) h(lock_id);
@@ -63,28 +95,6 @@ std::string lock_name(const NodeContext& n, uint32_t id) {
   return "pool " + n.region().uri() + ": lock " + std::to_string(id) + " (node " + std::to_string(n.node()) + ")";
 }
 
-// Post "node waits for lock `id`" on the node's doorbell, so the manager
-// finds the request without scanning every lock.
-void ring_doorbell(NodeContext& n, uint32_t id) {
-  MemoryDomain& d = n.domain();
-  NodeLocalHeader* h = n.local().hdr;
-  sync::RobustLock g(&h->doorbell_mu, "doorbell");
-  cxlkv_doorbell* db = n.control().doorbell(n.node());
-  if (!h->doorbell_valid || g.owner_died()) {
-    // rule 4: the pool's seq is authoritative after (re)creation or a crash mid-post.
-    h->doorbell_seq = d.read_fresh(&db->seq);
-    h->doorbell_valid = 1;
-  }
-  uint64_t seq = h->doorbell_seq;
-  // rule 1 + rule 3: entry first (NT), fence, then the seq that publishes it.
-  d.write_nt(&db->pending[seq % CXLKV_DOORBELL_RING], id);
-  d.fence();
-  d.write_nt<__u64>(&db->seq, seq + 1);
-  d.fence();
-  h->doorbell_seq = seq + 1;
-  sync::wake_manager(h);  // a manager on this host sleeping for lack of work
-}
-
 // The slot's owner (pid + start time): the manager on this host judges a
 // holder or waiter dead by it (rule 1: the line is also written by the
 // module on dev: pools -> NT).
@@ -105,6 +115,81 @@ constexpr uint32_t kSpinPolls = 0;   // see the poll loop in acquire()
 constexpr auto kReRing = std::chrono::seconds(1);  // waiting this long: ring the doorbell again
 constexpr uint32_t kYieldPolls = 64;
 constexpr std::chrono::microseconds kMaxSleep{20};
+
+// The local tier of lock `id`: its node-local robust mutex (bounded by
+// `deadline` when `bounded`).  A local holder that died holding it left its
+// request, grant or kept grant in the pool: released here (recovered).
+Result<Acquired> take_local(NodeContext& n, uint32_t id, std::chrono::steady_clock::time_point deadline,
+                            bool bounded) {
+  MemoryDomain& d = n.domain();
+  LocalLockEntry& e = n.local().locks[id];
+  cxlkv_lock_slot* slot = n.control().slot(id, n.node());
+  auto lr = bounded ? sync::robust_mutex_lock_until(&e.mu, deadline, "node-local lock")
+                    : sync::robust_mutex_lock(&e.mu, "node-local lock");
+  if (!lr) {
+    if (lr.error().code() == -ETIMEDOUT)
+      return Error(-ETIMEDOUT, lock_name(n, id) + ": not acquired within the timeout (held on this node by pid " +
+                                   std::to_string(e.holder_pid) + ")");
+    return Error(lr.error().code(), lock_name(n, id) + ": " + lr.error().message());
+  }
+  Acquired how = Acquired::clean;
+  if (lr.value() == sync::LockOutcome::owner_died) {
+    how = Acquired::recovered;
+    if (e.phase != LockPhase::idle) {
+      // The dead process requested, held or kept the global lock: withdraw /
+      // release it, sticky grant included (rule 1: the request word is
+      // multi-writer -> NT).
+      d.write_nt<__u64>(&slot->request, request_word(e.ticket, CXLKV_SLOT_IDLE));
+      d.fence();  // rule 3
+    }
+    log().warn("{}: previous holder pid {} died ({}); global slot released, lock recovered", lock_name(n, id),
+               e.holder_pid,
+               e.phase == LockPhase::held ? "holding" : e.phase == LockPhase::requested ? "waiting" : "idle");
+    e.phase = LockPhase::idle;
+    sync::robust_mutex_consistent(&e.mu);
+  }
+  if (e.phase == LockPhase::orphaned) {
+    // A holder of this node died in its critical section and the node's
+    // watcher released the global slot for it (sync/watcher.cpp).
+    how = Acquired::recovered;
+    e.phase = LockPhase::idle;
+  }
+  return how;
+}
+
+// Write a new request of this process for lock `id` (its node-local mutex
+// held, not kept): the next ticket, the owner and the set link (prev_lock,
+// prev_ticket: uapi "Lock sets"; 0 for a single lock), then WAITING.  No
+// doorbell (the caller posts it).  Returns the ticket.
+uint64_t post_request(NodeContext& n, uint32_t id, uint32_t prev_lock, uint64_t prev_ticket) {
+  MemoryDomain& d = n.domain();
+  LocalLockEntry& e = n.local().locks[id];
+  cxlkv_lock_slot* slot = n.control().slot(id, n.node());
+  const uint32_t me = self_pid();
+  const cxlkv_lock_slot cur = d.read_fresh(slot);  // rule 4
+  if (e.ticket == 0) {
+    // First use since the node-local memory was created: continue from the
+    // ticket in the pool so a ticket is never reused.
+    e.ticket = cur.request >> CXLKV_SLOT_TICKET_SHIFT;
+  }
+  const uint64_t ticket = ++e.ticket;
+  __atomic_store_n(&e.revoke, 0u, __ATOMIC_RELEASE);  // a revocation named an older ticket
+  e.phase = LockPhase::requested;  // before the pool write: a crash after it is recovered
+  bool wrote = false;
+  if (e.holder_pid != me || cur.owner_pid != me) {
+    write_owner(d, slot, me);
+    wrote = true;
+  }
+  if (cur.prev_lock != prev_lock || (prev_lock && cur.prev_ticket != prev_ticket)) {
+    d.write_nt<__u32>(&slot->prev_lock, prev_lock);        // rule 1: the slot line is NT-only
+    d.write_nt<__u64>(&slot->prev_ticket, prev_ticket);
+    wrote = true;
+  }
+  if (wrote) d.fence();  // rule 3: owner and set link are in memory before the request that they qualify
+  e.holder_pid = me;
+  d.write_nt<__u64>(&slot->request, request_word(ticket, CXLKV_SLOT_WAITING));  // rule 1
+  return ticket;
+}
 
 }  // namespace
 
@@ -164,38 +249,10 @@ Result<Acquired> TwoTierLock::acquire(std::chrono::nanoseconds timeout, bool bou
                                 : std::chrono::steady_clock::time_point::max();
 
   // ---- local tier ----
-  auto lr = bounded ? sync::robust_mutex_lock_until(&e.mu, deadline, "node-local lock")
-                    : sync::robust_mutex_lock(&e.mu, "node-local lock");
-  if (!lr) {
-    if (lr.error().code() == -ETIMEDOUT)
-      return Error(-ETIMEDOUT, lock_name(node_, id_) + ": not acquired within the timeout (held on this node by pid " +
-                                   std::to_string(e.holder_pid) + ")");
-    return Error(lr.error().code(), lock_name(node_, id_) + ": " + lr.error().message());
-  }
-  Acquired how = Acquired::clean;
-  if (lr.value() == sync::LockOutcome::owner_died) {
-    how = Acquired::recovered;
-    if (e.phase != LockPhase::idle) {
-      // The dead process requested, held or kept the global lock: withdraw /
-      // release it, sticky grant included (rule 1: the request word is
-      // multi-writer -> NT).
-      d.write_nt<__u64>(&slot->request, request_word(e.ticket, CXLKV_SLOT_IDLE));
-      d.fence();  // rule 3
-    }
-    log().warn("{}: previous holder pid {} died ({}); global slot released, lock recovered",
-               lock_name(node_, id_), e.holder_pid,
-               e.phase == LockPhase::held ? "holding" : e.phase == LockPhase::requested ? "waiting" : "idle");
-    e.phase = LockPhase::idle;
-    sync::robust_mutex_consistent(&e.mu);
-  }
+  auto lr = take_local(node_, id_, deadline, bounded);
+  if (!lr) return lr.error();
+  Acquired how = lr.value();
   const uint32_t me = self_pid();
-
-  if (e.phase == LockPhase::orphaned) {
-    // A holder of this node died in its critical section and the node's
-    // watcher released the global slot for it (sync/watcher.cpp).
-    how = Acquired::recovered;
-    e.phase = LockPhase::idle;
-  }
 
   // ---- sticky fast path: this node kept the grant at its last release ----
   // Node-local memory only: the manager takes a kept grant back only after
@@ -234,22 +291,9 @@ Result<Acquired> TwoTierLock::acquire(std::chrono::nanoseconds timeout, bool bou
       return Error(-ETIMEDOUT, lock_name(node_, id_) + ": not acquired within the timeout: " + o.error().message());
     return Error(o.error().code(), lock_name(node_, id_) + ": " + o.error().message());
   }
-  if (e.ticket == 0) {
-    // First use since the node-local memory was created: continue from the
-    // ticket in the pool so a ticket is never reused (rule 4: fresh read).
-    e.ticket = d.read_fresh(&slot->request) >> CXLKV_SLOT_TICKET_SHIFT;
-  }
-  const uint64_t ticket = ++e.ticket;
-  __atomic_store_n(&e.revoke, 0u, __ATOMIC_RELEASE);  // a revocation named an older ticket
-  e.phase = LockPhase::requested;  // before the pool write: a crash after it is recovered
-  if (e.holder_pid != me || d.read_fresh(&slot->owner_pid) != me) {  // rule 4
-    write_owner(d, slot, me);
-    d.fence();  // rule 3: the owner is in memory before the request that names it
-  }
-  e.holder_pid = me;
-  d.write_nt<__u64>(&slot->request, request_word(ticket, CXLKV_SLOT_WAITING));  // rule 1
+  const uint64_t ticket = post_request(node_, id_, 0, 0);
   d.fence();  // rule 3: the request is in memory before the doorbell points at it
-  ring_doorbell(node_, id_);
+  sync::ring_doorbell(node_, {&id_, 1});
 
   // No spinning: nothing can grant this request before the manager has run
   // a round after our doorbell, so yield at once (where the manager shares
@@ -294,7 +338,7 @@ Result<Acquired> TwoTierLock::acquire(std::chrono::nanoseconds timeout, bool bou
     if ((polls & 63) == 63) {
       const auto t = std::chrono::steady_clock::now();
       if (t - rung >= kReRing) {
-        ring_doorbell(node_, id_);
+        sync::ring_doorbell(node_, {&id_, 1});
         rung = t;
       }
     }
@@ -352,6 +396,128 @@ Result<void> TwoTierLock::unlock() {
   if (!dis) return Error(dis.error().code(), lock_name(node_, id_) + ": released, but " + dis.error().message());
   return {};
 }
+
+// ---- a set of locks asked for together (LockSet; uapi "Lock sets") ----
+
+namespace sync {
+
+// Post `ids` on the doorbell, kMaxHints + 1 per post.
+static void ring_all(NodeContext& n, std::span<const uint32_t> ids) {
+  for (size_t i = 0; i < ids.size(); i += kMaxHints + 1)
+    ring_doorbell(n, ids.subspan(i, std::min<size_t>(kMaxHints + 1, ids.size() - i)));
+}
+
+Result<Acquired> acquire_set(NodeContext& n, std::span<const uint32_t> want,
+                             std::chrono::steady_clock::time_point deadline, bool bounded,
+                             std::vector<uint32_t>& held) {
+  MemoryDomain& d = n.domain();
+  const ControlCarve& c = n.control();
+  const uint32_t me = self_pid();
+  Acquired how = Acquired::clean;
+  std::vector<uint32_t> ids;      // the locks asked for, ascending (after the kept prefix)
+  std::vector<uint64_t> tickets;  // their tickets
+  size_t entered = 0;             // ids[0 .. entered) are held (in `held` too)
+  // Give up: withdraw every request not yet granted and seen -- the same
+  // word as a release, so a grant racing with us reads as released at once
+  // (rule 1: NT; rule 3: fence) -- and leave their node-local mutexes; the
+  // caller releases `held`.
+  auto withdraw = [&](Error err) -> Error {
+    for (size_t k = entered; k < ids.size(); k++)
+      d.write_nt<__u64>(&c.slot(ids[k], n.node())->request, request_word(tickets[k], CXLKV_SLOT_IDLE));
+    d.fence();  // rule 3
+    for (size_t k = entered; k < ids.size(); k++) {
+      LocalLockEntry& e = n.local().locks[ids[k]];
+      e.phase = LockPhase::idle;
+      sync::robust_mutex_unlock(&e.mu);
+    }
+    if (entered < ids.size()) wake_manager(n.local().hdr);
+    return err;
+  };
+
+  // ---- local tier, ascending; kept grants before the first lock to ask for are entered at once ----
+  for (uint32_t id : want) {
+    auto lr = take_local(n, id, deadline, bounded);
+    if (!lr) return withdraw(lr.error());
+    if (lr.value() == Acquired::recovered) how = Acquired::recovered;
+    LocalLockEntry& e = n.local().locks[id];
+    if (ids.empty() && e.phase == LockPhase::cached && __atomic_load_n(&e.revoke, __ATOMIC_ACQUIRE) == 0) {
+      // The sticky fast path (TwoTierLock::acquire): still this node's grant.
+      if (e.holder_pid != me) {
+        write_owner(d, c.slot(id, n.node()), me);  // rule 1: NT
+        d.fence();                                 // rule 3
+        e.holder_pid = me;
+      }
+      e.phase = LockPhase::held;
+      held.push_back(id);
+      continue;
+    }
+    // Ask for it, linked to the set's previous request.  A grant this node
+    // keeps (cached; revoked or, past the first request, not) is asked for
+    // anew: the newer ticket is its release (the revocation's answer) and a
+    // request at once, so the set never uses a kept higher lock while it
+    // waits for a lower one.
+    const uint32_t prev = ids.empty() ? 0 : ids.back() + 1;
+    const uint64_t prev_ticket = ids.empty() ? 0 : tickets.back();
+    tickets.push_back(post_request(n, id, prev, prev_ticket));
+    ids.push_back(id);
+  }
+  if (ids.empty()) return how;  // every lock was kept
+  d.fence();  // rule 3: the requests are in memory before the doorbell names them
+  ring_all(n, ids);
+
+  // ---- wait for the grants, which come in ascending order: one sweep of
+  // the grant lines still awaited per poll (rule 4), the same back-off and
+  // wake-ups as TwoTierLock::acquire's poll loop (one sleep for the set). ----
+  NodeLocalHeader* h = n.local().hdr;
+  bool counted = false;
+  struct Uncount {
+    NodeLocalHeader* h;
+    bool* counted;
+    ~Uncount() {
+      if (*counted) __atomic_fetch_sub(&h->grant_sleepers, 1u, __ATOMIC_SEQ_CST);
+    }
+  } uncount{h, &counted};
+  sync::Backoff backoff(kSpinPolls, kYieldPolls, kMaxSleep);
+  auto rung = std::chrono::steady_clock::now();
+  for (uint64_t polls = 0;; polls++) {
+    if (!counted && backoff.sleeping()) {
+      __atomic_fetch_add(&h->grant_sleepers, 1u, __ATOMIC_SEQ_CST);
+      counted = true;
+    }
+    const uint32_t woke = __atomic_load_n(&h->grant_wake, __ATOMIC_SEQ_CST);
+    // rule 4 (+ rule 1: grant lines are written whole with NT stores only).
+    if (!sync::testing::break_set_grant_invalidate())
+      for (size_t k = entered; k < ids.size(); k++) d.invalidate_clean(c.grant(ids[k]), sizeof(cxlkv_lock_grant));
+    d.fence();  // rule 4: every invalidation completes before the loads below
+    while (entered < ids.size()) {
+      const cxlkv_lock_grant g = d.read(c.grant(ids[entered]));  // invalidated above
+      if (g.node != n.node() || g.ticket != tickets[entered]) break;
+      LocalLockEntry& e = n.local().locks[ids[entered]];
+      e.grant_flags = g.flags;
+      sync::testing::grant_seen_hook(ids[entered]);
+      e.phase = LockPhase::held;
+      held.push_back(ids[entered]);
+      entered++;
+    }
+    if (entered == ids.size()) return how;
+    // Ring again now and then (TwoTierLock::acquire says why).
+    if ((polls & 63) == 63) {
+      const auto t = std::chrono::steady_clock::now();
+      if (t - rung >= kReRing) {
+        ring_all(n, std::span(ids).subspan(entered));
+        rung = t;
+      }
+    }
+    if (bounded && (polls & 15) == 15 && std::chrono::steady_clock::now() >= deadline) {
+      const uint32_t id = ids[entered];
+      const std::string why = describe_lock(n, id);
+      return withdraw(Error(-ETIMEDOUT, lock_name(n, id) + ": not granted within the timeout: " + why));
+    }
+    backoff.idle(&h->grant_wake, woke);
+  }
+}
+
+}  // namespace sync
 
 // ---- LockGuard ----
 
