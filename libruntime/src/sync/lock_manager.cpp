@@ -415,6 +415,13 @@ Result<bool> LockManager::run_once() {
         const cxlkv_lock_slot sl = d.read_fresh(ctrl_.slot(l, n));  // rule 4: grant only a live request
         const uint64_t req = sl.request;
         if ((req & CXLKV_SLOT_STATE_MASK) != CXLKV_SLOT_WAITING) continue;
+        // Liveness first: a dead waiter is dropped, also one that is not yet
+        // eligible (kept as a waiter, it would keep the lock contended and
+        // revoke every grant of it for ever).
+        if (!owner_alive(n, sl)) {
+          s.dead_waiters.fetch_add(1, std::memory_order_relaxed);
+          continue;
+        }
         // A set's request: only once the node holds the set's previous lock
         // with the very request that links to it (uapi "Lock sets").  A link
         // that does not point below this lock is not one our runtime writes:
@@ -425,10 +432,6 @@ Result<bool> LockManager::run_once() {
             later |= 1ull << n;
             continue;
           }
-        }
-        if (!owner_alive(n, sl)) {
-          s.dead_waiters.fetch_add(1, std::memory_order_relaxed);
-          continue;
         }
         ++L.grants;
         // Others still waiting: tell the holder not to keep the grant.
