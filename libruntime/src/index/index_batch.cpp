@@ -14,6 +14,7 @@
 
 #include "index/index_internal.hpp"
 #include "index/lock_set.hpp"
+#include "index/node_pins.hpp"
 #include "index/prefix_index.hpp"
 #include "util/log.hpp"
 
@@ -591,11 +592,17 @@ Result<size_t> PrefixIndex::pin_many(std::span<const BlockKey> keys, std::span<P
   LockSet ls(*this);
   CXLKV_TRY(ls.acquire(stripes, lines));
   const uint32_t now = now_ms();
-  // This process's pin counts: one mutex acquisition for the batch, after
-  // the entry writes (a lock is a locked instruction, which would wait for
-  // the pending NT entry writes once per block).
-  std::vector<uint32_t> pinned;
-  pinned.reserve(todo.size());
+  struct Cand {
+    size_t i;
+    uint32_t slot;
+    cxlkv_index_entry e;
+    bool ok;
+  };
+  // Scratch of this thread's calls (no allocation per call once warm).
+  static thread_local std::vector<Cand> cand;
+  static thread_local std::vector<uint32_t> firsts;
+  static thread_local std::vector<uint8_t> ok;
+  cand.clear();
   for (size_t i : todo) {
     cxlkv_index_entry e;
     uint32_t slot = probe(keys[i], &e, nullptr);
@@ -605,17 +612,53 @@ Result<size_t> PrefixIndex::pin_many(std::span<const BlockKey> keys, std::span<P
       block_error(-EIO, own.error().message());
       continue;
     }
+    cand.push_back(Cand{i, slot, e, true});
+  }
+  if (cand.empty()) return good;
+  {
+    // This index's pin counts: one mutex acquisition for the batch, before
+    // the entry writes (a lock is a locked instruction, which would wait for
+    // pending NT entry writes).  The counts go up before the node's bit is
+    // written: both happen under the stripe lock, which every process of
+    // this node needs to unpin the slot or evict it, and this process's
+    // fast path shares a pin only once it reads the bit set.  A first pin
+    // of a slot by this index is recorded in the node's pin table too
+    // (node_pins.hpp), so that another process's last unpin keeps the bit.
+    std::lock_guard<std::mutex> lk(pin_mu_);
+    if (node_pins_) {
+      firsts.clear();
+      for (const Cand& c : cand) {
+        auto it = local_pins_.find(c.slot);
+        if (it != local_pins_.end() && it->second > 0) continue;
+        if (std::find(firsts.begin(), firsts.end(), c.slot) == firsts.end()) firsts.push_back(c.slot);
+      }
+      if (!firsts.empty()) {
+        ok.assign(firsts.size(), 1);
+        node_pins_->add(firsts, ok.data());
+        for (size_t f = 0; f < firsts.size(); f++)
+          if (!ok[f])
+            for (Cand& c : cand)
+              if (c.slot == firsts[f]) c.ok = false;
+      }
+    }
+    for (const Cand& c : cand)
+      if (c.ok) local_pins_[c.slot]++;
+  }
+  for (Cand& c : cand) {
+    const size_t i = c.i;
+    if (!c.ok) {
+      status[i] = -ENOSPC;
+      block_error(-ENOSPC, "index: pin of block " + to_hex(keys[i]) + ": " + node_pins_->what() + " is full (" +
+                               std::to_string(NodePins::kMaxSlots) + " blocks pinned by this node's processes)");
+      continue;
+    }
+    cxlkv_index_entry& e = c.e;
     e.pin_mask |= 1ULL << node_;
     e.lru_ms = now;  // recency: the evictor gives this leaf a second chance
-    write_entry(slot, e, false);
-    pinned.push_back(slot);
-    out[i] = PinnedBlock{slot, loc_of(e), e.version};
+    write_entry(c.slot, e, false);  // rule 1/3: NT line; fenced at release (lock_set.hpp)
+    out[i] = PinnedBlock{c.slot, loc_of(e), e.version};
     status[i] = kBlockReserved;
     good++;
-  }
-  if (!pinned.empty()) {
-    std::lock_guard<std::mutex> lk(pin_mu_);
-    for (uint32_t slot : pinned) local_pins_[slot]++;
   }
   return good;
 }
@@ -655,17 +698,46 @@ Result<size_t> PrefixIndex::unpin_many(std::span<const uint32_t> slots, std::spa
   }
   LockSet ls(*this);
   CXLKV_TRY(ls.acquire(stripes, lines));
-  for (size_t i : todo) {
+  // Under the stripe locks: which of these slots does the node still pin?
+  // Not those this index pinned again meanwhile (its count went up under
+  // the lock after ours went to zero), nor those another index of the node
+  // pins (node_pins.hpp).
+  static thread_local std::vector<uint8_t> clear, node_free;  // this thread's scratch
+  static thread_local std::vector<uint32_t> last;
+  static thread_local std::vector<size_t> last_at;
+  clear.assign(todo.size(), 1);
+  {
+    std::lock_guard<std::mutex> lk(pin_mu_);
+    last.clear();
+    last_at.clear();
+    for (size_t t = 0; t < todo.size(); t++) {
+      auto it = local_pins_.find(slots[todo[t]]);
+      if (it != local_pins_.end() && it->second > 0) {
+        clear[t] = 0;
+        continue;
+      }
+      last.push_back(slots[todo[t]]);
+      last_at.push_back(t);
+    }
+    if (node_pins_ && !last.empty()) {
+      node_free.assign(last.size(), 0);
+      node_pins_->remove(last, node_free.data());
+      for (size_t k = 0; k < last.size(); k++) clear[last_at[k]] = node_free[k];
+    }
+  }
+  for (size_t t = 0; t < todo.size(); t++) {
+    const size_t i = todo[t];
     cxlkv_index_entry e = read_entry(slots[i]);
     if (e.key_lo != keys[i].lo || e.key_hi != keys[i].hi) {
       status[i] = -ESTALE;
       block_error(-ESTALE, "index: unpin of block " + to_hex(keys[i]) + ": slot now holds another block");
       continue;
     }
-    e.pin_mask &= ~(1ULL << node_);
-    write_entry(slots[i], e, false);
     status[i] = kBlockReserved;
     good++;
+    if (!clear[t]) continue;  // the node still pins it
+    e.pin_mask &= ~(1ULL << node_);
+    write_entry(slots[i], e, false);  // rule 1/3: NT line; fenced at release (lock_set.hpp)
   }
   return good;
 }

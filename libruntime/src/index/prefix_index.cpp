@@ -5,10 +5,12 @@
 // index_lease.cpp.  The rules all of them follow are in prefix_index.hpp.
 #include "index/prefix_index.hpp"
 
+#include <algorithm>
 #include <string>
 
 #include "index/index_internal.hpp"
 #include "index/lock_set.hpp"
+#include "index/node_pins.hpp"
 #include "util/log.hpp"
 
 namespace cxlkv {
@@ -146,6 +148,7 @@ Result<bool> PrefixIndex::relocate(uint32_t slot, const BlockKey& key, const Blo
   std::lock_guard<std::mutex> lk(pin_mu_);
   auto it = local_pins_.find(slot);
   if (e.pin_mask != (1ULL << node_) || it == local_pins_.end() || it->second != 1) return false;
+  if (node_pins_ && node_pins_->pinned_by_others(slot)) return false;  // another process of this node reads it
   if (to.tier == CXLKV_TIER_MEM && over_capacity(&ls, 1, to.length))
     return false;  // would exceed the pool-wide memory capacity
   e.loc_off = to.offset;
@@ -181,7 +184,14 @@ Result<bool> PrefixIndex::drop_damaged(uint32_t slot, const BlockKey& key, const
     pins_live(e, &changed);
     const uint64_t others = e.pin_mask & ~(1ULL << node_);
     if (others != 0 || (it != local_pins_.end() && it->second > 1)) return false;  // someone else reads it
-    if (it != local_pins_.end()) local_pins_.erase(it);
+    if (node_pins_ && node_pins_->pinned_by_others(slot)) return false;  // another process of this node reads it
+    if (it != local_pins_.end()) {
+      local_pins_.erase(it);
+      if (node_pins_) {
+        uint8_t node_free = 0;
+        node_pins_->remove({&slot, 1}, &node_free);
+      }
+    }
     remove_locked(ls, slot, e, /*reclaim=*/false, &parents);
   }
   CXLKV_TRY(drop_children(parents));
@@ -190,6 +200,8 @@ Result<bool> PrefixIndex::drop_damaged(uint32_t slot, const BlockKey& key, const
 
 Result<uint64_t> PrefixIndex::reclaim_dead() {
   uint64_t n = 0;
+  if (auto r = reclaim_node_pins(); r) n += r.value();
+  else log().warn("index: node {}: reclaiming gone processes' pins: {}", node_, r.error().message());
   // Leaves first; a dead writer's chain unwinds over repeated passes.
   for (int pass = 0; pass < 64; pass++) {
     uint64_t this_pass = 0;
@@ -220,6 +232,58 @@ Result<uint64_t> PrefixIndex::reclaim_dead() {
     if (this_pass == 0) break;
   }
   return n;
+}
+
+// ---- pins of this node's processes (node_pins.hpp) ----------------------------
+
+PrefixIndex::PrefixIndex() = default;
+PrefixIndex::~PrefixIndex() = default;  // node_pins_ gives its record back (node_pins.hpp)
+
+Result<void> PrefixIndex::set_node_pins(std::unique_ptr<NodePins> pins) {
+  {
+    std::lock_guard<std::mutex> lk(pin_mu_);
+    if (!local_pins_.empty())
+      return Error(-EBUSY, "index: node pins set while this index holds pins");
+    node_pins_ = std::move(pins);
+  }
+  if (auto r = reclaim_node_pins(); !r)
+    log().warn("index: node {}: reclaiming gone processes' pins: {}", node_, r.error().message());
+  return {};
+}
+
+Result<uint64_t> PrefixIndex::reclaim_node_pins() {
+  if (!node_pins_) return uint64_t{0};
+  uint64_t cleared = 0;
+  for (const NodePins::Gone& g : node_pins_->gone()) {
+    // Stripe by stripe: the record's pins of a slot go under the slot's
+    // stripe lock, as every change of the node's pins of it does.
+    std::vector<uint32_t> slots = g.slots;
+    std::sort(slots.begin(), slots.end());
+    for (size_t a = 0; a < slots.size();) {
+      const uint32_t s = slots[a] / hdr_.stripe_slots;
+      size_t b = a;
+      while (b < slots.size() && slots[b] / hdr_.stripe_slots == s) b++;
+      std::span<const uint32_t> these(slots.data() + a, b - a);
+      a = b;
+      if (s >= hdr_.nstripes) continue;
+      LockSet ls(*this);
+      CXLKV_TRY(ls.acquire({s}, these));
+      std::vector<uint8_t> node_free(these.size(), 0);
+      node_pins_->drop(g, these, node_free.data());
+      for (size_t k = 0; k < these.size(); k++) {
+        if (!node_free[k]) continue;  // a live index of this node still pins it
+        cxlkv_index_entry e = read_entry(these[k]);
+        if (!(e.pin_mask >> node_ & 1)) continue;
+        e.pin_mask &= ~(1ULL << node_);
+        write_entry(these[k], e, false);  // rule 1/3: NT line; fenced at release (lock_set.hpp)
+        cleared++;
+      }
+    }
+    if (node_pins_->forget(g))
+      log().info("index: node {}: dropped the pins of {} slot(s) held by gone process {} ({})", node_, g.slots.size(),
+                 g.pid, node_pins_->what());
+  }
+  return cleared;
 }
 
 // ---- inspection ----------------------------------------------------------------

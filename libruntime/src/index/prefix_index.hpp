@@ -16,6 +16,12 @@
 //  * Crash safety: WRITING entries carry owner node + incarnation and pins are
 //    a per-node bit mask; entries of nodes that NodeLiveness reports dead are
 //    reclaimed / unpinned by whoever meets them, so nothing stays blocked.
+//  * Pins of one node's processes (node_pins.hpp): each index counts its own
+//    pins of a slot (local_pins_); with node pins set (KV sessions: the
+//    node-local pin section), the node's bit is cleared only when no index
+//    of the node pins the slot, and a dead process's pins are dropped by the
+//    node's live ones (reclaim_node_pins).  Without them (tests' simulated
+//    nodes) the index is its node's only pinner, as before.
 //  * Lock order: a call takes the stripe locks it needs once, all together,
 //    in ascending stripe order (LockSet), and takes no other lock while it
 //    holds them; a call needing a lock it does not hold (a parent's
@@ -32,6 +38,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <mutex>
 #include <span>
@@ -226,6 +233,8 @@ struct IndexUsage {
   uint64_t by_state[5] = {};
 };
 
+class NodePins;  // index/node_pins.hpp
+
 namespace index_detail {
 class LockSet;  // index/lock_set.hpp (not the sync layer's cxlkv::LockSet)
 }
@@ -239,6 +248,7 @@ class PrefixIndex {
                                                      StripeLocks& locks, NodeLiveness& live,
                                                      PayloadSpace& space);
 
+  ~PrefixIndex();
   const cxlkv_index_header& header() const { return hdr_; }
   const cxlkv_index_config& config() const { return cfg_; }
   uint32_t node() const { return node_; }
@@ -268,7 +278,9 @@ class PrefixIndex {
   Result<void> publish(uint32_t slot, const BlockKey& key);
   // Give up a reservation: frees payload, no visible block remains.
   Result<void> abort(uint32_t slot, const BlockKey& key);
-  // Pin a READY block for reading (this node's bit; counted per process).
+  // Pin a READY block for reading (this node's bit; counted per index, and
+  // with node pins across the node's processes: the bit goes with the
+  // node's last pin).
   // -ENOENT if it is not READY (evicted meanwhile).
   Result<BlockLocation> pin(const BlockKey& key, uint32_t* slot_out = nullptr);
   Result<void> unpin(uint32_t slot, const BlockKey& key);
@@ -277,8 +289,19 @@ class PrefixIndex {
   Result<bool> evict_one(uint32_t stripe);
   // Evict the pool-wide least recently used evictable leaf; false if none.
   Result<bool> evict_any();
-  // Remove every entry left by dead writers and every dead node's pin bit.
+  // Remove every entry left by dead writers and every dead node's pin bit
+  // (and, with node pins, the pins of this node's gone processes).
   Result<uint64_t> reclaim_dead();
+  // ---- pins of this node's processes (node_pins.hpp) -------------------------
+  // From now on this index's pins are counted with the other processes' of
+  // its node in `pins` (its record; the index owns it and gives it back when
+  // it goes).  Call before the first pin.  Reclaims gone processes' pins once.
+  Result<void> set_node_pins(std::unique_ptr<NodePins> pins);
+  NodePins* node_pins() const { return node_pins_.get(); }
+  // Drop the pins of this node's processes that are gone (killed, or their
+  // store closed with pins left): each slot no live index of the node pins
+  // any more loses the node's bit.  Returns the bits cleared.
+  Result<uint64_t> reclaim_node_pins();
   // Drop one READY block on an operator's request (cxlkvctl kv rm; in
   // index_remove.cpp): -ENOENT not cached, -ENOTEMPTY it has cached children
   // (prefix closure: remove them first), -EBUSY a live node pins or leases it.
@@ -382,7 +405,7 @@ class PrefixIndex {
  private:
   friend class index_detail::LockSet;
   using LockSet = index_detail::LockSet;
-  PrefixIndex() = default;
+  PrefixIndex();  // out of line (node_pins_ is of an incomplete type here)
   cxlkv_index_entry* slot_ptr(uint32_t slot) const;
   cxlkv_index_stripe* stripe_ptr(uint32_t stripe) const;
   cxlkv_index_ext* ext_ptr(uint32_t slot) const;
@@ -508,7 +531,8 @@ class PrefixIndex {
   IndexCounters ctr_;
   DemotionTarget* demotion_ = nullptr;  // issue 6
   std::mutex pin_mu_;
-  std::unordered_map<uint32_t, uint32_t> local_pins_;  // slot -> pins held by this process
+  std::unordered_map<uint32_t, uint32_t> local_pins_;  // slot -> pins held by this index
+  std::unique_ptr<NodePins> node_pins_;  // the node's pins by process (nullptr: this index is its node's only pinner)
   std::atomic<uint32_t> evict_hand_{0};
   std::vector<uint32_t> stripe_hands_;  // fallback scan: where the next window of a stripe starts
 };

@@ -24,9 +24,11 @@
 #include "cxlkv/kv.hpp"
 #include "cxlkv/sync.hpp"
 #include "index/index_check.hpp"
+#include "index/node_pins.hpp"
 #include "index/prefix_index.hpp"
 #include "kv/kv_index_backend.hpp"
 #include "rpc/index_service.hpp"
+#include "sync/node_local.hpp"
 #include "util/lock_timeout.hpp"
 #include "util/log.hpp"
 
@@ -282,15 +284,26 @@ class HeapSpace final : public PayloadSpace {
   std::unique_ptr<std::atomic<uint8_t>[]> stalled_;
 };
 
-// The session's drainer thread (see kDrainPeriod).
+// The session's drainer thread (see kDrainPeriod).  It also drops, every
+// kPinReclaimPeriod, the pins of this node's processes that are gone
+// (index/node_pins.hpp): a killed process's pins stop protecting its
+// blocks while its node's other processes keep theirs.
+constexpr std::chrono::milliseconds kPinReclaimPeriod{200};
+
 class Drainer {
  public:
-  Drainer(NodeHeap& heap, std::chrono::milliseconds period)
-      : thread_([this, &heap, period] {
+  Drainer(NodeHeap& heap, std::chrono::milliseconds period, PrefixIndex* index)
+      : thread_([this, &heap, period, index] {
           pthread_setname_np(pthread_self(), "cxlkv-drainer");
           std::unique_lock<std::mutex> lk(mu_);
+          auto next_pins = std::chrono::steady_clock::now();
           while (!cv_.wait_for(lk, period, [this] { return stop_; })) {
             lk.unlock();
+            if (index && std::chrono::steady_clock::now() >= next_pins) {
+              next_pins = std::chrono::steady_clock::now() + kPinReclaimPeriod;
+              if (auto r = index->reclaim_node_pins(); !r)
+                log().debug("kv: dropping gone processes' pins: {}", r.error().message());
+            }
             auto r = heap.drain_if_posted(std::chrono::milliseconds(100));  // bounded: the session can close
             if (!r) log().debug("kv: draining remote frees: {}", r.error().message());
             // Frees deferred for a lock out of reach (alloc/node_heap.cpp), once it comes.
@@ -400,7 +413,13 @@ Result<std::unique_ptr<KvSession>> open_kv_session(Region& pool, NodeContext& no
   auto kv = KvStore::create(std::move(deps));
   if (!kv) return kv.error();
   s->store_ = std::move(kv.value());
-  if (auto period = drain_period(); period.count()) s->drainer = std::make_unique<Drainer>(*s->heap, period);
+  // The node's pins are counted across its processes (index/node_pins.hpp).
+  auto pins = NodePins::open(node.local().pins, "node " + std::to_string(node.node()) + "'s pin table (/dev/shm/" +
+                                                    node.local_shm_name() + ")");
+  if (!pins) return pins.error();
+  CXLKV_TRY(s->store_->index().set_node_pins(std::move(pins.value())));
+  if (auto period = drain_period(); period.count())
+    s->drainer = std::make_unique<Drainer>(*s->heap, period, &s->store_->index());
   return std::unique_ptr<KvSession>(std::move(s));
 }
 

@@ -38,7 +38,8 @@ Result<NodeLocal*> NodeLocal::open(const std::string& name, uint32_t node,
                                    uint32_t max_nodes, uint64_t heap_bytes) {
   const uint64_t locks_off = align_up(sizeof(NodeLocalHeader), 4096);
   const uint64_t heap_off = align_up(locks_off + uint64_t(max_locks) * sizeof(LocalLockEntry), 4096);
-  const uint64_t total = align_up(heap_off + heap_bytes, 4096);
+  const uint64_t pins_off = align_up(heap_off + heap_bytes, 4096);
+  const uint64_t total = pins_off + kNodePinSectionBytes;
 
   Fd f;
   {
@@ -79,6 +80,7 @@ Result<NodeLocal*> NodeLocal::open(const std::string& name, uint32_t node,
   nl->locks = reinterpret_cast<LocalLockEntry*>(static_cast<std::byte*>(p) + locks_off);
   nl->heap = static_cast<std::byte*>(p) + heap_off;
   nl->heap_bytes = heap_bytes;
+  nl->pins = static_cast<std::byte*>(p) + pins_off;
   nl->map_len = total;
   nl->name = name;
   if (fresh) {
@@ -100,6 +102,7 @@ Result<NodeLocal*> NodeLocal::open(const std::string& name, uint32_t node,
       new (&nl->locks[i]) LocalLockEntry{};
       sync::robust_mutex_init(&nl->locks[i].mu);
     }
+    sync::robust_mutex_init(&reinterpret_cast<NodePinSectionHead*>(nl->pins)->mu);  // the rest stays zero
     __atomic_store_n(&h->magic, kNodeLocalMagic, __ATOMIC_RELEASE);  // valid from here on
   }
   ::flock(f.fd, LOCK_UN);

@@ -8,6 +8,9 @@
 //                     futex words a manager on this host wakes
 //   LocalLockEntry    [max_locks]: the local tier of every lock
 //   heap area         NodeHeap's free-list state (alloc/node_heap.cpp)
+//   pin section       the node's pins by process (index/node_pins.cpp): a
+//                     robust mutex (initialised here), then the index
+//                     layer's tables (zero until its first use)
 //
 // All mutexes are process-shared and robust.  The file is created and
 // initialised under flock(), so racing processes of one node agree.
@@ -94,6 +97,13 @@ struct alignas(64) NodeLocalHeader {
 
 static_assert(sizeof(NodeLocalHeader) <= 4096, "a lock manager maps the first page (sync/watcher.hpp)");
 
+// The pin section (index/node_pins.hpp): node-wide pin counts of the index,
+// by process.  Only its mutex is this file's business.
+struct alignas(64) NodePinSectionHead {
+  pthread_mutex_t mu;
+};
+constexpr uint64_t kNodePinSectionBytes = (uint64_t(4) << 20) + 4096;
+
 struct NodeLocal {
   static Result<NodeLocal*> open(const std::string& name, uint32_t node, const uint8_t pool_id[16],
                                  uint32_t max_locks, uint32_t max_nodes, uint64_t heap_bytes);
@@ -102,6 +112,7 @@ struct NodeLocal {
   LocalLockEntry* locks = nullptr;
   std::byte* heap = nullptr;
   uint64_t heap_bytes = 0;
+  std::byte* pins = nullptr;  // kNodePinSectionBytes, starts with NodePinSectionHead
   size_t map_len = 0;
   std::string name;
 };
