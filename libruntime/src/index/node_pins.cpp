@@ -41,9 +41,9 @@ struct PinRecord {  // kRecords of them at +128
 
 struct Bucket {
   uint32_t slot1;  // slot + 1; 0 empty; kTomb removed
-  uint32_t pad;
-  uint64_t procs;  // records that pin the slot
+  uint32_t procs;  // records that pin the slot (bit r: record r)
 };
+static_assert(sizeof(Bucket) == 8);
 
 constexpr uint64_t kHeaderOff = 64, kRecordsOff = 128, kTablesOff = 4096;
 static_assert(sizeof(NodePinSectionHead) <= kHeaderOff);
@@ -51,7 +51,7 @@ static_assert(kHeaderOff + sizeof(PinHeader) <= kRecordsOff);
 static_assert(kRecordsOff + NodePins::kRecords * sizeof(PinRecord) <= kTablesOff);
 static_assert(kTablesOff + 2ull * NodePins::kBuckets * sizeof(Bucket) <= kNodePinSectionBytes,
               "the pin section of sync/node_local.hpp holds the two tables");
-static_assert(NodePins::kRecords <= 64, "a slot's set is one 64-bit word");
+static_assert(NodePins::kRecords <= 32, "a slot's set is one 32-bit word");
 
 struct View {
   std::byte* sec;
@@ -135,7 +135,7 @@ void rebuild(const View& v) {
   h.tombs = 0;
 }
 
-void clear_bit(const View& v, Bucket* k, uint64_t bit, uint8_t* node_free) {
+void clear_bit(const View& v, Bucket* k, uint32_t bit, uint8_t* node_free) {
   *node_free = 0;
   if (!k) {
     *node_free = 1;  // nobody pins it (defensive: the caller's bit was not recorded)
@@ -180,7 +180,7 @@ NodePins::~NodePins() {
   // A forked child that inherited the index is not the record's owner: the
   // record stays its parent's.
   if (v.rec(rec_).pid != self_pid() || v.rec(rec_).state != kLive) return;
-  const uint64_t bit = 1ull << rec_;
+  const uint32_t bit = 1u << rec_;
   const Bucket* t = v.live();
   bool holds = false;
   for (uint32_t b = 0; b < kBuckets && !holds; b++) holds = t[b].slot1 && t[b].slot1 != kTomb && (t[b].procs & bit);
@@ -192,7 +192,7 @@ NodePins::~NodePins() {
 void NodePins::add(std::span<const uint32_t> slots, uint8_t* ok) {
   View v{sec_};
   Locked lk(v);
-  const uint64_t bit = 1ull << rec_;
+  const uint32_t bit = 1u << rec_;
   for (size_t i = 0; i < slots.size(); i++) {
     PinHeader& h = v.h();
     Bucket* at = nullptr;
@@ -221,14 +221,14 @@ void NodePins::add(std::span<const uint32_t> slots, uint8_t* ok) {
 void NodePins::remove(std::span<const uint32_t> slots, uint8_t* node_free) {
   View v{sec_};
   Locked lk(v);
-  for (size_t i = 0; i < slots.size(); i++) clear_bit(v, find(v.live(), slots[i], nullptr), 1ull << rec_, &node_free[i]);
+  for (size_t i = 0; i < slots.size(); i++) clear_bit(v, find(v.live(), slots[i], nullptr), 1u << rec_, &node_free[i]);
 }
 
 bool NodePins::pinned_by_others(uint32_t slot) {
   View v{sec_};
   Locked lk(v);
   const Bucket* k = find(v.live(), slot, nullptr);
-  return k && (k->procs & ~(1ull << rec_)) != 0;
+  return k && (k->procs & ~(1u << rec_)) != 0;
 }
 
 std::vector<NodePins::Gone> NodePins::gone() {
@@ -246,9 +246,9 @@ std::vector<NodePins::Gone> NodePins::gone() {
     }
   }
   // Liveness outside the mutex (each is a /proc read).
-  uint64_t mask = 0;
+  uint32_t mask = 0;
   for (const Seen& s : seen)
-    if (s.state == kClosed || !process_alive(s.pid, s.start)) mask |= 1ull << s.r;
+    if (s.state == kClosed || !process_alive(s.pid, s.start)) mask |= 1u << s.r;
   std::vector<Gone> out;
   if (!mask) return out;
   Locked lk(v);
@@ -256,7 +256,7 @@ std::vector<NodePins::Gone> NodePins::gone() {
     const PinRecord& pr = v.rec(s.r);
     if (!(mask >> s.r & 1)) continue;
     if (pr.token != s.token || pr.state == kFree) {  // freed (and maybe claimed again) meanwhile
-      mask &= ~(1ull << s.r);
+      mask &= ~(1u << s.r);
       continue;
     }
     out.push_back(Gone{s.r, s.pid, s.token, {}});
@@ -287,7 +287,7 @@ void NodePins::drop(const Gone& g, std::span<const uint32_t> slots, uint8_t* nod
     if (!ours) continue;
     Bucket* k = find(v.live(), slots[i], nullptr);
     if (!k || !(k->procs >> record & 1)) continue;  // dropped already (another reclaimer)
-    clear_bit(v, k, 1ull << record, &node_free[i]);
+    clear_bit(v, k, 1u << record, &node_free[i]);
   }
 }
 

@@ -48,9 +48,12 @@ namespace cxlkv {
 
 class NodePins {
  public:
-  static constexpr uint32_t kRecords = 64;           // one bit each in a slot's set
-  static constexpr uint32_t kBuckets = 1u << 17;     // per table (two: live + spare)
-  static constexpr uint32_t kMaxSlots = kBuckets / 2;  // distinct slots the node may pin at once
+  // Sized so that the whole node-local file stays under 1 MiB (a process
+  // under a small RLIMIT_FSIZE still attaches): 8-byte buckets (one 32-bit
+  // set per slot), two tables of 256 KiB, at most 5/8 of a table in use.
+  static constexpr uint32_t kRecords = 32;                 // one bit each in a slot's set
+  static constexpr uint32_t kBuckets = 1u << 15;           // per table (two: live + spare)
+  static constexpr uint32_t kMaxSlots = kBuckets / 8 * 5;  // distinct slots the node may pin at once
 
   // Claim a record in the pin section `section` (NodeLocal::pins) for one
   // index.  -EUSERS when all kRecords are held (by live processes, or by

@@ -102,7 +102,7 @@ static_assert(sizeof(NodeLocalHeader) <= 4096, "a lock manager maps the first pa
 struct alignas(64) NodePinSectionHead {
   pthread_mutex_t mu;
 };
-constexpr uint64_t kNodePinSectionBytes = (uint64_t(4) << 20) + 4096;
+constexpr uint64_t kNodePinSectionBytes = (uint64_t(512) << 10) + 4096;
 
 struct NodeLocal {
   static Result<NodeLocal*> open(const std::string& name, uint32_t node, const uint8_t pool_id[16],
