@@ -193,6 +193,9 @@ struct KvNodePins : ::testing::Test {
   std::unique_ptr<NodeContext> node2;
   std::unique_ptr<KvSession> s2;
 
+  bool a_last = false;  // A attaches after B (the node table names A)
+  bool b_beats = true;  // B runs a heartbeat (names B again within a period)
+
   void SetUp() override {
     uri = "shm:cxlkv-nodepins-" + std::to_string(getpid()) + ":32M";
     PoolFormatOptions fo;
@@ -201,7 +204,7 @@ struct KvNodePins : ::testing::Test {
     ASSERT_TRUE(fmt.ok()) << fmt.error().message();
     region = std::move(fmt.value());
     spawn(a, uri, /*heartbeat=*/false);
-    spawn(b, uri, /*heartbeat=*/true);
+    spawn(b, uri, /*heartbeat=*/b_beats);
     ASSERT_GT(a.pid, 0);
     ASSERT_GT(b.pid, 0);
     auto m = LockManager::create(*region);
@@ -226,9 +229,12 @@ struct KvNodePins : ::testing::Test {
       ASSERT_TRUE(kv().write(*r, {&ch, 1}).ok());
       ASSERT_TRUE(kv().publish(*r).ok());
     }
-    // A first (so that B's attach is the node table's last word), then B.
-    ASSERT_EQ(a.send("go\n"), "ready");
-    ASSERT_EQ(b.send("go\n"), "ready");
+    // A first (so that B's attach is the node table's last word), then B;
+    // or the other way round.
+    Child& first = a_last ? b : a;
+    Child& second = a_last ? a : b;
+    ASSERT_EQ(first.send("go\n"), "ready");
+    ASSERT_EQ(second.send("go\n"), "ready");
   }
   void TearDown() override {
     if (a.to >= 0) close(a.to), a.to = -1;
@@ -253,6 +259,15 @@ struct KvNodePins : ::testing::Test {
       if (!r.ok() || !r.value()) break;
     }
     return {cached(0), cached(1), cached(2)};
+  }
+};
+
+// No process of node 0 beats and A attached last: the node table names A's
+// process for node 0 for good.
+struct KvNodePinsNamedProcessDies : KvNodePins {
+  KvNodePinsNamedProcessDies() {
+    a_last = true;
+    b_beats = false;
   }
 };
 
@@ -293,5 +308,26 @@ TEST_F(KvNodePins, PinsOfAKilledProcessAreDroppedWhileItsNodesOtherProcessKeepsI
   EXPECT_EQ(b.cmd('f', 2), "ok");
   ASSERT_EQ(b.cmd('u', 1), "ok");
   ASSERT_EQ(b.cmd('u', 2), "ok");
+  EXPECT_EQ(evict_all(), (std::vector<bool>{false, false, false}));
+}
+
+TEST_F(KvNodePinsNamedProcessDies, TheNodeLivesOnByItsOtherProcesssPins) {
+  // The node table names one process per node; when it is gone, a node of
+  // this host is judged dead by it -- yet B, another process of node 0,
+  // still pins block 0 and reads it.  Node 2 must not take it.
+  ASSERT_EQ(b.cmd('p', 0), "ok");
+  ASSERT_EQ(a.cmd('p', 1), "ok");
+  a.kill9();
+  const auto deadline = std::chrono::steady_clock::now() + 20s;
+  std::vector<bool> left;
+  do {
+    left = evict_all();
+    ASSERT_TRUE(left[0]) << "node 2 evicted block 0, pinned by live process B of node 0, after A died";
+    if (!left[1]) break;  // A's pin is gone (B's process dropped it)
+    std::this_thread::sleep_for(20ms);
+  } while (std::chrono::steady_clock::now() < deadline);
+  EXPECT_EQ(left, (std::vector<bool>{true, false, false}));
+  EXPECT_EQ(b.cmd('f', 0), "ok");
+  ASSERT_EQ(b.cmd('u', 0), "ok");
   EXPECT_EQ(evict_all(), (std::vector<bool>{false, false, false}));
 }

@@ -2,8 +2,13 @@
 """A pin protects its block while ANY process (or store) of the node holds
 it.  A pin is one bit per node in the pool entry; an engine's scheduler and
 its workers may attach as the same node.  The first store's release must not
-drop the node's pin under the second store's."""
+drop the node's pin under the second store's, and a process of the node that
+is killed holding pins must not keep its blocks pinned for good while the
+node's other process keeps its own."""
+import multiprocessing as mp
 import os
+import signal
+import time
 
 import numpy as np
 
@@ -58,6 +63,63 @@ def test_the_nodes_pin_stays_until_its_last_store_releases_it():
         got, _ = _fill(c, 10_000, 4)
         assert got == 4, c.last_error
         for s in (a, b, c):
+            s.close()
+    finally:
+        _drop(path, pool, mgr)
+
+
+def _holder(uri, ready, first, n):
+    """A process of node 1 that pins blocks first..n-1 of the chain and is killed."""
+    pool = cxlkv.Pool(uri)
+    kv = cxlkv.KvStore(pool, 1)
+    keys = cxlkv.block_keys(np.arange(n * 16), 16)[first:n]
+    pins = kv.pin(keys)
+    assert pins.pinned.all()
+    ready.set()
+    time.sleep(600)
+
+
+def test_a_killed_process_of_the_node_leaves_its_pins_but_not_the_others():
+    uri, path, pool, mgr = _small_pool("nodepinkill")
+    ctx = mp.get_context("spawn")
+    try:
+        c = cxlkv.KvStore(pool, 2)
+        full, keys = _fill(c, 0, 40)
+        assert full >= 10
+        half = full // 2
+        # node 1's surviving process's store pins the first half (a prefix:
+        # prefix closure keeps it anyway while anything below is cached);
+        # the process that is killed pins the rest, down to the leaf.
+        b = cxlkv.KvStore(pool, 1)
+        pb = b.pin(keys[:half])
+        assert pb.pinned.all()
+        ready = ctx.Event()
+        p = ctx.Process(target=_holder, args=(uri, ready, half, full))
+        p.start()
+        try:
+            assert ready.wait(180), "holder process did not get into position"
+            assert _fill(c, 10_000, 4)[0] == 0, "a pinned block was evicted"
+        finally:
+            os.kill(p.pid, signal.SIGKILL)
+            p.join(60)
+        # At once: node 2 wants the whole pool.  The node table may still
+        # name the killed process for node 1 (it attached last; b's process
+        # beats again within a period): node 1 lives on all the same, by
+        # b's pin record, so b's blocks must not be taken.
+        _fill(c, 30_000, full)
+        # The holder's pins go once node 1's live process notices it is gone
+        # (bounded); b's blocks stay pinned and read back as themselves.
+        deadline = time.monotonic() + 60
+        got = 0
+        while time.monotonic() < deadline:
+            got, _ = _fill(c, 20_000, 4)
+            if got == 4:
+                break
+            time.sleep(0.2)
+        assert got == 4, f"the killed process's blocks are still pinned: {c.last_error}"
+        assert _reads_back(pb, 0, half), "node 1's surviving pins lost their blocks"
+        pb.release()
+        for s in (b, c):
             s.close()
     finally:
         _drop(path, pool, mgr)

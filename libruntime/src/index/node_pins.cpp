@@ -5,6 +5,9 @@
 // stripe locks its callers hold).
 #include "index/node_pins.hpp"
 
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <cerrno>
 #include <cstring>
 
@@ -300,6 +303,25 @@ bool NodePins::forget(const Gone& g) {
     if (t[b].slot1 && t[b].slot1 != kTomb && (t[b].procs >> g.record & 1)) return false;
   v.rec(g.record).state = kFree;
   return true;
+}
+
+bool NodePins::any_live_record(const std::string& shm_name) {
+  const int fd = ::open(("/dev/shm/" + shm_name).c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+  if (fd < 0) return false;
+  NodeLocalHeader h{};
+  PinHeader ph{};
+  PinRecord recs[kRecords] = {};
+  bool ok = ::pread(fd, &h, sizeof h, 0) == static_cast<ssize_t>(sizeof h) && h.magic == kNodeLocalMagic;
+  const uint64_t pins_off = ok ? (h.heap_off + h.heap_bytes + 4095) / 4096 * 4096 : 0;
+  ok = ok && h.total_size >= pins_off + kNodePinSectionBytes &&
+       ::pread(fd, &ph, sizeof ph, static_cast<off_t>(pins_off + kHeaderOff)) == static_cast<ssize_t>(sizeof ph) &&
+       ph.magic == kMagic &&
+       ::pread(fd, recs, sizeof recs, static_cast<off_t>(pins_off + kRecordsOff)) == static_cast<ssize_t>(sizeof recs);
+  ::close(fd);
+  if (!ok) return false;
+  for (const PinRecord& r : recs)
+    if (r.state == kLive && process_alive(r.pid, r.start_time)) return true;
+  return false;
 }
 
 uint32_t NodePins::slots_pinned() {

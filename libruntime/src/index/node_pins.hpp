@@ -93,6 +93,15 @@ class NodePins {
   // Free a gone record once no slot names it (false: some still do).
   bool forget(const Gone& g);
 
+  // Liveness of another node of this host (NodeLiveness): does a live
+  // process hold a record in the pin section of node-local file
+  // /dev/shm/`shm_name`?  The node table names one process per node (the
+  // last to beat), which may be gone while the node's other processes --
+  // and their pins -- live on.  Read without the section's mutex (a
+  // snapshot of the records); false when the file is missing or not a
+  // node-local file of this layout.
+  static bool any_live_record(const std::string& shm_name);
+
   // Inspection (tests): distinct slots in the table; records in use.
   uint32_t slots_pinned();
   uint32_t records_in_use();

@@ -115,7 +115,24 @@ class NodeTableLiveness final : public NodeLiveness {
   }
   bool node_alive(uint32_t n) override {
     cxlkv_node_entry e;
-    return read(n, &e) && live(e);
+    if (!read(n, &e)) return false;
+    const NodeVerdict v = judge_node(e);
+    if (v.alive) return true;
+    // Pins (and lease consumers) are a node's, of any of its processes: the
+    // node table names one process per node (the last to beat; another
+    // takes over the heartbeat within a period when it dies), so a node of
+    // this host whose named process is gone still lives while a process of
+    // it holds a pin record (index/node_pins.hpp).  Only active nodes: an
+    // operator's `node evict` stays final.  A yes is kept for
+    // kAliveByRecordMs (a no is not: a record may appear at any time).
+    if (!v.local || n >= alive_until_.size()) return false;
+    const int64_t now = std::chrono::duration_cast<std::chrono::milliseconds>(
+                            std::chrono::steady_clock::now().time_since_epoch())
+                            .count();
+    if (alive_until_[n].load(std::memory_order_relaxed) > now) return true;
+    if (!NodePins::any_live_record(NodeContext::default_local_name(node_.region(), n))) return false;
+    alive_until_[n].store(now + kAliveByRecordMs, std::memory_order_relaxed);
+    return true;
   }
 
  private:
@@ -127,8 +144,11 @@ class NodeTableLiveness final : public NodeLiveness {
   // The liveness rule of the sync layer (CONTRACTS.md "Liveness"): a node of
   // this host by its process (pid + start time), another host's by heartbeat.
   bool live(const cxlkv_node_entry& e) { return judge_node(e).alive; }
+  static constexpr int64_t kAliveByRecordMs = 50;
   NodeContext& node_;
   std::string host_;
+  std::vector<std::atomic<int64_t>> alive_until_ =
+      std::vector<std::atomic<int64_t>>(node_.control().max_nodes());  // steady ms
 };
 
 // Remote frees (evictions of blocks in another node's chunks) become
