@@ -209,3 +209,40 @@ TEST(IndexNodePinsTable, ManyPinsAndUnpinsKeepTheTableExactAndAFullTableRefuses)
   b->add({&known, 1}, &ok1);
   EXPECT_EQ(ok1, 1);
 }
+
+TEST(IndexNodePinsTable, AllRecordsTakenAGoneProcesssEmptyRecordIsReusedAPinningOneIsNot) {
+  Section sec;
+  std::vector<std::unique_ptr<NodePins>> mine;
+  for (uint32_t r = 0; r + 2 < NodePins::kRecords; r++) mine.push_back(sec.open());
+  // Two processes take the last two records and die: one pins a slot, one does not.
+  for (int pins : {0, 1}) {
+    pid_t child = fork();
+    if (child == 0) {
+      auto r = NodePins::open(sec.mem, "child");
+      if (!r) _exit(1);
+      if (pins) {
+        const uint32_t slot = 42;
+        uint8_t ok = 0;
+        r.value()->add({&slot, 1}, &ok);
+      }
+      _exit(0);
+    }
+    int st = 0;
+    ASSERT_EQ(waitpid(child, &st, 0), child);
+    ASSERT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+  }
+  auto again = NodePins::open(sec.mem, "test");  // the record that pins nothing
+  ASSERT_TRUE(again.ok()) << again.error().message();
+  auto full = NodePins::open(sec.mem, "test");  // the other pins slot 42 until reclaimed
+  ASSERT_FALSE(full.ok());
+  EXPECT_EQ(full.error().code(), -EUSERS);
+  EXPECT_NE(full.error().message().find("pin records are in use"), std::string::npos) << full.error().message();
+  // A live index reclaims it (drop + forget); then a record is free again.
+  auto gone = again.value()->gone();
+  ASSERT_EQ(gone.size(), 1u);
+  uint8_t node_free = 0;
+  again.value()->drop(gone[0], gone[0].slots, &node_free);
+  EXPECT_EQ(node_free, 1);
+  EXPECT_TRUE(again.value()->forget(gone[0]));
+  EXPECT_TRUE(NodePins::open(sec.mem, "test").ok());
+}

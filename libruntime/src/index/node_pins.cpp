@@ -155,10 +155,32 @@ void clear_bit(const View& v, Bucket* k, uint32_t bit, uint8_t* node_free) {
 
 }  // namespace
 
+namespace {
+// Does any slot name record r?  (A scan of the live table.)
+bool names(const View& v, uint32_t r) {
+  const Bucket* t = v.live();
+  for (uint32_t b = 0; b < NodePins::kBuckets; b++)
+    if (t[b].slot1 && t[b].slot1 != kTomb && (t[b].procs >> r & 1)) return true;
+  return false;
+}
+}  // namespace
+
 Result<std::unique_ptr<NodePins>> NodePins::open(std::byte* section, std::string what) {
   if (!section) return Error(-EINVAL, what + ": no node-local pin section");
   View v{section};
   Locked lk(v);
+  // Every record taken: those of gone processes that pin nothing can go at
+  // once (those that pin something wait for a live index's reclaim, which
+  // clears the node's bits first).
+  bool any_free = false;
+  for (uint32_t r = 0; r < kRecords && !any_free; r++) any_free = v.rec(r).state == kFree;
+  for (uint32_t r = 0; r < kRecords && !any_free; r++) {
+    PinRecord& pr = v.rec(r);
+    if ((pr.state == kClosed || !process_alive(pr.pid, pr.start_time)) && !names(v, r)) {
+      pr.state = kFree;
+      any_free = true;
+    }
+  }
   for (uint32_t r = 0; r < kRecords; r++) {
     PinRecord& pr = v.rec(r);
     if (pr.state != kFree) continue;
@@ -183,10 +205,7 @@ NodePins::~NodePins() {
   // A forked child that inherited the index is not the record's owner: the
   // record stays its parent's.
   if (v.rec(rec_).pid != self_pid() || v.rec(rec_).state != kLive) return;
-  const uint32_t bit = 1u << rec_;
-  const Bucket* t = v.live();
-  bool holds = false;
-  for (uint32_t b = 0; b < kBuckets && !holds; b++) holds = t[b].slot1 && t[b].slot1 != kTomb && (t[b].procs & bit);
+  const bool holds = names(v, rec_);
   // Pins left (a store closed while it pinned blocks): the node's other
   // indexes reclaim them as a dead process's.
   v.rec(rec_).state = holds ? kClosed : kFree;
