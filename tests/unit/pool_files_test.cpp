@@ -10,9 +10,11 @@
 #include <gtest/gtest.h>
 #include <sys/mman.h>
 #include <sys/mount.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <fcntl.h>
+#include <signal.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -579,4 +581,48 @@ TEST(SafeOpen, DirectoriesAndFifosAreNotFiles) {
   ASSERT_FALSE(f.ok());
   EXPECT_EQ(f.error().code(), -EINVAL);
   EXPECT_TRUE(contains(f.error().message(), "is not a regular file")) << f.error().message();
+}
+
+// A node-local file that cannot be sized (a file size limit stands in for a
+// full /dev/shm; SIGXFSZ ignored, so ftruncate returns EFBIG): the attach
+// fails naming the file and the cause.  The half-built node context used to
+// crash in its destructor (it released grants from node-local memory it never
+// mapped).  Run in a child: the limit is per process, and a crash is seen.
+TEST(PoolFiles, NodeLocalFileThatCannotBeSizedFailsTheAttachAndSaysWhy) {
+  std::string name = unique("fsize"), local = unique("fsize-local");
+  Removed rm{"/dev/shm/" + name}, rml{"/dev/shm/" + local};
+  ASSERT_TRUE(format_pool("shm:" + name + ":16M", PoolFormatOptions{}).ok());
+  auto r = Region::open("shm:" + name);
+  ASSERT_TRUE(r.ok()) << r.error().message();
+  int fd[2];
+  ASSERT_EQ(pipe(fd), 0);
+  pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    close(fd[0]);
+    signal(SIGXFSZ, SIG_IGN);
+    rlimit lim{64 << 10, 64 << 10};
+    if (setrlimit(RLIMIT_FSIZE, &lim) != 0) _exit(4);
+    NodeOptions no;
+    no.node = 1;
+    no.local_shm_name = local;
+    int code = 0;
+    std::string msg = "attached";
+    {
+      auto n = NodeContext::attach(*r.value(), no);  // the failed context is destroyed here
+      if (!n) code = n.error().code(), msg = n.error().message();
+    }
+    if (write(fd[1], msg.data(), msg.size()) < 0) _exit(5);
+    _exit(code == -EFBIG ? 0 : 3);
+  }
+  close(fd[1]);
+  std::string msg;
+  char buf[512];
+  for (ssize_t n; (n = read(fd[0], buf, sizeof buf)) > 0;) msg.append(buf, static_cast<size_t>(n));
+  close(fd[0]);
+  int st = 0;
+  ASSERT_EQ(waitpid(pid, &st, 0), pid);
+  ASSERT_FALSE(WIFSIGNALED(st)) << "the failed attach crashed with signal " << WTERMSIG(st);
+  EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << "status " << st << ": " << msg;
+  EXPECT_TRUE(contains(msg, "node-local memory /dev/shm/" + local + ": ftruncate: File too large")) << msg;
 }

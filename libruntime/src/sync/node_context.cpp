@@ -116,7 +116,8 @@ NodeContext::~NodeContext() {
   if (watcher_.joinable()) watcher_.join();
   // A detaching process keeps no grant: no watcher of it would answer a
   // revocation, and its process being alive, liveness would not free it.
-  if (region_.kind() != BackendKind::dev) sync::release_kept_grants(*this);
+  // No node-local memory (attach failed opening it): no grant was kept.
+  if (local_ && region_.kind() != BackendKind::dev) sync::release_kept_grants(*this);
 }
 
 void NodeContext::beat() {
