@@ -361,3 +361,33 @@ TEST(IndexBatch, EachStripeLockIsTakenOncePerCall) {
   EXPECT_EQ(counting.max_per_stripe(), 1u) << "abort_many";
   EXPECT_EQ(p.space.in_use(), 64u);
 }
+
+// A chain put into a full pool (no capacity limit: the payload space is what
+// runs out) evicts as many older blocks as it needs, wherever they are.  The
+// reserve rounds used to evict one block outside the chain's stripes each,
+// so a chain of 16 in a full pool of many stripes failed with "every block
+// is pinned ..." while nothing was pinned (KvCrash's put-chain-loop helper).
+TEST(IndexBatch, PutChainIntoAFullPoolEvictsAsManyOlderBlocksAsItNeeds) {
+  IndexFormatOptions o = SimPool::small_index();
+  o.max_stripes = 64;  // a chain's 16 blocks hold a few of them: the victims lie outside its set
+  SimPool p(1, 0.0, o);
+  auto a = p.store(0);
+  constexpr size_t kN = 16, kBytes = 64 << 10;  // 6 MiB of payload: about 6 chains
+  std::vector<std::vector<std::byte>> bufs(kN, std::vector<std::byte>(kBytes));
+  std::vector<Chunk> chunks(kN);
+  std::vector<uint32_t> nchunks(kN, 1);
+  std::vector<int32_t> st(kN);
+  for (uint64_t c = 0; c < 24; c++) {
+    auto keys = chain(500 + c, kN);
+    for (size_t i = 0; i < kN; i++) {
+      fill_block(keys[i], bufs[i].data(), kBytes);
+      chunks[i] = Chunk{bufs[i].data(), kBytes};
+    }
+    auto put = a->put_chain(nullptr, keys, kBytes, chunks, nchunks, st);
+    ASSERT_TRUE(put.ok()) << put.error().message();
+    ASSERT_EQ(put.value(), kN) << "chain " << c << ": " << a->last_block_error();
+    EXPECT_EQ(a->lookup(keys), kN) << "chain " << c;
+    EXPECT_TRUE(fetch_ok(*a, keys[kN - 1], kBytes)) << "chain " << c;
+  }
+  EXPECT_EQ(a->index().usage().by_state[CXLKV_ENTRY_WRITING], 0u);
+}

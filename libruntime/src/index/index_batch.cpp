@@ -369,12 +369,20 @@ Result<size_t> PrefixIndex::reserve_chain(const BlockKey* parent, std::span<cons
     CXLKV_TRY(drop_children(parents, &view));
     if (next >= m || status[next] != -ENOSPC) break;
     // Still full under the set: evict anywhere (lists of other stripes, the
-    // window scan), then take the set of the remaining blocks again.
-    auto ev = evict_global(&parents, nullptr, nullptr);  // a fresh sweep: the pool changed under us
-    if (ev) {
-      if (auto d = drop_children(parents); !d) return d.error();
+    // window scan), then take the set of the remaining blocks again.  Room
+    // for every block still to reserve, not one: with the victims outside
+    // the set, a round per eviction ran out of rounds long before a chain
+    // longer than kReserveRounds fitted into a full pool.
+    size_t evicted = 0;
+    for (const size_t want = m - next; evicted < want; evicted++) {
+      auto ev = evict_global(&parents, nullptr, nullptr);  // a fresh sweep: the pool changed under us
+      if (ev) {
+        // A parent left childless is a candidate for the very next victim.
+        if (auto d = drop_children(parents); !d) return d.error();
+      }
+      if (!ev || !ev.value()) break;
     }
-    if (!ev || !ev.value()) break;
+    if (evicted == 0) break;
     if (limited) view = pool_view();
     if (round + 1 == kReserveRounds) break;  // the last round's -ENOSPC and its message stand
     begin_batch();
