@@ -259,11 +259,21 @@ TEST(KvCrash, WriterKilledInsidePutChainLeaksNothing) {
     left_writing = p.kv().index().usage().by_state[CXLKV_ENTRY_WRITING];
     if (left_writing == 0) kill(w.pid, SIGCONT);
   }
-  // The chain being put when the writer stops (the first one not complete).
-  size_t inflight = 0;
-  while (inflight < 64 && p.kv().lookup(chain_keys(inflight)) == kN) inflight++;
+  // The chain being put when the writer stops: the one holding reservations
+  // (the writer puts chains 0..5 one at a time, again and again, removing
+  // them between cycles: chains before it are complete, none after it is
+  // cached).
+  constexpr uint64_t kChains = 6;
+  uint64_t inflight = 0;
+  auto reserving = [&](uint64_t c) {
+    for (const BlockKey& k : chain_keys(c))
+      if (p.kv().index().find_state(k) == CXLKV_ENTRY_WRITING) return true;
+    return false;
+  };
+  while (left_writing > 0 && inflight < kChains && !reserving(inflight)) inflight++;
   kill9(w);
   ASSERT_GT(left_writing, 0u) << "no kill landed inside a put_chain";
+  ASSERT_LT(inflight, kChains) << "no chain holds the reservations seen";
 
   std::vector<std::vector<std::byte>> bufs(kN, std::vector<std::byte>(kBytes));
   std::vector<Chunk> chunks(kN);
@@ -276,12 +286,13 @@ TEST(KvCrash, WriterKilledInsidePutChainLeaksNothing) {
     }
   };
   size_t broken = 0;
-  for (uint64_t c = 0; c < 64; c++) {
+  for (uint64_t c = 0; c < kChains; c++) {
     auto keys = chain_keys(c);
     const size_t k = p.kv().lookup(keys);
-    // Never started (the dead writer's own chain may already be empty: its
-    // reservations can be taken over as soon as its process is gone).
-    if (k == 0 && c > inflight && p.kv().index().find_state(keys[0]) == CXLKV_ENTRY_EMPTY) break;
+    if (c > inflight) {
+      EXPECT_EQ(k, 0u) << "chain " << c << " is after the one in flight: removed before this cycle";
+      continue;
+    }
     // What the dead writer published is a prefix that reads back exactly.
     fill(c, false);
     auto got = p.kv().get_many(std::span(keys).first(k), chunks, nchunks, st);
