@@ -91,6 +91,29 @@ constexpr uint64_t request_word(uint64_t ticket, uint64_t state) {
   return (ticket << CXLKV_SLOT_TICKET_SHIFT) | state;
 }
 
+// A waiter counted in its node's grant_sleepers (node-local, one host:
+// plain atomics) from its first sleep until it stops waiting, so a manager
+// on this host knows to wake it after a grant (see the poll loops below).
+class GrantSleeper {
+ public:
+  explicit GrantSleeper(NodeLocalHeader* h) : h_(h) {}
+  ~GrantSleeper() {
+    if (counted_) __atomic_fetch_sub(&h_->grant_sleepers, 1u, __ATOMIC_SEQ_CST);
+  }
+  GrantSleeper(const GrantSleeper&) = delete;
+  GrantSleeper& operator=(const GrantSleeper&) = delete;
+  // Counts this waiter once (later calls do nothing).
+  void count() {
+    if (counted_) return;
+    __atomic_fetch_add(&h_->grant_sleepers, 1u, __ATOMIC_SEQ_CST);
+    counted_ = true;
+  }
+
+ private:
+  NodeLocalHeader* h_;
+  bool counted_ = false;
+};
+
 std::string lock_name(const NodeContext& n, uint32_t id) {
   return "pool " + n.region().uri() + ": lock " + std::to_string(id) + " (node " + std::to_string(n.node()) + ")";
 }
@@ -309,21 +332,11 @@ Result<Acquired> TwoTierLock::acquire(std::chrono::nanoseconds timeout, bool bou
   // grant_sleepers (seq_cst both sides): either we see the grant or the
   // word moved (the wait returns at once) or the manager wakes us.
   NodeLocalHeader* h = node_.local().hdr;
-  bool counted = false;
-  struct Uncount {
-    NodeLocalHeader* h;
-    bool* counted;
-    ~Uncount() {
-      if (*counted) __atomic_fetch_sub(&h->grant_sleepers, 1u, __ATOMIC_SEQ_CST);
-    }
-  } uncount{h, &counted};
+  GrantSleeper sleeper(h);
   sync::Backoff backoff(kSpinPolls, kYieldPolls, kMaxSleep);
   auto rung = std::chrono::steady_clock::now();
   for (uint64_t polls = 0;; polls++) {
-    if (!counted && backoff.sleeping()) {
-      __atomic_fetch_add(&h->grant_sleepers, 1u, __ATOMIC_SEQ_CST);
-      counted = true;
-    }
+    if (backoff.sleeping()) sleeper.count();
     const uint32_t woke = __atomic_load_n(&h->grant_wake, __ATOMIC_SEQ_CST);
     cxlkv_lock_grant g = d.read_fresh(grant);  // rule 4: invalidate before every poll read
     if (g.node == node_.node() && g.ticket == ticket) {
@@ -469,21 +482,11 @@ Result<Acquired> acquire_set(NodeContext& n, std::span<const uint32_t> want,
   // the grant lines still awaited per poll (rule 4), the same back-off and
   // wake-ups as TwoTierLock::acquire's poll loop (one sleep for the set). ----
   NodeLocalHeader* h = n.local().hdr;
-  bool counted = false;
-  struct Uncount {
-    NodeLocalHeader* h;
-    bool* counted;
-    ~Uncount() {
-      if (*counted) __atomic_fetch_sub(&h->grant_sleepers, 1u, __ATOMIC_SEQ_CST);
-    }
-  } uncount{h, &counted};
+  GrantSleeper sleeper(h);
   sync::Backoff backoff(kSpinPolls, kYieldPolls, kMaxSleep);
   auto rung = std::chrono::steady_clock::now();
   for (uint64_t polls = 0;; polls++) {
-    if (!counted && backoff.sleeping()) {
-      __atomic_fetch_add(&h->grant_sleepers, 1u, __ATOMIC_SEQ_CST);
-      counted = true;
-    }
+    if (backoff.sleeping()) sleeper.count();
     const uint32_t woke = __atomic_load_n(&h->grant_wake, __ATOMIC_SEQ_CST);
     // rule 4 (+ rule 1: grant lines are written whole with NT stores only).
     if (!sync::testing::break_set_grant_invalidate())
