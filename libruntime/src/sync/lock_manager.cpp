@@ -154,7 +154,8 @@ Result<std::unique_ptr<LockManager>> LockManager::create(Region& region, MemoryD
                                                          const LockManagerOptions& opts) {
   auto ctrl = ControlCarve::open(region, d);
   if (!ctrl) return ctrl.error();
-  if (opts.lease_ms < 20) return Error(-EINVAL, "lock manager: lease_ms must be at least 20");
+  if (opts.lease_ms < LockManagerOptions::kMinLeaseMs)
+    return Error(-EINVAL, "lock manager: lease_ms must be at least " + std::to_string(LockManagerOptions::kMinLeaseMs));
   std::unique_ptr<LockManager> m(new LockManager(region, d, ctrl.value(), opts));
   State& s = *m->st_;
   while (s.token == 0)
