@@ -391,3 +391,129 @@ TEST(IndexBatch, PutChainIntoAFullPoolEvictsAsManyOlderBlocksAsItNeeds) {
   }
   EXPECT_EQ(a->index().usage().by_state[CXLKV_ENTRY_WRITING], 0u);
 }
+
+namespace {
+struct Died {};  // a writer's death at a lock call: its process state is abandoned
+// Throws Died at the `die_at`-th lock() call once armed (0: never).  From
+// then on the writer is dead: its unlocks (destructors while its stack
+// unwinds) do nothing and its locks fail; recover() then releases what it
+// held, as the lock manager does for a dead holder.
+class DyingLocks final : public StripeLocks {
+ public:
+  explicit DyingLocks(StripeLocks& inner) : inner_(inner) {}
+  Result<void> lock(uint32_t s) override {
+    if (dead) return Error(-EOWNERDEAD, "dead");
+    if (die_at && ++calls == die_at) {
+      dead = true;
+      throw Died{};
+    }
+    auto r = inner_.lock(s);
+    if (r) held.push_back(s);
+    return r;
+  }
+  void unlock(uint32_t s) override {
+    if (dead) return;
+    held.erase(std::find(held.begin(), held.end(), s));
+    inner_.unlock(s);
+  }
+  void recover() {
+    for (uint32_t s : held) inner_.unlock(s);
+    held.clear();
+  }
+  uint32_t die_at = 0, calls = 0;
+  bool dead = false;
+  std::vector<uint32_t> held;
+
+ private:
+  StripeLocks& inner_;
+};
+
+// Every live entry in `state`: its children count equals the live entries
+// naming it as parent.
+std::string child_count_mismatches(PrefixIndex& ix, uint32_t state) {
+  const uint32_t n = static_cast<uint32_t>(ix.usage().slots);
+  auto live = [](uint32_t s) {
+    return s == CXLKV_ENTRY_WRITING || s == CXLKV_ENTRY_READY || s == CXLKV_ENTRY_EVICTING;
+  };
+  std::vector<uint32_t> kids(n, 0);
+  for (uint32_t i = 0; i < n; i++) {
+    IndexEntryView v = ix.entry(i);
+    if (live(v.state) && v.parent_slot < n) kids[v.parent_slot]++;
+  }
+  std::string bad;
+  for (uint32_t i = 0; i < n; i++) {
+    IndexEntryView v = ix.entry(i);
+    if (v.state == state && v.children != kids[i])
+      bad += " slot " + std::to_string(i) + " (state " + std::to_string(v.state) + "): count " +
+             std::to_string(v.children) + ", children " + std::to_string(kids[i]) + ";";
+  }
+  return bad;
+}
+}  // namespace
+
+// A writer killed at any lock call of a reserve_chain into a full pool (the
+// call evicts between its reserve rounds) leaves nothing that reclaim does
+// not take back: no WRITING block stays (none keeps a children count with no
+// child), and the chain can be put again under the same parent by another
+// node.  The writer's count on its own last WRITING block used to be carried
+// across the eviction between rounds: killed there, the block could never
+// be reclaimed and the re-put got -EAGAIN for good.
+TEST(IndexBatch, WriterDyingAtAnyLockOfAReserveIntoAFullPoolLeavesNoStaleChildCount) {
+  constexpr size_t kN = 16, kBytes = 64 << 10;  // 6 MiB of payload: about 6 chains
+  std::vector<std::vector<std::byte>> bufs(kN, std::vector<std::byte>(kBytes));
+  std::vector<Chunk> chunks(kN);
+  std::vector<uint32_t> nchunks(kN, 1);
+  std::vector<int32_t> st(kN);
+  auto put_chain = [&](KvStore& kv, const BlockKey* parent, const std::vector<BlockKey>& keys) {
+    for (size_t i = 0; i < keys.size(); i++) {
+      fill_block(keys[i], bufs[i].data(), kBytes);
+      chunks[i] = Chunk{bufs[i].data(), kBytes};
+    }
+    return kv.put_chain(parent, keys, kBytes, std::span(chunks).first(keys.size()),
+                        std::span(nchunks).first(keys.size()), std::span(st).first(keys.size()));
+  };
+  uint32_t stale = 0, died = 0;
+  for (uint32_t die_at = 1; die_at <= 40; die_at++) {
+    IndexFormatOptions o = SimPool::small_index();
+    o.max_stripes = 64;
+    SimPool p(2, 0.0, o);
+    auto b = p.store(1);
+    DyingLocks dying(p.locks);
+    KvDeps d = p.deps(0);
+    d.locks = &dying;
+    auto a = SimPool::make(std::move(d));
+    ASSERT_TRUE(a && b);
+    for (uint64_t c = 0; c < 7; c++) {  // node 1 fills the pool
+      auto put = put_chain(*b, nullptr, chain(600 + c, kN));
+      ASSERT_TRUE(put.ok() && put.value() == kN) << "fill chain " << c;
+    }
+    const BlockKey parent = chain(606, kN)[kN - 1];  // the newest chain's end: cached, READY
+    ASSERT_EQ(b->lookup(chain(606, kN)), kN);
+    auto keys = chain(700, kN);
+    Batch bt(kN);
+    dying.die_at = die_at;
+    bool threw = false;
+    try {
+      (void)a->index().reserve_chain(&parent, keys, kBytes, bt.res, bt.status);
+    } catch (const Died&) {
+      threw = true;
+    }
+    dying.recover();
+    if (!threw) break;  // the call finished before its die_at-th lock: every point is covered
+    died++;
+    p.sim.drop_all(0);
+    p.live.kill(0);
+    ASSERT_TRUE(b->reclaim_dead().ok());
+    const std::string bad = child_count_mismatches(b->index(), CXLKV_ENTRY_WRITING);
+    if (!bad.empty()) stale++;
+    EXPECT_EQ(bad, "") << "writer died at lock call " << die_at;
+    EXPECT_EQ(b->index().usage().by_state[CXLKV_ENTRY_WRITING], 0u) << "writer died at lock call " << die_at;
+    if (b->lookup(chain(606, kN)) == kN) {  // the parent survived: the chain goes under it again
+      auto again = put_chain(*b, &parent, keys);
+      ASSERT_TRUE(again.ok()) << again.error().message();
+      EXPECT_EQ(again.value(), kN) << "writer died at lock call " << die_at << ": " << b->last_block_error();
+    }
+  }
+  EXPECT_GE(died, 3u) << "the reserve took too few locks to die inside it";
+  EXPECT_EQ(stale, 0u);
+}

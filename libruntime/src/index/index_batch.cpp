@@ -150,10 +150,18 @@ size_t PrefixIndex::reserve_locked(LockSet& ls, const BlockKey* pkey, std::span<
     auto undo = [&] {
       if (parent_linked) child_dropped(ls, prev);
     };
-    // Out of space: keep the parent's count raised so that the caller's
-    // eviction outside this set cannot take the parent (it retries below it).
+    // Out of space: keep a READY parent's count raised so that the caller's
+    // eviction outside this set cannot take the parent (it retries below
+    // it).  A WRITING parent (this call's own block, or a busy one) is never
+    // a victim: its count is dropped here, under the set.  Carried across
+    // the unlock, a count that only this process's memory accounts for
+    // stays raised if it dies before the next round: no entry names the
+    // child, so reclaim_dead could never remove its WRITING block (a re-put
+    // of the chain got -EAGAIN for good).
     auto keep = [&] {
-      if (parent_linked) *held_parent = prev;
+      if (!parent_linked) return;
+      if (read_entry(prev).state == CXLKV_ENTRY_READY) *held_parent = prev;
+      else child_dropped(ls, prev);
     };
     for (int attempt = 0;; attempt++) {
       cxlkv_index_entry e;

@@ -436,6 +436,9 @@ class PrefixIndex {
   void link(LockSet& ls, uint32_t slot, uint32_t ms, bool at_head);
   void unlink(LockSet& ls, uint32_t slot);
   void child_added(LockSet& ls, uint32_t parent_slot);
+  // reclaim_dead(): a dead writer's WRITING block whose children count no
+  // live entry accounts for (its dropper died) goes to 0.
+  Result<uint64_t> repair_child_counts();
   // Children count down; a READY memory block left without children joins the list.
   // reused_child: the child that went was reused, so the parent was too.
   void child_dropped(LockSet& ls, uint32_t parent_slot, bool reused_child = false);
