@@ -6,7 +6,9 @@
 //  * a damaged entry line is remembered as damaged after one bounded retry:
 //    lookups stay fast (it once cost 1.9 s per read: 2^20 re-reads);
 //  * an entry naming bytes outside the kv carve (the superblock) is never
-//    served: fetch fails and hands back no bytes.
+//    served: fetch fails and hands back no bytes;
+//  * the audit (cxlkvctl kv check) names entries outside the kv carve or
+//    overlapping another, and children counts no child accounts for.
 #include <gtest/gtest.h>
 #include <sys/mman.h>
 #include <unistd.h>
@@ -14,6 +16,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstring>
+#include <thread>
 #include <vector>
 
 #include "cxlkv/kv.hpp"
@@ -387,6 +390,112 @@ TEST(IndexIntegrity, AnEntryOverlappingAnotherBlockIsRefusedAtPinAndNeverServed)
   auto audit = index_audit_locations(*p.region, d);
   ASSERT_TRUE(audit.ok());
   EXPECT_TRUE(audit->empty()) << audit->front();
+}
+
+}  // namespace cxlkv
+
+namespace cxlkv {
+
+namespace {
+// Publishes keys as one chain (each block the child of the one before).
+void publish_chain(KvStore& kv, const std::vector<BlockKey>& keys) {
+  for (size_t i = 0; i < keys.size(); i++) {
+    std::vector<std::byte> buf(4096, std::byte(0x30 + i));
+    Chunk ch{buf.data(), buf.size()};
+    auto r = kv.reserve(keys[i], i ? &keys[i - 1] : nullptr, buf.size());
+    ASSERT_TRUE(r.ok() && r->reserved()) << "block " << i;
+    ASSERT_TRUE(kv.write(*r, {&ch, 1}).ok());
+    ASSERT_TRUE(kv.publish(*r).ok());
+  }
+}
+
+// Sets the children field of `key`'s entry to `children`, as a writer that
+// died between raising a count and adding the child leaves it: the whole
+// line with its check recomputed, published through the pool's domain.
+cxlkv_index_entry* forge_children(ShmKv& p, KvStore& kv, const BlockKey& key, uint32_t children) {
+  MemoryDomain& d = p.region->domain();
+  auto* line = reinterpret_cast<cxlkv_index_entry*>(p.index_carve() + kv.index().header().entry_off +
+                                                    kv.index().find_ready(key) * 64ull);
+  cxlkv_index_entry e = d.read_fresh(line);
+  e.children = children;
+  e.check = cxlkv_index_entry_check(&e);
+  d.publish_line(line, &e);  // rule 1: whole line, NT
+  d.fence();
+  return line;
+}
+}  // namespace
+
+// cxlkvctl kv check: a READY block whose children count is one above the
+// cached blocks naming it (it can never be evicted) is reported with its
+// key, slot, state and both counts; a sound chain reports nothing.
+TEST(IndexIntegrity, TheChildCountAuditNamesABlockWhoseCountNoChildAccountsFor) {
+  ShmKv p;
+  ASSERT_TRUE(p.open().ok());
+  KvStore& kv = p.session->store();
+  auto keys = keys_from_ids(std::vector<uint64_t>{1301, 1302, 1303});
+  publish_chain(kv, keys);
+  auto sound = index_audit(*p.region, p.region->domain(), std::chrono::milliseconds(0));
+  ASSERT_TRUE(sound.ok()) << sound.error().message();
+  EXPECT_EQ(sound->children_mismatches(), 0u) << describe_child_count_mismatch(sound->child_counts.front());
+  EXPECT_EQ(sound->problems(), 0u);
+
+  forge_children(p, kv, keys[1], 2);  // one child cached (keys[2])
+  auto found = index_audit(*p.region, p.region->domain(), std::chrono::milliseconds(20));
+  ASSERT_TRUE(found.ok()) << found.error().message();
+  ASSERT_EQ(found->children_mismatches(), 1u);
+  EXPECT_EQ(found->problems(), 1u);
+  const ChildCountMismatch& m = found->child_counts[0];
+  EXPECT_EQ(m.slot, kv.index().find_ready(keys[1]));
+  EXPECT_EQ(m.key, keys[1]);
+  EXPECT_EQ(m.state, uint32_t{CXLKV_ENTRY_READY});
+  EXPECT_EQ(m.stored, 2u);
+  EXPECT_EQ(m.found, 1u);
+  const auto lines = found->lines(*p.region);
+  ASSERT_EQ(lines.size(), 1u);
+  EXPECT_NE(lines[0].find("pool " + p.uri + ": index carve: block " + to_hex(keys[1]) + " (index slot " +
+                          std::to_string(m.slot) + ", READY): children count 2, but 1 live block names it as parent"),
+            std::string::npos)
+      << lines[0];
+}
+
+// A count below its children (the block could be evicted under them) is
+// a finding too: the leaf's count dropped to 0 by a forged line.
+TEST(IndexIntegrity, TheChildCountAuditNamesABlockCountingFewerChildrenThanNameIt) {
+  ShmKv p;
+  ASSERT_TRUE(p.open().ok());
+  KvStore& kv = p.session->store();
+  auto keys = keys_from_ids(std::vector<uint64_t>{1401, 1402});
+  publish_chain(kv, keys);
+  forge_children(p, kv, keys[0], 0);
+  auto found = index_audit_child_counts(*p.region, p.region->domain(), std::chrono::milliseconds(0));
+  ASSERT_TRUE(found.ok()) << found.error().message();
+  ASSERT_EQ(found->size(), 1u);
+  EXPECT_EQ((*found)[0].key, keys[0]);
+  EXPECT_EQ((*found)[0].stored, 0u);
+  EXPECT_EQ((*found)[0].found, 1u);
+}
+
+// The snapshots are lock-free, so a count a live writer is changing can
+// read as a mismatch once: only a mismatch seen identically in both
+// snapshots, `settle` apart, is reported.  Here the count is right again
+// (written back) during the pause.
+TEST(IndexIntegrity, TheChildCountAuditDoesNotReportACountThatChangesWhileItSettles) {
+  ShmKv p;
+  ASSERT_TRUE(p.open().ok());
+  KvStore& kv = p.session->store();
+  auto keys = keys_from_ids(std::vector<uint64_t>{1501, 1502});
+  publish_chain(kv, keys);
+  forge_children(p, kv, keys[0], 2);
+  auto once = index_audit_child_counts(*p.region, p.region->domain(), std::chrono::milliseconds(0));
+  ASSERT_TRUE(once.ok() && once->size() == 1u) << "a single snapshot sees the raised count";
+  std::thread fixer([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    forge_children(p, kv, keys[0], 1);  // the writer's change lands
+  });
+  auto settled = index_audit_child_counts(*p.region, p.region->domain(), std::chrono::milliseconds(1500));
+  fixer.join();
+  ASSERT_TRUE(settled.ok()) << settled.error().message();
+  EXPECT_TRUE(settled->empty()) << describe_child_count_mismatch(settled->front());
 }
 
 }  // namespace cxlkv

@@ -1,13 +1,15 @@
 // SPDX-License-Identifier: MIT
 // index_entry_naming(): a lock-free scan of the index entries for one that
 // names a range of pool memory (used by cxlkv_free to refuse blocks the
-// KV store owns, issue 12).
+// KV store owns, issue 12); the audits of cxlkvctl kv check (locations,
+// children counts).
 #include "index/index_check.hpp"
 
 #include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <thread>
 
 #include "uapi/cxlkv_index.h"
 
@@ -179,6 +181,96 @@ Result<std::vector<std::string>> index_audit_locations(const Region& pool, Memor
     if (end_of(i) > end_of(far)) far = i;
   }
   return out;
+}
+
+namespace {
+bool live_state(uint32_t s) {
+  return s == CXLKV_ENTRY_WRITING || s == CXLKV_ENTRY_READY || s == CXLKV_ENTRY_EVICTING;
+}
+}  // namespace
+
+Result<std::vector<ChildCountMismatch>> index_child_count_snapshot(MemoryDomain& d, const void* carve,
+                                                                   uint64_t bytes, const std::string& who) {
+  if (!carve || bytes < sizeof(cxlkv_index_header)) return Error(-EINVAL, who + "no carve, or smaller than its header");
+  const auto* base = static_cast<const std::byte*>(carve);
+  const auto h = d.read_fresh(reinterpret_cast<const cxlkv_index_header*>(base));  // rule 4
+  if (h.magic != CXLKV_INDEX_MAGIC) return Error(-ENODATA, who + "not formatted");
+  CXLKV_TRY(check_index_header(h, bytes, who));  // the entry table lies inside the carve
+  const auto* entries = reinterpret_cast<const cxlkv_index_entry*>(base + h.entry_off);
+  struct Live {
+    uint32_t slot, state, children;
+    BlockKey key;
+  };
+  std::vector<Live> live;
+  std::vector<uint32_t> found(h.nslots, 0);  // live entries naming each slot as parent
+  constexpr uint64_t kBatch = 4096;          // entries per invalidation sweep
+  for (uint64_t first = 0; first < h.nslots; first += kBatch) {
+    const uint64_t n = std::min<uint64_t>(kBatch, h.nslots - first);
+    d.invalidate(entries + first, n * 64);  // rule 4: one sweep, one fence, then the loads
+    d.fence();
+    for (uint64_t i = first; i < first + n; i++) {
+      cxlkv_index_entry e;
+      d.load(&e, entries + i, sizeof e);
+      if (e.check != cxlkv_index_entry_check(&e)) continue;  // empty, torn right now, or damaged (never trusted)
+      if (!live_state(e.state)) continue;
+      live.push_back(Live{static_cast<uint32_t>(i), e.state, e.children, BlockKey{e.key_lo, e.key_hi}});
+      // A block naming itself (a damaged line) is no child of itself.
+      if (e.parent_slot < h.nslots && e.parent_slot != i) found[e.parent_slot]++;
+    }
+  }
+  std::vector<ChildCountMismatch> out;  // in slot order
+  for (const Live& l : live)
+    if (l.children != found[l.slot])
+      out.push_back(ChildCountMismatch{l.slot, l.key, l.state, l.children, found[l.slot]});
+  return out;
+}
+
+Result<std::vector<ChildCountMismatch>> index_audit_child_counts(const Region& pool, MemoryDomain& d,
+                                                                 std::chrono::milliseconds settle) {
+  auto hr = read_index_header(pool, d);  // errors: missing, unformatted, damaged
+  if (!hr) return hr.error();
+  auto ic = pool.carve(CXLKV_CARVE_INDEX);
+  const std::string who = "pool " + pool.uri() + ": index carve: ";
+  auto first = index_child_count_snapshot(d, pool.at(ic->offset), ic->size, who);
+  if (!first || first->empty() || settle.count() <= 0) return first;
+  std::this_thread::sleep_for(settle);
+  auto second = index_child_count_snapshot(d, pool.at(ic->offset), ic->size, who);
+  if (!second) return second;
+  // Both lists are in slot order: keep what the second repeats exactly.
+  std::vector<ChildCountMismatch> both;
+  auto a = first->begin();
+  for (const ChildCountMismatch& m : *second) {
+    while (a != first->end() && a->slot < m.slot) ++a;
+    if (a != first->end() && *a == m) both.push_back(m);
+  }
+  return both;
+}
+
+std::string describe_child_count_mismatch(const ChildCountMismatch& m) {
+  std::string s = "block " + to_hex(m.key) + " (index slot " + std::to_string(m.slot) + ", " + state_name(m.state) +
+                  "): children count " + std::to_string(m.stored) + ", but " + std::to_string(m.found) +
+                  (m.found == 1 ? " live block names" : " live blocks name") + " it as parent";
+  if (m.stored > m.found) s += " (a stale count: the block can never be evicted)";
+  else s += " (the block can be evicted under its cached children)";
+  return s;
+}
+
+std::vector<std::string> IndexAudit::lines(const Region& pool) const {
+  std::vector<std::string> out = locations;  // already prefixed
+  for (const auto& m : child_counts)
+    out.push_back("pool " + pool.uri() + ": index carve: " + describe_child_count_mismatch(m));
+  return out;
+}
+
+Result<IndexAudit> index_audit(const Region& pool, MemoryDomain& d, std::chrono::milliseconds settle) {
+  IndexAudit a;
+  auto loc = index_audit_locations(pool, d);
+  if (!loc) return loc.error();
+  a.locations = std::move(loc.value());
+  auto kids = index_audit_child_counts(pool, d, settle);
+  if (!kids) return kids.error();
+  a.child_counts = std::move(kids.value());
+  return a;
 }
 
 }  // namespace cxlkv

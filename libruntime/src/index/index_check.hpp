@@ -1,8 +1,10 @@
 // SPDX-License-Identifier: MIT
 // Checks of the index carve from outside a KV store (issue 12): which entry
-// names a range of pool memory.  Lock-free snapshots (rule 4).
+// names a range of pool memory, payload locations, children counts.
+// Lock-free snapshots (rule 4).
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -48,5 +50,56 @@ Result<std::vector<std::string>> index_audit_locations(const Region& pool, Memor
 
 // "block <key> (slot N, READY, bytes [a, b))" for messages.
 std::string describe_named_block(const NamedBlock& b);
+
+// A live entry whose `children` count differs from the number of live
+// (WRITING / READY / EVICTING) entries whose parent_slot names it.  A count
+// above the children found keeps the block from ever being evicted (a
+// writer that died between reserve rounds, or a process that died between
+// removing a child and dropping its parent's count); one below lets it be
+// evicted while its children stay cached.
+struct ChildCountMismatch {
+  uint32_t slot = 0;
+  BlockKey key;
+  uint32_t state = 0;
+  uint32_t stored = 0;  // the entry's children field
+  uint32_t found = 0;   // live entries naming it as parent
+  friend bool operator==(const ChildCountMismatch&, const ChildCountMismatch&) = default;
+};
+
+// One lock-free snapshot (rule 4) of the index carve at `carve` of `bytes`
+// (header checked with check_index_header, errors prefixed with `who`):
+// every live entry with a valid check whose stored count differs from the
+// live entries naming it.  An entry stores no parent key (its key is a hash
+// of the parent's and cannot be traced back), so a child is counted for the
+// slot its parent_slot names.  Torn or damaged lines are skipped; a count in
+// flux (a writer between raising a count and writing the child, a dropper
+// between removing a child and dropping the count) can show here: see
+// index_audit_child_counts.
+Result<std::vector<ChildCountMismatch>> index_child_count_snapshot(MemoryDomain& d, const void* carve,
+                                                                   uint64_t bytes, const std::string& who);
+
+// The pool's index (read_index_header first): a snapshot, then, `settle`
+// later, a second one; only mismatches seen identically in both (same slot,
+// key, state, stored and found counts) are returned, so a count that live
+// writers change in between is not reported.  settle 0: one snapshot (a
+// pool no process writes).
+Result<std::vector<ChildCountMismatch>> index_audit_child_counts(const Region& pool, MemoryDomain& d,
+                                                                 std::chrono::milliseconds settle);
+
+// "block <key> (index slot N, READY): children count 2, but 1 live block
+// names it as parent ..." for messages.
+std::string describe_child_count_mismatch(const ChildCountMismatch& m);
+
+// What `cxlkvctl kv check` reports: the location findings
+// (index_audit_locations) and the child counts (index_audit_child_counts).
+struct IndexAudit {
+  std::vector<std::string> locations;
+  std::vector<ChildCountMismatch> child_counts;
+  size_t children_mismatches() const { return child_counts.size(); }
+  size_t problems() const { return locations.size() + child_counts.size(); }
+  // One line per finding, each prefixed "pool <uri>: index carve: ".
+  std::vector<std::string> lines(const Region& pool) const;
+};
+Result<IndexAudit> index_audit(const Region& pool, MemoryDomain& d, std::chrono::milliseconds settle);
 
 }  // namespace cxlkv
