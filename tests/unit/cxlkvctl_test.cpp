@@ -14,9 +14,11 @@
 #include <string>
 #include <vector>
 
+#include "cxlkv/keys.hpp"
 #include "cxlkv/metrics.hpp"
 #include "cxlkv/region.hpp"
 #include "uapi/cxlkv.h"
+#include "uapi/cxlkv_index.h"
 
 namespace {
 
@@ -687,6 +689,58 @@ TEST_F(CxlkvctlKv, ATypoInCxlkvLockTimeoutMsKeepsTheBoundAndSaysSo) {
   const std::string err = slurp(path_ + ".err");
   EXPECT_TRUE(has(err, "CXLKV_LOCK_TIMEOUT_MS='abc' is not a number of milliseconds (0: wait forever); using 30000"))
       << err;
+}
+
+// kv check audits children counts beside locations: a cached block whose
+// count is one above the blocks naming it as parent (it can never be
+// evicted) is one line naming the block and both counts, and exit 1; the
+// JSON counts it among the problems.
+TEST_F(CxlkvctlKv, KvCheckReportsABlockWhoseChildrenCountNoChildAccountsFor) {
+  write(files_[0], noise(4096, 11));
+  Outcome put = on_pool("kv put root " + files_[0]);
+  ASSERT_EQ(put.status, 0) << put.err;
+  const std::string key = put.out.substr(0, 32);
+  Outcome sound = on_pool("kv check --settle 0");
+  EXPECT_EQ(sound.status, 0) << sound.out << sound.err;
+  EXPECT_TRUE(has(sound.out, "pool " + uri_ + ": index locations and children counts sound")) << sound.out;
+  // The block's line with children = 1 and its check recomputed, as a
+  // writer that died between raising the count and adding the child leaves it.
+  uint32_t slot = 0;
+  {
+    auto region = cxlkv::Region::open(uri_);
+    ASSERT_TRUE(region.ok()) << region.error().message();
+    cxlkv::Region& r = *region.value();
+    cxlkv::MemoryDomain& d = r.domain();
+    std::byte* carve = r.at(r.carve(CXLKV_CARVE_INDEX).value().offset);
+    const auto h = d.read_fresh(reinterpret_cast<const cxlkv_index_header*>(carve));
+    auto* entries = reinterpret_cast<cxlkv_index_entry*>(carve + h.entry_off);
+    bool forged = false;
+    for (uint64_t i = 0; i < h.nslots && !forged; i++) {
+      cxlkv_index_entry e = d.read_fresh(entries + i);
+      if (e.state != CXLKV_ENTRY_READY || cxlkv::to_hex(cxlkv::BlockKey{e.key_lo, e.key_hi}) != key) continue;
+      e.children = 1;
+      e.check = cxlkv_index_entry_check(&e);
+      d.publish_line(entries + i, &e);  // rule 1: whole line, NT
+      d.fence();
+      slot = static_cast<uint32_t>(i);
+      forged = true;
+    }
+    ASSERT_TRUE(forged) << "no READY entry for " << key;
+  }
+  Outcome check = on_pool("kv check --settle 50");
+  EXPECT_EQ(check.status, 1) << check.out << check.err;
+  EXPECT_EQ(check.out, "pool " + uri_ + ": index carve: block " + key + " (index slot " + std::to_string(slot) +
+                           ", READY): children count 1, but 0 live blocks name it as parent (a stale count: the "
+                           "block can never be evicted)\n");
+  Outcome js = on_pool("kv check --json");
+  EXPECT_EQ(js.status, 1);
+  EXPECT_TRUE(has(js.out, "{\"problems\": 1, \"location_problems\": 0, \"children_mismatches\": 1,")) << js.out;
+  EXPECT_TRUE(has(js.out, "{\"slot\": " + std::to_string(slot) + ", \"key\": \"" + key +
+                              "\", \"state\": \"ready\", \"stored\": 1, \"found\": 0}"))
+      << js.out;
+  Outcome bad = on_pool("kv check --settle 2s");
+  EXPECT_EQ(bad.status, 1);
+  EXPECT_TRUE(has(bad.err, "--settle: not a number of milliseconds in 0..60000: '2s'")) << bad.err;
 }
 
 TEST_F(Cxlkvctl, KvCommandsWithoutALockManagerFailWithAMessageInsteadOfHanging) {

@@ -12,6 +12,7 @@
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -41,6 +42,9 @@ BlockKey key_of(const std::string& s) {
 }
 
 const char* tier_name(uint8_t t) { return t == CXLKV_TIER_SSD ? "ssd" : "mem"; }
+
+// Entry states as kv ls and kv check --json name them (enum cxlkv_index_state).
+const char* const kState[] = {"empty", "writing", "ready", "evicting", "tombstone"};
 
 // SIGINT / SIGTERM while attached (e.g. waiting for a lock): remove the
 // node-local file this command created, then end as the signal would.
@@ -349,7 +353,6 @@ int kv_ls(Context& ctx, const Args& args) {
   const cxlkv_index_header h = hr.value();
   auto* base = static_cast<const std::byte*>(r->at(r->carve(CXLKV_CARVE_INDEX)->offset));
   const bool all = args.flag("all");
-  static const char* kState[] = {"empty", "writing", "ready", "evicting", "tombstone"};
   uint64_t listed = 0;
   if (ctx.json) std::printf("[");
   else std::printf("%-32s %10s %-4s %-9s %5s %8s\n", "KEY", "BYTES", "TIER", "STATE", "PINS", "CHILDREN");
@@ -374,19 +377,39 @@ int kv_ls(Context& ctx, const Args& args) {
 }
 
 // Issue 12: audit the index's payload locations (outside the kv carve,
-// overlapping another block); exit 1 listing each finding.
-int kv_check(Context& ctx, const Args&) {
+// overlapping another block) and its children counts (a count no child
+// accounts for keeps a block from ever being evicted); exit 1 listing each
+// finding.  Counts are compared over two snapshots --settle MS apart.
+int kv_check(Context& ctx, const Args& args) {
+  long settle_ms = 200;
+  if (auto v = args.value("settle")) {
+    char* end = nullptr;
+    errno = 0;
+    settle_ms = std::strtol(v->c_str(), &end, 10);
+    if (v->empty() || *end || v->find_first_not_of("0123456789") != std::string::npos || errno == ERANGE ||
+        settle_ms > 60000)
+      return fail("--settle: not a number of milliseconds in 0..60000: '" + *v + "'");
+  }
   auto r = ctx.open_pool();
   if (!r) return 1;
-  auto found = cxlkv::index_audit_locations(*r, r->domain());
-  if (!found) return fail(found.error().message());
+  auto audit = cxlkv::index_audit(*r, r->domain(), std::chrono::milliseconds(settle_ms));
+  if (!audit) return fail(audit.error().message());
   if (ctx.json) {
-    std::printf("{\"problems\": %zu}\n", found->size());
+    std::printf("{\"problems\": %zu, \"location_problems\": %zu, \"children_mismatches\": %zu, \"settle_ms\": %ld, "
+                "\"child_counts\": [",
+                audit->problems(), audit->locations.size(), audit->children_mismatches(), settle_ms);
+    const char* sep = "";
+    for (const auto& m : audit->child_counts) {
+      std::printf("%s{\"slot\": %u, \"key\": \"%s\", \"state\": \"%s\", \"stored\": %u, \"found\": %u}", sep,
+                  m.slot, to_hex(m.key).c_str(), kState[m.state < 5 ? m.state : 0], m.stored, m.found);
+      sep = ", ";
+    }
+    std::printf("]}\n");
   } else {
-    for (const auto& f : *found) std::printf("%s\n", f.c_str());
-    if (found->empty()) std::printf("pool %s: index locations sound\n", r->uri().c_str());
+    for (const auto& f : audit->lines(*r)) std::printf("%s\n", f.c_str());
+    if (audit->problems() == 0) std::printf("pool %s: index locations and children counts sound\n", r->uri().c_str());
   }
-  return found->empty() ? 0 : 1;
+  return audit->problems() == 0 ? 0 : 1;
 }
 
 const std::vector<Option> kNodeOptions = {
@@ -430,13 +453,18 @@ CXLKVCTL_COMMAND({"kv ls", "list the cached KV blocks: key, bytes, tier, pins, c
                   {{"all", false, "also list blocks being written or evicted"}},
                   kv_ls});
 
-CXLKVCTL_COMMAND({"kv check", "audit the index: blocks outside the kv carve or overlapping another",
-                  "cxlkvctl kv check\n\n"
+CXLKVCTL_COMMAND({"kv check", "audit the index: blocks outside the kv carve or overlapping another, children counts",
+                  "cxlkvctl kv check [--settle MS]\n\n"
                   "Reads every entry of the prefix index (a lock-free snapshot) and reports,\n"
                   "one line each, memory-tier blocks whose location lies outside the kv\n"
-                  "carve or overlaps another block's; exits 1 when it finds any.  Header\n"
+                  "carve or overlaps another block's, and blocks whose children count differs\n"
+                  "from the cached blocks naming them as parent (a count too high keeps the\n"
+                  "block from ever being evicted); exits 1 when it finds any.  Writers change\n"
+                  "counts while the snapshot is read, so the counts are read twice, MS apart\n"
+                  "(default 200), and only a mismatch seen identically both times is\n"
+                  "reported; --settle 0 reads once (a pool no process writes).  Header\n"
                   "damage is an error naming the field.",
-                  {},
+                  {{"settle", true, "milliseconds between the two snapshots of the children counts (default 200)"}},
                   kv_check});
 
 }  // namespace
