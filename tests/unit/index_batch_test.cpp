@@ -6,6 +6,7 @@
 
 #include <map>
 
+#include "index/index_check.hpp"
 #include "unit/index_sim_pool.hpp"
 
 using namespace cxlkv;
@@ -472,7 +473,7 @@ TEST(IndexBatch, WriterDyingAtAnyLockOfAReserveIntoAFullPoolLeavesNoStaleChildCo
     return kv.put_chain(parent, keys, kBytes, std::span(chunks).first(keys.size()),
                         std::span(nchunks).first(keys.size()), std::span(st).first(keys.size()));
   };
-  uint32_t stale = 0, died = 0;
+  uint32_t stale = 0, died = 0, ready_stale = 0;
   for (uint32_t die_at = 1; die_at <= 40; die_at++) {
     IndexFormatOptions o = SimPool::small_index();
     o.max_stripes = 64;
@@ -507,6 +508,23 @@ TEST(IndexBatch, WriterDyingAtAnyLockOfAReserveIntoAFullPoolLeavesNoStaleChildCo
     const std::string bad = child_count_mismatches(b->index(), CXLKV_ENTRY_WRITING);
     if (!bad.empty()) stale++;
     EXPECT_EQ(bad, "") << "writer died at lock call " << die_at;
+    // The audit of cxlkvctl kv check, on node 1's view: it names exactly
+    // the entries the count above names, in every live state.  READY
+    // parents do show up: the writer dies inside an eviction between
+    // removing a child and dropping its parent's count in another stripe
+    // (drop_children), and reclaim_dead does not repair a READY parent's
+    // count (prefix_index.cpp, repair_child_counts: the known gap).
+    auto audit = index_child_count_snapshot(p.sim.node(1), p.pool.mem, kIndexBytes, "sim pool: index carve: ");
+    ASSERT_TRUE(audit.ok()) << audit.error().message();
+    for (uint32_t state : {CXLKV_ENTRY_WRITING, CXLKV_ENTRY_READY, CXLKV_ENTRY_EVICTING}) {
+      std::string audited;
+      for (const ChildCountMismatch& m : *audit)
+        if (m.state == state)
+          audited += " slot " + std::to_string(m.slot) + " (state " + std::to_string(m.state) + "): count " +
+                     std::to_string(m.stored) + ", children " + std::to_string(m.found) + ";";
+      EXPECT_EQ(audited, child_count_mismatches(b->index(), state)) << "writer died at lock call " << die_at;
+      if (state == CXLKV_ENTRY_READY && !audited.empty()) ready_stale++;
+    }
     EXPECT_EQ(b->index().usage().by_state[CXLKV_ENTRY_WRITING], 0u) << "writer died at lock call " << die_at;
     if (b->lookup(chain(606, kN)) == kN) {  // the parent survived: the chain goes under it again
       auto again = put_chain(*b, &parent, keys);
@@ -516,4 +534,7 @@ TEST(IndexBatch, WriterDyingAtAnyLockOfAReserveIntoAFullPoolLeavesNoStaleChildCo
   }
   EXPECT_GE(died, 3u) << "the reserve took too few locks to die inside it";
   EXPECT_EQ(stale, 0u);
+  // The known gap, counted for the log: death points after which a READY
+  // parent kept a count no child accounts for (never evicted).
+  RecordProperty("ready_parents_left_with_stale_counts", static_cast<int>(ready_stale));
 }
