@@ -17,61 +17,21 @@
 
 #include "cxlkv/sync.hpp"
 #include "pool/format.hpp"
+#include "unit/proc_util.hpp"
 
 namespace cxlkv {
 namespace {
 
 using namespace std::chrono_literals;
+using proc_util::kill_and_reap;
+using proc_util::spawn;
+using proc_util::wait_within;
 
 constexpr uint32_t kLocks = 5;  // lock_set_helper's locks: CXLKV_LOCK_FIRST_USER + 0..4
 
 std::string helper() {
   const char* t = std::getenv("CXLKV_TEST_TOOLS");
   return std::string(t ? t : "tools") + "/../tests/lock_set_helper";
-}
-
-pid_t spawn(const std::vector<std::string>& argv, int* out_fd = nullptr) {
-  int p[2] = {-1, -1};
-  if (out_fd && pipe(p) != 0) return -1;
-  pid_t pid = fork();
-  if (pid == 0) {
-    if (out_fd) {
-      dup2(p[1], 1);
-      close(p[0]);
-    }
-    std::vector<char*> a;
-    for (auto& s : argv) a.push_back(const_cast<char*>(s.c_str()));
-    a.push_back(nullptr);
-    execv(a[0], a.data());
-    _exit(127);
-  }
-  if (out_fd) {
-    close(p[1]);
-    *out_fd = p[0];
-  }
-  return pid;
-}
-
-// Wait at most `bound` for `pid`; on timeout kill it and fail naming `what`.
-int wait_within(pid_t pid, std::chrono::milliseconds bound, const std::string& what) {
-  const auto t0 = std::chrono::steady_clock::now();
-  for (;;) {
-    int st = 0;
-    if (waitpid(pid, &st, WNOHANG) == pid) return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-    if (std::chrono::steady_clock::now() - t0 > bound) {
-      kill(pid, SIGKILL);
-      waitpid(pid, &st, 0);
-      ADD_FAILURE() << "watchdog: waited " << bound.count() << " ms for " << what << " (pid " << pid << "); killed it";
-      return -1;
-    }
-    std::this_thread::sleep_for(5ms);
-  }
-}
-
-void kill_and_reap(pid_t pid) {
-  kill(pid, SIGKILL);
-  int st = 0;
-  waitpid(pid, &st, 0);
 }
 
 struct Pool {

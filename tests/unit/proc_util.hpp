@@ -1,19 +1,83 @@
 // SPDX-License-Identifier: MIT
-// Looking at processes and /dev/shm from tests that run real processes
-// (the replay's supervision tests).
+// Starting, reaping and looking at processes and /dev/shm from tests that
+// run real processes (the multi-process lock tests, the replay's
+// supervision tests).
 #pragma once
 
 #include <dirent.h>
+#include <gtest/gtest.h>
+#include <signal.h>
 #include <sys/types.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <iterator>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace proc_util {
+
+// Starts argv[0] (a path) with `argv`; with `out_fd`, its stdout goes to a
+// pipe whose read end is put there.  -1 when the pipe cannot be made.
+inline pid_t spawn(const std::vector<std::string>& argv, int* out_fd = nullptr) {
+  int p[2] = {-1, -1};
+  if (out_fd && pipe(p) != 0) return -1;
+  pid_t pid = fork();
+  if (pid == 0) {
+    if (out_fd) {
+      dup2(p[1], 1);
+      close(p[0]);
+    }
+    std::vector<char*> a;
+    for (auto& s : argv) a.push_back(const_cast<char*>(s.c_str()));
+    a.push_back(nullptr);
+    execv(a[0], a.data());
+    _exit(127);
+  }
+  if (out_fd) {
+    close(p[1]);
+    *out_fd = p[0];
+  }
+  return pid;
+}
+
+// A waitpid status as one number: the exit code, or 128 + the signal.
+inline int exit_code(int status) { return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status); }
+
+// Waits for `pid` to exit, however long it takes.
+inline int wait_exit(pid_t pid) {
+  int st = 0;
+  waitpid(pid, &st, 0);
+  return exit_code(st);
+}
+
+// Watchdog: wait at most `bound` for `pid` to exit; on timeout kill it and
+// fail naming what the test waited for.  Returns the exit code (or -1).
+inline int wait_within(pid_t pid, std::chrono::milliseconds bound, const std::string& what) {
+  const auto t0 = std::chrono::steady_clock::now();
+  for (;;) {
+    int st = 0;
+    if (waitpid(pid, &st, WNOHANG) == pid) return exit_code(st);
+    if (std::chrono::steady_clock::now() - t0 > bound) {
+      kill(pid, SIGKILL);
+      waitpid(pid, &st, 0);
+      ADD_FAILURE() << "watchdog: waited " << bound.count() << " ms for " << what << " (pid " << pid << "); killed it";
+      return -1;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+}
+
+inline void kill_and_reap(pid_t pid) {
+  kill(pid, SIGKILL);
+  int st = 0;
+  waitpid(pid, &st, 0);
+}
 
 // Pids whose parent is `ppid` (from /proc/PID/stat), zombies left out.
 inline std::vector<pid_t> children_of(pid_t ppid) {
