@@ -13,50 +13,39 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
 #include <string>
 #include <vector>
 
 #include "cxlkv/region.hpp"
 #include "cxlkv/sync.hpp"
+#include "multiproc/lock_helper.hpp"
 
 using namespace std::chrono_literals;
 
 int main(int argc, char** argv) {
-  if (argc != 4 && argc != 5) {
-    std::fprintf(stderr, "usage: lock_set_helper URI NODE ITERS|full:ITERS|hold [BURST]\n");
-    return 2;
-  }
+  const auto args = lock_helper::parse(argc, argv, "usage: lock_set_helper URI NODE ITERS|full:ITERS|hold [BURST]");
+  if (!args) return 2;
   constexpr uint32_t kLocks = 5;
-  auto region = cxlkv::Region::open(argv[1]);
-  if (!region) {
-    std::fprintf(stderr, "helper: %s\n", region.error().message().c_str());
-    return 1;
-  }
-  cxlkv::NodeOptions no;
-  no.node = static_cast<uint32_t>(std::atoi(argv[2]));
-  auto node = cxlkv::NodeContext::attach(*region.value(), no);
-  if (!node) {
-    std::fprintf(stderr, "helper: %s\n", node.error().message().c_str());
-    return 1;
-  }
-  cxlkv::MemoryDomain& d = region.value()->domain();
-  auto kv = region.value()->carve(CXLKV_CARVE_KV).value();
-  auto* counters = region.value()->at<uint64_t>(kv.offset);  // counter k at counters[8 * k]
-  const std::string mode = argv[3];
+  auto at = lock_helper::attach(*args);
+  if (!at) return 1;
+  cxlkv::Region& region = *at->region;
+  cxlkv::MemoryDomain& d = region.domain();
+  auto kv = region.carve(CXLKV_CARVE_KV).value();
+  auto* counters = region.at<uint64_t>(kv.offset);  // counter k at counters[8 * k]
+  const std::string& mode = args->mode;
   const bool hold = mode == "hold";
   const bool full = hold || mode.rfind("full:", 0) == 0;
   const long iters = hold ? 1 : std::atol(mode.c_str() + (full ? 5 : 0));
-  const long burst = argc == 5 ? std::atol(argv[4]) : 0;
-  cxlkv::LockSet set(*node.value());
+  const long burst = args->burst;
+  cxlkv::LockSet set(*at->node);
   bool recovered = false;
   for (long i = 0; i < iters; i++) {
     std::vector<uint32_t> ids;
     for (uint32_t k = 0; k < kLocks; k++)
-      if (full || k != (no.node + i) % kLocks) ids.push_back(CXLKV_LOCK_FIRST_USER + kLocks - 1 - k);  // any order
+      if (full || k != (args->node + i) % kLocks) ids.push_back(CXLKV_LOCK_FIRST_USER + kLocks - 1 - k);  // any order
     auto r = set.try_lock_for(ids, 30s);
     if (!r) {
-      std::fprintf(stderr, "helper node %u: %s\n", no.node, r.error().message().c_str());
+      std::fprintf(stderr, "helper node %u: %s\n", args->node, r.error().message().c_str());
       return 1;
     }
     if (r.value() == cxlkv::Acquired::recovered) recovered = true;
@@ -74,7 +63,7 @@ int main(int argc, char** argv) {
     }
     if (!set.unlock().ok()) return 1;
     if (burst > 0 && i % burst == burst - 1)
-      usleep(static_cast<useconds_t>(1000 + 1000 * ((i / burst + no.node) % 3)));
+      usleep(static_cast<useconds_t>(1000 + 1000 * ((i / burst + args->node) % 3)));
   }
   return recovered ? 4 : 0;
 }
