@@ -3,73 +3,39 @@
 when their store (or pool) is closed, and everything a process held when it
 was killed with SIGKILL (pins, a put in flight, leases it took) stop
 blocking eviction, so another node can fill the pool again."""
-import multiprocessing as mp
-import os
-import signal
 import time
 
 import numpy as np
 
 import cxlkv
-from conftest import make_uri, remove_pool_files
-
-# 2 MiB blocks: whole chunks, freed straight back to the pool's bitmap, so
-# another node can reuse what an eviction frees (smaller blocks go back to
-# their writer's heap).
-BLOCK = 2 << 20
+from conftest import BLOCK, fill_chain, fill_chain_within, make_uri, process_killed_after, remove_pool_files
 
 
-def _fill(kv, salt, n):
-    """Put n fresh blocks as one chain; the number that made it in."""
-    keys = cxlkv.block_keys(np.arange(n * 16) + salt, 16)
-    st = kv.put(keys, [np.full(BLOCK, (salt + i) % 251, np.uint8) for i in range(n)])
-    return int(cxlkv.put_ok(st).sum()), keys
+def test_pins_left_open_are_released_when_their_store_closes(small_env):
+    a = cxlkv.KvStore(small_env.pool, 1)
+    full, keys = fill_chain(a, 0, 40)  # more than the pool holds: it is full of these
+    assert 0 < full < 40
+    pins = a.pin(keys[:full])
+    assert pins.pinned.all()
+    b = cxlkv.KvStore(small_env.pool, 2)
+    assert fill_chain(b, 10_000, 4)[0] == 0  # every block pinned: nothing to evict
+    a.close()  # the pins object is still alive and was never released
+    # Before: node 1's pin bits stayed (this process, so node 1, lives on)
+    # and node 2 got -ENOSPC for good.
+    got, _ = fill_chain(b, 10_000, 4)
+    assert got == 4, b.last_error
+    assert pins._released
+    pins.release()  # harmless now
+    b.close()
 
 
-def _small_pool(tag, size=64 << 20):
-    uri, path = make_uri(tag, size)
-    cxlkv.Pool.format(uri, max_nodes=4)
-    pool = cxlkv.Pool(uri)
-    return uri, path, pool, cxlkv.LockManager(pool)
-
-
-def _drop(path, pool, mgr):
-    mgr.stop()
-    for node in range(4):
-        pool.remove_node_local(node)
-    pool.close()
-    os.unlink(path)
-
-
-def test_pins_left_open_are_released_when_their_store_closes():
-    uri, path, pool, mgr = _small_pool("pinclose")
-    try:
-        a = cxlkv.KvStore(pool, 1)
-        full, keys = _fill(a, 0, 40)  # more than the pool holds: it is full of these
-        assert 0 < full < 40
-        pins = a.pin(keys[:full])
-        assert pins.pinned.all()
-        b = cxlkv.KvStore(pool, 2)
-        assert _fill(b, 10_000, 4)[0] == 0  # every block pinned: nothing to evict
-        a.close()  # the pins object is still alive and was never released
-        # Before: node 1's pin bits stayed (this process, so node 1, lives on)
-        # and node 2 got -ENOSPC for good.
-        got, _ = _fill(b, 10_000, 4)
-        assert got == 4, b.last_error
-        assert pins._released
-        pins.release()  # harmless now
-        b.close()
-    finally:
-        _drop(path, pool, mgr)
-
-
-def _holder(uri, ready, salt):
+def _holder(uri, salt, ready):
     """Another host's engine: pins a chain, leases it, and keeps a long put
     running on an async store when it is killed."""
     from cxlkv.aio import AsyncKv
     pool = cxlkv.Pool(uri)
     kv = cxlkv.KvStore(pool, 2)
-    full, keys = _fill(kv, salt, 40)
+    full, keys = fill_chain(kv, salt, 40)
     pins = kv.pin(keys[:full])
     assert pins.pinned.all()
     # leased to a consumer on node 3 (this process): it ends when node 3 dies
@@ -81,34 +47,16 @@ def _holder(uri, ready, salt):
     time.sleep(600)
 
 
-def test_a_killed_process_leaves_no_pin_reservation_or_lease_behind():
-    uri, path, pool, mgr = _small_pool("killed")
-    ctx = mp.get_context("spawn")
-    ready = ctx.Event()
-    p = ctx.Process(target=_holder, args=(uri, ready, 0))
-    p.start()
-    try:
-        assert ready.wait(180), "holder process did not get into position"
+def test_a_killed_process_leaves_no_pin_reservation_or_lease_behind(small_env):
+    with process_killed_after(_holder, small_env.uri, 0):
         time.sleep(0.2)  # its put is under way
-    finally:
-        os.kill(p.pid, signal.SIGKILL)
-        p.join(60)
-    try:
-        kv = cxlkv.KvStore(pool, 1)
-        deadline = time.monotonic() + 60
-        got = 0
-        while time.monotonic() < deadline:
-            got, keys = _fill(kv, 20_000, 4)
-            if got == 4:
-                break
-            time.sleep(0.2)
-        assert got == 4, f"after the kill only {got} of 4 blocks fit: {kv.last_error}"
-        out = [np.zeros(BLOCK, np.uint8) for _ in range(4)]
-        assert cxlkv.get_ok(kv.get(keys, out)).all()
-        assert all(int(o[0]) == (20_000 + i) % 251 for i, o in enumerate(out))
-        kv.close()
-    finally:
-        _drop(path, pool, mgr)
+    kv = cxlkv.KvStore(small_env.pool, 1)
+    got, keys = fill_chain_within(kv, 20_000, 4)
+    assert got == 4, f"after the kill only {got} of 4 blocks fit: {kv.last_error}"
+    out = [np.zeros(BLOCK, np.uint8) for _ in range(4)]
+    assert cxlkv.get_ok(kv.get(keys, out)).all()
+    assert all(int(o[0]) == (20_000 + i) % 251 for i, o in enumerate(out))
+    kv.close()
 
 
 _EXIT_SCRIPT = r"""
