@@ -21,6 +21,7 @@
 #include "cxlkv/sync.hpp"
 #include "index/prefix_index.hpp"
 #include "pool/format.hpp"
+#include "unit/proc_util.hpp"
 
 using namespace cxlkv;
 
@@ -38,24 +39,13 @@ struct Child {
 
 // Starts the helper and waits for its READY line.
 Child start(const std::vector<std::string>& args) {
-  int fd[2];
-  if (pipe(fd) != 0) return {};
+  std::vector<std::string> argv = {helper()};
+  argv.insert(argv.end(), args.begin(), args.end());
+  int fd = -1;
   Child c;
-  c.pid = fork();
-  if (c.pid == 0) {
-    dup2(fd[1], 1);
-    close(fd[0]);
-    std::vector<char*> av;
-    std::string h = helper();
-    av.push_back(h.data());
-    std::vector<std::string> a = args;
-    for (auto& s : a) av.push_back(s.data());
-    av.push_back(nullptr);
-    execv(h.c_str(), av.data());
-    _exit(127);
-  }
-  close(fd[1]);
-  c.out = fdopen(fd[0], "r");
+  c.pid = proc_util::spawn(argv, &fd);
+  if (c.pid < 0) return {};
+  c.out = fdopen(fd, "r");
   char line[64] = {};
   if (!fgets(line, sizeof line, c.out) || std::string(line) != "READY\n") c.pid = -1;
   return c;

@@ -28,6 +28,7 @@
 #include "cxlkv/sync.hpp"
 #include "index/prefix_index.hpp"
 #include "pool/format.hpp"
+#include "unit/proc_util.hpp"
 
 using namespace cxlkv;
 using namespace std::chrono_literals;
@@ -77,24 +78,11 @@ struct Child {
 
 // Starts the helper and waits (at most 20 s) for its READY line.
 Child start(const std::vector<std::string>& args, const std::string& what) {
-  int fd[2];
-  if (pipe(fd) != 0) return {};
+  std::vector<std::string> argv = {helper()};
+  argv.insert(argv.end(), args.begin(), args.end());
   Child c;
-  c.pid = fork();
-  if (c.pid == 0) {
-    dup2(fd[1], 1);
-    close(fd[0]);
-    std::vector<char*> av;
-    std::string h = helper();
-    av.push_back(h.data());
-    std::vector<std::string> a = args;
-    for (auto& s : a) av.push_back(s.data());
-    av.push_back(nullptr);
-    execv(h.c_str(), av.data());
-    _exit(127);
-  }
-  close(fd[1]);
-  c.fd = fd[0];
+  c.pid = proc_util::spawn(argv, &c.fd);
+  if (c.pid < 0) return {};
   std::string got;
   const auto deadline = std::chrono::steady_clock::now() + 20s;
   while (got.find('\n') == std::string::npos && std::chrono::steady_clock::now() < deadline) {
