@@ -32,30 +32,11 @@ std::string helper() {
   return std::string(t ? t : "tools") + "/../tests/kv_crash_helper";
 }
 
-struct Child {
-  pid_t pid = -1;
-  FILE* out = nullptr;
-};
+using Child = proc_util::ReadyChild;
+using proc_util::kill9;
 
 // Starts the helper and waits for its READY line.
-Child start(const std::vector<std::string>& args) {
-  std::vector<std::string> argv = {helper()};
-  argv.insert(argv.end(), args.begin(), args.end());
-  int fd = -1;
-  Child c;
-  c.pid = proc_util::spawn(argv, &fd);
-  if (c.pid < 0) return {};
-  c.out = fdopen(fd, "r");
-  char line[64] = {};
-  if (!fgets(line, sizeof line, c.out) || std::string(line) != "READY\n") c.pid = -1;
-  return c;
-}
-
-void kill9(Child& c) {
-  kill(c.pid, SIGKILL);
-  waitpid(c.pid, nullptr, 0);
-  fclose(c.out);
-}
+Child start(const std::vector<std::string>& args) { return proc_util::start_ready(helper(), args); }
 
 struct Pool {
   explicit Pool(const std::string& size = "64M") {

@@ -79,6 +79,35 @@ inline void kill_and_reap(pid_t pid) {
   waitpid(pid, &st, 0);
 }
 
+// A helper process started with start_ready, its stdout open for reading.
+struct ReadyChild {
+  pid_t pid = -1;
+  FILE* out = nullptr;
+};
+
+// Starts `exe` with `args` and waits for its first stdout line, READY (the
+// helper is in position); pid -1 when the line is anything else or missing.
+inline ReadyChild start_ready(const std::string& exe, const std::vector<std::string>& args) {
+  std::vector<std::string> argv = {exe};
+  argv.insert(argv.end(), args.begin(), args.end());
+  int fd = -1;
+  ReadyChild c;
+  c.pid = spawn(argv, &fd);
+  if (c.pid < 0) return {};
+  c.out = fdopen(fd, "r");
+  char line[64] = {};
+  if (!fgets(line, sizeof line, c.out) || std::string(line) != "READY\n") c.pid = -1;
+  return c;
+}
+
+// SIGKILL, reap, close its stdout; pid -1 after.
+inline void kill9(ReadyChild& c) {
+  kill(c.pid, SIGKILL);
+  waitpid(c.pid, nullptr, 0);
+  fclose(c.out);
+  c.pid = -1;
+}
+
 // Pids whose parent is `ppid` (from /proc/PID/stat), zombies left out.
 inline std::vector<pid_t> children_of(pid_t ppid) {
   std::vector<pid_t> out;
