@@ -251,8 +251,10 @@ TEST(Replay, KillMinus9OfTheParentLeavesNoWorkerRunningAndNoPoolOrCoordinationSe
     int fd = open(err.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
     dup2(fd, 2);
     std::string exe = replay_run::tools() + "/cxlkv-replay";
+    // --small-pages: the pool in /dev/shm, where a kill could leave it (the
+    // default private tmpfs has no name to leave: huge_tmpfs.hpp).
     execl(exe.c_str(), exe.c_str(), "--requests", "3000", "--time-scale", "1", "--prefill", "2", "--decode", "1",
-          "--layers", "1", "--head-size", "16", (char*)nullptr);
+          "--layers", "1", "--head-size", "16", "--small-pages", (char*)nullptr);
     _exit(127);
   }
   const std::string mine = "cxlkv-replay-" + std::to_string(pid) + "-";
@@ -296,6 +298,27 @@ TEST(Replay, KillMinus9OfTheParentLeavesNoWorkerRunningAndNoPoolOrCoordinationSe
                  << "* removed by the test";
   }
   EXPECT_TRUE(shm_entries_containing(node_prefix).empty()) << node_prefix << "* left after node gc";
+}
+
+// The run's own pool is on 2 MiB pages, as a CXL pool is mapped: a private
+// tmpfs (huge=always) that leaves no mount behind.  It needs CAP_SYS_ADMIN.
+TEST(Replay, OwnPoolIsOnTwoMiBPagesInAPrivateTmpfsThatLeavesNoMount) {
+  if (geteuid() != 0) GTEST_SKIP() << "a private tmpfs needs CAP_SYS_ADMIN (root)";
+  const std::string before = slurp("/proc/self/mountinfo");
+  int st;
+  std::string out = run("--requests 6 --prefill 1 --decode 1", &st);
+  ASSERT_EQ(st, 0) << out;
+  EXPECT_EQ(field(out, "errors"), 0u) << out;
+  EXPECT_EQ(field(out, "page_bytes"), 2u << 20) << out;
+  EXPECT_EQ(slurp("/proc/self/mountinfo"), before) << "the run's tmpfs was mounted where others see it";
+}
+
+TEST(Replay, SmallPagesKeepsTheOwnPoolInDevShmOnFourKiBPages) {
+  int st;
+  std::string out = run("--requests 6 --prefill 1 --decode 1 --small-pages", &st);
+  ASSERT_EQ(st, 0) << out;
+  EXPECT_EQ(field(out, "errors"), 0u) << out;
+  EXPECT_EQ(field(out, "page_bytes"), 4096u) << out;
 }
 
 // Issue 11's targets on bounded runs that finish in well under a minute:

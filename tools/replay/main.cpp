@@ -28,6 +28,7 @@
 #include "pool/format.hpp"
 #include "pool_open.hpp"
 #include "region/backend.hpp"
+#include "huge_tmpfs.hpp"
 #include "replay.hpp"
 #include "svg_chart.hpp"
 
@@ -39,10 +40,16 @@ using namespace cxlkv;
 const char* kUsage =
     "usage: cxlkv-replay [options]\n"
     "\n"
-    "Replays a serving workload on an embedded shm pool with real KV bytes: a lock\n"
+    "Replays a serving workload on an embedded pool with real KV bytes: a lock\n"
     "manager, P prefill and D decode worker processes (one node each).  Prefill looks\n"
     "up the longest cached prefix, fetches those blocks, produces and publishes the\n"
     "rest; decode fetches and verifies every prompt block.\n"
+    "\n"
+    "The run's own pool lives on 2 MiB pages, as a CXL pool is mapped: in a private\n"
+    "tmpfs mounted huge=always that only the run sees (it needs CAP_SYS_ADMIN, e.g.\n"
+    "root).  Otherwise, or with --small-pages, it is a shm: pool in /dev/shm on the\n"
+    "4 KiB pages /dev/shm usually gives, where each worker builds page tables for\n"
+    "every block it touches.  The summary says which (JSON: page_bytes).\n"
     "\n"
     "  --trace FILE         Mooncake JSONL trace (default: built-in generator)\n"
     "  --requests N         requests (generator: 100) / at most N requests (trace: all)\n"
@@ -63,7 +70,9 @@ const char* kUsage =
     "  --pool URI           run on this pool (e.g. shm:NAME:SIZE).  The run formats it, which\n"
     "                       destroys what it holds: a valid pool is refused without --force\n"
     "  --force              let --pool reformat a valid pool\n"
-    "  --interleave N       stripe payload over N shm pools (1 or 2)\n"
+    "  --small-pages        own pool in /dev/shm (4 KiB pages) instead of a private\n"
+    "                       2 MiB-page tmpfs\n"
+    "  --interleave N       stripe payload over N pools (1 or 2)\n"
     "  --ssd PATH           add an SSD tier on this file (created if missing; O_DIRECT needs\n"
     "                       a real file system such as /tmp or /var/tmp; older tmpfs refuses\n"
     "                       it).  Blocks evicted from memory are demoted to it, SSD hits\n"
@@ -98,6 +107,7 @@ struct Summary {
   double p50(uint32_t op) const { return lat[op].percentile_us(50); }
   double p99(uint32_t op) const { return lat[op].percentile_us(99); }
   uint64_t block_bytes = 0, capacity = 0;
+  uint64_t page_bytes = 4096;  // page size backing the pool's mapping (huge_tmpfs.hpp)
   double hit_ratio() const { return input_tokens ? double(hit_tokens) / double(input_tokens) : 0; }
   // Token hit ratio over the LRU reference's (1.0 when both are 0).
   double vs_lru() const { return lru.ratio() > 0 ? hit_ratio() / lru.ratio() : (hit_ratio() > 0 ? INFINITY : 1.0); }
@@ -115,12 +125,16 @@ void on_stop_signal(int sig) { g_stop_signal = sig; }
 // gone), and the node-local files of the run's nodes.
 struct RunFiles {
   std::vector<std::string> shm;         // "/name" of pools and the coordination segment
+  HugeTmpfs huge;                       // the run's own pools on 2 MiB pages (huge_tmpfs.hpp), if it could
+  std::vector<std::string> huge_files;  // pool files in `huge`
   std::vector<std::string> node_local;  // node-local shm names of nodes 0..workers
   std::vector<pid_t> kids;
   std::vector<bool> reaped;
   void unlink_shared() {
     for (auto& n : shm) shm_unlink(n.c_str());
     shm.clear();
+    for (auto& n : huge_files) huge.unlink(n);
+    huge_files.clear();
   }
   ~RunFiles() {
     for (size_t i = 0; i < kids.size(); i++)
@@ -141,25 +155,46 @@ Result<Summary> run_once(const Config& c, const std::vector<Request>& reqs, int 
   const std::string tag = std::to_string(getpid()) + "-" + std::to_string(now_ns() % 100000);
   Config cc = c;
   bool own_pool = cc.pool_uri.empty();
-  if (own_pool) cc.pool_uri = "shm:cxlkv-replay-" + tag + ":" + std::to_string(cc.pool_size >> 20) + "M";
   PoolFormatOptions fo;
+  // The run's own pools (this one and --interleave's): file:s in a private
+  // 2 MiB-page tmpfs when it can mount one, else shm: pools in /dev/shm.
+  auto own_pool_uri = [&](const std::string& name) {
+    if (files.huge.ok()) {
+      files.huge_files.push_back(name);
+      return files.huge.pool_uri(name);
+    }
+    const std::string u = "shm:" + name + ":" + std::to_string(cc.pool_size >> 20) + "M";
+    files.shm.push_back(shm_name_of(u));
+    return u;
+  };
+  if (own_pool && !cc.small_pages) {
+    files.huge = HugeTmpfs::mount(cc.pool_size * cc.interleave);
+    if (files.huge.ok()) {
+      fo.size = cc.pool_size;  // a file: pool takes its size from the format
+      setenv("CXLKV_HUGE_PAGES", "prefer", 0);  // here and in the workers (a user's setting stays)
+    } else if (!cc.quiet) {
+      std::fprintf(stderr, "cxlkv-replay: pool on 4 KiB pages in /dev/shm: no private 2 MiB-page tmpfs (%s)\n",
+                   files.huge.why_not().c_str());
+    }
+  }
+  if (own_pool) cc.pool_uri = own_pool_uri("cxlkv-replay-" + tag);
   fo.force = true;
   fo.max_nodes = 16;
   // One index slot per 16 KiB of pool: room for every block of the run.
   fo.index_entries = std::max<uint64_t>(cc.pool_size / (16 << 10), cc.min_index_entries);
-  if (own_pool) files.shm.push_back(shm_name_of(cc.pool_uri));
   auto region = format_pool(cc.pool_uri, fo);
   if (!region) return region.error();
+  s.page_bytes = region.value()->huge_pages() ? (2ull << 20) : 4096;
   const uint32_t nworkers = cc.prefill + cc.decode;
   for (uint32_t w = 0; w <= nworkers; w++)
     files.node_local.push_back(NodeContext::default_local_name(*region.value(), w));
   if (!cc.quiet)
-    std::fprintf(stderr, "cxlkv-replay: pool %s (node-local files %s..%u)\n", cc.pool_uri.c_str(),
+    std::fprintf(stderr, "cxlkv-replay: pool %s on %s pages%s (node-local files %s..%u)\n", cc.pool_uri.c_str(),
+                 s.page_bytes > 4096 ? "2 MiB" : "4 KiB", files.huge.ok() ? ", a private tmpfs" : "",
                  files.node_local[0].substr(0, files.node_local[0].rfind('-') + 1).c_str(), nworkers);
   std::vector<std::string> extra;
   for (uint32_t d = 1; d < cc.interleave; d++) {
-    std::string u = "shm:cxlkv-replay-" + tag + "-dev" + std::to_string(d) + ":" + std::to_string(cc.pool_size >> 20) + "M";
-    files.shm.push_back(shm_name_of(u));
+    const std::string u = own_pool_uri("cxlkv-replay-" + tag + "-dev" + std::to_string(d));
     auto r2 = format_pool(u, fo);
     if (!r2) return r2.error();
     extra.push_back(u);
@@ -367,7 +402,7 @@ void print_summary(const Summary& s, const Config& c, const char* title) {
                  s.lru.ratio(), (unsigned long)s.capacity, s.vs_lru());
   std::fprintf(stderr,
                "  blocks written      %lu   read %lu   (%lu KiB each)\n"
-               "  throughput          %.2f GB/s  over %.2f s\n"
+               "  throughput          %.2f GB/s  over %.2f s   (pool on %s pages)\n"
                "  evictions           %lu   uncached blocks %lu   lost hits %lu\n"
                "  decode misses       %lu   (blocks handed off to a decode and gone before it read them: errors)\n"
                "  handoff             %lu blocks not handed off (not cached when prefill leased)   lease expiries %lu\n"
@@ -375,7 +410,7 @@ void print_summary(const Summary& s, const Config& c, const char* title) {
                "lease errors %lu\n"
                "  errors              %lu\n",
                (unsigned long)s.blocks_written, (unsigned long)s.blocks_read, (unsigned long)(s.block_bytes >> 10),
-               s.bytes / 1e9 / s.seconds, s.seconds, (unsigned long)s.evictions, (unsigned long)s.uncached,
+               s.bytes / 1e9 / s.seconds, s.seconds, s.page_bytes > 4096 ? "2 MiB" : "4 KiB", (unsigned long)s.evictions, (unsigned long)s.uncached,
                (unsigned long)s.lost_hits, (unsigned long)s.decode_misses, (unsigned long)s.not_handed_off,
                (unsigned long)s.lease_expiries, (unsigned long)s.expired_misses, (unsigned long)s.lease_errors,
                (unsigned long)s.errors);
@@ -502,6 +537,7 @@ bool parse(int argc, char** argv, Config* c, std::string* err) {
     else if (a == "--head-size") { if (!num(1, 1024)) return false; c->head_size = uint32_t(u); }
     else if (a == "--time-scale") { if (!frac(0, 1e6)) return false; c->time_scale = x; }
     else if (a == "--no-verify") c->verify = false;
+    else if (a == "--small-pages") c->small_pages = true;
     else if (a == "--json") c->json = true;
     else if (a == "--quiet") c->quiet = true;
     else if (a == "--worker") { if (!(v = need(i))) return false; c->worker = v; }
@@ -694,6 +730,7 @@ int run_parent(const Config& c, char** argv, int argc) {
         .f("seconds", s.seconds)
         .f("gbps", s.bytes / 1e9 / s.seconds)
         .f("block_ops_per_s", double(s.blocks_written + s.blocks_read) / s.seconds, 1)
+        .u("page_bytes", s.page_bytes)
 
         .u("evictions", s.evictions)
         .u("uncached_blocks", s.uncached)

@@ -22,6 +22,7 @@ namespace replay {
 struct Config {
   std::string pool_uri;          // default shm:cxlkv-replay-<pid>:<pool_size>
   bool force = false;            // --force: --pool may name a valid pool (the run reformats it)
+  bool small_pages = false;      // --small-pages: own pools in /dev/shm (4 KiB pages), not huge_tmpfs.hpp's
   uint64_t pool_size = 2ull << 30;
   std::string trace;             // empty: built-in generator
   uint32_t max_requests = 0;     // trace: 0 = all; generator: requests

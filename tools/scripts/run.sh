@@ -1,5 +1,6 @@
 #!/bin/sh
-# The main job: cxlkv-replay on an embedded shm pool (no module, no CXL).
+# The main job: cxlkv-replay on an embedded pool (no module, no CXL): 2 MiB
+# pages in a private tmpfs when run as root, else a shm pool in /dev/shm.
 # A lock manager, prefill and decode worker processes (one node each) replay
 # the built-in workload, or a Mooncake JSONL trace with TRACE=path, then the
 # sweep: capacities of 5%, 10%, 25% and 50% of the distinct blocks, each hit

@@ -129,6 +129,10 @@ class Region {
   std::byte* base() const { return base_; }
   uint64_t size() const { return size_; }
   MemoryDomain& domain() const { return *domain_; }
+  // Whether huge pages (2 MiB or more) back this process's mapping of the
+  // pool (shm:/file: with HugePages on a tmpfs or hugetlbfs that gives them;
+  // checked when the pages were faulted in).
+  bool huge_pages() const;
 
   // A fresh copy of the superblock (invalidated and re-read: rule 4).  If
   // the fresh copy fails validation (an update in flight, or damage), the

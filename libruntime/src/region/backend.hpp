@@ -77,6 +77,8 @@ class Backend {
   // the kernel refused, the access then faults as usual).
   virtual bool maps_on_use() const { return false; }
   virtual bool map_range(uint64_t /*off*/, uint64_t /*len*/) { return true; }
+  // After map(): whether 2 MiB (or larger) pages back the mapping.
+  virtual bool huge_pages_in_effect() const { return false; }
 
   // Serialize superblock updates between processes of this host (flock on
   // the device file where there is one); unlock_metadata() releases it.

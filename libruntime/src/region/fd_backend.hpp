@@ -39,7 +39,7 @@ class FdBackend : public Backend {
   void unlock_metadata() override;
   // After map(): whether huge pages back the mapping (checked only when the
   // pages were faulted in).
-  bool huge_pages_in_effect() const { return huge_effective_; }
+  bool huge_pages_in_effect() const override { return huge_effective_; }
 
  private:
   Result<void> allocate_and_populate();

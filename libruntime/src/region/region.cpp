@@ -374,6 +374,8 @@ cxlkv_superblock Region::superblock() const {
 
 uint32_t Region::max_nodes() const { return superblock().max_nodes; }
 
+bool Region::huge_pages() const { return backend_ && backend_->huge_pages_in_effect(); }
+
 Result<CarveInfo> Region::carve(std::string_view name) const {
   cxlkv_superblock sb = superblock();
   for (uint32_t i = 0; i < sb.ncarves; i++)
