@@ -3,7 +3,7 @@
 //   replay.block_ops_per_s     default workload (2 MiB blocks, unbounded): blocks written + read per second
 //                              (the run's own pool on 2 MiB pages when it can mount a private tmpfs)
 //   replay.block_ops_per_s_small_pages  the same with the pool in /dev/shm on 4 KiB pages (--small-pages)
-//   replay.page_bytes          the page size the first run's pool was on (2097152 or 4096)
+//   replay.page_kib            the page size the first run's pool was on (2048 or 4)
 //   replay.hit_vs_lru_10pct    synthetic trace at a capacity of 10% of its distinct blocks: token hit
 //                              ratio / the block-LRU reference's at the same capacity (issue 11)
 //   replay.hit_vs_lru_25pct    the same at 25%
@@ -77,7 +77,7 @@ void bench_replay(bench::Results& res) {
   const std::string requests = "--requests " + std::to_string(std::max(50, int(300 * bench::scale())));
   std::string out = replay(requests);
   res.set("replay.block_ops_per_s", field(out, "block_ops_per_s"));
-  res.set("replay.page_bytes", field(out, "page_bytes"));
+  res.set("replay.page_kib", field(out, "page_bytes") / 1024);
   res.set("replay.block_ops_per_s_small_pages", field(replay(requests + " --small-pages"), "block_ops_per_s"));
 
   std::string trace = find_trace();
