@@ -47,9 +47,11 @@ struct ShmKv {
   }
   ~ShmKv() {
     session.reset();
-    const std::string local = node->local_shm_name();
-    node.reset();
-    shm_unlink(("/" + local).c_str());  // this node's node-local file
+    if (node) {  // a test may have detached it
+      const std::string local = node->local_shm_name();
+      node.reset();
+      shm_unlink(("/" + local).c_str());  // this node's node-local file
+    }
     mgr->stop();
     mgr.reset();
     region.reset();
@@ -496,6 +498,128 @@ TEST(IndexIntegrity, TheChildCountAuditDoesNotReportACountThatChangesWhileItSett
   fixer.join();
   ASSERT_TRUE(settled.ok()) << settled.error().message();
   EXPECT_TRUE(settled->empty()) << describe_child_count_mismatch(settled->front());
+}
+
+namespace {
+// A READY block whose count stays one above its children, as a process that
+// died between removing a child and dropping its parent's count leaves it:
+// the count raised by a forged line while its child is cached (a block with
+// a child is on no eviction list), then the child removed as kv rm does
+// (the count drops by one, to 1, with no child left).  Returns its slot.
+uint32_t leave_stale_count(ShmKv& p, KvStore& kv, const std::vector<BlockKey>& keys) {
+  publish_chain(kv, keys);
+  forge_children(p, kv, keys[0], 2);
+  EXPECT_TRUE(kv.index().remove(keys[1]).ok());
+  return kv.index().find_ready(keys[0]);
+}
+
+// The node's processes stop: its session closes, it detaches, and (this
+// test's process living on, so its node would count as live) the operator
+// marks it evicted.
+void stop_the_node(ShmKv& p) {
+  p.session.reset();
+  const std::string local = p.node->local_shm_name();
+  p.node.reset();
+  shm_unlink(("/" + local).c_str());
+  ASSERT_TRUE(evict_node(*p.region, p.region->domain(), 1, /*force=*/true).ok());
+}
+
+void attach_again(ShmKv& p) {
+  NodeOptions no;
+  no.node = 1;
+  auto n = NodeContext::attach(*p.region, no);
+  ASSERT_TRUE(n.ok()) << n.error().message();
+  p.node = std::move(n.value());
+  ASSERT_TRUE(p.open().ok());
+}
+}  // namespace
+
+// cxlkvctl kv check --repair, offline: refused while a node is live (the
+// message names it and writes nothing); with none, the stale count is set
+// to the children found, the block joins its eviction list, the audit then
+// reports nothing, and once a node attaches again the lists are sound and
+// an eviction takes the block.
+TEST(IndexIntegrity, TheOfflineRepairSetsAStaleCountToTheChildrenFoundAndTheBlockIsEvictedAfter) {
+  ShmKv p;
+  ASSERT_TRUE(p.open().ok());
+  auto keys = keys_from_ids(std::vector<uint64_t>{1601, 1602});
+  const uint32_t slot = leave_stale_count(p, p.session->store(), keys);
+  PrefixIndex& ix = p.session->store().index();
+  ASSERT_NE(slot, CXLKV_INDEX_NO_SLOT);
+  ASSERT_EQ(ix.entry(slot).children, 1u);
+  ASSERT_FALSE(ix.entry(slot).linked);
+  auto stuck = ix.remove(keys[0]);
+  ASSERT_FALSE(stuck.ok());
+  EXPECT_EQ(stuck.error().code(), -ENOTEMPTY) << "the stale count keeps the block";
+  MemoryDomain& d = p.region->domain();
+
+  auto refused = index_repair_child_counts(*p.region, d);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.error().code(), -EBUSY);
+  EXPECT_NE(refused.error().message().find("pool " + p.uri + ": refusing to repair children counts while nodes "
+                                           "are live: node 1 (pid " + std::to_string(getpid()) + " on "),
+            std::string::npos)
+      << refused.error().message();
+  EXPECT_EQ(ix.entry(slot).children, 1u) << "nothing written while a node is live";
+
+  ASSERT_NO_FATAL_FAILURE(stop_the_node(p));
+  auto rep = index_repair_child_counts(*p.region, d);
+  ASSERT_TRUE(rep.ok()) << rep.error().message();
+  ASSERT_EQ(rep->repaired.size(), 1u);
+  const ChildCountRepair& r = rep->repaired[0];
+  EXPECT_EQ(r.was.slot, slot);
+  EXPECT_EQ(r.was.key, keys[0]);
+  EXPECT_EQ(r.was.stored, 1u);
+  EXPECT_EQ(r.was.found, 0u);
+  EXPECT_TRUE(r.listed);
+  EXPECT_TRUE(rep->changed.empty());
+  EXPECT_EQ(rep->attached_meanwhile, "");
+  EXPECT_EQ(describe_child_count_repair(r), "block " + to_hex(keys[0]) + " (index slot " + std::to_string(slot) +
+                                                ", READY): children 1 -> 0, a leaf on its stripe's eviction list "
+                                                "(evictable)");
+  auto after = index_audit(*p.region, d, std::chrono::milliseconds(0));
+  ASSERT_TRUE(after.ok()) << after.error().message();
+  EXPECT_EQ(after->problems(), 0u);
+  auto again = index_repair_child_counts(*p.region, d);
+  ASSERT_TRUE(again.ok()) << again.error().message();
+  EXPECT_TRUE(again->repaired.empty()) << "a sound pool has nothing to repair";
+
+  ASSERT_NO_FATAL_FAILURE(attach_again(p));
+  PrefixIndex& back = p.session->store().index();
+  std::string first;
+  EXPECT_EQ(back.audit_lists(&first), 0u) << first;
+  EXPECT_EQ(back.entry(slot).children, 0u);
+  EXPECT_TRUE(back.entry(slot).linked);
+  auto ev = back.evict_any();
+  ASSERT_TRUE(ev.ok()) << ev.error().message();
+  EXPECT_TRUE(ev.value());
+  EXPECT_EQ(back.find_ready(keys[0]), CXLKV_INDEX_NO_SLOT) << "the block was evicted";
+}
+
+// A count below the children naming the block (it could be evicted under
+// them) is raised to the children found; the block stays off the lists.
+TEST(IndexIntegrity, TheOfflineRepairRaisesACountBelowItsChildren) {
+  ShmKv p;
+  ASSERT_TRUE(p.open().ok());
+  auto keys = keys_from_ids(std::vector<uint64_t>{1701, 1702});
+  publish_chain(p.session->store(), keys);
+  forge_children(p, p.session->store(), keys[0], 0);
+  const uint32_t slot = p.session->store().index().find_ready(keys[0]);
+  ASSERT_NO_FATAL_FAILURE(stop_the_node(p));
+  auto rep = index_repair_child_counts(*p.region, p.region->domain());
+  ASSERT_TRUE(rep.ok()) << rep.error().message();
+  ASSERT_EQ(rep->repaired.size(), 1u);
+  EXPECT_EQ(rep->repaired[0].was.stored, 0u);
+  EXPECT_EQ(rep->repaired[0].was.found, 1u);
+  EXPECT_FALSE(rep->repaired[0].listed);
+  ASSERT_NO_FATAL_FAILURE(attach_again(p));
+  PrefixIndex& ix = p.session->store().index();
+  EXPECT_EQ(ix.entry(slot).children, 1u);
+  std::string first;
+  EXPECT_EQ(ix.audit_lists(&first), 0u) << first;
+  auto rm = ix.remove(keys[0]);
+  ASSERT_FALSE(rm.ok());
+  EXPECT_EQ(rm.error().code(), -ENOTEMPTY) << "prefix closure holds again";
 }
 
 }  // namespace cxlkv

@@ -255,6 +255,20 @@ std::string describe_child_count_mismatch(const ChildCountMismatch& m) {
   return s;
 }
 
+std::string describe_child_count_repair(const ChildCountRepair& r) {
+  const ChildCountMismatch& m = r.was;
+  std::string s = "block " + to_hex(m.key) + " (index slot " + std::to_string(m.slot) + ", " + state_name(m.state) +
+                  "): children " + std::to_string(m.stored) + " -> " + std::to_string(m.found);
+  if (r.listed) s += ", a leaf on its stripe's eviction list (evictable)";
+  return s;
+}
+
+size_t ChildCountRepairReport::now_evictable() const {
+  size_t n = 0;
+  for (const auto& r : repaired) n += r.listed;
+  return n;
+}
+
 std::vector<std::string> IndexAudit::lines(const Region& pool) const {
   std::vector<std::string> out = locations;  // already prefixed
   for (const auto& m : child_counts)

@@ -90,6 +90,38 @@ Result<std::vector<ChildCountMismatch>> index_audit_child_counts(const Region& p
 // names it as parent ..." for messages.
 std::string describe_child_count_mismatch(const ChildCountMismatch& m);
 
+// ---- offline repair (index_repair.cpp; cxlkvctl kv check --repair) ---------
+
+// One children count rewritten: `was` as the snapshot found it (stored: the
+// old count; found: the count written).
+struct ChildCountRepair {
+  ChildCountMismatch was;
+  bool listed = false;  // a READY memory leaf now, on its stripe's eviction list (evictable)
+};
+struct ChildCountRepairReport {
+  std::vector<ChildCountRepair> repaired;
+  std::vector<ChildCountMismatch> changed;  // changed since the snapshot: not rewritten
+  std::string attached_meanwhile;           // nodes found live after the repair ("node 3 (...)"), if any
+  size_t now_evictable() const;
+};
+
+// Like fsck on an unmounted file system: with no node of the pool live (the
+// node table judged by list_nodes / judge_node, as `cxlkvctl node list`
+// shows it; a lock manager is no node and may run), one exact snapshot
+// (index_child_count_snapshot: nothing writes, so no settle), then every
+// live entry whose count differs from the live entries naming it gets the
+// count found (PrefixIndex::set_children on an index attached offline:
+// its stripe-lock protocol and line writes, no lock manager needed).  A
+// READY memory block left without children joins its eviction list, so it
+// can be evicted as soon as a node attaches.  Errors: -EBUSY while a node
+// is live (naming each node and how to stop it), the node table or the
+// index header unreadable (nothing written then).
+Result<ChildCountRepairReport> index_repair_child_counts(const Region& pool, MemoryDomain& d);
+
+// "block <key> (index slot N, READY): children 1 -> 0, a leaf on its
+// stripe's eviction list (evictable)" for messages.
+std::string describe_child_count_repair(const ChildCountRepair& r);
+
 // What `cxlkvctl kv check` reports: the location findings
 // (index_audit_locations) and the child counts (index_audit_child_counts).
 struct IndexAudit {

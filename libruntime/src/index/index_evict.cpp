@@ -153,15 +153,17 @@ void PrefixIndex::child_dropped(LockSet& ls, uint32_t parent_slot, bool reused_c
   // Every read of a block is a read of its whole prefix: the parent of a
   // reused block was reused too.
   if (reused_child) mark_reused(parent_slot);
-  if (e.children == 0 && e.state == CXLKV_ENTRY_READY && e.loc_tier == CXLKV_TIER_MEM) {
-    // A leaf again, on its list by its last read: at the head when read
-    // more recently than that list's tail, else at the tail (usually as
-    // cold as the child that just went).
-    const bool hot = read_ext(parent_slot).linked & CXLKV_EXT_REUSED;
-    const cxlkv_index_stripe& st = ls.st(parent_slot / hdr_.stripe_slots);
-    link(ls, parent_slot, e.lru_ms,
-         /*at_head=*/list_tail(st, hot) != kNo && static_cast<int32_t>(e.lru_ms - list_tail_ms(st, hot)) > 0);
-  }
+  if (e.children == 0 && e.state == CXLKV_ENTRY_READY && e.loc_tier == CXLKV_TIER_MEM) link_leaf(ls, parent_slot, e);
+}
+
+void PrefixIndex::link_leaf(LockSet& ls, uint32_t slot, const cxlkv_index_entry& e) {
+  // A leaf again, on its list by its last read: at the head when read more
+  // recently than that list's tail, else at the tail (usually as cold as the
+  // child that just went).
+  const bool hot = read_ext(slot).linked & CXLKV_EXT_REUSED;
+  const cxlkv_index_stripe& st = ls.st(slot / hdr_.stripe_slots);
+  link(ls, slot, e.lru_ms,
+       /*at_head=*/list_tail(st, hot) != kNo && static_cast<int32_t>(e.lru_ms - list_tail_ms(st, hot)) > 0);
 }
 
 void PrefixIndex::repair_stripe(LockSet& ls, uint32_t s) {

@@ -249,7 +249,8 @@ Result<uint64_t> PrefixIndex::reclaim_dead() {
 // second sweep.  A live dropper still due to drop such a count finds it at
 // 0 and leaves it (child_dropped).  Not repaired: a READY parent's count
 // left by a dead dropper (a live reserve_chain may hold a READY parent's
-// count with no child between its rounds; nothing tells the two apart).
+// count with no child between its rounds; nothing tells the two apart
+// online: cxlkvctl kv check --repair sets it offline, index_repair.cpp).
 Result<uint64_t> PrefixIndex::repair_child_counts() {
   auto live = [](const cxlkv_index_entry& e) { return live_index_state(e.state); };
   std::vector<bool> named(hdr_.nslots, false);

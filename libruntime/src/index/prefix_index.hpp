@@ -307,6 +307,17 @@ class PrefixIndex {
   // (prefix closure: remove them first), -EBUSY a live node pins or leases it.
   Result<void> remove(const BlockKey& key);
   IndexCounters counters() const { return ctr_; }
+  // Offline repair of a children count (index_repair.cpp; cxlkvctl kv check
+  // --repair, index_check.hpp): under the slot's stripe lock, the live entry
+  // at `slot`, if it still holds `key` with count `expected` (as a snapshot
+  // found it), gets count `children`, and its list membership follows as
+  // child_added / child_dropped leave it: a READY memory block without
+  // children joins its stripe's eviction list (link_leaf), one with children
+  // leaves it.  Right only while no other node changes the index (the count
+  // found is then the truth).  false: the entry changed since the snapshot,
+  // nothing written.  *listed: the block is now on an eviction list.
+  Result<bool> set_children(uint32_t slot, const BlockKey& key, uint32_t expected, uint32_t children,
+                            bool* listed = nullptr);
 
   // ---- batches (CONTRACTS.md "PrefixIndex batch interface") ---------------
   // keys[0] is a child of `parent` (nullptr: a root), keys[i] a child of
@@ -442,6 +453,9 @@ class PrefixIndex {
   // Children count down; a READY memory block left without children joins the list.
   // reused_child: the child that went was reused, so the parent was too.
   void child_dropped(LockSet& ls, uint32_t parent_slot, bool reused_child = false);
+  // A READY memory block `e` at `slot` that just became a leaf joins its list
+  // by its last read (child_dropped, set_children).
+  void link_leaf(LockSet& ls, uint32_t slot, const cxlkv_index_entry& e);
   void mark_reused(uint32_t slot);  // sets ext REUSED (under the stripe lock)
   void repair_stripe(LockSet& ls, uint32_t stripe);  // rebuild the lists + counters from the entries
   // Remove entry at slot (payload freed).  A parent in a held stripe has its
