@@ -17,6 +17,7 @@
 #include "cxlkv/keys.hpp"
 #include "cxlkv/metrics.hpp"
 #include "cxlkv/region.hpp"
+#include "cxlkv/sync.hpp"
 #include "uapi/cxlkv.h"
 #include "uapi/cxlkv_index.h"
 
@@ -447,6 +448,30 @@ class CxlkvctlKv : public Cxlkvctl {
   std::string ssd_;
 };
 
+// Sets the children count of the READY block `key` (32 hex digits) of the
+// pool at `uri` to `children`: the whole line with its check recomputed,
+// published NT, as a process that died with the count changed leaves it.
+void forge_children(const std::string& uri, const std::string& key, uint32_t children, uint32_t* slot) {
+  auto region = cxlkv::Region::open(uri);
+  ASSERT_TRUE(region.ok()) << region.error().message();
+  cxlkv::Region& r = *region.value();
+  cxlkv::MemoryDomain& d = r.domain();
+  std::byte* carve = r.at(r.carve(CXLKV_CARVE_INDEX).value().offset);
+  const auto h = d.read_fresh(reinterpret_cast<const cxlkv_index_header*>(carve));
+  auto* entries = reinterpret_cast<cxlkv_index_entry*>(carve + h.entry_off);
+  for (uint64_t i = 0; i < h.nslots; i++) {
+    cxlkv_index_entry e = d.read_fresh(entries + i);
+    if (e.state != CXLKV_ENTRY_READY || cxlkv::to_hex(cxlkv::BlockKey{e.key_lo, e.key_hi}) != key) continue;
+    e.children = children;
+    e.check = cxlkv_index_entry_check(&e);
+    d.publish_line(entries + i, &e);  // rule 1: whole line, NT
+    d.fence();                        // rule 3: in memory before the tool reads it
+    *slot = static_cast<uint32_t>(i);
+    return;
+  }
+  FAIL() << "no READY entry for " << key;
+}
+
 }  // namespace
 
 TEST_F(CxlkvctlKv, PutThenGetReturnsTheFileByteForByteAndLsListsTheBlock) {
@@ -706,27 +731,7 @@ TEST_F(CxlkvctlKv, KvCheckReportsABlockWhoseChildrenCountNoChildAccountsFor) {
   // The block's line with children = 1 and its check recomputed, as a
   // writer that died between raising the count and adding the child leaves it.
   uint32_t slot = 0;
-  {
-    auto region = cxlkv::Region::open(uri_);
-    ASSERT_TRUE(region.ok()) << region.error().message();
-    cxlkv::Region& r = *region.value();
-    cxlkv::MemoryDomain& d = r.domain();
-    std::byte* carve = r.at(r.carve(CXLKV_CARVE_INDEX).value().offset);
-    const auto h = d.read_fresh(reinterpret_cast<const cxlkv_index_header*>(carve));
-    auto* entries = reinterpret_cast<cxlkv_index_entry*>(carve + h.entry_off);
-    bool forged = false;
-    for (uint64_t i = 0; i < h.nslots && !forged; i++) {
-      cxlkv_index_entry e = d.read_fresh(entries + i);
-      if (e.state != CXLKV_ENTRY_READY || cxlkv::to_hex(cxlkv::BlockKey{e.key_lo, e.key_hi}) != key) continue;
-      e.children = 1;
-      e.check = cxlkv_index_entry_check(&e);
-      d.publish_line(entries + i, &e);  // rule 1: whole line, NT
-      d.fence();
-      slot = static_cast<uint32_t>(i);
-      forged = true;
-    }
-    ASSERT_TRUE(forged) << "no READY entry for " << key;
-  }
+  ASSERT_NO_FATAL_FAILURE(forge_children(uri_, key, 1, &slot));
   Outcome check = on_pool("kv check --settle 50");
   EXPECT_EQ(check.status, 1) << check.out << check.err;
   EXPECT_EQ(check.out, "pool " + uri_ + ": index carve: block " + key + " (index slot " + std::to_string(slot) +
@@ -741,6 +746,81 @@ TEST_F(CxlkvctlKv, KvCheckReportsABlockWhoseChildrenCountNoChildAccountsFor) {
   Outcome bad = on_pool("kv check --settle 2s");
   EXPECT_EQ(bad.status, 1);
   EXPECT_TRUE(has(bad.err, "--settle: not a number of milliseconds in 0..60000: '2s'")) << bad.err;
+}
+
+// kv check --repair is offline: refused while a process is attached as a
+// node (the message names node 5 and how to stop it), done beside a lock
+// manager alone (the fixture's cxlkvd): the stale count goes back to the
+// children found (one line, old -> new, and a total), the pool is then
+// sound, and kv rm, refused before (the block had "children"), removes it.
+TEST_F(CxlkvctlKv, KvCheckRepairSetsAStaleChildrenCountBackOnlyWhileNoNodeIsLive) {
+  write(files_[0], noise(4096, 12));
+  Outcome put = on_pool("kv put root " + files_[0]);
+  ASSERT_EQ(put.status, 0) << put.err;
+  const std::string key = put.out.substr(0, 32);
+  uint32_t slot = 0;
+  ASSERT_NO_FATAL_FAILURE(forge_children(uri_, key, 1, &slot));
+  Outcome stuck = on_pool("kv rm " + key);
+  EXPECT_EQ(stuck.status, 1);
+  EXPECT_TRUE(has(stuck.err, "has 1 cached child block(s)")) << stuck.err;
+
+  // A serving process: attached as node 5, alive until killed.
+  int ready[2];
+  ASSERT_EQ(pipe(ready), 0);
+  pid_t node = fork();
+  ASSERT_GE(node, 0);
+  if (node == 0) {
+    close(ready[0]);
+    auto region = cxlkv::Region::open(uri_);
+    if (!region) _exit(1);
+    cxlkv::NodeOptions no;
+    no.node = 5;
+    auto n = cxlkv::NodeContext::attach(*region.value(), no);
+    if (!n) _exit(1);
+    char c = 'R';
+    if (::write(ready[1], &c, 1) != 1) _exit(1);
+    for (;;) pause();
+  }
+  close(ready[1]);
+  char c = 0;
+  ASSERT_EQ(read(ready[0], &c, 1), 1) << "the node process did not attach";
+  close(ready[0]);
+  Outcome refused = on_pool("kv check --repair");
+  kill(node, SIGKILL);
+  waitpid(node, nullptr, 0);
+  {
+    auto region = cxlkv::Region::open(uri_);
+    ASSERT_TRUE(region.ok());
+    cxlkv::NodeContext::unlink_local(cxlkv::NodeContext::default_local_name(*region.value(), 5));
+  }
+  EXPECT_EQ(refused.status, 1);
+  EXPECT_EQ(refused.out, "");
+  EXPECT_TRUE(has(refused.err, "refusing to repair children counts while nodes are live: node 5 (pid " +
+                                   std::to_string(node) + " on "))
+      << refused.err;
+  EXPECT_TRUE(has(refused.err, "stop every process attached as a node of the pool")) << refused.err;
+  EXPECT_TRUE(has(refused.err, "a lock manager alone (cxlkvd) may keep running")) << refused.err;
+
+  // The node's process is gone: only the lock manager runs.
+  Outcome rep = on_pool("kv check --repair");
+  EXPECT_EQ(rep.status, 0) << rep.out << rep.err;
+  const std::string who = "pool " + uri_ + ": ";
+  EXPECT_EQ(rep.out, who + "index carve: repaired block " + key + " (index slot " + std::to_string(slot) +
+                         ", READY): children 1 -> 0, a leaf on its stripe's eviction list (evictable)\n" + who +
+                         "1 children count repaired, 1 block now evictable\n" + who +
+                         "index locations and children counts sound\n");
+  Outcome check = on_pool("kv check --settle 0");
+  EXPECT_EQ(check.status, 0) << check.out;
+  Outcome again = on_pool("kv check --repair --json");
+  EXPECT_EQ(again.status, 0) << again.out << again.err;
+  EXPECT_EQ(again.out, "{\"repaired\": 0, \"now_evictable\": 0, \"changed_meanwhile\": 0, \"problems\": 0, "
+                       "\"location_problems\": 0, \"children_mismatches\": 0, \"blocks\": []}\n");
+  Outcome both = on_pool("kv check --repair --settle 10");
+  EXPECT_EQ(both.status, 1);
+  EXPECT_TRUE(has(both.err, "--settle: no use with --repair")) << both.err;
+  Outcome rm = on_pool("kv rm " + key);
+  EXPECT_EQ(rm.status, 0) << rm.err;
+  EXPECT_EQ(rm.out, key + "  removed\n");
 }
 
 TEST_F(Cxlkvctl, KvCommandsWithoutALockManagerFailWithAMessageInsteadOfHanging) {

@@ -3,7 +3,8 @@
 // command line, for debugging by hand and for scripted restart checks
 // (issue 12).  put / get / rm attach as a node of the pool (a lock manager
 // must run, as for any node) and go through the KV store exactly as an
-// engine would; ls reads the index without a lock (a snapshot).
+// engine would; ls and check read the index without a lock (a snapshot);
+// check --repair rewrites children counts while no node is live.
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/stat.h>
@@ -376,11 +377,59 @@ int kv_ls(Context& ctx, const Args& args) {
   return 0;
 }
 
+// kv check --repair: rewrite every children count that differs from the
+// live blocks naming the entry (index_repair_child_counts: refused while a
+// node is live), print one line per block and a total, then audit again:
+// exit 0 when the pool is sound after the repair.
+int kv_repair(Context& ctx, Region& r) {
+  auto rep = cxlkv::index_repair_child_counts(r, r.domain());
+  if (!rep) return fail(rep.error().message());
+  auto audit = cxlkv::index_audit(r, r.domain(), std::chrono::milliseconds(0));  // nothing writes: one snapshot
+  if (!audit) return fail(audit.error().message());
+  const bool sound = audit->problems() == 0 && rep->changed.empty() && rep->attached_meanwhile.empty();
+  if (ctx.json) {
+    std::printf("{\"repaired\": %zu, \"now_evictable\": %zu, \"changed_meanwhile\": %zu, \"problems\": %zu, "
+                "\"location_problems\": %zu, \"children_mismatches\": %zu, \"blocks\": [",
+                rep->repaired.size(), rep->now_evictable(), rep->changed.size(), audit->problems(),
+                audit->locations.size(), audit->children_mismatches());
+    const char* sep = "";
+    for (const auto& b : rep->repaired) {
+      std::printf("%s{\"slot\": %u, \"key\": \"%s\", \"state\": \"%s\", \"old\": %u, \"new\": %u, \"evictable\": %s}",
+                  sep, b.was.slot, to_hex(b.was.key).c_str(), kState[b.was.state < 5 ? b.was.state : 0], b.was.stored,
+                  b.was.found, b.listed ? "true" : "false");
+      sep = ", ";
+    }
+    std::printf("]}\n");
+  } else {
+    const std::string who = "pool " + r.uri() + ": ";
+    for (const auto& b : rep->repaired)
+      std::printf("%sindex carve: repaired %s\n", who.c_str(), cxlkv::describe_child_count_repair(b).c_str());
+    for (const auto& m : rep->changed)
+      std::printf("%sindex carve: block %s (index slot %u) changed while the repair ran: not repaired\n", who.c_str(),
+                  to_hex(m.key).c_str(), m.slot);
+    std::printf("%s%zu children count%s repaired, %zu block%s now evictable\n", who.c_str(), rep->repaired.size(),
+                rep->repaired.size() == 1 ? "" : "s", rep->now_evictable(), rep->now_evictable() == 1 ? "" : "s");
+    for (const auto& f : audit->lines(r)) std::printf("%s\n", f.c_str());
+    if (audit->problems() == 0) std::printf("%sindex locations and children counts sound\n", who.c_str());
+  }
+  if (!rep->attached_meanwhile.empty())
+    std::fprintf(stderr, "cxlkvctl: pool %s: nodes attached while the repair ran: %s; stop them and run kv check "
+                         "again\n", r.uri().c_str(), rep->attached_meanwhile.c_str());
+  return sound ? 0 : 1;
+}
+
 // Issue 12: audit the index's payload locations (outside the kv carve,
 // overlapping another block) and its children counts (a count no child
 // accounts for keeps a block from ever being evicted); exit 1 listing each
 // finding.  Counts are compared over two snapshots --settle MS apart.
 int kv_check(Context& ctx, const Args& args) {
+  if (args.flag("repair")) {
+    if (args.value("settle"))
+      return fail("--settle: no use with --repair (no node is live: one snapshot is exact)");
+    auto r = ctx.open_pool();
+    if (!r) return 1;
+    return kv_repair(ctx, *r);
+  }
   long settle_ms = 200;
   if (auto v = args.value("settle")) {
     char* end = nullptr;
@@ -453,8 +502,8 @@ CXLKVCTL_COMMAND({"kv ls", "list the cached KV blocks: key, bytes, tier, pins, c
                   {{"all", false, "also list blocks being written or evicted"}},
                   kv_ls});
 
-CXLKVCTL_COMMAND({"kv check", "audit the index: blocks outside the kv carve or overlapping another, children counts",
-                  "cxlkvctl kv check [--settle MS]\n\n"
+CXLKVCTL_COMMAND({"kv check", "audit the index: blocks outside the kv carve or overlapping another, children counts (--repair)",
+                  "cxlkvctl kv check [--settle MS | --repair]\n\n"
                   "Reads every entry of the prefix index (a lock-free snapshot) and reports,\n"
                   "one line each, memory-tier blocks whose location lies outside the kv\n"
                   "carve or overlaps another block's, and blocks whose children count differs\n"
@@ -463,8 +512,14 @@ CXLKVCTL_COMMAND({"kv check", "audit the index: blocks outside the kv carve or o
                   "counts while the snapshot is read, so the counts are read twice, MS apart\n"
                   "(default 200), and only a mismatch seen identically both times is\n"
                   "reported; --settle 0 reads once (a pool no process writes).  Header\n"
-                  "damage is an error naming the field.",
-                  {{"settle", true, "milliseconds between the two snapshots of the children counts (default 200)"}},
+                  "damage is an error naming the field.\n\n"
+                  "--repair (offline, like fsck on an unmounted file system): refused while\n"
+                  "any node of the pool is live (`node list`; a lock manager alone may run);\n"
+                  "sets each differing count to the children found, puts a block left\n"
+                  "without children on its eviction list, prints one line per block\n"
+                  "(old -> new) and a total, then audits again: exit 0 when sound.",
+                  {{"settle", true, "milliseconds between the two snapshots of the children counts (default 200)"},
+                   {"repair", false, "rewrite differing children counts (no node may be live)"}},
                   kv_check});
 
 }  // namespace
