@@ -302,8 +302,11 @@ void SsdDevice::worker() {
       counters_.peak_in_flight.store(inflight, std::memory_order_relaxed);  // only this thread writes it
 
     // One system call submits everything prepared and waits for a completion.
+    // `submits` counts the calls that submitted something (the passes that
+    // only wait for the next completion of I/Os already in flight do not:
+    // how many of those a batch takes depends on how its completions spread).
     int r = io_uring_submit_and_wait(&ring_, 1);
-    counters_.submits.fetch_add(1, std::memory_order_relaxed);
+    if (r > 0) counters_.submits.fetch_add(1, std::memory_order_relaxed);
     if (r < 0 && r != -EINTR && r != -EAGAIN && r != -EBUSY) {
       log().error("SSD device {}: io_uring_submit: {}", path_, errstr(r));
     }
