@@ -24,6 +24,27 @@ const char* state_name(uint32_t s) {
     default: return "?";
   }
 }
+bool live_state(uint32_t s) {
+  return s == CXLKV_ENTRY_WRITING || s == CXLKV_ENTRY_READY || s == CXLKV_ENTRY_EVICTING;
+}
+
+// Calls fn(slot, entry) on a fresh copy of every entry of the table, in
+// slot order, until fn returns false: the scans of this file, none of which
+// takes a lock.
+template <class Fn>
+void for_each_entry_fresh(MemoryDomain& d, const cxlkv_index_entry* entries, uint64_t nslots, Fn&& fn) {
+  constexpr uint64_t kSweep = 4096;  // entries per invalidation sweep
+  for (uint64_t first = 0; first < nslots; first += kSweep) {
+    const uint64_t n = std::min<uint64_t>(kSweep, nslots - first);
+    d.invalidate(entries + first, n * 64);  // rule 4: one sweep, one fence, then the loads
+    d.fence();
+    for (uint64_t i = first; i < first + n; i++) {
+      cxlkv_index_entry e;
+      d.load(&e, entries + i, sizeof e);
+      if (!fn(i, e)) return;
+    }
+  }
+}
 }  // namespace
 
 Result<void> check_index_header(const cxlkv_index_header& h, uint64_t bytes, const std::string& who) {
@@ -85,31 +106,17 @@ Result<std::optional<NamedBlock>> index_entry_naming(const Region& pool, MemoryD
   CXLKV_TRY(check_index_header(h, ic->size, who));
   const auto* entries = reinterpret_cast<const cxlkv_index_entry*>(carve + h.entry_off);
   const uint64_t end = len > UINT64_MAX - off ? UINT64_MAX : off + len;
-  constexpr uint64_t kBatch = 4096;  // entries per invalidation sweep
-  for (uint64_t first = 0; first < h.nslots; first += kBatch) {
-    const uint64_t n = std::min<uint64_t>(kBatch, h.nslots - first);
-    d.invalidate(entries + first, n * 64);  // rule 4: one sweep, one fence, then the loads
-    d.fence();
-    for (uint64_t i = first; i < first + n; i++) {
-      cxlkv_index_entry e;
-      d.load(&e, entries + i, sizeof e);
-      if (e.state != CXLKV_ENTRY_WRITING && e.state != CXLKV_ENTRY_READY && e.state != CXLKV_ENTRY_EVICTING) continue;
-      if (e.loc_tier != CXLKV_TIER_MEM) continue;
-      // A torn or damaged line counts as naming its range (refusing a free
-      // is safe; freeing a block the index names is not).
-      const uint64_t lo = e.loc_off, hi = e.loc_len > UINT64_MAX - lo ? UINT64_MAX : lo + e.loc_len;
-      if (lo < end && off < hi) {
-        NamedBlock b;
-        b.slot = static_cast<uint32_t>(i);
-        b.key = BlockKey{e.key_lo, e.key_hi};
-        b.state = e.state;
-        b.loc_off = e.loc_off;
-        b.loc_len = e.loc_len;
-        return std::optional<NamedBlock>{b};
-      }
-    }
-  }
-  return std::optional<NamedBlock>{};
+  std::optional<NamedBlock> named;
+  for_each_entry_fresh(d, entries, h.nslots, [&](uint64_t i, const cxlkv_index_entry& e) {
+    if (!live_state(e.state) || e.loc_tier != CXLKV_TIER_MEM) return true;
+    // A torn or damaged line counts as naming its range (refusing a free
+    // is safe; freeing a block the index names is not).
+    const uint64_t lo = e.loc_off, hi = e.loc_len > UINT64_MAX - lo ? UINT64_MAX : lo + e.loc_len;
+    if (lo < end && off < hi) named = NamedBlock{static_cast<uint32_t>(i), BlockKey{e.key_lo, e.key_hi}, e.state,
+                                                 e.loc_off, e.loc_len};
+    return !named;
+  });
+  return named;
 }
 
 Result<cxlkv_index_header> read_index_header(const Region& pool, MemoryDomain& d) {
@@ -150,26 +157,18 @@ Result<std::vector<std::string>> index_audit_locations(const Region& pool, Memor
   const uint64_t lo = kv ? kv->offset : 0, hi = kv ? kv->offset + kv->size : 0;
   const auto* entries = reinterpret_cast<const cxlkv_index_entry*>(carve + h.entry_off);
   std::vector<NamedBlock> mem;  // inside the carve, to check for overlaps
-  constexpr uint64_t kBatch = 4096;
-  for (uint64_t first = 0; first < h.nslots; first += kBatch) {
-    const uint64_t n = std::min<uint64_t>(kBatch, h.nslots - first);
-    d.invalidate(entries + first, n * 64);  // rule 4: one sweep, one fence, then the loads
-    d.fence();
-    for (uint64_t i = first; i < first + n; i++) {
-      cxlkv_index_entry e;
-      d.load(&e, entries + i, sizeof e);
-      if (e.check != cxlkv_index_entry_check(&e)) continue;  // empty, torn right now, or damaged (never trusted)
-      if (e.state != CXLKV_ENTRY_WRITING && e.state != CXLKV_ENTRY_READY && e.state != CXLKV_ENTRY_EVICTING) continue;
-      if (e.loc_tier != CXLKV_TIER_MEM || e.loc_dev == CXLKV_LOC_DEV_INTERLEAVED || e.loc_dev != 0) continue;
-      NamedBlock b{static_cast<uint32_t>(i), BlockKey{e.key_lo, e.key_hi}, e.state, e.loc_off, e.loc_len};
-      if (!kv || e.loc_off < lo || e.loc_off > hi || e.loc_len > hi - e.loc_off) {
-        out.push_back(who + describe_named_block(b) + " lies outside the kv carve [" + std::to_string(lo) + ", " +
-                      std::to_string(hi) + ")");
-        continue;
-      }
+  for_each_entry_fresh(d, entries, h.nslots, [&](uint64_t i, const cxlkv_index_entry& e) {
+    if (e.check != cxlkv_index_entry_check(&e)) return true;  // empty, torn right now, or damaged (never trusted)
+    if (!live_state(e.state)) return true;
+    if (e.loc_tier != CXLKV_TIER_MEM || e.loc_dev == CXLKV_LOC_DEV_INTERLEAVED || e.loc_dev != 0) return true;
+    NamedBlock b{static_cast<uint32_t>(i), BlockKey{e.key_lo, e.key_hi}, e.state, e.loc_off, e.loc_len};
+    if (!kv || e.loc_off < lo || e.loc_off > hi || e.loc_len > hi - e.loc_off)
+      out.push_back(who + describe_named_block(b) + " lies outside the kv carve [" + std::to_string(lo) + ", " +
+                    std::to_string(hi) + ")");
+    else
       mem.push_back(b);
-    }
-  }
+    return true;
+  });
   std::sort(mem.begin(), mem.end(), [](const NamedBlock& a, const NamedBlock& b) { return a.loc_off < b.loc_off; });
   // Sorted by start: a block overlaps an earlier one exactly when it starts
   // before the furthest end reached so far.
@@ -183,11 +182,6 @@ Result<std::vector<std::string>> index_audit_locations(const Region& pool, Memor
   return out;
 }
 
-namespace {
-bool live_state(uint32_t s) {
-  return s == CXLKV_ENTRY_WRITING || s == CXLKV_ENTRY_READY || s == CXLKV_ENTRY_EVICTING;
-}
-}  // namespace
 
 Result<std::vector<ChildCountMismatch>> index_child_count_snapshot(MemoryDomain& d, const void* carve,
                                                                    uint64_t bytes, const std::string& who) {
@@ -203,21 +197,14 @@ Result<std::vector<ChildCountMismatch>> index_child_count_snapshot(MemoryDomain&
   };
   std::vector<Live> live;
   std::vector<uint32_t> found(h.nslots, 0);  // live entries naming each slot as parent
-  constexpr uint64_t kBatch = 4096;          // entries per invalidation sweep
-  for (uint64_t first = 0; first < h.nslots; first += kBatch) {
-    const uint64_t n = std::min<uint64_t>(kBatch, h.nslots - first);
-    d.invalidate(entries + first, n * 64);  // rule 4: one sweep, one fence, then the loads
-    d.fence();
-    for (uint64_t i = first; i < first + n; i++) {
-      cxlkv_index_entry e;
-      d.load(&e, entries + i, sizeof e);
-      if (e.check != cxlkv_index_entry_check(&e)) continue;  // empty, torn right now, or damaged (never trusted)
-      if (!live_state(e.state)) continue;
-      live.push_back(Live{static_cast<uint32_t>(i), e.state, e.children, BlockKey{e.key_lo, e.key_hi}});
-      // A block naming itself (a damaged line) is no child of itself.
-      if (e.parent_slot < h.nslots && e.parent_slot != i) found[e.parent_slot]++;
-    }
-  }
+  for_each_entry_fresh(d, entries, h.nslots, [&](uint64_t i, const cxlkv_index_entry& e) {
+    if (e.check != cxlkv_index_entry_check(&e)) return true;  // empty, torn right now, or damaged (never trusted)
+    if (!live_state(e.state)) return true;
+    live.push_back(Live{static_cast<uint32_t>(i), e.state, e.children, BlockKey{e.key_lo, e.key_hi}});
+    // A block naming itself (a damaged line) is no child of itself.
+    if (e.parent_slot < h.nslots && e.parent_slot != i) found[e.parent_slot]++;
+    return true;
+  });
   std::vector<ChildCountMismatch> out;  // in slot order
   for (const Live& l : live)
     if (l.children != found[l.slot])
