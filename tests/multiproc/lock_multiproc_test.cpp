@@ -18,6 +18,7 @@
 
 #include "cxlkv/sync.hpp"
 #include "pool/format.hpp"
+#include "helper_pool.hpp"
 #include "unit/proc_util.hpp"
 
 namespace cxlkv {
@@ -51,30 +52,7 @@ pid_t spawn_holder(const std::vector<std::string>& argv) {
   return pid;
 }
 
-struct Pool {
-  Pool(const char* tag) {
-    name = std::string("cxlkv-mp-") + tag + "-" + std::to_string(getpid());
-    uri = "shm:" + name + ":64M";
-    PoolFormatOptions o;
-    o.max_nodes = 8;
-    o.max_locks = CXLKV_MIN_LOCKS;
-    o.force = true;
-    auto r = format_pool(uri, o);
-    if (!r) throw std::runtime_error(r.error().message());
-    region = std::move(r.value());
-  }
-  ~Pool() {
-    for (uint32_t n = 0; n < 8; n++) NodeContext::unlink_local(NodeContext::default_local_name(*region, n));
-    region.reset();
-    shm_unlink(("/" + name).c_str());
-  }
-  uint64_t counter() {
-    auto kv = region->carve(CXLKV_CARVE_KV).value();
-    return region->domain().read_fresh(region->at<uint64_t>(kv.offset));
-  }
-  std::string name, uri;
-  std::unique_ptr<Region> region;
-};
+using Pool = testpool::HelperPool;
 
 TEST(LockMultiproc, FourProcessesAsFourNodesCountExactly) {
   Pool p("count");

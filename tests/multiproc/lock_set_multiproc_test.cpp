@@ -17,6 +17,7 @@
 
 #include "cxlkv/sync.hpp"
 #include "pool/format.hpp"
+#include "helper_pool.hpp"
 #include "unit/proc_util.hpp"
 
 namespace cxlkv {
@@ -34,34 +35,15 @@ std::string helper() {
   return std::string(t ? t : "tools") + "/../tests/lock_set_helper";
 }
 
-struct Pool {
-  explicit Pool(const char* tag) {
-    name = std::string("cxlkv-mpset-") + tag + "-" + std::to_string(getpid());
-    uri = "shm:" + name + ":64M";
-    PoolFormatOptions o;
-    o.max_nodes = 8;
-    o.max_locks = CXLKV_MIN_LOCKS;
-    o.force = true;
-    auto r = format_pool(uri, o);
-    if (!r) throw std::runtime_error(r.error().message());
-    region = std::move(r.value());
+// The pool and a running lock manager (node 0), stopped before the pool goes.
+struct Pool : testpool::HelperPool {
+  explicit Pool(const char* tag) : HelperPool(std::string("set-") + tag) {
     auto m = LockManager::create(*region);
     if (!m) throw std::runtime_error(m.error().message());
     mgr = std::move(m.value());
     mgr->start();
   }
-  ~Pool() {
-    mgr.reset();
-    for (uint32_t n = 0; n < 8; n++) NodeContext::unlink_local(NodeContext::default_local_name(*region, n));
-    region.reset();
-    shm_unlink(("/" + name).c_str());
-  }
-  uint64_t counter(uint32_t k) {
-    auto kv = region->carve(CXLKV_CARVE_KV).value();
-    return region->domain().read_fresh(region->at<uint64_t>(kv.offset) + 8 * k);
-  }
-  std::string name, uri;
-  std::unique_ptr<Region> region;
+  ~Pool() { mgr.reset(); }
   std::unique_ptr<LockManager> mgr;
 };
 
