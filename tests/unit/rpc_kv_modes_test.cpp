@@ -20,11 +20,12 @@
 #include "cxlkv/metrics.hpp"
 #include "index/prefix_index.hpp"
 #include "rpc/index_service.hpp"
-#include "rpc_test_pool.hpp"
+#include "rpc_service_pool.hpp"
 
 namespace cxlkv {
 namespace {
 
+using rpctest::ModePool;
 using rpctest::RpcPool;
 using Clock = std::chrono::steady_clock;
 
@@ -54,63 +55,6 @@ std::vector<std::byte> pattern(size_t block, size_t len) {
   for (size_t i = 0; i < len; i++) b[i] = std::byte(uint8_t(block * 37 + i * 11 + 3));
   return b;
 }
-
-// A pool with the service carve, a lock manager (node 0), and in service
-// mode an index service on node 0 (its own store takes the locks).  Stores
-// under test run as nodes 1 and 2.
-struct ModePool {
-  explicit ModePool(const std::string& tag)
-      : pool(tag, 64ull << 20, {{kIndexServiceCarve, kIndexServiceCarveBytes}}) {
-    LockManagerOptions mo;
-    mo.node = 0;
-    auto m = LockManager::create(*pool.region, mo);
-    if (!m) throw std::runtime_error(m.error().message());
-    mgr = std::move(m.value());
-    mgr->start();
-  }
-  ~ModePool() {
-    stores.clear();
-    stop_service();
-    if (mgr) mgr->stop();
-  }
-  void start_service() {
-    if (!server_node) server_node = &pool.attach(0, true);
-    NodeContext& sn = *server_node;
-    KvOpenOptions ko;
-    ko.index_mode = KvIndexMode::locks;
-    auto s = open_kv_session(*pool.region, sn, ko);
-    if (!s) throw std::runtime_error(s.error().message());
-    server_session = std::move(s.value());
-    RpcServerOptions so;
-    so.spin_rounds = 200;  // a loaded 2-core machine: yield soon
-    auto svc = IndexService::create(sn, server_session->store().index(), so);
-    if (!svc) throw std::runtime_error(svc.error().message());
-    service = std::move(svc.value());
-    service->server().start();
-  }
-  void stop_service() {
-    service.reset();
-    server_session.reset();
-  }
-  Result<std::unique_ptr<KvSession>> open(uint32_t node, KvIndexMode mode) {
-    NodeContext& n = pool.attach(node, true);
-    KvOpenOptions ko;
-    ko.index_mode = mode;
-    return open_kv_session(*pool.region, n, ko);
-  }
-  KvStore& store(uint32_t node, KvIndexMode mode) {
-    auto s = open(node, mode);
-    if (!s) throw std::runtime_error(s.error().message());
-    stores.push_back(std::move(s.value()));
-    return stores.back()->store();
-  }
-  RpcPool pool;
-  NodeContext* server_node = nullptr;
-  std::unique_ptr<LockManager> mgr;
-  std::unique_ptr<KvSession> server_session;
-  std::unique_ptr<IndexService> service;
-  std::vector<std::unique_ptr<KvSession>> stores;
-};
 
 class KvModes : public ::testing::TestWithParam<KvIndexMode> {
  protected:

@@ -14,50 +14,10 @@
 #include "cxlkv/kv.hpp"
 #include "index/prefix_index.hpp"
 #include "rpc/index_service.hpp"
-#include "rpc_test_pool.hpp"
+#include "rpc_service_pool.hpp"
 
 namespace cxlkv {
 namespace {
-
-struct ServicePool {
-  ServicePool() : pool("nodepins-svc", 64ull << 20, {{kIndexServiceCarve, kIndexServiceCarveBytes}}) {
-    LockManagerOptions mo;
-    mo.node = 0;
-    auto m = LockManager::create(*pool.region, mo);
-    if (!m) throw std::runtime_error(m.error().message());
-    mgr = std::move(m.value());
-    mgr->start();
-    server_node = &pool.attach(0, true);
-    server_session = open(*server_node, KvIndexMode::locks);
-    auto svc = IndexService::create(*server_node, server_session->store().index(), RpcServerOptions{});
-    if (!svc) throw std::runtime_error(svc.error().message());
-    service = std::move(svc.value());
-    service->server().start();
-  }
-  ~ServicePool() {
-    sessions.clear();
-    service.reset();
-    server_session.reset();
-    if (mgr) mgr->stop();
-  }
-  std::unique_ptr<KvSession> open(NodeContext& n, KvIndexMode mode) {
-    KvOpenOptions ko;
-    ko.index_mode = mode;
-    auto s = open_kv_session(*pool.region, n, ko);
-    if (!s) throw std::runtime_error(s.error().message());
-    return std::move(s.value());
-  }
-  KvStore& store(NodeContext& n, KvIndexMode mode) {
-    sessions.push_back(open(n, mode));
-    return sessions.back()->store();
-  }
-  rpctest::RpcPool pool;
-  std::unique_ptr<LockManager> mgr;
-  NodeContext* server_node = nullptr;
-  std::unique_ptr<KvSession> server_session;
-  std::unique_ptr<IndexService> service;
-  std::vector<std::unique_ptr<KvSession>> sessions;
-};
 
 bool cached(KvStore& kv, const BlockKey& k) { return kv.index().find_ready(k) != CXLKV_INDEX_NO_SLOT; }
 
@@ -72,7 +32,8 @@ void evict_all(KvStore& kv) {
 }  // namespace
 
 TEST(RpcNodePins, AServiceClientsPinSurvivesTheUnpinOfAnotherStoreOfTheServingNode) {
-  ServicePool sp;
+  rpctest::ModePool sp("nodepins-svc");
+  sp.start_service();
   KvStore& client = sp.store(sp.pool.attach(1, true), KvIndexMode::service);  // pins as node 0 (the server's)
   KvStore& same_node = sp.store(*sp.server_node, KvIndexMode::locks);         // node 0's other store
   KvStore& other = sp.store(sp.pool.attach(2, true), KvIndexMode::locks);     // node 2, evicting
