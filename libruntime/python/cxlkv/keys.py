@@ -148,10 +148,17 @@ def block_keys(tokens, block_tokens, extras=b""):
     return out[:rc]
 
 
-def namespace(model="", dtype="", tp_rank=0, tp_size=1, extra=""):
+def namespace(model="", dtype="", tp_rank=0, tp_size=1, extra="", **parts):
     """Namespace bytes for :func:`keys_from_hashes`: keys of different models,
-    dtypes or tensor-parallel shards never meet."""
-    return f"model={model};dtype={dtype};tp={tp_rank}/{tp_size};{extra}".encode()
+    KV dtypes or shards never meet.  ``dtype`` is the dtype of the KV cache
+    (not of the model's weights: fp8 and bf16 KV of one model differ).
+    ``parts`` name everything else that changes the bytes of a block: other
+    ranks (``pp="1/2"``, ``pcp=...``, ``dcp=...``, ``attn_cp=...``), the
+    engine's page layout (``layout="page_first"``), the block size.  They
+    are written sorted by name, so the order of the arguments does not
+    matter; a part that is None is left out."""
+    tail = "".join(f"{k}={v};" for k, v in sorted(parts.items()) if v is not None)
+    return f"model={model};dtype={dtype};tp={tp_rank}/{tp_size};{tail}{extra}".encode()
 
 
 def _encode_hash(h):
