@@ -29,6 +29,7 @@ help:
 
 deps:
 	@tools/scripts/deps.sh
+	@tools/scripts/engines.sh
 
 configure: deps
 	@$(CMAKE) -S . -B $(BUILD) $(CMAKE_FLAGS) >/dev/null

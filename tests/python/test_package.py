@@ -272,7 +272,7 @@ def test_help_explains_every_public_call():
     objs = {n: getattr(cxlkv, n) for n in cxlkv.__all__ if callable(getattr(cxlkv, n))}
     objs.update(AsyncKv=cxlkv.aio.AsyncKv, Metrics=cxlkv.metrics.Metrics, RawChunks=cxlkv.layout.RawChunks,
                 LayerLoad=cxlkv.layerwise.LayerLoad, LayerSave=cxlkv.layerwise.LayerSave,
-                PnmStore=cxlkv.pnm.PnmStore, CxlkvConnector=vllm.CxlkvConnector,
+                PnmStore=cxlkv.pnm.PnmStore, CxlkvConnector=vllm.CxlkvConnectorImpl,
                 CxlkvHiCacheStorage=sglang.CxlkvHiCacheStorage, CxlkvNativePlugin=lmcache.CxlkvNativePlugin)
     missing = []
     for name, o in objs.items():
@@ -284,7 +284,7 @@ def test_help_explains_every_public_call():
                         and not (f.__doc__ or "").strip():
                     missing.append(f"{name}.{m}")
     assert missing == []
-    for cls, words in ((vllm.CxlkvConnector, ["pool", "node", "SCHEDULER", "WORKER"]),
+    for cls, words in ((vllm.CxlkvConnectorImpl, ["pool", "node", "SCHEDULER", "WORKER"]),
                        (sglang.CxlkvHiCacheStorage, ["pool", "node", "register_mem_pool_host", "never None"])):
         doc = inspect.getdoc(cls)
         assert all(w in doc for w in words), (cls.__name__, doc)

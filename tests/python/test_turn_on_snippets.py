@@ -1,11 +1,10 @@
 # SPDX-License-Identifier: MIT
 """The lines a user writes to turn cxlkv on (each adapter's module docstring,
 the README's text) name real config keys: each snippet's JSON is taken from
-the docstring and fed through what the engine does with it (vLLM: the
-connector by kv_connector_module_path + kv_connector, extra config to the
-constructor; SGLang: the dynamic backend factory's import of module_path /
-class_name and backend_class(storage_config, kwargs); LMCache: the native
-plugin factory's connector_cls(**adapter_params) and its method check)."""
+the docstring and fed through what the engine does with it (SGLang: the
+dynamic backend factory's import of module_path / class_name and backend_class(storage_config, kwargs); LMCache: the native
+plugin factory's connector_cls(**adapter_params) and its method check).
+The vLLM snippet runs inside the real vLLM: tests/engines/test_vllm_config.py."""
 import importlib
 import json
 import re
@@ -13,7 +12,7 @@ import re
 import numpy as np
 
 import cxlkv
-from engine_fakes import NS, sglang_config, vllm_role
+from engine_fakes import sglang_config
 
 
 def snippet_json(module, start):
@@ -27,22 +26,6 @@ def snippet_json(module, start):
             break
     text = re.sub(r"\\\s*\n", " ", doc[i:j + 1])  # shell line continuations
     return json.loads(text)
-
-
-def test_vllm_snippet(env):
-    cfg = snippet_json("cxlkv.integrations.vllm", '{"kv_connector"')
-    assert cfg["kv_connector_extra_config"]["pool"].startswith("dax:")
-    mod = importlib.import_module(cfg["kv_connector_module_path"])
-    cls = getattr(mod, cfg["kv_connector"])
-    extra = dict(cfg["kv_connector_extra_config"], pool=env.uri)
-    vc = NS(kv_transfer_config=NS(kv_role=cfg["kv_role"], kv_connector_extra_config=extra),
-            cache_config=NS(block_size=16), model_config=NS(model="m", dtype="bfloat16"),
-            parallel_config=NS(rank=0, tensor_parallel_size=1))
-    c = cls(vc, vllm_role("SCHEDULER"), None)
-    try:
-        assert c.pool.uri == env.uri and c.node == extra["node"] and c.kv_role == cfg["kv_role"]
-    finally:
-        c.shutdown()
 
 
 def test_sglang_snippet(env):

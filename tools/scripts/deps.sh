@@ -6,7 +6,7 @@ set -eu
 PKGS="build-essential cmake pkg-config libspdlog-dev libfmt-dev libgtest-dev libgmock-dev \
 liburing-dev libxxhash-dev spin fio \
 qemu-system-x86 linux-image-amd64 linux-headers-amd64 busybox-static cpio kmod dkms \
-python3 python3-numpy python3-torch python3-pytest python3-setuptools python3-pip \
+python3 python3-venv python3-numpy python3-torch python3-pytest python3-setuptools python3-pip \
 libmicrohttpd-dev python3-prometheus-client librsvg2-bin python3-pil \
 help2man go-md2man bash-completion \
 debhelper dh-dkms dh-python lintian fakeroot dpkg-dev"

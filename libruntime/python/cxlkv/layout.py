@@ -82,7 +82,11 @@ class PagedKV:
         self.writable = all(is_writable(t) for t in keep)
         s0 = sources[0]
         self.num_layers = len(sources) // 2
-        self.block_tokens, self.num_kv_heads, self.head_size = s0[2]
+        # Inner shape [tokens, heads, head], or [..., tokens, heads, head] when
+        # an engine splits a block into several kernel blocks (the leading
+        # dims, in C order, are the block's tokens).
+        *tok, self.num_kv_heads, self.head_size = s0[2]
+        self.block_tokens = int(np.prod(tok))
         self.elem_bytes = s0[4]
         self.num_blocks = min(s[6] for s in sources)
         self.is_cuda = s0[5]
@@ -112,13 +116,16 @@ class PagedKV:
     # ---- constructors -----------------------------------------------------
     @classmethod
     def layer_first(cls, layers):
-        """``layers``: a list of (K, V), each ``[num_blocks, block_tokens, heads, head]``."""
+        """``layers``: a list of (K, V), each ``[num_blocks, block_tokens, heads, head]``, or
+        ``[num_blocks, kernel_blocks, kernel_tokens, heads, head]`` (an engine block split into
+        kernel blocks: its tokens in that order)."""
         sources, keep = [], []
         for k, v in layers:
             for t in (k, v):
                 p, shape, st, e, cuda = tensor_info(t)
-                if len(shape) != 4:
-                    raise ValueError(f"cxlkv: layer tensor must be [blocks, tokens, heads, head], got {shape}")
+                if len(shape) < 4:
+                    raise ValueError(f"cxlkv: layer tensor must be [blocks, tokens, heads, head] (or "
+                                     f"[blocks, ..., tokens, heads, head]), got {shape}")
                 sources.append((p, st[0], shape[1:], st[1:], e, cuda, shape[0]))
                 keep.append(t)
         if not sources:

@@ -16,6 +16,7 @@ Two sources, one naming scheme (``cxlkv_`` prefix, units in the name:
   and the histograms ``cxlkv_client_{lookup,load,store}_seconds``.
 """
 import bisect
+import os
 import ctypes as C
 import threading
 
@@ -58,6 +59,8 @@ class Metrics:
         "cxlkv_client_store_bytes_total": "KV bytes stored into the pool",
         "cxlkv_client_stored_blocks_total": "Blocks in the pool after a store (written or already there)",
         "cxlkv_client_lease_expiries_total": "Leases this process released after they had ended (ttl or consumer death)",
+        "cxlkv_client_loaded_blocks_total": "Blocks an engine adapter read into the engine's KV cache",
+        "cxlkv_client_load_failed_blocks_total": "Blocks an engine adapter could not load (the engine recomputes them)",
     }
     HISTOGRAMS = {
         "cxlkv_client_lookup_seconds": "Latency of a lookup call",
@@ -121,6 +124,33 @@ class Metrics:
                 sfx = f"{{{lab}}}" if lab else ""
                 out += [f"{name}_sum{sfx} {h.sum:.9g}", f"{name}_count{sfx} {h.n}"]
         return "\n".join(out) + "\n"
+
+    def write_textfile(self, path):
+        """Write :meth:`exposition` to ``path`` whole (a temporary file renamed
+        over it), for a Prometheus node exporter's textfile collector or a
+        test reading what an engine's worker process did."""
+        tmp = f"{path}.{os.getpid()}.tmp"
+        with open(tmp, "w") as f:
+            f.write(self.exposition())
+        os.replace(tmp, path)
+
+    def counter(self, name):
+        """The value of counter ``name``."""
+        with self._lock:
+            return self.counters[name]
+
+
+def read_textfile(path):
+    """The samples of a file :meth:`Metrics.write_textfile` wrote: {name: value},
+    labels dropped (one process's file has one label set)."""
+    out = {}
+    with open(path) as f:
+        for line in f:
+            if line.startswith("#") or not line.strip():
+                continue
+            name, _, value = line.rpartition(" ")
+            out[name.split("{", 1)[0]] = float(value)
+    return out
 
 
 def exposition(pool=None, metrics=None):

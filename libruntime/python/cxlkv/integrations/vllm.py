@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: MIT
-"""vLLM v1 KV connector over a cxlkv pool (written against vLLM's
-``KVConnectorBase_V1`` as of vLLM 0.11 .. 0.12, ``vllm/distributed/kv_transfer/
-kv_connector/v1/base.py``).
+"""vLLM v1 KV connector over a cxlkv pool (written against vLLM 0.32's
+``KVConnectorBase_V1``, ``vllm/distributed/kv_transfer/kv_connector/v1/base.py``,
+and tested inside the real engine: ``tests/engines/test_vllm*.py``).
 
 Turn it on with::
 
@@ -9,13 +9,48 @@ Turn it on with::
         "kv_connector_module_path": "cxlkv.integrations.vllm", "kv_role": "kv_both",
         "kv_connector_extra_config": {"pool": "dax:/dev/dax0.0", "node": 1}}'
 
-(every host the same ``PYTHONHASHSEED``, as vLLM's block hashes require).
+(every host the same ``PYTHONHASHSEED`` and ``--prefix-caching-hash-algo``,
+as vLLM's block hashes require).
+
+**Keys.**  vLLM's ``request.block_hashes`` (chained per block) mapped by
+:func:`cxlkv.keys_from_hashes` into a namespace of: the model, the KV cache
+dtype (not the model's: fp8 and bf16 KV never share a key), the block size,
+the cached layers (a digest of their names: a draft model's or a KV-sharing
+model's layer set differs), MLA or not, and the **worker's own**
+tensor-parallel and pipeline-parallel rank.  The scheduler has no rank: it
+looks a prefix up under every rank's namespace and counts only the blocks
+every rank holds, and pins them all.  The scheduler sends the workers block
+hashes, not keys; each worker makes its own keys.
+
+**Transfers do not depend on the per-layer hooks.**  A pool block holds one
+vLLM block of every layer (layer-major, K then V, each ``[tokens, heads,
+head]``).  The step's loads run, whole, in ``start_load_kv`` (vLLM calls it
+before the forward pass when the step has synchronous loads, which is what
+this connector asks for), and its saves in ``wait_for_save`` (called once per
+step after the target's and any draft model's forward).  So full CUDA graphs,
+KV-sharing layers and draft layers neither lose a save nor race a load, and
+``requires_piecewise_for_cudagraph`` is False.
+
+**Blocks.**  vLLM 0.32 hands the connector one ``[B, H, N, C]`` view per layer
+(C = K then V of one head and token; strides in any of vLLM's physical
+orders; B counts kernel blocks, ``block_size / N`` of them per vLLM block).
+Layers that share one cache (KV sharing) are stored once.
+
+**Refused at start-up, with the reason**: decode or prefill context
+parallelism (their hash block spans several ranks' tokens), several KV cache
+groups (hybrid models: vLLM turns its hybrid allocator off for connectors
+without ``SupportsHMA``; Mamba layers then need it and are refused), CUDA
+caches whose per-head K and V are not contiguous pieces the GPU path can
+copy (vLLM 0.32 keeps K and V of a token side by side).
+
 Between the scheduler's lookup and the worker's load the blocks a request
 will load are pinned (taken in ``update_state_after_alloc``, when vLLM has
 committed to the load; given back ``load_pin_steps`` scheduler steps later,
 when the request finishes or is aborted, or at shutdown; a scheduler process
-that dies holds nothing, its node's pins end with it), so an eviction in
-between no longer turns a hit into a load error and a recomputation.
+that dies holds nothing, its node's pins end with it).
+
+A request resumed after preemption comes with its whole new block list,
+which replaces the old one (``scheduled_cached_reqs.resumed_req_ids``).
 
 ``kv_role`` "kv_producer" on prefill instances and "kv_consumer" on decode
 instances gives a prefill-to-decode handoff through the pool: the producer
@@ -23,24 +58,16 @@ publishes the prompt's blocks and leases them to the request, the consumer
 finds them by the same block hashes, loads them and releases the lease.
 
 vLLM is imported lazily: ``CxlkvConnector`` (a module attribute built on first
-access) subclasses the real ``KVConnectorBase_V1`` when vLLM is importable and
-is a plain class otherwise, so this module imports and is tested without vLLM.
-
-Keys are vLLM's ``request.block_hashes`` (already chained per block) mapped by
-:func:`cxlkv.keys_from_hashes` in a namespace of model, dtype and
-tensor-parallel rank.  A pool block holds one vLLM block of every layer
-(layer-major K then V), so loads complete before the first layer runs
-(``wait_for_layer_load`` waits once) and saves go out when the last layer's
-KV is written (``save_kv_layer`` of the last layer), one batched call each.
+access) subclasses the real ``KVConnectorBase_V1``.
 """
 import dataclasses
+import hashlib
 import logging
 import zlib
 
 import numpy as np
 
 import cxlkv
-from cxlkv.aio import AsyncKv
 
 __all__ = ["CxlkvConnector", "CxlkvConnectorMetadata", "CxlkvConnectorImpl"]
 
@@ -52,9 +79,9 @@ log = logging.getLogger("cxlkv.vllm")
 @dataclasses.dataclass
 class _Transfer:
     req_id: str
-    keys: np.ndarray          # (n, 2) uint64
-    block_ids: list           # GPU block ids, one per key
-    parent: object = None    # key (lo, hi) of the block before keys[0], for saves
+    hashes: list              # vLLM block hashes, one per block
+    block_ids: list           # vLLM (manager) block ids, one per hash
+    parent: object = None    # hash of the block before hashes[0], for saves
 
 
 @dataclasses.dataclass
@@ -80,22 +107,50 @@ def _role_name(role):
     return getattr(role, "name", str(role)).upper()
 
 
+def _attention_spec(kv_cache_config):
+    """The one KV cache group's spec; refuses what the connector cannot
+    store correctly (see the module docstring)."""
+    groups = list(getattr(kv_cache_config, "kv_cache_groups", None) or [])
+    if len(groups) != 1:
+        kinds = ", ".join(type(g.kv_cache_spec).__name__ for g in groups) or "none"
+        raise ValueError(f"cxlkv: vLLM KV cache groups [{kinds}]: the cxlkv connector stores one group of attention "
+                         "layers; hybrid models (Mamba / linear-attention layers beside attention) are not "
+                         "supported")
+    spec = groups[0].kv_cache_spec
+    per_layer = getattr(spec, "kv_cache_specs", None)  # UniformTypeKVCacheSpecs
+    if per_layer:
+        spec = next(iter(per_layer.values()))
+    if not hasattr(spec, "num_kv_heads") or not hasattr(spec, "head_size"):
+        raise ValueError(f"cxlkv: vLLM KV cache spec {type(spec).__name__} is not an attention cache; the cxlkv "
+                         "connector stores attention KV only")
+    return spec, list(groups[0].layer_names)
+
+
+def _check_parallel(pc):
+    for name in ("decode_context_parallel_size", "prefill_context_parallel_size"):
+        n = int(getattr(pc, name, 1) or 1)
+        if n > 1:
+            raise ValueError(f"cxlkv: vLLM {name}={n}: context parallelism is not supported by the cxlkv connector "
+                             "(a hash block then spans several ranks' tokens); run without it")
+
+
 class CxlkvConnectorImpl:
     """vLLM v1 KV connector over a cxlkv pool (both roles).
 
     ``CxlkvConnector(vllm_config, role, kv_cache_config)``: vLLM builds it
     once in the scheduler (role SCHEDULER: lookups, the step's load / save
-    plan, producer leases) and once per GPU worker (role WORKER: one batched
-    load before the first layer, one batched save after the last).  Config
-    comes from ``kv_transfer_config.kv_connector_extra_config``: ``pool``
-    (URI, required), ``node`` (default 1), ``namespace``, ``tp_rank``,
-    ``lease_ttl_ms`` (default 60000), ``load_pin_steps`` (default 3: the
-    scheduler steps a load's pins outlive its plan; vLLM's asynchronous
-    scheduling runs one step ahead), ``kv_layout`` ("flash_attn" /
-    "flashinfer"; read from the tensors' shape by default).  Blocks whose load fails are returned
-    by :meth:`get_block_ids_with_load_errors` (vLLM recomputes them).  See
-    the module docstring for turning it on; :data:`CxlkvConnector` adds
-    vLLM's base class when vLLM is importable."""
+    plan, producer leases) and once per worker (role WORKER: the step's
+    loads before the forward pass, its saves after it).  Config comes from
+    ``kv_transfer_config.kv_connector_extra_config``: ``pool`` (URI,
+    required), ``node`` (default 1), ``namespace`` (added to every key's
+    namespace), ``lease_ttl_ms`` (default 60000), ``load_pin_steps``
+    (default 3: the scheduler steps a load's pins outlive its plan; vLLM's
+    asynchronous scheduling runs one step ahead), ``metrics_textfile`` (a
+    path, ``{role}`` and ``{rank}`` filled in: the process's client metrics
+    written there after each step that moved blocks and at shutdown, for a
+    node exporter's textfile collector).  Blocks whose load fails are
+    returned by :meth:`get_block_ids_with_load_errors` (vLLM recomputes
+    them)."""
 
     def __init__(self, vllm_config, role, kv_cache_config=None):
         base_init = getattr(super(), "__init__", None)
@@ -103,41 +158,69 @@ class CxlkvConnectorImpl:
             base_init(vllm_config, role, kv_cache_config)
         self._role_name = _role_name(role)
         ktc, cfg = _extra(vllm_config)
+        if "pool" not in cfg:
+            raise ValueError("cxlkv: kv_connector_extra_config has no 'pool' (the pool URI, e.g. shm:NAME:SIZE)")
         self.kv_role = getattr(ktc, "kv_role", "kv_both") or "kv_both"
         self.block_size = int(vllm_config.cache_config.block_size)
+        pc = vllm_config.parallel_config
+        _check_parallel(pc)
+        spec, layer_names = _attention_spec(kv_cache_config)
+        self._spec = spec
+        self.tp_size = int(getattr(pc, "tensor_parallel_size", 1) or 1)
+        self.pp_size = int(getattr(pc, "pipeline_parallel_size", 1) or 1)
         mc = getattr(vllm_config, "model_config", None)
-        pc = getattr(vllm_config, "parallel_config", None)
-        self.namespace = cxlkv.namespace(model=getattr(mc, "model", ""), dtype=str(getattr(mc, "dtype", "")),
-                                         tp_rank=int(cfg.get("tp_rank", getattr(pc, "rank", 0) or 0)),
-                                         tp_size=int(getattr(pc, "tensor_parallel_size", 1) or 1),
-                                         extra=str(cfg.get("namespace", "")))
+        cache_dtype = str(getattr(vllm_config.cache_config, "cache_dtype", "auto"))
+        self._ns_parts = dict(
+            model=getattr(mc, "model", ""),
+            dtype=f"{str(spec.dtype).replace('torch.', '')}/{cache_dtype}",
+            extra=str(cfg.get("namespace", "")),
+            block=self.block_size,
+            layers=hashlib.blake2b("\n".join(sorted(layer_names)).encode(), digest_size=8).hexdigest(),
+            mla=int(type(spec).__name__.startswith("MLA") or getattr(spec, "head_size_v", 1) == 0))
         self.lease_ttl_ms = int(cfg.get("lease_ttl_ms", 60000))
         self.load_pin_steps = int(cfg.get("load_pin_steps", 3))
         if self.load_pin_steps < 1:
             raise ValueError(f"cxlkv: load_pin_steps {self.load_pin_steps} is not at least 1")
-        self.kv_layout = str(cfg.get("kv_layout", "") or "")
+        self._textfile = cfg.get("metrics_textfile")
         self.pool = cxlkv.Pool(cfg["pool"])
         self.node = int(cfg.get("node", 1))
         self.metrics = cxlkv.metrics.Metrics(labels={"engine": "vllm", "role": self._role_name.lower()})
+        self.store = cxlkv.KvStore(self.pool, self.node, metrics=self.metrics, block_tokens=self.block_size)
         if self._role_name == "SCHEDULER":
-            self.store = cxlkv.KvStore(self.pool, self.node, metrics=self.metrics, block_tokens=self.block_size)
+            # Every rank's namespace: a block is a hit only if every worker stored its shard.
+            self._namespaces = [self._namespace(t, p) for p in range(self.pp_size) for t in range(self.tp_size)]
+            self._keys_of = {}   # req_id -> [keys array per namespace], grown as hashes arrive
             self._reqs = {}      # req_id -> dict(keys, saved, block_ids, request)
             self._loads = []     # this step's loads
             self._computed = {}  # req_id -> num_computed_tokens vLLM asked about
             self._steps = 0      # plans built (build_connector_meta calls)
-            self._load_pins = {}  # req_id -> [(cxlkv.Pins, the step whose plan loads them)]
+            self._load_pins = {}  # req_id -> [([cxlkv.Pins per namespace], the step whose plan loads them)]
+            self._rank = "scheduler"
         else:
-            self.store = None
-            self.aio = None
+            tp_rank, pp_rank = self._worker_ranks()
+            self._ns = self._namespace(tp_rank, pp_rank)
+            self._rank = f"tp{tp_rank}pp{pp_rank}"
             self.gpu = None
             self.kv = None
-            self._layer_names = []
-            self._load_req = None
-            self._save_req = None
             self._load_errors = set()
             self._meta = None
+            self._moved = False
 
     # ---- helpers ---------------------------------------------------------------
+    def _namespace(self, tp_rank, pp_rank):
+        p = self._ns_parts
+        return cxlkv.namespace(model=p["model"], dtype=p["dtype"], tp_rank=tp_rank, tp_size=self.tp_size,
+                               extra=p["extra"], pp=f"{pp_rank}/{self.pp_size}", block=p["block"],
+                               layers=p["layers"], mla=p["mla"])
+
+    def _worker_ranks(self):
+        """This worker's own tensor- and pipeline-parallel ranks (vLLM's
+        process groups exist when the worker builds its connector)."""
+        from vllm.distributed import parallel_state as ps
+        tp = ps.get_tensor_model_parallel_rank() if self.tp_size > 1 else 0
+        pp = ps.get_pp_group().rank_in_group if self.pp_size > 1 else 0
+        return int(tp), int(pp)
+
     def _failed(self, what, e):
         """A pool failure vLLM must not see raise (an exception in the
         scheduler ends the engine): log why, the first time a cause is seen
@@ -148,22 +231,40 @@ class CxlkvConnectorImpl:
         if n & (n - 1) == 0:
             log.warning("%s%s", msg, f" ({n} times)" if n > 1 else "")
 
-    def _keys(self, request):
-        return cxlkv.keys_from_hashes(list(request.block_hashes), self.namespace)
+    def _write_metrics(self):
+        if self._textfile:
+            try:
+                self.metrics.write_textfile(self._textfile.format(role=self._role_name.lower(), rank=self._rank))
+            except OSError as e:
+                self._failed(f"writing metrics to {self._textfile}", e)
 
     # ==============================
     # Scheduler side
     # ==============================
+    def _keys(self, request):
+        """The request's keys under every rank's namespace (a list of (n, 2)
+        arrays), computed once per block as its hash arrives."""
+        hashes = request.block_hashes
+        have = self._keys_of.get(request.request_id)
+        n = len(hashes)
+        if have is None or len(have[0]) > n:
+            have = [cxlkv.keys_from_hashes(list(hashes), ns) for ns in self._namespaces]
+        elif len(have[0]) < n:
+            new = list(hashes[len(have[0]):])
+            have = [np.concatenate([k, cxlkv.keys_from_hashes(new, ns)]) for k, ns in zip(have, self._namespaces)]
+        self._keys_of[request.request_id] = have
+        return have
+
     def get_num_new_matched_tokens(self, request, num_computed_tokens):
-        """Tokens beyond ``num_computed_tokens`` whose KV the pool holds (full
-        blocks; never the whole prompt, vLLM must compute the last token).
-        Side-effect free (a lookup); loads are synchronous (False)."""
+        """Tokens beyond ``num_computed_tokens`` whose KV the pool holds for
+        every rank (full blocks; never the whole prompt, vLLM must compute the
+        last token).  Side-effect free (a lookup); loads are synchronous."""
         if self.kv_role == "kv_producer":
             return 0, False
         self._computed[request.request_id] = num_computed_tokens
-        keys = self._keys(request)
+        per_ns = self._keys(request)
         try:
-            hit = self.store.lookup(keys) if len(keys) else 0
+            hit = min(self.store.lookup(k) if len(k) else 0 for k in per_ns)
         except Exception as e:  # noqa: BLE001 -- a cache failure is a miss, not a dead engine
             self._failed("lookup", e)
             hit = 0
@@ -174,33 +275,37 @@ class CxlkvConnectorImpl:
         return new, False
 
     def update_state_after_alloc(self, request, blocks, num_external_tokens):
-        """Remember the request's GPU blocks; plan the load of
-        ``num_external_tokens`` tokens into them."""
+        """Remember the request's blocks; plan the load of
+        ``num_external_tokens`` tokens into them and pin those blocks."""
         block_ids = list(blocks.get_block_ids()[0]) if blocks is not None else []
         st = self._reqs.get(request.request_id)
         if st is None:
             st = self._reqs[request.request_id] = dict(request=request, block_ids=[], saved=0)
+        st["request"] = request
         if block_ids:
             st["block_ids"] = block_ids
         if num_external_tokens <= 0:
             return
-        keys = self._keys(request)
         first = self._computed.pop(request.request_id, 0) // self.block_size
         last = first + num_external_tokens // self.block_size
-        self._loads.append(_Transfer(request.request_id, keys[first:last], st["block_ids"][first:last]))
+        hashes = list(request.block_hashes[first:last])
+        self._loads.append(_Transfer(request.request_id, hashes, st["block_ids"][first:last]))
         st["saved"] = max(st["saved"], last)  # already in the pool: never saved again
-        self._pin_load(request.request_id, keys[first:last])
+        self._pin_load(request.request_id, [k[first:last] for k in self._keys(request)])
 
-    def _pin_load(self, rid, keys):
-        """Pin the blocks of a planned load until the worker has read them
-        (see the module docstring).  A block evicted since the lookup is
-        not pinned; its load fails and vLLM recomputes it, as before."""
+    def _pin_load(self, rid, keys_per_ns):
+        """Pin the blocks of a planned load, under every rank's namespace,
+        until the workers have read them (see the module docstring).  A
+        block evicted since the lookup is not pinned; its load fails and vLLM
+        recomputes it."""
+        pins = []
         try:
-            pins = self.store.pin(keys)
+            for k in keys_per_ns:
+                pins.append(self.store.pin(k))
         except Exception as e:  # noqa: BLE001 -- unpinned, the load may fail and be recomputed
             self._failed("pin", e)
-            return
-        self._load_pins.setdefault(rid, []).append((pins, self._steps + 1))
+        if pins:
+            self._load_pins.setdefault(rid, []).append((pins, self._steps + 1))
 
     def _unpin_loads(self, rid=None, before_step=None):
         """Give back the load pins of request ``rid`` (None: every request)
@@ -211,10 +316,11 @@ class CxlkvConnectorImpl:
                 if before_step is not None and step >= before_step:
                     keep.append((pins, step))
                     continue
-                try:
-                    pins.release()
-                except Exception as e:  # noqa: BLE001 -- closing the store gives them back
-                    self._failed("unpin", e)
+                for p in pins:
+                    try:
+                        p.release()
+                    except Exception as e:  # noqa: BLE001 -- closing the store gives them back
+                        self._failed("unpin", e)
             if keep:
                 self._load_pins[r] = keep
 
@@ -235,12 +341,17 @@ class CxlkvConnectorImpl:
             self._plan_save(meta, nr.req_id, nr.num_computed_tokens + scheduler_output.num_scheduled_tokens[nr.req_id])
         cr = getattr(scheduler_output, "scheduled_cached_reqs", None)
         if cr is not None:
+            resumed = getattr(cr, "resumed_req_ids", None) or set()
             for i, rid in enumerate(cr.req_ids):
                 st = self._reqs.get(rid)
                 if st is None:
                     continue
                 nb = cr.new_block_ids[i]
-                if nb:
+                if rid in resumed:
+                    # Preempted and resumed: its blocks were freed and it has
+                    # a whole new list (vLLM's CachedRequestData contract).
+                    st["block_ids"] = list(nb[0]) if nb else []
+                elif nb:
                     st["block_ids"].extend(nb[0])
                 self._plan_save(meta, rid, cr.num_computed_tokens[i] + scheduler_output.num_scheduled_tokens[rid])
         return meta
@@ -250,12 +361,12 @@ class CxlkvConnectorImpl:
         req = st["request"]
         if req is None:
             return
-        keys = self._keys(req)
-        full = min(computed_after_step // self.block_size, len(keys), len(st["block_ids"]))
+        hashes = req.block_hashes
+        full = min(computed_after_step // self.block_size, len(hashes), len(st["block_ids"]))
         lo = st["saved"]
         if full > lo:
-            parent = tuple(int(x) for x in keys[lo - 1]) if lo > 0 else None
-            meta.saves.append(_Transfer(rid, keys[lo:full], st["block_ids"][lo:full], parent))
+            parent = hashes[lo - 1] if lo > 0 else None
+            meta.saves.append(_Transfer(rid, list(hashes[lo:full]), st["block_ids"][lo:full], parent))
             st["saved"] = full
 
     def request_finished(self, request, block_ids):
@@ -266,19 +377,23 @@ class CxlkvConnectorImpl:
         rid = request.request_id
         st = self._reqs.pop(rid, None)
         self._unpin_loads(rid)  # finished or aborted: its loads are over
+        per_ns = self._keys(request)
+        self._keys_of.pop(rid, None)
+        self._computed.pop(rid, None)
         params = None
-        keys = self._keys(request)
         if self.kv_role == "kv_producer" and st is not None and st["saved"]:
             cid = consumer_id(rid)
             try:
-                status = self.store.lease(keys[: st["saved"]], cid, cxlkv.NODE_ANY, self.lease_ttl_ms)
-                params = dict(cxlkv_lease=cid, cxlkv_blocks=int((status == cxlkv.RESERVED).sum()))
+                leased = min(int((self.store.lease(k[: st["saved"]], cid, cxlkv.NODE_ANY, self.lease_ttl_ms)
+                                  == cxlkv.RESERVED).sum()) for k in per_ns)
+                params = dict(cxlkv_lease=cid, cxlkv_blocks=leased)
             except Exception as e:  # noqa: BLE001 -- the request finishes; the consumer recomputes
                 self._failed("lease", e)
         tp = getattr(request, "kv_transfer_params", None) or {}
         if "cxlkv_lease" in tp:
             try:
-                self.store.lease_release(keys[: int(tp.get("cxlkv_blocks", len(keys)))], int(tp["cxlkv_lease"]))
+                for k in per_ns:
+                    self.store.lease_release(k[: int(tp.get("cxlkv_blocks", len(k)))], int(tp["cxlkv_lease"]))
             except Exception as e:  # noqa: BLE001 -- the lease ends by its ttl
                 self._failed("lease release", e)
         return False, params
@@ -287,101 +402,94 @@ class CxlkvConnectorImpl:
     # Worker side
     # ==============================
     def register_kv_caches(self, kv_caches):
-        """vLLM's per-layer caches (``{layer_name: tensor}``), FlashAttention
-        ``[2, blocks, block_size, heads, head]`` or FlashInfer
-        ``[blocks, 2, block_size, heads, head]``."""
-        self._layer_names = list(kv_caches.keys())
-        first = next(iter(kv_caches.values()))
-        self.kv = cxlkv.PagedKV.vllm(kv_caches, kv_dim=self._kv_dim(kv_caches))
+        """vLLM's per-layer ``[B, H, N, C]`` views (see the module docstring)."""
+        self.kv = paged_kv_of(kv_caches, self.block_size)
         if self.kv.is_cuda:
+            self.kv.gpu_layout()  # refuses, naming why, a layout the GPU path cannot copy
+            first = next(iter(kv_caches.values()))
             self.gpu = cxlkv.Gpu(self.pool, device=first.device.index or 0)
-        self.aio = AsyncKv(self.pool, self.node, sub_batch=1 << 20, metrics=self.metrics, block_tokens=self.block_size,
-                           gpu=self.gpu)
 
-    def _kv_dim(self, kv_caches):
-        """Which dimension of the layer tensors is K|V: 0 for FlashAttention's
-        ``[2, blocks, block_size, heads, head]``, 1 for FlashInfer's
-        ``[blocks, 2, block_size, heads, head]`` (extra config ``kv_layout``:
-        "flash_attn" or "flashinfer" says it where the shape cannot: two
-        blocks).  A layout whose third dimension is not the block size (heads
-        before tokens, "HND") would be stored in another order than every
-        other engine reads: refused."""
-        for name, t in kv_caches.items():
-            shape = tuple(t.shape)
-            if len(shape) != 5 or 2 not in shape[:2] or shape[2] != self.block_size:
-                raise ValueError(f"cxlkv: vLLM layer {name}: KV cache of shape {shape} is neither FlashAttention's "
-                                 f"[2, blocks, {self.block_size}, heads, head] nor FlashInfer's "
-                                 f"[blocks, 2, {self.block_size}, heads, head] (block_size {self.block_size})")
-        if self.kv_layout in ("flash_attn", "flashinfer"):
-            return 0 if self.kv_layout == "flash_attn" else 1
-        if self.kv_layout:
-            raise ValueError(f"cxlkv: kv_layout {self.kv_layout!r} is not 'flash_attn' or 'flashinfer'")
-        shape = tuple(next(iter(kv_caches.values())).shape)
-        if shape[0] == 2 and shape[1] == 2:
-            raise ValueError(f"cxlkv: vLLM KV cache of shape {shape}: with 2 blocks the K|V dimension is ambiguous; "
-                             "set kv_connector_extra_config kv_layout to 'flash_attn' or 'flashinfer'")
-        return 0 if shape[0] == 2 else 1
+    def _keys_for(self, t):
+        return cxlkv.keys_from_hashes(t.hashes, self._ns)
 
     def start_load_kv(self, forward_context, **kwargs):
-        """Submit this step's loads (one batched call) without waiting."""
+        """Load the step's blocks (one batched call) before the forward pass."""
         meta = self._get_connector_metadata()
         self._meta = meta
-        self._load_req = None
-        if meta is None or not meta.loads:
+        if meta is None or not meta.loads or self.kv is None:
             return
-        keys = np.concatenate([t.keys for t in meta.loads])
+        keys = np.concatenate([self._keys_for(t) for t in meta.loads])
         ids = [b for t in meta.loads for b in t.block_ids]
-        self._load_ids = ids
-        self._load_req = self.aio.submit_get(keys, self.kv, ids)
-
-    def wait_for_layer_load(self, layer_name):
-        """Blocks until the step's loads are in the cache (a pool block carries
-        every layer, so the first layer waits for all)."""
-        if self._load_req is None:
-            return
-        c = self.aio.wait(self._load_req)
-        self._load_req = None
-        bad = ~cxlkv.get_ok(c.status)
-        self._load_errors.update(int(b) for b, f in zip(self._load_ids, bad) if f)
-
-    def save_kv_layer(self, layer_name, kv_layer, attn_metadata, **kwargs):
-        """When the last layer's KV is written, submit the step's saves."""
-        meta = self._meta if self._meta is not None else self._get_connector_metadata()
-        if meta is None or not meta.saves or layer_name != self._layer_names[-1]:
-            return
+        try:
+            status = self.store.get(keys, self.kv, ids, gpu=self.gpu)
+            ok = cxlkv.get_ok(status)
+        except Exception as e:  # noqa: BLE001 -- every block of the step is recomputed instead
+            self._failed("load", e)
+            ok = np.zeros(len(ids), dtype=bool)
         if self.kv.is_cuda:
             import torch
-            torch.cuda.current_stream().synchronize()  # the layer's KV is written before the DMA reads it
-        self._save_reqs = [self.aio.submit_put(t.keys, self.kv, t.block_ids, parent=t.parent) for t in meta.saves]
+            torch.cuda.current_stream().synchronize()  # the blocks are in place before attention reads them
+        self._load_errors.update(int(b) for b, f in zip(ids, ok) if not f)
+        self.metrics.inc("cxlkv_client_loaded_blocks_total", int(ok.sum()))
+        self.metrics.inc("cxlkv_client_load_failed_blocks_total", int((~ok).sum()))
+        self._moved = True
+
+    def wait_for_layer_load(self, layer_name):
+        """Nothing to wait for: the step's loads completed in start_load_kv."""
+
+    def save_kv_layer(self, layer_name, kv_layer, attn_metadata, **kwargs):
+        """Nothing per layer: the step's saves go out in wait_for_save."""
 
     def wait_for_save(self):
-        """Blocks until the step's saves are published (before vLLM may reuse the blocks)."""
-        for rid in getattr(self, "_save_reqs", []):
-            self.aio.wait(rid)
-        self._save_reqs = []
+        """Publish the blocks that became full in this step (after every
+        layer, draft layers included, wrote them); vLLM may reuse the blocks
+        once this returns."""
+        meta = self._meta if self._meta is not None else self._get_connector_metadata()
+        if meta is not None and meta.saves and self.kv is not None:
+            if self.kv.is_cuda:
+                import torch
+                torch.cuda.current_stream().synchronize()  # the step's KV is written before the DMA reads it
+            for t in meta.saves:
+                parent = cxlkv.engine_key(t.parent, self._ns) if t.parent is not None else None
+                try:
+                    self.store.put(self._keys_for(t), self.kv, t.block_ids, parent=parent, gpu=self.gpu)
+                except Exception as e:  # noqa: BLE001 -- a save that fails is a later miss, never wrong KV
+                    self._failed("save", e)
+            self._moved = True
+        if self._moved:
+            self._moved = False
+            self._write_metrics()
 
     def get_finished(self, finished_req_ids):
         """Transfers finish inside their step: nothing is pending across steps."""
         return None, None
 
     def get_block_ids_with_load_errors(self):
-        """GPU blocks whose load failed (vLLM recomputes them); reported once."""
+        """Blocks whose load failed (vLLM recomputes them); reported once."""
         out, self._load_errors = self._load_errors, set()
         return out
 
+    @classmethod
+    def requires_piecewise_for_cudagraph(cls, extra_config):
+        """False: loads and saves do not run in the per-layer hooks."""
+        return False
+
+    @classmethod
+    def get_required_kvcache_layout(cls, vllm_config):
+        """None: any of vLLM's physical orders is read through its strides."""
+        return None
+
     def shutdown(self):
-        """Close what this side opened: the async store, GPU pinning, the KV
-        store and the pool (outstanding transfers finish first)."""
-        if getattr(self, "aio", None) is not None:
-            self.aio.close()
-            self.aio = None
+        """Close what this side opened: GPU pinning, the KV store and the pool."""
         if getattr(self, "gpu", None) is not None:
             self.gpu.close()
             self.gpu = None
         if getattr(self, "_load_pins", None):
             self._unpin_loads()
         if getattr(self, "store", None) is not None:
+            self._write_metrics()
             self.store.close()
+            self.store = None
         self.pool.close()
 
     # Worker metadata plumbing for the plain class (vLLM's base provides these).
@@ -398,6 +506,39 @@ class CxlkvConnectorImpl:
         return getattr(self, "_connector_metadata", None)
 
 
+def paged_kv_of(kv_caches, block_size):
+    """A :class:`cxlkv.PagedKV` over vLLM 0.32's per-layer caches: each a
+    ``[B, H, N, C]`` view (any strides) with C = K then V of one head and
+    token, B = kernel blocks (``block_size / N`` per vLLM block).  A vLLM
+    block becomes, per layer, K as ``[tokens, heads, C/2]`` then V likewise
+    (for MLA, whose C is one latent vector, its two halves).  Layers that
+    share one cache are taken once."""
+    layers, seen = [], set()
+    for name, t in kv_caches.items():
+        shape = tuple(t.shape)
+        if len(shape) != 4:
+            raise ValueError(f"cxlkv: vLLM layer {name}: KV cache of shape {shape} is not vLLM's [blocks, heads, "
+                             "tokens, K|V] view (the cxlkv connector is written for vLLM 0.32)")
+        ident = (t.data_ptr(), shape, tuple(t.stride()))
+        if ident in seen:
+            continue  # a KV-sharing layer: the same cache as an earlier layer
+        seen.add(ident)
+        B, H, N, C = shape
+        if block_size % N or B % (block_size // N) or C % 2:
+            raise ValueError(f"cxlkv: vLLM layer {name}: KV cache of shape {shape} does not split into blocks of "
+                             f"{block_size} tokens with K and V halves")
+        ratio = block_size // N
+        x = t.unflatten(0, (B // ratio, ratio))                # [blocks, kernel blocks, H, N, C]
+        k = x[..., : C // 2].permute(0, 1, 3, 2, 4)            # [blocks, kernel blocks, N, H, C/2]
+        v = x[..., C // 2:].permute(0, 1, 3, 2, 4)
+        if ratio == 1:
+            k, v = k[:, 0], v[:, 0]
+        layers.append((k, v))
+    if not layers:
+        raise ValueError("cxlkv: vLLM registered no KV cache layers")
+    return cxlkv.PagedKV.layer_first(layers)
+
+
 def _has_vllm_base(cls):
     return any(c.__name__ == "KVConnectorBase_V1" for c in cls.__mro__)
 
@@ -408,18 +549,14 @@ _built = {}
 def _build():
     if "cls" in _built:
         return _built["cls"]
-    try:
-        import importlib
-        base = importlib.import_module(_VLLM_BASE)
-        meta_base = base.KVConnectorMetadata
-        cls = type("CxlkvConnector", (CxlkvConnectorImpl, base.KVConnectorBase_V1),
-                   {"__doc__": CxlkvConnectorImpl.__doc__, "__module__": __name__})
-        # The metadata must be a KVConnectorMetadata for vLLM.
-        globals()["CxlkvConnectorMetadata"] = type("CxlkvConnectorMetadata",
-                                                   (CxlkvConnectorMetadata, meta_base), {"__module__": __name__})
-    except ImportError:
-        cls = type("CxlkvConnector", (CxlkvConnectorImpl,), {"__doc__": CxlkvConnectorImpl.__doc__,
-                                                             "__module__": __name__})
+    import importlib
+    base = importlib.import_module(_VLLM_BASE)
+    meta_base = base.KVConnectorMetadata
+    cls = type("CxlkvConnector", (CxlkvConnectorImpl, base.KVConnectorBase_V1),
+               {"__doc__": CxlkvConnectorImpl.__doc__, "__module__": __name__})
+    # The metadata must be a KVConnectorMetadata for vLLM.
+    globals()["CxlkvConnectorMetadata"] = type("CxlkvConnectorMetadata",
+                                               (CxlkvConnectorMetadata, meta_base), {"__module__": __name__})
     _built["cls"] = cls
     return cls
 
