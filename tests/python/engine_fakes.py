@@ -92,12 +92,14 @@ def vllm_worker(conn, uri, node, kv_role, bs, layout, nblocks):
 class SGLangHostPool:
     """SGLang's MHA host KV pool, layer_first: kv_buffer [2, layers, tokens,
     heads, head]; get_page_buffer_meta(indices) names each page's K and V
-    piece of every layer (the upstream layer_first order)."""
+    piece of every layer (the upstream layer_first order); get_data_page /
+    set_from_flat_data_page are the older interface's flat pages, K of every
+    layer then V (another byte order)."""
 
-    layout = "layer_first"
-
-    def __init__(self, layers=3, tokens=256, heads=2, head=16, page_size=16, dtype=torch.bfloat16):
-        self.page_size, self.layer_num, self.size = page_size, layers, tokens
+    def __init__(self, layers=3, tokens=256, heads=2, head=16, page_size=16, dtype=torch.bfloat16,
+                 layout="layer_first"):
+        self.page_size, self.layer_num, self.size, self.layout = page_size, layers, tokens, layout
+        self.dtype = dtype
         self.kv_buffer = torch.zeros(2, layers, tokens, heads, head, dtype=dtype)
 
     def get_page_buffer_meta(self, indices):
@@ -112,14 +114,26 @@ class SGLangHostPool:
                     sizes.append(piece.numel() * piece.element_size())
         return ptrs, sizes
 
+    def get_data_page(self, index, flat=True):
+        p = self.kv_buffer[:, :, index:index + self.page_size]
+        return p.flatten() if flat else p
+
+    def get_dummy_flat_data_page(self):
+        return torch.zeros_like(self.kv_buffer[:, :, :self.page_size]).flatten()
+
+    def set_from_flat_data_page(self, index, page):
+        self.kv_buffer[:, :, index:index + self.page_size] = page.reshape(self.kv_buffer[:, :, :self.page_size].shape)
+
     def page(self, first_token):
         return self.kv_buffer[:, :, first_token:first_token + self.page_size].clone()
 
 
-def sglang_config(model="tiny", tp_rank=0, tp_size=1, is_mla=False, extra=None):
-    return NS(tp_rank=tp_rank, tp_size=tp_size, pp_rank=0, pp_size=1, attn_cp_rank=0, attn_cp_size=1,
-              is_mla_model=is_mla, enable_storage_metrics=False, is_page_first_layout=False, model_name=model,
-              extra_config=extra)
+def sglang_config(model="tiny", tp_rank=0, tp_size=1, is_mla=False, extra=None, attn_cp=(0, 1)):
+    """SGLang's HiCacheStorageConfig fields; extra_config turns on the
+    zero-copy calls (interface_v1) unless ``extra`` says otherwise."""
+    return NS(tp_rank=tp_rank, tp_size=tp_size, pp_rank=0, pp_size=1, attn_cp_rank=attn_cp[0],
+              attn_cp_size=attn_cp[1], is_mla_model=is_mla, enable_storage_metrics=False,
+              is_page_first_layout=False, model_name=model, extra_config={"interface_v1": 1, **(extra or {})})
 
 
 def sglang_prefetch(uri, node, keys, first_tokens):
