@@ -35,6 +35,14 @@ library's message about blocks that failed (e.g. a lock not granted: no lock
 manager), else None (a block that is simply not cached is only its MISS)."""
 
 
+class _Call:
+    """A request of submit_call: the function the worker runs."""
+    __slots__ = ("fn",)
+
+    def __init__(self, fn):
+        self.fn = fn
+
+
 class AsyncKv:
     """An asynchronous KV store of ``node`` on ``pool``."""
 
@@ -86,6 +94,18 @@ class AsyncKv:
         """Which of ``keys`` are cached, each on its own (not a chain): one
         batched pin + unpin.  Returns the request id."""
         return self._submit("exists_each", keys, None, None, None)
+
+    def submit_call(self, op, keys, fn):
+        """Run ``fn(store, keys)`` on the worker, in submission order with the
+        other requests, for an operation these calls do not offer (an engine
+        adapter's own batch: e.g. blocks stored each on its own, pins held
+        past the call).  ``fn`` gets the worker's :class:`cxlkv.KvStore` and
+        the keys as a key array, and returns ``(ok, status, error)``: the
+        completion's fields, ``status`` one int32 per key.  Returns the
+        request id; the completion's ``op`` is ``op``."""
+        if not callable(fn):
+            raise TypeError(f"cxlkv: submit_call of {op!r} needs a callable, got {type(fn).__name__}")
+        return self._submit(op, keys, _Call(fn), None, None)
 
     def cancel(self, rid):
         """Cancel a request: a queued one completes with every block
@@ -176,6 +196,9 @@ class AsyncKv:
         status = np.full(n, -errno.ECANCELED, np.int32)
         why = None  # the library's message about blocks a sub-batch did not do
         try:
+            if isinstance(buf, _Call):
+                ok, st, why = buf.fn(self._store, k)
+                return Completion(rid, op, bool(ok), np.asarray(st, dtype=np.int32), why)
             if op == "exists_each":
                 with self._store.pin(k) as pins:
                     status[:] = np.where(pins.pinned, _lib.RESERVED, _lib.MISS)

@@ -413,6 +413,7 @@ class Pins:
     def __init__(self, store, keys, blocks, status):
         self.store, self.keys, self._blocks, self.status = store, keys, blocks, status
         self._released = False
+        self._given_back = np.zeros(len(keys), dtype=bool)  # unpinned one by one (release(which))
         store._held.add(self)
 
     def _release_for_store(self):
@@ -420,8 +421,9 @@ class Pins:
 
     @property
     def pinned(self):
-        """Boolean mask of the blocks that are pinned."""
-        return self.status == RESERVED
+        """Boolean mask of the blocks that are pinned (and not given back by
+        a partial :meth:`release`)."""
+        return (self.status == RESERVED) & ~self._given_back
 
     def lengths(self):
         """Bytes of each pinned block (uint64 array; 0 for a block not pinned)."""
@@ -442,11 +444,18 @@ class Pins:
                        "cxlkv_kv_fetch_many")
         return st
 
-    def release(self):
-        """Unpin (once; later calls do nothing).  After the store closed
-        there is nothing to unpin: closing detached the node and its pins."""
+    def release(self, which=None):
+        """Unpin (each block once; later calls do nothing).  ``which``: the
+        indices of the blocks to unpin now (default: all still pinned); the
+        others stay pinned, so the blocks of one batched pin can be given
+        back at different times (LMCache unlocks per key).  After the store
+        closed there is nothing to unpin: closing detached the node and its
+        pins."""
         with self.store._lock:
             if self._released or not self.store._h:
+                return
+            if which is not None:
+                self._release_some(which)
                 return
             self._released = True
             self.store._held.discard(self)
@@ -455,6 +464,26 @@ class Pins:
             if len(self.keys):
                 self.store._lib.cxlkv_kv_unpin_many(self.store.handle, self._blocks, len(self.keys),
                                                     out.ctypes.data_as(_I32P))
+
+    def _release_some(self, which):
+        # caller holds the store's lock
+        idx = sorted({int(i) for i in which})
+        if idx and not 0 <= idx[0] <= idx[-1] < len(self.keys):
+            raise IndexError(f"cxlkv: release of pins {idx}: these pins hold {len(self.keys)} blocks (0 .. "
+                             f"{len(self.keys) - 1})")
+        idx = [i for i in idx if self.status[i] == RESERVED and not self._given_back[i]]
+        if idx:
+            part = (_lib.KvBlock * len(idx))(*[self._blocks[i] for i in idx])
+            out = np.zeros(len(idx), dtype=np.int32)
+            self.store._lib.cxlkv_kv_unpin_many(self.store.handle, part, len(idx), out.ctypes.data_as(_I32P))
+            for i in idx:
+                self._given_back[i] = True
+                # A handle whose status is not RESERVED is skipped by the C
+                # calls: a later fetch or full release leaves these alone.
+                self._blocks[i].status = MISS
+        if not ((self.status == RESERVED) & ~self._given_back).any():
+            self._released = True
+            self.store._held.discard(self)
 
     def __enter__(self):
         return self
