@@ -1,0 +1,173 @@
+# SPDX-License-Identifier: MIT
+"""The cxlkv connector against vLLM's own configuration and KV cache code,
+without starting an engine: vLLM's factory loads it by module path from the
+README's snippet; the KV cache views vLLM's allocator makes (every physical
+layout, kernel blocks smaller than vLLM blocks, MLA) round-trip through the
+pool; what the connector does not support is refused at construction with
+a message naming the feature."""
+import json
+import os
+import re
+import types
+
+import pytest
+import torch
+
+import cxlkv
+from vllm_util import ROOT
+
+from vllm.config import CacheConfig, KVTransferConfig, ParallelConfig  # noqa: E402
+from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory  # noqa: E402
+from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorBase_V1, KVConnectorRole  # noqa: E402
+from vllm.v1.kv_cache_interface import (FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec, KVCacheTensor,  # noqa: E402
+                                        MambaSpec, MLAAttentionSpec, create_kv_cache_views)
+from vllm.v1.kv_cache_layout import KVCacheLayout  # noqa: E402
+
+from cxlkv.integrations import vllm as cv  # noqa: E402
+
+BS = 32
+
+
+def readme_snippet():
+    """The JSON of the README's vLLM snippet (section "Serving engines")."""
+    with open(os.path.join(ROOT, "README.md")) as f:
+        text = f.read()
+    m = re.search(r"--kv-transfer-config '(\{.*?\})'", text, re.S)
+    assert m, "README has no vLLM --kv-transfer-config snippet"
+    return json.loads(m.group(1))
+
+
+def _kvcc(spec, layers=("model.layers.0.self_attn.attn", "model.layers.1.self_attn.attn"), extra_groups=()):
+    groups = [KVCacheGroupSpec(layer_names=list(layers), kv_cache_spec=spec)] + list(extra_groups)
+    return KVCacheConfig(num_blocks=8, kv_cache_tensors=[], kv_cache_groups=groups)
+
+
+def _vllm_config(uri, **parallel):
+    return types.SimpleNamespace(
+        kv_transfer_config=KVTransferConfig(kv_connector="CxlkvConnector",
+                                            kv_connector_module_path="cxlkv.integrations.vllm", kv_role="kv_both",
+                                            kv_connector_extra_config={"pool": uri, "node": 2}),
+        cache_config=CacheConfig(block_size=BS), parallel_config=ParallelConfig(**parallel),
+        model_config=types.SimpleNamespace(model="tiny"))
+
+
+def _attn(dtype=torch.float32):
+    return FullAttentionSpec(block_size=BS, num_kv_heads=2, head_size=64, dtype=dtype)
+
+
+def test_vllms_factory_loads_the_readme_snippets_connector(env):
+    cfg = readme_snippet()
+    ktc = KVTransferConfig(**dict(cfg, kv_connector_extra_config=dict(cfg["kv_connector_extra_config"],
+                                                                      pool=env.uri)))
+    cls = KVConnectorFactory.get_connector_class(ktc)
+    assert issubclass(cls, KVConnectorBase_V1) and cls.__name__ == "CxlkvConnector"
+    assert cls.requires_piecewise_for_cudagraph(ktc.kv_connector_extra_config) is False
+    vc = _vllm_config(env.uri)
+    vc.kv_transfer_config = ktc
+    c = cls(vc, KVConnectorRole.SCHEDULER, _kvcc(_attn()))
+    try:
+        assert c.pool.uri == env.uri and c.node == cfg["kv_connector_extra_config"]["node"]
+    finally:
+        c.shutdown()
+
+
+@pytest.mark.parametrize("parallel", [dict(tensor_parallel_size=2, decode_context_parallel_size=2),
+                                      dict(prefill_context_parallel_size=2)])
+def test_context_parallelism_is_refused_naming_it(env, parallel):
+    cls = cv.CxlkvConnector
+    with pytest.raises(ValueError, match="context parallel"):
+        cls(_vllm_config(env.uri, **parallel), KVConnectorRole.SCHEDULER, _kvcc(_attn()))
+
+
+def test_a_hybrid_model_is_refused_naming_it(env):
+    mamba = KVCacheGroupSpec(layer_names=["model.layers.2.mixer"],
+                             kv_cache_spec=MambaSpec(block_size=BS, shapes=((4, 8),), dtypes=(torch.float32,)))
+    with pytest.raises(ValueError, match="hybrid models"):
+        cv.CxlkvConnector(_vllm_config(env.uri), KVConnectorRole.SCHEDULER, _kvcc(_attn(), extra_groups=[mamba]))
+
+
+def test_kv_cache_dtype_and_ranks_are_in_the_namespace(env):
+    """fp8 and fp32 KV of one model never share keys; nor do two ranks; the
+    scheduler looks up every rank's keys."""
+    def ns(spec, cache_dtype="auto", **par):
+        vc = _vllm_config(env.uri, **par)
+        vc.cache_config = CacheConfig(block_size=BS, cache_dtype=cache_dtype)
+        c = cv.CxlkvConnector(vc, KVConnectorRole.SCHEDULER, _kvcc(spec))
+        try:
+            return c._namespaces
+        finally:
+            c.shutdown()
+    f32 = ns(_attn())
+    fp8 = ns(_attn(torch.float8_e4m3fn), cache_dtype="fp8_e4m3")
+    tp2 = ns(_attn(), tensor_parallel_size=2)
+    assert len(f32) == 1 and len(tp2) == 2 and len(set(tp2)) == 2
+    assert f32[0] != fp8[0] and f32[0] not in tp2
+
+
+def _views(spec, layout, num_blocks=6, layers=2, kernel=None, seed=0):
+    """vLLM's own per-layer views of a fresh cache in ``layout``, filled
+    with seeded random bytes."""
+    lay = KVCacheLayout[layout]
+    page = spec.page_size_bytes
+    if lay.is_block_outermost:
+        block_stride, layer_stride = layers * page, page
+    else:
+        block_stride, layer_stride = page, num_blocks * page
+    g = torch.Generator().manual_seed(seed)
+    raw = torch.randint(-100, 100, (layers * num_blocks * page,), dtype=torch.int8, generator=g)
+    t = KVCacheTensor(size=raw.numel(), layers=[f"model.layers.{i}.attn" for i in range(layers)],
+                      layer_stride=layer_stride, block_stride=block_stride)
+    views = create_kv_cache_views(raw, spec, num_blocks, lay, t, kernel_block_size=kernel)
+    return dict(zip(t.layers, views))
+
+
+def _logical_block(view, b, block_size=BS):
+    """Block ``b`` of a [B, H, N, C] view, as [tokens, H, C] (kernel blocks joined)."""
+    B, H, N, C = view.shape
+    r = block_size // N
+    x = view.view(torch.int32).unflatten(0, (B // r, r))[b]    # [r, H, N, C]; int32: random bytes hold NaNs
+    return x.permute(0, 2, 1, 3).reshape(r * N, H, C)
+
+
+LAYOUTS = [("LBHNC", None), ("LBNHC", None), ("BLHNC", None), ("BLNHC", None), ("LBHNC", 16), ("LBNHC", 8)]
+
+
+@pytest.mark.parametrize("src", LAYOUTS, ids=[f"{a}-k{b}" for a, b in LAYOUTS])
+@pytest.mark.parametrize("dst", LAYOUTS[:2] + LAYOUTS[4:5], ids=lambda x: f"{x[0]}-k{x[1]}")
+def test_vllm_cache_views_round_trip_through_the_pool_in_every_layout(env, src, dst):
+    spec = _attn()
+    a = _views(spec, src[0], kernel=src[1], seed=1)
+    b = _views(spec, dst[0], kernel=dst[1], seed=2)
+    kv = env.store(2)
+    keys = cxlkv.block_keys(torch.arange(3 * BS).numpy(), BS)
+    assert cxlkv.put_ok(kv.put(keys, cv.paged_kv_of(a, BS), [1, 3, 4])).all()
+    assert cxlkv.get_ok(kv.get(keys, cv.paged_kv_of(b, BS), [0, 2, 5])).all()
+    for name in a:
+        for s, d in ((1, 0), (3, 2), (4, 5)):
+            assert torch.equal(_logical_block(a[name], s), _logical_block(b[name], d)), (name, s, d)
+    # The pool holds K then V, each [tokens, heads, head] (the order every engine reads).
+    buf = [bytearray(cv.paged_kv_of(a, BS).block_bytes)]
+    assert cxlkv.get_ok(kv.get(keys[:1], buf)).all()
+    got = torch.frombuffer(buf[0], dtype=torch.int32).view(2, 2, BS, 2, 64)  # layer, K|V, tokens, heads, head
+    lb = _logical_block(a["model.layers.0.attn"], 1)                             # [tokens, heads, K|V]
+    assert torch.equal(got[0, 0], lb[..., :64]) and torch.equal(got[0, 1], lb[..., 64:])
+
+
+def test_mla_cache_round_trips_and_kv_sharing_layers_are_stored_once(env):
+    spec = MLAAttentionSpec(block_size=BS, num_kv_heads=1, head_size=576, dtype=torch.float32)
+    a = _views(spec, "LBHNC", seed=3)
+    shared = dict(a, **{"model.layers.9.attn": a["model.layers.0.attn"]})  # a layer reusing layer 0's cache
+    assert cv.paged_kv_of(shared, BS).block_bytes == cv.paged_kv_of(a, BS).block_bytes
+    b = _views(spec, "LBHNC", seed=4)
+    kv = env.store(2)
+    keys = cxlkv.block_keys(torch.arange(2 * BS).numpy(), BS)
+    assert cxlkv.put_ok(kv.put(keys, cv.paged_kv_of(shared, BS), [0, 5])).all()
+    assert cxlkv.get_ok(kv.get(keys, cv.paged_kv_of(b, BS), [1, 2])).all()
+    for name in a:
+        x, y = a[name].view(torch.int32), b[name].view(torch.int32)
+        assert torch.equal(x[0], y[1]) and torch.equal(x[5], y[2])
+
+
+def test_a_cache_that_does_not_split_into_blocks_is_refused_naming_the_layer():
+    with pytest.raises(ValueError, match="model.layers.0.attn"):
+        cv.paged_kv_of({"model.layers.0.attn": torch.zeros(4, 2, 24, 128)}, BS)
