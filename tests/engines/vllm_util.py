@@ -39,7 +39,9 @@ def start_engine(workdir, name, spec):
     with open(spec_path, "w") as f:
         json.dump(spec, f)
     log = open(logp, "w")
-    p = subprocess.Popen([sys.executable, ENGINE, spec_path, out], env=engine_env(), stdout=log,
+    env = engine_env()
+    env.update(spec.get("env", {}))
+    p = subprocess.Popen([sys.executable, ENGINE, spec_path, out], env=env, stdout=log,
                          stderr=subprocess.STDOUT, start_new_session=True)
     log.close()
     return p, out, logp
@@ -87,7 +89,13 @@ def connector(uri, node, role="kv_both", **extra):
     return dict(pool=uri, node=node, kv_role=role, **extra)
 
 
+# vLLM's CPU workers bind their threads to cores; with tensor parallelism on
+# one NUMA node they must be told which (one core each here).
+TP2 = dict(tp=2, env={"VLLM_CPU_OMP_THREADS_BIND": "0|1"})
+
+
 def spec(model, rounds, conn=None, **kw):
+    """An engine spec (see vllm_engine.py); ``env``: extra environment."""
     s = dict(model=model, connector=conn, rounds=rounds, block_size=BLOCK)
     s.update(kw)
     return s

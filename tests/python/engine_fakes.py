@@ -1,92 +1,14 @@
 # SPDX-License-Identifier: MIT
-"""The objects the engines hand to their KV backends, as plain Python
-(vLLM's Request / KVCacheBlocks / SchedulerOutput / VllmConfig fields the
-connector reads; SGLang's HiCacheStorageConfig and host pool), and the
-worker processes that drive an adapter through the engine's call sequence."""
-import hashlib
+"""SGLang's HiCacheStorageConfig and host pool as plain Python, for the core
+tests of the SGLang backend under Debian's python3 (the real SGLang drives
+it in tests/engines/test_sglang.py).  vLLM has no fakes: its connector is
+tested only inside the real vLLM (tests/engines/test_vllm*.py)."""
 import types
 
 import torch
 
-from tiny_llama import Config, PagedCache, TinyLlama
 
 NS = types.SimpleNamespace
-
-
-def vllm_role(name):
-    try:
-        from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
-        return KVConnectorRole[name]
-    except ImportError:
-        return NS(name=name)
-
-
-def vllm_config(uri, node, kv_role, block_size, model="tiny-llama"):
-    return NS(kv_transfer_config=NS(kv_role=kv_role, kv_connector_extra_config={"pool": uri, "node": node}),
-              cache_config=NS(block_size=block_size), model_config=NS(model=model, dtype="float32"),
-              parallel_config=NS(rank=0, tensor_parallel_size=1))
-
-
-def block_hashes(tokens, bs):
-    """vLLM-style chained block hashes (sha256 of parent hash + tokens), full blocks."""
-    out, parent = [], b"\0" * 32
-    for i in range(len(tokens) // bs):
-        h = hashlib.sha256(parent + b"".join(int(t).to_bytes(4, "little") for t in tokens[i * bs:(i + 1) * bs]))
-        parent = h.digest()
-        out.append(parent)
-    return out
-
-
-def vllm_request(rid, tokens, bs, kv_transfer_params=None):
-    return NS(request_id=rid, prompt_token_ids=list(tokens), num_tokens=len(tokens),
-              block_hashes=block_hashes(tokens, bs), kv_transfer_params=kv_transfer_params)
-
-
-class Blocks:
-    """KVCacheBlocks: get_block_ids() -> one list per KV cache group."""
-
-    def __init__(self, ids):
-        self.ids = list(ids)
-
-    def get_block_ids(self):
-        return (self.ids,)
-
-
-def scheduler_output(rid, block_ids, num_computed, num_scheduled):
-    return NS(scheduled_new_reqs=[NS(req_id=rid, block_ids=(list(block_ids),), num_computed_tokens=num_computed,
-                                     prompt_token_ids=None)],
-              scheduled_cached_reqs=NS(req_ids=[], new_block_ids=[], num_computed_tokens=[]),
-              num_scheduled_tokens={rid: num_scheduled}, finished_req_ids=set())
-
-
-def vllm_worker(conn, uri, node, kv_role, bs, layout, nblocks):
-    """A vLLM worker process: the WORKER-role connector and a model whose
-    paged cache is registered with it; runs steps the test sends."""
-    torch.set_num_threads(1)
-    from cxlkv.integrations import vllm as cv
-    cfg = Config()
-    model = TinyLlama(cfg)
-    cache = PagedCache(layout, cfg, nblocks, bs, torch.float32)
-    names = [f"model.layers.{l}.self_attn.attn" for l in range(cfg.layers)]
-    c = cv.CxlkvConnector(vllm_config(uri, node, kv_role, bs), vllm_role("WORKER"), None)
-    c.register_kv_caches(dict(zip(names, cache.raw)))
-    while True:
-        msg = conn.recv()
-        if msg[0] == "stop":
-            c.shutdown()
-            conn.send("stopped")
-            return
-        _, meta, tokens, start, table = msg
-        c.bind_connector_metadata(meta)
-        c.start_load_kv(NS(no_compile_layers={}))
-        logits = model(tokens, start, cache, table,
-                       pre_layer=lambda l: c.wait_for_layer_load(names[l]),
-                       post_layer=lambda l: c.save_kv_layer(names[l], cache.raw[l], None))
-        c.wait_for_save()
-        done = c.get_finished(set())
-        errors = c.get_block_ids_with_load_errors()
-        c.clear_connector_metadata()
-        conn.send((logits, errors, done))
 
 
 class SGLangHostPool:

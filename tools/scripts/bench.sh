@@ -10,6 +10,18 @@ if /usr/bin/python3 -c "import numpy, torch" 2>/dev/null; then
 else
 	echo "bench: py group skipped (/usr/bin/python3 lacks numpy/torch: make deps)" >&2
 fi
+# engine group: real vLLM engines with and without cxlkv, LMCache beside
+# them (tools/bench/engine_bench.py), in the engine environment (make deps).
+VENV=${CXLKV_ENGINE_VENV:-$(pwd)/.venv-engines}
+if [ "${CXLKV_SKIP_ENGINES:-0}" = 1 ]; then
+	echo "bench: engine group skipped (CXLKV_SKIP_ENGINES=1)" >&2
+elif [ -x "$VENV/bin/python" ]; then
+	CXLKV_BUILD="$B" CXLKV_LIB="$B/libruntime/libcxlkv.so" CXLKV_TEST_TOOLS="$B/tools" \
+		"$VENV/bin/python" tools/bench/engine_bench.py --results "$B/bench/results.json" >/dev/null
+else
+	echo "bench: no engine environment in $VENV: run 'make deps' (or CXLKV_SKIP_ENGINES=1 to leave the engine group out)" >&2
+	exit 1
+fi
 # The picture: each metric against its same-run baseline and target.
 "$B/tools/cxlkv-bench" --report-svg "$B/bench/results.json" "$B/bench/report.svg"
 cat "$B/bench/results.json"

