@@ -26,7 +26,6 @@ def engine_env():
     env.setdefault("CXLKV_LIB", os.path.join(env.get("CXLKV_BUILD", os.path.join(ROOT, "build")), "libruntime",
                                              "libcxlkv.so"))
     env.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
-    env["VLLM_CPU_KVCACHE_SPACE"] = env.get("VLLM_CPU_KVCACHE_SPACE", "1")
     return env
 
 

@@ -73,14 +73,14 @@ def test_package_docstring_example_runs(env):
 
 
 def test_readme_python_example_runs_as_written(env):
-    """The README's Python block (section "Python and serving engines"), as
+    """The README's Python block (section "Python"), as
     written, on a pool of this test: only the pool URI is replaced and the
     engine's variables (token ids, paged caches, block ids) are given."""
     import os
     import torch
     from conftest import ROOT
     text = open(os.path.join(ROOT, "README.md"), encoding="utf-8").read()
-    sec = text[text.index("## Python and serving engines"):]
+    sec = text[text.index("## Python\n"):]
     code = sec[sec.index("```python\n") + len("```python\n"):]
     code = code[:code.index("```")]
     assert 'cxlkv.Pool("dax:/dev/dax0.0")' in code
