@@ -54,8 +54,13 @@ def main(spec_path, out_path):
                                                     kv_role=role, kv_connector_extra_config=conn)
     lmc = spec.get("lmcache")
     if lmc is not None:
-        kw["kv_transfer_config"] = KVTransferConfig(kv_connector=lmc.get("connector", "LMCacheConnectorV1"),
-                                                    kv_role="kv_both",
+        # LMCache's own vLLM connector (tests/engines/lmcache_util.py builds
+        # this): by default the one of the installed LMCache package, loaded
+        # by module path, since vLLM's in-tree copy follows another LMCache
+        # release's adapter API.
+        kw["kv_transfer_config"] = KVTransferConfig(kv_connector=lmc.get("connector", "LMCacheMPConnector"),
+                                                    kv_connector_module_path=lmc.get("module_path"),
+                                                    kv_role=lmc.get("kv_role", "kv_both"),
                                                     kv_connector_extra_config=lmc.get("extra", {}))
     t0 = time.perf_counter()
     llm = LLM(**kw)
