@@ -171,7 +171,8 @@ def test_engine_killed_in_the_middle_of_saves_leaves_nothing_pinned_and_no_wrong
                                               max_num_seqs=4))
     oracle = _oracle(tmp_path, model, rounds + rounds, max_num_seqs=4)
     same_outputs(b["rounds"][0], oracle["rounds"][1], what="engine after the other was killed")
-    assert _metrics(tmp_path, "s")[LOADED] >= 10
+    # It used what the killed engine had published: at least the shared prefix.
+    assert _metrics(tmp_path, "s")[LOADED] >= 4
 
 
 def test_the_oracle_catches_a_wrong_block(env, tmp_path):

@@ -6,7 +6,9 @@ prefixes taken from a Mooncake-format trace, side by side in one run:
 
   recompute     no cache beyond the running requests (vLLM prefix caching off)
   vllm_prefix   vLLM's own prefix cache
-  lmcache       LMCache's vLLM connector and its own storage (tests/engines/lmcache_util.py)
+  lmcache       LMCache's own vLLM connector (LMCacheMPConnector) and one LMCache
+                multiprocess server whose memory every engine of the arm shares
+                (tests/engines/lmcache_util.py; vLLM's prefix cache off)
   cxlkv         the cxlkv connector on a shm pool (vLLM's prefix cache off, so
                 reuse comes from the pool)
 
@@ -95,33 +97,39 @@ def _p50_ms(xs):
 
 def run_arm(work, model, arm, scope, prompts, uri, nodes):
     """TTFT (one by one) and throughput (all at once) of one arm in one scope."""
-    def engine_spec(rounds, node):
-        kw = dict(max_model_len=2048, kv_cache_bytes=256 << 20, max_num_seqs=8)
-        if arm == "recompute":
-            return spec(model, rounds, prefix_caching=False, **kw)
-        if arm == "vllm_prefix":
-            return spec(model, rounds, prefix_caching=True, **kw)
-        if arm == "cxlkv":
-            return spec(model, rounds, connector(uri, node, metrics_textfile=os.path.join(
-                work, f"{scope}-{node}-{{role}}-{{rank}}.prom")), prefix_caching=False, **kw)
-        if arm == "lmcache":
-            import lmcache_util
-            return lmcache_util.bench_engine_spec(spec(model, rounds, prefix_caching=False, **kw), work, scope)
-        raise ValueError(arm)
+    import contextlib
+    server = contextlib.nullcontext()
+    if arm == "lmcache":
+        import lmcache_util
+        server = lmcache_util.lmcache_server(work, name=f"lmcache-{scope}")
+    with server as srv:
+        def engine_spec(rounds, node):
+            kw = dict(max_model_len=2048, kv_cache_bytes=256 << 20, max_num_seqs=8)
+            if arm == "recompute":
+                return spec(model, rounds, prefix_caching=False, **kw)
+            if arm == "vllm_prefix":
+                return spec(model, rounds, prefix_caching=True, **kw)
+            if arm == "cxlkv":
+                return spec(model, rounds, connector(uri, node, metrics_textfile=os.path.join(
+                    work, f"{scope}-{node}-{{role}}-{{rank}}.prom")), prefix_caching=False, **kw)
+            if arm == "lmcache":
+                return spec(model, rounds, prefix_caching=False, lmcache=lmcache_util.lmcache_engine_spec(srv),
+                            env=lmcache_util.lmcache_env(), **kw)
+            raise ValueError(arm)
 
-    one = dict(prompts=prompts, max_tokens=8, one_by_one=True)
-    batch = dict(prompts=prompts, max_tokens=8)
-    if scope == "one_engine":
-        out = run_engine(work, f"{arm}-{scope}", engine_spec([one], nodes[0]))
-        ttft = out["ttft_s"][0]
-        tput_out = run_engine(work, f"{arm}-{scope}-batch", engine_spec([batch, batch], nodes[1]))
-        req_s = len(prompts) / tput_out["round_s"][1]  # the second pass: reuse inside the engine
-    else:
-        run_engine(work, f"{arm}-{scope}-A", engine_spec([batch], nodes[0]))
-        out = run_engine(work, f"{arm}-{scope}-B", engine_spec([one], nodes[1]))
-        ttft = out["ttft_s"][0]
-        tput_out = run_engine(work, f"{arm}-{scope}-C", engine_spec([batch], nodes[2]))
-        req_s = len(prompts) / tput_out["round_s"][0]
+        one = dict(prompts=prompts, max_tokens=8, one_by_one=True)
+        batch = dict(prompts=prompts, max_tokens=8)
+        if scope == "one_engine":
+            out = run_engine(work, f"{arm}-{scope}", engine_spec([one], nodes[0]))
+            ttft = out["ttft_s"][0]
+            tput_out = run_engine(work, f"{arm}-{scope}-batch", engine_spec([batch, batch], nodes[1]))
+            req_s = len(prompts) / tput_out["round_s"][1]  # the second pass: reuse inside the engine
+        else:
+            run_engine(work, f"{arm}-{scope}-A", engine_spec([batch], nodes[0]))
+            out = run_engine(work, f"{arm}-{scope}-B", engine_spec([one], nodes[1]))
+            ttft = out["ttft_s"][0]
+            tput_out = run_engine(work, f"{arm}-{scope}-C", engine_spec([batch], nodes[2]))
+            req_s = len(prompts) / tput_out["round_s"][0]
     return dict(ttft_ms_p50=_p50_ms(ttft), req_per_s=round(req_s, 3))
 
 
