@@ -7,20 +7,7 @@ that does not import is a failure here."""
 import os
 import sys
 
-import pytest
-
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "python"))
 sys.path.insert(0, HERE)
-from pool_env import PoolEnv, make_uri, remove_pool_files, run_in_process  # noqa: E402,F401
-
-
-def _tag(request):
-    return request.node.name[:24].replace("[", "_").replace("]", "_")
-
-
-@pytest.fixture
-def env(request):
-    e = PoolEnv(_tag(request))
-    yield e
-    e.close()
+from pool_env import PoolEnv, env, make_uri, remove_pool_files, run_in_process  # noqa: E402,F401

@@ -13,21 +13,11 @@ import time
 import pytest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from pool_env import HERE, PKG, ROOT, PoolEnv, make_uri, remove_pool_files, run_in_process  # noqa: E402,F401
+from pool_env import HERE, PKG, ROOT, PoolEnv, env, make_uri, remove_pool_files, run_in_process  # noqa: E402,F401
+from pool_env import tag_of as _tag  # noqa: E402
 
 import cxlkv  # noqa: E402
 import numpy as np  # noqa: E402
-
-
-def _tag(request):
-    return request.node.name[:24].replace("[", "_").replace("]", "_")
-
-
-@pytest.fixture
-def env(request):
-    e = PoolEnv(_tag(request))
-    yield e
-    e.close()
 
 
 @pytest.fixture

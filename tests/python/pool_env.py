@@ -9,6 +9,8 @@ import multiprocessing as mp
 import os
 import sys
 
+import pytest
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.abspath(os.path.join(HERE, "..", ".."))
 PKG = os.path.join(ROOT, "libruntime", "python")
@@ -94,3 +96,16 @@ def _child(q, fn, args):
         q.put((True, fn(*args)))
     except BaseException:
         q.put((False, traceback.format_exc()))
+
+
+def tag_of(request):
+    """A short name of the running test, for its pool's name."""
+    return request.node.name[:24].replace("[", "_").replace("]", "_")
+
+
+@pytest.fixture
+def env(request):
+    """A fresh pool of this test with its lock manager (PoolEnv)."""
+    e = PoolEnv(tag_of(request))
+    yield e
+    e.close()
