@@ -10,6 +10,7 @@ import json
 import re
 
 import numpy as np
+import pytest
 
 import cxlkv
 from engine_fakes import sglang_config
@@ -17,7 +18,10 @@ from engine_fakes import sglang_config
 
 def snippet_json(module, start):
     """The JSON object in `module`'s docstring that begins at `start`."""
-    doc = importlib.import_module(module).__doc__
+    return _json_at(importlib.import_module(module).__doc__, start)
+
+
+def _json_at(doc, start):
     i = doc.index(start)
     depth, j = 0, i
     for j in range(i, len(doc)):
@@ -54,6 +58,20 @@ def test_lmcache_snippet(env):
         assert isinstance(client.event_fd(), int)
     finally:
         client.close()
+
+
+@pytest.mark.parametrize("module,start", [("cxlkv.integrations.sglang", '{"backend_name"'),
+                                          ("cxlkv.integrations.lmcache", '{"type": "native_plugin"')])
+def test_readme_engine_snippets_are_the_tested_ones(module, start):
+    """The README's SGLang and LMCache snippets (section "Serving engines")
+    carry the same JSON as the adapters' docstrings, which the tests above
+    feed through what the engine does (the vLLM one runs inside vLLM:
+    tests/engines/test_vllm_config.py)."""
+    import os
+    from conftest import ROOT
+    text = open(os.path.join(ROOT, "README.md"), encoding="utf-8").read()
+    sec = text[text.index("## Serving engines"):]
+    assert _json_at(sec, start) == snippet_json(module, start)
 
 
 def test_package_docstring_example_runs(env):
