@@ -3,8 +3,12 @@
 // is read by another -- page table, K/V rows and min/max digests -- exactly,
 // under NonCoherentSim with random evictions; removing the writer's flush
 // or the reader's invalidate is caught; handles of destroyed contexts go
-// stale; one writer per partition; bad input is refused with a named cause.
+// stale; one writer per partition; bad input is refused with a named cause;
+// the writer lock file is opened safely.
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
@@ -269,4 +273,69 @@ TEST(PnmStore, ASecondProcessReadsTheCarveGeometryFromItsHeader) {
   ASSERT_TRUE(s.ok()) << s.error().message();
   EXPECT_EQ(2u, (*s)->partitions());
   EXPECT_EQ(8u, (*s)->slots_per_partition());
+}
+
+// ---- the writer lock file (util/safe_file.hpp rules) -----------------------------
+
+namespace {
+
+// What context_store.cpp names the lock file of `part` (one definition
+// there; this mirrors it to plant things at the path).
+std::string lock_file_of(const Region& r, uint32_t part) {
+  std::string name;
+  for (char c : r.uri()) name += (std::isalnum(static_cast<unsigned char>(c)) ? c : '_');
+  return "/dev/shm/cxlkv-pnm-" + name + "-p" + std::to_string(part) + ".lock";
+}
+
+struct Unlinked {
+  std::vector<std::string> paths;
+  ~Unlinked() {
+    for (auto& p : paths) ::unlink(p.c_str());
+  }
+};
+
+}  // namespace
+
+TEST(PnmStore, ASymlinkAtTheLockFilePathIsRefusedAndItsTargetUntouched) {
+  SharedPool pool(kPool, 1, 0.0, false);
+  const std::string lp = lock_file_of(pool.host(0), 0);
+  const std::string target = "/tmp/pnm-lock-target-" + std::to_string(getpid());
+  Unlinked rm{{lp, target}};
+  ::unlink(target.c_str());
+  ASSERT_EQ(0, ::symlink(target.c_str(), lp.c_str()));
+  auto s = ContextStore::open(pool.host(0), small_store(0));
+  ASSERT_FALSE(s.ok()) << "the writer followed a link planted at " << lp;
+  EXPECT_EQ(-ELOOP, s.error().code()) << s.error().message();
+  EXPECT_NE(std::string::npos, s.error().message().find(lp)) << s.error().message();
+  EXPECT_NE(std::string::npos, s.error().message().find("symbolic link")) << s.error().message();
+  struct stat st {};
+  EXPECT_NE(0, ::lstat(target.c_str(), &st)) << "the link's target was created";
+  EXPECT_TRUE(ContextStore::open(pool.host(0), small_store(0, false)).ok()) << "readers take no lock file";
+}
+
+TEST(PnmStore, ALockFileOwnedByAnotherUserIsRefusedNamingIt) {
+  if (geteuid() != 0) GTEST_SKIP() << "needs root (a file of another uid)";
+  SharedPool pool(kPool, 1, 0.0, false);
+  const std::string lp = lock_file_of(pool.host(0), 1);
+  Unlinked rm{{lp}};
+  const int fd = ::open(lp.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+  ASSERT_GE(fd, 0);
+  ::close(fd);
+  ASSERT_EQ(0, ::chown(lp.c_str(), 65534, 65534));  // nobody
+  auto s = ContextStore::open(pool.host(0), small_store(1));
+  ASSERT_FALSE(s.ok()) << "the writer took a lock file another user controls";
+  EXPECT_EQ(-EPERM, s.error().code()) << s.error().message();
+  EXPECT_NE(std::string::npos, s.error().message().find(lp + " is owned by uid 65534")) << s.error().message();
+  // Writable by others: refused as well; the file is left as it was.
+  ASSERT_EQ(0, ::chown(lp.c_str(), 0, 0));
+  ASSERT_EQ(0, ::chmod(lp.c_str(), 0666));
+  auto w = ContextStore::open(pool.host(0), small_store(1));
+  ASSERT_FALSE(w.ok());
+  EXPECT_EQ(-EPERM, w.error().code()) << w.error().message();
+  EXPECT_NE(std::string::npos, w.error().message().find("writable by")) << w.error().message();
+  // Our own file, mode 0600: the lock works as before.
+  ASSERT_EQ(0, ::chmod(lp.c_str(), 0600));
+  auto ok = ContextStore::open(pool.host(0), small_store(1));
+  ASSERT_TRUE(ok.ok()) << ok.error().message();
+  EXPECT_EQ(-EBUSY, ContextStore::open(pool.host(0), small_store(1)).error().code());
 }

@@ -18,6 +18,7 @@
 #include "pnm/dtype.hpp"
 #include "pnm/pnm_internal.hpp"
 #include "uapi/cxlkv_pnm.h"
+#include "util/safe_file.hpp"
 
 namespace cxlkv::pnm {
 
@@ -179,10 +180,19 @@ Result<std::unique_ptr<ContextStore>> ContextStore::open(Region& region, const S
     st->lock_path_ = lock_path(region, o.partition);
     const std::string& lp = st->lock_path_;
     // flock the node-local file; a file unlinked by the previous writer
-    // between our open and our flock is not the lock any more: retry.
+    // between our open and our flock is not the lock any more: retry.  The
+    // file lives in /dev/shm, where any user can plant a symbolic link or a
+    // file of their own under its predictable name: it is opened the way
+    // every node-local file is (util/safe_file.hpp: no link followed, created
+    // exclusively, refused when another user owns it or others may write it).
+    util::SafeOpenOptions so;
+    so.what = C + "partition " + std::to_string(o.partition) + " writer lock file";
+    so.create = true;
+    so.mode = 0600;  // only this user's processes take the writer lock
     for (int tries = 0;; tries++) {
-      st->lock_fd_ = ::open(lp.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
-      if (st->lock_fd_ < 0) return Error(-errno, C + "lock file " + lp + ": " + std::strerror(errno));
+      auto sf = util::safe_open(lp, so);
+      if (!sf) return sf.error();
+      st->lock_fd_ = sf->fd;
       if (::flock(st->lock_fd_, LOCK_EX | LOCK_NB) != 0) {
         const int err = errno;
         ::close(st->lock_fd_);
@@ -191,10 +201,9 @@ Result<std::unique_ptr<ContextStore>> ContextStore::open(Region& region, const S
                      C + "partition " + std::to_string(o.partition) +
                          " already has a writer process (lock file " + lp + ")");
       }
-      struct stat a {}, b {};
-      if (::fstat(st->lock_fd_, &a) == 0 && ::stat(lp.c_str(), &b) == 0 && a.st_ino == b.st_ino &&
-          a.st_dev == b.st_dev)
-        break;
+      // Still the file at the path (lstat: a link put there since is not)?
+      struct stat b {};
+      if (::lstat(lp.c_str(), &b) == 0 && sf->st.st_ino == b.st_ino && sf->st.st_dev == b.st_dev) break;
       ::close(st->lock_fd_);
       st->lock_fd_ = -1;
       if (tries > 100) return Error(-EAGAIN, C + "lock file " + lp + " keeps being replaced");
