@@ -214,3 +214,15 @@ ctx.close(); st.close()  # harmless now
     finally:
         if os.path.exists(path):
             os.unlink(path)
+
+
+def test_a_refused_store_open_leaves_no_carve_without_a_header(pool):
+    """Options that cannot lay out a carve are refused before the carve is
+    made: the next open with good options works (before: every open failed
+    "not initialised (no magic) after 2 s" until `cxlkvctl carve rm pnm`)."""
+    with pytest.raises(cxlkv.CxlkvError) as e:
+        pnm.PnmStore(pool, carve_bytes=8 << 20, slots_per_partition=2**32 - 1)
+    assert e.value.errno == 22 and "too small" in str(e.value), str(e.value)
+    assert "pnm" not in [c["name"] for c in pool.carves()]
+    with pnm.PnmStore(pool, carve_bytes=8 << 20) as st:
+        st.create(1, L, H, D, max_tokens=64, dtype="f32")

@@ -4,13 +4,14 @@
 // under NonCoherentSim with random evictions; removing the writer's flush
 // or the reader's invalidate is caught; handles of destroyed contexts go
 // stale; one writer per partition; bad input is refused with a named cause;
-// the writer lock file is opened safely.
+// the writer lock file is opened safely; a refused open leaves no carve.
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <random>
 #include <vector>
@@ -338,4 +339,23 @@ TEST(PnmStore, ALockFileOwnedByAnotherUserIsRefusedNamingIt) {
   auto ok = ContextStore::open(pool.host(0), small_store(1));
   ASSERT_TRUE(ok.ok()) << ok.error().message();
   EXPECT_EQ(-EBUSY, ContextStore::open(pool.host(0), small_store(1)).error().code());
+}
+
+TEST(PnmStore, ARefusedOpenLeavesNoCarveBehind) {
+  SharedPool pool(kPool, 1, 0.0, false);
+  StoreOptions o = small_store(0);
+  o.slots_per_partition = 0xffffffffu;
+  auto s = ContextStore::open(pool.host(0), o);
+  ASSERT_FALSE(s.ok());
+  EXPECT_EQ(-EINVAL, s.error().code());
+  EXPECT_NE(std::string::npos, s.error().message().find("too small")) << s.error().message();
+  EXPECT_EQ(-ENOENT, pool.host(0).carve(CXLKV_CARVE_PNM).error().code()) << "a carve without a header was left";
+  o = small_store(0);
+  o.partitions = 1u << 20;  // its statistics alone fill the carve
+  EXPECT_EQ(-EINVAL, ContextStore::open(pool.host(0), o).error().code());
+  EXPECT_EQ(-ENOENT, pool.host(0).carve(CXLKV_CARVE_PNM).error().code());
+  const auto t0 = std::chrono::steady_clock::now();
+  auto ok = ContextStore::open(pool.host(0), small_store(0));
+  ASSERT_TRUE(ok.ok()) << ok.error().message();
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(1)) << "waited for a header";
 }

@@ -63,6 +63,20 @@ std::string lock_path(const Region& r, uint32_t part) {
   return "/dev/shm/cxlkv-pnm-" + name + "-p" + std::to_string(part) + ".lock";
 }
 
+// Why options cannot make a new carve ("" when they can): the sizes
+// ContextStore::open would lay out, checked before the carve exists.
+std::string check_new_carve(const StoreOptions& o) {
+  if (o.partitions == 0 || o.slots_per_partition == 0) return "partitions and slots_per_partition must be > 0";
+  const uint64_t bytes = align_up(o.carve_bytes, CXLKV_CARVE_ALIGN);  // what carve_create makes
+  const uint64_t parts_off = align_up(kAlign + uint64_t(o.partitions) * sizeof(cxlkv_pnm_part_stats), kAlign);
+  const uint64_t part_bytes = bytes > parts_off ? (bytes - parts_off) / o.partitions / kAlign * kAlign : 0;
+  const uint64_t min_part = kAlign + uint64_t(o.slots_per_partition) * CXLKV_PNM_SLOT_SIZE + kAlign;
+  if (o.carve_bytes == 0 || part_bytes < min_part)
+    return "carve of " + std::to_string(o.carve_bytes) + " bytes is too small for " + std::to_string(o.partitions) +
+           " partitions of " + std::to_string(o.slots_per_partition) + " slots";
+  return "";
+}
+
 }  // namespace
 
 // ---- ContextStore --------------------------------------------------------------
@@ -85,8 +99,10 @@ Result<std::unique_ptr<ContextStore>> ContextStore::open(Region& region, const S
   bool made = false;
   if (!carve.ok()) {
     if (carve.error().code() != -ENOENT) return carve.error();
-    if (o.partitions == 0 || o.slots_per_partition == 0)
-      return Error(-EINVAL, C + "partitions and slots_per_partition must be > 0");
+    // Options first, the carve after: a carve made and then refused would
+    // stay without a header, and every later open would wait for its magic
+    // and fail (uapi/cxlkv_pnm.h: the header is written once, by its maker).
+    if (auto bad = check_new_carve(o); !bad.empty()) return Error(-EINVAL, C + bad);
     auto c = region.carve_create(CXLKV_CARVE_PNM, o.carve_bytes, MemType::wb);
     if (c.ok()) {
       made = true;
@@ -105,6 +121,15 @@ Result<std::unique_ptr<ContextStore>> ContextStore::open(Region& region, const S
   st->carve_off_ = carve->offset;
   st->carve_size_ = carve->size;
   auto* hdr = region.at<cxlkv_pnm_header>(st->carve_off_);
+  // A carve this call made but could not give a header is removed again,
+  // for the same reason as above.
+  struct RemoveUnpublished {
+    Region& r;
+    bool armed;
+    ~RemoveUnpublished() {
+      if (armed) (void)r.carve_remove(CXLKV_CARVE_PNM);
+    }
+  } unpublished{region, made};
 
   if (made) {
     cxlkv_pnm_header h{};
@@ -139,6 +164,7 @@ Result<std::unique_ptr<ContextStore>> ContextStore::open(Region& region, const S
     h.checksum = cxlkv_pnm_header_checksum(&h);
     d.publish_line(hdr, &h);
     d.fence();  // rule 3: the header is visible before anyone is told the carve is ready
+    unpublished.armed = false;
   }
 
   // Read the header fresh (rule 4); a carve just made by another process may
