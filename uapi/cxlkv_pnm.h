@@ -44,7 +44,8 @@
 
 /* "CXLKVPN1" read as a little-endian u64. */
 #define CXLKV_PNM_MAGIC               0x314e50564b4c5843ULL
-#define CXLKV_PNM_VERSION             1u
+/* Version 2: the count line carries a check (struct cxlkv_pnm_count). */
+#define CXLKV_PNM_VERSION             2u
 #define CXLKV_PNM_DEFAULT_PAGE_TOKENS 16u
 #define CXLKV_PNM_SLOT_SIZE           128u
 
@@ -120,11 +121,12 @@ struct cxlkv_pnm_ctx {
 CXLKV_STATIC_ASSERT(sizeof(struct cxlkv_pnm_ctx) == 64, "pnm context descriptor is one line");
 
 /* How many tokens are published: the context's publish flag, its own line
- * (rule 2: written at every append). */
+ * (rule 2: written at every append, one 64-byte store).  check lets a
+ * reader tell a damaged or forged count from a published one. */
 struct cxlkv_pnm_count {
 	__u64 ntokens;
 	__u32 generation;       /* equals cxlkv_pnm_ctx.generation of the same context */
-	__u32 reserved0;
+	__u32 check;            /* FNV-1a 32 of the line with check = 0 */
 	__u8  reserved[48];
 };
 CXLKV_STATIC_ASSERT(sizeof(struct cxlkv_pnm_count) == 64, "pnm count is one line");
@@ -139,6 +141,22 @@ static inline __u32 cxlkv_pnm_ctx_check(const struct cxlkv_pnm_ctx *c)
 {
 	const unsigned char *p = (const unsigned char *)c;
 	const unsigned long lo = __builtin_offsetof(struct cxlkv_pnm_ctx, check);
+	__u32 h = 0x811c9dc5u;
+	unsigned long i;
+
+	for (i = 0; i < sizeof(*c); i++) {
+		unsigned char ch = (i >= lo && i < lo + 4) ? 0 : p[i];
+
+		h ^= ch;
+		h *= 0x01000193u;
+	}
+	return h;
+}
+
+static inline __u32 cxlkv_pnm_count_check(const struct cxlkv_pnm_count *c)
+{
+	const unsigned char *p = (const unsigned char *)c;
+	const unsigned long lo = __builtin_offsetof(struct cxlkv_pnm_count, check);
 	__u32 h = 0x811c9dc5u;
 	unsigned long i;
 

@@ -4,7 +4,9 @@
 // under NonCoherentSim with random evictions; removing the writer's flush
 // or the reader's invalidate is caught; handles of destroyed contexts go
 // stale; one writer per partition; bad input is refused with a named cause;
-// the writer lock file is opened safely; a refused open leaves no carve.
+// the writer lock file is opened safely; a refused open leaves no carve;
+// damaged offsets and counts in the
+// pool are refused naming the context and the field.
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <sys/stat.h>
@@ -17,6 +19,7 @@
 #include <vector>
 
 #include "pnm/pnm_internal.hpp"
+#include "uapi/cxlkv_pnm.h"
 #include "unit/pnm_test_support.hpp"
 
 using namespace cxlkv;
@@ -339,6 +342,166 @@ TEST(PnmStore, ALockFileOwnedByAnotherUserIsRefusedNamingIt) {
   auto ok = ContextStore::open(pool.host(0), small_store(1));
   ASSERT_TRUE(ok.ok()) << ok.error().message();
   EXPECT_EQ(-EBUSY, ContextStore::open(pool.host(0), small_store(1)).error().code());
+}
+
+// ---- damaged offsets and counts (uapi/cxlkv_pnm.h: checked before use) ----------
+
+namespace {
+
+// A context of 40 tokens (3 pages of 16) written on a coherent pool, whose
+// bytes a test damages directly, and a reader store over it.
+struct Damaged {
+  Damaged() : pool(kPool, 1, 0.0, false) {
+    ws = std::move(ContextStore::open(pool.host(0), small_store(0))).value();
+    rs = std::move(ContextStore::open(pool.host(0), small_store(0, false))).value();
+    w = std::move(ws->create(5, g)).value();
+    std::mt19937_64 rng(3);
+    Tensor k = random_tensor(g.dtype, size_t(g.layers) * g.kv_heads * 40 * g.head_dim, rng);
+    Tensor v = random_tensor(g.dtype, k.vals.size(), rng);
+    EXPECT_TRUE(w->append(k.data(), v.data(), 40).ok());
+    auto c = pool.host(0).carve(CXLKV_CARVE_PNM);
+    EXPECT_TRUE(c.ok());
+    carve_off = c->offset;
+    carve_size = c->size;
+    const auto* h = at<cxlkv_pnm_header>(carve_off);
+    slot = at<cxlkv_pnm_slot>(carve_off + h->parts_off + 64);  // partition 0, slot 0
+    EXPECT_EQ(5u, slot->ctx.request_id);
+  }
+  template <class T>
+  T* at(uint64_t off) {
+    return reinterpret_cast<T*>(static_cast<unsigned char*>(pool.mem.get()) + off);
+  }
+  uint64_t* page_entry(uint32_t p) { return at<uint64_t>(slot->ctx.page_table_off + 8ull * p); }
+  // One decode step over everything published, as a near-memory engine runs it.
+  StepResult step(Context& c) {
+    std::vector<float> q(size_t(g.layers) * 4 * g.head_dim, 0.25f);
+    Engine eng;
+    StepRequest req;
+    req.ctx = &c;
+    req.queries = q;
+    req.q_heads = 4;
+    req.all_pages = true;
+    return eng.step(req);
+  }
+  Geometry g = geo(Dtype::f32, 16, 64);
+  SharedPool pool;
+  std::unique_ptr<ContextStore> ws, rs;
+  std::unique_ptr<Context> w;
+  uint64_t carve_off = 0, carve_size = 0;
+  cxlkv_pnm_slot* slot = nullptr;
+};
+
+bool has(const Error& e, const std::string& s) { return e.message().find(s) != std::string::npos; }
+
+}  // namespace
+
+TEST(PnmStore, APageTableEntryOutsideTheContextsHeapIsRefusedBeforeAnyRead) {
+  Damaged d;
+  auto r = d.rs->find(5);
+  ASSERT_TRUE(r.ok()) << r.error().message();
+  ASSERT_TRUE(d.step(**r).status.ok()) << "undamaged";
+  const uint64_t good = *d.page_entry(1);
+  const uint64_t bad[] = {
+      0,                                   // the superblock
+      d.carve_off,                         // the pnm carve's header
+      d.slot->ctx.page_table_off,          // the context's own page table
+      d.carve_off + d.carve_size - 64,     // runs past the carve
+      good + 8,                            // not 64-aligned
+      uint64_t(kPool) - 64,                // runs past the pool
+  };
+  for (uint64_t off : bad) {
+    *d.page_entry(1) = off;
+    auto st = d.step(**r);
+    ASSERT_FALSE(st.status.ok()) << "page table entry 1 = " << off << " was read as K/V";
+    EXPECT_EQ(-EBADMSG, st.status.error().code()) << st.status.error().message();
+    EXPECT_TRUE(has(st.status.error(), "pnm context 5: page table entry 1")) << st.status.error().message();
+    std::vector<uint64_t> t(3);
+    EXPECT_EQ(-EBADMSG, (*r)->read_page_table(0, 3, t.data()).error().code());
+  }
+  *d.page_entry(1) = good;
+  EXPECT_TRUE(d.step(**r).status.ok()) << "repaired";
+  // A writer cannot put such a page there either.
+  std::vector<uint64_t> offs = {0};
+  std::vector<unsigned char> dg(size_t(d.g.layers) * d.g.kv_heads * 2 * d.g.head_dim * 4);
+  auto w2 = d.ws->create(6, d.g);
+  ASSERT_TRUE(w2.ok());
+  auto a = (*w2)->append_pages(offs, dg.data(), 16);
+  EXPECT_EQ(-EINVAL, a.error().code());
+  EXPECT_TRUE(has(a.error(), "superblock")) << a.error().message();
+}
+
+TEST(PnmStore, ACountRaisedByOneIsRefused) {
+  Damaged d;
+  auto r = d.rs->find(5);
+  ASSERT_TRUE(r.ok()) << r.error().message();
+  d.slot->count.ntokens = 41;  // one token past what was published, check not redone
+  auto n = (*r)->refresh();
+  ASSERT_FALSE(n.ok()) << "count " << *n << " accepted";
+  EXPECT_EQ(-EBADMSG, n.error().code());
+  EXPECT_TRUE(has(n.error(), "pnm context 5: count line check mismatch")) << n.error().message();
+  auto st = d.step(**r);
+  ASSERT_FALSE(st.status.ok());
+  EXPECT_EQ(-EBADMSG, st.status.error().code());
+  EXPECT_EQ(-EBADMSG, d.rs->find(5).error().code());
+  // Past the capacity, or below what this handle read before, with a valid check.
+  for (uint64_t forged : {uint64_t(1) << 40, uint64_t(16)}) {
+    d.slot->count.ntokens = forged;
+    d.slot->count.check = cxlkv_pnm_count_check(&d.slot->count);
+    auto f = (*r)->refresh();
+    ASSERT_FALSE(f.ok()) << "count " << forged << " accepted";
+    EXPECT_EQ(-EBADMSG, f.error().code());
+    EXPECT_TRUE(has(f.error(), "ntokens")) << f.error().message();
+  }
+}
+
+TEST(PnmStore, AForgedCountGenerationIsRefusedNotReadAsEmpty) {
+  Damaged d;
+  auto r = d.rs->find(5);
+  ASSERT_TRUE(r.ok()) << r.error().message();
+  d.slot->count.generation += 7;
+  d.slot->count.check = cxlkv_pnm_count_check(&d.slot->count);
+  auto n = (*r)->refresh();
+  ASSERT_FALSE(n.ok()) << "the context read as " << *n << " tokens";
+  EXPECT_EQ(-EBADMSG, n.error().code());
+  EXPECT_TRUE(has(n.error(), "pnm context 5: count line names generation")) << n.error().message();
+  auto st = d.step(**r);
+  ASSERT_FALSE(st.status.ok()) << "attend succeeded over a forged empty context";
+  EXPECT_EQ(-EBADMSG, st.status.error().code());
+  // A context really destroyed is still -ESTALE, not damage.
+  d.slot->count.generation -= 7;
+  d.slot->count.check = cxlkv_pnm_count_check(&d.slot->count);
+  ASSERT_TRUE((*r)->refresh().ok());
+  ASSERT_TRUE(d.ws->destroy(5).ok());
+  EXPECT_EQ(-ESTALE, (*r)->refresh().error().code());
+}
+
+TEST(PnmStore, DescriptorOffsetsOutsideTheirPartitionHeapAreRefusedAtFind) {
+  Damaged d;
+  const cxlkv_pnm_ctx good = d.slot->ctx;
+  struct Forgery {
+    const char* field;
+    void (*apply)(cxlkv_pnm_ctx&, uint64_t carve_off);
+  };
+  const Forgery forged[] = {
+      {"page_table_off", [](cxlkv_pnm_ctx& c, uint64_t) { c.page_table_off = 0; }},
+      {"page_table_off", [](cxlkv_pnm_ctx& c, uint64_t off) { c.page_table_off = off; }},
+      {"digest_off", [](cxlkv_pnm_ctx& c, uint64_t) { c.digest_off = 64; }},
+      {"page_table_off", [](cxlkv_pnm_ctx& c, uint64_t) { c.max_pages = 1u << 30; }},  // tables past the heap
+      {"geometry has a zero field", [](cxlkv_pnm_ctx& c, uint64_t) { c.kv_heads = 0; c.page_bytes = 0; }},
+  };
+  for (const auto& f : forged) {
+    cxlkv_pnm_ctx c = good;
+    f.apply(c, d.carve_off);
+    c.check = cxlkv_pnm_ctx_check(&c);
+    d.slot->ctx = c;
+    auto r = d.rs->find(5);
+    ASSERT_FALSE(r.ok()) << f.field << " forged and accepted";
+    EXPECT_EQ(-EBADMSG, r.error().code()) << r.error().message();
+    EXPECT_TRUE(has(r.error(), "pnm context 5")) << r.error().message();
+    EXPECT_TRUE(has(r.error(), f.field)) << r.error().message();
+  }
+  d.slot->ctx = good;
+  EXPECT_TRUE(d.rs->find(5).ok());
 }
 
 TEST(PnmStore, ARefusedOpenLeavesNoCarveBehind) {

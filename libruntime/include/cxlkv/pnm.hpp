@@ -26,6 +26,7 @@
 #include <mutex>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "cxlkv/result.hpp"
@@ -98,7 +99,8 @@ class Context {
   // Append whole pages that already are in the pool (written by a GPU, or
   // another copy path) with their digests computed elsewhere (the GPU digest
   // kernel): page_offsets[i] is the pool offset of a page laid out as
-  // uapi/cxlkv_pnm.h says; digests are [layers][kv_heads][npages][2][head_dim].
+  // uapi/cxlkv_pnm.h says, 64-aligned, past the superblock in pool space
+  // that no carve holds (or in this partition's heap); digests are [layers][kv_heads][npages][2][head_dim].
   // ntokens: tokens in these pages (the last may be partial).  Only at a page
   // boundary (published tokens a multiple of page_tokens).
   Result<void> append_pages(std::span<const uint64_t> page_offsets, const void* digests,
@@ -139,10 +141,14 @@ class Context {
   Result<void> write_page_entry(uint32_t page, uint64_t off);
   Result<void> write_digest(uint32_t layer, uint32_t head, uint32_t page, const void* d);
   Result<void> append_pages_impl(std::span<const uint64_t> page_offsets, const void* digests, uint64_t ntokens);
+  // Why pool offset `off` cannot be a page of this context ("" when it can;
+  // uapi/cxlkv_pnm.h).  `carves`: the pool's carve table, read on first need.
+  std::string bad_page(uint64_t off, std::vector<std::pair<uint64_t, uint64_t>>& carves, bool& have_carves) const;
 
   ContextStore* store_ = nullptr;
   Region* region_ = nullptr;
   uint64_t slot_off_ = 0;  // pool offset of the slot
+  uint32_t partition_ = 0;  // the partition holding the slot (and the heap of its tables and pages)
   uint64_t request_id_ = 0;
   uint32_t generation_ = 0;
   Geometry geo_{};

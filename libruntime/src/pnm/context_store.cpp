@@ -183,7 +183,9 @@ Result<std::unique_ptr<ContextStore>> ContextStore::open(Region& region, const S
   }
   if (h.version != CXLKV_PNM_VERSION)
     return Error(-EPROTO, C + "layout version " + std::to_string(h.version) + ", this library reads " +
-                              std::to_string(CXLKV_PNM_VERSION));
+                              std::to_string(CXLKV_PNM_VERSION) +
+                              " (the contexts of another layout cannot be read: `cxlkvctl carve rm pnm` "
+                              "removes the carve, the next store open makes a fresh one)");
   if (h.nparts == 0 || h.slots_per_part == 0 || h.parts_off % kAlign || h.part_bytes % kAlign ||
       h.parts_off + uint64_t(h.nparts) * h.part_bytes > st->carve_size_ ||
       kAlign + uint64_t(h.slots_per_part) * CXLKV_PNM_SLOT_SIZE > h.part_bytes)
@@ -413,6 +415,7 @@ Result<std::unique_ptr<Context>> ContextStore::create(uint64_t request_id, const
   // the LIVE descriptor never pairs it with the previous context's count.
   cxlkv_pnm_count cnt{};
   cnt.generation = c.generation;
+  cnt.check = cxlkv_pnm_count_check(&cnt);
   d.publish_line(&slot->count, &cnt);
   // Rule 3: the count line is in memory before the descriptor that names it.
   d.fence();
@@ -425,6 +428,7 @@ Result<std::unique_ptr<Context>> ContextStore::create(uint64_t request_id, const
   ctx->store_ = this;
   ctx->region_ = region_;
   ctx->slot_off_ = so;
+  ctx->partition_ = opts_.partition;
   ctx->request_id_ = request_id;
   ctx->generation_ = c.generation;
   ctx->geo_ = g;
@@ -447,10 +451,39 @@ Result<std::unique_ptr<Context>> ContextStore::find(uint64_t request_id) {
         return Error(-EIO, "pool " + region_->uri() + ": pnm context " + std::to_string(request_id) +
                                ": descriptor check mismatch in partition " + std::to_string(p) + " slot " +
                                std::to_string(s));
+      // Every offset and size of the descriptor, before any is used
+      // (uapi/cxlkv_pnm.h): the check above only says the line is whole.
+      const std::string D = "pool " + region_->uri() + ": pnm context " + std::to_string(request_id) +
+                            " (partition " + std::to_string(p) + " slot " + std::to_string(s) + "): descriptor ";
+      if (c.layers == 0 || c.kv_heads == 0 || c.head_dim == 0 || c.page_tokens == 0 || c.max_pages == 0)
+        return Error(-EBADMSG, D + "geometry has a zero field (layers " + std::to_string(c.layers) + ", kv_heads " +
+                                   std::to_string(c.kv_heads) + ", head_dim " + std::to_string(c.head_dim) +
+                                   ", page_tokens " + std::to_string(c.page_tokens) + ", max_pages " +
+                                   std::to_string(c.max_pages) + ")");
+      if (c.dtype > CXLKV_PNM_DTYPE_MAX) return Error(-EBADMSG, D + "dtype " + std::to_string(c.dtype) + " unknown");
+      if (c.page_bytes != cxlkv_pnm_page_bytes(&c))
+        return Error(-EBADMSG, D + "page_bytes " + std::to_string(c.page_bytes) + " does not match its geometry (" +
+                                   std::to_string(cxlkv_pnm_page_bytes(&c)) + ")");
+      const uint64_t heap_lo = part_off(p) + kAlign + uint64_t(slots_) * CXLKV_PNM_SLOT_SIZE;
+      const uint64_t heap_hi = part_off(p) + part_bytes_;
+      auto in_heap = [&](uint64_t off, uint64_t len) { return off >= heap_lo && off <= heap_hi && len <= heap_hi - off; };
+      const uint64_t pt_len = uint64_t(c.max_pages) * 8;
+      const uint64_t dg_len = uint64_t(c.layers) * c.kv_heads * c.max_pages * cxlkv_pnm_digest_bytes(&c);
+      if (c.page_table_off % 8 || !in_heap(c.page_table_off, pt_len))
+        return Error(-EBADMSG, D + "page_table_off " + hex(c.page_table_off) + " (+" + std::to_string(pt_len) +
+                                   " bytes) is not in the heap of partition " + std::to_string(p) + " (" +
+                                   hex(heap_lo) + ".." + hex(heap_hi) + ")");
+      if (!in_heap(c.digest_off, dg_len))
+        return Error(-EBADMSG, D + "digest_off " + hex(c.digest_off) + " (+" + std::to_string(dg_len) +
+                                   " bytes) is not in the heap of partition " + std::to_string(p) + " (" +
+                                   hex(heap_lo) + ".." + hex(heap_hi) + ")");
+      if (c.page_table_off < c.digest_off + dg_len && c.digest_off < c.page_table_off + pt_len)
+        return Error(-EBADMSG, D + "page table and digests overlap");
       auto ctx = std::unique_ptr<Context>(new Context());
       ctx->store_ = this;
       ctx->region_ = region_;
       ctx->slot_off_ = so;
+      ctx->partition_ = p;
       ctx->request_id_ = request_id;
       ctx->generation_ = c.generation;
       ctx->geo_ = Geometry{c.layers, c.kv_heads, c.head_dim, static_cast<Dtype>(c.dtype), c.page_tokens,
@@ -458,12 +491,6 @@ Result<std::unique_ptr<Context>> ContextStore::find(uint64_t request_id) {
       ctx->max_pages_ = c.max_pages;
       ctx->page_table_off_ = c.page_table_off;
       ctx->digest_off_ = c.digest_off;
-      if (c.dtype > CXLKV_PNM_DTYPE_MAX || c.page_bytes != cxlkv_pnm_page_bytes(&c) ||
-          !region_->contains(c.page_table_off, uint64_t(c.max_pages) * 8) ||
-          !region_->contains(c.digest_off, uint64_t(c.layers) * c.kv_heads * c.max_pages *
-                                               cxlkv_pnm_digest_bytes(&c)))
-        return Error(-EIO, "pool " + region_->uri() + ": pnm context " + std::to_string(request_id) +
-                               ": descriptor names ranges outside the pool");
       auto n = ctx->refresh();
       if (!n.ok()) return n.error();
       return ctx;
@@ -526,6 +553,7 @@ Result<void> Context::publish(uint64_t new_tokens) {
   cxlkv_pnm_count cnt{};
   cnt.ntokens = new_tokens;
   cnt.generation = generation_;
+  cnt.check = cxlkv_pnm_count_check(&cnt);
   d.publish_line(region_->at(slot_off_ + 64), &cnt);
   d.fence();  // rule 3: the count is visible before append() returns
   tokens_ = new_tokens;
@@ -608,10 +636,13 @@ Result<void> Context::append_pages_impl(std::span<const uint64_t> offs, const vo
   if (page0 + offs.size() > max_pages_)
     return Error(-ENOSPC, C + std::to_string(offs.size()) + " pages after " + std::to_string(page0) +
                               " exceed the capacity of " + std::to_string(max_pages_));
+  // The rule readers apply to every page-table entry (uapi/cxlkv_pnm.h):
+  // a page they would refuse is refused here.
+  std::vector<std::pair<uint64_t, uint64_t>> carves;
+  bool have_carves = false;
   for (size_t i = 0; i < offs.size(); i++)
-    if (offs[i] % 64 || !region_->contains(offs[i], page_bytes()))
-      return Error(-EINVAL, C + "page " + std::to_string(i) + " at " + hex(offs[i]) +
-                                " is not a 64-aligned range of the pool");
+    if (auto why = bad_page(offs[i], carves, have_carves); !why.empty())
+      return Error(-EINVAL, C + "page " + std::to_string(i) + " at " + hex(offs[i]) + " " + why);
   const uint64_t db = 2ull * geo_.head_dim * dtype_size(geo_.dtype);
   const auto* dg = static_cast<const unsigned char*>(digests);
   for (size_t i = 0; i < offs.size(); i++) CXLKV_TRY(write_page_entry(page0 + uint32_t(i), offs[i]));
@@ -644,12 +675,69 @@ Result<uint64_t> Context::refresh() {
     if (cnt.generation == generation_) tokens_ = std::max<uint64_t>(tokens_, cnt.ntokens);
     return tokens_;
   }
-  auto cnt = d.read_fresh(region_->at<cxlkv_pnm_count>(slot_off_ + 64));  // rule 4
-  if (cnt.generation != generation_) return uint64_t(0);  // count of this generation not yet seen
+  // Rule 4: the count line fresh.  It is published by one 64-byte store, so
+  // a check mismatch is damage, or a torn line caught mid-store: read again a
+  // few times before calling it damage.
+  cxlkv_pnm_count cnt{};
+  for (int tries = 0;; tries++) {
+    cnt = d.read_fresh(region_->at<cxlkv_pnm_count>(slot_off_ + 64));
+    if (cnt.check == cxlkv_pnm_count_check(&cnt)) break;
+    if (tries == 3)
+      return Error(-EBADMSG, C + "count line check mismatch (stored " + hex(cnt.check) + ", computed " +
+                                 hex(cxlkv_pnm_count_check(&cnt)) + "; ntokens " + std::to_string(cnt.ntokens) +
+                                 ")");
+  }
+  if (cnt.generation != generation_) {
+    // The count of a new generation is stored before its descriptor (see
+    // create()): a descriptor of our generation with a count of another is
+    // a context replaced since our first read, or a damaged count line.
+    if (!still_valid()) return Error(-ESTALE, C + "destroyed or replaced since it was opened");
+    return Error(-EBADMSG, C + "count line names generation " + std::to_string(cnt.generation) +
+                               ", its descriptor " + std::to_string(generation_));
+  }
   if (cnt.ntokens > uint64_t(max_pages_) * geo_.page_tokens)
-    return Error(-EIO, C + "published count " + std::to_string(cnt.ntokens) + " exceeds the capacity");
+    return Error(-EBADMSG, C + "published count (ntokens) " + std::to_string(cnt.ntokens) +
+                               " exceeds the capacity of " + std::to_string(uint64_t(max_pages_) * geo_.page_tokens));
+  // Counts only grow (a context is appended to, never cut).
+  if (cnt.ntokens < tokens_)
+    return Error(-EBADMSG, C + "published count (ntokens) " + std::to_string(cnt.ntokens) + " is below the " +
+                               std::to_string(tokens_) + " read before");
   tokens_ = cnt.ntokens;
   return tokens_;
+}
+
+std::string Context::bad_page(uint64_t off, std::vector<std::pair<uint64_t, uint64_t>>& carves,
+                              bool& have_carves) const {
+  const uint64_t pb = page_bytes();
+  if (off % 64) return "is not 64-aligned";
+  if (!region_->contains(off, pb)) return "(+" + std::to_string(pb) + " bytes) is outside the pool";
+  const uint64_t end = off + pb;
+  const ContextStore& st = *store_;
+  if (off < st.carve_off_ + st.carve_size_ && st.carve_off_ < end) {
+    // In the pnm carve: only in the heap of this context's partition, and not
+    // over the context's own page table or digests.
+    const uint64_t lo = st.part_off(partition_) + kAlign + uint64_t(st.slots_) * CXLKV_PNM_SLOT_SIZE;
+    const uint64_t hi = st.part_off(partition_) + st.part_bytes_;
+    if (off < lo || end > hi)
+      return "(+" + std::to_string(pb) + " bytes) is in the pnm carve outside the heap of partition " +
+             std::to_string(partition_) + " (" + hex(lo) + ".." + hex(hi) + ")";
+    const uint64_t pt_end = page_table_off_ + uint64_t(max_pages_) * 8;
+    const uint64_t dg_end = digest_off_ + uint64_t(geo_.layers) * geo_.kv_heads * max_pages_ * 2ull * geo_.head_dim *
+                                              dtype_size(geo_.dtype);
+    if ((off < pt_end && page_table_off_ < end) || (off < dg_end && digest_off_ < end))
+      return "overlaps the context's own page table or digests";
+    return "";
+  }
+  // Elsewhere: past the superblock, in space no other carve holds.
+  if (off < CXLKV_FIRST_CARVE_OFF) return "is in the superblock";
+  if (!have_carves) {
+    for (const auto& c : region_->carves()) carves.emplace_back(c.offset, c.offset + c.size);
+    have_carves = true;
+  }
+  for (const auto& [a, b] : carves)
+    if (off < b && a < end)
+      return "(+" + std::to_string(pb) + " bytes) lies in another carve of the pool (" + hex(a) + ".." + hex(b) + ")";
+  return "";
 }
 
 namespace {
@@ -687,10 +775,14 @@ Result<void> Context::read_page_table(uint32_t page0, uint32_t npages, uint64_t*
     return Error(-EINVAL, "pnm context " + std::to_string(request_id_) + ": page table range " +
                               std::to_string(page0) + "+" + std::to_string(npages) + " out of range");
   read_range(region_->domain(), dst, region_->at(page_table_off_ + uint64_t(page0) * 8), uint64_t(npages) * 8);
+  // Every entry before any page is read (uapi/cxlkv_pnm.h): an entry of 0
+  // would otherwise read the superblock as K and V.
+  std::vector<std::pair<uint64_t, uint64_t>> carves;
+  bool have_carves = false;
   for (uint32_t i = 0; i < npages; i++)
-    if (dst[i] % 64 || !region_->contains(dst[i], page_bytes()))
-      return Error(-EIO, "pnm context " + std::to_string(request_id_) + ": page " + std::to_string(page0 + i) +
-                             " at " + hex(dst[i]) + " is outside the pool");
+    if (auto why = bad_page(dst[i], carves, have_carves); !why.empty())
+      return Error(-EBADMSG, "pool " + region_->uri() + ": pnm context " + std::to_string(request_id_) +
+                                 ": page table entry " + std::to_string(page0 + i) + " " + hex(dst[i]) + " " + why);
   return {};
 }
 
