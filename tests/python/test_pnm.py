@@ -216,6 +216,72 @@ ctx.close(); st.close()  # harmless now
             os.unlink(path)
 
 
+def test_closing_while_another_thread_attends_waits_for_the_call(tmp_path):
+    """A thread loops attend() while the main thread closes the pool (or the
+    store): the close waits for the call in progress, the thread's next call
+    raises ValueError naming the context (before: SIGSEGV, the context freed
+    and the pool unmapped under the running call).  Many rounds, in a child
+    process so a crash fails only this test."""
+    import subprocess
+    import sys
+    uri, path = make_uri("pnmrace", 64 << 20)
+    script = tmp_path / "pnm_race.py"
+    script.write_text(f"""
+import ctypes as C, random, threading, time, numpy as np, cxlkv
+from cxlkv import _lib, pnm
+o = _lib.FormatOpts(C.sizeof(_lib.FormatOpts), 0, 4, 1 << 1, 0, 0, 0)
+_lib.check(_lib.lib().cxlkv_pool_format({uri!r}.encode(), C.byref(o)), "format")
+L, H, D, N = 2, 2, 64, 2048
+p = cxlkv.Pool({uri!r})
+st = pnm.PnmStore(p, carve_bytes=16 << 20, partitions=1)
+rng = np.random.default_rng(1)
+st.create(7, layers=L, kv_heads=H, head_dim=D, max_tokens=N, dtype="f32").append(
+    rng.standard_normal((L, H, N, D), np.float32), rng.standard_normal((L, H, N, D), np.float32))
+p.close()
+q = rng.standard_normal((L, H, D), np.float32)
+calls = 0
+for rnd in range(40):
+    p = cxlkv.Pool({uri!r})
+    rs = pnm.PnmStore(p, readonly=True)
+    ctx = rs.find(7)
+    ctx.attend(q, all_pages=True)
+    started, ended = threading.Event(), []
+    def loop():
+        global calls
+        try:
+            while True:
+                ctx.attend(q, all_pages=True)
+                calls += 1
+                started.set()
+        except ValueError as e:
+            ended.append(str(e))
+        except Exception as e:  # noqa: BLE001
+            ended.append("unexpected: %r" % e)
+        started.set()
+    t = threading.Thread(target=loop)
+    t.start()
+    started.wait(10)
+    time.sleep(random.random() * 0.003)
+    (p.close if rnd % 2 == 0 else rs.close)()
+    t.join(30)
+    assert not t.is_alive(), "attend thread still running after close"
+    assert ended and "context 7 is closed" in ended[0], ended
+    try:
+        ctx.refresh()
+        raise SystemExit("a call after close answered")
+    except ValueError:
+        pass
+    p.close()
+print("ok", calls)
+""")
+    try:
+        r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0 and r.stdout.startswith("ok"), (r.returncode, r.stdout, r.stderr[-3000:])
+    finally:
+        if os.path.exists(path):
+            os.unlink(path)
+
+
 def test_a_refused_store_open_leaves_no_carve_without_a_header(pool):
     """Options that cannot lay out a carve are refused before the carve is
     made: the next open with good options works (before: every open failed

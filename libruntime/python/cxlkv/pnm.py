@@ -17,6 +17,7 @@ K / V: numpy arrays (float32, float16, or uint16 holding bf16 bits) or
 torch tensors (float32 / float16 / bfloat16, any device: copied to the CPU).
 """
 import ctypes as C
+import threading
 
 from . import _lib
 
@@ -154,15 +155,27 @@ class Context:
     """One request's long context (a writer handle from create(), a reader from find())."""
 
     def __init__(self, store, h, request_id):
+        """Made by :meth:`PnmStore.create` / :meth:`PnmStore.find` with the
+        pool's and the store's locks held."""
         self._store, self.request_id = store, request_id
-        # The handle lives in the pool's registry too: closing the pool
-        # closes it first (a later call raises ValueError, not a crash).
-        self._hd = _lib.Handle(_l().cxlkv_pnm_context_close, 0)
+        # The KvStore mechanism (kv.py): the C calls on this handle and its
+        # close take turns under this lock, so closing the context, its store
+        # or its pool (from any thread) waits for a call in progress, and
+        # later calls raise ValueError.  The handle lives in the pool's
+        # registry and in the store's too: either closes it first.
+        self._lock = threading.RLock()
+        self._hd = _lib.Handle(_l().cxlkv_pnm_context_close, 0, self._lock)
         self._hd.h = h
         store._pool._hold(self._hd)
+        store._contexts[id(self._hd)] = self._hd
         g = Geometry()
         g.size = C.sizeof(Geometry)
-        _lib.check(_l().cxlkv_pnm_geometry_of(self._h, C.byref(g)), f"pnm context {request_id}")
+        try:
+            with self._lock:
+                _lib.check(_l().cxlkv_pnm_geometry_of(self._h, C.byref(g)), f"pnm context {request_id}")
+        except Exception:
+            self.close()
+            raise
         self.layers, self.kv_heads, self.head_dim = g.layers, g.kv_heads, g.head_dim
         self.dtype = {v: k for k, v in DTYPES.items()}[g.dtype]
         self.page_tokens, self.max_tokens = g.page_tokens, g.max_tokens
@@ -174,12 +187,14 @@ class Context:
         if a.shape != b.shape or a.ndim != 4 or a.shape[:2] != want or a.shape[3] != self.head_dim:
             raise ValueError(f"cxlkv.pnm: K {a.shape} / V {b.shape} must both be "
                              f"[{self.layers}][{self.kv_heads}][n][{self.head_dim}]")
-        _lib.check(_l().cxlkv_pnm_append(self._h, a.ctypes.data, b.ctypes.data, a.shape[2]),
-                   f"pnm append to {self.request_id}")
+        with self._lock:
+            _lib.check(_l().cxlkv_pnm_append(self._h, a.ctypes.data, b.ctypes.data, a.shape[2]),
+                       f"pnm append to {self.request_id}")
 
     def refresh(self):
         """Published token count (fresh read from the pool)."""
-        return _lib.check(_l().cxlkv_pnm_refresh(self._h), f"pnm refresh of {self.request_id}")
+        with self._lock:
+            return _lib.check(_l().cxlkv_pnm_refresh(self._h), f"pnm refresh of {self.request_id}")
 
     def attend(self, queries, token_budget=2048, sink_pages=1, local_pages=1, coarse=False, all_pages=False,
                ntokens=0, engine=None):
@@ -191,9 +206,10 @@ class Context:
         st = StepStats()
         st.size = C.sizeof(StepStats)
         o = _step_opts(token_budget, sink_pages, local_pages, coarse, all_pages)
-        _lib.check(_l().cxlkv_pnm_attend(self._h, engine._h if engine else None, _fptr(q), q.shape[1], int(ntokens),
-                                         C.byref(o), _fptr(out), _fptr(lse), C.byref(st)),
-                   f"pnm attend on {self.request_id}")
+        with self._lock:
+            _lib.check(_l().cxlkv_pnm_attend(self._h, engine._h if engine else None, _fptr(q), q.shape[1],
+                                             int(ntokens), C.byref(o), _fptr(out), _fptr(lse), C.byref(st)),
+                       f"pnm attend on {self.request_id}")
         stats = {n: getattr(st, n) for n, _ in StepStats._fields_ if n != "size"}
         return out, lse, stats
 
@@ -207,24 +223,28 @@ class Context:
         pages = np.zeros(pairs * room, dtype=np.uint32)
         counts = np.zeros(pairs, dtype=np.uint32)
         o = _step_opts(token_budget, sink_pages, local_pages, coarse, False)
-        _lib.check(_l().cxlkv_pnm_select(self._h, _fptr(q), q.shape[1], int(n), C.byref(o),
-                                         pages.ctypes.data_as(C.POINTER(_u32)), room,
-                                         counts.ctypes.data_as(C.POINTER(_u32))),
-                   f"pnm select on {self.request_id}")
+        with self._lock:
+            _lib.check(_l().cxlkv_pnm_select(self._h, _fptr(q), q.shape[1], int(n), C.byref(o),
+                                             pages.ctypes.data_as(C.POINTER(_u32)), room,
+                                             counts.ctypes.data_as(C.POINTER(_u32))),
+                       f"pnm select on {self.request_id}")
         return [pages[i * room: i * room + counts[i]].copy() for i in range(pairs)]
 
     @property
     def _h(self):
+        """The C handle; a C call on it must hold ``self._lock``."""
         if not self._hd.h:
-            raise ValueError(f"cxlkv.pnm: context {self.request_id} is closed (or its pool is)")
+            raise ValueError(f"cxlkv.pnm: context {self.request_id} is closed (or its store or pool is)")
         return self._hd.h
 
     def close(self):
-        """Close this handle on the context (twice is harmless)."""
+        """Close this handle on the context, after a call in progress on
+        another thread returns (twice is harmless)."""
         hd = getattr(self, "_hd", None)
         if hd is not None:
             hd.close()
             self._store._pool._release(hd)
+            self._store._contexts.pop(id(hd), None)
 
     __del__ = close
 
@@ -235,16 +255,29 @@ class PnmStore:
 
     def __init__(self, pool, partition=0, readonly=False, carve_bytes=0, partitions=0, slots_per_partition=0):
         self._pool = pool
-        self._hd = _lib.Handle(_l().cxlkv_pnm_store_close, 1)
+        # As KvStore (kv.py): C calls on the handle, the opening of contexts
+        # and close() take turns under this lock; closing the store (or the
+        # pool) waits for a call in progress and closes the store's contexts
+        # first (their C handles point into the store).
+        self._lock = threading.RLock()
+        self._hd = _lib.Handle(_l().cxlkv_pnm_store_close, 1, self._lock)
+        self._contexts = {}  # id -> _lib.Handle of each context opened through this store
         o = StoreOpts(C.sizeof(StoreOpts), int(carve_bytes), int(partitions), int(slots_per_partition),
                       int(partition), _STORE_F_READONLY if readonly else 0)
         with pool._lock:
             _lib.check(_l().cxlkv_pnm_store_open(pool.handle, C.byref(o), C.byref(self._hd.h)),
                        f"pnm store of {pool.uri}")
             pool._hold(self._hd)  # closing the pool closes it first
+            pool._adopt(self)
+
+    _close_rank = 1
+
+    def _close_for_pool(self):
+        self.close()
 
     @property
     def _h(self):
+        """The C handle; a C call on it must hold ``self._lock``."""
         if not self._hd.h:
             raise ValueError(f"cxlkv.pnm: the pnm store of {self._pool.uri} is closed (or its pool is)")
         return self._hd.h
@@ -256,26 +289,41 @@ class PnmStore:
             raise ValueError(f"cxlkv.pnm: dtype {dtype!r} is not one of {sorted(DTYPES)}")
         g = Geometry(C.sizeof(Geometry), layers, kv_heads, head_dim, DTYPES[dtype], page_tokens, 0, max_tokens)
         h = _vp()
-        _lib.check(_l().cxlkv_pnm_create(self._h, int(request_id), C.byref(g), C.byref(h)),
-                   f"pnm create {request_id}")
-        return Context(self, h, request_id)
+        # Pool lock first, as Pool.close takes them: the new context's handle
+        # is registered before a close can look for it.
+        with self._pool._lock, self._lock:
+            _lib.check(_l().cxlkv_pnm_create(self._h, int(request_id), C.byref(g), C.byref(h)),
+                       f"pnm create {request_id}")
+            return Context(self, h, request_id)
 
     def find(self, request_id):
         """The context of ``request_id`` (any partition): a :class:`Context`."""
         h = _vp()
-        _lib.check(_l().cxlkv_pnm_find(self._h, int(request_id), C.byref(h)), f"pnm find {request_id}")
-        return Context(self, h, request_id)
+        with self._pool._lock, self._lock:
+            _lib.check(_l().cxlkv_pnm_find(self._h, int(request_id), C.byref(h)), f"pnm find {request_id}")
+            return Context(self, h, request_id)
 
     def destroy(self, request_id):
         """Remove the context of ``request_id`` and free its slot."""
-        _lib.check(_l().cxlkv_pnm_destroy(self._h, int(request_id)), f"pnm destroy {request_id}")
+        with self._lock:
+            _lib.check(_l().cxlkv_pnm_destroy(self._h, int(request_id)), f"pnm destroy {request_id}")
 
     def close(self):
-        """Close the store (twice is harmless)."""
+        """Close the store and the contexts opened through it, each after a
+        call in progress on another thread returns (twice is harmless)."""
         hd = getattr(self, "_hd", None)
-        if hd is not None:
+        if hd is None:
+            return
+        with self._lock:
+            for ch in list(self._contexts.values()):
+                try:
+                    ch.close()
+                except Exception:  # noqa: BLE001 -- closing must reach the store's close
+                    pass
+                self._pool._release(ch)
+            self._contexts.clear()
             hd.close()
-            self._pool._release(hd)
+        self._pool._release(hd)
 
     __del__ = close
 
