@@ -5,8 +5,8 @@
 // or the reader's invalidate is caught; handles of destroyed contexts go
 // stale; one writer per partition; bad input is refused with a named cause;
 // the writer lock file is opened safely; a refused open leaves no carve;
-// damaged offsets and counts in the
-// pool are refused naming the context and the field.
+// damaged offsets and counts in the pool are refused naming the context and
+// the field.
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <sys/stat.h>
