@@ -361,7 +361,19 @@ static void test_handles_are_validated(struct cxlkv_kv *kv, const struct cxlkv_k
 	CHECK(b[0] == 0xab);
 	CHECK(cxlkv_kv_fetch(kv, &pin, &out, 1) == 0);
 	CHECK(memcmp(b, kbuf[0], HALF) == 0);
+	/* An unpin checks the handle as a fetch does: a forged one is refused
+	 * and the real pin stays; a pin handle dies with its own unpin. */
+	forged = pin;
+	forged.loc_off += 1;
+	CHECK_ERR(cxlkv_kv_unpin(kv, &forged), -EINVAL);
+	forged = pin;
+	forged.version += 1;
+	CHECK_ERR(cxlkv_kv_unpin(kv, &forged), -EINVAL);
 	CHECK(cxlkv_kv_unpin(kv, &pin) == 0);
+	memset(b, 0xab, sizeof(b));
+	CHECK_ERR(cxlkv_kv_fetch(kv, &pin, &out, 1), -ESTALE);
+	CHECK(b[0] == 0xab);
+	CHECK_ERR(cxlkv_kv_unpin(kv, &pin), -EINVAL);
 }
 
 /*

@@ -99,6 +99,15 @@ void put_each(KvStore& kv, Blocks& b) {
   }
 }
 
+// The reader loses its pins (judged dead while paused: another node drops
+// a dead node's pin bits) and comes back unaware, still holding the
+// handles.
+void lose_pins(SimPool& p, KvStore& other, uint32_t node) {
+  p.live.kill(node);
+  ASSERT_TRUE(other.reclaim_dead().ok());
+  p.live.set_incarnation(node, 100 + node);  // back, unaware
+}
+
 }  // namespace
 
 // Another node removes half of the blocks a reader pinned (the reader had
@@ -112,7 +121,7 @@ TEST(KvBatch, FetchManyRefusesStalePinsPerBlockAndReadsTheRest) {
   std::vector<KvPin> pins(8);
   ASSERT_EQ(a->pin_many(blk.keys, pins, blk.status).value(), 8u);
   std::vector<int32_t> st(4, 99);
-  ASSERT_EQ(a->unpin_many(std::span(pins).first(4), st).value(), 4u);
+  lose_pins(p, *b, 0);
   for (size_t i = 0; i < 4; i++) ASSERT_TRUE(b->index().remove(blk.keys[i]).ok()) << i;
   blk.clear();
   auto n = a->fetch_many(pins, blk.chunks, blk.nchunks, blk.status);
@@ -142,8 +151,7 @@ TEST(KvBatch, SimulatorCatchesAHandleCheckWithoutInvalidation) {
   put_each(*b, blk);
   std::vector<KvPin> pins(4);
   ASSERT_EQ(a->pin_many(blk.keys, pins, blk.status).value(), 4u);
-  std::vector<int32_t> st(4, 99);
-  ASSERT_EQ(a->unpin_many(pins, st).value(), 4u);
+  lose_pins(p, *b, 0);
   for (size_t i = 0; i < 4; i++) EXPECT_EQ(a->lookup(std::span(blk.keys).subspan(i, 1)), 1u);  // caches the lines
   for (auto& k : blk.keys) ASSERT_TRUE(b->index().remove(k).ok());
   h.skip_index_invalidate = true;
@@ -257,4 +265,104 @@ TEST(KvBatch, SingleBlockCallsReportWhatTheBatchCallsReport) {
   auto twice = b->unpin(*pin);
   ASSERT_FALSE(twice.ok());
   EXPECT_EQ(twice.error().code(), -EINVAL);
+}
+
+// A pin is dropped only through its own handle, checked field for field:
+// an unpin of a handle with a forged location, version, key, slot or tag
+// is refused (-EINVAL, naming the block) and the real pin stays -- the
+// block stays pinned (another node cannot remove it) and the real handle
+// still unpins once, and only once.
+TEST(KvBatch, UnpinRefusesAForgedPinHandleAndKeepsTheRealPin) {
+  SimPool p(2, 0.02);
+  auto a = p.store(0), b = p.store(1);
+  Blocks blk(2, 800);
+  put_each(*b, blk);
+  std::vector<KvPin> pins(2);
+  ASSERT_EQ(a->pin_many(blk.keys, pins, blk.status).value(), 2u);
+  const KvPin real = pins[0];
+  std::vector<std::pair<const char*, std::function<void(KvPin&)>>> forgeries = {
+      {"location + 1", [](KvPin& f) { f.loc_off += 1; }},
+      {"location + 4096", [](KvPin& f) { f.loc_off += 4096; }},
+      {"length", [](KvPin& f) { f.length -= 64; }},
+      {"version + 1", [](KvPin& f) { f.version += 1; }},
+      {"tag", [](KvPin& f) { f.tag += 1; }},
+      {"no tag (a handle read from the index)", [](KvPin& f) { f.tag = 0; }},
+      {"another pinned block's slot", [&](KvPin& f) { f.slot = pins[1].slot; }},
+  };
+  for (auto& [what, forge] : forgeries) {
+    SCOPED_TRACE(what);
+    KvPin f = real;
+    forge(f);
+    std::vector<int32_t> st(1, 99);
+    auto n = a->unpin_many({&f, 1}, st);
+    ASSERT_TRUE(n.ok());
+    EXPECT_EQ(n.value(), 0u);
+    EXPECT_EQ(st[0], -EINVAL);
+    EXPECT_NE(a->last_block_error().find("kv: unpin of block " + to_hex(real.key)), std::string::npos)
+        << a->last_block_error();
+    EXPECT_TRUE(a->index().entry(real.slot).pin_mask & 1u) << "the forged unpin dropped the real pin";
+    auto rm = b->index().remove(real.key);
+    ASSERT_FALSE(rm.ok()) << "a pinned block was removed";
+    EXPECT_EQ(rm.error().code(), -EBUSY);
+  }
+  std::vector<int32_t> st(2, 99);
+  EXPECT_EQ(a->unpin_many(pins, st).value(), 2u) << a->last_block_error();
+  EXPECT_EQ(a->index().entry(real.slot).pin_mask & 1u, 0u);
+  EXPECT_EQ(a->unpin_many(pins, st).value(), 0u) << "a second unpin of the same handles went through";
+  EXPECT_EQ(st[0], -EINVAL);
+  EXPECT_EQ(st[1], -EINVAL);
+  EXPECT_TRUE(b->index().remove(real.key).ok());
+}
+
+// A pin handle is valid only until its own unpin: with two pins of one
+// block, the unpinned handle fetches nothing (-ESTALE, the message says
+// why) and cannot unpin again, while the other pin still reads the block;
+// a handle built from the index entry, never pinned, is not a pin either.
+TEST(KvBatch, APinHandleDiesWithItsUnpinAndAHandleReadFromTheIndexIsNoPin) {
+  SimPool p(2, 0.02);
+  auto a = p.store(0), b = p.store(1);
+  Blocks blk(1, 900);
+  put_each(*b, blk);
+  std::vector<KvPin> first(1), second(1);
+  ASSERT_EQ(a->pin_many(blk.keys, first, blk.status).value(), 1u);
+  ASSERT_EQ(a->pin_many(blk.keys, second, blk.status).value(), 1u);
+  EXPECT_NE(first[0].tag, second[0].tag);
+  std::vector<int32_t> st(1, 99);
+  ASSERT_EQ(a->unpin_many(first, st).value(), 1u);
+  blk.clear();
+  auto n = a->fetch_many(first, blk.chunks, blk.nchunks, blk.status);
+  ASSERT_TRUE(n.ok());
+  EXPECT_EQ(n.value(), 0u) << "a fetch through an unpinned handle went through";
+  EXPECT_EQ(blk.status[0], -ESTALE);
+  EXPECT_NE(a->last_block_error().find("released by its unpin"), std::string::npos) << a->last_block_error();
+  EXPECT_FALSE(blk.holds(0)) << "bytes of an unpinned handle were returned";
+  Chunk ch = blk.chunks[0];
+  auto single = a->fetch(first[0], {&ch, 1});
+  ASSERT_FALSE(single.ok());
+  EXPECT_EQ(single.error().code(), -ESTALE) << single.error().message();
+  auto again = a->unpin(first[0]);
+  ASSERT_FALSE(again.ok()) << "an unpinned handle unpinned again (and dropped the other pin)";
+  EXPECT_EQ(again.error().code(), -EINVAL);
+  ASSERT_EQ(a->fetch_many(second, blk.chunks, blk.nchunks, blk.status).value(), 1u) << a->last_block_error();
+  EXPECT_TRUE(blk.holds(0));
+
+  // From the index alone: the entry's slot, key, location and version.
+  const IndexEntryView e = b->index().entry(second[0].slot);
+  KvPin made;
+  made.key = e.key;
+  made.slot = second[0].slot;
+  made.length = e.loc.length;
+  made.loc_off = e.loc.offset;
+  made.loc_dev = e.loc.device;
+  made.loc_tier = e.loc.tier;
+  made.version = e.version;
+  blk.clear();
+  n = b->fetch_many({&made, 1}, blk.chunks, blk.nchunks, blk.status);
+  ASSERT_TRUE(n.ok());
+  EXPECT_EQ(n.value(), 0u) << "a fetch without a pin went through";
+  EXPECT_EQ(blk.status[0], -ESTALE);
+  EXPECT_NE(b->last_block_error().find("never taken by this store"), std::string::npos) << b->last_block_error();
+  EXPECT_FALSE(blk.holds(0));
+  ASSERT_EQ(a->unpin_many(second, st).value(), 1u);
+  EXPECT_EQ(a->index().entry(second[0].slot).pin_mask & 1u, 0u);
 }

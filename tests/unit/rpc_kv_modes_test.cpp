@@ -181,6 +181,62 @@ TEST_P(KvModes, ChainLongerThanOneServiceRequestKeepsChainSemantics) {
   ASSERT_TRUE(b->unpin_many(pins, st));
 }
 
+// In both modes a fetch needs a pin the caller holds: a handle built from
+// the index entry (never pinned) reads nothing, nor does a handle after its
+// own unpin; an unpin of a forged handle (location, version) is refused and
+// leaves the real pin in place (the block cannot be removed, the real
+// handle still unpins).
+TEST_P(KvModes, AFetchNeedsAPinTheCallerHoldsAndAForgedUnpinKeepsTheRealPin) {
+  auto keys = chain(6, 1);
+  auto bytes = pattern(9, 4096);
+  Chunk c{bytes.data(), bytes.size()};
+  std::vector<uint32_t> nch(1, 1);
+  std::vector<int32_t> st(1, 99);
+  ASSERT_TRUE(a->put_chain(nullptr, keys, bytes.size(), {&c, 1}, nch, st));
+  ASSERT_EQ(st[0], kKvReserved);
+  PrefixIndex& ix = a->index();  // lock-free reads; remove() takes the stripe locks itself
+  const uint32_t slot = ix.find_ready(keys[0]);
+  ASSERT_NE(slot, CXLKV_INDEX_NO_SLOT);
+  const IndexEntryView e = ix.entry(slot);
+  KvPin made;  // from the index alone
+  made.key = keys[0];
+  made.slot = slot;
+  made.length = e.loc.length;
+  made.loc_off = e.loc.offset;
+  made.loc_dev = e.loc.device;
+  made.loc_tier = e.loc.tier;
+  made.version = e.version;
+  std::vector<std::byte> got(bytes.size(), std::byte{0});
+  Chunk o{got.data(), got.size()};
+  auto f = b->fetch(made, {&o, 1});
+  ASSERT_FALSE(f) << "a handle read from the index fetched without a pin";
+  EXPECT_EQ(f.error().code(), -ESTALE) << f.error().message();
+  EXPECT_NE(got, bytes);
+
+  auto pin = b->pin(keys[0]);
+  ASSERT_TRUE(pin) << pin.error().message();
+  ASSERT_TRUE(b->fetch(*pin, {&o, 1}));
+  EXPECT_EQ(got, bytes);
+  for (int forge = 0; forge < 2; forge++) {
+    KvPin x = *pin;
+    if (forge == 0) x.loc_off += 512;
+    else x.version += 1;
+    auto u = b->unpin(x);
+    ASSERT_FALSE(u) << "forged unpin " << forge << " went through";
+    EXPECT_EQ(u.error().code(), -EINVAL) << u.error().message();
+    EXPECT_NE(ix.entry(slot).pin_mask, 0u) << "forged unpin " << forge << " dropped the real pin";
+    auto rm = ix.remove(keys[0]);
+    ASSERT_FALSE(rm) << "a pinned block was removable after forged unpin " << forge;
+  }
+  ASSERT_TRUE(b->unpin(*pin)) << "the real pin no longer unpins";
+  EXPECT_EQ(ix.entry(slot).pin_mask, 0u);
+  std::fill(got.begin(), got.end(), std::byte{0});
+  f = b->fetch(*pin, {&o, 1});
+  ASSERT_FALSE(f) << "a fetch through an unpinned handle went through";
+  EXPECT_EQ(f.error().code(), -ESTALE) << f.error().message();
+  EXPECT_NE(got, bytes);
+}
+
 INSTANTIATE_TEST_SUITE_P(BothModes, KvModes, ::testing::Values(KvIndexMode::locks, KvIndexMode::service),
                          [](const auto& info) { return info.param == KvIndexMode::locks ? "locks" : "service"; });
 

@@ -307,7 +307,9 @@ struct cxlkv_kv_block {           /* a reservation or a pin */
 				     negative errno for a block it did not get */
 	uint64_t length;
 	uint64_t loc_off;
-	uint8_t  loc_dev, loc_tier, reserved[2];
+	uint8_t  loc_dev, loc_tier;
+	uint16_t pin_tag;         /* a pin: which pin of the handle's store (0: none); a
+				     handle is valid only until its own unpin */
 	uint32_t version;         /* entry version seen at reserve / pin (fencing) */
 };
 #ifdef __cplusplus

@@ -17,6 +17,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "cxlkv/keys.hpp"
@@ -150,6 +151,10 @@ struct KvPin {
   uint64_t length = 0;
   uint64_t loc_off = 0;
   uint8_t loc_dev = 0, loc_tier = 0;
+  // Which pin of the store that made it (pin_many numbers its pins; 0: not
+  // a pin of any store).  A handle is honoured by that store only while
+  // this very pin is held: its unpin ends it (README "Integrity").
+  uint16_t tag = 0;
   // 0 pinned; from pin_many also kKvMiss or uint32_t(-errno) (not pinned).
   uint32_t status = 0;
   uint32_t version = 0;  // entry version seen at pin (fencing, issue 12)
@@ -299,6 +304,25 @@ class KvStore {
   void claim_ssd_blocks();                                              // at create
   size_t readable_prefix(std::span<const BlockKey> chain, size_t n);   // lookup
   std::vector<std::pair<uint32_t, BlockKey>> dropped_pins_;             // pins consumed by a drop
+  // The pins this store holds, by (slot, tag), as pin_many handed them out
+  // (kv_batch.cpp "Pin handles"): fetch and unpin honour a handle only
+  // while its pin is here and every field matches.  Store-local (a KvStore
+  // is used by one thread at a time), so the check reads no pool line.
+  struct HeldPin {
+    BlockKey key;
+    uint64_t loc_off = 0;
+    uint32_t length = 0, version = 0;
+    uint8_t loc_dev = 0, loc_tier = 0;
+  };
+  static uint64_t held_key(uint32_t slot, uint16_t tag) { return uint64_t(slot) << 16 | tag; }
+  std::unordered_map<uint64_t, HeldPin> held_pins_;
+  uint16_t last_pin_tag_ = 0;
+  Result<size_t> pin_blocks(std::span<const BlockKey> keys, std::span<KvPin> out, std::span<int32_t> status,
+                            bool held);
+  Result<size_t> unpin_blocks(std::span<const KvPin> pins, std::span<int32_t> status, bool held);
+  // 0 when `p` is a pin this store holds, field for field; else the code
+  // (`not_held` when it holds no pin of that slot and tag) and *why.
+  int32_t check_held(const KvPin& p, int32_t not_held, std::string* why) const;
   bool consume_dropped_pin(const KvPin& p);
   // Issue 12 handle checks (kv_batch.cpp): one fresh read of each block's
   // entry, all in one invalidation sweep and one fence; code 0 or -errno.

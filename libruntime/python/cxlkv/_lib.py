@@ -69,7 +69,7 @@ class KvBlock(C.Structure):
     """struct cxlkv_kv_block (48 bytes): a reservation or a pin."""
     _fields_ = [("key", KvKey), ("slot", C.c_uint32), ("status", C.c_uint32), ("length", C.c_uint64),
                 ("loc_off", C.c_uint64), ("loc_dev", C.c_uint8), ("loc_tier", C.c_uint8),
-                ("reserved", C.c_uint8 * 2), ("version", C.c_uint32)]
+                ("pin_tag", C.c_uint16), ("version", C.c_uint32)]
 
 
 assert C.sizeof(KvBlock) == 48

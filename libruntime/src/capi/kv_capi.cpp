@@ -45,6 +45,7 @@ KvPin pin_of(const cxlkv_kv_block* b) {
   p.loc_tier = b->loc_tier;
   p.status = b->status;
   p.version = b->version;
+  p.tag = b->pin_tag;
   return p;
 }
 
@@ -69,6 +70,7 @@ void to_c(const KvPin& p, cxlkv_kv_block* b) {
   b->loc_off = p.loc_off;
   b->loc_dev = p.loc_dev;
   b->loc_tier = p.loc_tier;
+  b->pin_tag = p.tag;
   b->version = p.version;
 }
 

@@ -352,6 +352,23 @@ Result<size_t> KvStore::abort_many(std::span<const KvReservation> rs, std::span<
 }
 
 Result<size_t> KvStore::pin_many(std::span<const BlockKey> keys, std::span<KvPin> out, std::span<int32_t> status) {
+  return pin_blocks(keys, out, status, true);
+}
+
+// Pin handles (README "Integrity"): every pin pin_many hands out gets a tag,
+// and the store keeps (slot, tag) -> the handle's fields until that pin's
+// unpin.  fetch and unpin honour a handle only while its pin is held here
+// and every field matches, so a handle dies with its own unpin (a second
+// unpin, or a fetch after it, is refused even while another pin of the same
+// block is held), a handle read from the index or made up is never a pin,
+// and a forged one never drops the real pin.  It is the cheapest sound
+// place: the index's pin counts (and the node pin table behind them) count
+// pins per process and slot, not per handle, and through the index service
+// the pins are the server's; this table is per store, one hash lookup per
+// handle, no pool line read.  get_many's pins never leave the call and skip
+// it (held = false).
+Result<size_t> KvStore::pin_blocks(std::span<const BlockKey> keys, std::span<KvPin> out, std::span<int32_t> status,
+                                   bool held) {
   const size_t n = keys.size();
   if (out.size() < n)
     return Error(-EINVAL, "kv: pin_many: " + std::to_string(n) + " keys but room for " + std::to_string(out.size()) +
@@ -380,7 +397,58 @@ Result<size_t> KvStore::pin_many(std::span<const BlockKey> keys, std::span<KvPin
     p.loc_tier = ix[i].loc.tier;
     p.version = ix[i].version;
   }
-  return good;
+  if (!held) return good;
+  std::vector<size_t> full;  // pins given back: every tag of their slot is held (65,535 pins of one block)
+  for (size_t i = 0; i < n; i++) {
+    KvPin& p = out[i];
+    if (!p.pinned()) continue;
+    uint16_t tag = 0;
+    for (uint32_t tries = 0; tries <= 0xffff && !tag; tries++) {
+      const uint16_t t = ++last_pin_tag_;
+      if (t && !held_pins_.contains(held_key(p.slot, t))) tag = t;
+    }
+    if (!tag) {
+      full.push_back(i);
+      continue;
+    }
+    p.tag = tag;
+    held_pins_.emplace(held_key(p.slot, tag),
+                       HeldPin{p.key, p.loc_off, static_cast<uint32_t>(p.length), p.version, p.loc_dev, p.loc_tier});
+  }
+  if (!full.empty()) {
+    std::vector<uint32_t> slots;
+    std::vector<BlockKey> ks;
+    for (size_t i : full) slots.push_back(out[i].slot), ks.push_back(out[i].key);
+    std::vector<int32_t> ust(full.size());
+    (void)ops_->unpin_many(slots, ks, ust);
+    for (size_t i : full) {
+      status[i] = -ENOSPC;
+      out[i].status = as_handle(-ENOSPC);
+      count(CXLKV_CTR_ERRORS);
+      note_block_error(Error(-ENOSPC, "kv: pin of block " + to_hex(keys[i]) + ": this store already holds 65535 "
+                                      "pins of it (unpin some)"));
+    }
+  }
+  return good.value() - full.size();
+}
+
+int32_t KvStore::check_held(const KvPin& p, int32_t not_held, std::string* why) const {
+  auto it = held_pins_.find(held_key(p.slot, p.tag));
+  if (p.tag == 0 || it == held_pins_.end()) {
+    *why = "this store holds no such pin: it was released by its unpin (a pin handle is valid only until then) "
+           "or never taken by this store (a handle read from the index or made up is not a pin)";
+    return not_held;
+  }
+  const HeldPin& h = it->second;
+  if (h.key != p.key || h.loc_off != p.loc_off || h.length != p.length || h.loc_dev != p.loc_dev ||
+      h.loc_tier != p.loc_tier || h.version != p.version) {
+    *why = "the handle is not the pin this store handed out (forged: pinned at offset " + std::to_string(h.loc_off) +
+           ", " + std::to_string(h.length) + " bytes, version " + std::to_string(h.version) + "; the handle says offset " +
+           std::to_string(p.loc_off) + ", " + std::to_string(p.length) + " bytes, version " +
+           std::to_string(p.version) + ")";
+    return -EINVAL;
+  }
+  return 0;
 }
 
 Result<size_t> KvStore::fetch_many(std::span<const KvPin> pins, std::span<const Chunk> chunks,
@@ -407,8 +475,19 @@ Result<size_t> KvStore::fetch_blocks(std::span<const KvPin> pins, std::span<cons
   // Before the copy: a forged or stale pin is never read from.
   if (!made_here) {
     check_handles("fetch", hs, false);
-    for (auto& h : hs)
-      if (h.code) status[h.at] = h.code;
+    // Only a pin this store holds is read from (see pin_blocks): not one
+    // already unpinned, nor a handle that merely matches the index entry.
+    std::string why;
+    for (auto& h : hs) {
+      if (h.code) {
+        status[h.at] = h.code;
+        continue;
+      }
+      h.code = status[h.at] = check_held(pins[h.at], -ESTALE, &why);
+      if (!h.code) continue;
+      count(CXLKV_CTR_ERRORS);
+      note_block_error(Error(h.code, "kv: fetch of block " + to_hex(h.key) + ": " + why));
+    }
     keep_passed(hs);
   }
   // Issue 12 item 6: the SSD-tier blocks are read together, several in flight.
@@ -480,9 +559,28 @@ void KvStore::fetch_ssd(std::span<const KvPin> pins, std::vector<HandleCheck>& s
 }
 
 Result<size_t> KvStore::unpin_many(std::span<const KvPin> pins, std::span<int32_t> status) {
+  return unpin_blocks(pins, status, true);
+}
+
+Result<size_t> KvStore::unpin_blocks(std::span<const KvPin> pins, std::span<int32_t> status, bool held) {
   CXLKV_TRY(check_batch("unpin_many", pins.size(), status.size(), {}, nullptr));
-  // A pin consumed by dropping its damaged SSD block (issue 12) unpins as 0.
-  Picked p = pick(pins, status, [this](const KvPin& k, int32_t*) { return k.pinned() && !consume_dropped_pin(k); });
+  // A pin is dropped only through its own handle, checked field for field
+  // against the pin this store holds (pin_blocks): a forged, repeated or
+  // made-up handle is refused and the real pin stays.  A pin consumed by
+  // dropping its damaged SSD block unpins as 0.
+  std::string why;
+  Picked p = pick(pins, status, [&](const KvPin& k, int32_t* refused) {
+    if (!k.pinned()) return false;
+    if (held) {
+      if ((*refused = check_held(k, -EINVAL, &why))) {
+        count(CXLKV_CTR_ERRORS);
+        note_block_error(Error(*refused, "kv: unpin of block " + to_hex(k.key) + ": " + why));
+        return false;
+      }
+      held_pins_.erase(held_key(k.slot, k.tag));
+    }
+    return !consume_dropped_pin(k);
+  });
   auto t0 = std::chrono::steady_clock::now();
   auto good = ops_->unpin_many(p.slots, p.keys, p.status);
   record(CXLKV_LAT_UNPIN, t0, p.at.size());
@@ -601,14 +699,14 @@ Result<size_t> KvStore::get_many(std::span<const BlockKey> keys, std::span<const
   auto keep_error = [&] {
     if (first_error.empty()) first_error = block_error_;
   };
-  CXLKV_TRY(pin_many(keys, pins, status));
+  CXLKV_TRY(pin_blocks(keys, pins, status, false));
   keep_error();
   // The pins are this call's own: no check before the copy, one after it.
   CXLKV_TRY(fetch_blocks(pins, chunks, nchunks, status, true));
   keep_error();
   // Pins are dropped after the copies (never before: the block could be
   // evicted and reused under the copy).
-  CXLKV_TRY(unpin_many(pins, st));
+  CXLKV_TRY(unpin_blocks(pins, st, false));
   keep_error();
   size_t ok = 0;
   for (size_t i = 0; i < n; i++) {
