@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <functional>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -451,6 +452,29 @@ class CxlkvctlKv : public Cxlkvctl {
 // Sets the children count of the READY block `key` (32 hex digits) of the
 // pool at `uri` to `children`: the whole line with its check recomputed,
 // published NT, as a process that died with the count changed leaves it.
+// Applies `forge` to the READY entry of `key` (32 hex digits) of the pool
+// at `uri`: the whole line with its check recomputed, published NT, as a
+// forger with write access to the index carve leaves it.
+void forge_entry(const std::string& uri, const std::string& key, const std::function<void(cxlkv_index_entry&)>& forge) {
+  auto region = cxlkv::Region::open(uri);
+  ASSERT_TRUE(region.ok()) << region.error().message();
+  cxlkv::Region& r = *region.value();
+  cxlkv::MemoryDomain& d = r.domain();
+  std::byte* carve = r.at(r.carve(CXLKV_CARVE_INDEX).value().offset);
+  const auto h = d.read_fresh(reinterpret_cast<const cxlkv_index_header*>(carve));
+  auto* entries = reinterpret_cast<cxlkv_index_entry*>(carve + h.entry_off);
+  for (uint64_t i = 0; i < h.nslots; i++) {
+    cxlkv_index_entry e = d.read_fresh(entries + i);
+    if (e.state != CXLKV_ENTRY_READY || cxlkv::to_hex(cxlkv::BlockKey{e.key_lo, e.key_hi}) != key) continue;
+    forge(e);
+    e.check = cxlkv_index_entry_check(&e);
+    d.publish_line(entries + i, &e);  // rule 1: whole line, NT
+    d.fence();                        // rule 3: in memory before the tool reads it
+    return;
+  }
+  FAIL() << "no READY entry for " << key;
+}
+
 void forge_children(const std::string& uri, const std::string& key, uint32_t children, uint32_t* slot) {
   auto region = cxlkv::Region::open(uri);
   ASSERT_TRUE(region.ok()) << region.error().message();
@@ -501,6 +525,33 @@ TEST_F(CxlkvctlKv, GetOfABlockThatIsNotCachedExitsNonZeroWithAMessageAndWritesNo
   EXPECT_EQ(r.status, 1);
   EXPECT_TRUE(has(r.err, "0123456789abcdef0123456789abcdef is not cached")) << r.err;
   EXPECT_NE(access(files_[2].c_str(), F_OK), 0) << "kv get created its output for a missing block";
+}
+
+// An index entry whose location is moved by 1..1023 bytes (checksum
+// recomputed) stays inside its own block's 1 KiB owner granule: kv get
+// served the moved bytes (up to 1023 of the next block) and exited 0.
+// Now it exits 1 naming the block and the cause and writes no file; the
+// entry moved back reads as before.
+TEST_F(CxlkvctlKv, GetOfAnEntryMovedInsideItsGranuleFailsNamingTheBlockAndWritesNothing) {
+  const std::string data = noise(100000, 4);
+  write(files_[0], data);
+  write(files_[1], noise(100000, 5));
+  Outcome put = on_pool("kv put moved " + files_[0]);
+  ASSERT_EQ(put.status, 0) << put.err;
+  ASSERT_EQ(on_pool("kv put next " + files_[1]).status, 0);
+  const std::string key = put.out.substr(0, 32);
+  for (uint64_t shift : {1u, 512u, 1023u}) {
+    SCOPED_TRACE("moved by " + std::to_string(shift));
+    ASSERT_NO_FATAL_FAILURE(forge_entry(uri_, key, [&](cxlkv_index_entry& e) { e.loc_off += shift; }));
+    Outcome get = on_pool("kv get moved " + files_[2]);
+    EXPECT_EQ(get.status, 1) << "kv get served a moved entry";
+    EXPECT_TRUE(has(get.err, key)) << get.err;
+    EXPECT_TRUE(has(get.err, "moved inside its allocation granule")) << get.err;
+    EXPECT_NE(access(files_[2].c_str(), F_OK), 0) << "kv get wrote its output for a moved entry";
+    ASSERT_NO_FATAL_FAILURE(forge_entry(uri_, key, [&](cxlkv_index_entry& e) { e.loc_off -= shift; }));
+  }
+  ASSERT_EQ(on_pool("kv get moved " + files_[2]).status, 0);
+  EXPECT_EQ(slurp(files_[2]), data);
 }
 
 TEST_F(CxlkvctlKv, PutOfACachedKeyIsRefusedAndKeepsTheOldBytesUntilRmRemovesIt) {

@@ -24,6 +24,7 @@
 #include "index/index_check.hpp"
 #include "pool/format.hpp"
 #include "unit/index_sim_pool.hpp"
+#include "uapi/cxlkv_alloc.h"
 
 namespace cxlkv {
 namespace {
@@ -392,6 +393,85 @@ TEST(IndexIntegrity, AnEntryOverlappingAnotherBlockIsRefusedAtPinAndNeverServed)
   auto audit = index_audit_locations(*p.region, d);
   ASSERT_TRUE(audit.ok());
   EXPECT_TRUE(audit->empty()) << audit->front();
+}
+
+}  // namespace cxlkv
+
+namespace cxlkv {
+
+// One owner record covers a 1 KiB granule, so an entry whose location is
+// moved by 1..1023 bytes inside its own block's granule (a forged or
+// damaged line, checksum recomputed) found its own record and was served:
+// the bytes from the moved start on, up to 1023 bytes of the next block.
+// The start must be exact -- where the allocator starts blocks of that
+// length in their chunk -- so such an entry is refused at pin with
+// -EBADMSG naming the block, get_many hands back no byte, and the entry
+// put back reads as itself.  Blocks of a size class that is a multiple of
+// the granule (8 KiB), one that is not (1,200 bytes: class 1,280) and a
+// run of whole chunks (1.5 MiB).
+TEST(IndexIntegrity, AnEntryMovedInsideItsOwnGranuleIsRefusedAtPinNamingTheBlock) {
+  ShmKv p;
+  ASSERT_TRUE(p.open().ok());
+  KvStore& kv = p.session->store();
+  MemoryDomain& d = p.region->domain();
+  const std::vector<uint64_t> sizes = {8192, 8192, 1200, 1200, 1536 * 1024};
+  std::vector<uint64_t> ids;
+  for (size_t i = 0; i < sizes.size(); i++) ids.push_back(1301 + i);
+  auto keys = keys_from_ids(ids);
+  auto pattern = [](size_t i, size_t at) { return std::byte(0x21 + i * 13 + at % 7); };
+  for (size_t i = 0; i < keys.size(); i++) {
+    std::vector<std::byte> buf(sizes[i]);
+    for (size_t j = 0; j < buf.size(); j++) buf[j] = pattern(i, j);
+    Chunk ch{buf.data(), buf.size()};
+    auto r = kv.reserve(keys[i], nullptr, buf.size());
+    ASSERT_TRUE(r.ok() && r->reserved());
+    ASSERT_TRUE(kv.write(*r, {&ch, 1}).ok());
+    ASSERT_TRUE(kv.publish(*r).ok());
+  }
+  auto line = [&](uint32_t slot) {
+    return reinterpret_cast<cxlkv_index_entry*>(p.index_carve() + kv.index().header().entry_off + slot * 64ull);
+  };
+  auto get = [&](size_t i, std::vector<std::byte>& got) {
+    got.assign(sizes[i], std::byte{0x5A});
+    Chunk out{got.data(), got.size()};
+    std::vector<int32_t> st(1, 99);
+    std::vector<uint32_t> n1(1, 1);
+    auto g = kv.get_many({&keys[i], 1}, {&out, 1}, n1, st);
+    return g.ok() ? st[0] : g.error().code();
+  };
+  int refused = 0;
+  const uint64_t refusals0 = kv.index().counters().overlap_refusals;
+  for (size_t i : {size_t{0}, size_t{3}, size_t{4}}) {
+    const uint32_t slot = kv.index().find_ready(keys[i]);
+    ASSERT_NE(slot, CXLKV_INDEX_NO_SLOT);
+    const cxlkv_index_entry good = d.read_fresh(line(slot));
+    const uint64_t room = 1023 - good.loc_off % CXLKV_OWNER_GRANULE;  // shifts that stay in the granule
+    ASSERT_GT(room, 0u) << "block " << i << " starts at the granule's last byte";
+    for (uint64_t shift : {uint64_t{1}, (room + 1) / 2, room}) {
+      SCOPED_TRACE("block " + std::to_string(i) + " moved by " + std::to_string(shift) + " bytes");
+      cxlkv_index_entry e = good;
+      e.loc_off += shift;
+      e.check = cxlkv_index_entry_check(&e);
+      d.publish_line(line(slot), &e);  // rule 1: whole line, NT
+      d.fence();
+      auto pin = kv.pin(keys[i]);
+      ASSERT_FALSE(pin.ok()) << "an entry moved inside its granule was pinned";
+      EXPECT_EQ(pin.error().code(), -EBADMSG) << pin.error().message();
+      const std::string m = pin.error().message();
+      EXPECT_NE(m.find(to_hex(keys[i])), std::string::npos) << m;
+      EXPECT_NE(m.find("moved inside its allocation granule"), std::string::npos) << m;
+      std::vector<std::byte> got;
+      EXPECT_EQ(get(i, got), -EBADMSG);
+      for (std::byte x : got) ASSERT_EQ(x, std::byte{0x5A}) << "the caller's buffer was written";
+      refused += 2;
+    }
+    d.publish_line(line(slot), &good);
+    d.fence();
+    std::vector<std::byte> got;
+    ASSERT_EQ(get(i, got), 0) << kv.last_block_error();
+    for (size_t j = 0; j < got.size(); j++) ASSERT_EQ(got[j], pattern(i, j)) << "block " << i << " byte " << j;
+  }
+  EXPECT_EQ(kv.index().counters().overlap_refusals - refusals0, uint64_t(refused));
 }
 
 }  // namespace cxlkv

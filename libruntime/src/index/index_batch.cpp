@@ -623,9 +623,9 @@ Result<size_t> PrefixIndex::pin_many(std::span<const BlockKey> keys, std::span<P
     cxlkv_index_entry e;
     uint32_t slot = probe(keys[i], &e, nullptr);
     if (slot == kNo || e.state != CXLKV_ENTRY_READY) continue;  // MISS
-    if (auto own = owner_ok(slot, e); !own) {  // issue 12: overlaps another block (index_owner.cpp)
-      status[i] = -EIO;
-      block_error(-EIO, own.error().message());
+    if (auto own = owner_ok(slot, e); !own) {  // not the block the allocator handed out (index_owner.cpp)
+      status[i] = own.error().code();
+      block_error(own.error().code(), own.error().message());
       continue;
     }
     cand.push_back(Cand{i, slot, e, true});

@@ -6,8 +6,12 @@
 // block checks that the record at its start names this slot and length.
 // Two live entries whose extents overlap cannot both pass: allocator blocks
 // do not overlap, a block's record names one slot, and a location that is
-// not the start of a block has no record naming it.  So the check costs one
-// fresh read of one record line per pin (rule 4).
+// not the start of a block has no record naming it -- except inside the
+// block's own 1 KiB granule, which one record covers: so the start must
+// also be exact, where the allocator starts blocks of that length
+// (README "Integrity"; the space's owner_check does the arithmetic, no
+// read), and a location moved by 1..1023 bytes is refused with -EBADMSG.
+// So the check costs one fresh read of one record line per pin (rule 4).
 #include <cerrno>
 #include <string>
 
@@ -42,7 +46,7 @@ Result<void> PrefixIndex::owner_ok(uint32_t slot, const cxlkv_index_entry& e) {
   msg += ": damaged or forged entry, refused (never served)";
   ctr_.overlap_refusals++;
   log().error("{}", msg);
-  return Error(-EIO, msg);
+  return Error(o.code, msg);
 }
 
 }  // namespace cxlkv

@@ -37,6 +37,7 @@
 #pragma once
 
 #include <atomic>
+#include <cerrno>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -125,6 +126,7 @@ class PayloadSpace {
     uint32_t slot = 0xffffffffu;  // the recorded holder (CXLKV_INDEX_NO_SLOT: none)
     uint32_t length = 0;           // its recorded payload length
     std::string why;               // when !ok: what the record says
+    int32_t code = -EIO;           // when !ok: -EIO (another block's space), -EBADMSG (not where a block starts)
   };
   virtual Owner owner_check(const BlockLocation& loc, uint32_t slot) {
     (void)loc;

@@ -9,6 +9,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -211,7 +212,22 @@ class HeapSpace final : public PayloadSpace {
     }
     if (recorded(loc.length)) {
       const cxlkv_block_owner o = ca.owner(loc.offset);  // rule 4: one fresh read
-      if (o.slot_plus1 == slot + 1 && o.length == loc.length) return r;
+      if (o.slot_plus1 == slot + 1 && o.length == loc.length) {
+        // One record covers a 1 KiB granule: the start must also be exact.
+        if (const uint64_t step = block_step(loc.length); (loc.offset - ca.chunk_off(ca.chunk_of(loc.offset))) % step) {
+          r.ok = false;
+          r.code = -EBADMSG;
+          r.slot = slot;
+          r.length = o.length;
+          r.why = "offset " + std::to_string(loc.offset) + " is not where the allocator starts a block of " +
+                  std::to_string(loc.length) + " bytes (chunk " + std::to_string(ca.chunk_of(loc.offset)) +
+                  " starts at offset " + std::to_string(ca.chunk_off(ca.chunk_of(loc.offset))) +
+                  " and such blocks every " + std::to_string(step) +
+                  " bytes from there): its location was moved inside its allocation granule";
+          return r;
+        }
+        return r;
+      }
       r.ok = false;
       r.slot = o.slot_plus1 ? o.slot_plus1 - 1 : CXLKV_INDEX_NO_SLOT;
       r.length = o.length;
@@ -237,6 +253,13 @@ class HeapSpace final : public PayloadSpace {
   }
 
  private:
+  // Where blocks of `len` bytes start, counted from their chunk's start:
+  // every size-class step, or the chunk start for a run of whole chunks.
+  uint64_t block_step(uint64_t len) const {
+    const uint64_t cs = heap_.chunks().geometry().chunk_size;
+    const uint32_t cls = size_class_for(len, cs);
+    return cls == kSizeClasses ? cs : size_class_bytes(cls);
+  }
   // Does a block of `len` bytes get an owner record (its allocation spans a granule)?
   bool recorded(uint64_t len) const {
     const uint64_t cs = heap_.chunks().geometry().chunk_size;
