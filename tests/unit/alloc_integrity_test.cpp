@@ -13,6 +13,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstring>
+#include <optional>
 #include <set>
 #include <thread>
 #include <vector>
@@ -20,6 +21,7 @@
 #include "alloc/heap_layout.hpp"
 #include "cxlkv/alloc.hpp"
 #include "cxlkv/kv.hpp"
+#include "index/prefix_index.hpp"
 #include "lock_test_pool.hpp"
 #include "pool/format.hpp"
 
@@ -87,6 +89,56 @@ BlockKey key_of(uint64_t id) {
   return keys_from_ids(ids)[0];
 }
 
+// A forger with write access to the alloc carve: the chunk bitmap zeroed
+// and the state line's bitmap checksum recomputed to match it, NT stores
+// through `d` (rule 1), fenced (rule 3).
+void zero_bitmap_with_its_checksum(ChunkAllocator& ca, MemoryDomain& d) {
+  const cxlkv_alloc_header& h = ca.header();
+  auto* words = reinterpret_cast<uint64_t*>(ca.carve_base() + h.bitmap_off);
+  uint64_t sum = 0;
+  for (uint64_t i = 0; i < (h.nchunks + 63) / 64; i++) {
+    const uint64_t zero = 0;
+    d.store_nt(&words[i], &zero, sizeof zero);
+    sum ^= cxlkv_bitmap_word_sum(i, 0);
+  }
+  auto* st = reinterpret_cast<cxlkv_alloc_state*>(ca.carve_base() + h.state_off);
+  d.store_nt(&st->bitmap_sum, &sum, sizeof sum);
+  d.fence();
+}
+
+// Publishes 2 MiB blocks (fill 0xEE) from `kv` until one is placed over
+// chunk `c`; its key, or nullopt.
+std::optional<BlockKey> put_over_chunk(KvStore& kv, ChunkAllocator& ca, uint64_t c, uint64_t first_id) {
+  constexpr uint64_t kBig = 2ull << 20;
+  std::vector<std::byte> buf(kBig, std::byte{0xEE});
+  for (uint64_t i = 0; i < 40; i++) {
+    const BlockKey k = key_of(first_id + i);
+    Chunk ch{buf.data(), buf.size()};
+    std::vector<uint32_t> n1(1, 1);
+    std::vector<int32_t> st(1, 99);
+    auto n = kv.put_chain(nullptr, {&k, 1}, kBig, {&ch, 1}, n1, st);
+    if (!n || n.value() != 1) return std::nullopt;
+    const uint32_t slot = kv.index().find_ready(k);
+    if (slot != CXLKV_INDEX_NO_SLOT && ca.chunk_of(kv.index().entry(slot).loc.offset) == c) return k;
+  }
+  return std::nullopt;
+}
+
+// Reads `k` (fill `fill`, `bytes` long) through `kv`: its status, and
+// whether it returned any byte but `fill` with status 0.
+int32_t read_back(KvStore& kv, const BlockKey& k, uint64_t bytes, std::byte fill, bool* wrong_with_0) {
+  std::vector<std::byte> got(bytes, std::byte{0});
+  Chunk ch{got.data(), got.size()};
+  std::vector<int32_t> st(1, 99);
+  std::vector<uint32_t> n1(1, 1);
+  auto g = kv.get_many({&k, 1}, {&ch, 1}, n1, st);
+  const int32_t code = g ? st[0] : g.error().code();
+  *wrong_with_0 = false;
+  if (code == 0)
+    for (std::byte b : got) *wrong_with_0 |= b != fill;
+  return code;
+}
+
 }  // namespace
 
 // The case: a zeroed bitmap let new allocations overwrite every
@@ -120,6 +172,106 @@ TEST(AllocIntegrity, AZeroedBitmapIsRefusedAndNoPublishedBlockIsOverwritten) {
   EXPECT_EQ(run.error().code(), -EUCLEAN);
   for (uint64_t i = 0; i < 8; i++) EXPECT_EQ(p.wrong_bytes(key_of(100 + i), kBig, std::byte(0x10 + i)), 0u) << i;
   for (uint64_t i = 0; i < 8; i++) EXPECT_EQ(p.wrong_bytes(key_of(200 + i), kSmall, std::byte(0x40 + i)), 0u) << i;
+}
+
+// A forger who zeroes the bitmap and recomputes its checksum gets past the
+// bitmap check: the allocator hands out the chunk of published 8 KiB blocks
+// as a run for a new 2 MiB block, whose writer overwrites them while their
+// index entries and owner records stay as they were (re-reads returned the
+// new bytes with status 0).  A fetch now checks after its copy that each
+// block's space is still allocated as that block (chunk descriptor and owner
+// record): every overwritten block fails with -EIO naming it, none returns
+// another block's bytes with status 0.
+TEST(AllocIntegrity, AZeroedBitmapWithAMatchingChecksumNeverServesOverwrittenBytes) {
+  ShmKv p;
+  constexpr uint64_t kSmall = 8192;
+  for (uint64_t i = 0; i < 8; i++) ASSERT_TRUE(p.put(key_of(400 + i), kSmall, std::byte(0x60 + i)).ok());
+  auto chunks = ChunkAllocator::open(*p.node);
+  ASSERT_TRUE(chunks.ok());
+  const uint32_t slot0 = p.kv().index().find_ready(key_of(400));
+  ASSERT_NE(slot0, CXLKV_INDEX_NO_SLOT);
+  const uint64_t c = chunks->chunk_of(p.kv().index().entry(slot0).loc.offset);
+  zero_bitmap_with_its_checksum(*chunks, p.region->domain());
+  ASSERT_TRUE(chunks->check_bitmap().ok()) << "the forged bitmap should add up to its checksum";
+
+  auto over = put_over_chunk(p.kv(), *chunks, c, 900);
+  ASSERT_TRUE(over.has_value()) << "no new block was placed over chunk " << c;
+  int refused = 0;
+  for (uint64_t i = 0; i < 8; i++) {
+    bool wrong = false;
+    const int32_t st = read_back(p.kv(), key_of(400 + i), kSmall, std::byte(0x60 + i), &wrong);
+    EXPECT_FALSE(wrong) << "block " << i << " returned another block's bytes with status 0";
+    if (st == 0) continue;
+    EXPECT_EQ(st, -EIO) << i << ": " << p.kv().last_block_error();
+    EXPECT_NE(p.kv().last_block_error().find(to_hex(key_of(400 + i))), std::string::npos)
+        << p.kv().last_block_error();
+    refused++;
+  }
+  EXPECT_EQ(refused, 8) << "every block under the new one is overwritten";
+  EXPECT_NE(p.kv().last_block_error().find("handed out again"), std::string::npos) << p.kv().last_block_error();
+  bool wrong = false;
+  EXPECT_EQ(read_back(p.kv(), *over, 2ull << 20, std::byte{0xEE}, &wrong), 0) << p.kv().last_block_error();
+  EXPECT_FALSE(wrong);
+}
+
+// The same across nodes under NonCoherentSim with random evictions: node 0
+// publishes, node 1 forges the bitmap and publishes over node 0's chunk,
+// node 2 reads: its check after the copy reads the allocator's lines fresh
+// (rule 4), so it sees node 1's descriptor and owner record, never serving
+// node 1's bytes as node 0's blocks.
+TEST(AllocIntegrity, AFetchSeesItsSpaceHandedOutAgainByAnotherNodeUnderNonCoherentSim) {
+  setenv("CXLKV_DRAIN_PERIOD_MS", "0", 1);  // no drainer thread on the simulated nodes
+  TestPool p("alloc-reuse", 64ull << 20);
+  p.simulate(4, 0.05, 11);
+  std::vector<NodeContext*> ctx;
+  for (uint32_t n = 0; n < 3; n++) ctx.push_back(&p.attach(n));
+  LockManagerOptions mo;
+  mo.node = 3;
+  auto m = LockManager::create(*p.region, p.domain(3), mo);
+  ASSERT_TRUE(m.ok()) << m.error().message();
+  m.value()->start();
+  {
+    std::vector<std::unique_ptr<KvSession>> s;
+    for (uint32_t n = 0; n < 3; n++) {
+      auto r = open_kv_session(*p.region, *ctx[n]);
+      ASSERT_TRUE(r.ok()) << r.error().message();
+      s.push_back(std::move(r.value()));
+    }
+    constexpr uint64_t kSmall = 8192;
+    for (uint64_t i = 0; i < 8; i++) {
+      const BlockKey k = key_of(500 + i);
+      std::vector<std::byte> buf(kSmall, std::byte(0x30 + i));
+      Chunk ch{buf.data(), buf.size()};
+      std::vector<uint32_t> n1(1, 1);
+      std::vector<int32_t> st(1, 99);
+      auto n = s[0]->store().put_chain(nullptr, {&k, 1}, kSmall, {&ch, 1}, n1, st);
+      ASSERT_TRUE(n && n.value() == 1) << s[0]->store().last_block_error();
+    }
+    for (uint64_t i = 0; i < 8; i++) {  // sound: node 2 reads every block
+      bool wrong = false;
+      ASSERT_EQ(read_back(s[2]->store(), key_of(500 + i), kSmall, std::byte(0x30 + i), &wrong), 0)
+          << s[2]->store().last_block_error();
+      ASSERT_FALSE(wrong);
+    }
+    auto chunks = ChunkAllocator::open(*ctx[1]);
+    ASSERT_TRUE(chunks.ok());
+    const uint32_t slot0 = s[1]->store().index().find_ready(key_of(500));
+    ASSERT_NE(slot0, CXLKV_INDEX_NO_SLOT);
+    const uint64_t c = chunks->chunk_of(s[1]->store().index().entry(slot0).loc.offset);
+    zero_bitmap_with_its_checksum(*chunks, p.domain(1));
+    auto over = put_over_chunk(s[1]->store(), *chunks, c, 950);
+    ASSERT_TRUE(over.has_value()) << "no new block was placed over chunk " << c;
+    int refused = 0;
+    for (uint64_t i = 0; i < 8; i++) {
+      bool wrong = false;
+      const int32_t st = read_back(s[2]->store(), key_of(500 + i), kSmall, std::byte(0x30 + i), &wrong);
+      EXPECT_FALSE(wrong) << "block " << i << " returned node 1's bytes with status 0";
+      if (st != 0) refused++;
+    }
+    EXPECT_EQ(refused, 8);
+  }
+  m.value()->stop();
+  unsetenv("CXLKV_DRAIN_PERIOD_MS");
 }
 
 // A single flipped bit is caught as well (not only a zeroed bitmap).

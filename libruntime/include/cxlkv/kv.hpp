@@ -328,6 +328,8 @@ class KvStore {
   // entry, all in one invalidation sweep and one fence; code 0 or -errno.
   struct HandleCheck;
   void check_handles(const char* op, std::vector<HandleCheck>& hs, bool after_copy);
+  // After a fetch's copy: each memory block's space is still allocated as it.
+  void check_space(const char* op, std::vector<HandleCheck>& hs);
   // The batch calls' bodies.  `made_here`: the handles come from this
   // store's own reserve_chain / pin_many in the same call (put_chain,
   // get_many), so the pre-copy check is skipped; the post-copy check stays

@@ -133,6 +133,22 @@ class PayloadSpace {
     (void)slot;
     return {};
   }
+  // After a fetch's copy (README "Integrity"): is the space of each block
+  // (memory tier; slots[i] holds locs[i]) still allocated as that block?
+  // The allocation is unchanged as long as its chunk descriptors still
+  // describe it and, for a block with an owner record, the record still
+  // names its slot; a later allocation of any part of it (damaged
+  // allocator metadata handing out published space) changes one of them
+  // before its bytes land (the allocator and the reserve write them
+  // first, rule 3).  All lines are read in one sweep with one fence
+  // (rule 4).  out[i].ok false: the bytes read may be another block's.
+  // A space that keeps no records (tests' spaces) says yes.
+  virtual void still_allocated(std::span<const BlockLocation> locs, std::span<const uint32_t> slots,
+                               std::span<Owner> out) {
+    (void)locs;
+    (void)slots;
+    for (Owner& o : out) o = Owner{};
+  }
 };
 
 struct IndexFormatOptions {

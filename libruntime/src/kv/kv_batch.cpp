@@ -205,6 +205,44 @@ void KvStore::check_handles(const char* op, std::vector<HandleCheck>& hs, bool a
   }
 }
 
+// README "Integrity": after a fetch's copy, the space of each memory block
+// must still be allocated as that block (PayloadSpace::still_allocated: its
+// chunk descriptors and owner record, one sweep, one fence).  Damaged
+// allocator metadata (a zeroed bitmap with a matching checksum) can hand a
+// published block's space to a new block, whose writer then overwrites it
+// while the index entry stays as it was: the entry checks cannot see that,
+// this does, so the fetch fails (-EIO) instead of returning the new bytes.
+void KvStore::check_space(const char* op, std::vector<HandleCheck>& hs) {
+  static thread_local std::vector<BlockLocation> locs;
+  static thread_local std::vector<uint32_t> slots;
+  static thread_local std::vector<size_t> at;
+  static thread_local std::vector<PayloadSpace::Owner> out;
+  locs.clear();
+  slots.clear();
+  at.clear();
+  for (size_t k = 0; k < hs.size(); k++) {
+    if (hs[k].code || hs[k].loc.tier != CXLKV_TIER_MEM) continue;
+    locs.push_back(hs[k].loc);
+    slots.push_back(hs[k].slot);
+    at.push_back(k);
+  }
+  if (locs.empty()) return;
+  out.resize(locs.size());
+  PayloadSpace& space = interleaved_space_ ? *interleaved_space_ : *deps_.space;
+  space.still_allocated(locs, slots, out);
+  for (size_t j = 0; j < at.size(); j++) {
+    if (out[j].ok) continue;
+    HandleCheck& h = hs[at[j]];
+    h.code = out[j].code;
+    count(CXLKV_CTR_ERRORS);
+    note_block_error(Error(h.code, std::string("kv: ") + op + " of block " + to_hex(h.key) + " (slot " +
+                                       std::to_string(h.slot) + ", offset " + std::to_string(h.loc.offset) + ", " +
+                                       std::to_string(h.loc.length) + " bytes): " + out[j].why +
+                                       " (damaged allocator metadata): the bytes read may be another block's, "
+                                       "discarded"));
+  }
+}
+
 Result<size_t> KvStore::write_many(std::span<const KvReservation> rs, std::span<const Chunk> chunks,
                                    std::span<const uint32_t> nchunks, std::span<int32_t> status) {
   return write_blocks(rs, chunks, nchunks, status, false);
@@ -513,6 +551,7 @@ Result<size_t> KvStore::fetch_blocks(std::span<const KvPin> pins, std::span<cons
   // Validate after copying: a block evicted and reused under the copy (a
   // reader paused past its liveness lost its pin) fails, never returns 0.
   check_handles("fetch", hs, true);
+  check_space("fetch", hs);
   size_t ok = 0;
   for (auto& h : hs) {
     status[h.at] = h.code;

@@ -250,7 +250,85 @@ class HeapSpace final : public PayloadSpace {
             "-byte block (chunk " + std::to_string(c) + " kind " + std::to_string(cd.kind) + ", class " +
             std::to_string(cd.size_class) + ")";
     return r;
+  }  // README "Integrity": after a fetch's copy, the chunk descriptors of each
+  // block and its owner record (a block of a granule or more) must still
+  // describe the allocation the block was handed out as.  An allocation
+  // over any of its bytes rewrites a descriptor (alloc_run, fenced before
+  // the ALLOC lock is released) or, for a block of the same size class at
+  // the same start, its record (claim, before the new entry is written)
+  // before its writer stores a byte: so a copy that saw the new bytes sees
+  // the change here.  Descriptor and record lines are written only with NT
+  // stores (rule 1): invalidated clean, all in one sweep, one fence (rule 4).
+  void still_allocated(std::span<const BlockLocation> locs, std::span<const uint32_t> slots,
+                       std::span<Owner> out) override {
+    ChunkAllocator& ca = heap_.chunks();
+    MemoryDomain& d = heap_.node().domain();
+    const cxlkv_alloc_header& h = ca.header();
+    const uint64_t cs = ca.geometry().chunk_size;
+    const auto* descs = reinterpret_cast<const cxlkv_chunk_desc*>(ca.carve_base() + h.chunk_table_off);
+    const auto* recs = reinterpret_cast<const cxlkv_block_owner*>(ca.carve_base() + cxlkv_alloc_owner_off(&h));
+    const size_t n = std::min({locs.size(), slots.size(), out.size()});
+    auto runs = [&](const BlockLocation& l) -> uint64_t {  // chunks the allocation spans (1: a small block's chunk)
+      return size_class_for(l.length, cs) == kSizeClasses ? (uint64_t{l.length} + cs - 1) / cs : 1;
+    };
+    auto line_of = [](const void* p) { return reinterpret_cast<uintptr_t>(p) / CXLKV_LINE_SIZE; };
+    uintptr_t last_desc = 0, last_rec = 0;
+    bool any = false;
+    for (size_t i = 0; i < n; i++) {
+      const BlockLocation& l = locs[i];
+      if (!ca.in_arena(l.offset)) continue;
+      const uint64_t c = ca.chunk_of(l.offset), k = std::min<uint64_t>(runs(l), h.nchunks - c);
+      if (line_of(&descs[c]) != last_desc || k > 1) d.invalidate_clean(&descs[c], k * sizeof *descs);
+      last_desc = line_of(&descs[c + k - 1]);
+      if (recorded(l.length)) {
+        const cxlkv_block_owner* r = &recs[(l.offset - ca.chunk_off(0)) / CXLKV_OWNER_GRANULE];
+        if (line_of(r) != last_rec) d.invalidate_clean(r, sizeof *r);
+        last_rec = line_of(r);
+      }
+      any = true;
+    }
+    if (any) d.fence();  // rule 4: the invalidations before the loads
+    for (size_t i = 0; i < n; i++) {
+      Owner& o = out[i];
+      o = Owner{};
+      const BlockLocation& l = locs[i];
+      auto fail = [&](std::string why) {
+        o.ok = false;
+        o.why = std::move(why);
+      };
+      if (!ca.in_arena(l.offset)) {
+        fail("it lies outside the allocator's arena");
+        continue;
+      }
+      const uint64_t c = ca.chunk_of(l.offset), k = runs(l);
+      const uint32_t cls = size_class_for(l.length, cs);
+      if (c + k > h.nchunks) {
+        fail("it runs past the allocator's last chunk");
+        continue;
+      }
+      for (uint64_t j = 0; j < k && o.ok; j++) {
+        cxlkv_chunk_desc cd;
+        d.load(&cd, &descs[c + j], sizeof cd);
+        const bool same = cls < kSizeClasses ? cd.kind == CXLKV_CHUNK_SMALL && cd.size_class == cls
+                          : j == 0       ? cd.kind == CXLKV_CHUNK_LARGE_HEAD && cd.run == k
+                                         : cd.kind == CXLKV_CHUNK_LARGE_TAIL && cd.run == j;
+        if (!same)
+          fail("chunk " + std::to_string(c + j) + " is no longer allocated as this block (kind " +
+               std::to_string(cd.kind) + ", class " + std::to_string(cd.size_class) + ", run " +
+               std::to_string(cd.run) + "): its space was handed out again");
+      }
+      if (!o.ok || !recorded(l.length)) continue;
+      cxlkv_block_owner r;
+      d.load(&r, &recs[(l.offset - ca.chunk_off(0)) / CXLKV_OWNER_GRANULE], sizeof r);
+      if (r.slot_plus1 != slots[i] + 1 || r.length != l.length)
+        fail("the allocator now records its space as " +
+             (r.slot_plus1 ? "held by slot " + std::to_string(r.slot_plus1 - 1) + " with " + std::to_string(r.length) +
+                                 " bytes"
+                           : std::string("free")) +
+             ": its space was handed out again");
+    }
   }
+
 
  private:
   // Where blocks of `len` bytes start, counted from their chunk's start:

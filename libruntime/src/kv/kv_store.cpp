@@ -144,6 +144,12 @@ class InterleavedSpace final : public PayloadSpace {
   // Issue 12: owner records of the extent on device 0's allocator.
   void claim(const BlockLocation& loc, uint32_t slot) override { inner_.claim(inner(loc), slot); }
   Owner owner_check(const BlockLocation& loc, uint32_t slot) override { return inner_.owner_check(inner(loc), slot); }
+  void still_allocated(std::span<const BlockLocation> locs, std::span<const uint32_t> slots,
+                       std::span<Owner> out) override {
+    std::vector<BlockLocation> in(locs.size());
+    for (size_t i = 0; i < locs.size(); i++) in[i] = inner(locs[i]);
+    inner_.still_allocated(in, slots, out);
+  }
 
  private:
   BlockLocation inner(const BlockLocation& loc) const {
