@@ -454,8 +454,10 @@ class CxlkvctlKv : public Cxlkvctl {
 // published NT, as a process that died with the count changed leaves it.
 // Applies `forge` to the READY entry of `key` (32 hex digits) of the pool
 // at `uri`: the whole line with its check recomputed, published NT, as a
-// forger with write access to the index carve leaves it.
-void forge_entry(const std::string& uri, const std::string& key, const std::function<void(cxlkv_index_entry&)>& forge) {
+// forger with write access to the index carve leaves it.  `slot`, if given,
+// receives the entry's slot.
+void forge_entry(const std::string& uri, const std::string& key, const std::function<void(cxlkv_index_entry&)>& forge,
+                 uint32_t* slot = nullptr) {
   auto region = cxlkv::Region::open(uri);
   ASSERT_TRUE(region.ok()) << region.error().message();
   cxlkv::Region& r = *region.value();
@@ -470,30 +472,14 @@ void forge_entry(const std::string& uri, const std::string& key, const std::func
     e.check = cxlkv_index_entry_check(&e);
     d.publish_line(entries + i, &e);  // rule 1: whole line, NT
     d.fence();                        // rule 3: in memory before the tool reads it
+    if (slot) *slot = static_cast<uint32_t>(i);
     return;
   }
   FAIL() << "no READY entry for " << key;
 }
 
 void forge_children(const std::string& uri, const std::string& key, uint32_t children, uint32_t* slot) {
-  auto region = cxlkv::Region::open(uri);
-  ASSERT_TRUE(region.ok()) << region.error().message();
-  cxlkv::Region& r = *region.value();
-  cxlkv::MemoryDomain& d = r.domain();
-  std::byte* carve = r.at(r.carve(CXLKV_CARVE_INDEX).value().offset);
-  const auto h = d.read_fresh(reinterpret_cast<const cxlkv_index_header*>(carve));
-  auto* entries = reinterpret_cast<cxlkv_index_entry*>(carve + h.entry_off);
-  for (uint64_t i = 0; i < h.nslots; i++) {
-    cxlkv_index_entry e = d.read_fresh(entries + i);
-    if (e.state != CXLKV_ENTRY_READY || cxlkv::to_hex(cxlkv::BlockKey{e.key_lo, e.key_hi}) != key) continue;
-    e.children = children;
-    e.check = cxlkv_index_entry_check(&e);
-    d.publish_line(entries + i, &e);  // rule 1: whole line, NT
-    d.fence();                        // rule 3: in memory before the tool reads it
-    *slot = static_cast<uint32_t>(i);
-    return;
-  }
-  FAIL() << "no READY entry for " << key;
+  forge_entry(uri, key, [&](cxlkv_index_entry& e) { e.children = children; }, slot);
 }
 
 }  // namespace
