@@ -378,11 +378,14 @@ class CxlkvConnectorImpl:
         rid = request.request_id
         st = self._reqs.pop(rid, None)
         self._unpin_loads(rid)  # finished or aborted: its loads are over
-        per_ns = self._keys(request)
+        lease = self.kv_role == "kv_producer" and st is not None and st["saved"]
+        tp = getattr(request, "kv_transfer_params", None) or {}
+        # Keys only for a lease to give or release: a plain request's finish hashes nothing.
+        per_ns = self._keys(request) if lease or "cxlkv_lease" in tp else None
         self._keys_of.pop(rid, None)
         self._computed.pop(rid, None)
         params = None
-        if self.kv_role == "kv_producer" and st is not None and st["saved"]:
+        if lease:
             cid = consumer_id(rid)
             try:
                 leased = min(int((self.store.lease(k[: st["saved"]], cid, cxlkv.NODE_ANY, self.lease_ttl_ms)
@@ -390,7 +393,6 @@ class CxlkvConnectorImpl:
                 params = dict(cxlkv_lease=cid, cxlkv_blocks=leased)
             except Exception as e:  # noqa: BLE001 -- the request finishes; the consumer recomputes
                 self._failed("lease", e)
-        tp = getattr(request, "kv_transfer_params", None) or {}
         if "cxlkv_lease" in tp:
             try:
                 for k in per_ns:
