@@ -197,6 +197,23 @@ CXLKV_STATIC_ASSERT(sizeof(struct cxlkv_lock_slot) == 64, "lock slot is one line
  * node-local mutex and writes IDLE) or the whole node is judged dead.  The
  * node's next process on that host finds the dead owner through its robust
  * node-local mutex and writes the slot IDLE itself.
+ *
+ * Dead processes of live nodes.  One liveness rule for every holder: a node
+ * is judged by the manager (its heartbeat; on the manager's own host, its
+ * process), a process of a live node only on its own host, where pid and
+ * start time mean something and the dead holder's robust node-local mutex
+ * says so.  A manager on the holder's host checks the slot's owner itself
+ * (above).  From another host it asks the node instead, with the
+ * revocation it uses for kept grants: for a CONTENDED grant that others
+ * have waited on for a liveness period, it writes the grant REVOKED |
+ * CONTENDED (same node and ticket), fences and bumps `revokes`, and bumps
+ * `revokes` again at every later period while the grant stands.  The node's
+ * watcher (any live process of the node runs one) tries the lock's
+ * node-local mutex: a dead owner (EOWNERDEAD) -> it writes the slot IDLE
+ * for the dead holder's ticket; a live holder -> nothing (its release of a
+ * CONTENDED grant writes IDLE).  So the lock of a holder that died on
+ * another host moves on within a few liveness periods while its node lives,
+ * and is never taken from a live holder.
  */
 #define CXLKV_GRANT_REVOKED     0x1u
 /* Set in a fresh grant when other nodes wait too: the holder releases IDLE

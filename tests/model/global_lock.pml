@@ -32,11 +32,33 @@
  *                  re-acquires without checking
  *   BROKEN_DEAD    the manager ignores liveness: a waiter waits for ever
  *                  for a dead holder (invalid end state)
+ *   BROKEN_ASK     (with PROC_DEATHS) the manager, which cannot see a
+ *                  process on another host, never asks the node of a
+ *                  CONTENDED holder whether it lives: a holder that died
+ *                  while its node lives keeps the lock for ever (invalid
+ *                  end state)
+ *   BROKEN_TAKE    (with PROC_DEATHS) the manager takes a CONTENDED grant
+ *                  of a live node back on its own, without the node's
+ *                  answer: a live holder inside its critical section
+ *                  loses the lock to another node (two holders inside:
+ *                  the assertion, which `pan -E` reports; the first error
+ *                  spin finds is a waiter blocked for ever)
  *   BROKEN_SWEEP   the watcher's sweep for a revocation looks only at
  *                  locks its node keeps or holds, not at one it has asked
  *                  for: a node that has read its grant but not yet marked
  *                  itself held is skipped, keeps the grant at release and
  *                  the other node waits for ever (invalid end state)
+ *
+ * PROC_DEATHS: a process of a node may die (at most once) while its node
+ * lives on (another process of the node beats and runs the watcher): the
+ * manager, on another host, still judges the node alive; the dead process
+ * leaves the node-local mutex held and marked owner-dead (robust mutex),
+ * its phase and ticket as they were.  The manager asks the node of a
+ * CONTENDED holder others wait for (REVOKED grant + counter bump, again
+ * each time the watcher has swept); the watcher that finds the mutex
+ * owner-dead writes IDLE for the dead holder's ticket and recovers the
+ * mutex (uapi "Dead processes of live nodes"); one that finds a live
+ * holder of a CONTENDED grant does nothing (its release writes IDLE).
  *
  * The watcher is edge-triggered, as in watcher.cpp: it sweeps once per bump
  * of its node's doorbell counter `revokes` (the manager bumps it after
@@ -81,12 +103,17 @@ byte phase[N];
 byte ltk[N];          /* the node's ticket */
 bool revoke[N];       /* set by the watcher when the mutex was busy */
 bool bumped[N];       /* the doorbell counter `revokes` moved since the watcher last looked */
+bool lmu_dead[N];     /* the node-local mutex's owner died (robust: EOWNERDEAD for the next taker) */
+byte pdeaths = 0;     /* processes of live nodes that died (PROC_DEATHS) */
 
 #define W(stmt) atomic { stmt; dirty = true }
 
 #ifdef DEATHS
 /* die: the node (its processes and its watcher) stops for good */
 #define MAYBE_DIE(incs) :: atomic { deaths < 1 -> deaths++; alive[me] = false; if :: incs -> in_cs-- :: else fi; done++; dirty = true }; goto dead
+#elif defined(PROC_DEATHS)
+/* die: this process stops holding the node-local mutex; the node lives on */
+#define MAYBE_DIE(incs) :: atomic { pdeaths < 1 -> pdeaths++; lmu_dead[me] = true; if :: incs -> in_cs-- :: else fi; done++; dirty = true }; goto dead
 #else
 #define MAYBE_DIE(incs)
 #endif
@@ -212,8 +239,19 @@ end_idle:
        :: else
        fi;
        pending = false }
-  :: atomic { alive[me] && pending && lmu[me] ->   /* busy: the release answers */
-       if :: ltk[me] == t -> revoke[me] = true :: else -> pending = false fi }
+  :: atomic { alive[me] && pending && lmu[me] && lmu_dead[me] ->
+       /* its owner died (EOWNERDEAD): release for the dead holder, recover the mutex */
+       if
+       :: phase[me] != P_IDLE -> req_state[me] = IDLE; phase[me] = P_IDLE; dirty = true
+       :: else
+       fi;
+       revoke[me] = false; lmu_dead[me] = false; lmu[me] = false; pending = false }
+  :: atomic { alive[me] && pending && lmu[me] && !lmu_dead[me] ->   /* busy: the release answers */
+       if
+       :: grant_contended -> pending = false   /* a CONTENDED grant's release writes IDLE */
+       :: !grant_contended && ltk[me] == t -> revoke[me] = true
+       :: !grant_contended && ltk[me] != t -> pending = false
+       fi }
 #endif
   :: done == N -> break
   od
@@ -287,6 +325,15 @@ active proctype manager() {
                       /* broken: do not wait for the node's answer */
                       holder = NONE
 #endif
+#if defined(PROC_DEATHS) && !defined(BROKEN_ASK)
+                 /* a live node's CONTENDED holder: ask its node (again once
+                  * its watcher has swept), the liveness period is abstract */
+                 :: others && hcont && LIVE(holder) && !bumped[holder] ->
+                      grant_revoked = true; bumped[holder] = true; progress = true
+#endif
+#ifdef BROKEN_TAKE
+                 :: others && hcont -> holder = NONE; progress = true   /* broken: no answer awaited */
+#endif
                  :: others && !LIVE(holder) -> holder = NONE; progress = true   /* dead node passed over */
                  :: else
                  fi
@@ -329,7 +376,13 @@ active proctype manager() {
        /* nothing to do: wait for a node to write something (or all to finish) */
        if
        :: progress
+#if defined(PROC_DEATHS) && !defined(BROKEN_ASK)
+       /* or for the next liveness period: it asks a CONTENDED holder's node
+        * again once the watcher has swept (the code asks every period) */
+       :: else -> (dirty || done == N || (holder != NONE && hcont && !bumped[holder]))
+#else
        :: else -> (dirty || done == N)
+#endif
        fi
   od
 }

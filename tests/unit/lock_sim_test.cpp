@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "lock_test_pool.hpp"
+#include "sync/node_local.hpp"
 #include "sync/testing.hpp"
 
 namespace cxlkv {
@@ -431,4 +432,114 @@ TEST(LockSim, RevocationBetweenGrantAndHeldIsAnsweredAtRelease) {
   EXPECT_TRUE(b_got.load()) << "node 0 kept a grant revoked before it marked itself held: node 1 never got it";
 }
 
+}  // namespace cxlkv
+
+namespace cxlkv {
+namespace {
+
+// Node 2's holder thread takes the lock with a CONTENDED grant (node 0
+// waits) and ends without releasing it: a process that died, as far as the
+// robust node-local mutex can tell, while node 2 itself lives (its
+// heartbeat and watcher run on).  The manager stands for one on another
+// host: it cannot see the holder's process, only node 2's heartbeat.
+struct DeadContendedHolder {
+  TestPool p;
+  std::unique_ptr<LockManager> mgr;
+  NodeContext *a = nullptr, *b = nullptr, *c = nullptr;
+  uint32_t c_flags = 0;
+  explicit DeadContendedHolder(const char* name) : p(name) {
+    p.simulate(4, 0.02, 17);
+    a = &p.attach(0, true);
+    b = &p.attach(1, true);
+    c = &p.attach(2, true);
+    sync::testing::set_manager_on_another_host(true);
+    mgr = start_manager(p, 3);
+  }
+  ~DeadContendedHolder() {
+    mgr->stop();
+    sync::testing::set_manager_on_another_host(false);
+    sync::testing::set_break_ask_remote(false);
+  }
+  // Node 1 holds; node 2 then node 0 ask; node 1 releases: round-robin
+  // after node 1 grants node 2, CONTENDED since node 0 waits.  `a_got` is
+  // set when node 0 gets the lock (waiting up to `a_wait`).
+  void run(std::atomic<bool>& a_got, std::chrono::milliseconds a_wait, std::chrono::milliseconds c_holds,
+           std::thread& ta) {
+    TwoTierLock lb(*b, kLock);
+    ASSERT_TRUE(lb.lock().ok());
+    std::thread tc([&] {
+      TwoTierLock lc(*c, kLock);
+      ASSERT_TRUE(lc.try_lock_for(10s).ok());
+      c_flags = c->local().locks[kLock].grant_flags;
+      if (c_holds.count()) {  // a live holder: inside for a while, then it releases
+        std::this_thread::sleep_for(c_holds);
+        ASSERT_TRUE(lc.unlock().ok());
+      }
+      // else: the thread ends holding both tiers (robust mutex: owner died)
+    });
+    std::this_thread::sleep_for(50ms);  // node 2's request reaches the manager first
+    ta = std::thread([&, a_wait] {
+      TwoTierLock la(*a, kLock);
+      if (la.try_lock_for(a_wait).ok()) {
+        a_got = true;
+        (void)la.unlock();
+      }
+    });
+    std::this_thread::sleep_for(100ms);  // both wait
+    ASSERT_TRUE(lb.unlock().ok());
+    tc.join();
+  }
+};
+
+TEST(LockSim, DeadHolderOfALiveNodeOnAnotherHostIsReleasedByItsNodesWatcher) {
+  DeadContendedHolder t("lock-sim-dead-remote");
+  std::atomic<bool> a_got{false};
+  std::thread ta;
+  const auto t0 = std::chrono::steady_clock::now();
+  t.run(a_got, 10s, 0ms, ta);
+  ta.join();
+  const auto waited = std::chrono::steady_clock::now() - t0;
+
+  EXPECT_TRUE(t.c_flags & CXLKV_GRANT_CONTENDED) << "node 2's grant was not contended: the case is not exercised";
+  EXPECT_TRUE(a_got.load()) << "node 0 never got the lock of node 2's dead holder while node 2 lived";
+  EXPECT_LT(waited, 3s);
+  EXPECT_GE(t.mgr->stats().asks, 1u);
+  EXPECT_EQ(t.mgr->stats().dead_holders, 0u) << "node 2 is alive: only its watcher may release";
+}
+
+TEST(LockSim, WithoutAskingTheNodeADeadHolderOnAnotherHostKeepsTheLock) {
+  // The broken variant: the manager does not ask node 2, so node 0 waits
+  // for as long as node 2 lives (the reported 30 s timeouts).
+  DeadContendedHolder t("lock-sim-dead-remote-noask");
+  sync::testing::set_break_ask_remote(true);
+  std::atomic<bool> a_got{false};
+  std::thread ta;
+  t.run(a_got, 1500ms, 0ms, ta);
+  ta.join();
+
+  EXPECT_TRUE(t.c_flags & CXLKV_GRANT_CONTENDED);
+  EXPECT_FALSE(a_got.load()) << "the lock moved on without the node's answer";
+  EXPECT_EQ(t.mgr->stats().asks, 0u);
+}
+
+TEST(LockSim, LiveContendedHolderOnAnotherHostIsAskedButKeepsTheLockUntilItsRelease) {
+  DeadContendedHolder t("lock-sim-live-remote");
+  std::atomic<bool> a_got{false};
+  std::thread ta;
+  // Node 2 is inside from about 150 ms to 550 ms: asked every liveness
+  // period, never passed over; node 0 gets the lock only after its release.
+  std::thread watch([&] {
+    std::this_thread::sleep_for(400ms);
+    EXPECT_FALSE(a_got.load()) << "node 0 was granted while node 2's live holder was inside";
+  });
+  t.run(a_got, 10s, 400ms, ta);
+  ta.join();
+  watch.join();
+
+  EXPECT_TRUE(t.c_flags & CXLKV_GRANT_CONTENDED);
+  EXPECT_TRUE(a_got.load());
+  EXPECT_GE(t.mgr->stats().asks, 1u);
+}
+
+}  // namespace
 }  // namespace cxlkv

@@ -315,6 +315,7 @@ struct LockManagerStats {
   uint64_t revokes = 0;       // sticky grants taken back for another node
   uint64_t dead_holders = 0;  // locks taken from a dead holder
   uint64_t dead_waiters = 0;  // requests of dead waiters skipped
+  uint64_t asks = 0;          // contended grants of live nodes on other hosts: the node asked whether the holder lives
   uint64_t wakeups = 0;       // idle sleeps a node on this host ended (request or release)
   uint64_t epoch = 0;
 };

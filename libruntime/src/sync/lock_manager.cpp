@@ -82,7 +82,7 @@ struct LockManager::State {
   bool lease_lost = false;
   bool all_local = false;           // every watched node is on this host and wakes us (NodeWakers)
   std::atomic<uint64_t> rounds{0}, grants{0}, releases{0}, doorbells{0}, rescans{0}, sleeps{0};
-  std::atomic<uint64_t> revokes_n{0}, dead_holders{0}, dead_waiters{0}, wakeups{0};
+  std::atomic<uint64_t> revokes_n{0}, dead_holders{0}, dead_waiters{0}, wakeups{0}, asks{0};
 };
 
 LockManager::LockManager(Region& r, MemoryDomain& d, ControlCarve c, LockManagerOptions o)
@@ -318,9 +318,15 @@ Result<bool> LockManager::run_once() {
   // Liveness of the owner of node n's slot of lock l (a waiting or holding
   // request): on this host its process (pid + start time), else the node's
   // heartbeat.  Cached per node for opts_.liveness_check.
+  // Whether this manager can judge node n's processes: only on their host
+  // (pid + start time mean nothing elsewhere).
+  auto judges_processes = [&](uint32_t n) {
+    const cxlkv_node_entry& e = s.nodes[n].entry;
+    return e.host_id != 0 && e.host_id == this_host_id() && !sync::testing::manager_on_another_host();
+  };
   auto owner_alive = [&](uint32_t n, const cxlkv_lock_slot& sl) {
     State::NodeInfo& ni = s.nodes[n];
-    const bool local = ni.entry.host_id != 0 && ni.entry.host_id == this_host_id();
+    const bool local = judges_processes(n);
     if (local) {
       if (ni.pid == sl.owner_pid && ni.start == sl.owner_start && now - ni.checked < opts_.liveness_check)
         return ni.alive;
@@ -343,6 +349,22 @@ Result<bool> LockManager::run_once() {
     g.flags = flags;
     g.grants = s.locks[l].grants;
     d.publish_line(ctrl_.grant(l), &g);  // rule 1: the grant line changes writer at takeover -> NT
+  };
+  // Ask node n's watcher to look at the grants it keeps or holds: bump the
+  // revocation counter of its doorbell (rule 1: NT, manager-only bytes),
+  // fence (rule 3), and wake it where it is on this host.
+  auto bump_revokes = [&](uint32_t n) {
+    d.write_nt<__u64>(&ctrl_.doorbell(n)->revokes, ++s.revokes[n]);
+    d.fence();
+    s.wakers->wake_revoke(n);
+  };
+  // Ask the holder of lock l to give its grant back: the grant first
+  // (REVOKED, whole line), fence (rule 3: a watcher that sees the counter
+  // move reads the revoked grant), then the counter.
+  auto ask_node = [&](uint32_t l, uint32_t flags) {
+    write_grant(l, s.locks[l].holder, s.locks[l].holder_ticket, flags);
+    d.fence();
+    bump_revokes(s.locks[l].holder);
   };
 
   // ---- releases, revocations, dead holders, grants ----
@@ -368,23 +390,32 @@ Result<bool> LockManager::run_once() {
         s.releases.fetch_add(1, std::memory_order_relaxed);
       } else if (others && !L.revoked && !L.contended && may_grant) {
         // Another node waits for a grant the holder may keep: ask its node
-        // to give it back.  The grant first (REVOKED, whole line), fence,
-        // then the node's revocation counter, fence (rule 3): a watcher that
-        // sees the counter move reads the revoked grant.  The lock moves on
-        // only when the node writes its slot IDLE (uapi "Sticky grants").
-        write_grant(l, L.holder, L.holder_ticket, CXLKV_GRANT_REVOKED);
-        d.fence();
-        d.write_nt<__u64>(&ctrl_.doorbell(L.holder)->revokes, ++s.revokes[L.holder]);  // rule 1: NT, manager-only bytes
-        d.fence();
-        s.wakers->wake_revoke(L.holder);
-        L.revoked = true;
+        // to give it back.  The lock moves on only when the node writes its
+        // slot IDLE (uapi "Sticky grants").
+        ask_node(l, CXLKV_GRANT_REVOKED);
         did = true;
         s.revokes_n.fetch_add(1, std::memory_order_relaxed);
         L.next_live_check = now + opts_.liveness_check;
       } else if (others && now >= L.next_live_check) {
         // Others wait: is the holder alive?
         L.next_live_check = now + opts_.liveness_check;
-        if (!owner_alive(L.holder, d.read_fresh(ctrl_.slot(l, L.holder)))) {  // rule 4
+        const bool alive = owner_alive(L.holder, d.read_fresh(ctrl_.slot(l, L.holder)));  // rule 4
+        if (alive && L.contended && !judges_processes(L.holder) && may_grant && !sync::testing::break_ask_remote()) {
+          // Its node lives, on another host: this manager cannot see the
+          // holder's process, its node can (uapi "Dead processes of live
+          // nodes").  Ask it, as for a kept grant: its watcher releases for
+          // a holder that died (robust node-local mutex); a live holder
+          // releases IDLE anyway (CONTENDED).  Asked again at every check
+          // while the grant stands: a watcher that found the holder alive
+          // answered once, and the holder may die later.
+          if (!L.revoked) {
+            ask_node(l, CXLKV_GRANT_REVOKED | CXLKV_GRANT_CONTENDED);
+            L.revoked = true;
+          } else {
+            bump_revokes(L.holder);
+          }
+          s.asks.fetch_add(1, std::memory_order_relaxed);
+        } else if (!alive) {
           // A CONTENDED grant is never kept: its dead holder's lock moves on.
           // A grant the node may keep moves on only with the node's answer
           // (its watcher recovers the dead process's node-local mutex and
@@ -547,6 +578,7 @@ LockManagerStats LockManager::stats() const {
   o.revokes = st_->revokes_n.load();
   o.dead_holders = st_->dead_holders.load();
   o.dead_waiters = st_->dead_waiters.load();
+  o.asks = st_->asks.load();
   o.wakeups = st_->wakeups.load();
   o.epoch = st_->epoch;
   return o;

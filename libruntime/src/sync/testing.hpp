@@ -52,4 +52,17 @@ bool break_set_order();
 void set_break_set_grant_invalidate(bool on);
 bool break_set_grant_invalidate();
 
+// When set, the lock manager judges every node as if it ran on another
+// host: by its heartbeat only, never by a process's pid, so an in-process
+// test stands for a manager that cannot see the holder's process.
+void set_manager_on_another_host(bool on);
+bool manager_on_another_host();
+
+// When set, the lock manager never asks the node of a live CONTENDED
+// holder on another host whether that holder lives (uapi "Dead processes
+// of live nodes"): a holder that died there keeps the lock while its node
+// lives (the BROKEN_ASK variant of tests/model/global_lock.pml).
+void set_break_ask_remote(bool on);
+bool break_ask_remote();
+
 }  // namespace cxlkv::sync::testing

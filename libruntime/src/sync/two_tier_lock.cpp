@@ -66,7 +66,13 @@ std::atomic<void (*)(uint32_t)> g_grant_seen_hook{nullptr};
 std::atomic<bool> g_watcher_no_resweep{false};
 std::atomic<bool> g_break_set_order{false};
 std::atomic<bool> g_break_set_grant_invalidate{false};
+std::atomic<bool> g_manager_on_another_host{false};
+std::atomic<bool> g_break_ask_remote{false};
 }
+void set_manager_on_another_host(bool on) { g_manager_on_another_host.store(on); }
+bool manager_on_another_host() { return g_manager_on_another_host.load(std::memory_order_relaxed); }
+void set_break_ask_remote(bool on) { g_break_ask_remote.store(on); }
+bool break_ask_remote() { return g_break_ask_remote.load(std::memory_order_relaxed); }
 void set_break_set_grant_invalidate(bool on) { g_break_set_grant_invalidate.store(on); }
 bool break_set_grant_invalidate() { return g_break_set_grant_invalidate.load(std::memory_order_relaxed); }
 void set_break_set_order(bool on) { g_break_set_order.store(on); }

@@ -23,10 +23,13 @@ namespace {
 
 constexpr uint64_t idle_word(uint64_t ticket) { return (ticket << CXLKV_SLOT_TICKET_SHIFT) | CXLKV_SLOT_IDLE; }
 
-// A revoked kept grant not yet acknowledged: lock id + the grant's ticket.
+// A revoked grant not yet acknowledged: lock id, the grant's ticket and
+// flags (CONTENDED: the manager asks whether a holder of this node lives,
+// uapi "Dead processes of live nodes").
 struct Pending {
   uint32_t lock;
   uint64_t ticket;
+  uint32_t flags;
 };
 
 // Acknowledge one revocation.  True when done (acknowledged here, released
@@ -44,8 +47,11 @@ bool acknowledge(NodeContext& n, const Pending& p) {
   }
   auto r = robust_mutex_trylock(&e.mu, "node-local lock");
   if (!r) {
-    // A process of this node holds the mutex (inside its critical section,
-    // or entering): its release writes IDLE when it finds the flag.
+    // A live process of this node holds the mutex (inside its critical
+    // section, or entering).  A CONTENDED grant: its release writes IDLE
+    // anyway; the manager asks again while the grant stands.  A kept one:
+    // its release writes IDLE when it finds the flag.
+    if (p.flags & CXLKV_GRANT_CONTENDED) return true;
     if (__atomic_load_n(&e.ticket, __ATOMIC_RELAXED) != p.ticket) return true;
     __atomic_store_n(&e.revoke, 1u, __ATOMIC_RELEASE);
     return false;
@@ -56,7 +62,7 @@ bool acknowledge(NodeContext& n, const Pending& p) {
     if (e.phase != LockPhase::idle && e.phase != LockPhase::orphaned) {
       d.write_nt<__u64>(&slot->request, idle_word(e.ticket));  // rule 1
       d.fence();                                                 // rule 3
-      log().warn("pool {}: lock {} (node {}): holder pid {} died holding it; released for the revocation",
+      log().warn("pool {}: lock {} (node {}): holder pid {} died holding it; released for the lock manager's request",
                  n.region().uri(), p.lock, n.node(), e.holder_pid);
       e.phase = LockPhase::orphaned;
     }
@@ -98,7 +104,7 @@ void sweep(NodeContext& n, std::vector<uint32_t>& cand, std::vector<Pending>& pe
     if (g.ticket != __atomic_load_n(&n.local().locks[l].ticket, __ATOMIC_RELAXED)) continue;
     bool dup = false;
     for (auto& p : pending) dup |= p.lock == l && p.ticket == g.ticket;
-    if (!dup) pending.push_back({l, g.ticket});
+    if (!dup) pending.push_back({l, g.ticket, g.flags});
   }
 }
 
