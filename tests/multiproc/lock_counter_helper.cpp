@@ -5,8 +5,18 @@
 //   lock_counter_helper URI NODE ITERS BURST    pause 1-3 ms after every BURST iterations
 //   lock_counter_helper URI NODE hold           take the lock, print "held", sleep forever
 //   lock_counter_helper URI NODE mgrhold        also host the pool's lock manager (lease 300 ms)
+//   lock_counter_helper URI NODE idle           attach, print "attached", sleep forever
 // Exit 0 ok, 1 error, 4 lock acquired by recovery (EOWNERDEAD) at least once.
+// With CXLKV_HELPER_OWN_PIDNS=1 the helper runs in a pid namespace of its
+// own (another host as far as liveness can tell: this_host_id differs):
+// it first prints "PID <pid>" (the worker's pid outside the namespace, the
+// one to kill), then the worker's lines; it exits with the worker's status.
+#include <sched.h>
+#include <sys/wait.h>
 #include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
 
 #include <chrono>
 #include <cstdio>
@@ -20,7 +30,8 @@
 
 using namespace std::chrono_literals;
 
-int main(int argc, char** argv) {
+namespace {
+int work(int argc, char** argv) {
   const auto args = lock_helper::parse(argc, argv, "usage: lock_counter_helper URI NODE ITERS|hold [BURST]");
   if (!args) return 2;
   auto at = lock_helper::attach(*args);
@@ -42,6 +53,11 @@ int main(int argc, char** argv) {
     }
     mgr = std::move(m.value());
     mgr->start();
+  }
+  if (args->mode == "idle") {
+    std::printf("attached\n");
+    std::fflush(stdout);
+    for (;;) pause();
   }
   const bool hold = args->mode == "hold" || mgr;
   const long iters = hold ? 1 : std::atol(args->mode.c_str());
@@ -68,4 +84,23 @@ int main(int argc, char** argv) {
     }
   }
   return recovered ? 4 : 0;
+}
+}  // namespace
+
+int main(int argc, char** argv) {
+  const char* ns = std::getenv("CXLKV_HELPER_OWN_PIDNS");
+  if (!ns || std::strcmp(ns, "1") != 0) return work(argc, argv);
+  if (unshare(CLONE_NEWPID) != 0) {
+    std::fprintf(stderr, "lock_counter_helper: no pid namespace of its own: %s\n", std::strerror(errno));
+    return 1;  // the test needs another host: a failure, not a skip
+  }
+  pid_t child = fork();  // the first child is the new namespace's init
+  if (child < 0) return 1;
+  if (child == 0) _exit(work(argc, argv));
+  std::printf("PID %d\n", static_cast<int>(child));
+  std::fflush(stdout);
+  int st = 0;
+  while (waitpid(child, &st, 0) < 0 && errno == EINTR) {
+  }
+  return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
 }

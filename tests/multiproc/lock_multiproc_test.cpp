@@ -127,6 +127,65 @@ TEST(LockMultiproc, KilledHolderOnAnotherNodeIsPassedOverWithoutEvict) {
   EXPECT_GE(st.dead_holders, 1u);
 }
 
+// One line of a helper's stdout (without the newline); "" at its end.
+std::string read_line(int fd) {
+  std::string line;
+  char c;
+  while (read(fd, &c, 1) == 1 && c != '\n') line += c;
+  return line;
+}
+
+// A helper in a pid namespace of its own (another host for liveness):
+// the wrapper's pid, the worker's pid (the one to kill) and its stdout.
+struct OtherHost {
+  pid_t wrapper = -1, worker = -1;
+  int fd = -1;
+  explicit OtherHost(std::vector<std::string> argv) {
+    argv.insert(argv.begin(), {"/usr/bin/env", "CXLKV_HELPER_OWN_PIDNS=1"});
+    wrapper = spawn(argv, &fd);
+    const std::string l = read_line(fd);
+    if (l.rfind("PID ", 0) == 0) worker = std::atoi(l.c_str() + 4);
+    else ADD_FAILURE() << "helper in its own pid namespace said '" << l << "', not its PID";
+  }
+  ~OtherHost() {
+    if (worker > 0) kill(worker, SIGKILL);
+    if (wrapper > 0) wait_exit(wrapper);
+    if (fd >= 0) close(fd);
+  }
+};
+
+TEST(LockMultiproc, HolderKilledOnAnotherHostWhileItsNodeLivesIsReleasedByItsNode) {
+  // Node 1 runs on another host (its own pid namespace) and holds the lock
+  // with a CONTENDED grant (node 2 waits); kill -9 of its holder while
+  // another process keeps node 1 alive.  The manager cannot see node 1's
+  // processes: it asks node 1, whose watcher (in the successor) recovers
+  // the dead holder's node-local mutex and releases (uapi "Dead processes
+  // of live nodes").  Without it node 2 waited 30 s per try.
+  Pool p("dead-remote");
+  auto mgr = LockManager::create(*p.region);
+  ASSERT_TRUE(mgr.ok()) << mgr.error().message();
+  mgr.value()->start();
+  pid_t h0 = spawn_holder({helper(), p.uri, "0", "hold"});  // node 0 (this host) holds
+  OtherHost h1({helper(), p.uri, "1", "hold"});            // node 1 waits
+  ASSERT_GT(h1.worker, 0);
+  std::this_thread::sleep_for(200ms);
+  pid_t waiter = spawn({helper(), p.uri, "2", "5"});        // node 2 waits
+  std::this_thread::sleep_for(200ms);
+  kill(h0, SIGKILL);  // node 0 dies whole: round-robin grants node 1, CONTENDED
+  wait_exit(h0);
+  ASSERT_EQ(read_line(h1.fd), "held");
+  OtherHost successor({helper(), p.uri, "1", "idle"});      // node 1 lives on
+  ASSERT_EQ(read_line(successor.fd), "attached");
+  const auto asks_before = mgr.value()->stats().asks;
+  kill(h1.worker, SIGKILL);
+
+  EXPECT_EQ(wait_within(waiter, 5000ms, "node 2 to get the lock of node 1's killed holder"), 0);
+  auto st = mgr.value()->stats();
+  mgr.value()->stop();
+  EXPECT_GT(st.asks, asks_before) << "the manager never asked node 1";
+  EXPECT_EQ(p.counter(), 1u + 1u + 5u);
+}
+
 TEST(LockMultiproc, KilledWaiterIsSkippedAndTheNextWaiterGetsTheLock) {
   Pool p("dead-waiter");
   auto mgr = LockManager::create(*p.region);

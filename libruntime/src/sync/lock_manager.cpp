@@ -393,6 +393,7 @@ Result<bool> LockManager::run_once() {
         // to give it back.  The lock moves on only when the node writes its
         // slot IDLE (uapi "Sticky grants").
         ask_node(l, CXLKV_GRANT_REVOKED);
+        L.revoked = true;
         did = true;
         s.revokes_n.fetch_add(1, std::memory_order_relaxed);
         L.next_live_check = now + opts_.liveness_check;
