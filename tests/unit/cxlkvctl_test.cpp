@@ -289,6 +289,63 @@ TEST_F(Cxlkvctl, CxlkvdInTheBackgroundExitsWithItsSetupErrorAndItsLeaseNamesTheD
   EXPECT_NE(kill(daemon_pid, 0), 0) << "daemon " << daemon_pid << " still runs";
 }
 
+namespace {
+// Starts `argv` with stderr to `err`; the child's pid.
+pid_t spawn_to(const std::vector<std::string>& argv, const std::string& err) {
+  pid_t pid = fork();
+  if (pid == 0) {
+    int fd = open(err.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    dup2(fd, 2);
+    std::vector<char*> av;
+    for (auto& a : argv) av.push_back(const_cast<char*>(a.c_str()));
+    av.push_back(nullptr);
+    execv(av[0], av.data());
+    _exit(127);
+  }
+  return pid;
+}
+// Waits up to `ms` for `pid`: its wait status, or -1 (still running).
+int wait_for(pid_t pid, int ms) {
+  int st = 0;
+  for (int i = 0; i < ms / 10; i++) {
+    if (waitpid(pid, &st, WNOHANG) == pid) return st;
+    usleep(10000);
+  }
+  return -1;
+}
+}  // namespace
+
+// DESIGN.md "Cross-host locking": a standby manager (--wait) stops on
+// SIGTERM as a serving one does -- exit 0, nothing held -- instead of
+// staying in its wait for the lease (it ignored SIGTERM).
+TEST_F(Cxlkvctl, CxlkvdWaitingForTheLeaseStopsOnSigterm) {
+  ASSERT_EQ(on_pool("format --size 64M").status, 0);
+  const std::string d = tool_.substr(0, tool_.rfind('/')) + "/cxlkvd";
+  pid_t a = spawn_to({d, "--pool", uri_, "--foreground", "--metrics-listen", "none"}, path_ + ".a.err");
+  for (int i = 0; i < 1000 && !has(slurp(path_ + ".a.err"), "managing locks"); i++) usleep(10000);
+  pid_t b = spawn_to({d, "--pool", uri_, "--foreground", "--metrics-listen", "none", "--wait"}, path_ + ".err");
+  usleep(1500 * 1000);  // b watches a's lease and waits
+  EXPECT_EQ(wait_for(b, 10), -1) << "the standby did not wait: " << slurp(path_ + ".err");
+  kill(b, SIGTERM);
+  const int st = wait_for(b, 5000);
+  if (st == -1) {
+    kill(b, SIGKILL);
+    waitpid(b, nullptr, 0);
+  }
+  kill(a, SIGTERM);
+  const int sa = wait_for(a, 10000);
+  if (sa == -1) {
+    kill(a, SIGKILL);
+    waitpid(a, nullptr, 0);
+  }
+  const std::string err = slurp(path_ + ".err");
+  std::remove((path_ + ".a.err").c_str());
+  ASSERT_NE(st, -1) << "the standby cxlkvd still runs 5 s after SIGTERM: " << err;
+  EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << st << " " << err;
+  EXPECT_TRUE(has(err, "cxlkvd: stopped while waiting for the lock manager lease of " + uri_)) << err;
+  EXPECT_TRUE(sa != -1 && WIFEXITED(sa) && WEXITSTATUS(sa) == 0) << "the serving manager: " << sa;
+}
+
 TEST_F(Cxlkvctl, UnformattedPoolSaysHowToFormatIt) {
   { std::ofstream(path_).write(std::string(4 << 20, '\0').data(), 4 << 20); }
   Outcome r = on_pool("carve list");

@@ -240,7 +240,21 @@ int main(int argc, char** argv) {
   sa.sa_handler = on_signal;
   sigaction(SIGTERM, &sa, nullptr);
   sigaction(SIGINT, &sa, nullptr);
+  // --wait: the library's own wait (LockManagerOptions::wait_for_lease)
+  // cannot be interrupted, so a standby manager ignored SIGTERM.  Instead
+  // each try watches the lease once (it returns -EBUSY after seeing the
+  // holder renew, at most --lease-ms) and the stop flag is checked between
+  // tries: a standby exits 0 within one try (README "Bad input, damage and
+  // interruptions").
+  const bool wait = mo.wait_for_lease;
+  mo.wait_for_lease = false;
   auto mgr = cxlkv::LockManager::create(*region.value(), mo);
+  while (wait && !mgr && mgr.error().code() == -EBUSY && !g_stop.load())
+    mgr = cxlkv::LockManager::create(*region.value(), mo);
+  if (!mgr && wait && g_stop.load()) {
+    std::fprintf(stderr, "cxlkvd: stopped while waiting for the lock manager lease of %s\n", pool.c_str());
+    return 0;
+  }
   if (!mgr) {
     std::fprintf(stderr, "cxlkvd: %s\n", mgr.error().message().c_str());
     return mgr.error().code() == -EBUSY ? 3 : 1;
