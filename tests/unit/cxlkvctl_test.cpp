@@ -742,6 +742,57 @@ TEST_F(CxlkvctlKv, NodeCommandsLeaveNoNodeLocalFileAndTheNodeDetaches) {
   }
 }
 
+// DESIGN.md "The pool": --force overwrites a valid pool, never a live one.
+// A store attached and cxlkvd running went on using the reformatted pool.
+TEST_F(CxlkvctlKv, FormatForceOfAPoolInUseIsRefusedNamingItsUsersAndKeepsThePool) {
+  write(files_[0], noise(4096, 3));
+  ASSERT_EQ(on_pool("kv put kept " + files_[0]).status, 0);
+  // A store's process: node 5, attached until it is killed.
+  int ready[2];
+  ASSERT_EQ(pipe(ready), 0);
+  const pid_t store = fork();
+  ASSERT_GE(store, 0);
+  if (store == 0) {
+    auto region = cxlkv::Region::open(uri_);
+    cxlkv::NodeOptions no;
+    no.node = 5;
+    std::unique_ptr<cxlkv::NodeContext> node;
+    if (region.ok())
+      if (auto n = cxlkv::NodeContext::attach(*region.value(), no); n.ok()) node = std::move(n.value());
+    const char c = node ? 1 : 0;
+    if (::write(ready[1], &c, 1) != 1 || !c) _exit(1);
+    for (;;) pause();
+  }
+  char c = 0;
+  ASSERT_EQ(read(ready[0], &c, 1), 1);
+  ASSERT_EQ(c, 1) << "node 5 did not attach";
+  Outcome r = on_pool("format --size 64M --force");
+  kill(store, SIGKILL);
+  waitpid(store, nullptr, 0);
+  close(ready[0]);
+  close(ready[1]);
+  EXPECT_EQ(r.status, 1) << r.out;
+  EXPECT_TRUE(has(r.err, "pool " + uri_ + ": in use by node 5 (pid " + std::to_string(store) + " on this host)"))
+      << r.err;
+  EXPECT_TRUE(has(r.err, "a lock manager (cxlkvd, node 0 pid " + std::to_string(mgr_) + ") renewing its lease"))
+      << r.err;
+  EXPECT_TRUE(has(r.err, "stop them first")) << r.err;
+  Outcome get = on_pool("kv get kept " + files_[2]);
+  ASSERT_EQ(get.status, 0) << "the pool was reformatted under its users: " << get.err;
+  EXPECT_EQ(slurp(files_[2]), slurp(files_[0]));
+  // Once they are gone (the store killed, cxlkvd stopped), --force formats.
+  {
+    auto region = cxlkv::Region::open(uri_);
+    ASSERT_TRUE(region.ok()) << region.error().message();
+    cxlkv::NodeContext::unlink_local(cxlkv::NodeContext::default_local_name(*region.value(), 5));
+  }
+  kill(mgr_, SIGTERM);
+  waitpid(mgr_, nullptr, 0);
+  mgr_ = -1;
+  Outcome again = on_pool("format --size 64M --force");
+  EXPECT_EQ(again.status, 0) << again.err;
+}
+
 TEST_F(CxlkvctlKv, PutOfABlockLargerThanThePoolFailsAtOnceNamingTheSizeAndEvictsNothing) {
   // The pool is 64 MiB: no eviction can make room for 80 MiB.  It used to
   // evict every cached block first and then blame pinned blocks.

@@ -1,10 +1,15 @@
 // SPDX-License-Identifier: MIT
 #include "pool/format.hpp"
 
+#include <time.h>
+
+#include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <optional>
+#include <thread>
 #include <vector>
 
 #include "cxlkv/alloc.hpp"
@@ -203,12 +208,80 @@ Result<void> lay_out_standard_pool(Region& r, const PoolLayout& L) {
   return {};
 }
 
+namespace {
+
+// Who uses the pool at `uri` now: its live nodes (the one liveness rule,
+// judge_node) and a lock manager renewing its lease.  "" when nobody (or
+// when there is no readable pool or control carve to ask: nothing there can
+// be in use as a cxlkv pool).
+std::string live_users(std::string_view uri) {
+  auto pu = region::parse_pool_uri(uri);
+  if (!pu) return "";
+  // The pool as it is, whatever size the URI names (a force at another
+  // size destroys it just the same).
+  const std::string at = pu->kind == BackendKind::shm ? "shm:" + pu->path.substr(pu->path.rfind('/') + 1) : pu->uri;
+  OpenOptions oo;
+  oo.prefault = false;
+  auto r = Region::open(at, oo);
+  if (!r) return "";
+  Region& region = *r.value();
+  auto ctrl = ControlCarve::open(region, region.domain());
+  if (!ctrl) return "";
+  std::string live;
+  for (const NodeStatus& n : list_nodes(region, region.domain())) {
+    if (n.state != CXLKV_NODE_ACTIVE || !n.alive) continue;
+    live += (live.empty() ? "" : ", ") + std::string("node ") + std::to_string(n.node) + " (" +
+            (n.local ? "pid " + std::to_string(n.pid) + " on this host" : "host " + n.host + ", " + n.why) + ")";
+  }
+  // The manager's lease is live while its heartbeat moves: watched for its
+  // lease time (renewals come every quarter of it), at most kNodeStaleMs;
+  // a longer lease counts as live while its last renewal is younger than it.
+  MemoryDomain& d = region.domain();
+  const cxlkv_lease first = d.read_fresh(ctrl->lease());  // rule 4
+  bool manager = false;
+  if (first.owner != 0) {
+    const auto watch = std::chrono::milliseconds(std::min<int64_t>(first.lease_ms, kNodeStaleMs));
+    const auto t0 = std::chrono::steady_clock::now();
+    while (!manager && std::chrono::steady_clock::now() - t0 < watch) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      const cxlkv_lease now = d.read_fresh(ctrl->lease());  // rule 4
+      manager = now.owner != 0 && (now.owner != first.owner || now.heartbeat != first.heartbeat);
+    }
+    if (!manager && first.lease_ms > kNodeStaleMs) {
+      timespec ts;
+      clock_gettime(CLOCK_REALTIME, &ts);
+      const int64_t age_ms = (int64_t(ts.tv_sec) * 1000000000 + ts.tv_nsec - int64_t(first.renew_ns)) / 1000000;
+      manager = age_ms < int64_t(first.lease_ms);
+    }
+  }
+  if (manager)
+    live += (live.empty() ? "" : ", ") + std::string("a lock manager (cxlkvd, node ") + std::to_string(first.node) +
+            " pid " + std::to_string(first.pid) + ") renewing its lease";
+  return live;
+}
+
+}  // namespace
+
+Result<void> refuse_live_pool(std::string_view uri) {
+  const std::string live = live_users(uri);
+  if (live.empty()) return {};
+  // No override: a store attached to a reformatted pool keeps writing into
+  // what are now other structures.  A node that died is no obstacle (its
+  // liveness ends with its process or its heartbeat), so stopping the users
+  // is all it takes.
+  return Error(-EBUSY, "pool " + std::string(uri) + ": in use by " + live +
+                           "; formatting would pull the pool out from under them: stop them first "
+                           "(--force overwrites a pool only while nothing uses it)");
+}
+
 Result<std::unique_ptr<Region>> format_pool(std::string_view uri, const PoolFormatOptions& o,
                                             const OpenOptions& open_opts) {
   FormatOptions fo;
   fo.size = o.size;
   fo.max_nodes = o.max_nodes;
   fo.force = o.force;
+  // DESIGN.md "The pool": formatting is explicit, and never of a live pool.
+  if (o.force) CXLKV_TRY(refuse_live_pool(uri));
   if (!o.standard) return Region::format(uri, fo, open_opts);
 
   // Plan before touching the pool, so bad options leave it as it was.

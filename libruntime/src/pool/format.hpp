@@ -71,7 +71,13 @@ cxlkv_ctrl_header plan_control(uint32_t max_nodes, uint32_t max_locks, uint64_t*
 Result<PoolLayout> plan_pool_layout(std::string_view pool, uint64_t pool_size,
                                     const PoolFormatOptions& opts);
 
-// Region::format + the standard carves and their initial contents.
+// -EBUSY naming the live nodes and the lock manager when the pool at `uri`
+// is in use (what opts.force may not overwrite); nothing when it is not,
+// or holds no readable pool.
+Result<void> refuse_live_pool(std::string_view uri);
+
+// Region::format + the standard carves and their initial contents.  With
+// opts.force, refuses a pool in use (refuse_live_pool).
 Result<std::unique_ptr<Region>> format_pool(std::string_view uri, const PoolFormatOptions& opts,
                                             const OpenOptions& open_opts = {});
 
