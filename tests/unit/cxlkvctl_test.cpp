@@ -346,6 +346,23 @@ TEST_F(Cxlkvctl, CxlkvdWaitingForTheLeaseStopsOnSigterm) {
   EXPECT_TRUE(sa != -1 && WIFEXITED(sa) && WEXITSTATUS(sa) == 0) << "the serving manager: " << sa;
 }
 
+// Extra positional arguments were ignored by most commands (`kv ls junk`
+// listed the blocks): every command refuses what it does not take.
+TEST_F(Cxlkvctl, EveryCommandRefusesArgumentsItDoesNotTake) {
+  ASSERT_EQ(on_pool("format --size 32M").status, 0);
+  for (const char* c : {"info junk", "carve list junk", "carve create a b --size 2M", "carve rm a b", "node list junk",
+                        "node evict 1 2", "node gc junk", "index stats junk", "index leases junk", "stats junk",
+                        "kv ls junk", "kv check junk", "kv rm k junk", "kv put k f junk", "kv get k f junk",
+                        "lock list junk", "module info junk", "memtype get a b", "memtype set a wb c",
+                        "ddio status junk --pci 0000:00:00.0", "gpu probe junk", "format junk"}) {
+    Outcome r = on_pool(c);
+    EXPECT_EQ(r.status, 1) << c << ": " << r.out;
+    EXPECT_TRUE(has(r.err, ": unexpected argument '")) << c << ": " << r.err;
+  }
+  Outcome r = on_pool("kv ls junk");
+  EXPECT_EQ(r.err, "cxlkvctl: kv ls: unexpected argument 'junk' (see cxlkvctl kv ls --help)\n");
+}
+
 TEST_F(Cxlkvctl, UnformattedPoolSaysHowToFormatIt) {
   { std::ofstream(path_).write(std::string(4 << 20, '\0').data(), 4 << 20); }
   Outcome r = on_pool("carve list");
@@ -793,6 +810,28 @@ TEST_F(CxlkvctlKv, FormatForceOfAPoolInUseIsRefusedNamingItsUsersAndKeepsThePool
   EXPECT_EQ(again.status, 0) << again.err;
 }
 
+// README "Bad input, damage and interruptions": a stream that never ends
+// (/dev/zero) was read for ever; it is read up to the largest block the
+// pool can hold and refused naming the bound.  --ssd-size without --ssd
+// was silently ignored.
+TEST_F(CxlkvctlKv, PutOfAnEndlessStreamIsRefusedAtThePoolsBoundAndSsdSizeNeedsSsd) {
+  const std::string cmd = "timeout 60 env -u CXLKV_POOL " + tool_ + " --pool " + uri_ +
+                          " kv put endless /dev/zero >/dev/null 2>" + path_ + ".err";
+  const int st = std::system(cmd.c_str());
+  const std::string err = slurp(path_ + ".err");
+  ASSERT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) != 124) << "kv put read /dev/zero for 60 s";
+  EXPECT_EQ(WEXITSTATUS(st), 1) << err;
+  EXPECT_TRUE(has(err, "/dev/zero: more than ") && has(err, " bytes: larger than any block of pool " + uri_) &&
+              has(err, "the whole kv carve"))
+      << err;
+  EXPECT_NE(on_pool("kv get endless " + files_[2]).status, 0) << "a block was published";
+  write(files_[0], "x");
+  Outcome ssd = on_pool("kv put k " + files_[0] + " --ssd-size 64M");
+  EXPECT_EQ(ssd.status, 1);
+  EXPECT_TRUE(has(ssd.err, "--ssd-size sizes the SSD tier's file: it needs --ssd FILE")) << ssd.err;
+  EXPECT_NE(on_pool("kv get k " + files_[2]).status, 0) << "the put went ahead without its SSD tier";
+}
+
 TEST_F(CxlkvctlKv, PutOfABlockLargerThanThePoolFailsAtOnceNamingTheSizeAndEvictsNothing) {
   // The pool is 64 MiB: no eviction can make room for 80 MiB.  It used to
   // evict every cached block first and then blame pinned blocks.
@@ -801,7 +840,8 @@ TEST_F(CxlkvctlKv, PutOfABlockLargerThanThePoolFailsAtOnceNamingTheSizeAndEvicts
   write(files_[1], std::string(80 << 20, 'x'));
   Outcome big = on_pool("kv put big " + files_[1]);
   EXPECT_EQ(big.status, 1);
-  EXPECT_TRUE(has(big.err, "a block of 83886080 bytes is larger than the whole kv carve")) << big.err;
+  // Refused before it is read (README "Bad input, damage and interruptions").
+  EXPECT_TRUE(has(big.err, files_[1] + ": 83886080 bytes: larger than any block of pool " + uri_)) << big.err;
   Outcome get = on_pool("kv get small " + files_[2]);
   ASSERT_EQ(get.status, 0) << "the cached block was evicted for a block that can never fit: " << get.err;
   EXPECT_EQ(slurp(files_[2]), slurp(files_[0]));

@@ -10,6 +10,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
@@ -66,7 +67,9 @@ class KvNode {
   // Opens the pool, picks a node (--node N, else the highest never-attached
   // one), checks that a lock manager answers, attaches the SSD tier and the
   // memory capacity from the options.  nullptr after printing the error.
-  static std::unique_ptr<KvNode> open(Context& ctx, const Args& args, int* status);
+  // `region`: the pool already opened by the caller (nullptr: open it).
+  static std::unique_ptr<KvNode> open(Context& ctx, const Args& args, int* status,
+                                      std::unique_ptr<Region> region = nullptr);
   ~KvNode() {
     session_.reset();
     ssd_tier_.reset();
@@ -88,10 +91,12 @@ class KvNode {
   bool created_local_ = false;
 };
 
-std::unique_ptr<KvNode> KvNode::open(Context& ctx, const Args& args, int* status) {
+std::unique_ptr<KvNode> KvNode::open(Context& ctx, const Args& args, int* status, std::unique_ptr<Region> region) {
   *status = 1;
+  if (args.value("ssd-size") && !args.value("ssd"))
+    return fail("--ssd-size sizes the SSD tier's file: it needs --ssd FILE"), nullptr;
   std::unique_ptr<KvNode> n(new KvNode());
-  n->region_ = ctx.open_pool();
+  n->region_ = region ? std::move(region) : ctx.open_pool();
   if (!n->region_) return nullptr;
   Region& r = *n->region_;
   auto ic = r.carve(CXLKV_CARVE_INDEX);
@@ -202,13 +207,24 @@ std::unique_ptr<KvNode> KvNode::open(Context& ctx, const Args& args, int* status
   return n;
 }
 
-Result<std::vector<std::byte>> read_file(const std::string& path) {
+// The whole of FILE ("-": stdin), at most `max` bytes: a longer file (or an
+// endless one, /dev/zero) is refused with -EFBIG once `max` + 1 bytes came,
+// naming `why` the bound.
+Result<std::vector<std::byte>> read_file(const std::string& path, uint64_t max, const std::string& why) {
   int fd = path == "-" ? dup(0) : ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) return Error(-errno, path + ": " + std::strerror(errno));
+  auto too_big = [&](const std::string& size) {
+    ::close(fd);
+    return Error(-EFBIG, path + ": " + size + ": " + why);
+  };
+  if (struct stat st {}; ::fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && uint64_t(st.st_size) > max)
+    return too_big(std::to_string(st.st_size) + " bytes");
   std::vector<std::byte> data;
   std::byte buf[1 << 16];
   for (;;) {
-    ssize_t k = ::read(fd, buf, sizeof buf);
+    if (data.size() > max) return too_big("more than " + std::to_string(max) + " bytes");
+    const size_t want = size_t(std::min<uint64_t>(sizeof buf, max + 1 - data.size()));
+    ssize_t k = ::read(fd, buf, want);
     if (k < 0 && errno == EINTR) continue;
     if (k < 0) {
       int e = errno;
@@ -275,11 +291,21 @@ Result<void> write_file(const std::string& path, const std::byte* p, size_t n) {
 int kv_put(Context& ctx, const Args& args) {
   if (args.positional().size() != 2) return fail("kv put: expected KEY FILE (see --help)");
   const BlockKey key = key_of(args.positional()[0]);
-  auto data = read_file(args.positional()[1]);
+  // The read is bounded by the largest block the pool can hold: its kv
+  // carve, and the index's 4 GiB-1 bytes (README "Bad input, damage and
+  // interruptions").
+  auto region = ctx.open_pool();
+  if (!region) return 1;
+  auto kvc = region->carve(CXLKV_CARVE_KV);
+  if (!kvc) return fail("pool " + region->uri() + ": no kv carve (format it with the standard carves)");
+  const uint64_t max = std::min<uint64_t>(kvc->size, UINT32_MAX);
+  auto data = read_file(args.positional()[1], max,
+                        "larger than any block of pool " + region->uri() + " (at most " + std::to_string(max) +
+                            " bytes: " + (max == UINT32_MAX ? "the index's limit" : "the whole kv carve") + ")");
   if (!data) return fail(data.error().message());
   if (data->empty()) return fail(args.positional()[1] + ": empty: a KV block holds at least one byte");
   int st;
-  auto n = KvNode::open(ctx, args, &st);
+  auto n = KvNode::open(ctx, args, &st, std::move(region));
   if (!n) return st;
   KvStore& kv = n->kv();
   auto res = kv.reserve(key, nullptr, data->size());
@@ -478,7 +504,7 @@ CXLKVCTL_COMMAND({"kv put", "store FILE as the KV block KEY (reserve, write, pub
                   std::string("cxlkvctl kv put KEY FILE\n\n"
                               "Stores the bytes of FILE (- for stdin) as one block, a root of the\n"
                               "prefix index.  Fails if KEY is already cached (kv rm it first).\n\n") + kKeyHelp,
-                  kNodeOptions, kv_put});
+                  kNodeOptions, kv_put, 2});
 
 CXLKVCTL_COMMAND({"kv get", "read the KV block KEY into FILE (pin, fetch, unpin)",
                   std::string("cxlkvctl kv get KEY FILE\n\n"
@@ -486,14 +512,14 @@ CXLKVCTL_COMMAND({"kv get", "read the KV block KEY into FILE (pin, fetch, unpin)
                               "whole or not at all: on a full disk FILE is left as it was.\n"
                               "Exits 1 with a message when the block is not cached or fails its checks\n"
                               "(changed while read, SSD checksum, I/O error).\n\n") + kKeyHelp,
-                  kNodeOptions, kv_get});
+                  kNodeOptions, kv_get, 2});
 
 CXLKVCTL_COMMAND({"kv rm", "remove the KV block KEY from the cache",
                   std::string("cxlkvctl kv rm KEY\n\n"
                               "Removes one cached block as an eviction would.  Refused while a live node\n"
                               "pins it, or while it has cached children (the cache is prefix-closed:\n"
                               "remove those first).\n\n") + kKeyHelp,
-                  kNodeOptions, kv_rm});
+                  kNodeOptions, kv_rm, 1});
 
 CXLKVCTL_COMMAND({"kv ls", "list the cached KV blocks: key, bytes, tier, pins, children",
                   "cxlkvctl kv ls\n\n"

@@ -275,11 +275,11 @@ CXLKVCTL_COMMAND({"module info", "show the kernel module's view of the device",
                   "types are enforced (PAT) and the MTRR state.",
                   {}, cmd_info});
 CXLKVCTL_COMMAND({"memtype get", "memory type of a carve (wb, wc, uc)",
-                  "memtype get CARVE: the memory type user mappings of CARVE get.", {}, cmd_memtype_get});
+                  "memtype get CARVE: the memory type user mappings of CARVE get.", {}, cmd_memtype_get, 1});
 CXLKVCTL_COMMAND({"memtype set", "set the memory type of a carve",
                   "memtype set CARVE wb|wc|uc: new mappings of CARVE get this type (enforced with\n"
                   "PAT).  Refused while the carve is mapped on this host.",
-                  {}, cmd_memtype_set});
+                  {}, cmd_memtype_set, 2});
 CXLKVCTL_COMMAND({"ddio status", "DDIO state of the root port above a PCI device",
                   "Reads perfctrlsts_0 (config 0x180) of the PCIe root port above --pci.", kDdioOpts,
                   cmd_ddio_status});

@@ -134,7 +134,7 @@ CXLKVCTL_COMMAND({"node evict", "release every global lock slot of a dead node",
                   "manager grants the next node, and marks it EVICTED.  Refuses a node whose\n"
                   "heartbeat is fresh unless --force.",
                   {{"force", false, "evict even if the node looks alive"}},
-                  node_evict});
+                  node_evict, 1});
 
 CXLKVCTL_COMMAND({"node gc", "remove node-local files of pools that no longer exist",
                   "cxlkvctl [--pool URI] node gc [--dry-run]\n\n"

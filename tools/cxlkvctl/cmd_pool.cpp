@@ -122,7 +122,6 @@ bool parse_u32(const Args& a, const std::string& name, uint32_t* out, std::strin
 
 int cmd_format(Context& ctx, const Args& a) {
   if (ctx.pool_uri.empty()) return fail("format: no pool given: use --pool URI or set CXLKV_POOL");
-  if (!a.positional().empty()) return fail("format: unexpected argument '" + a.positional()[0] + "'");
   cxlkv::PoolFormatOptions o;
   std::string err;
   if (auto s = a.size("size", &err)) o.size = *s;
@@ -150,8 +149,7 @@ int cmd_format(Context& ctx, const Args& a) {
   return print_info(ctx, *r.value());
 }
 
-int cmd_info(Context& ctx, const Args& a) {
-  if (!a.positional().empty()) return fail("info: unexpected argument '" + a.positional()[0] + "'");
+int cmd_info(Context& ctx, const Args&) {
   auto r = ctx.open_pool();
   if (!r) return 1;
   return print_info(ctx, *r);
@@ -178,8 +176,7 @@ int cmd_carve_create(Context& ctx, const Args& a) {
   return 0;
 }
 
-int cmd_carve_list(Context& ctx, const Args& a) {
-  if (!a.positional().empty()) return fail("carve list: unexpected argument '" + a.positional()[0] + "'");
+int cmd_carve_list(Context& ctx, const Args&) {
   auto r = ctx.open_pool();
   if (!r) return 1;
   auto cs = r->carves();
@@ -241,7 +238,7 @@ CXLKVCTL_COMMAND({"carve create", "create a carve: carve create NAME --size S",
                   "range.  Names are 1..31 characters of [a-z0-9_.-].",
                   {{"size", true, "carve size (e.g. 64M)"},
                    {"memtype", true, "memory type of user mappings: wb (default), wc, uc"}},
-                  cmd_carve_create});
+                  cmd_carve_create, 1});
 
 CXLKVCTL_COMMAND({"carve list", "list the carves", "Prints the carve table (--json: a JSON array).", {},
                   cmd_carve_list});
@@ -251,6 +248,6 @@ CXLKVCTL_COMMAND({"carve rm", "remove a carve: carve rm NAME",
                   "Removes a carve from the table (its bytes are left as they are).  System\n"
                   "carves made by format need --force.",
                   {{"force", false, "also remove a system carve"}},
-                  cmd_carve_rm});
+                  cmd_carve_rm, 1});
 
 }  // namespace cxlkvctl

@@ -48,6 +48,10 @@ struct Command {
   std::string usage;    // full help text for `cxlkvctl <path> --help`
   std::vector<Option> options;
   int (*run)(Context&, const Args&) = nullptr;  // exit status
+  // Most positional arguments the command takes (NAME, KEY FILE, ...):
+  // main refuses more, for every command alike (README "Bad input, damage
+  // and interruptions"); the command checks that enough came.
+  size_t operands = 0;
 };
 
 void register_command(Command c);

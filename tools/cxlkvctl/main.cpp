@@ -212,5 +212,8 @@ int main(int argc, char** argv) {
     }
     args.pos_.push_back(a);
   }
+  if (args.pos_.size() > cmd->operands)
+    return fail(cmd->path + ": unexpected argument '" + args.pos_[cmd->operands] + "' (see cxlkvctl " + cmd->path +
+                " --help)");
   return cmd->run(ctx, args);
 }
