@@ -154,6 +154,10 @@ int main(void)
 	g.dtype = 7;
 	CHECK_ERR(cxlkv_pnm_create(ws, 5, &g, NULL), -EINVAL);
 	CHECK_ERR(cxlkv_pnm_engine_create(0, -1, &eng), -EINVAL);
+	/* A NUMA node the host lacks: refused, not an engine left unbound. */
+	CHECK_ERR(cxlkv_pnm_engine_create(1, 99, &eng), -EINVAL);
+	CHECK(strstr(cxlkv_last_error(), "NUMA node 99 does not exist on this host") != NULL);
+	CHECK_ERR(cxlkv_pnm_engine_create(1, -2, &eng), -EINVAL);
 
 	/* Destroy: the reader's handle goes stale. */
 	CHECK(cxlkv_pnm_destroy(ws, 77) == 0);

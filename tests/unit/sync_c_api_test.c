@@ -177,6 +177,17 @@ static void test_bad_input(struct cxlkv_pool *pool, struct cxlkv_node *a)
 	CHECK_ERR(cxlkv_node_attach(pool, &no, &n), -EINVAL);
 	no.node = 1000000;
 	CHECK_ERR(cxlkv_node_attach(pool, &no, &n), -EINVAL);
+	/* The options carry their size: 0 (never set) and flags this library
+	 * does not know are refused, not read as defaults. */
+	no.node = 2;
+	no.size = 0;
+	CHECK_ERR(cxlkv_node_attach(pool, &no, &n), -EINVAL);
+	CHECK(strstr(cxlkv_last_error(), "opts->size 0") != NULL);
+	no.size = sizeof(no);
+	no.flags = 1u << 7;
+	CHECK_ERR(cxlkv_node_attach(pool, &no, &n), -EINVAL);
+	CHECK(strstr(cxlkv_last_error(), "unknown flags 128") != NULL);
+	no.flags = 0;
 	CHECK_ERR(cxlkv_lock_manager_start(NULL, NULL, &m), -EINVAL);
 	CHECK_ERR(cxlkv_lock_manager_start(pool, NULL, NULL), -EINVAL);
 
@@ -212,6 +223,14 @@ static void test_bad_input(struct cxlkv_pool *pool, struct cxlkv_node *a)
 	CHECK_ERR(cxlkv_obj_get(a, "x", NULL), -EINVAL);
 	CHECK_ERR(cxlkv_obj_get(NULL, "x", &off), -EINVAL);
 	CHECK_ERR(cxlkv_obj_destroy(a, NULL), -EINVAL);
+	/* A block of no bytes, and a root outside the pool (the offset
+	 * UINT64_MAX wrapped a reader's base + offset). */
+	CHECK_ERR(cxlkv_alloc(a, 0, &off), -EINVAL);
+	CHECK(strstr(cxlkv_last_error(), "an allocation of 0 bytes") != NULL);
+	CHECK_ERR(cxlkv_obj_put(a, "x", UINT64_MAX), -ERANGE);
+	CHECK(strstr(cxlkv_last_error(), "object 'x': offset 18446744073709551615 is outside the pool") != NULL);
+	CHECK_ERR(cxlkv_obj_put(a, "x", POOL_SIZE), -ERANGE);
+	CHECK_ERR(cxlkv_obj_get(a, "x", &off), -ENOENT);
 	/* NULL handles are harmless where nothing can be reported. */
 	cxlkv_node_detach(NULL);
 	cxlkv_lock_manager_stop(NULL);

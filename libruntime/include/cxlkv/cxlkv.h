@@ -100,7 +100,8 @@ struct cxlkv_node;
 struct cxlkv_lock_manager;
 
 struct cxlkv_node_opts {
-	size_t   size;          /* sizeof(struct cxlkv_node_opts) */
+	size_t   size;          /* sizeof(struct cxlkv_node_opts); at least up to `node`
+				 * (0 and unknown flags: -EINVAL) */
 	uint32_t node;          /* node id */
 	uint32_t flags;         /* CXLKV_NODE_F_* */
 	uint32_t heartbeat_ms;  /* 0: default 250 */
@@ -136,7 +137,8 @@ int  cxlkv_lock_manager_start(struct cxlkv_pool *pool, const struct cxlkv_lock_m
 			      struct cxlkv_lock_manager **out);
 void cxlkv_lock_manager_stop(struct cxlkv_lock_manager *mgr);
 
-/* Allocate >= size bytes (64 B aligned) from the kv carve; *off = pool offset. */
+/* Allocate >= size bytes (64 B aligned, size >= 1: 0 is -EINVAL) from the kv
+ * carve; *off = pool offset. */
 int cxlkv_alloc(struct cxlkv_node *node, uint64_t size, uint64_t *off);
 /* Free a block allocated by any node. */
 int cxlkv_free(struct cxlkv_node *node, uint64_t off);
@@ -147,7 +149,8 @@ struct cxlkv_heap_stats {
 };
 int cxlkv_heap_stats(struct cxlkv_node *node, struct cxlkv_heap_stats *out);
 
-/* Named roots: name (1..40 bytes) -> pool offset. */
+/* Named roots: name (1..40 bytes) -> pool offset (below the pool's size:
+ * -ERANGE otherwise). */
 int cxlkv_obj_put(struct cxlkv_node *node, const char *name, uint64_t off);
 int cxlkv_obj_get(struct cxlkv_node *node, const char *name, uint64_t *off);
 int cxlkv_obj_destroy(struct cxlkv_node *node, const char *name);

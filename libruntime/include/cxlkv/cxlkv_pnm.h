@@ -102,7 +102,8 @@ int cxlkv_pnm_append(struct cxlkv_pnm_context *ctx, const void *k, const void *v
 /* Reader: the published token count (>= 0), or -errno (-ESTALE: destroyed). */
 int64_t cxlkv_pnm_refresh(struct cxlkv_pnm_context *ctx);
 
-/* Near-memory engines: a thread pool bound to numa_node's CPUs (-1: none). */
+/* Near-memory engines: a thread pool bound to numa_node's CPUs (-1: none).
+ * -EINVAL for a NUMA node this host lacks or one without CPUs. */
 int cxlkv_pnm_engine_create(uint32_t threads, int numa_node, struct cxlkv_pnm_engine **out);
 void cxlkv_pnm_engine_destroy(struct cxlkv_pnm_engine *e);
 

@@ -18,7 +18,7 @@ class ObjectStore {
  public:
   static Result<ObjectStore> open(NodeContext& node);
   // Insert or replace `name` -> off.  -ENAMETOOLONG / -EINVAL for a bad name,
-  // -ENOSPC when the table is full.
+  // -ERANGE for an offset outside the pool, -ENOSPC when the table is full.
   Result<void> put(std::string_view name, uint64_t off);
   // -ENOENT if absent.
   Result<uint64_t> get(std::string_view name) const;

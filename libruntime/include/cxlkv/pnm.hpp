@@ -370,6 +370,11 @@ struct EngineOptions {
   uint32_t threads = 1;
   int numa_node = -1;  // bind the threads to this node's CPUs (-1: no binding)
 };
+// -EINVAL naming the option when `opts` cannot be honoured: a NUMA node this
+// host does not have, or one without CPUs to bind to (a memory-only node,
+// such as CXL memory).  The Engine constructor binds best effort; callers
+// that take the options from a user check them first (the C API does).
+Result<void> check_engine_options(const EngineOptions& opts);
 
 struct StepRequest {
   Context* ctx = nullptr;

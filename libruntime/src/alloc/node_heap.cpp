@@ -175,6 +175,10 @@ Result<uint64_t> drain_locked(NodeHeap& heap, NodeHeap::Impl& I, std::chrono::na
 
 Result<uint64_t> NodeHeap::alloc(uint64_t bytes) {
   Impl& I = *impl_;
+  // A block of no bytes has no offset of its own: it would share one with
+  // the next allocation (DESIGN.md "Conventions": bad input is an error).
+  if (bytes == 0)
+    return Error(-EINVAL, "pool " + node_.region().uri() + ": node heap: an allocation of 0 bytes (at least 1)");
   const auto& geo = chunks_.geometry();
   const uint32_t cls = size_class_for(bytes, geo.chunk_size);
   if (cls == kSizeClasses) {

@@ -68,6 +68,13 @@ extern "C" {
 int cxlkv_node_attach(struct cxlkv_pool* pool, const struct cxlkv_node_opts* opts, struct cxlkv_node** out) {
   return guarded(__func__, [&, fn = __func__] {
     if (!pool || !opts || !out) return einval(fn);
+    // DESIGN.md "Conventions": the struct carries its size; one too small
+    // to hold the node id (0: never set) is a caller's bug, not a default.
+    if (!CXLKV_OPT_HAS(opts, node))
+      return set_error(-EINVAL, std::string(fn) + ": opts->size " + std::to_string(opts->size) +
+                                    " is smaller than the oldest struct cxlkv_node_opts (set it to sizeof)");
+    if (CXLKV_OPT_HAS(opts, flags) && (opts->flags & ~CXLKV_NODE_F_HEARTBEAT))
+      return set_error(-EINVAL, std::string(fn) + ": unknown flags " + std::to_string(opts->flags & ~CXLKV_NODE_F_HEARTBEAT));
     cxlkv::NodeOptions o;
     o.node = opts->node;
     if (CXLKV_OPT_HAS(opts, flags)) o.heartbeat = (opts->flags & CXLKV_NODE_F_HEARTBEAT) != 0;

@@ -107,6 +107,13 @@ Result<uint64_t> ObjectStore::get(std::string_view name) const {
 
 Result<void> ObjectStore::put(std::string_view name, uint64_t off) {
   CXLKV_TRY(check_name(*node_, name));
+  // A root names pool data by offset (DESIGN.md "The pool"): one past the
+  // pool (UINT64_MAX, a length taken for an offset) names nothing, and a
+  // reader adding it to its base would overflow.
+  if (off >= node_->region().size())
+    return Error(-ERANGE, "pool " + node_->region().uri() + ": object store: object '" + std::string(name) +
+                              "': offset " + std::to_string(off) + " is outside the pool (" +
+                              std::to_string(node_->region().size()) + " bytes)");
   MemoryDomain& d = node_->domain();
   TwoTierLock lock(*node_, CXLKV_LOCK_OBJSTORE);
   auto g = LockGuard::take(lock);

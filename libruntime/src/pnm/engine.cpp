@@ -5,6 +5,7 @@
 // data-parallel.
 #include <pthread.h>
 #include <sched.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <chrono>
@@ -87,6 +88,19 @@ struct Engine::Impl {
     }
   }
 };
+
+Result<void> check_engine_options(const EngineOptions& opts) {
+  if (opts.numa_node < -1)
+    return Error(-EINVAL, "pnm engine: NUMA node " + std::to_string(opts.numa_node) + " (a node id, or -1: no binding)");
+  if (opts.numa_node >= 0 && node_cpus(opts.numa_node).empty()) {
+    const bool exists = access(("/sys/devices/system/node/node" + std::to_string(opts.numa_node)).c_str(), F_OK) == 0;
+    return Error(-EINVAL, "pnm engine: NUMA node " + std::to_string(opts.numa_node) +
+                              (exists ? " has no CPUs to bind the engine's threads to (a memory-only node: bind to "
+                                        "the node of the CPUs next to it)"
+                                      : " does not exist on this host (/sys/devices/system/node)"));
+  }
+  return {};
+}
 
 Engine::Engine(const EngineOptions& opts) : impl_(std::make_unique<Impl>()) {
   impl_->opts = opts;

@@ -161,7 +161,10 @@ int cxlkv_pnm_engine_create(uint32_t threads, int numa_node, struct cxlkv_pnm_en
     if (!out) return set_error(-EINVAL, "cxlkv_pnm_engine_create: out is NULL");
     if (threads == 0 || threads > 1024)
       return set_error(-EINVAL, "cxlkv_pnm_engine_create: " + std::to_string(threads) + " threads (1..1024)");
-    *out = new cxlkv_pnm_engine{std::make_unique<pnm::Engine>(pnm::EngineOptions{threads, numa_node})};
+    const pnm::EngineOptions eo{threads, numa_node};
+    if (auto ok = pnm::check_engine_options(eo); !ok)
+      return set_error(ok.error().code(), "cxlkv_pnm_engine_create: " + ok.error().message());
+    *out = new cxlkv_pnm_engine{std::make_unique<pnm::Engine>(eo)};
     return 0;
   });
 }
