@@ -68,6 +68,9 @@ def test_a_read_only_memoryview_in_an_lmcache_get_fails_that_batch_not_the_bytes
     ([None], TypeError, ["key 0", "NoneType"]),
     (np.array([[1.5, 2.7]]), TypeError, ["dtype float64"]),
     ([(1 << 64, 0)], ValueError, ["key 0", "64 bits"]),
+    # A negative Python int wrapped to 2**64-1 (while 2**64 was refused).
+    ([(-1, 0)], ValueError, ["key 0", "lo -1 is outside 0 .. 2**64-1"]),
+    ([(0, -5)], ValueError, ["key 0", "hi -5 is outside"]),
     (["zz" * 16], ValueError, ["key 0", "32 hex digits"]),
     (["abc"], ValueError, ["key 0", "32 hex digits"]),
     ("0" * 32, TypeError, ["sequence of keys", "str"]),
@@ -166,3 +169,11 @@ def test_token_ids_and_block_size_of_the_wrong_type_are_refused():
         cxlkv.block_keys(toks, "16")
     assert (cxlkv.block_keys(torch.arange(32), 16) == cxlkv.block_keys(np.arange(32, dtype=np.uint32), 16)).all()
     assert cxlkv.block_keys([], 16).shape == (0, 2)
+
+
+@pytest.mark.parametrize("uri", [None, b"shm:x:64M", 5])
+def test_a_pool_uri_that_is_not_a_str_raises_a_type_error_naming_it(uri):
+    # Pool(None) raised AttributeError ('NoneType' object has no attribute 'encode').
+    for call in (cxlkv.Pool, cxlkv.Pool.format):
+        with pytest.raises(TypeError, match=r"pool URI must be a str .* not " + type(uri).__name__):
+            call(uri)

@@ -46,13 +46,16 @@ _U64_MAX = (1 << 64) - 1
 
 
 def _word(v, i, what):
-    """One 64-bit half of key ``i`` (an int; negative int64 values are taken
-    as their two's-complement bits, as NumPy / PyTorch int64 arrays hold them)."""
+    """One 64-bit half of key ``i``: a Python int 0 .. 2**64-1 (a negative
+    one is refused, as a 128-bit int key is, not wrapped), or a NumPy integer
+    (a signed one is taken as its two's-complement bits, as the rows of an
+    int64 array or PyTorch tensor hold them)."""
     if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer)):
         raise TypeError(f"cxlkv: key {i}: {what} is a {type(v).__name__}; {_KEY_FORMS}")
+    bits = isinstance(v, np.signedinteger)
     v = int(v)
-    if not -(1 << 63) <= v <= _U64_MAX:
-        raise ValueError(f"cxlkv: key {i}: {what} {v} does not fit in 64 bits")
+    if not (-(1 << 63) if bits else 0) <= v <= _U64_MAX:
+        raise ValueError(f"cxlkv: key {i}: {what} {v} is outside 0 .. 2**64-1 (64 bits, unsigned)")
     return v & _U64_MAX
 
 

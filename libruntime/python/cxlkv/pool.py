@@ -7,6 +7,15 @@ import weakref
 from . import _lib
 
 
+def _check_uri(uri, call):
+    """A clear TypeError for a URI that is not a str (None gave an
+    AttributeError from uri.encode()): README "Python", bad input raises
+    naming what is wrong."""
+    if not isinstance(uri, str):
+        raise TypeError(f"cxlkv: {call}: the pool URI must be a str ('shm:NAME:SIZE', 'file:PATH', "
+                        f"'dax:/dev/daxX.Y', 'dev:/dev/cxlkvN'), not {type(uri).__name__}")
+
+
 class Pool:
     """An open cxlkv pool (``shm:NAME:SIZE``, ``file:PATH``, ``dax:/dev/daxX.Y``,
     ``dev:/dev/cxlkvN``).  Use as a context manager or call :meth:`close`.
@@ -17,6 +26,7 @@ class Pool:
     """
 
     def __init__(self, uri):
+        _check_uri(uri, "Pool(uri)")
         self.uri = uri
         self._h = C.c_void_p()
         self._deps = weakref.WeakSet()  # objects whose C handles point into this mapping
@@ -30,6 +40,7 @@ class Pool:
     def format(uri, pool_size=0, max_nodes=0, max_locks=0, index_entries=0, force=False):
         """Format a pool (explicit, never implicit).  ``force`` overwrites a
         valid pool.  0 means the library's default for every size."""
+        _check_uri(uri, "Pool.format(uri)")
         o = _lib.FormatOpts(C.sizeof(_lib.FormatOpts), pool_size, max_nodes,
                             _lib.FORMAT_F_FORCE if force else 0, max_locks, 0, index_entries)
         _lib.check(_lib.lib().cxlkv_pool_format(uri.encode(), C.byref(o)), f"format pool {uri}")
