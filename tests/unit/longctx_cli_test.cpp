@@ -119,3 +119,44 @@ TEST_F(LongctxCli, SigtermStopsTheRunWith143AndRemovesItsPool) {
   for (auto& f : left) std::remove(("/dev/shm/" + f).c_str());
   EXPECT_TRUE(left.empty()) << "left in /dev/shm: " << left.front();
 }
+
+// A pool truncated under the run ends it with a bus error on the pool's
+// memory: the handler ends the process past the destructors, and the pool of
+// its own and the writer's lock file stayed in /dev/shm.
+TEST_F(LongctxCli, ABusErrorOnThePoolEndsTheRunAndRemovesItsPoolAndLockFile) {
+  pid_t pid = start({"--tokens", "4096", "--layers", "1", "--steps", "1000000", "--no-quality"});
+  ASSERT_GT(pid, 0);
+  const std::string pool = "cxlkv-longctx-" + std::to_string(pid);
+  const std::string lock_tag = "longctx_" + std::to_string(pid) + "_";
+  bool running = false;  // the store (and its lock file) exists
+  for (int i = 0; i < 2000 && !running; i++) {
+    running = !shm_entries_containing(lock_tag).empty();
+    if (!running) usleep(10000);
+  }
+  ASSERT_TRUE(running) << "no lock file after 20 s: " << slurp(tag_ + ".err");
+  usleep(200 * 1000);  // into the decode steps
+  ASSERT_EQ(truncate(("/dev/shm/" + pool).c_str(), 4096), 0);
+  int st = -1;
+  for (int i = 0; i < 3000; i++) {
+    int s = 0;
+    if (waitpid(pid, &s, WNOHANG) == pid) {
+      st = WIFEXITED(s) ? WEXITSTATUS(s) : -WTERMSIG(s);
+      break;
+    }
+    usleep(10000);
+  }
+  if (st == -1) {
+    kill(pid, SIGKILL);
+    waitpid(pid, nullptr, 0);
+  }
+  const std::string err = slurp(tag_ + ".err");
+  std::vector<std::string> left;
+  if (access(("/dev/shm/" + pool).c_str(), F_OK) == 0) left.push_back(pool);
+  auto lock = shm_entries_containing(lock_tag);
+  left.insert(left.end(), lock.begin(), lock.end());
+  for (auto& f : left) std::remove(("/dev/shm/" + f).c_str());
+  ASSERT_NE(st, -1) << "still running 30 s after its pool was truncated";
+  EXPECT_EQ(st, 1) << err;
+  EXPECT_NE(err.find("bus error on the pool's memory"), std::string::npos) << err;
+  EXPECT_TRUE(left.empty()) << "left in /dev/shm: " << left.front();
+}

@@ -21,14 +21,34 @@ struct PoolFault {
   char msg[768];
   size_t len = 0;
   uintptr_t lo = 0, hi = 0;
+  // Files the process made that its destructors would remove (a pool of its
+  // own, a writer's lock file): _exit skips them, so the handler unlinks
+  // them (unlink is async-signal-safe).  Written before they can be needed.
+  static constexpr int kMaxFiles = 4;
+  char files[kMaxFiles][256] = {};
 };
 inline PoolFault g_pool_fault;
+
+// Remove `path` too when a pool fault ends the process.  A lock whose holder
+// dies needs no clean-up (an flock ends with the process, and a later writer
+// reuses the file it finds); this only keeps /dev/shm free of what a run
+// made.  False when the table is full or the path too long (then it stays).
+inline bool remove_on_pool_fault(const std::string& path) {
+  for (auto& f : g_pool_fault.files)
+    if (f[0] == '\0' && path.size() < sizeof f) {
+      std::memcpy(f, path.c_str(), path.size() + 1);
+      return true;
+    }
+  return false;
+}
 
 inline void on_pool_sigbus(int sig, siginfo_t* si, void*) {
   const uintptr_t a = reinterpret_cast<uintptr_t>(si->si_addr);
   if (a >= g_pool_fault.lo && a < g_pool_fault.hi) {
     ssize_t w = ::write(2, g_pool_fault.msg, g_pool_fault.len);  // async-signal-safe
     (void)w;
+    for (const auto& f : g_pool_fault.files)
+      if (f[0]) ::unlink(f);
     _exit(1);
   }
   signal(sig, SIG_DFL);

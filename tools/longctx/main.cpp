@@ -203,6 +203,10 @@ static int run(int argc, char** argv) {
     region = std::move(r.value());
   }
   cxlkv_tools::report_pool_faults("cxlkv-longctx", uri, region->base(), region->size());
+  // A bus error on the pool ends the run in the handler, past the
+  // destructors below: it removes the pool of our own and the writer's lock
+  // file instead (README "Bad input, damage and interruptions").
+  if (!shm.empty()) cxlkv_tools::remove_on_pool_fault("/dev/shm/" + shm);
   struct Cleanup {
     std::string shm;
     ~Cleanup() {
@@ -216,6 +220,7 @@ static int run(int argc, char** argv) {
   so.slots_per_partition = 4;
   auto store = ContextStore::open(*region, so);
   if (!store.ok()) die(store.error().message());
+  if (!(*store)->writer_lock_path().empty()) cxlkv_tools::remove_on_pool_fault((*store)->writer_lock_path());
   const uint64_t rid = (uint64_t(getpid()) << 20) | 1;
   auto ctx = (*store)->create(rid, g);
   if (!ctx.ok()) die(ctx.error().message());

@@ -184,6 +184,9 @@ class ContextStore {
   uint32_t slots_per_partition() const { return slots_; }
   // Heap bytes left in this writer's partition.
   uint64_t heap_free() const;
+  // A writer's node-local lock file (flock'ed while the store is open,
+  // removed when it closes); "" for a read-only store.
+  const std::string& writer_lock_path() const { return lock_path_; }
 
   // ---- statistics (the pnm metrics family, cxlkv/metrics.hpp) --------------
   // What this process did through this store: digest builds of its
