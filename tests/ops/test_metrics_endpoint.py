@@ -267,6 +267,24 @@ def test_concurrent_scrapes_and_a_stalled_client(daemon):
     assert len(results) == 36 and len(set(results)) == 1 and results[0] > 30
 
 
+def test_idle_connections_do_not_starve_a_scrape(daemon):
+    # README "Metrics": 64 connections held open without a request (the
+    # endpoint's cap) refused every scrape until they timed out.  A new
+    # connection past the cap closes the one idle the longest.
+    host, port = re.match(r"http://([^:/]+):(\d+)", daemon.url).groups()
+    idle = [socket.create_connection((host, int(port)), timeout=30) for _ in range(64)]
+    try:
+        time.sleep(0.5)  # all accepted and idle
+        for _ in range(3):
+            t0 = time.monotonic()
+            assert len(families(scrape(daemon.url, timeout=5))) > 30
+            assert time.monotonic() - t0 < 5
+    finally:
+        for s in idle:
+            s.close()
+    assert daemon.p.poll() is None, "".join(daemon.lines)
+
+
 def test_listen_option_none_bad_and_busy(pool):
     d = Daemon(pool, "--metrics-listen", "none")
     try:

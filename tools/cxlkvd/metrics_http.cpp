@@ -4,7 +4,10 @@
 // only routes GET /metrics to the exposition.  One internal polling thread
 // serves every connection (concurrent scrapes interleave on it, one
 // exposition is built at a time); requests are bounded by the per-connection
-// memory limit, connections by count and idle timeout.
+// memory limit, connections by count and idle timeout.  At the count, a new
+// connection closes the one idle the longest (README "Metrics"): idle
+// connections held open (64 of them refused every scrape until they timed
+// out) cannot keep a scraper out.
 #include "metrics_http.hpp"
 
 #include <arpa/inet.h>
@@ -14,11 +17,15 @@
 #include <netinet/in.h>
 #include <sys/socket.h>
 
+#include <unistd.h>
+
 #include <cerrno>
+#include <chrono>
 #include <cstdarg>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <list>
 
 namespace cxlkvd {
 
@@ -65,9 +72,19 @@ bool parse_listen(const std::string& s, ListenSpec* out, std::string* err) {
 }
 
 #ifdef CXLKV_HAVE_MHD
+// One open connection, as the notify callback and on_request see it.
+struct OpenConnection {
+  int fd = -1;
+  std::chrono::steady_clock::time_point active;  // accepted, or its last request
+  bool closing = false;                          // shut down to make room
+};
+
 struct MetricsServer::Impl {
   MHD_Daemon* daemon = nullptr;
   std::function<std::string()> exposition;
+  // Touched by the library's one polling thread only (the notify and
+  // request callbacks): no lock.
+  std::list<OpenConnection> open;
   ~Impl() {
     if (daemon) MHD_stop_daemon(daemon);
   }
@@ -76,8 +93,41 @@ struct MetricsServer::Impl {
 namespace {
 
 constexpr size_t kConnectionMemory = 32 << 10;  // request line + headers of one request
-constexpr unsigned kMaxConnections = 64;
+constexpr unsigned kMaxConnections = 64;        // open at once; a new one closes the longest idle
+constexpr unsigned kSpareConnections = 8;       // the library's limit is above ours by this much
 constexpr unsigned kIdleTimeoutS = 10;
+
+// A connection opened or closed.  Past kMaxConnections, the one without a
+// request for the longest time is shut down (the library then sees the
+// socket end and closes it): a scrape always gets in.
+void on_connection(void* cls, MHD_Connection* c, void** socket_context, MHD_ConnectionNotificationCode code) {
+  auto* impl = static_cast<MetricsServer::Impl*>(cls);
+  if (code == MHD_CONNECTION_NOTIFY_CLOSED) {
+    if (*socket_context) {
+      for (auto it = impl->open.begin(); it != impl->open.end(); ++it)
+        if (&*it == *socket_context) {
+          impl->open.erase(it);
+          break;
+        }
+      *socket_context = nullptr;
+    }
+    return;
+  }
+  const MHD_ConnectionInfo* info = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
+  impl->open.push_back(OpenConnection{info ? int(info->connect_fd) : -1, std::chrono::steady_clock::now(), false});
+  *socket_context = &impl->open.back();
+  unsigned live = 0;
+  for (const auto& o : impl->open) live += !o.closing;
+  while (live > kMaxConnections) {
+    OpenConnection* oldest = nullptr;
+    for (auto& o : impl->open)
+      if (!o.closing && o.fd >= 0 && &o != &impl->open.back() && (!oldest || o.active < oldest->active)) oldest = &o;
+    if (!oldest) break;
+    ::shutdown(oldest->fd, SHUT_RDWR);
+    oldest->closing = true;
+    live--;
+  }
+}
 
 void log_mhd(void*, const char* fmt, va_list ap) {
   char buf[512];
@@ -103,6 +153,9 @@ MHD_Result reply(MHD_Connection* c, unsigned status, const std::string& body, co
 MHD_Result on_request(void* cls, MHD_Connection* c, const char* url, const char* method, const char*,
                       const char*, size_t* upload_size, void** state) {
   auto* impl = static_cast<MetricsServer::Impl*>(cls);
+  if (const MHD_ConnectionInfo* ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+      ci && ci->socket_context)
+    static_cast<OpenConnection*>(ci->socket_context)->active = std::chrono::steady_clock::now();
   const bool get = std::strcmp(method, MHD_HTTP_METHOD_GET) == 0;
   const bool head = std::strcmp(method, MHD_HTTP_METHOD_HEAD) == 0;
   if (!get && !head) {
@@ -159,8 +212,9 @@ std::unique_ptr<MetricsServer> MetricsServer::start(const ListenSpec& where, std
   s->impl_->daemon = MHD_start_daemon(
       flags, where.port, nullptr, nullptr, &on_request, s->impl_.get(), MHD_OPTION_EXTERNAL_LOGGER, &log_mhd,
       nullptr, MHD_OPTION_SOCK_ADDR, reinterpret_cast<sockaddr*>(&ss), MHD_OPTION_CONNECTION_MEMORY_LIMIT,
-      kConnectionMemory, MHD_OPTION_CONNECTION_LIMIT, kMaxConnections, MHD_OPTION_CONNECTION_TIMEOUT,
-      kIdleTimeoutS, MHD_OPTION_END);
+      kConnectionMemory, MHD_OPTION_CONNECTION_LIMIT, kMaxConnections + kSpareConnections,
+      MHD_OPTION_CONNECTION_TIMEOUT, kIdleTimeoutS, MHD_OPTION_NOTIFY_CONNECTION, &on_connection, s->impl_.get(),
+      MHD_OPTION_END);
   if (!s->impl_->daemon) {
     const int e = errno;
     *err = "metrics endpoint: cannot listen on " + where.host + ":" + std::to_string(where.port) +
