@@ -832,6 +832,35 @@ TEST_F(CxlkvctlKv, PutOfAnEndlessStreamIsRefusedAtThePoolsBoundAndSsdSizeNeedsSs
   EXPECT_NE(on_pool("kv get k " + files_[2]).status, 0) << "the put went ahead without its SSD tier";
 }
 
+// A damaged location (device or tier field) was reported as "block names
+// device 7, this store has 1" or "no payload tier 5 in this store": now
+// the entry is named as damaged, with the field, the block and its bounds.
+TEST_F(CxlkvctlKv, GetOfAnEntryWithADamagedDeviceOrTierSaysTheEntryIsDamaged) {
+  write(files_[0], noise(8192, 6));
+  Outcome put = on_pool("kv put damaged " + files_[0]);
+  ASSERT_EQ(put.status, 0) << put.err;
+  const std::string key = put.out.substr(0, 32);
+  forge_entry(uri_, key, [](cxlkv_index_entry& e) { e.loc_tier = 5; });
+  Outcome tier = on_pool("kv get damaged " + files_[2]);
+  EXPECT_EQ(tier.status, 1);
+  EXPECT_TRUE(has(tier.err, "index entry names tier 5, which is not a tier (0: memory, 1: SSD): damaged entry")) << tier.err;
+  EXPECT_TRUE(has(tier.err, "block " + key)) << tier.err;
+  EXPECT_FALSE(has(tier.err, "no payload tier")) << tier.err;
+  forge_entry(uri_, key, [](cxlkv_index_entry& e) { e.loc_tier = CXLKV_TIER_SSD; });
+  Outcome ssd = on_pool("kv get damaged " + files_[2]);
+  EXPECT_EQ(ssd.status, 1);
+  EXPECT_TRUE(has(ssd.err, "index entry names the SSD tier, which this store was opened without")) << ssd.err;
+  forge_entry(uri_, key, [](cxlkv_index_entry& e) {
+    e.loc_tier = CXLKV_TIER_MEM;
+    e.loc_dev = 7;
+  });
+  Outcome dev = on_pool("kv get damaged " + files_[2]);
+  EXPECT_EQ(dev.status, 1);
+  EXPECT_TRUE(has(dev.err, "index entry names device 7, but this store has 1 pool device(s) (0..0): a damaged entry"))
+      << dev.err;
+  EXPECT_NE(access(files_[2].c_str(), F_OK), 0) << "kv get wrote a file for a damaged entry";
+}
+
 TEST_F(CxlkvctlKv, PutOfABlockLargerThanThePoolFailsAtOnceNamingTheSizeAndEvictsNothing) {
   // The pool is 64 MiB: no eviction can make room for 80 MiB.  It used to
   // evict every cached block first and then blame pinned blocks.

@@ -492,6 +492,62 @@ TEST(Rpc, NoServerMeansECONNREFUSEDAtConnect) {
   EXPECT_EQ(c.error().code(), -ECONNREFUSED);
 }
 
+// A damaged ring line was reported as "the server went away before
+// replying": the error names the line and the field instead.
+TEST(Rpc, ADamagedClientLineIsNamedAsSuchNotAsAServerThatWentAway) {
+  RpcPool p("rpc-client-line");
+  auto srv = serve_echo(p.attach(0), small_server());
+  auto cli = connect(p.attach(1));
+  std::byte reply[64];
+  ASSERT_TRUE(cli->call(kEcho, {}, reply, sizeof reply));
+  auto carve = RpcCarve::open(*p.region, p.region->domain());
+  ASSERT_TRUE(carve) << carve.error().message();
+  MemoryDomain& d = p.region->domain();
+  cxlkv_rpc_client_line l = d.read_fresh(carve->client_line(cli->ring()));
+  l.state = 7;
+  d.publish_line(carve->client_line(cli->ring()), &l);  // rule 1: whole line, NT
+  d.fence();
+  auto r = cli->call(kEcho, {}, reply, sizeof reply, 5s);
+  ASSERT_FALSE(r);
+  const std::string m = r.error().message();
+  EXPECT_NE(m.find("ring " + std::to_string(cli->ring()) + "'s client line is damaged: state 7 is not a client state"),
+            std::string::npos)
+      << m;
+  EXPECT_EQ(m.find("went away"), std::string::npos) << m;
+}
+
+TEST(Rpc, ADamagedServerLineIsNamedAsSuchNotAsAServerThatWentAway) {
+  RpcPool p("rpc-server-line");
+  NodeContext& sn = p.attach(0);
+  auto s = RpcServer::create(sn, small_server());
+  ASSERT_TRUE(s) << s.error().message();
+  RpcServer& srv = *s.value();
+  srv.handle(kEcho, rpctest::echo_plus_one());
+  std::atomic<bool> serving{true};
+  std::thread t([&] {
+    while (serving) {
+      (void)srv.poll_once();
+      std::this_thread::sleep_for(100us);
+    }
+  });
+  auto cli = connect(p.attach(1));
+  serving = false;  // connected; the server's line stays as damaged below
+  t.join();
+  auto carve = RpcCarve::open(*p.region, p.region->domain());
+  ASSERT_TRUE(carve) << carve.error().message();
+  MemoryDomain& d = p.region->domain();
+  cxlkv_rpc_server_line l = d.read_fresh(carve->server_line());
+  l.state = 9;
+  d.publish_line(carve->server_line(), &l);  // rule 1: whole line, NT
+  d.fence();
+  std::byte reply[64];
+  auto r = cli->call(kEcho, {}, reply, sizeof reply, 5s);
+  ASSERT_FALSE(r);
+  const std::string m = r.error().message();
+  EXPECT_NE(m.find("the carve's server line is damaged: state 9 is not a server state"), std::string::npos) << m;
+  EXPECT_EQ(m.find("went away"), std::string::npos) << m;
+}
+
 TEST(Rpc, CarveHeaderDamageIsReported) {
   RpcPool p("rpc-damage");
   {

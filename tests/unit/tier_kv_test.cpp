@@ -289,6 +289,11 @@ TEST(TierKv, LostSsdBlockIsReportedAndNeverReturnedAsData) {
   auto r = t.get(k);
   ASSERT_FALSE(r);
   EXPECT_EQ(r.error().code(), -EIO);
+  // Named with its location and what failed, not a bare "Input/output error".
+  EXPECT_NE(r.error().message().find("kv: fetch of SSD block " + to_hex(k) + " at device "), std::string::npos)
+      << r.error().message();
+  EXPECT_NE(r.error().message().find("the SSD read failed: Input/output error"), std::string::npos)
+      << r.error().message();
   EXPECT_EQ(t.tier->stats().lost, 1u);
   faults->clear();  // the tier keeps serving
   for (auto& other : c) {

@@ -277,7 +277,7 @@ Result<size_t> KvStore::write_blocks(std::span<const KvReservation> rs, std::spa
     if (w) continue;
     h.code = status[h.at] = w.error().code();
     count(CXLKV_CTR_ERRORS);
-    note_block_error(w.error());
+    note_block_error(Error(w.error().code(), w.error().message() + " (write of block " + to_hex(h.key) + ")"));
   }
   keep_passed(hs);
   // After the copy: a writer paused past its liveness (SIGSTOP, swap storm)
@@ -543,7 +543,7 @@ Result<size_t> KvStore::fetch_blocks(std::span<const KvPin> pins, std::span<cons
     if (f) continue;
     h.code = status[h.at] = f.error().code();
     count(CXLKV_CTR_ERRORS);
-    note_block_error(f.error());
+    note_block_error(Error(f.error().code(), f.error().message() + " (fetch of block " + to_hex(h.key) + ")"));
   }
   keep_passed(hs);
   for (auto& h : ssd)
@@ -593,7 +593,14 @@ void KvStore::fetch_ssd(std::span<const KvPin> pins, std::vector<HandleCheck>& s
       continue;
     }
     status[h.at] = st[k];
-    note_block_error(Error(st[k], "kv: SSD block " + to_hex(p.key) + " lost: " + std::strerror(-st[k])));
+    // read_many reports a code only ("lost: Input/output error" named
+    // neither the location nor what failed): both from what is known here.
+    const std::string at = " at device " + std::to_string(h.loc.device) + " LBA " + std::to_string(h.loc.offset) +
+                           " (" + std::to_string(h.loc.length) + " bytes)";
+    note_block_error(Error(st[k], "kv: fetch of SSD block " + to_hex(p.key) + at + ": " +
+                                      (deps_.ssd_tier->readable(h.loc)
+                                           ? std::string("the SSD read failed: ") + std::strerror(-st[k])
+                                           : std::string("that device is not attached to this process"))));
   }
 }
 

@@ -100,8 +100,11 @@ class MemTier final : public PayloadTier {
       return {};
     }
     if (loc.device >= devs_.size())
-      return Error(-ENODEV, "kv: block names device " + std::to_string(loc.device) + ", this store has " +
-                                std::to_string(devs_.size()));
+      return Error(-ENODEV, "kv: index entry names device " + std::to_string(loc.device) + ", but this store has " +
+                                std::to_string(devs_.size()) + " pool device(s) (0.." +
+                                std::to_string(devs_.size() - 1) +
+                                "): a damaged entry, or a store opened without the writer's devices; not read or "
+                                "written");
     const PoolDevice& dv = devs_[loc.device];
     if (loc.offset > dv.size || loc.length > dv.size - loc.offset)
       return Error(-EFAULT, "kv: block [" + std::to_string(loc.offset) + ", +" + std::to_string(loc.length) +
@@ -364,7 +367,12 @@ Result<void> KvStore::payload_io(const BlockLocation& loc, std::span<const Chunk
   if (loc.tier == CXLKV_TIER_MEM) return wr ? mem_tier_->write(loc, chunks) : mem_tier_->read(loc, chunks);
   if (loc.tier == CXLKV_TIER_SSD && deps_.ssd_tier)
     return wr ? deps_.ssd_tier->write(loc, chunks) : deps_.ssd_tier->read(loc, chunks);
-  return Error(-ENODEV, "kv: no payload tier " + std::to_string(loc.tier) + " in this store");
+  if (loc.tier == CXLKV_TIER_SSD)
+    return Error(-ENODEV, "kv: index entry names the SSD tier, which this store was opened without "
+                          "(KvOpenOptions::ssd_tier; cxlkvctl kv --ssd FILE): not read or written");
+  return Error(-EUCLEAN, "kv: index entry names tier " + std::to_string(loc.tier) + ", which is not a tier (" +
+                             std::to_string(CXLKV_TIER_MEM) + ": memory, " + std::to_string(CXLKV_TIER_SSD) +
+                             ": SSD): damaged entry, not read or written");
 }
 
 // Issue 6: a hit on the SSD tier moves the block back to memory.  Best

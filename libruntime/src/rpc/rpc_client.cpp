@@ -18,6 +18,7 @@
 #include <cstring>
 #include <deque>
 #include <thread>
+#include <unordered_map>
 
 #include "rpc/rpc_internal.hpp"
 #include "util/log.hpp"
@@ -71,6 +72,9 @@ struct RpcClient::State {
   uint64_t tickets = 0;
   std::vector<Slot> slots;
   std::deque<RpcCompletion> ready;
+  // Why reset_all failed a request, by ticket, until call() or poll() hands
+  // its completion out: the cause goes into call()'s error.
+  std::unordered_map<uint64_t, std::string> reset_why;
   cxlkv_rpc_resp_hdr hdrs[64];
   uint32_t need[64], have[64];  // per reply of a harvest: lines to take, lines taken
   uint64_t last_check_ns = 0, last_live_ns = 0;
@@ -89,11 +93,41 @@ struct RpcClient::State {
     cxlkv_rpc_server_line s = d.read_fresh(carve.server_line());
     if (out) *out = s;
     if (s.state != CXLKV_RPC_SERVER_RUNNING) {
-      if (why) *why = s.state == CXLKV_RPC_SERVER_STOPPED ? "the server stopped" : "no server has started";
+      if (why) *why = server_state_text(s.state);
       return false;
     }
     server_watch = {};  // a first look: a remote server is judged by heartbeat progress from now on
     return rpc::party_alive(node, s.pid, s.start_time, s.host_id, s.node, why, &server_watch);
+  }
+
+  // Why a server line that is not RUNNING serves nobody; a state no server
+  // writes is named as damage, not as a server that went away.
+  std::string server_state_text(uint32_t state) const {
+    if (state == CXLKV_RPC_SERVER_STOPPED) return "the server stopped";
+    if (state == CXLKV_RPC_SERVER_NONE) return "no server has started";
+    return "the carve's server line is damaged: state " + std::to_string(state) + " is not a server state";
+  }
+
+  // Why the ring's client line no longer carries this client's claim: a
+  // claim by another client at the same moment (another live process in the
+  // line), or damage (a state no client writes; this very process in the
+  // line with another incarnation or token).
+  std::string client_line_change() {
+    cxlkv_rpc_client_line now = d.read_fresh(carve.client_line(ring));  // rule 4
+    const std::string line = "ring " + std::to_string(ring) + "'s client line is damaged: ";
+    if (now.state != CXLKV_RPC_CLIENT_FREE && now.state != CXLKV_RPC_CLIENT_ATTACHED &&
+        now.state != CXLKV_RPC_CLIENT_DETACHED)
+      return line + "state " + std::to_string(now.state) + " is not a client state";
+    const bool self = now.pid == self_pid() && now.start_time == self_start_time();
+    if (now.state == CXLKV_RPC_CLIENT_ATTACHED && !self)
+      return "the ring was claimed by another client (pid " + std::to_string(now.pid) + ", node " +
+             std::to_string(now.node) + ") at the same time";
+    if (now.state != CXLKV_RPC_CLIENT_ATTACHED)
+      return line + "state " + std::to_string(now.state) + " while this client (pid " + std::to_string(self_pid()) +
+             ") holds the ring";
+    if (now.inc != inc) return line + "inc " + std::to_string(now.inc) + ", this client's claim is " + std::to_string(inc);
+    if (now.token != token) return line + "token changed under this client's claim";
+    return line + "pid " + std::to_string(now.pid) + " changed under this client's claim";
   }
 
   // Does the ring's client line still carry this client's claim?  (rule 4:
@@ -191,6 +225,7 @@ struct RpcClient::State {
     for (uint32_t q = oldest; q != next; q++) {
       Slot& s = slots[q & (carve.depth() - 1)];
       if (s.busy && !s.reported) {
+        reset_why[s.ticket] = why;
         complete(s, -ECONNRESET, 0);
         st.resets++;
       }
@@ -303,14 +338,15 @@ struct RpcClient::State {
     bool ok = sv.state == CXLKV_RPC_SERVER_RUNNING && sv.epoch == epoch && sv.token == server.token;
     if (ok && !line_is_ours()) {
       // Another client claimed this ring at the same moment and its line
-      // came last: the server now serves that claim.
-      reset_all("the ring was claimed by another client at the same time");
+      // came last (the server now serves that claim), or the line is damaged.
+      reset_all(client_line_change());
       return;
     }
     if (!ok) {
-      why = sv.epoch != epoch ? "the server was replaced (epoch " + std::to_string(epoch) + " -> " +
-                                    std::to_string(sv.epoch) + ")"
-                              : "the server stopped";
+      why = sv.state != CXLKV_RPC_SERVER_RUNNING ? server_state_text(sv.state)
+            : sv.epoch != epoch ? "the server was replaced (epoch " + std::to_string(epoch) + " -> " +
+                                      std::to_string(sv.epoch) + ")"
+                                : "the carve's server line is damaged: token changed without a new epoch";
     } else if (now - last_live_ns >= kServerLivenessNs) {
       last_live_ns = now;
       ok = rpc::party_alive(node, sv.pid, sv.start_time, sv.host_id, sv.node, &why, &server_watch);
@@ -434,6 +470,7 @@ Result<size_t> RpcClient::poll(std::span<RpcCompletion> out) {
   while (n < out.size() && !s.ready.empty()) {
     out[n++] = s.ready.front();
     s.ready.pop_front();
+    s.reset_why.erase(out[n - 1].ticket);
   }
   return n;
 }
@@ -459,8 +496,19 @@ Result<RpcReply> RpcClient::call(uint32_t op, std::span<const std::byte> request
       s.ready.erase(it);
       if (done.status == -ETIMEDOUT)
         return Error(-ETIMEDOUT, s.what() + "no reply to op " + std::to_string(op) + " within the timeout");
-      if (done.status == -ECONNRESET && done.len == 0)
-        return Error(-ECONNRESET, s.what() + "the server went away before replying to op " + std::to_string(op));
+      if (done.status == -ECONNRESET && done.len == 0) {
+        auto why = s.reset_why.find(ticket);
+        if (why != s.reset_why.end()) {
+          const std::string text = why->second;
+          s.reset_why.erase(why);
+          return Error(-ECONNRESET, s.what() + "no reply to op " + std::to_string(op) + ": " + text);
+        }
+        // Answered by the server without running it: the request line's
+        // flag named another server epoch (uapi/cxlkv_rpc.h).
+        return Error(-ECONNRESET, s.what() + "the server answered op " + std::to_string(op) +
+                                      " without running it: the request's flag names another server epoch (a "
+                                      "request from before a server restart, or a damaged request line)");
+      }
       return RpcReply{done.status, done.len};
     }
     // The clock every 16th turn: deadlines, the server line, and when to
