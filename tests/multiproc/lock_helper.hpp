@@ -44,7 +44,9 @@ struct Attached {
 };
 
 // Opens the pool at a.uri and attaches as node a.node; prints why not (exit 1).
-inline std::optional<Attached> attach(const Args& a) {
+// `heartbeat`: the node beats (a node on another host is alive only while
+// it beats; on the manager's host its process's liveness is enough).
+inline std::optional<Attached> attach(const Args& a, bool heartbeat = false) {
   auto region = cxlkv::Region::open(a.uri);
   if (!region) {
     std::fprintf(stderr, "helper: %s\n", region.error().message().c_str());
@@ -52,6 +54,7 @@ inline std::optional<Attached> attach(const Args& a) {
   }
   cxlkv::NodeOptions no;
   no.node = a.node;
+  no.heartbeat = heartbeat;
   auto node = cxlkv::NodeContext::attach(*region.value(), no);
   if (!node) {
     std::fprintf(stderr, "helper: %s\n", node.error().message().c_str());

@@ -17,7 +17,10 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
+#include <functional>
+#include <thread>
 #include <cinttypes>
 #include <cstdio>
 #include <cstdlib>
@@ -625,4 +628,102 @@ TEST(PoolFiles, NodeLocalFileThatCannotBeSizedFailsTheAttachAndSaysWhy) {
   ASSERT_FALSE(WIFSIGNALED(st)) << "the failed attach crashed with signal " << WTERMSIG(st);
   EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << "status " << st << ": " << msg;
   EXPECT_TRUE(contains(msg, "node-local memory /dev/shm/" + local + ": ftruncate: File too large")) << msg;
+}
+
+// ---- node-local files are never seen half-made -----------------------------
+
+namespace {
+// Runs `body` in a forked child; "" when it exited 0, else what went wrong
+// (a crash -- SIGBUS from a short mapping -- included).
+std::string in_child(const std::function<bool()>& body) {
+  pid_t pid = fork();
+  if (pid == 0) _exit(body() ? 0 : 1);
+  int st = 0;
+  waitpid(pid, &st, 0);
+  if (WIFSIGNALED(st)) return std::string("killed by signal ") + strsignal(WTERMSIG(st));
+  if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) return "exit status " + std::to_string(WEXITSTATUS(st));
+  return "";
+}
+}  // namespace
+
+// The lock manager maps page 0 of every local node's file while that node's
+// processes may be making or replacing it.  Files are made whole before they
+// get their name and are never truncated, so a reader racing with creators
+// and replacers (a pool id that changes makes every open a replacement) never
+// sees a short file (SIGBUS, as cxlkvd died at start) or one without magic.
+TEST(PoolFiles, NodeLocalFileIsNeverSeenHalfMadeWhileReplaced) {
+  const std::string name = unique("half-made");
+  Removed rm{"/dev/shm/" + name};
+  std::string why = in_child([&] {
+    std::atomic<bool> stop{false};
+    std::atomic<long> opens{0}, torn{0};
+    std::thread maker([&] {
+      for (int i = 0; i < 300; i++) {
+        uint8_t id[16] = {static_cast<uint8_t>(1 + i % 2)};
+        auto nl = NodeLocal::open(name, 3, id, 64, 4, 1 << 20);
+        if (!nl) {
+          std::fprintf(stderr, "%s\n", nl.error().message().c_str());
+          torn++;
+          continue;
+        }
+        delete nl.value();
+        if (i % 3 == 0) ::unlink(("/dev/shm/" + name).c_str());  // and made anew
+      }
+      stop = true;
+    });
+    while (!stop) {
+      if (NodeLocalHeader* h = map_node_local_header(name, 3)) {
+        if (__atomic_load_n(&h->magic, __ATOMIC_ACQUIRE) != kNodeLocalMagic || h->node != 3) torn++;
+        munmap(h, 4096);
+        opens++;
+      }
+    }
+    maker.join();
+    std::fprintf(stderr, "reader mapped the header %ld times\n", opens.load());
+    return torn == 0 && opens > 0;
+  });
+  EXPECT_EQ(why, "");
+}
+
+// A node-local file left short (size 0: what a crashed creator of an older
+// version, or another tool, leaves) under the name of an ACTIVE node: the
+// lock manager's node scan skips it instead of dying of SIGBUS, and the
+// node's next attach replaces it with a whole one.
+TEST(PoolFiles, ShortNodeLocalFileOfAnActiveNodeIsSkippedByTheManagerAndReplacedAtAttach) {
+  std::string name = unique("short-local");
+  Removed rm{"/dev/shm/" + name};
+  ASSERT_TRUE(format_pool("shm:" + name + ":16M", PoolFormatOptions{}).ok());
+  auto r = Region::open("shm:" + name);
+  ASSERT_TRUE(r.ok()) << r.error().message();
+  const std::string local = "/dev/shm/" + NodeContext::default_local_name(*r.value(), 0);
+  Removed rml{local};
+  const std::string own = unique("short-local-own");
+  Removed rmo{"/dev/shm/" + own};
+  std::string why = in_child([&] {
+    // Node 0 ACTIVE in the node table; its own memory under another name,
+    // so only the manager meets the short file under the default one.
+    NodeOptions no;
+    no.node = 0;
+    no.heartbeat = false;
+    no.local_shm_name = own;
+    auto n = NodeContext::attach(*r.value(), no);
+    if (!n) return false;
+    int fd = ::open(local.c_str(), O_CREAT | O_TRUNC | O_RDWR | O_CLOEXEC, 0600);
+    if (fd < 0) return false;
+    ::close(fd);
+    auto m = LockManager::create(*r.value());
+    if (!m) return false;
+    for (int i = 0; i < 3; i++)
+      if (!m.value()->run_once()) return false;  // the node scan maps page 0 of node 0's file
+    return true;
+  });
+  EXPECT_EQ(why, "") << "the lock manager died on a short node-local file";
+  NodeOptions no;
+  no.node = 0;
+  no.heartbeat = false;
+  auto n = NodeContext::attach(*r.value(), no);
+  ASSERT_TRUE(n.ok()) << n.error().message();
+  struct stat st {};
+  ASSERT_EQ(stat(local.c_str(), &st), 0);
+  EXPECT_GT(st.st_size, 4096) << "the short file was not replaced";
 }

@@ -2,7 +2,6 @@
 #include "sync/node_local.hpp"
 
 #include <fcntl.h>
-#include <sys/file.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -10,6 +9,7 @@
 #include <cerrno>
 #include <cstring>
 #include <new>
+#include <optional>
 
 #include "sync/robust_mutex.hpp"
 #include "util/log.hpp"
@@ -33,80 +33,148 @@ struct Fd {
 };
 }  // namespace
 
+namespace {
+
+// What a node-local file of this pool and node must hold, and where.
+struct Layout {
+  uint64_t locks_off, heap_off, pins_off, total;
+};
+
+Layout layout_of(uint32_t max_locks, uint64_t heap_bytes) {
+  Layout l;
+  l.locks_off = align_up(sizeof(NodeLocalHeader), 4096);
+  l.heap_off = align_up(l.locks_off + uint64_t(max_locks) * sizeof(LocalLockEntry), 4096);
+  l.pins_off = align_up(l.heap_off + heap_bytes, 4096);
+  l.total = l.pins_off + kNodePinSectionBytes;
+  return l;
+}
+
+// The header of an open node-local file, read with pread (never through a
+// mapping: a file shorter than it claims would raise SIGBUS).  Empty when
+// the file is shorter than a header or its header does not name `node`
+// with this layout version and a total size equal to the file's.
+std::optional<NodeLocalHeader> read_header(int fd, const struct stat& st, uint32_t node) {
+  NodeLocalHeader h;
+  if (static_cast<uint64_t>(st.st_size) < 4096) return std::nullopt;
+  if (::pread(fd, &h, sizeof h, 0) != static_cast<ssize_t>(sizeof h)) return std::nullopt;
+  if (h.magic != kNodeLocalMagic || h.version != kNodeLocalVersion || h.node != node ||
+      h.total_size != static_cast<uint64_t>(st.st_size))
+    return std::nullopt;
+  return h;
+}
+
+// A node-local file as it is published: made whole in an unnamed file
+// (O_TMPFILE), then linked under its name, so no process ever opens one
+// half-made (DESIGN.md "The pool": node-local state; the lock manager maps
+// page 0 of every local node's file).  -EOPNOTSUPP where the file system
+// has no unnamed files.
+Result<int> make_unnamed(const std::string& name, uint32_t node, const uint8_t pool_id[16], uint32_t max_locks,
+                         uint32_t max_nodes, uint64_t heap_bytes) {
+  const Layout L = layout_of(max_locks, heap_bytes);
+  const mode_t mode = util::configured_file_mode();
+  Fd f;
+  f.fd = ::open("/dev/shm", O_TMPFILE | O_RDWR | O_CLOEXEC, mode);
+  if (f.fd < 0) return sys_error(name, "create (unnamed, O_TMPFILE)");
+  // The umask may have taken bits the operator asked for (group sharing).
+  if (::fchmod(f.fd, mode) != 0) return sys_error(name, "chmod");
+  if (::ftruncate(f.fd, static_cast<off_t>(L.total)) != 0) return sys_error(name, "ftruncate");
+  void* p = ::mmap(nullptr, L.total, PROT_READ | PROT_WRITE, MAP_SHARED, f.fd, 0);
+  if (p == MAP_FAILED) return sys_error(name, "mmap");
+  auto* h = static_cast<NodeLocalHeader*>(p);
+  h->version = kNodeLocalVersion;
+  h->node = node;
+  std::memcpy(h->pool_id, pool_id, 16);
+  h->max_locks = max_locks;
+  h->max_nodes = max_nodes;
+  h->total_size = L.total;
+  h->locks_off = L.locks_off;
+  h->heap_off = L.heap_off;
+  h->heap_bytes = heap_bytes;
+  sync::robust_mutex_init(&h->doorbell_mu);
+  sync::robust_mutex_init(&h->heartbeat_mu);
+  sync::robust_mutex_init(&h->heap_mu);
+  sync::robust_mutex_init(&h->watcher_mu);
+  auto* locks = reinterpret_cast<LocalLockEntry*>(static_cast<std::byte*>(p) + L.locks_off);
+  for (uint32_t i = 0; i < max_locks; i++) {
+    new (&locks[i]) LocalLockEntry{};
+    sync::robust_mutex_init(&locks[i].mu);
+  }
+  sync::robust_mutex_init(&reinterpret_cast<NodePinSectionHead*>(static_cast<std::byte*>(p) + L.pins_off)->mu);
+  h->magic = kNodeLocalMagic;  // the rest stays zero
+  ::munmap(p, L.total);
+  const int fd = f.fd;
+  f.fd = -1;
+  return fd;
+}
+
+}  // namespace
+
 Result<NodeLocal*> NodeLocal::open(const std::string& name, uint32_t node,
                                    const uint8_t pool_id[16], uint32_t max_locks,
                                    uint32_t max_nodes, uint64_t heap_bytes) {
-  const uint64_t locks_off = align_up(sizeof(NodeLocalHeader), 4096);
-  const uint64_t heap_off = align_up(locks_off + uint64_t(max_locks) * sizeof(LocalLockEntry), 4096);
-  const uint64_t pins_off = align_up(heap_off + heap_bytes, 4096);
-  const uint64_t total = pins_off + kNodePinSectionBytes;
-
-  Fd f;
-  {
-    // What shm_open("/NAME", O_CREAT) opens, without following a symbolic
-    // link and refusing a file another user planted (util/safe_file.hpp).
-    util::SafeOpenOptions so;
-    so.what = "node-local memory";
-    so.create = true;
-    auto sf = util::safe_open("/dev/shm/" + name, so);
-    if (!sf) return sf.error();
-    f.fd = sf->fd;
-  }
-  // Serialise creation against the other processes of this node.
-  if (::flock(f.fd, LOCK_EX) != 0) return sys_error(name, "flock");
-  struct stat st {};
-  if (::fstat(f.fd, &st) != 0) return sys_error(name, "fstat");
-
-  bool fresh = static_cast<uint64_t>(st.st_size) != total;
-  if (!fresh) {
-    NodeLocalHeader h;
-    if (::pread(f.fd, &h, sizeof h, 0) != static_cast<ssize_t>(sizeof h)) return sys_error(name, "pread");
-    fresh = h.magic != kNodeLocalMagic || h.version != kNodeLocalVersion || h.node != node ||
-            std::memcmp(h.pool_id, pool_id, 16) != 0 || h.max_locks != max_locks ||
-            h.total_size != total;
-  }
-  if (fresh) {
-    if (st.st_size != 0)
-      log().warn("node-local memory /dev/shm/{}: layout does not match this pool; re-initialising", name);
-    // Zero the whole file, then size it (tmpfs: pages appear on first touch).
-    if (::ftruncate(f.fd, 0) != 0 || ::ftruncate(f.fd, static_cast<off_t>(total)) != 0)
-      return sys_error(name, "ftruncate");
-  }
-  void* p = ::mmap(nullptr, total, PROT_READ | PROT_WRITE, MAP_SHARED, f.fd, 0);
-  if (p == MAP_FAILED) return sys_error(name, "mmap");
-
-  auto* nl = new NodeLocal;
-  nl->hdr = static_cast<NodeLocalHeader*>(p);
-  nl->locks = reinterpret_cast<LocalLockEntry*>(static_cast<std::byte*>(p) + locks_off);
-  nl->heap = static_cast<std::byte*>(p) + heap_off;
-  nl->heap_bytes = heap_bytes;
-  nl->pins = static_cast<std::byte*>(p) + pins_off;
-  nl->map_len = total;
-  nl->name = name;
-  if (fresh) {
-    NodeLocalHeader* h = nl->hdr;
-    h->version = kNodeLocalVersion;
-    h->node = node;
-    std::memcpy(h->pool_id, pool_id, 16);
-    h->max_locks = max_locks;
-    h->max_nodes = max_nodes;
-    h->total_size = total;
-    h->locks_off = locks_off;
-    h->heap_off = heap_off;
-    h->heap_bytes = heap_bytes;
-    sync::robust_mutex_init(&h->doorbell_mu);
-    sync::robust_mutex_init(&h->heartbeat_mu);
-    sync::robust_mutex_init(&h->heap_mu);
-    sync::robust_mutex_init(&h->watcher_mu);
-    for (uint32_t i = 0; i < max_locks; i++) {
-      new (&nl->locks[i]) LocalLockEntry{};
-      sync::robust_mutex_init(&nl->locks[i].mu);
+  const Layout L = layout_of(max_locks, heap_bytes);
+  const std::string path = "/dev/shm/" + name;
+  // What shm_open("/NAME") opens, without following a symbolic link and
+  // refusing a file another user planted (util/safe_file.hpp).
+  util::SafeOpenOptions so;
+  so.what = "node-local memory";
+  // A file under the name is whole (make_unnamed); one of another layout or
+  // pool is replaced by a new whole one.  Racing processes of the node agree
+  // on whichever file the name holds at the end: a loser's link fails
+  // (EEXIST) and it opens the winner's.
+  for (int round = 0;; round++) {
+    if (round == 8)
+      return Error(-EAGAIN, "node-local memory " + path + ": replaced by other processes on every try; try again");
+    Fd f;
+    auto sf = util::safe_open(path, so);
+    if (sf) {
+      f.fd = sf->fd;
+      auto h = read_header(f.fd, sf->st, node);
+      if (h && std::memcmp(h->pool_id, pool_id, 16) == 0 && h->max_locks == max_locks && h->total_size == L.total) {
+        void* p = ::mmap(nullptr, L.total, PROT_READ | PROT_WRITE, MAP_SHARED, f.fd, 0);
+        if (p == MAP_FAILED) return sys_error(name, "mmap");
+        auto* nl = new NodeLocal;
+        nl->hdr = static_cast<NodeLocalHeader*>(p);
+        nl->locks = reinterpret_cast<LocalLockEntry*>(static_cast<std::byte*>(p) + L.locks_off);
+        nl->heap = static_cast<std::byte*>(p) + L.heap_off;
+        nl->heap_bytes = heap_bytes;
+        nl->pins = static_cast<std::byte*>(p) + L.pins_off;
+        nl->map_len = L.total;
+        nl->name = name;
+        return nl;
+      }
+      log().warn("node-local memory {}: layout does not match this pool (or the file is damaged); replacing it",
+                 path);
+      // Another process may have replaced it already: remove only what we judged.
+      struct stat now {};
+      if (::lstat(path.c_str(), &now) == 0 && now.st_ino == sf->st.st_ino && now.st_dev == sf->st.st_dev)
+        ::unlink(path.c_str());
+    } else if (sf.error().code() != -ENOENT) {
+      return sf.error();
     }
-    sync::robust_mutex_init(&reinterpret_cast<NodePinSectionHead*>(nl->pins)->mu);  // the rest stays zero
-    __atomic_store_n(&h->magic, kNodeLocalMagic, __ATOMIC_RELEASE);  // valid from here on
+    auto fresh = make_unnamed(name, node, pool_id, max_locks, max_nodes, heap_bytes);
+    if (!fresh) return fresh.error();
+    Fd t;
+    t.fd = fresh.value();
+    // Link the whole file under its name; linking through /proc/self/fd
+    // needs no privilege (AT_EMPTY_PATH would need CAP_DAC_READ_SEARCH).
+    const std::string proc = "/proc/self/fd/" + std::to_string(t.fd);
+    if (::linkat(AT_FDCWD, proc.c_str(), AT_FDCWD, path.c_str(), AT_SYMLINK_FOLLOW) != 0 && errno != EEXIST)
+      return sys_error(name, "link");
+    // Ours or a racing process's: open what the name holds (next round).
   }
-  ::flock(f.fd, LOCK_UN);
-  return nl;
+}
+
+NodeLocalHeader* map_node_local_header(const std::string& name, uint32_t node) {
+  util::SafeOpenOptions so;
+  so.what = "node-local memory";
+  auto sf = util::safe_open("/dev/shm/" + name, so);
+  if (!sf) return nullptr;  // none, or another user's: that node is polled, not woken
+  Fd f;
+  f.fd = sf->fd;
+  if (!read_header(f.fd, sf->st, node)) return nullptr;
+  void* p = ::mmap(nullptr, 4096, PROT_READ | PROT_WRITE, MAP_SHARED, f.fd, 0);
+  return p == MAP_FAILED ? nullptr : static_cast<NodeLocalHeader*>(p);
 }
 
 NodeLocal::~NodeLocal() {

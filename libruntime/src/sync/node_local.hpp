@@ -12,8 +12,11 @@
 //                     robust mutex (initialised here), then the index
 //                     layer's tables (zero until its first use)
 //
-// All mutexes are process-shared and robust.  The file is created and
-// initialised under flock(), so racing processes of one node agree.
+// All mutexes are process-shared and robust.  A file is made whole before
+// it gets its name (an unnamed O_TMPFILE file, then linked), so no process
+// ever opens one half-made, and none is ever truncated while in use: one
+// of another layout is replaced by a new file.  Racing processes of one
+// node agree on whichever file the name holds.
 #pragma once
 
 #include <pthread.h>
@@ -116,5 +119,13 @@ struct NodeLocal {
   size_t map_len = 0;
   std::string name;
 };
+
+// Page 0 (the header) of node `node`'s local file /dev/shm/NAME, mapped
+// read/write for the wake-up words, or nullptr when there is none of this
+// layout version.  Opened as NodeLocal::open opens (util::safe_open: a file
+// of another user, which could shrink under the mapping, is not mapped)
+// and its header read before any mapping, so a short file never raises
+// SIGBUS.  munmap(p, 4096) when done.
+NodeLocalHeader* map_node_local_header(const std::string& name, uint32_t node);
 
 }  // namespace cxlkv

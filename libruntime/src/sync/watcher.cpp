@@ -213,19 +213,9 @@ void NodeWakers::refresh(uint32_t n, const cxlkv_node_entry& ne) {
   close(e);
   e.tried = true;
   e.incarnation = ne.incarnation;
-  const std::string name = "/dev/shm/" + pool_prefix_ + std::to_string(n);
-  int fd = ::open(name.c_str(), O_RDWR | O_NOFOLLOW | O_CLOEXEC);
-  if (fd < 0) return;  // another local name (NodeOptions::local_shm_name): the node polls
-  void* p = ::mmap(nullptr, 4096, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-  ::close(fd);
-  if (p == MAP_FAILED) return;
-  auto* h = static_cast<NodeLocalHeader*>(p);
-  if (__atomic_load_n(&h->magic, __ATOMIC_ACQUIRE) != kNodeLocalMagic || h->version != kNodeLocalVersion ||
-      h->node != n) {
-    ::munmap(p, 4096);
-    return;
-  }
-  e.hdr = h;
+  // None under the default name (NodeOptions::local_shm_name), or not one
+  // this manager may map: the node polls.
+  e.hdr = map_node_local_header(pool_prefix_ + std::to_string(n), n);
 }
 
 void NodeWakers::wake_grant(uint32_t n) {
