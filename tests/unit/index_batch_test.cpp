@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: MIT
-// PrefixIndex batch calls (CONTRACTS.md): per-block statuses, chain order,
-// partial outcomes, fencing versions, and nothing leaked when the caller dies
-// mid-batch.  Every node runs on its own NonCoherentSim domain.
+// PrefixIndex batch calls (docs/coherence.md "PrefixIndex batch
+// interface"): per-block statuses, chain order, partial outcomes, fencing
+// versions, and nothing leaked when the caller dies mid-batch.  Every node runs on its own NonCoherentSim domain.
 #include <gtest/gtest.h>
 
 #include <map>

@@ -134,7 +134,7 @@ class NodeContext {
   std::thread watcher_;  // candidate for the node's watcher (sync/watcher.hpp)
 };
 
-// ---- liveness (CONTRACTS.md "Liveness"; rule in uapi/cxlkv_ctrl.h) ---------------
+// ---- liveness (docs/coherence.md "Liveness"; rule in uapi/cxlkv_ctrl.h) ---------------
 
 // This host (boot + pid namespace) as recorded in node entries' host_id.
 uint32_t this_host_id();

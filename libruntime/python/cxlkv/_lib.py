@@ -10,7 +10,8 @@ import errno as _errno
 import os
 import threading
 
-# ---- per-block status codes (cxlkv.h, CONTRACTS.md; C, C++ and Python share them)
+# ---- per-block status codes (cxlkv.h; docs/coherence.md "PrefixIndex batch interface")
+# C, C++ and Python share them.
 RESERVED = 0   #: this caller writes it / the operation succeeded on it
 EXISTS = 1     #: already READY: nothing to write
 BUSY = 2       #: another node is writing it
@@ -131,7 +132,7 @@ _PROTOS = {
     "cxlkv_kv_fetch": (_I, [_P, _BLKP, _CHP, _SZ], True),
     "cxlkv_kv_unpin": (_I, [_P, _BLKP], True),
     "cxlkv_kv_stats": (_I, [_P, C.POINTER(KvStats)], True),
-    # batch interface (CONTRACTS.md)
+    # batch interface (docs/coherence.md "PrefixIndex batch interface")
     "cxlkv_kv_reserve_chain": (_I, [_P, _KEYP, _KEYP, _SZ, _U64, _BLKP, _I32P], True),
     "cxlkv_kv_write_many": (_I, [_P, _BLKP, _SZ, _CHP, _U32P, _I32P], True),
     "cxlkv_kv_publish_many": (_I, [_P, _BLKP, _SZ, _I32P], True),

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: MIT
-// PrefixIndex batch calls (CONTRACTS.md "PrefixIndex batch interface").
+// PrefixIndex batch calls (docs/coherence.md "PrefixIndex batch interface").
 //
 // Each call takes the stripe locks of all its blocks once, together, in
 // ascending order (LockSet), does its work in the given order, and releases

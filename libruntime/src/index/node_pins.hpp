@@ -28,9 +28,9 @@
 // its key; a rebuild writes the spare table and then switches to it); the
 // next locker recounts the table's counters.
 //
-// Death: a record whose process is gone (pid + start time, the liveness
-// rule of CONTRACTS.md) or whose index closed with pins left is "gone"; the
-// node's live indexes drop its bits (PrefixIndex::reclaim_node_pins, under
+// Death: a record whose process is gone (pid + start time, the rule of
+// docs/coherence.md "Liveness") or whose index closed with pins left is
+// "gone"; the node's live indexes drop its bits (PrefixIndex::reclaim_node_pins, under
 // the stripe locks) and clear the node's pool bit of every slot no live
 // record pins any more, then free the record.
 #pragma once

@@ -198,8 +198,8 @@ struct PinnedBlock {
   uint32_t version = 0;
 };
 
-// Per-block statuses of the batch calls (CONTRACTS.md; same values as the
-// CXLKV_KV_* macros of cxlkv.h).
+// Per-block statuses of the batch calls (docs/coherence.md "PrefixIndex
+// batch interface"; same values as the CXLKV_KV_* macros of cxlkv.h).
 constexpr int32_t kBlockReserved = 0, kBlockExists = 1, kBlockBusy = 2, kBlockMiss = 3;
 
 struct IndexCounters {  // what index operations did (KvStore turns these into stats)
@@ -337,7 +337,7 @@ class PrefixIndex {
   Result<bool> set_children(uint32_t slot, const BlockKey& key, uint32_t expected, uint32_t children,
                             bool* listed = nullptr);
 
-  // ---- batches (CONTRACTS.md "PrefixIndex batch interface") ---------------
+  // ---- batches (docs/coherence.md "PrefixIndex batch interface") ---------------
   // keys[0] is a child of `parent` (nullptr: a root), keys[i] a child of
   // keys[i-1].  Fills out[i] and status[i]; stops at the first block that can
   // be neither reserved nor found (status -ECANCELED after it); blocks

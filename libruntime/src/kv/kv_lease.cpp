@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: MIT
-// KvStore handoff leases (CONTRACTS.md "Leases") over the index's lease calls.
+// KvStore handoff leases (docs/coherence.md "Leases") over the index's lease calls.
 #include "cxlkv/kv.hpp"
 #include "index/prefix_index.hpp"
 

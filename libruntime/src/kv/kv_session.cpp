@@ -55,7 +55,7 @@ class TwoTierStripeLocks final : public StripeLocks {
   }
   void unlock(uint32_t s) override { (void)locks_[s]->unlock(); }
   // A batch's stripes: one multi-lock acquire of the sync layer (LockSet,
-  // CONTRACTS.md "Multi-lock acquire"), one set per thread.
+  // docs/coherence.md "Multi-lock acquire"), one set per thread.
   Result<void> lock_many(std::span<const uint32_t> stripes) override {
     std::vector<uint32_t> ids;
     ids.reserve(stripes.size());
@@ -142,7 +142,7 @@ class NodeTableLiveness final : public NodeLiveness {
     *e = node_.domain().read_fresh(node_.control().node_entry(n));  // rule 4
     return true;
   }
-  // The liveness rule of the sync layer (CONTRACTS.md "Liveness"): a node of
+  // The liveness rule of the sync layer (docs/coherence.md "Liveness"): a node of
   // this host by its process (pid + start time), another host's by heartbeat.
   bool live(const cxlkv_node_entry& e) { return judge_node(e).alive; }
   static constexpr int64_t kAliveByRecordMs = 50;

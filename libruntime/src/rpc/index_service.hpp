@@ -82,9 +82,9 @@ class IndexServiceHost {
   std::unique_ptr<IndexService> service_;
 };
 
-// Client side: the batch calls of PrefixIndex (CONTRACTS.md), answered by
-// the service.  Whole-call errors: the RPC's (-ECONNRESET, -ETIMEDOUT) or
-// the server's.
+// Client side: the batch calls of PrefixIndex (docs/coherence.md
+// "PrefixIndex batch interface"), answered by the service.  Whole-call
+// errors: the RPC's (-ECONNRESET, -ETIMEDOUT) or the server's.
 class IndexServiceClient {
  public:
   static Result<std::unique_ptr<IndexServiceClient>> connect(NodeContext& node, const RpcClientOptions& base = {});

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: MIT
-// The liveness rule (CONTRACTS.md "Liveness", uapi/cxlkv_ctrl.h node entry):
+// The liveness rule (docs/coherence.md "Liveness", uapi/cxlkv_ctrl.h node entry):
 // a node on this host is dead exactly when its process (pid + start time
 // from /proc/PID/stat) is gone; a node on another host when its heartbeat
 // is older than kNodeStaleMs.  A stopped (SIGSTOP) process is alive.
