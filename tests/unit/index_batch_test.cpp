@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: MIT
 // PrefixIndex batch calls (docs/coherence.md "PrefixIndex batch
 // interface"): per-block statuses, chain order, partial outcomes, fencing
-// versions, and nothing leaked when the caller dies mid-batch.  Every node runs on its own NonCoherentSim domain.
+// versions, and nothing leaked when the caller dies mid-batch.  Every node
+// runs on its own NonCoherentSim domain.
 #include <gtest/gtest.h>
 
 #include <map>
