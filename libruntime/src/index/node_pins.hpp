@@ -31,8 +31,9 @@
 // Death: a record whose process is gone (pid + start time, the rule of
 // docs/coherence.md "Liveness") or whose index closed with pins left is
 // "gone"; the node's live indexes drop its bits
-// (PrefixIndex::reclaim_node_pins, under the stripe locks) and clear the node's pool bit of every slot no live
-// record pins any more, then free the record.
+// (PrefixIndex::reclaim_node_pins, under the stripe locks) and clear the
+// node's pool bit of every slot no live record pins any more, then free the
+// record.
 #pragma once
 
 #include <cstddef>
