@@ -77,7 +77,7 @@ static void expect_ok(int got, const char *name)
 	check(got == 0, name, "got %d (%s)", got, strerror(-got));
 }
 
-/* ---- coherence helpers (the contract of DESIGN.md) ------------------------ */
+/* ---- coherence helpers (the contract of docs/coherence.md) ------------------------ */
 
 static inline void clflush(const volatile void *p)
 {

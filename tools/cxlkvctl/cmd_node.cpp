@@ -122,7 +122,9 @@ int node_gc(Context& ctx, const Args& args) {
 
 CXLKVCTL_COMMAND({"node list", "nodes of the pool: state, heartbeat age, lock slots in use",
                   "Lists the node table of the control carve.  A node is alive when it is\n"
-                  "ACTIVE and its last heartbeat is younger than 3 s (host clocks synchronised).\n"
+                  "ACTIVE and: on this host, its process runs (pid and start time; a stopped\n"
+                  "process is alive); on another host, its last heartbeat is younger than 3 s\n"
+                  "(host clocks synchronised).\n"
                   "SLOTS counts global lock slots the node waits on or holds.",
                   {{"all", false, "also list nodes that never attached"}},
                   node_list});

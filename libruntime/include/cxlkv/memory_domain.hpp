@@ -4,7 +4,7 @@
 // same protocol code runs on real hardware (HostDomain, real instructions)
 // and under NonCoherentSim (a simulated private write-back cache per node).
 //
-// The coherence contract (../shared/DESIGN.md) in terms of this interface:
+// The coherence contract (docs/coherence.md) in terms of this interface:
 //   rule 1  a line with several writers is written only with store_nt()
 //   rule 3  publish = store data; flush() it (or store_nt()); fence();
 //           store the flag (store_nt() or store()+flush()); fence()

@@ -4,7 +4,7 @@
 // is a plain function pointer chosen when the domain is made, so the hot
 // loops carry no feature tests.
 //
-// Which instruction serves which rule of the coherence contract (DESIGN.md):
+// Which instruction serves which rule of the coherence contract (docs/coherence.md):
 //   clflush          rule 3 metadata flush (flush()), rule 4 invalidate before
 //                    a read (invalidate()): ordered with later stores by
 //                    itself, invalidates the line.

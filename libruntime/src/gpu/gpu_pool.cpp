@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: MIT
 // GpuPool: a pinned pool mapping plus the batched copies over it.
 //
-// Coherence (DESIGN, rule 5): the GPU writes pool payload by DMA, which
+// Coherence (docs/coherence.md rule 5): the GPU writes pool payload by DMA, which
 // never enters this host's CPU caches when DDIO is off (cuda/README.md), and
 // nothing here publishes: the caller (or kv_gpu.cpp) writes the index entry
 // only after the stream has completed the gather.

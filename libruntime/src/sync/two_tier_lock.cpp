@@ -5,7 +5,9 @@
 // acquire:  local robust mutex (at most one process per node competes
 //           globally) -> ticket + 1 -> slot := (ticket<<2)|WAITING (NT) ->
 //           doorbell -> poll the grant until it names (node, ticket).
-// release:  slot := (ticket<<2)|IDLE (NT) -> local mutex unlock.
+// release:  a grant that may be kept (not CONTENDED, not revoked) is kept:
+//           nothing is written to the pool (uapi "Sticky grants"); else
+//           slot := (ticket<<2)|IDLE (NT) -> local mutex unlock.
 // dev: pools: the process's device file owns the slot from before WAITING
 //           until after the release (kernel_slots.hpp), so the module sets
 //           it IDLE if the process dies in between.
