@@ -128,7 +128,11 @@ enum cxlkv_index_state {
 	CXLKV_ENTRY_WRITING   = 1,	/* reserved; payload being written by owner_node */
 	CXLKV_ENTRY_READY     = 2,	/* published: payload complete and flushed */
 	CXLKV_ENTRY_EVICTING  = 3,	/* being removed; payload may be reused soon */
-	CXLKV_ENTRY_TOMBSTONE = 4,	/* removed: a probe continues past it */
+	CXLKV_ENTRY_TOMBSTONE = 4,	/* removed: a probe continues past it; while
+					 * parent_slot still names a slot, the
+					 * parent's children count is yet to drop
+					 * (a pending drop: counted as a child, the
+					 * slot not reused) */
 };
 
 enum cxlkv_tier {
@@ -154,7 +158,7 @@ struct cxlkv_index_entry {
 	__u8  state;             /* 30 enum cxlkv_index_state */
 	__u8  owner_node;        /* 31 node that reserved it (WRITING) */
 	__u32 parent_slot;       /* 32 slot of the previous block, or CXLKV_INDEX_NO_SLOT */
-	__u32 children;          /* 36 WRITING/READY children (prefix-closed eviction) */
+	__u32 children;          /* 36 live children + pending drops naming it (prefix-closed eviction) */
 	__u64 pin_mask;          /* 40 bit n: node n holds pins (crash-safe: dead nodes' bits ignored) */
 	__u32 lru_ms;            /* 48 last pin/publish, ms since config.epoch_ms */
 	__u32 owner_inc;         /* 52 low 32 bits of the owner's incarnation */

@@ -55,7 +55,7 @@ static uint32_t walk_cached(const index_detail::LockSet& ls, const BlockKey& key
     }
     if (e->state == CXLKV_ENTRY_EMPTY) return free_slot != kNo ? free_slot : slot;
     if (e->state == CXLKV_ENTRY_TOMBSTONE) {
-      if (free_slot == kNo) free_slot = slot;
+      if (free_slot == kNo && e->parent_slot == kNo) free_slot = slot;  // a pending drop is not free
       continue;
     }
     if (e->key_lo == key.lo && e->key_hi == key.hi && live_index_state(e->state)) return slot;
@@ -94,7 +94,8 @@ void PrefixIndex::prefetch_probes(LockSet& ls, const BlockKey* pkey, std::span<c
 
 size_t PrefixIndex::reserve_locked(LockSet& ls, const BlockKey* pkey, std::span<const BlockKey> keys, size_t from,
                                    uint64_t bytes, std::span<Reservation> out, std::span<int32_t> status,
-                                   std::vector<uint32_t>* parents, bool* need_reclaim, uint32_t* held_parent,
+                                   std::vector<uint32_t>* parents, bool* need_reclaim,
+                                   std::vector<std::pair<uint32_t, BlockKey>>* pinned,
                                    const PoolView& view, bool through_busy) {
   auto fail = [&](size_t i, int32_t code, std::string msg) {
     status[i] = code;
@@ -136,32 +137,32 @@ size_t PrefixIndex::reserve_locked(LockSet& ls, const BlockKey* pkey, std::span<
       return fail(from, -ENOENT, "index: parent block " + to_hex(*pkey) + " is not cached");
     prev = ps;
   }
-  // A count raised by an earlier round that ran out of space (see below).
   // One clock read per call: the recency stamp of every block it reserves
   // (milliseconds; a clock_gettime per block cost more than the stamp is worth).
   const uint32_t now = now_ms();
-  bool carried = *held_parent != kNo && *held_parent == prev;
-  if (*held_parent != kNo && !carried) child_dropped(ls, *held_parent);
-  *held_parent = kNo;
   for (size_t i = from; i < keys.size(); i++) {
     const BlockKey& key = keys[i];
     const uint32_t s = stripe_of(key);
-    bool parent_linked = carried && i == from;  // our children count on `prev` is raised
+    bool parent_linked = false;  // our children count on `prev` is raised
     auto undo = [&] {
       if (parent_linked) child_dropped(ls, prev);
     };
-    // Out of space: keep a READY parent's count raised so that the caller's
-    // eviction outside this set cannot take the parent (it retries below
-    // it).  A WRITING parent (this call's own block, or a busy one) is never
-    // a victim: its count is dropped here, under the set.  Carried across
+    // Out of space: the caller evicts outside this set and retries below
+    // `prev`.  A READY parent is pinned so that this eviction cannot take
+    // it; a WRITING one (this call's own block, or a busy one) is never a
+    // victim.  The count goes back down here, under the set: carried across
     // the unlock, a count that only this process's memory accounts for
-    // stays raised if it dies before the next round: no entry names the
-    // child, so reclaim_dead could never remove its WRITING block (a re-put
-    // of the chain got -EAGAIN for good).
+    // stayed raised when the process died before the next round, and the
+    // parent was never evicted again (prefix_index.hpp "Children counts").
+    // A pin is the node's and goes with a dead process (node pins, liveness).
     auto keep = [&] {
       if (!parent_linked) return;
-      if (read_entry(prev).state == CXLKV_ENTRY_READY) *held_parent = prev;
-      else child_dropped(ls, prev);
+      const bool mine = std::any_of(pinned->begin(), pinned->end(), [&](const auto& p) { return p.first == prev; });
+      if (!mine && read_entry(prev).state == CXLKV_ENTRY_READY && pin_locked(ls, prev)) {
+        const cxlkv_index_entry pe = read_entry(prev);
+        pinned->emplace_back(prev, BlockKey{pe.key_lo, pe.key_hi});
+      }
+      child_dropped(ls, prev);
     };
     for (int attempt = 0;; attempt++) {
       cxlkv_index_entry e;
@@ -278,6 +279,31 @@ size_t PrefixIndex::reserve_locked(LockSet& ls, const BlockKey* pkey, std::span<
 
 Result<size_t> PrefixIndex::reserve_chain(const BlockKey* parent, std::span<const BlockKey> keys, uint64_t bytes,
                                           std::span<Reservation> out, std::span<int32_t> status, bool through_busy) {
+  auto n = reserve_chain_once(parent, keys, bytes, out, status, through_busy);
+  if (!n || n.value() >= keys.size() || status[n.value()] != -ENOSPC) return n;
+  // Full, and nothing could go: what dead processes left (stale counts,
+  // pending drops, WRITING blocks of dead writers) may be what holds the
+  // space.  The online repair, at most every kRepairGapMs per index; the
+  // blocks not reserved get one more try when it changed something.
+  const int64_t now = static_cast<int64_t>(realtime_ms());
+  int64_t last = repair_ms_.load(std::memory_order_relaxed);
+  if (now - last < kRepairGapMs || !repair_ms_.compare_exchange_strong(last, now)) return n;
+  const BatchFailure first = batch_failure();
+  auto rep = repair_index();
+  if (!rep || rep->total() == 0) {
+    set_batch_failure(first);
+    return n;
+  }
+  const size_t done = n.value();
+  auto more = reserve_chain_once(done ? &keys[done - 1] : parent, keys.subspan(done), bytes, out.subspan(done),
+                                 status.subspan(done), through_busy);
+  if (!more) return more.error();
+  return done + more.value();
+}
+
+Result<size_t> PrefixIndex::reserve_chain_once(const BlockKey* parent, std::span<const BlockKey> keys,
+                                               uint64_t bytes, std::span<Reservation> out, std::span<int32_t> status,
+                                               bool through_busy) {
   begin_batch();
   refresh_capacity();  // a bound set since this node attached applies (index_entry.cpp)
   if (out.size() < keys.size() || status.size() < keys.size())
@@ -343,7 +369,27 @@ Result<size_t> PrefixIndex::reserve_chain(const BlockKey* parent, std::span<cons
   size_t next = lr;
   std::vector<uint32_t> parents;
   bool need_reclaim = false;
-  uint32_t held_parent = kNo;  // parent whose children count a full round left raised
+  // Parents a full round pinned (see reserve_locked), unpinned on every way out.
+  struct Pinned {
+    PrefixIndex& ix;
+    std::vector<std::pair<uint32_t, BlockKey>> v;
+    ~Pinned() { release(); }
+    void release() {
+      if (v.empty()) return;
+      std::vector<uint32_t> ps;
+      std::vector<BlockKey> pk;
+      for (const auto& [slot, key] : v) {
+        ps.push_back(slot);
+        pk.push_back(key);
+      }
+      std::vector<int32_t> us(ps.size());
+      const BatchFailure first = batch_failure();  // the reserve's first failure stays its caller's to read
+      if (auto u = ix.unpin_many(ps, pk, us); !u)
+        log().warn("index: unpinning a reserve's parents: {}", u.error().message());
+      set_batch_failure(first);
+      v.clear();
+    }
+  } pinned{*this, {}};
   for (int round = 0; round < kReserveRounds && next < m; round++) {
     const BlockKey* pkey = next ? &keys[next - 1] : parent;
     std::vector<uint32_t> stripes, lines;
@@ -371,7 +417,7 @@ Result<size_t> PrefixIndex::reserve_chain(const BlockKey* parent, std::span<cons
       prefetch_probes(ls, pkey, keys.subspan(next, m - next));
       ls.mark_all();  // a new block changes its stripe's counters: one fence for every dirty mark
       next = reserve_locked(ls, pkey, keys.first(m), next, bytes, out, status, &parents, &need_reclaim,
-                            &held_parent, view, through_busy);
+                            &pinned.v, view, through_busy);
       view.take(ls);
     }
     CXLKV_TRY(drop_children(parents, &view));
@@ -396,10 +442,7 @@ Result<size_t> PrefixIndex::reserve_chain(const BlockKey* parent, std::span<cons
     begin_batch();
     status[next] = -ECANCELED;
   }
-  if (held_parent != kNo) {  // the last round gave up: drop the count it kept
-    parents.push_back(held_parent);
-    CXLKV_TRY(drop_children(parents, &view));
-  }
+  pinned.release();  // before the reclaim and the room-making below: nothing of ours stays pinned
   if (need_reclaim) (void)reclaim_dead();
   // Over the capacity by what this call added (its view has its own changes):
   // bring the pool back under it.
@@ -677,6 +720,29 @@ Result<size_t> PrefixIndex::pin_many(std::span<const BlockKey> keys, std::span<P
     good++;
   }
   return good;
+}
+
+bool PrefixIndex::pin_locked(LockSet& ls, uint32_t slot) {
+  (void)ls;  // the caller holds the slot's stripe (rule 7)
+  cxlkv_index_entry e = read_entry(slot);
+  if (e.state != CXLKV_ENTRY_READY) return false;
+  {
+    // As pin_many: this index's count first, and the node's pin table for
+    // a first pin of the slot by this index (node_pins.hpp).
+    std::lock_guard<std::mutex> lk(pin_mu_);
+    auto it = local_pins_.find(slot);
+    if (node_pins_ && (it == local_pins_.end() || it->second == 0)) {
+      uint8_t ok = 1;
+      node_pins_->add(std::span<const uint32_t>(&slot, 1), &ok);
+      if (!ok) return false;  // the node's pin table is full: not kept
+    }
+    local_pins_[slot]++;
+  }
+  if (!(e.pin_mask >> node_ & 1)) {
+    e.pin_mask |= 1ULL << node_;  // no recency stamp: the reserve does not read it
+    write_entry(slot, e, false);  // rule 1/3: NT line; fenced at release (lock_set.hpp)
+  }
+  return true;
 }
 
 Result<size_t> PrefixIndex::unpin_many(std::span<const uint32_t> slots, std::span<const BlockKey> keys,

@@ -11,6 +11,7 @@
 #include <cstring>
 #include <thread>
 
+#include "index/index_internal.hpp"
 #include "uapi/cxlkv_index.h"
 
 namespace cxlkv {
@@ -199,8 +200,11 @@ Result<std::vector<ChildCountMismatch>> index_child_count_snapshot(MemoryDomain&
   std::vector<uint32_t> found(h.nslots, 0);  // live entries naming each slot as parent
   for_each_entry_fresh(d, entries, h.nslots, [&](uint64_t i, const cxlkv_index_entry& e) {
     if (e.check != cxlkv_index_entry_check(&e)) return true;  // empty, torn right now, or damaged (never trusted)
-    if (!live_state(e.state)) return true;
-    live.push_back(Live{static_cast<uint32_t>(i), e.state, e.children, BlockKey{e.key_lo, e.key_hi}});
+    // A pending drop (a removed child whose parent's count is still to go
+    // down: prefix_index.hpp "Children counts") counts as a child.
+    const bool pending = pending_drop(e, static_cast<uint32_t>(h.nslots));
+    if (!live_state(e.state) && !pending) return true;
+    if (!pending) live.push_back(Live{static_cast<uint32_t>(i), e.state, e.children, BlockKey{e.key_lo, e.key_hi}});
     // A block naming itself (a damaged line) is no child of itself.
     if (e.parent_slot < h.nslots && e.parent_slot != i) found[e.parent_slot]++;
     return true;

@@ -52,17 +52,18 @@ Result<std::vector<std::string>> index_audit_locations(const Region& pool, Memor
 std::string describe_named_block(const NamedBlock& b);
 
 // A live entry whose `children` count differs from the number of live
-// (WRITING / READY / EVICTING) entries whose parent_slot names it.  A count
-// above the children found keeps the block from ever being evicted (a
-// writer that died between reserve rounds, or a process that died between
-// removing a child and dropping its parent's count); one below lets it be
+// (WRITING / READY / EVICTING) entries and pending drops (tombstones that
+// still name their parent: prefix_index.hpp "Children counts") whose
+// parent_slot names it.  A count above the children found keeps the block
+// from ever being evicted (a process killed inside a change under the
+// stripe lock, until the online repair's next run); one below lets it be
 // evicted while its children stay cached.
 struct ChildCountMismatch {
   uint32_t slot = 0;
   BlockKey key;
   uint32_t state = 0;
   uint32_t stored = 0;  // the entry's children field
-  uint32_t found = 0;   // live entries naming it as parent
+  uint32_t found = 0;   // live entries and pending drops naming it as parent
   friend bool operator==(const ChildCountMismatch&, const ChildCountMismatch&) = default;
 };
 

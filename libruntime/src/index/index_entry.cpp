@@ -338,7 +338,8 @@ uint32_t PrefixIndex::probe(const BlockKey& key, cxlkv_index_entry* out, uint32_
       break;
     }
     if (e.state == CXLKV_ENTRY_TOMBSTONE) {
-      if (free_slot && *free_slot == CXLKV_INDEX_NO_SLOT) *free_slot = slot;
+      // A pending drop is not free: it still counts as its parent's child.
+      if (free_slot && *free_slot == CXLKV_INDEX_NO_SLOT && !pending_drop(e, hdr_.nslots)) *free_slot = slot;
       if (ghost && e.key_lo == key.lo && e.key_hi == key.hi) *ghost = true;  // evicted before (index_evict.cpp)
       continue;
     }

@@ -47,8 +47,9 @@ constexpr uint32_t kTailSteps = 16;         // list tails examined per eviction 
 constexpr uint32_t kCandidateStripes = 4;   // oldest tails tried per pool-wide victim
 constexpr uint64_t kNoLimit = UINT64_MAX;
 constexpr uint32_t kNo = CXLKV_INDEX_NO_SLOT;
-// A parent slot in remove_locked()'s `parents` with this bit: the child that
-// went was reused (only in an index of at most 2^31 slots).
+// A slot in remove_locked()'s `parents` (the removed blocks whose parent's
+// count is still to drop) with this bit: that block was reused, so its
+// parent was too (only in an index of at most 2^31 slots).
 constexpr uint32_t kReusedChild = 0x80000000u;
 // A hot tail goes before a cold one only once it is this many times older
 // than the oldest cold tail (plus one): reused blocks outlive blocks seen once
@@ -235,31 +236,29 @@ void PrefixIndex::remove_locked(LockSet& ls, uint32_t slot, cxlkv_index_entry e,
     e.version = write_entry(slot, e);
   }
   const uint32_t parent = e.parent_slot;
+  // The parent's count drops now when its stripe is held; else the removal
+  // leaves a pending drop (a tombstone that still names the parent), which
+  // drop_children() -- or whoever holds both stripes first, the online
+  // repair included -- settles.  So a process killed between the two
+  // stripes leaves a count that an entry accounts for (prefix_index.hpp
+  // "Children counts"), never one that only its memory did.
+  const bool defer = parent < hdr_.nslots && !ls.holds(parent / hdr_.stripe_slots);
   cxlkv_index_stripe& st = ls.st(stripe);
-  // A tombstone followed by EMPTY ends no probe that could reach further:
-  // make it EMPTY, and so on backwards, so probe lengths do not grow.
   const uint32_t base = stripe * hdr_.stripe_slots, mask = hdr_.stripe_slots - 1;
-  auto next_of = [&](uint32_t sl) { return base + ((sl - base + 1) & mask); };
-  auto prev_of = [&](uint32_t sl) { return base + ((sl - base + mask) & mask); };
   // An evicted block leaves a ghost: its tombstone keeps the key, so a
   // reserve of the same key finds it and marks the new block REUSED.  Ghosts
   // are kept while the stripe holds fewer than stripe_slots / 8 tombstones
   // (probe lengths stay short); beyond that, or for a reclaim / abort, the
   // slot is emptied when it can be.
   const bool ghost = !reclaim && st.tombstones < hdr_.stripe_slots / 8;
-  if (!ghost && read_entry(next_of(slot)).state == CXLKV_ENTRY_EMPTY) {
+  if (!ghost && !defer && read_entry(base + ((slot - base + 1) & mask)).state == CXLKV_ENTRY_EMPTY) {
     write_empty(slot);
-    uint32_t p = prev_of(slot);
-    for (uint32_t k = 0; k < hdr_.stripe_slots - 1; k++, p = prev_of(p)) {
-      if (read_entry(p).state != CXLKV_ENTRY_TOMBSTONE) break;
-      write_empty(p);
-      if (st.tombstones) st.tombstones--;
-    }
+    trim_tombstones(ls, base + ((slot - base + mask) & mask));
   } else {
     e.state = CXLKV_ENTRY_TOMBSTONE;
     e.pin_mask = 0;
     e.children = 0;
-    e.parent_slot = CXLKV_INDEX_NO_SLOT;
+    e.parent_slot = defer ? parent : CXLKV_INDEX_NO_SLOT;
     write_entry(slot, e);
     st.tombstones++;
   }
@@ -288,21 +287,68 @@ void PrefixIndex::remove_locked(LockSet& ls, uint32_t slot, cxlkv_index_entry e,
   } else {
     space_->free(loc);
   }
-  if (parent < hdr_.nslots) {
-    if (ls.holds(parent / hdr_.stripe_slots)) child_dropped(ls, parent, reused);
-    else parents->push_back(parent | (reused && hdr_.nslots <= kReusedChild ? kReusedChild : 0));
+  if (defer) parents->push_back(slot | (reused && hdr_.nslots <= kReusedChild ? kReusedChild : 0));
+  else if (parent < hdr_.nslots) child_dropped(ls, parent, reused);
+}
+
+void PrefixIndex::trim_tombstones(LockSet& ls, uint32_t slot) {
+  // A tombstone followed by EMPTY ends no probe that could reach further:
+  // make it EMPTY, and so on backwards, so probe lengths do not grow.  A
+  // pending drop stays (it still counts as its parent's child).
+  const uint32_t stripe = slot / hdr_.stripe_slots, base = stripe * hdr_.stripe_slots, mask = hdr_.stripe_slots - 1;
+  cxlkv_index_stripe& st = ls.st(stripe);
+  uint32_t p = slot;
+  for (uint32_t k = 0; k < hdr_.stripe_slots - 1; k++, p = base + ((p - base + mask) & mask)) {
+    const cxlkv_index_entry e = read_entry(p);
+    if (e.state != CXLKV_ENTRY_TOMBSTONE || pending_drop(e, hdr_.nslots)) break;
+    write_empty(p);
+    if (st.tombstones) st.tombstones--;
   }
 }
 
-Result<void> PrefixIndex::drop_children(std::vector<uint32_t>& parents, PoolView* view) {
-  if (parents.empty()) return {};
+bool PrefixIndex::settle_drop(LockSet& ls, uint32_t child, bool reused) {
+  if (child >= hdr_.nslots || !ls.holds(child / hdr_.stripe_slots)) return false;
+  cxlkv_index_entry e = read_entry(child);
+  if (!pending_drop(e, hdr_.nslots) || !ls.holds(e.parent_slot / hdr_.stripe_slots)) return false;
+  const uint32_t parent = e.parent_slot, s = child / hdr_.stripe_slots;
+  // rule 7: both lines change under their stripes' locks, in one hold, so
+  // the count and the tombstone that accounts for it never disagree for
+  // another holder; a second settler finds a plain tombstone and stops.
+  ls.mark(s);
+  child_dropped(ls, parent, reused);
+  e.parent_slot = CXLKV_INDEX_NO_SLOT;
+  write_entry(child, e, false);  // rule 1/3: whole line NT; fenced at release (lock_set.hpp)
+  // A plain tombstone now: a ghost while the stripe has room for one.
+  const uint32_t base = s * hdr_.stripe_slots, mask = hdr_.stripe_slots - 1;
+  if (ls.st(s).tombstones > hdr_.stripe_slots / 8 &&
+      read_entry(base + ((child - base + 1) & mask)).state == CXLKV_ENTRY_EMPTY)
+    trim_tombstones(ls, child);
+  return true;
+}
+
+Result<void> PrefixIndex::drop_children(std::vector<uint32_t>& removed, PoolView* view) {
+  if (removed.empty()) return {};
+  // `removed`: slots whose removal left a pending drop.  Each names its
+  // parent (read without the lock: only a settle changes it, and a settle
+  // needs both locks; what is read is checked again under them).
   const uint32_t flag = hdr_.nslots <= kReusedChild ? kReusedChild : 0;
   std::vector<uint32_t> stripes;
-  for (uint32_t p : parents) stripes.push_back((p & ~flag) / hdr_.stripe_slots);
+  for (uint32_t c : removed) {
+    const uint32_t child = c & ~flag;
+    if (child >= hdr_.nslots) continue;
+    const cxlkv_index_entry e = read_entry_fresh(child);  // rule 4
+    if (!pending_drop(e, hdr_.nslots)) continue;  // settled already (the online repair)
+    stripes.push_back(child / hdr_.stripe_slots);
+    stripes.push_back(e.parent_slot / hdr_.stripe_slots);
+  }
+  if (stripes.empty()) {
+    removed.clear();
+    return {};
+  }
   LockSet ls(*this);
   CXLKV_TRY(ls.acquire(stripes));
-  for (uint32_t p : parents) child_dropped(ls, p & ~flag, p & flag);
-  parents.clear();
+  for (uint32_t c : removed) (void)settle_drop(ls, c & ~flag, c & flag);
+  removed.clear();
   if (view) view->take(ls);
   return {};
 }

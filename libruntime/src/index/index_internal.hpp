@@ -32,6 +32,15 @@ inline bool live_index_state(uint8_t s) {
   return s == CXLKV_ENTRY_WRITING || s == CXLKV_ENTRY_READY || s == CXLKV_ENTRY_EVICTING;
 }
 
+// A removed block whose parent's children count is still to be dropped
+// (prefix_index.hpp "Children counts"): a TOMBSTONE that still names its
+// parent.  It counts as a child of that parent until whoever holds both
+// stripe locks settles it (drops the count, clears the name), and no
+// reserve reuses its slot before that.  A plain tombstone names no parent.
+inline bool pending_drop(const cxlkv_index_entry& e, uint32_t nslots) {
+  return e.state == CXLKV_ENTRY_TOMBSTONE && e.parent_slot < nslots;
+}
+
 // ext.linked bits a block keeps when it is (re)linked or unlinked.
 constexpr uint8_t kExtKeep = CXLKV_EXT_REUSED | CXLKV_EXT_HANDOFF | CXLKV_EXT_LEASED;
 

@@ -68,6 +68,13 @@ void PrefixIndex::begin_batch() {
 
 std::string PrefixIndex::last_block_message() { return t_block_msg; }
 
+PrefixIndex::BatchFailure PrefixIndex::batch_failure() { return BatchFailure{t_block_code, t_block_msg}; }
+
+void PrefixIndex::set_batch_failure(const BatchFailure& f) {
+  t_block_code = f.code;
+  t_block_msg = f.msg;
+}
+
 void PrefixIndex::block_error(int32_t code, std::string msg) {
   if (t_block_code != 0) return;  // keep the first
   t_block_code = code;
@@ -202,92 +209,11 @@ Result<uint64_t> PrefixIndex::reclaim_dead() {
   uint64_t n = 0;
   if (auto r = reclaim_node_pins(); r) n += r.value();
   else log().warn("index: node {}: reclaiming gone processes' pins: {}", node_, r.error().message());
-  // First the counts no child accounts for: a dead writer's block with
-  // such a count is then a leaf that the passes below remove.
-  if (auto r = repair_child_counts(); r) n += r.value();
-  else log().warn("index: node {}: repairing children counts: {}", node_, r.error().message());
-  // Leaves first; a dead writer's chain unwinds over repeated passes.
-  for (int pass = 0; pass < 64; pass++) {
-    uint64_t this_pass = 0;
-    for (uint32_t s = 0; s < hdr_.nstripes; s++) {
-      std::vector<uint32_t> parents;
-      {
-        LockSet ls(*this);
-        CXLKV_TRY(ls.acquire({s}));
-        for (uint32_t i = 0; i < hdr_.stripe_slots; i++) {
-          uint32_t slot = s * hdr_.stripe_slots + i;
-          cxlkv_index_entry e = read_entry(slot);
-          if (e.state == CXLKV_ENTRY_WRITING && e.children == 0 && writer_dead(e)) {
-            remove_locked(ls, slot, e, true, &parents);
-            this_pass++;
-          } else if (e.state == CXLKV_ENTRY_READY && e.pin_mask) {
-            bool changed = false;
-            pins_live(e, &changed);
-            if (changed) {
-              write_entry(slot, e, false);
-              this_pass++;
-            }
-          }
-        }
-      }
-      CXLKV_TRY(drop_children(parents));
-    }
-    n += this_pass;
-    if (this_pass == 0) break;
-  }
-  return n;
-}
-
-// A parent's children count is raised and dropped under the parent's stripe
-// lock, but a child removed under another stripe's lock drops it later
-// (drop_children, after that lock is released): a process that dies in
-// between leaves the count raised with no child.  On a dead writer's
-// WRITING block such a count keeps the passes of reclaim_dead from ever
-// removing it; those counts are set back to 0 here.  A lock-free sweep
-// finds the suspects; each is confirmed under its stripe lock (every child
-// is added under its parent's stripe lock, so none appears meanwhile) by a
-// second sweep.  A live dropper still due to drop such a count finds it at
-// 0 and leaves it (child_dropped).  Not repaired: a READY parent's count
-// left by a dead dropper (a live reserve_chain may hold a READY parent's
-// count with no child between its rounds; nothing tells the two apart
-// online: cxlkvctl kv check --repair sets it offline, index_repair.cpp).
-Result<uint64_t> PrefixIndex::repair_child_counts() {
-  auto live = [](const cxlkv_index_entry& e) { return live_index_state(e.state); };
-  std::vector<bool> named(hdr_.nslots, false);
-  std::vector<uint32_t> suspects;
-  for (uint32_t i = 0; i < hdr_.nslots; i++) {  // rule 4 reads (read_entry_fresh)
-    cxlkv_index_entry e = read_entry(i);
-    if (live(e) && e.parent_slot < hdr_.nslots) named[e.parent_slot] = true;
-  }
-  for (uint32_t i = 0; i < hdr_.nslots; i++)
-    if (!named[i]) {
-      cxlkv_index_entry e = read_entry(i);
-      if (e.state == CXLKV_ENTRY_WRITING && e.children && writer_dead(e)) suspects.push_back(i);
-    }
-  if (suspects.empty()) return uint64_t{0};
-  std::vector<uint32_t> stripes;
-  for (uint32_t p : suspects) stripes.push_back(p / hdr_.stripe_slots);
-  std::sort(stripes.begin(), stripes.end());
-  stripes.erase(std::unique(stripes.begin(), stripes.end()), stripes.end());
-  LockSet ls(*this);
-  CXLKV_TRY(ls.acquire(stripes));
-  std::fill(named.begin(), named.end(), false);
-  for (uint32_t i = 0; i < hdr_.nslots; i++) {
-    cxlkv_index_entry e = read_entry(i);
-    if (live(e) && e.parent_slot < hdr_.nslots) named[e.parent_slot] = true;
-  }
-  uint64_t fixed = 0;
-  for (uint32_t p : suspects) {
-    cxlkv_index_entry e = read_entry(p);
-    if (named[p] || e.state != CXLKV_ENTRY_WRITING || e.children == 0 || !writer_dead(e)) continue;
-    log().info("index: slot {}: children count {} with no child cached (its writer and dropper died): set to 0",
-               p, e.children);
-    ls.mark(p / hdr_.stripe_slots);
-    e.children = 0;            // WRITING: on no list, so nothing to link
-    write_entry(p, e, false);  // rule 1/3: NT line under the held set; fenced at release (lock_set.hpp)
-    fixed++;
-  }
-  return fixed;
+  // Pending drops, counts, dead writers' chains (leaf first), EVICTING
+  // leftovers and dead nodes' pin bits: the online repair (index_repair.cpp).
+  auto r = repair_index();
+  if (!r) return r.error();
+  return n + r->total();
 }
 
 // ---- pins of this node's processes (node_pins.hpp) ----------------------------

@@ -13,6 +13,16 @@
 //    evicted only when `children` is zero.  So along any chain the READY
 //    blocks form a prefix, and the longest cached prefix is found by binary
 //    search in O(log N) probes.
+//  * Children counts: outside a lock holder's critical section, a live
+//    entry's `children` equals the entries naming it as parent that are live
+//    or pending drops (a removed child whose parent's stripe the remover did
+//    not hold: a tombstone that keeps the parent's slot until a holder of
+//    both stripes settles it).  No count is held by a process's memory alone
+//    (a reserve that runs out of space pins a READY parent instead of
+//    keeping its count raised).  So while a parent's stripe lock is held no
+//    entry naming it can appear or go, and the count found then is the
+//    truth, with every node live: the online repair (repair_index) sets it,
+//    and a count left by a holder killed mid-change lasts until its next run.
 //  * Crash safety: WRITING entries carry owner node + incarnation and pins are
 //    a per-node bit mask; entries of nodes that NodeLiveness reports dead are
 //    reclaimed / unpinned by whoever meets them, so nothing stays blocked.
@@ -213,6 +223,8 @@ struct IndexCounters {  // what index operations did (KvStore turns these into s
   // Issue 12: pins refused because the entry's location is not the block the
   // allocator records for it (it overlaps another entry's block: damaged or forged).
   uint64_t overlap_refusals = 0;
+  // The online repair (repair_index): what it found left by dead processes.
+  uint64_t repair_runs = 0, stale_counts_fixed = 0, dead_writes_reclaimed = 0, drops_settled = 0;
 };
 
 // ---- SSD tier hook (issue 6; the tier layer is libruntime/src/tier/) -------
@@ -308,8 +320,25 @@ class PrefixIndex {
   // Evict the pool-wide least recently used evictable leaf; false if none.
   Result<bool> evict_any();
   // Remove every entry left by dead writers and every dead node's pin bit
-  // (and, with node pins, the pins of this node's gone processes).
+  // (and, with node pins, the pins of this node's gone processes): the
+  // gone processes' pins, then repair_index().  Returns what it changed.
   Result<uint64_t> reclaim_dead();
+  // The online repair (top of this file, "Children counts";
+  // index_repair.cpp), run while other nodes work: a lock-free sweep of the
+  // table finds suspects (pending drops, counts that disagree with the
+  // entries naming them, WRITING blocks of dead writers, EVICTING
+  // leftovers, pin bits of dead nodes); their stripes and their parents'
+  // are then taken in one lock set, where the counts are exact: pending
+  // drops are settled, every count is set to the entries (live or pending)
+  // naming it, dead writers' WRITING blocks go leaf first.  Bounded rounds;
+  // nothing is locked when the sweep finds nothing.
+  struct RepairReport {
+    uint64_t drops_settled = 0, counts_fixed = 0, writing_reclaimed = 0, evicting_finished = 0, pins_cleared = 0;
+    uint64_t total() const {
+      return drops_settled + counts_fixed + writing_reclaimed + evicting_finished + pins_cleared;
+    }
+  };
+  Result<RepairReport> repair_index();
   // ---- pins of this node's processes (node_pins.hpp) -------------------------
   // From now on this index's pins are counted with the other processes' of
   // its node in `pins` (its record; the index owns it and gives it back when
@@ -465,9 +494,6 @@ class PrefixIndex {
   void link(LockSet& ls, uint32_t slot, uint32_t ms, bool at_head);
   void unlink(LockSet& ls, uint32_t slot);
   void child_added(LockSet& ls, uint32_t parent_slot);
-  // reclaim_dead(): a dead writer's WRITING block whose children count no
-  // live entry accounts for (its dropper died) goes to 0.
-  Result<uint64_t> repair_child_counts();
   // Children count down; a READY memory block left without children joins the list.
   // reused_child: the child that went was reused, so the parent was too.
   void child_dropped(LockSet& ls, uint32_t parent_slot, bool reused_child = false);
@@ -477,9 +503,27 @@ class PrefixIndex {
   void mark_reused(uint32_t slot);  // sets ext REUSED (under the stripe lock)
   void repair_stripe(LockSet& ls, uint32_t stripe);  // rebuild the lists + counters from the entries
   // Remove entry at slot (payload freed).  A parent in a held stripe has its
-  // children count dropped at once, else its slot is appended to `parents`
-  // for drop_child() after unlocking.
+  // children count dropped at once; else the entry stays a pending drop (a
+  // tombstone naming the parent) and `slot` is appended to `parents` for
+  // drop_children() after unlocking.
   void remove_locked(LockSet& ls, uint32_t slot, cxlkv_index_entry e, bool reclaim, std::vector<uint32_t>* parents);
+  // The pending drop at `child`, when `ls` holds its stripe and its
+  // parent's: the parent's count drops and the tombstone names no parent
+  // any more.  false: not a pending drop (settled already), or a stripe not held.
+  bool settle_drop(LockSet& ls, uint32_t child, bool reused);
+  // Empty plain tombstones from `slot` backwards (pending drops stay).
+  void trim_tombstones(LockSet& ls, uint32_t slot);
+  // The online repair (index_repair.cpp): see repair_index().
+  uint64_t repair_locked(LockSet& ls, RepairReport& rep, std::vector<uint32_t>* parents);
+  void sweep_entries(std::vector<cxlkv_index_entry>& all) const;  // the table, lock-free (rule 4)
+  bool dead_pins(const cxlkv_index_entry& e);  // a READY entry with pin bits of dead nodes
+  // A WRITING entry the repair takes: its writer is dead (index_repair.cpp).
+  bool dead_writing(const cxlkv_index_entry& e, uint32_t now);
+  // The count of the live entry `e` at `slot` becomes `children`; its list
+  // membership follows (a READY memory leaf is listed).  true: a leaf now.
+  bool set_count_locked(LockSet& ls, uint32_t slot, cxlkv_index_entry e, uint32_t children);
+  // A READY block pinned by this index under the held set (reserve_locked).
+  bool pin_locked(LockSet& ls, uint32_t slot);
   // Evict from the tail of the stripe's hot or cold list (lazy promotion of
   // used tails); a tail's key is its linked_ms (+ bonus on the hot list):
   // false if no victim whose key <= limit was found in a few steps.
@@ -509,7 +553,9 @@ class PrefixIndex {
   // Evict ahead of demand until `blocks` more blocks / `bytes` fit the
   // pool-wide capacity (or nothing evictable is left).  No lock held.
   Result<void> make_room(uint64_t blocks, uint64_t bytes, PoolView* view = nullptr);
-  Result<void> drop_children(std::vector<uint32_t>& parents, PoolView* view = nullptr);  // no lock held
+  // Settles the pending drops of `removed` (slots remove_locked() left
+  // naming a parent in a stripe it did not hold).  No lock held.
+  Result<void> drop_children(std::vector<uint32_t>& removed, PoolView* view = nullptr);
   bool lease_live(cxlkv_index_ext& x, uint32_t now, bool* ended_dead);
   // Pool-wide usage: sweep of the stripe lines, held stripes from `ls`.
   void pool_used(const LockSet* ls, uint64_t* blocks, uint64_t* bytes) const;
@@ -522,7 +568,8 @@ class PrefixIndex {
   // not settled or keys.size().
   size_t reserve_locked(LockSet& ls, const BlockKey* pkey, std::span<const BlockKey> keys, size_t from,
                         uint64_t bytes, std::span<Reservation> out, std::span<int32_t> status,
-                        std::vector<uint32_t>* parents, bool* need_reclaim, uint32_t* held_parent,
+                        std::vector<uint32_t>* parents, bool* need_reclaim,
+                        std::vector<std::pair<uint32_t, BlockKey>>* pinned,
                         const PoolView& view, bool through_busy);
   void block_error(int32_t code, std::string msg);
   // The first slots of `key`'s probe sequence (read in a LockSet's sweep).
@@ -530,7 +577,18 @@ class PrefixIndex {
   void prefetch_probes(LockSet& ls, const BlockKey* pkey, std::span<const BlockKey> keys);
   Result<size_t> publish_checked(std::span<const uint32_t> slots, std::span<const BlockKey> keys,
                                  std::span<const Reservation> handles, std::span<int32_t> status);
+  // reserve_chain without the repair-and-retry of a full pool.
+  Result<size_t> reserve_chain_once(const BlockKey* parent, std::span<const BlockKey> keys, uint64_t bytes,
+                                    std::span<Reservation> out, std::span<int32_t> status, bool through_busy);
+  static constexpr int64_t kRepairGapMs = 100;  // a full pool's repairs, at most one per this per index
+  std::atomic<int64_t> repair_ms_{0};            // realtime ms of the last one
   static void begin_batch();  // remembers the first failure's message
+  struct BatchFailure {
+    int32_t code = 0;
+    std::string msg;
+  };
+  static BatchFailure batch_failure();  // this thread's first failure so far
+  static void set_batch_failure(const BatchFailure& f);
   // The capacity bound (max_blocks / max_bytes of the config line) as an
   // operator sets it now (`cxlkvctl kv ... --mem-capacity` on a pool in
   // service): read fresh at most every kCapacityRefreshMs (index_entry.cpp).
