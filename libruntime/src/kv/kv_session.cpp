@@ -410,20 +410,47 @@ class HeapSpace final : public PayloadSpace {
 // (index/node_pins.hpp): a killed process's pins stop protecting its
 // blocks while its node's other processes keep theirs.
 constexpr std::chrono::milliseconds kPinReclaimPeriod{200};
+// Every kIndexRepairPeriod (CXLKV_INDEX_REPAIR_MS; 0: none) the drainer
+// runs the index's online repair (index/prefix_index.hpp "Children
+// counts"): what a process killed mid-change left -- a stale children count,
+// a pending drop, a dead writer's WRITING block -- lasts at most this long
+// after its death is seen (at once on this host; after the heartbeat limit
+// for another host's).  Its lock-free sweep reads the whole table; only
+// suspects' stripes are locked.
+constexpr std::chrono::milliseconds kIndexRepairPeriod{1000};
+
+std::chrono::milliseconds index_repair_period() {
+  if (const char* e = std::getenv("CXLKV_INDEX_REPAIR_MS"); e && *e) {
+    char* end = nullptr;
+    const unsigned long v = std::strtoul(e, &end, 10);
+    if (*end == 0 && v <= 3600000) return std::chrono::milliseconds(v);
+    log().warn("kv: CXLKV_INDEX_REPAIR_MS='{}' is not 0..3600000; using {} ms", e, kIndexRepairPeriod.count());
+  }
+  return kIndexRepairPeriod;
+}
 
 class Drainer {
  public:
-  Drainer(NodeHeap& heap, std::chrono::milliseconds period, PrefixIndex* index)
-      : thread_([this, &heap, period, index] {
+  // `repair`: the index whose online repair this session runs (nullptr:
+  // none, e.g. a client of the index service, whose server owns the index).
+  Drainer(NodeHeap& heap, std::chrono::milliseconds period, PrefixIndex* index, PrefixIndex* repair)
+      : thread_([this, &heap, period, index, repair] {
           pthread_setname_np(pthread_self(), "cxlkv-drainer");
           std::unique_lock<std::mutex> lk(mu_);
           auto next_pins = std::chrono::steady_clock::now();
+          const auto repair_period = index_repair_period();
+          auto next_repair = std::chrono::steady_clock::now() + repair_period;
           while (!cv_.wait_for(lk, period, [this] { return stop_; })) {
             lk.unlock();
             if (index && std::chrono::steady_clock::now() >= next_pins) {
               next_pins = std::chrono::steady_clock::now() + kPinReclaimPeriod;
               if (auto r = index->reclaim_node_pins(); !r)
                 log().debug("kv: dropping gone processes' pins: {}", r.error().message());
+            }
+            if (repair && repair_period.count() && std::chrono::steady_clock::now() >= next_repair) {
+              next_repair = std::chrono::steady_clock::now() + repair_period;
+              if (auto r = repair->repair_index(); !r)
+                log().debug("kv: online index repair: {}", r.error().message());
             }
             auto r = heap.drain_if_posted(std::chrono::milliseconds(100));  // bounded: the session can close
             if (!r) log().debug("kv: draining remote frees: {}", r.error().message());
@@ -540,7 +567,8 @@ Result<std::unique_ptr<KvSession>> open_kv_session(Region& pool, NodeContext& no
   if (!pins) return pins.error();
   CXLKV_TRY(s->store_->index().set_node_pins(std::move(pins.value())));
   if (auto period = drain_period(); period.count())
-    s->drainer = std::make_unique<Drainer>(*s->heap, period, &s->store_->index());
+    s->drainer = std::make_unique<Drainer>(*s->heap, period, &s->store_->index(),
+                                           s->service ? nullptr : &s->store_->index());
   return std::unique_ptr<KvSession>(std::move(s));
 }
 
