@@ -4,6 +4,7 @@
 #   make run     set-up, build, run the main job on an embedded shm pool
 #   make test    set-up, build, run every test (unit, multi-process, model, VM)
 #   make bench   benchmarks -> build/bench/results.json
+#   make soak    the full-pool kill soak alone (CXLKV_SOAK_SECONDS, default 180)
 #   make deps    install missing Debian packages (root) or print the command
 #   make kmod    build kmod/cxlkv.ko (KDIR= to choose the kernel tree)
 #   make install    library, headers, cxlkv.pc, CMake package, tools, man pages,
@@ -20,7 +21,7 @@ PREFIX   ?= /usr/local
 DESTDIR  ?=
 export CXLKV_BUILD := $(abspath $(BUILD))
 
-.PHONY: all deps configure build test unit-test run bench clean kmod vm-test help install uninstall deb
+.PHONY: all deps configure build test unit-test run bench soak clean kmod vm-test help install uninstall deb
 
 all: build
 
@@ -51,6 +52,9 @@ run: build
 bench: build
 	@mkdir -p $(BUILD)/bench
 	@tools/scripts/bench.sh
+
+soak: build
+	@tools/scripts/soak.sh
 
 kmod:
 	$(MAKE) -C kmod

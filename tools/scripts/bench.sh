@@ -10,6 +10,11 @@ if /usr/bin/python3 -c "import numpy, torch" 2>/dev/null; then
 else
 	echo "bench: py group skipped (/usr/bin/python3 lacks numpy/torch: make deps)" >&2
 fi
+# soak group: writers killed at random on a full pool, for minutes
+# (tools/scripts/soak.sh; CXLKV_SOAK_SECONDS, 0 leaves it out).
+if [ "${CXLKV_SOAK_SECONDS:-180}" != 0 ]; then
+	CXLKV_BUILD="$B" tools/scripts/soak.sh
+fi
 # engine group: real vLLM engines with and without cxlkv, LMCache beside
 # them (tools/bench/engine_bench.py), in the engine environment (make deps).
 VENV=${CXLKV_ENGINE_VENV:-$(pwd)/.venv-engines}
