@@ -110,6 +110,7 @@ int work(int argc, char** argv) {
   if (mode != "writer" && mode != "remote-writer") return 2;
   bool ready = false;
   uint64_t acks = 0;
+  const uint64_t consumer_base = (rng() & 0xffffffffffull) << 24;  // 2^24 acknowledgements per writer
   std::vector<std::byte> got(bytes);
   for (;;) {
     auto keys = family_chain(rng() % n, 2 + rng() % (kMaxChain - 1));
@@ -124,8 +125,9 @@ int work(int argc, char** argv) {
       // Acknowledged: cached and leased to the test's consumer, which reads
       // and releases them.
       // One consumer (request) id per acknowledgement: leases of one
-      // consumer do not add up, those of several do.
-      const uint64_t consumer = kConsumer + (uint64_t(getpid()) << 24) + ++acks;
+      // consumer do not add up, those of several do.  Drawn from the seed,
+      // not the pid: every writer in a pid namespace of its own is pid 1.
+      const uint64_t consumer = kConsumer + consumer_base + ++acks;
       std::vector<BlockKey> have(keys.begin(), keys.begin() + r.value());
       std::vector<int32_t> ls(have.size());
       if (!have.empty() && kv.lease(have, consumer, kConsumerNode, kLeaseMs, ls)) {
