@@ -205,6 +205,12 @@ Result<PrefixIndex::RepairReport> PrefixIndex::repair_index() {
       stripes.push_back(i / ss);
       if (with_parent && e.parent_slot < ns) stripes.push_back(e.parent_slot / ss);
     }
+    // A stripe line left dirty (its holder died mid-change, or one is in
+    // its critical section now): its acquirer rebuilds the lists and
+    // counters (lock_set.hpp), so the capacity counts the truth again.
+    const std::vector<cxlkv_index_stripe> lines = read_stripes();
+    for (uint32_t st = 0; st < lines.size(); st++)
+      if (lines[st].list_dirty) stripes.push_back(st);
     if (stripes.empty()) break;
     std::sort(stripes.begin(), stripes.end());
     stripes.erase(std::unique(stripes.begin(), stripes.end()), stripes.end());

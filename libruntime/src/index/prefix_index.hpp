@@ -327,8 +327,9 @@ class PrefixIndex {
   // index_repair.cpp), run while other nodes work: a lock-free sweep of the
   // table finds suspects (pending drops, counts that disagree with the
   // entries naming them, WRITING blocks of dead writers, EVICTING
-  // leftovers, pin bits of dead nodes); their stripes and their parents'
-  // are then taken in one lock set, where the counts are exact: pending
+  // leftovers, pin bits of dead nodes, stripe lines left dirty); their
+  // stripes and their parents' are then taken in one lock set (whose
+  // acquire rebuilds a dirty stripe's lists), where the counts are exact: pending
   // drops are settled, every count is set to the entries (live or pending)
   // naming it, dead writers' WRITING blocks go leaf first.  Bounded rounds;
   // nothing is locked when the sweep finds nothing.
