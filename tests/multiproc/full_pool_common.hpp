@@ -17,7 +17,10 @@ namespace cxlkv::fullpool {
 
 constexpr uint64_t kConsumer = 0x5eedf00dull;  // base of the request ids the acknowledged blocks are leased to
 constexpr uint32_t kConsumerNode = 1;          // the test's node
-constexpr uint32_t kLeaseMs = 60000;           // longer than any run: an acknowledged block stays until consumed
+// An acknowledged block stays until consumed (within milliseconds); a
+// writer killed between its lease and its acknowledgement leaves a lease
+// no one releases, which protects the block this long.
+constexpr uint32_t kLeaseMs = 10000;
 constexpr size_t kMaxChain = 8;
 
 // Chain `family` of `len` blocks: families share their prefixes, so

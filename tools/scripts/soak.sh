@@ -13,7 +13,7 @@ S=${CXLKV_SOAK_SECONDS:-180}
 mkdir -p "$B/bench"
 log="$B/bench/soak-full-pool.log"
 rc=0
-CXLKV_FULL_POOL_SECONDS="$S" CXLKV_TEST_TOOLS="$B/tools" nice "$B/tests/kv_full_pool_test" >"$log" 2>&1 || rc=$?
+CXLKV_FULL_POOL_SECONDS="$S" CXLKV_FULL_POOL_STRICT=1 CXLKV_TEST_TOOLS="$B/tools" nice "$B/tests/kv_full_pool_test" >"$log" 2>&1 || rc=$?
 line=$(grep '^full-pool: seconds=' "$log" | tail -n 1 || true)
 /usr/bin/python3 - "$B/bench/results.json" "$rc" "$line" <<'PY'
 import json, os, sys
