@@ -3,7 +3,8 @@
 //   kv_full_pool_helper POOL NODE writer SEED BYTES FAMILIES
 //       put_chain chains of random families (full_pool_common.hpp) again
 //       and again; lease each chain's cached blocks to a consumer id of the
-//       test's node and acknowledge them on stdout ("A <consumer> <key>..."),
+//       test's node and acknowledge them on stdout ("A <consumer> <lease
+//       time, realtime ms> <key>..."),
 //       then read another
 //       family's cached prefix and check its bytes ("V <verified> <wrong>");
 //       a failed put prints "E <errno> <message>".  "READY" after the first
@@ -24,6 +25,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <ctime>
 #include <random>
 #include <string>
 #include <vector>
@@ -131,7 +133,10 @@ int work(int argc, char** argv) {
       std::vector<BlockKey> have(keys.begin(), keys.begin() + r.value());
       std::vector<int32_t> ls(have.size());
       if (!have.empty() && kv.lease(have, consumer, kConsumerNode, kLeaseMs, ls)) {
-        std::string line = "A " + std::to_string(consumer);
+        timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        const uint64_t ms = uint64_t(ts.tv_sec) * 1000 + uint64_t(ts.tv_nsec) / 1000000;
+        std::string line = "A " + std::to_string(consumer) + " " + std::to_string(ms);
         for (size_t i = 0; i < have.size(); i++)
           if (ls[i] == 0) line += " " + to_hex(have[i]);
         std::printf("%s\n", line.c_str());

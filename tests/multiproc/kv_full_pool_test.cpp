@@ -226,12 +226,13 @@ TEST(KvFullPool, WritersKilledAtRandomLeaveThePoolWritableAndSound) {
   // Figures.
   uint64_t killed = 0, acked = 0, verified = 0, wrong = 0, lost = 0, writer_verified = 0, writer_wrong = 0,
            enospc = 0, other_errors = 0, survivors = 0, max_leftovers = 0;
-  uint64_t release_errors = 0;
+  uint64_t release_errors = 0, late = 0;
+  int64_t max_lag_ms = 0;  // from a writer's lease to the test reading the block
   std::map<uint64_t, int64_t> outstanding;  // acknowledged, not yet released, per key
   std::string release_detail;
   std::string first_lost, first_error, first_survivor, first_release_error;
   struct Ack {
-    uint64_t consumer = 0;
+    uint64_t consumer = 0, leased_ms = 0;
     std::vector<BlockKey> keys;
   };
   std::deque<Ack> todo;  // acknowledged, not yet read back
@@ -241,7 +242,7 @@ TEST(KvFullPool, WritersKilledAtRandomLeaveThePoolWritableAndSound) {
     in >> tag;
     if (tag == "A") {
       Ack a;
-      in >> a.consumer;
+      in >> a.consumer >> a.leased_ms;
       std::string hex;
       while (in >> hex) {
         BlockKey k;
@@ -283,6 +284,13 @@ TEST(KvFullPool, WritersKilledAtRandomLeaveThePoolWritableAndSound) {
     while (!todo.empty()) {
       Ack a = std::move(todo.front());
       todo.pop_front();
+      {
+        timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        const int64_t lag = int64_t(ts.tv_sec) * 1000 + ts.tv_nsec / 1000000 - int64_t(a.leased_ms);
+        max_lag_ms = std::max<int64_t>(max_lag_ms, lag);
+        if (lag >= int64_t(kLeaseMs)) late += a.keys.size();  // its lease may have ended: not the index's fault
+      }
       const std::vector<BlockKey>& keys = a.keys;
       for (const BlockKey& k : keys) {
         Chunk ch{got.data(), got.size()};
@@ -419,6 +427,8 @@ TEST(KvFullPool, WritersKilledAtRandomLeaveThePoolWritableAndSound) {
       {"writer_reads_verified", std::to_string(writer_verified)},
       {"writer_reads_wrong", std::to_string(writer_wrong)},
       {"lease_release_errors", std::to_string(release_errors)},
+      {"max_ack_lag_ms", std::to_string(max_lag_ms)},
+      {"acks_read_after_lease_ttl", std::to_string(late)},
       {"enospc", std::to_string(enospc)},
       {"other_errors", std::to_string(other_errors)},
       {"max_leftovers", std::to_string(max_leftovers)},
