@@ -16,6 +16,16 @@ if [ "${CXLKV_SOAK_SECONDS:-180}" != 0 ]; then
 	# A failed soak is a figure (soak.full_pool.passed 0), not the end of the bench.
 	CXLKV_BUILD="$B" tools/scripts/soak.sh || echo "bench: soak failed (soak.full_pool.passed = 0)" >&2
 fi
+# damage group: the damaged-pool campaign (tests/damage/damage_campaign.py),
+# every kind of damage with two seeds and the Python readers, for at most
+# 10 minutes: damage.inputs / .refused / .accepted / .unclear / .crashes /
+# .hangs / .wrong_status0 (and per target class) merged into the file.
+if /usr/bin/python3 -c "import numpy" 2>/dev/null; then
+	CXLKV_TEST_TOOLS="$B/tools" CXLKV_LIB="$B/libruntime/libcxlkv.so" /usr/bin/python3 tests/damage/damage_campaign.py \
+		--seeds 2 --python --pnm --budget-s 600 --results "$B/bench/results.json" --json "$B/bench/damage.json" >&2
+else
+	echo "bench: damage group skipped (/usr/bin/python3 lacks numpy: make deps)" >&2
+fi
 # engine group: real vLLM engines with and without cxlkv, LMCache beside
 # them (tools/bench/engine_bench.py), in the engine environment (make deps).
 VENV=${CXLKV_ENGINE_VENV:-$(pwd)/.venv-engines}
