@@ -136,6 +136,62 @@ TEST_P(KvModes, SingleBlockCallsReserveWritePublishPinFetchUnpin) {
   EXPECT_EQ(miss.error().code(), -ENOENT);
 }
 
+// A forged entry (checksum recomputed) that names another block's space is
+// refused at pin in both modes, and the message says which block and why
+// (README "Integrity").  Through the index service the refusal arrives as a
+// code only; the store's message still names the pool, the service and the
+// cause, not a bare "Input/output error" (found by the damaged-pool campaign,
+// tests/damage/damage_campaign.py).
+TEST_P(KvModes, AForgedEntryNamingAnotherBlocksSpaceIsRefusedWithTheCauseNamed) {
+  auto keys = chain(9, 2);
+  const size_t len = 8192;
+  for (size_t i = 0; i < 2; i++) {
+    auto bytes = pattern(i, len);
+    Chunk c{bytes.data(), len};
+    auto r = a->reserve(keys[i], nullptr, len);
+    ASSERT_TRUE(r && r->reserved()) << (r ? "" : r.error().message());
+    ASSERT_TRUE(a->write(*r, {&c, 1}));
+    ASSERT_TRUE(a->publish(*r));
+  }
+  Region& region = *mp->pool.region;
+  MemoryDomain& d = region.domain();
+  std::byte* ix = region.at(region.carve(CXLKV_CARVE_INDEX)->offset);
+  auto line = [&](uint32_t slot) {
+    return reinterpret_cast<cxlkv_index_entry*>(ix + b->index().header().entry_off + slot * 64ull);
+  };
+  const uint32_t sa = b->index().find_ready(keys[0]), sb = b->index().find_ready(keys[1]);
+  ASSERT_NE(sa, CXLKV_INDEX_NO_SLOT);
+  ASSERT_NE(sb, CXLKV_INDEX_NO_SLOT);
+  cxlkv_index_entry e = d.read_fresh(line(sb));
+  e.loc_off = d.read_fresh(line(sa)).loc_off;  // B now names A's bytes
+  e.check = cxlkv_index_entry_check(&e);
+  d.publish_line(line(sb), &e);
+  d.fence();
+
+  auto pin = b->pin(keys[1]);
+  ASSERT_FALSE(pin) << "an entry naming another block's space was pinned";
+  EXPECT_EQ(pin.error().code(), -EIO);
+  const std::string m = pin.error().message();
+  EXPECT_NE(m.find(to_hex(keys[1])), std::string::npos) << m;
+  EXPECT_NE(m.find("damaged or forged"), std::string::npos) << m;
+  if (GetParam() == KvIndexMode::service) {
+    EXPECT_NE(m.find("pool " + mp->pool.region->uri()), std::string::npos) << m;
+    EXPECT_NE(m.find("index service"), std::string::npos) << m;
+  }
+  // The batch path says the same, and A is still served as itself.
+  std::vector<std::byte> got(len);
+  Chunk o{got.data(), len};
+  std::vector<uint32_t> n1(1, 1);
+  std::vector<int32_t> st(1, 99);
+  auto g = b->get_many({&keys[1], 1}, {&o, 1}, n1, st);
+  EXPECT_TRUE(!g || st[0] == -EIO) << st[0];
+  EXPECT_NE(b->last_block_error().find("damaged or forged"), std::string::npos) << b->last_block_error();
+  auto ga = b->get_many({&keys[0], 1}, {&o, 1}, n1, st);
+  ASSERT_TRUE(ga);
+  EXPECT_EQ(st[0], 0);
+  EXPECT_EQ(got, pattern(0, len));
+}
+
 TEST_P(KvModes, AnotherNodesReservationIsBusyUntilAbortedThenReservable) {
   auto keys = chain(3, 1);
   auto r = a->reserve(keys[0], nullptr, 512);

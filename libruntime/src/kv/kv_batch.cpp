@@ -39,9 +39,10 @@ int32_t as_status(uint32_t handle_status) { return static_cast<int32_t>(handle_s
 uint32_t as_handle(int32_t status) { return static_cast<uint32_t>(status); }
 
 // The index's batch calls report a code per block and keep the first
-// failure's message; this is that message, or one made from the code.
-Error block_error(const char* op, const BlockKey& k, int32_t code) {
-  std::string m = PrefixIndex::last_block_message();
+// failure's message; this is that message (the backend's: the index service
+// sends codes only), or one made from the code.
+Error block_error(const KvIndexBackend& ops, const char* op, const BlockKey& k, int32_t code) {
+  std::string m = ops.block_message(op, k, code);
   if (!m.empty()) return Error(code, m);
   return Error(code, std::string("kv: ") + op + " of block " + to_hex(k) + ": " + std::strerror(-code));
 }
@@ -117,7 +118,7 @@ Result<size_t> KvStore::reserve_chain(const BlockKey* parent, std::span<const Bl
     if (status[i] < 0) {
       if (status[i] != -ECANCELED) {
         count(status[i] == -ENOSPC ? CXLKV_CTR_NOSPC : CXLKV_CTR_ERRORS);
-        note_block_error(block_error("reserve", keys[i], status[i]));
+        note_block_error(block_error(*ops_, "reserve", keys[i], status[i]));
       }
       continue;
     }
@@ -370,7 +371,7 @@ Result<size_t> KvStore::publish_blocks(std::span<const KvReservation> rs, std::s
     if (p.status[j] == 0) count(CXLKV_CTR_PUBLISHES);
     else {
       if (p.status[j] != -EAGAIN) count(CXLKV_CTR_ERRORS);
-      note_block_error(block_error("publish", p.keys[j], p.status[j]));
+      note_block_error(block_error(*ops_, "publish", p.keys[j], p.status[j]));
     }
   }
   return good;
@@ -384,7 +385,7 @@ Result<size_t> KvStore::abort_many(std::span<const KvReservation> rs, std::span<
   for (size_t j = 0; j < p.at.size(); j++) {
     status[p.at[j]] = p.status[j];
     if (p.status[j] == 0) count(CXLKV_CTR_ABORTS);
-    else note_block_error(block_error("abort", p.keys[j], p.status[j]));
+    else note_block_error(block_error(*ops_, "abort", p.keys[j], p.status[j]));
   }
   return good;
 }
@@ -424,7 +425,7 @@ Result<size_t> KvStore::pin_blocks(std::span<const BlockKey> keys, std::span<KvP
     p.status = as_handle(status[i]);
     if (status[i] != 0) {
       count(CXLKV_CTR_PIN_MISSES);
-      if (status[i] != kKvMiss) note_block_error(block_error("pin", keys[i], status[i]));
+      if (status[i] != kKvMiss) note_block_error(block_error(*ops_, "pin", keys[i], status[i]));
       continue;
     }
     count(CXLKV_CTR_PINS);
@@ -633,7 +634,7 @@ Result<size_t> KvStore::unpin_blocks(std::span<const KvPin> pins, std::span<int3
   if (!good) return good.error();
   for (size_t j = 0; j < p.at.size(); j++) {
     status[p.at[j]] = p.status[j];
-    if (p.status[j] != 0) note_block_error(block_error("unpin", p.keys[j], p.status[j]));
+    if (p.status[j] != 0) note_block_error(block_error(*ops_, "unpin", p.keys[j], p.status[j]));
   }
   return good;
 }

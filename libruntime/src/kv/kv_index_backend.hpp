@@ -46,6 +46,14 @@ class KvIndexBackend {
   virtual void reservation_owner(uint32_t* node, uint32_t* incarnation) const = 0;
   // "locks" or "service" (metrics, messages).
   virtual const char* mode() const = 0;
+  // The message for a block that the last batch call refused with `code`
+  // (empty: none better than the code's name).  On the lock-based path the
+  // index keeps the first failure's message in this thread; the index
+  // service's refusals come back as codes only, so that backend names the
+  // pool, the service and the cause the code stands for (README "Integrity").
+  virtual std::string block_message(const char* /*op*/, const BlockKey& /*key*/, int32_t /*code*/) const {
+    return PrefixIndex::last_block_message();
+  }
 };
 
 // The lock-based path: the store's own PrefixIndex.

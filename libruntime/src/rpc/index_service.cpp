@@ -521,6 +521,29 @@ Result<size_t> IndexServiceBackend::named(Result<size_t> r) const {
   return Error(r.error().code(), "kv: pool " + pool_ + ": " + r.error().message());
 }
 
+// The service replies with a code per block; its message stays in the
+// server's log.  The codes of the pin's entry checks and the allocator's
+// checks mean one cause each (PrefixIndex::pin_many, ChunkAllocator; README
+// "Integrity"), so the message says it here.
+std::string IndexServiceBackend::block_message(const char* op, const BlockKey& key, int32_t code) const {
+  std::string m = "kv: pool " + pool_ + ": " + op + " of block " + to_hex(key) + " refused by the pool's index service (" +
+                  std::strerror(-code) + ")";
+  const char* audit = "; the service's log names the fields, `cxlkvctl kv check` audits the index";
+  if (code == -EIO)
+    return m + ": its entry's location is not the block the allocator records there (another block's space: a "
+               "damaged or forged entry or allocator record), never served" + audit;
+  if (code == -EBADMSG)
+    return m + ": its entry's location is not where a block of its length starts (a damaged or forged entry), never "
+               "served" + audit;
+  if (code == -EUCLEAN)
+    return m + ": the pool's allocator metadata (chunk bitmap or chunk table) fails its checks, so no space is "
+               "handed out" + audit;
+  if (code == -ENOSPC)
+    return m + ": the pool's capacity (the index config's max_blocks / max_bytes, or the allocator's space) is "
+               "reached and nothing could be evicted";
+  return m;
+}
+
 Result<size_t> IndexServiceBackend::reserve_chain(const BlockKey* parent, std::span<const BlockKey> keys,
                                                   uint64_t bytes, std::span<Reservation> out,
                                                   std::span<int32_t> status, bool through_busy) {

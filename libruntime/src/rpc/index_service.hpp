@@ -132,6 +132,7 @@ class IndexServiceBackend final : public KvIndexBackend {
                             std::span<int32_t> status) override;
   void reservation_owner(uint32_t* node, uint32_t* inc) const override;
   const char* mode() const override { return "service"; }
+  std::string block_message(const char* op, const BlockKey& key, int32_t code) const override;
   IndexServiceClient& client() { return *cl_; }
 
  private:
