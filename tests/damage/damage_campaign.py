@@ -37,8 +37,13 @@ Kinds: random (random bytes over the target), flip (one bit), zero, ones
 offset a line or a granule away, another block's offset; the checksum or
 check that covers the field is recomputed, so the forgery passes it).
 
-  damage_campaign.py [--tools DIR] [--seeds N] [--kinds k,k] [--budget-s S]
-                     [--python] [--json FILE] [--results FILE] [--assert]
+  damage_campaign.py [--tools DIR] [--seeds N] [--kinds k,k] [--classes c,c]
+                     [--sample N] [--order-seed N] [--budget-s S] [--python]
+                     [--pnm] [--json FILE] [--results FILE] [--assert]
+
+Inputs run in a fixed shuffled order (--order-seed), so --sample N or a
+budget spreads over every class and kind; a finding prints its target,
+kind and seed, and --classes / --kinds / --seeds run it again.
 
 --results merges damage.* figures into a flat JSON results file (make bench);
 --assert exits 1 when any crash, hang or wrong-with-status-0 was seen (make
