@@ -37,13 +37,13 @@ Kinds: random (random bytes over the target), flip (one bit), zero, ones
 offset a line or a granule away, another block's offset; the checksum or
 check that covers the field is recomputed, so the forgery passes it).
 
-  damage_campaign.py [--tools DIR] [--seeds N] [--kinds k,k] [--classes c,c]
+  damage_campaign.py [--tools DIR] [--seeds N] [--kinds k,k] [--classes c,c] [--target NAME]
                      [--sample N] [--order-seed N] [--budget-s S] [--python]
                      [--pnm] [--json FILE] [--results FILE] [--assert]
 
 Inputs run in a fixed shuffled order (--order-seed), so --sample N or a
 budget spreads over every class and kind; a finding prints its target,
-kind and seed, and --classes / --kinds / --seeds run it again.
+kind and seed, and --target NAME --kinds KIND --seeds SEED+1 runs it again.
 
 --results merges damage.* figures into a flat JSON results file (make bench);
 --assert exits 1 when any crash, hang or wrong-with-status-0 was seen (make
@@ -661,6 +661,8 @@ class Campaign:
                 for tg in p.targets:
                     if self.a.classes and tg[0] not in self.a.classes:
                         continue
+                    if self.a.target and tg[1] != self.a.target:
+                        continue
                     for kind in self.a.kinds:
                         for seed in range(self.a.seeds):
                             if kind in ("zero", "ones") and seed > 0:
@@ -758,6 +760,7 @@ def main():
     ap.add_argument("--sample", type=int, default=0, help="damaged inputs to try (0: every one)")
     ap.add_argument("--order-seed", type=int, default=0, help="seed of the shuffled order of the inputs")
     ap.add_argument("--classes", default="", help="only these target classes (comma-separated)")
+    ap.add_argument("--target", default="", help="only the target of this name (as a finding prints it)")
     ap.add_argument("--json")
     ap.add_argument("--results")
     ap.add_argument("--assert", dest="assert_clean", action="store_true")
