@@ -315,15 +315,15 @@ Result<bool> LockManager::run_once() {
   for (uint32_t l : s.active)
     if (s.locks[l].holder != kNone) s.locks[l].polled_req = d.read(&ctrl_.slot(l, s.locks[l].holder)->request);
 
-  // Liveness of the owner of node n's slot of lock l (a waiting or holding
-  // request): on this host its process (pid + start time), else the node's
-  // heartbeat.  Cached per node for opts_.liveness_check.
   // Whether this manager can judge node n's processes: only on their host
   // (pid + start time mean nothing elsewhere).
   auto judges_processes = [&](uint32_t n) {
     const cxlkv_node_entry& e = s.nodes[n].entry;
     return e.host_id != 0 && e.host_id == this_host_id() && !sync::testing::manager_on_another_host();
   };
+  // Liveness of the owner of node n's slot of lock l (a waiting or holding
+  // request): on this host its process (pid + start time), else the node's
+  // heartbeat.  Cached per node for opts_.liveness_check.
   auto owner_alive = [&](uint32_t n, const cxlkv_lock_slot& sl) {
     State::NodeInfo& ni = s.nodes[n];
     const bool local = judges_processes(n);
