@@ -395,40 +395,6 @@ TEST(IndexBatch, PutChainIntoAFullPoolEvictsAsManyOlderBlocksAsItNeeds) {
 }
 
 namespace {
-struct Died {};  // a writer's death at a lock call: its process state is abandoned
-// Throws Died at the `die_at`-th lock() call once armed (0: never).  From
-// then on the writer is dead: its unlocks (destructors while its stack
-// unwinds) do nothing and its locks fail; recover() then releases what it
-// held, as the lock manager does for a dead holder.
-class DyingLocks final : public StripeLocks {
- public:
-  explicit DyingLocks(StripeLocks& inner) : inner_(inner) {}
-  Result<void> lock(uint32_t s) override {
-    if (dead) return Error(-EOWNERDEAD, "dead");
-    if (die_at && ++calls == die_at) {
-      dead = true;
-      throw Died{};
-    }
-    auto r = inner_.lock(s);
-    if (r) held.push_back(s);
-    return r;
-  }
-  void unlock(uint32_t s) override {
-    if (dead) return;
-    held.erase(std::find(held.begin(), held.end(), s));
-    inner_.unlock(s);
-  }
-  void recover() {
-    for (uint32_t s : held) inner_.unlock(s);
-    held.clear();
-  }
-  uint32_t die_at = 0, calls = 0;
-  bool dead = false;
-  std::vector<uint32_t> held;
-
- private:
-  StripeLocks& inner_;
-};
 
 // Every live entry in `state`: its children count equals the live entries
 // and pending drops (tombstones still naming their parent) naming it.

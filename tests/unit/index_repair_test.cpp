@@ -29,40 +29,6 @@ IndexFormatOptions opts(uint32_t stripes, uint32_t slots, uint64_t max_blocks) {
   return o;
 }
 
-struct Died {};  // a writer's death at a lock call: its process state is abandoned
-
-// Stripe locks of a writer that dies at its die_at-th lock call: from then
-// on its calls do nothing (the thread unwinds with Died); recover() then
-// releases what it held, as the lock manager does for a dead holder.
-class DyingLocks final : public StripeLocks {
- public:
-  explicit DyingLocks(StripeLocks& inner) : inner_(inner) {}
-  Result<void> lock(uint32_t s) override {
-    if (dead) return Error(-EOWNERDEAD, "dead");
-    if (die_at && ++calls == die_at) {
-      dead = true;
-      throw Died{};
-    }
-    auto r = inner_.lock(s);
-    if (r) held.push_back(s);
-    return r;
-  }
-  void unlock(uint32_t s) override {
-    if (dead) return;
-    held.erase(std::find(held.begin(), held.end(), s));
-    inner_.unlock(s);
-  }
-  void recover() {
-    for (uint32_t s : held) inner_.unlock(s);
-    held.clear();
-  }
-  uint32_t die_at = 0, calls = 0;
-  bool dead = false;
-  std::vector<uint32_t> held;
-
- private:
-  StripeLocks& inner_;
-};
 
 // One chain put through the batch calls: reserve, write, publish (retrying
 // -EAGAIN below a parent another writer is still writing), abort the rest.

@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <vector>
 
 #include "coherence/noncoherent_sim.hpp"
@@ -90,5 +91,42 @@ inline bool fetch_ok(KvStore& kv, const BlockKey& k, size_t bytes = 4096) {
   return ok && got == want;
 }
 
+
+struct Died {};  // a writer's death at a lock call: its process state is abandoned
+
+// Stripe locks of a writer that dies at its die_at-th lock() call once
+// armed (0: never): the call throws Died and the thread unwinds; from then
+// on its unlocks (destructors while its stack unwinds) do nothing and its
+// locks fail.  recover() then releases what it held, as the lock manager
+// does for a dead holder.
+class DyingLocks final : public StripeLocks {
+ public:
+  explicit DyingLocks(StripeLocks& inner) : inner_(inner) {}
+  Result<void> lock(uint32_t s) override {
+    if (dead) return Error(-EOWNERDEAD, "dead");
+    if (die_at && ++calls == die_at) {
+      dead = true;
+      throw Died{};
+    }
+    auto r = inner_.lock(s);
+    if (r) held.push_back(s);
+    return r;
+  }
+  void unlock(uint32_t s) override {
+    if (dead) return;
+    held.erase(std::find(held.begin(), held.end(), s));
+    inner_.unlock(s);
+  }
+  void recover() {
+    for (uint32_t s : held) inner_.unlock(s);
+    held.clear();
+  }
+  uint32_t die_at = 0, calls = 0;
+  bool dead = false;
+  std::vector<uint32_t> held;
+
+ private:
+  StripeLocks& inner_;
+};
 
 }  // namespace cxlkv::test
