@@ -270,33 +270,11 @@ TEST(IndexEvict, ListsStayConsistentUnderNonCoherentSimWithRandomEvictions) {
 // The simulator catches list links written with plain stores and no flush
 // (a broken rule 1): another node's view of the list disagrees with the entries.
 namespace {
-class PlainExtStores final : public MemoryDomain {
- public:
-  explicit PlainExtStores(MemoryDomain& d) : d_(d) {}
-  DomainMode mode() const override { return d_.mode(); }
-  std::string describe() const override { return "broken: store_nt = plain store"; }
-  void load(void* a, const void* b, size_t n) override { d_.load(a, b, n); }
-  void store(void* a, const void* b, size_t n) override { d_.store(a, b, n); }
-  void store_nt(void* a, const void* b, size_t n) override { d_.store(a, b, n); }
-  void flush(const void* p, size_t n) override { d_.flush(p, n); }
-  void flush_bulk(const void* p, size_t n) override { d_.flush_bulk(p, n); }
-  void invalidate(const void* p, size_t n) override {
-    (void)p;  // keeps its own dirty lines: models the missing NT store
-    (void)n;
-  }
-  void fence() override { d_.fence(); }
-  void copy_to_pool(void* a, const void* b, size_t n) override { d_.copy_to_pool(a, b, n); }
-  void copy_from_pool(void* a, const void* b, size_t n) override { d_.copy_from_pool(a, b, n); }
-  void publish_line(void* dst, const void* src) override { d_.publish_line(dst, src); }
-
- private:
-  MemoryDomain& d_;
-};
 }  // namespace
 
 TEST(IndexEvict, SimulatorCatchesListLinksWrittenWithoutNonTemporalStores) {
   SimPool p(2, 0.0, opts(1, 64, 0));
-  PlainExtStores broken(p.sim.node(0));
+  BrokenStores broken(p.sim.node(0), /*plain_nt=*/true, /*plain_publish=*/false);
   auto a = KvStore::create(p.deps(0, &broken));
   ASSERT_TRUE(a.ok());
   for (uint64_t i = 0; i < 4; i++) ASSERT_TRUE(put1(**a, chain(80 + i, 1)[0]).ok());

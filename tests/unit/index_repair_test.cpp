@@ -340,28 +340,6 @@ TEST(IndexRepair, AKilledRemoversPendingDropIsSettledOnline) {
 // store, no flush: a broken rule 1/3) leaves the other node reading the
 // stale count: the simulator catches it.
 namespace {
-class PlainPublish final : public MemoryDomain {
- public:
-  explicit PlainPublish(MemoryDomain& d) : d_(d) {}
-  DomainMode mode() const override { return d_.mode(); }
-  std::string describe() const override { return "broken: publish_line = plain store"; }
-  void load(void* a, const void* b, size_t n) override { d_.load(a, b, n); }
-  void store(void* a, const void* b, size_t n) override { d_.store(a, b, n); }
-  void store_nt(void* a, const void* b, size_t n) override { d_.store(a, b, n); }
-  void flush(const void* p, size_t n) override { d_.flush(p, n); }
-  void flush_bulk(const void* p, size_t n) override { d_.flush_bulk(p, n); }
-  void invalidate(const void* p, size_t n) override {
-    (void)p;  // keeps its own dirty lines: models the missing NT store
-    (void)n;
-  }
-  void fence() override { d_.fence(); }
-  void copy_to_pool(void* a, const void* b, size_t n) override { d_.copy_to_pool(a, b, n); }
-  void copy_from_pool(void* a, const void* b, size_t n) override { d_.copy_from_pool(a, b, n); }
-  void publish_line(void* dst, const void* src) override { d_.store(dst, src, 64); }
-
- private:
-  MemoryDomain& d_;
-};
 
 // Raises the children count of `key`'s READY entry as node `n`'s killed
 // holder left it: the whole line with its check, NT, fenced.
@@ -388,7 +366,7 @@ TEST(IndexRepair, SimulatorCatchesARepairPublishedWithoutNonTemporalStores) {
     auto stale = index_child_count_snapshot(p.sim.node(2), p.pool.mem, kIndexBytes, "sim: ");
     ASSERT_TRUE(stale.ok());
     ASSERT_EQ(stale->size(), 1u) << "the raised count is seen";
-    PlainPublish plain(p.sim.node(0));
+    BrokenStores plain(p.sim.node(0), /*plain_nt=*/true, /*plain_publish=*/true);
     auto a = SimPool::make(p.deps(0, broken ? &plain : nullptr));
     ASSERT_TRUE(a);
     auto rep = a->index().repair_index();

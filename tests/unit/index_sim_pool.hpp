@@ -129,4 +129,35 @@ class DyingLocks final : public StripeLocks {
   StripeLocks& inner_;
 };
 
+// A node's domain with a broken rule 1/3 for the "a removed flush is
+// caught" tests: non-temporal stores (`plain_nt`) and/or whole-line
+// publications (`plain_publish`) become plain stores, and invalidate keeps
+// the node's own dirty lines, so nothing of them reaches memory unless
+// evicted: another node reads what memory held before.
+class BrokenStores final : public MemoryDomain {
+ public:
+  BrokenStores(MemoryDomain& d, bool plain_nt, bool plain_publish) : d_(d), nt_(plain_nt), pub_(plain_publish) {}
+  DomainMode mode() const override { return d_.mode(); }
+  std::string describe() const override {
+    return std::string("broken:") + (nt_ ? " store_nt = plain store" : "") + (pub_ ? " publish_line = plain store" : "");
+  }
+  void load(void* a, const void* b, size_t n) override { d_.load(a, b, n); }
+  void store(void* a, const void* b, size_t n) override { d_.store(a, b, n); }
+  void store_nt(void* a, const void* b, size_t n) override { nt_ ? d_.store(a, b, n) : d_.store_nt(a, b, n); }
+  void flush(const void* p, size_t n) override { d_.flush(p, n); }
+  void flush_bulk(const void* p, size_t n) override { d_.flush_bulk(p, n); }
+  void invalidate(const void* p, size_t n) override {
+    (void)p;  // keeps its own dirty lines: models the missing NT store or flush
+    (void)n;
+  }
+  void fence() override { d_.fence(); }
+  void copy_to_pool(void* a, const void* b, size_t n) override { d_.copy_to_pool(a, b, n); }
+  void copy_from_pool(void* a, const void* b, size_t n) override { d_.copy_from_pool(a, b, n); }
+  void publish_line(void* dst, const void* src) override { pub_ ? d_.store(dst, src, 64) : d_.publish_line(dst, src); }
+
+ private:
+  MemoryDomain& d_;
+  bool nt_, pub_;
+};
+
 }  // namespace cxlkv::test

@@ -322,34 +322,11 @@ TEST(PrefixIndex, ConcurrentNodesUnderNonCoherentSimReadOnlyCompleteBlocks) {
 // The simulator catches a protocol that publishes the entry with a plain
 // store and no flush (a broken rule 1/3): the other node never sees it.
 namespace {
-class NoFlushPublish final : public MemoryDomain {
- public:
-  explicit NoFlushPublish(MemoryDomain& d) : d_(d) {}
-  DomainMode mode() const override { return d_.mode(); }
-  std::string describe() const override { return "broken: publish_line = plain store"; }
-  void load(void* a, const void* b, size_t n) override { d_.load(a, b, n); }
-  void store(void* a, const void* b, size_t n) override { d_.store(a, b, n); }
-  void store_nt(void* a, const void* b, size_t n) override { d_.store_nt(a, b, n); }
-  void flush(const void* p, size_t n) override { d_.flush(p, n); }
-  void flush_bulk(const void* p, size_t n) override { d_.flush_bulk(p, n); }
-  void invalidate(const void* p, size_t n) override {
-    // Keep our own dirty lines (no write-back): models forgetting the flush.
-    (void)p;
-    (void)n;
-  }
-  void fence() override { d_.fence(); }
-  void copy_to_pool(void* a, const void* b, size_t n) override { d_.copy_to_pool(a, b, n); }
-  void copy_from_pool(void* a, const void* b, size_t n) override { d_.copy_from_pool(a, b, n); }
-  void publish_line(void* dst, const void* src) override { d_.store(dst, src, 64); }
-
- private:
-  MemoryDomain& d_;
-};
 }  // namespace
 
 TEST(PrefixIndex, SimulatorCatchesAPublishWithoutFlush) {
   SimPool p(2);
-  NoFlushPublish broken(p.sim.node(0));
+  BrokenStores broken(p.sim.node(0), /*plain_nt=*/false, /*plain_publish=*/true);
   auto a = KvStore::create(p.deps(0, &broken));
   ASSERT_TRUE(a.ok());
   auto b = p.store(1);
