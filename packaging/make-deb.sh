@@ -47,3 +47,6 @@ if ! lintian --fail-on error "$changes" > "$out/lintian.log" 2>&1; then
 fi
 cat "$out/lintian.log"
 echo "make-deb: lintian: $(grep -c '^E:' "$out/lintian.log" || true) errors, $(grep -c '^W:' "$out/lintian.log" || true) warnings"
+# The copied tree and its build (hundreds of MB) are not needed once the
+# packages are made; build.log stays.
+rm -rf "$tree"

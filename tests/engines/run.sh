@@ -23,6 +23,8 @@ if [ ! -x "$VENV/bin/python" ] || [ ! -f "$VENV/.cxlkv-stamp" ]; then
 	exit 1
 fi
 cd "$HERE" || exit 1
+# The engines' compile caches stay in the build tree, not in /tmp.
+export TORCHINDUCTOR_CACHE_DIR="$OUT/torchinductor" TRITON_CACHE_DIR="$OUT/triton"
 "$VENV/bin/python" -m pytest -p no:cacheprovider -q -rs -x "$@" >"$OUT/$NAME.out" 2>&1
 rc=$?
 cat "$OUT/$NAME.out"
