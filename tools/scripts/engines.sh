@@ -33,8 +33,9 @@ echo "cxlkv: setting up the engine environment in $VENV (pinned in tools/engines
 rm -rf "$VENV"
 "$PY" -m venv "$VENV"
 # --no-deps: the file is the whole environment (see its header for why it
-# is not resolved).  --progress-bar off: CI logs stay readable.
-if ! "$VENV/bin/python" -m pip install --no-deps --progress-bar off --disable-pip-version-check \
+# is not resolved).  --progress-bar off: CI logs stay readable.  --no-cache-dir:
+# the wheels (GBs) are not kept a second time in ~/.cache/pip.
+if ! "$VENV/bin/python" -m pip install --no-deps --no-cache-dir --progress-bar off --disable-pip-version-check \
 	-r "$REQ" >"$VENV/.cxlkv-install.log" 2>&1; then
 	tail -n 30 "$VENV/.cxlkv-install.log" >&2
 	echo "cxlkv: installing the engine environment failed (log: $VENV/.cxlkv-install.log)." >&2
