@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: MIT
 """The cxlkv connector against vLLM's own configuration and KV cache code,
 without starting an engine: vLLM's factory loads it by module path from the
-README's snippet; the KV cache views vLLM's allocator makes (every physical
+snippet in docs/engines.md; the KV cache views vLLM's allocator makes (every physical
 layout, kernel blocks smaller than vLLM blocks, MLA) round-trip through the
 pool; what the connector does not support is refused at construction with
 a message naming the feature."""
@@ -29,11 +29,11 @@ BS = 32
 
 
 def readme_snippet():
-    """The JSON of the README's vLLM snippet (section "Serving engines")."""
-    with open(os.path.join(ROOT, "README.md")) as f:
+    """The JSON of the vLLM snippet in docs/engines.md (section "vLLM")."""
+    with open(os.path.join(ROOT, "docs", "engines.md")) as f:
         text = f.read()
     m = re.search(r"--kv-transfer-config '(\{.*?\})'", text, re.S)
-    assert m, "README has no vLLM --kv-transfer-config snippet"
+    assert m, "docs/engines.md has no vLLM --kv-transfer-config snippet"
     return json.loads(m.group(1))
 
 

@@ -1,9 +1,9 @@
 #!/bin/sh
-# tests/install: cxlkv installed like a system package (issue 18).
+# tests/install: cxlkv installed like a system package (docs/operations.md "Install").
 # usage: run.sh CHECK SRC_DIR BUILD_DIR
 #   destdir        cmake --install into $BUILD/tests/install/root (prefix /usr):
 #                  the files a user gets (the fixture of the checks below)
-#   pkgconfig      the README's C example built with `pkg-config --cflags --libs
+#   pkgconfig      the C example of docs/api.md built with `pkg-config --cflags --libs
 #                  cxlkv` against that tree (sysroot), linked, run
 #   find_package   the same example as a CMake project: find_package(cxlkv)
 #   cxx_static     a C++20 program using the C++ API, linked with
@@ -19,7 +19,7 @@
 #                  and loads the installed libcxlkv.so.0
 #   make           make install / make uninstall with PREFIX and DESTDIR
 #   debs           make deb (dpkg-buildpackage; lintian without errors), the five
-#                  packages unpacked into a scratch root (dpkg -x), the README's
+#                  packages unpacked into a scratch root (dpkg -x), the docs/api.md
 #                  C example built there with pkg-config and run, tools run
 set -eu
 check=$1 src=$(cd "$2" && pwd) build=$(cd "$3" && pwd)
@@ -32,7 +32,7 @@ export LC_ALL=C.UTF-8
 
 # The installed tree's library directory (lib or lib/<multiarch>).
 libdir_of() { dirname "$(find "$1" -name 'libcxlkv.so.*.*' -type f | head -n 1)"; }
-example_src() { sh "$src/tests/install/readme_example.sh" "$src/README.md" "$work/readme_example.c"; }
+example_src() { sh "$src/tests/install/readme_example.sh" "$src/docs/api.md" "$work/readme_example.c"; }
 # The binary needs libcxlkv.so.0 and no path into the build tree.
 check_linkage() {
 	readelf -d "$1" | grep -q 'NEEDED.*\[libcxlkv\.so\.0\]' || fail "$1 does not need libcxlkv.so.0"

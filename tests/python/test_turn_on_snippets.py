@@ -1,6 +1,6 @@
 # SPDX-License-Identifier: MIT
 """The lines a user writes to turn cxlkv on (each adapter's module docstring,
-the README's text) name real config keys: each snippet's JSON is taken from
+docs/engines.md and docs/api.md) name real config keys: each snippet's JSON is taken from
 the docstring and fed through what the engine does with it (SGLang: the
 dynamic backend factory's import of module_path / class_name and backend_class(storage_config, kwargs); LMCache: the native
 plugin factory's connector_cls(**adapter_params) and its method check).
@@ -62,20 +62,18 @@ def test_lmcache_snippet(env):
 
 @pytest.mark.parametrize("module,start", [("cxlkv.integrations.sglang", '{"backend_name"'),
                                           ("cxlkv.integrations.lmcache", '{"type": "native_plugin"')])
-def test_readme_engine_snippets_are_the_tested_ones(module, start):
-    """The README's SGLang and LMCache snippets (section "Serving engines")
-    carry the same JSON as the adapters' docstrings, which the tests above
+def test_doc_engine_snippets_are_the_tested_ones(module, start):
+    """The SGLang and LMCache snippets of docs/engines.md carry the same JSON as the adapters' docstrings, which the tests above
     feed through what the engine does (the vLLM one runs inside vLLM:
     tests/engines/test_vllm_config.py)."""
     import os
     from conftest import ROOT
-    text = open(os.path.join(ROOT, "README.md"), encoding="utf-8").read()
-    sec = text[text.index("## Serving engines"):]
-    assert _json_at(sec, start) == snippet_json(module, start)
+    text = open(os.path.join(ROOT, "docs", "engines.md"), encoding="utf-8").read()
+    assert _json_at(text, start) == snippet_json(module, start)
 
 
 def test_package_docstring_example_runs(env):
-    """The package docstring's few lines (the README's Python page) run as written."""
+    """The package docstring's few lines run as written."""
     import torch
     kv = cxlkv.KvStore(env.pool, node=2)
     kv_caches = [torch.randn(2, 8, 16, 2, 32) for _ in range(3)]  # vLLM, per layer [2, blocks, 16, heads, head]
@@ -90,14 +88,14 @@ def test_package_docstring_example_runs(env):
     kv.close()
 
 
-def test_readme_python_example_runs_as_written(env):
-    """The README's Python block (section "Python"), as
+def test_doc_python_example_runs_as_written(env):
+    """The Python block of docs/api.md (section "Python"), as
     written, on a pool of this test: only the pool URI is replaced and the
     engine's variables (token ids, paged caches, block ids) are given."""
     import os
     import torch
     from conftest import ROOT
-    text = open(os.path.join(ROOT, "README.md"), encoding="utf-8").read()
+    text = open(os.path.join(ROOT, "docs", "api.md"), encoding="utf-8").read()
     sec = text[text.index("## Python\n"):]
     code = sec[sec.index("```python\n") + len("```python\n"):]
     code = code[:code.index("```")]
@@ -107,7 +105,7 @@ def test_readme_python_example_runs_as_written(env):
     before = {k: v.clone() for k, v in kv_caches.items()}
     g = dict(token_ids=list(range(1000, 1000 + 4 * 16 + 3)), kv_caches=kv_caches, block_ids=[6, 2, 4, 0],
              other_ids=[1, 3, 5, 7])
-    exec(compile(code, "README.md", "exec"), g)  # noqa: S102 -- the documented example
+    exec(compile(code, "docs/api.md", "exec"), g)  # noqa: S102 -- the documented example
     try:
         assert g["hit"] == 4 and cxlkv.get_ok(g["st"]).all()
         for k, t in kv_caches.items():
