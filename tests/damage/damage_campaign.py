@@ -2,10 +2,11 @@
 """Damaged-pool campaign: every metadata region of a pool, damaged one way at
 a time, against every reader we ship.
 
-README "Bad input, damage and interruptions" and "Integrity" promise that a
-damaged pool is refused with a message naming the pool and the cause, never a
-crash, a hang, or other bytes with exit status 0 (DESIGN.md "Conventions":
-bad input never crashes and never loses data that was already published).
+docs/operations.md "Bad input, damage and interruptions" and
+docs/integrity.md "Checked metadata" promise that a damaged pool is refused
+with a message naming the pool and the cause, never a crash, a hang, or
+other bytes with exit status 0: bad input never crashes and never loses data
+that was already published.
 This program checks that promise from the outside, with the built binaries:
 
 1. formats small file: pools (a lock-mode pool, an index-service pool with its
@@ -196,7 +197,7 @@ class Daemon:
         return None  # still starting: the readers will tell
 
     def stop(self, timeout):
-        """SIGTERM: exit 0 expected (README: cxlkvd stops on SIGTERM)."""
+        """SIGTERM: exit 0 expected (cxlkvd stops on SIGTERM: docs/operations.md)."""
         rc = self.p.poll()
         if rc is None:
             self.p.send_signal(signal.SIGTERM)
@@ -295,7 +296,7 @@ class Campaign:
         self.env = dict(os.environ)
         # A KV call whose lock never comes (a damaged lease or lock slot, a
         # manager that refused the pool) fails after this instead of 30 s
-        # (README "Bad input, damage and interruptions": CXLKV_LOCK_TIMEOUT_MS).
+        # (CXLKV_LOCK_TIMEOUT_MS: docs/locks.md "Lock waits").
         self.env["CXLKV_LOCK_TIMEOUT_MS"] = "1500"
         self.env.setdefault("CXLKV_LOG", "warn")
         self.env["CXLKV_PREFAULT"] = "0"
@@ -325,7 +326,8 @@ class Campaign:
             cmd_ok(r, "cxlkvd")
         rng = random.Random(1234 if kind == "locks" else 4321)
         # Below the 1 KiB owner granule, within one chunk, and a run of whole
-        # 2 MiB chunks (README "Integrity": the three ways a start is checked).
+        # 2 MiB chunks (the three ways a start is checked: docs/integrity.md
+        # "Block owners: overlapping entries").
         sizes = [300, 1000, 5000, 70000, (2 << 20) + 4096]
         for i, n in enumerate(sizes):
             f = os.path.join(self.work, f"{kind}-b{i}")
@@ -554,7 +556,8 @@ class Campaign:
         # A writer first: a damaged allocator (a forged bitmap or chunk
         # table) may hand it published space; the gets below then show
         # whether a published block's bytes are served changed
-        # (README "Integrity": a reuse is seen for as long as it lasts).
+        # (a reuse is seen for as long as it lasts: docs/integrity.md
+        # "Space reuse seen at fetch").
         r = self.ctlrun(uri, "kv", "put", "damage-new-block", p.new_block, timeout=tmo)
         yield "kv put new", self.classify(r, names), r
         for key, f in p.blocks:
@@ -592,7 +595,7 @@ class Campaign:
                 if st == "ok":
                     yield what, "accepted", r
                 elif st == "miss":
-                    # A clean miss: the status says "not cached" (README "Python").
+                    # A clean miss: the status says "not cached" (docs/api.md "Python").
                     yield what, "refused", Run(1, b"", b"not cached", "fail")
                 elif st == "wrong":
                     yield what, "wrong", r

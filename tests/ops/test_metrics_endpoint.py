@@ -268,7 +268,7 @@ def test_concurrent_scrapes_and_a_stalled_client(daemon):
 
 
 def test_idle_connections_do_not_starve_a_scrape(daemon):
-    # README "Metrics": 64 connections held open without a request (the
+    # docs/operations.md "Metrics": 64 connections held open without a request (the
     # endpoint's cap) refused every scrape until they timed out.  A new
     # connection past the cap closes the one idle the longest.
     host, port = re.match(r"http://([^:/]+):(\d+)", daemon.url).groups()

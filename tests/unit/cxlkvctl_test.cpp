@@ -810,7 +810,7 @@ TEST_F(CxlkvctlKv, FormatForceOfAPoolInUseIsRefusedNamingItsUsersAndKeepsThePool
   EXPECT_EQ(again.status, 0) << again.err;
 }
 
-// README "Bad input, damage and interruptions": a stream that never ends
+// docs/operations.md "Bad input, damage and interruptions": a stream that never ends
 // (/dev/zero) was read for ever; it is read up to the largest block the
 // pool can hold and refused naming the bound.  --ssd-size without --ssd
 // was silently ignored.
@@ -869,7 +869,7 @@ TEST_F(CxlkvctlKv, PutOfABlockLargerThanThePoolFailsAtOnceNamingTheSizeAndEvicts
   write(files_[1], std::string(80 << 20, 'x'));
   Outcome big = on_pool("kv put big " + files_[1]);
   EXPECT_EQ(big.status, 1);
-  // Refused before it is read (README "Bad input, damage and interruptions").
+  // Refused before it is read (docs/operations.md "Bad input, damage and interruptions").
   EXPECT_TRUE(has(big.err, files_[1] + ": 83886080 bytes: larger than any block of pool " + uri_)) << big.err;
   Outcome get = on_pool("kv get small " + files_[2]);
   ASSERT_EQ(get.status, 0) << "the cached block was evicted for a block that can never fit: " << get.err;

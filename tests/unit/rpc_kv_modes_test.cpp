@@ -138,7 +138,7 @@ TEST_P(KvModes, SingleBlockCallsReserveWritePublishPinFetchUnpin) {
 
 // A forged entry (checksum recomputed) that names another block's space is
 // refused at pin in both modes, and the message says which block and why
-// (README "Integrity").  Through the index service the refusal arrives as a
+// (docs/integrity.md "Block owners: overlapping entries").  Through the index service the refusal arrives as a
 // code only; the store's message still names the pool, the service and the
 // cause, not a bare "Input/output error" (found by the damaged-pool campaign,
 // tests/damage/damage_campaign.py).

@@ -2,7 +2,7 @@
 // cxlkv-bench --report-svg RESULTS.json OUT.svg (make bench writes
 // build/bench/report.svg): each metric against its baseline of the same run
 // and its target, one bar per row on a log scale (tools/common/svg_chart.hpp).
-// The targets are defined here, once (README's benchmark table quotes them).
+// The targets are defined here, once (docs/benchmarks.md quotes them).
 #include <cerrno>
 #include <cmath>
 #include <cstdio>

@@ -292,8 +292,8 @@ int kv_put(Context& ctx, const Args& args) {
   if (args.positional().size() != 2) return fail("kv put: expected KEY FILE (see --help)");
   const BlockKey key = key_of(args.positional()[0]);
   // The read is bounded by the largest block the pool can hold: its kv
-  // carve, and the index's 4 GiB-1 bytes (README "Bad input, damage and
-  // interruptions").
+  // carve, and the index's 4 GiB-1 bytes (docs/operations.md "Bad input,
+  // damage and interruptions").
   auto region = ctx.open_pool();
   if (!region) return 1;
   auto kvc = region->carve(CXLKV_CARVE_KV);

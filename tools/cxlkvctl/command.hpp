@@ -49,8 +49,8 @@ struct Command {
   std::vector<Option> options;
   int (*run)(Context&, const Args&) = nullptr;  // exit status
   // Most positional arguments the command takes (NAME, KEY FILE, ...):
-  // main refuses more, for every command alike (README "Bad input, damage
-  // and interruptions"); the command checks that enough came.
+  // main refuses more, for every command alike (docs/operations.md "Bad input,
+  // damage and interruptions"); the command checks that enough came.
   size_t operands = 0;
 };
 

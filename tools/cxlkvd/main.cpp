@@ -244,8 +244,8 @@ int main(int argc, char** argv) {
   // cannot be interrupted, so a standby manager ignored SIGTERM.  Instead
   // each try watches the lease once (it returns -EBUSY after seeing the
   // holder renew, at most --lease-ms) and the stop flag is checked between
-  // tries: a standby exits 0 within one try (README "Bad input, damage and
-  // interruptions").
+  // tries: a standby exits 0 within one try (docs/operations.md "Bad
+  // input, damage and interruptions").
   const bool wait = mo.wait_for_lease;
   mo.wait_for_lease = false;
   auto mgr = cxlkv::LockManager::create(*region.value(), mo);

@@ -5,7 +5,7 @@
 // serves every connection (concurrent scrapes interleave on it, one
 // exposition is built at a time); requests are bounded by the per-connection
 // memory limit, connections by count and idle timeout.  At the count, a new
-// connection closes the one idle the longest (README "Metrics"): idle
+// connection closes the one idle the longest (docs/operations.md "Metrics"): idle
 // connections held open (64 of them refused every scrape until they timed
 // out) cannot keep a scraper out.
 #include "metrics_http.hpp"

@@ -205,7 +205,7 @@ static int run(int argc, char** argv) {
   cxlkv_tools::report_pool_faults("cxlkv-longctx", uri, region->base(), region->size());
   // A bus error on the pool ends the run in the handler, past the
   // destructors below: it removes the pool of our own and the writer's lock
-  // file instead (README "Bad input, damage and interruptions").
+  // file instead (docs/near-memory.md "Damage and files").
   if (!shm.empty()) cxlkv_tools::remove_on_pool_fault("/dev/shm/" + shm);
   struct Cleanup {
     std::string shm;

@@ -558,8 +558,8 @@ bool parse(int argc, char** argv, Config* c, std::string* err) {
 int run_parent(const Config& c, char** argv, int argc) {
   std::string err;
   // The run formats its pool: a valid pool given with --pool (an operator's
-  // cache) is destroyed only when asked (README: format never destroys a
-  // valid pool without --force).
+  // cache) is destroyed only when asked (format never destroys a valid pool
+  // without --force: docs/operations.md "Format once, from one host").
   if (!c.pool_uri.empty() && !c.force) {
     OpenOptions oo;
     oo.prefault = false;

@@ -153,7 +153,7 @@ struct KvPin {
   uint8_t loc_dev = 0, loc_tier = 0;
   // Which pin of the store that made it (pin_many numbers its pins; 0: not
   // a pin of any store).  A handle is honoured by that store only while
-  // this very pin is held: its unpin ends it (README "Integrity").
+  // this very pin is held: its unpin ends it (docs/integrity.md "Pin handles").
   uint16_t tag = 0;
   // 0 pinned; from pin_many also kKvMiss or uint32_t(-errno) (not pinned).
   uint32_t status = 0;

@@ -9,7 +9,7 @@ from . import _lib
 
 def _check_uri(uri, call):
     """A clear TypeError for a URI that is not a str (None gave an
-    AttributeError from uri.encode()): README "Python", bad input raises
+    AttributeError from uri.encode()): docs/api.md "Python": bad input raises
     naming what is wrong."""
     if not isinstance(uri, str):
         raise TypeError(f"cxlkv: {call}: the pool URI must be a str ('shm:NAME:SIZE', 'file:PATH', "

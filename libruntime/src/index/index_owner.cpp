@@ -9,7 +9,7 @@
 // not the start of a block has no record naming it -- except inside the
 // block's own 1 KiB granule, which one record covers: so the start must
 // also be exact, where the allocator starts blocks of that length
-// (README "Integrity"; the space's owner_check does the arithmetic, no
+// (docs/integrity.md "Block owners: overlapping entries"; the space's owner_check does the arithmetic, no
 // read), and a location moved by 1..1023 bytes is refused with -EBADMSG.
 // So the check costs one fresh read of one record line per pin (rule 4).
 #include <cerrno>

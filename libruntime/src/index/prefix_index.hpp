@@ -143,7 +143,7 @@ class PayloadSpace {
     (void)slot;
     return {};
   }
-  // After a fetch's copy (README "Integrity"): is the space of each block
+  // After a fetch's copy (docs/integrity.md "Space reuse seen at fetch"): is the space of each block
   // (memory tier; slots[i] holds locs[i]) still allocated as that block?
   // The allocation is unchanged as long as its chunk descriptors still
   // describe it and, for a block with an owner record, the record still

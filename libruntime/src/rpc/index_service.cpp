@@ -523,8 +523,8 @@ Result<size_t> IndexServiceBackend::named(Result<size_t> r) const {
 
 // The service replies with a code per block; its message stays in the
 // server's log.  The codes of the pin's entry checks and the allocator's
-// checks mean one cause each (PrefixIndex::pin_many, ChunkAllocator; README
-// "Integrity"), so the message says it here.
+// checks mean one cause each (PrefixIndex::pin_many, ChunkAllocator;
+// docs/integrity.md "Block owners: overlapping entries"), so the message says it here.
 std::string IndexServiceBackend::block_message(const char* op, const BlockKey& key, int32_t code) const {
   std::string m = "kv: pool " + pool_ + ": " + op + " of block " + to_hex(key) + " refused by the pool's index service (" +
                   std::strerror(-code) + ")";
