@@ -11,7 +11,7 @@
 //     so only the descriptors (and the prefix) travel to the GPU -- inside
 //     the kernel parameters for up to kInlineDescs of them.  tile_bytes is a
 //     multiple of 16, so each tile keeps its descriptor's relative alignment.
-//   * A launch shape (issue 15) says how many threads copy one tile and how
+//   * A launch shape (docs/gpu.md "Launch shapes") says how many threads copy one tile and how
 //     many tiles one thread block holds:
 //       block: 256 threads per tile of 16 KiB, 4 vectors in flight each --
 //              large chunks;

@@ -112,7 +112,8 @@ struct cxlkv_cuda_ops {
 	int (*host_alloc)(void **p, size_t n); /* pinned, mapped */
 	int (*host_free)(void *p);
 
-	/* ---- appended for issue 15 (same ABI version, larger table) ---- */
+	/* ---- appended after the table's first version (same ABI version,
+	 * larger table) ---- */
 	/* Load every kernel of the library and its descriptor ring now, so the
 	 * first transfer of a process pays no lazy module loading
 	 * (CUDA_MODULE_LOADING=LAZY is the default since CUDA 12.2). */

@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * The near-memory engine's GPU kernels in libcxlkv-cuda.so (issue 16): a
+ * The near-memory engine's GPU kernels in libcxlkv-cuda.so (docs/near-memory.md): a
  * second function table, exported as CXLKV_CUDA_PNM_ENTRY beside the copy
  * kernels' table (cxlkv_cuda_abi.h), with the same rules: version + size
  * first, functions only appended, 0 or a negative errno, last_error() on the

@@ -1,10 +1,10 @@
 // SPDX-License-Identifier: MIT
-// The near-memory engine's page-digest kernel (issue 16 item 1): digests of
+// The near-memory engine's page-digest kernel (docs/near-memory.md "Pages and digests"): digests of
 // KV that comes from a GPU are computed on the GPU, next to the data, before
 // the pages go to the pool.  One thread block per (page, row), threads over
 // head_dim; the per-thread code is cuda/pnm_digest_core.h, which the CPU
 // reference in libcxlkv runs too.  Beside it the hybrid mode's GPU
-// partial-attention kernel (issue 16 item 4): one thread per query head,
+// partial-attention kernel (docs/near-memory.md "Hybrid mode"): one thread per query head,
 // per-thread code cuda/pnm_attend_core.h (output + log-sum-exp over the
 // GPU-resident pages).  Simple and untuned; it has not run on a GPU yet
 // (tests run its per-thread code on the CPU through a fake library).

@@ -321,7 +321,7 @@ int cxlkv_format(struct cxlkv_dev *d, u32 max_nodes, u32 max_locks)
 			    (u64)max_locks * max_nodes * sizeof(struct cxlkv_lock_slot);
 	h.doorbell_off = h.grant_table_off + (u64)max_locks * sizeof(struct cxlkv_lock_grant);
 	ctrl_bytes = h.doorbell_off + (u64)max_nodes * sizeof(struct cxlkv_doorbell);
-	h.checksum = cxlkv_ctrl_header_checksum(&h);	/* issue 12: checked at open */
+	h.checksum = cxlkv_ctrl_header_checksum(&h);	/* checked at open */
 	if (WARN_ON_ONCE(ctrl_bytes != cxlkv_ctrl_carve_bytes(max_nodes, max_locks)))
 		return -EINVAL;
 	ctrl_size = round_up(ctrl_bytes, CXLKV_CARVE_ALIGN);

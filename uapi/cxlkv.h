@@ -124,7 +124,7 @@ static inline __u64 cxlkv_sb_checksum(const struct cxlkv_superblock *sb)
 
 /*
  * FNV-1a 64 over a carve header of n bytes, with the checksum field
- * [ck_off, ck_off + ck_len) read as zero (issue 12: checked metadata).  The
+ * [ck_off, ck_off + ck_len) read as zero (docs/integrity.md "Checked metadata").  The
  * alloc header stores all 64 bits; the one-line control and index headers
  * store the low 32 bits in a 4-byte field.
  */

@@ -37,12 +37,12 @@
  * node-local free lists when a size class runs dry.  Large runs are freed
  * from any node straight back to the global bitmap under ALLOC.
  *
- * Checked metadata (issue 12): the header carries a checksum (written once
+ * Checked metadata (docs/integrity.md "Checked metadata"): the header carries a checksum (written once
  * at format); the state line carries the checksum of the chunk bitmap,
  * updated with every bitmap word under ALLOC, so a zeroed or damaged bitmap
  * is refused instead of handing out published space.
  *
- * Quarantine (issue 12): a LARGE run taken from a node declared dead (its
+ * Quarantine (docs/integrity.md "Quarantine"): a LARGE run taken from a node declared dead (its
  * reservation reclaimed) is not freed but becomes a QUARANTINE run: bitmap
  * bits stay set, the head's descriptor names the node, and the head's
  * struct cxlkv_quarantine says when it may be released.  A paused process
@@ -52,7 +52,7 @@
  * until_ns.  SMALL blocks go back to their owner node (the reserving node)
  * by remote free and are reused only by that node, so they need none.
  *
- * Block owners (issue 12, layout version 3): one struct cxlkv_block_owner
+ * Block owners (docs/integrity.md "Block owners: overlapping entries"; layout version 3): one struct cxlkv_block_owner
  * per CXLKV_OWNER_GRANULE bytes of the arena, at the granule where a block
  * starts: the index slot (+ 1) of the entry that holds the block and the
  * entry's payload length, written by the reserving node right after the

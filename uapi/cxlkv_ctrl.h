@@ -21,7 +21,7 @@
 
 /* "CXLKVCT1" */
 #define CXLKV_CTRL_MAGIC        0x315443564b4c5843ULL
-/* 2: header checksum (issue 12) */
+/* 2: header checksum (docs/integrity.md "Checked metadata") */
 #define CXLKV_CTRL_VERSION      2u
 #define CXLKV_DEFAULT_MAX_LOCKS 1024u
 #define CXLKV_MAX_LOCKS         65536u
@@ -124,7 +124,7 @@ enum cxlkv_slot_state {
 #define CXLKV_SLOT_TICKET_SHIFT 2
 
 /*
- * Lock sets (issue 10).  A node taking several locks at once (LockSet) asks
+ * Lock sets (docs/locks.md "Lock sets").  A node taking several locks at once (LockSet) asks
  * for all of them in one go: it writes every request, each naming the next
  * lower lock of the same set that it asks for (`prev_lock` = that id + 1, 0
  * for none: a single lock, or the lowest the set asks for) and the ticket

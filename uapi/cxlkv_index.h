@@ -40,7 +40,7 @@
 
 /* "CXLKVIX1" */
 #define CXLKV_INDEX_MAGIC        0x315849564b4c5843ULL
-/* 4: header checksum (issue 12); 5: hot and cold eviction lists per stripe (issue 11) */
+/* 4: header checksum (docs/integrity.md "Checked metadata"); 5: hot and cold eviction lists per stripe (docs/eviction.md "What is evicted first") */
 #define CXLKV_INDEX_VERSION      5u
 #define CXLKV_INDEX_NO_SLOT      0xffffffffu
 #define CXLKV_INDEX_STATS_LINES  40u
@@ -198,7 +198,7 @@ CXLKV_STATIC_ASSERT(sizeof(struct cxlkv_index_entry) == 64, "index entry is one 
  * was linked (a block just published for its consumer): the consumer's reads
  * are the handoff, not a reuse, so when the last lease ends the entry's
  * lru_ms goes back to the lease's start and the block counts as unused
- * (issue 11: reads by the request that produced a block do not make it look
+ * (docs/eviction.md "What is evicted first"; reads by the request that produced a block do not make it look
  * popular). */
 #define CXLKV_EXT_HANDOFF 0x04u
 #define CXLKV_EXT_HOT     0x08u
@@ -259,7 +259,7 @@ enum cxlkv_index_latency {
 	CXLKV_LAT_COUNT
 };
 #define CXLKV_LAT_BUCKETS 64u
-/* The node's SSD tier (issue 18 metrics): what its SSD payload tier did. */
+/* The node's SSD tier (its metrics, docs/operations.md "Metrics"): what its SSD payload tier did. */
 enum cxlkv_index_ssd_counter {
 	CXLKV_SSD_DEMOTED = 0,		/* blocks written to the SSD tier (demotions) */
 	CXLKV_SSD_DEMOTED_BYTES,

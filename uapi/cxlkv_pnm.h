@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: (GPL-2.0 WITH Linux-syscall-note) OR MIT */
 /*
- * Near-memory long contexts (issue 16): the on-pool layout of the "pnm"
+ * Near-memory long contexts (docs/near-memory.md): the on-pool layout of the "pnm"
  * carve (CXLKV_CARVE_PNM), made by the first process that asks for it.
  *
  *   carve offset 0     struct cxlkv_pnm_header (one line, written once)

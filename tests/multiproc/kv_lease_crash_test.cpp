@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: MIT
-// Handoff leases across real processes (issue 11): a decode worker killed
+// Handoff leases across real processes (docs/eviction.md "Handoff leases"): a decode worker killed
 // with SIGKILL while blocks are leased to it stops protecting them within the
 // liveness rule (its process is gone), so they become evictable and the
 // prefill that was refused space makes progress; a prefill killed after it

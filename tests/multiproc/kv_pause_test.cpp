@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: MIT
-// Fencing across real processes (issue 12 case 1): a node on another host
+// Fencing across real processes (docs/integrity.md "Quarantine"): a node on another host
 // (kv_pause_helper, in its own pid namespace so it is judged by heartbeat)
 // is paused with SIGSTOP past the liveness timeout and declared dead; this
 // node takes its reservation or drops its pin and reuses the space; the

@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: MIT
-"""cxlkvd's metrics endpoint (issue 18 item 3), scraped with a real HTTP
+"""cxlkvd's metrics endpoint (docs/operations.md "Metrics"), scraped with a real HTTP
 client (urllib, raw sockets) and read with Prometheus' own parser
 (python3-prometheus-client): HELP and TYPE for every family, units in the
 names, cumulative latency histograms, per-node and pool-wide families that

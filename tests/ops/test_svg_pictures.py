@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: MIT
-"""The pictures (issue 18 item 5): `cxlkv-bench --report-svg` (what `make
+"""The pictures (docs/operations.md "Pictures"): `cxlkv-bench --report-svg` (what `make
 bench` writes as build/bench/report.svg) and `cxlkv-replay --sweep --plot`
 write well-formed SVG (parsed by an XML parser) that librsvg renders to a
 PNG with the expected colours on it; bad input is an error, never a half

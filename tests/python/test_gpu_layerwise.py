@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: MIT
-"""Layer-wise GPU load and save from Python (cxlkv.layerwise, issue 15) on
+"""Layer-wise GPU load and save from Python (cxlkv.layerwise; docs/gpu.md "Layer-wise transfers") on
 the CPU reference backend: a save is invisible until finish and then holds
 exactly the tensors' bytes; a load delivers layer groups with one event
 each, waits per layer, reports misses; one C call to start, one per layer,

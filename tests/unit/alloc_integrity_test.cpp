@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: MIT
-// Issue 12: the allocator never hands out space that is in use.
+// The allocator never hands out space that is in use.
 //  * A zeroed or damaged chunk bitmap is refused (bitmap checksum in the
 //    alloc state line), so no published block is overwritten.
 //  * Space taken from a node declared dead is quarantined, never handed out

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: MIT
-// Issue 12 item 5: a damaged control-carve header is refused at open with an
+// A damaged control-carve header is refused at open with an
 // error naming the pool and the field, never followed into another carve.
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -81,7 +81,7 @@ TEST(ControlHeader, EveryDamagedOffsetIsRefusedNamingThePoolAndTheField) {
   h->max_locks = CXLKV_MAX_LOCKS;  // in range, but its tables no longer fit where they are
   open = ControlCarve::open(region, region.domain());
   ASSERT_FALSE(open.ok());
-  // Issue 12: a damaged field that still looks plausible is caught by the
+  // A damaged field that still looks plausible is caught by the
   // header checksum; an older layout says to reformat.
   *h = good;
   h->checksum ^= 1;

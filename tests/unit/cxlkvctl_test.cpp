@@ -482,7 +482,7 @@ TEST_F(Cxlkvctl, EverySubcommandHasHelp) {
   EXPECT_TRUE(has(top.out, "carve create"));
 }
 
-// ---- cxlkvctl kv (issue 12) --------------------------------------------------
+// ---- cxlkvctl kv (docs/integrity.md "Checked metadata") --------------------------------------------------
 
 namespace {
 
@@ -695,7 +695,7 @@ TEST_F(CxlkvctlKv, WithSsdTierAndMemoryCapacityEveryGetIsByteExactOrACleanFailur
       refused++;
     }
   }
-  // Issue 12 item 5: the SSD tier's extents and headers survive the
+  // The SSD tier's extents and headers survive the
   // process, so every block comes back (it once failed with "extent is not
   // allocated" in a new process).
   EXPECT_EQ(exact, 12);
@@ -705,7 +705,7 @@ TEST_F(CxlkvctlKv, WithSsdTierAndMemoryCapacityEveryGetIsByteExactOrACleanFailur
   RecordProperty("ssd_blocks_refused_after_restart", refused);
 }
 
-// The SSD restart check of issue 12 across processes: A is published and
+// The SSD restart check (docs/integrity.md "The SSD tier") across processes: A is published and
 // demoted to the SSD file, the tier restarts (each command is a new
 // process), B is published and demoted after it; A reads back as A (or a
 // clean miss), never as B's bytes.

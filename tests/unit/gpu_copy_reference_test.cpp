@@ -151,7 +151,7 @@ TEST(GpuCopyReference, SparseListsThatAreNotAPrefixSumAreRefused) {
   EXPECT_EQ(0, reference_sparse_copy(&ok, 1, tokens, 4, 16));
 }
 
-// ---- issue 15: launch shapes for small chunks and small batches --------------
+// ---- launch shapes for small chunks and small batches (docs/gpu.md "Launch shapes") ----
 
 TEST(GpuCopyShapes, EveryShapeCopiesEveryChunkSizeAndBatchSizeExactly) {
   // Chunk sizes of small models' 16-token blocks (2-64 KiB, plus odd ones

@@ -218,7 +218,7 @@ TEST_F(GpuKernel, SparseReadMatchesTheReference) {
   EXPECT_EQ(out.host, out.download());
 }
 
-// Issue 15: both launch shapes, inline (<= kInlineDescs descriptors) and
+// Both launch shapes, inline (<= kInlineDescs descriptors) and
 // staged, for chunk sizes of 2-64 KiB and batches of 1-1024 chunks.
 TEST_F(GpuKernel, EveryLaunchShapeMatchesTheReferenceForSmallChunksAndBatches) {
   DeviceBuffer src(8 << 20, 21), dst(24 << 20, 22);

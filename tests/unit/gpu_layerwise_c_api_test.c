@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * Layer-wise load and save from C (issue 15) on the CPU reference GPU
+ * Layer-wise load and save from C (docs/gpu.md "Layer-wise transfers") on the CPU reference GPU
  * backend: a chain saved layer by layer is invisible until save_finish and
  * then byte for byte what the GPU blocks held; a load delivers one event per
  * layer group, waits per layer, reports a miss, and finish unpins; a save

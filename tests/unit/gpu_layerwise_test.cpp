@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: MIT
-// Layer-wise load and save on the GPU path (issue 15), through a fake CUDA
+// Layer-wise load and save on the GPU path (docs/gpu.md "Layer-wise transfers"), through a fake CUDA
 // library that records every launch and event and runs the copies with the
 // CPU reference: a load delivers layer groups in order, each followed by
 // its own event (so layer 0 is usable while later layers still travel);

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: MIT
-// The GPU path on every tier (issue 15): blocks interleaved over two pool
+// The GPU path on every tier (docs/gpu.md "Every tier"): blocks interleaved over two pool
 // devices go through their stripe map, blocks on the SSD tier through the
 // pinned staging ring (the store reads them with io_uring, the GPU copies a
 // slot while the next is read), byte for byte against the CPU path, on an

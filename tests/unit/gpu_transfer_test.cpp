@@ -312,7 +312,7 @@ TEST(GpuPin, DescriptorsSplitWhereTheGpuSeesChunksApart) {
   EXPECT_EQ(l.tensors[0] + l.block_bytes() + 100, d.value()[1].src);
 }
 
-// ---- issue 15: on-demand pinning ---------------------------------------------
+// ---- on-demand pinning (docs/gpu.md "On-demand pinning") ----------------------
 
 namespace {
 // A fake driver whose registration costs what an H100 host's does (~0.59 s

@@ -96,7 +96,7 @@ TEST(IndexBatch, ReserveChainStopsAtABusyBlockAndKeepsWhatItHolds) {
   EXPECT_EQ(a->index().find_state(c[3]), uint32_t(CXLKV_ENTRY_EMPTY)) << "nothing attempted after the busy block";
 }
 
-// Issue 11: with through_busy a block another node is writing does not end
+// With through_busy a block another node is writing does not end
 // the chain: it is reported BUSY and the blocks below it are reserved; they
 // publish once its writer has published it (-EAGAIN before), and the count
 // returned still stops at the BUSY block.
@@ -264,7 +264,7 @@ TEST(IndexBatch, StillValidFailsOnceTheBlockIsEvictedAndTheSlotReused) {
   EXPECT_FALSE(a->index().still_valid(old.slot, x[0], CXLKV_ENTRY_READY, old.version));
 }
 
-// Fencing at publish (issue 12): the KV store's put_chain checks its
+// Fencing at publish (docs/integrity.md "Fencing: handles carry the entry version"): the KV store's put_chain checks its
 // handles only in the publish, by the version and location each
 // reservation carries.  A handle whose version or location is not the
 // entry's (the reservation was reclaimed and made again) is refused, block

@@ -287,7 +287,7 @@ TEST(IndexEvict, SimulatorCatchesListLinksWrittenWithoutNonTemporalStores) {
   EXPECT_EQ(b2->index().audit_lists(), 0u);
 }
 
-// Issue 10 item 3: a reserve that must evict costs a few more fences and
+// A reserve that must evict costs a few more fences and
 // line reads than one that does not (the stripe lines are swept once per
 // call, not once per capacity check), in a pool of 48 stripes.
 TEST(IndexEvict, AReserveThatEvictsCostsAFewFencesMoreThanOneThatDoesNot) {
@@ -324,7 +324,7 @@ TEST(IndexEvict, AReserveThatEvictsCostsAFewFencesMoreThanOneThatDoesNot) {
   EXPECT_EQ(a->index().audit_lists(), 0u);
 }
 
-// Scan resistance (issue 11): an evicted block leaves a ghost (its tombstone
+// Scan resistance (docs/eviction.md "What is evicted first"): an evicted block leaves a ghost (its tombstone
 // keeps the key); reserved again, it is marked REUSED and goes on its
 // stripe's hot list, so it outlives blocks seen only once.
 TEST(IndexEvict, ABlockThatComesBackAfterEvictionOutlivesBlocksSeenOnce) {
@@ -350,7 +350,7 @@ TEST(IndexEvict, ABlockThatComesBackAfterEvictionOutlivesBlocksSeenOnce) {
   EXPECT_EQ(a->index().audit_lists(), 0u);
 }
 
-// Issue 11: a block another request reads (leased again, for a second
+// A block another request reads (leased again, for a second
 // consumer, after its producer's handoff) is reused: it goes on the hot list
 // and outlives blocks seen once that are newer than it, while a block only
 // handed off to its own consumer is not protected.

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: MIT
-// Issue 12, checked metadata of the index carve:
+// Checked metadata of the index carve (docs/integrity.md "Checked metadata"):
 //  * every header field is checked at open (a table flips each one and
 //    expects an error naming the pool, the carve and the field), then the
 //    header checksum; an older layout is a clear error;
@@ -272,7 +272,7 @@ TEST(IndexIntegrity, TheAuditNamesEntriesOutsideTheKvCarveOrOverlappingAnother) 
 
 namespace cxlkv {
 
-// Issue 12: an entry whose location overlaps another entry's block (a
+// An entry whose location overlaps another entry's block (a
 // damaged or forged line with a valid checksum) is refused at pin, with one
 // record read instead of a scan: the allocator records which index slot
 // holds each block (uapi/cxlkv_alloc.h "Block owners").  The refusal is

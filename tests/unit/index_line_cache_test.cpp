@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: MIT
-// The batch calls' line cache (index/lock_set.hpp, issue 10): a LockSet
+// The batch calls' line cache (index/lock_set.hpp; docs/api.md "How a batch reads the index"): a LockSet
 // reads the lines it holds once, in one invalidation sweep with one fence
 // after taking its locks, and serves later reads from its copy until it
 // releases.  Each node runs on its own NonCoherentSim domain (a private

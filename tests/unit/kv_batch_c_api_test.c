@@ -310,7 +310,7 @@ static void test_put_chain_nospc(struct cxlkv_kv *kv)
 	free(dst);
 }
 
-/* Handles are checked against the index (issue 12): settled, reused, forged
+/* Handles are checked against the index (docs/integrity.md "Fencing: handles carry the entry version"): settled, reused, forged
  * or out-of-range reservations and pins are refused, nothing is read or
  * written through them. */
 static void test_handles_are_validated(struct cxlkv_kv *kv, const struct cxlkv_kv_key *keys)
@@ -502,7 +502,7 @@ int main(void)
 	memset(&mo, 0, sizeof(mo));
 	mo.size = sizeof(mo);
 	CHECK(cxlkv_lock_manager_start(pool, &mo, &mgr) == 0);
-	/* The same test in index-service mode (issue 17; CTest's *_service_c run
+	/* The same test in index-service mode (docs/rpc.md "The index service"; CTest's *_service_c run
 	 * sets CXLKV_TEST_INDEX_SERVICE and CXLKV_INDEX_MODE=service): a service
 	 * on node 3 owns the index, this store's calls go through it. */
 	if (getenv("CXLKV_TEST_INDEX_SERVICE"))

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: MIT
-// KvStore batch calls: handle checks (fencing, issue 12) of a whole batch
+// KvStore batch calls: handle checks (fencing; docs/integrity.md "Fencing: handles carry the entry version") of a whole batch
 // with one fresh read per block in one invalidation sweep, before and after
 // the copy, per block; the single-block calls as wrappers with the same
 // outcomes.  Every node runs on its own NonCoherentSim domain.

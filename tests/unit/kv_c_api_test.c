@@ -243,7 +243,7 @@ static void test_bad_input(struct cxlkv_pool *pool, struct cxlkv_kv *kv, const s
 	CHECK(cxlkv_kv_lookup(kv, keys, NBLOCKS) == PUBLISHED + 1);
 }
 
-/* Issue 12: cxlkv_free of a block the index names (a published KV block)
+/* cxlkv_free of a block the index names (a published KV block)
  * is refused with -EBUSY and a message naming the block, and the block
  * still reads back byte for byte; a block of the caller's own is freed. */
 static void test_free_of_kv_block(struct cxlkv_pool *pool, struct cxlkv_kv *kv, const struct cxlkv_kv_key *keys)
@@ -306,7 +306,7 @@ int main(void)
 	memset(&mo, 0, sizeof(mo));
 	mo.size = sizeof(mo);
 	CHECK(cxlkv_lock_manager_start(pool, &mo, &mgr) == 0);
-	/* The same test in index-service mode (issue 17; CTest's *_service_c run
+	/* The same test in index-service mode (docs/rpc.md "The index service"; CTest's *_service_c run
 	 * sets CXLKV_TEST_INDEX_SERVICE and CXLKV_INDEX_MODE=service): a service
 	 * on node 3 owns the index, this store's calls go through it. */
 	if (getenv("CXLKV_TEST_INDEX_SERVICE"))

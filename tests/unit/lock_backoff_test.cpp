@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: MIT
 // Waiters and the lock manager back off (spin, then yield, then sleep) so
 // that on a machine with fewer cores than pollers the manager still gets the
-// CPU (issue 10), and their sleeps are not stretched by the timer slack.
+// CPU (docs/locks.md "The manager's sweeps and sleeps"), and their sleeps are not stretched by the timer slack.
 #include <gtest/gtest.h>
 #include <sys/prctl.h>
 #include <time.h>

@@ -247,7 +247,7 @@ TEST(LockSim, KeptGrantIsRevokedForAnotherNodeAndTheKeeperAsksAgain) {
 }
 
 TEST(LockSim, ManagerSweepsEveryWatchedDoorbellWithOneFencePerRound) {
-  // Issue 10: the manager invalidates all watched doorbells in one sweep
+  // The manager invalidates all watched doorbells in one sweep
   // and fences once, instead of a fence per doorbell.  Six attached nodes:
   // every round loads each of their doorbells, and a round costs one fence
   // (plus the lease check at most every ms and the node-table sweep every

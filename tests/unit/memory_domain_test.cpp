@@ -219,7 +219,7 @@ TEST(HostDomain, UnsupportedForcedPathOnThisCpuIsAClearError) {
   if (!any) GTEST_SKIP() << "this CPU has every path";
 }
 
-// Protocols that let every line carry its own flag (the RPC, issue 17) rely
+// Protocols that let every line carry its own flag (the RPC; docs/rpc.md "The RPC") rely
 // on publish_line landing in one piece: only movdir64b guarantees that.
 TEST(HostDomain, PublishLineIsWholeExactlyWhenTheCpuHasMovdir64b) {
   for (DomainMode m : {DomainMode::coherent, DomainMode::flush, DomainMode::uncached})

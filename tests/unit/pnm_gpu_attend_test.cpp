@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: MIT
-// The hybrid mode's GPU partial attention (issue 16 item 4) as a
+// The hybrid mode's GPU partial attention (docs/near-memory.md "Hybrid mode") as a
 // specification: the kernel's per-thread code (cuda/pnm_attend_core.h, what
 // the CUDA kernel runs, here on the CPU) equals a float64 attention with its
 // log-sum-exp on every dtype, an empty page list included; a hybrid step

@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: MIT
-// Pool, node-local and SSD files in shared directories (issue 13), pools
-// allocated up front (issue 13) and pre-faulted, optionally with huge pages
-// (issue 10).
+// Pool, node-local and SSD files in shared directories
+// (docs/operations.md "Files in shared directories"), pools allocated up
+// front and pre-faulted, optionally with huge pages (docs/operations.md
+// "Memory up front").
 //
 // The cases with another user run as root: a forked child switches to uid
 // 65534 (nobody) and squats the name; without root they are skipped.  The

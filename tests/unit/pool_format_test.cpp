@@ -162,7 +162,7 @@ TEST(PoolFormat, NoStandardFormatsTheSuperblockOnly) {
   EXPECT_TRUE(r.value()->carves().empty());
 }
 
-// Issue 12: format_pool and cxlkv_pool_format never destroy a valid standard
+// format_pool and cxlkv_pool_format never destroy a valid standard
 // pool without force, whatever size the URI names; published data (here: the
 // carves and a byte in the kv carve) survives the refusal.
 TEST(PoolFormat, ValidPoolOfAnotherSizeIsRefusedByFormatPoolAndTheCApi) {

@@ -119,7 +119,7 @@ TEST(RegionFormat, RefusalNeverResizesTheValidPool) {
   EXPECT_TRUE(Region::open(p.uri()).ok());
 }
 
-// Issue 12: `format shm:p:128M` over a valid 64 MiB pool used to resize and
+// `format shm:p:128M` over a valid 64 MiB pool used to resize and
 // reformat it (the shm: size check made the valid pool invisible to the
 // refusal).  Whatever size the URI names, a valid pool needs force, and the
 // error names both sizes.

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: MIT
-// The main job with an SSD tier (issue 6): under a bounded memory capacity,
+// The main job with an SSD tier (docs/eviction.md "The SSD tier"): under a bounded memory capacity,
 // blocks evicted from memory are demoted to an SSD file and read back from
 // it byte-exact, so the token hit ratio is at least that of the same memory
 // capacity without the SSD tier.

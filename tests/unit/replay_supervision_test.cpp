@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: MIT
-// Supervision of the main job's worker processes (issue 13): a worker killed
+// Supervision of the main job's worker processes (docs/operations.md "Clean-up"): a worker killed
 // with -9 in the middle of a run ends the run with an error naming it, in
 // bounded time (the others may have waited on a lock it held), and the
 // replay removes every worker, pool, coordination segment and node-local file

@@ -142,7 +142,7 @@ TEST(Workload, LruReferenceOnTheSyntheticTraceMatchesTheIssueFigure) {
   if (path.empty()) GTEST_SKIP() << "synthetic trace not present";
   auto reqs = read_trace(path);
   ASSERT_TRUE(reqs.ok()) << reqs.error().message();
-  // Issue 11: block-LRU with a 2000-block capacity gets 0.147.
+  // Block-LRU with a 2000-block capacity gets 0.147.
   EXPECT_NEAR(lru_reference(reqs.value(), 2000).ratio(), 0.147, 0.001);
 }
 
@@ -321,7 +321,7 @@ TEST(Replay, SmallPagesKeepsTheOwnPoolInDevShmOnFourKiBPages) {
   EXPECT_EQ(field(out, "page_bytes"), 4096u) << out;
 }
 
-// Issue 11's targets on bounded runs that finish in well under a minute:
+// The eviction policy's targets (docs/benchmarks.md "Latest figures") on bounded runs that finish in well under a minute:
 // the first 800 requests of the synthetic trace at 5%, 10% and 25% of their
 // distinct blocks, 128 KiB blocks, prefill handing its blocks off to decode
 // under leases.  Every run reads only correct bytes, evicts, misses no

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: MIT
-// KvStore in both index modes (issue 17 item 2): the same user-facing calls
+// KvStore in both index modes (docs/rpc.md "The index service"): the same user-facing calls
 // (single and batch, put_chain / get_many) must behave the same whether this
 // process takes the index's stripe locks itself or an index service owns the
 // index and answers over the shared-memory RPC.  Also: how a pool's mode is

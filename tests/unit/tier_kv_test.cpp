@@ -371,7 +371,7 @@ TEST(TierKv, IndexBlockCapacityLimitsMemoryOnlyAndDemotionRelievesIt) {
   EXPECT_EQ(t.space.used(), 4u);
 }
 
-// ---- issue 12: SSD blocks know what they hold ---------------------------------
+// ---- SSD blocks know what they hold (docs/integrity.md "The SSD tier") ----
 
 namespace {
 std::vector<std::vector<BlockKey>> put_chains(TieredStore& t, uint64_t first_id, size_t n) {
@@ -525,7 +525,7 @@ TEST(TierKv, BlocksOnAnotherHostsSsdAreNotHitsThere) {
   EXPECT_EQ(tier1.stats().reads, 0u);
 }
 
-// ---- issue 12 item 6: placement and parallel reads on the real KV path ---------
+// ---- placement and parallel reads on the real KV path (docs/eviction.md "The SSD tier") ----
 
 TEST(TierKv, DemotionsOneBlockAtATimeSplitInProportionToDeviceBandwidth) {
   // Two SSD devices at a 2:1 bandwidth ratio; the store demotes each block
@@ -611,7 +611,7 @@ TEST(TierKv, GetManyOfADamagedSsdBlockIsAMissAndTheOthersAreServed) {
   EXPECT_EQ(st[0], kKvMiss);  // now a miss at pin
 }
 
-// Issue 18 metrics: the node's SSD tier counters reach its stats line in the
+// Metrics (docs/operations.md "Metrics"): the node's SSD tier counters reach its stats line in the
 // pool and the Prometheus exposition (cxlkv/metrics.hpp) as counters.
 TEST(TierKv, SsdTierCountersReachThePoolStatsAndTheExposition) {
   TieredStore t(4, 32 << 20, /*promote=*/false);

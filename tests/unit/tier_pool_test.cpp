@@ -466,7 +466,7 @@ TEST(TierPool, PartitionsShareADeviceWithoutOverlapAndReadEachOthersBlocks) {
   EXPECT_FALSE(SsdPool::open(o));  // partition out of range
 }
 
-// ---- issue 12: every SSD block carries its key, length and checksums ----------
+// ---- every SSD block carries its key, length and checksums (docs/integrity.md "The SSD tier") ----
 
 namespace {
 // One block of `key` (bytes of id `id`), written alone.

@@ -241,7 +241,7 @@ TEST(TierSsdDevice, LoopDeviceReportsItsLogicalBlockSize) {
   EXPECT_TRUE(block_matches(buf.data(), buf.size(), 8));
 }
 
-// Issue 12: the file is pre-allocated at open, so a file system without room
+// The file is pre-allocated at open, so a file system without room
 // is reported there (by name and size), not found later as failed writes.
 TEST(TierSsdDevice, AFullFileSystemIsReportedAtOpen) {
   tier_test::ScratchDir dir;

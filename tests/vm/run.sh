@@ -97,7 +97,7 @@ for b in "$BUILD/tools/cxlkvctl" "$BUILD/tests/dev_backend_test" "$BUILD/tests/l
 	fi
 done
 [ -n "$RUNTIME_BINS" ] || say "no runtime binaries in $BUILD (run 'make build' first): runtime steps skipped"
-# The shared-memory RPC between the two hosts (issue 17): one guest serves, the other calls.
+# The shared-memory RPC between the two hosts (docs/rpc.md "The RPC"): one guest serves, the other calls.
 RPC_STEPS=""
 if [ -x "$BUILD/tests/rpc_node_helper" ]; then
 	copy_with_libs "$BUILD/tests/rpc_node_helper"

@@ -12,7 +12,8 @@
 //                               Llama-3-8B (32 x 8 x 2 lists, 160-byte pieces)
 //   gpu.sparse_memcpy_us        baseline: one cudaMemcpyAsync per piece
 //
-// Issue 15 (each beside its baseline in the same run):
+// The GPU path's tiers, pinning and layer-wise transfers (docs/gpu.md; each
+// beside its baseline in the same run):
 //   gpu.gather_gbps_chunk_{4,16,32}k, gpu.scatter_gbps_chunk_{4,16,32}k
 //                               paged caches whose (layer, K|V) slice of a
 //                               block is 4, 16, 32 KiB (24 layers), ~128 MiB
@@ -102,7 +103,7 @@ bool ok(int rc, const cxlkv_cuda_ops& ops, const char* what) {
   return rc >= 0;
 }
 
-// ---- issue 15 ------------------------------------------------------------------
+// ---- tiers, pinning and layer-wise transfers (docs/gpu.md) ---------------------
 
 void put_metric(bench::Results& res, const std::string& prefix, const std::string& m, double v, const char* unit) {
   res.set(prefix + m, v);

@@ -5,7 +5,7 @@
 //   index.insert_mops                     reserve + publish of root blocks (no payload copy)
 //   index.lookup_mops                     lock-free find of a cached key
 //   index.evict_reads_per_eviction        entry + ext reads spent choosing each victim (pool-wide lists)
-//     (the window scan the lists replaced read about 191 entries per victim: issue 10)
+//     (the window scan the lists replaced read about 191 entries per victim)
 //   index.reserve_evict_us                reserve + publish of a root block that evicts one (lists)
 //   index.reserve_noevict_us              the same in the same pool while it fills (no eviction): the baseline
 #include <sys/mman.h>

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: MIT
-// Near-memory engine benchmarks (issue 16), each beside its same-run baseline:
+// Near-memory engine benchmarks (docs/near-memory.md), each beside its same-run baseline:
 //   pnm.digest_gbps            CPU digest build (min/max of 16-token pages of
 //                              bf16 keys, 128 MiB, cold) vs pnm.read_memcpy_gbps,
 //                              a memcpy read of the same bytes in 32 KiB pieces

@@ -5,7 +5,7 @@
 //   replay.block_ops_per_s_small_pages  the same with the pool in /dev/shm on 4 KiB pages (--small-pages)
 //   replay.page_kib            the page size the first run's pool was on (2048 or 4)
 //   replay.hit_vs_lru_10pct    synthetic trace at a capacity of 10% of its distinct blocks: token hit
-//                              ratio / the block-LRU reference's at the same capacity (issue 11)
+//                              ratio / the block-LRU reference's at the same capacity (docs/eviction.md "The replay's LRU reference")
 //   replay.hit_vs_lru_25pct    the same at 25%
 //   replay.hit_vs_lru_5pct / _50pct  the same at 5% and 50% (2 prefill + 2 decode workers)
 //   replay.hit_vs_lru_min_2x2 / _4x4  the lowest of the four capacities with 2+2 / 4+4 workers

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: MIT
-// Benchmarks of the shared-memory RPC (issue 17), each beside its baselines
+// Benchmarks of the shared-memory RPC (docs/rpc.md "The RPC"), each beside its baselines
 // in the same run.  Two processes: this one is the client, a forked child
 // the server (one polling thread); requests and replies carry 64 B of
 // payload (two lines each way: the 16 B header shares the first line).

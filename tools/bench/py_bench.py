@@ -50,8 +50,8 @@ Merges into the results file (one flat JSON object):
                                        range allocator, one block per call)
   py.publish_vs_kv_capi, py.fetch_vs_kv_capi
                                        the median over all lockstep pairs (py.*_lockstep_pairs of
-                                       them) of Python batch rate / C++ batch rate (issue 14: >= 0.9)
-  py.publish_vs_kv, py.fetch_vs_kv     issue 14's ratio: the median over every lockstep pair of
+                                       them) of Python batch rate / C++ batch rate (docs/benchmarks.md "Latest figures"; >= 0.9)
+  py.publish_vs_kv, py.fetch_vs_kv     the Python package's ratio: the median over every lockstep pair of
                                        (Python batch rate / kv.* design batch rate), that design (the
                                        C++ KvStore over in-process mutex stripe locks and a first-fit
                                        allocator, one block per call, same bound and geometry, a pool
@@ -465,7 +465,7 @@ def main():
             out[f"py.{k}_vs_kv_capi"] = median(py[0] / c[0] for py, c in pairs)
             out[f"py.{k}_per_cpu_s_vs_kv_capi"] = median(py[1] / c[1] for py, c in pairs)
             out[f"py.{k}_lockstep_pairs"] = len(pairs)
-    # Issue 14's ratio, py / kv: the kv.* design (the C++ KvStore, one block
+    # The Python package's ratio (docs/benchmarks.md "Latest figures"), py / kv: the kv.* design (the C++ KvStore, one block
     # per call, in-process mutex locks, first-fit allocator, same bound, a
     # pool of its own) run by the peer at every position beside the Python
     # batch, the same pairing.  The time-paired ratio against the separate

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: MIT
-// The one small SVG writer of the tools' pictures (issue 18): plain SVG 1.1
+// The one small SVG writer of the tools' pictures (docs/operations.md "Pictures"): plain SVG 1.1
 // text, no scripts, no external fonts or files, so any browser, librsvg or
 // an image viewer shows it.  Two charts: a line chart (cxlkv-replay --plot:
 // hit ratio against capacity) and a ratio chart (make bench's report.svg:

@@ -55,7 +55,7 @@ int gpu_pin(cxlkvctl::Context& ctx, const cxlkvctl::Args& args) {
     po.chunk_bytes = *c;
   }
   po.force_io_memory = args.flag("io-memory");
-  // Open as a serving process does: nothing registered yet (issue 15).
+  // Open as a serving process does: nothing registered yet (docs/gpu.md "On-demand pinning").
   auto t0 = std::chrono::steady_clock::now();
   auto pin = PoolPin::pin(lib, region->base(), region->size(), po);
   if (!pin) return cxlkvctl::fail(pin.error().message());

@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: MIT
 // cxlkvctl kv put | get | ls | rm: store and read single KV blocks from the
 // command line, for debugging by hand and for scripted restart checks
-// (issue 12).  put / get / rm attach as a node of the pool (a lock manager
+// (docs/integrity.md "Checked metadata").  put / get / rm attach as a node of the pool (a lock manager
 // must run, as for any node) and go through the KV store exactly as an
 // engine would; ls and check read the index without a lock (a snapshot);
 // check --repair rewrites children counts while no node is live.
@@ -444,7 +444,7 @@ int kv_repair(Context& ctx, Region& r) {
   return sound ? 0 : 1;
 }
 
-// Issue 12: audit the index's payload locations (outside the kv carve,
+// Audit the index's payload locations (outside the kv carve,
 // overlapping another block) and its children counts (a count no child
 // accounts for keeps a block from ever being evicted); exit 1 listing each
 // finding.  Counts are compared over two snapshots --settle MS apart.

@@ -134,7 +134,7 @@ int cmd_format(Context& ctx, const Args& a) {
   else if (!err.empty()) return fail("format: " + err);
   o.force = a.flag("force");
   o.standard = !a.flag("no-standard");
-  if (a.flag("index-service"))  // issue 17: the pool's index mode
+  if (a.flag("index-service"))  // the pool's index mode
     o.extra_carves.emplace_back(cxlkv::kIndexServiceCarve, cxlkv::kIndexServiceCarveBytes);
   cxlkv::OpenOptions oo;
   oo.prefault = !a.flag("no-prefault");

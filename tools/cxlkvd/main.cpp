@@ -224,7 +224,7 @@ int main(int argc, char** argv) {
                  region.value()->max_nodes() - 1);
     return 2;
   }
-  // Node-local files of pools that no longer exist (issue 13: leaks).
+  // Node-local files of pools that no longer exist (docs/operations.md "Clean-up"; leaks).
   {
     std::array<uint8_t, 16> id{};
     std::memcpy(id.data(), region.value()->superblock().pool_id, 16);
@@ -265,7 +265,7 @@ int main(int argc, char** argv) {
     mgr.value()->release_lease();
     return 1;
   }
-  // Issue 17: the index service runs beside the lock manager (its stripe
+  // The index service runs beside the lock manager (its stripe
   // locks are granted by the manager of this very process).
   std::unique_ptr<cxlkv::IndexServiceHost> index_svc;
   if (index_service) {

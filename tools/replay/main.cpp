@@ -102,7 +102,7 @@ struct Summary {
   uint64_t mem_hits = 0, mem_bytes = 0, ssd_hits = 0, ssd_bytes = 0, demotions = 0, promotions = 0;
   bool ssd = false;
   double seconds = 0, theory = 0;
-  LruReference lru;  // block-LRU at the same capacity (issue 11); unbounded: == theory
+  LruReference lru;  // block-LRU at the same capacity (docs/eviction.md "The replay's LRU reference"); unbounded: == theory
   LatHist lat[kLatOps];  // merged over the workers
   double p50(uint32_t op) const { return lat[op].percentile_us(50); }
   double p99(uint32_t op) const { return lat[op].percentile_us(99); }
@@ -118,7 +118,7 @@ volatile sig_atomic_t g_stop_signal = 0;
 void on_stop_signal(int sig) { g_stop_signal = sig; }
 
 // Everything one run creates outside this process, removed on every exit
-// path (issue 13): the worker processes (killed and reaped if still
+// path (docs/operations.md "Clean-up"): the worker processes (killed and reaped if still
 // running), the shm pools and the coordination segment (unlinked as soon as
 // every worker has them mapped, so that even a kill -9 of the parent leaves
 // only node-local files, which `cxlkvctl node gc` removes once their pool is

@@ -46,10 +46,10 @@ struct Config {
   // (0: prefill + decode workers): a serving system's bounded queue between
   // prefill and decode.  Without it an as-fast-as-possible replay lets
   // prefill run far ahead, and the leases of every handed-off request still
-  // waiting for decode hold cache capacity (issue 11).
+  // waiting for decode hold cache capacity (docs/eviction.md "The replay's LRU reference").
   uint32_t max_lag = 0;
   uint32_t interleave_stripe = 64 << 10;
-  // SSD tier (issue 6): one file shared by all workers, each placing in its
+  // SSD tier (docs/eviction.md "The SSD tier"): one file shared by all workers, each placing in its
   // own partition (node of prefill + decode + 1).  Blocks evicted from the
   // bounded memory capacity are demoted to it; an SSD hit promotes them back.
   std::string ssd_path;          // empty: no SSD tier
@@ -62,8 +62,8 @@ struct Config {
   std::vector<std::string> extra_pools;
 };
 
-// Client-side latencies the workers measure around each KV call (issue 10
-// item 7): one histogram per operation, per worker, merged by the parent.
+// Client-side latencies the workers measure around each KV call (the
+// control cost per block, docs/benchmarks.md): one histogram per operation, per worker, merged by the parent.
 // The single steps are per call; the whole publish is a request's reserve +
 // write + publish of its new blocks, the whole fetch a request's pin + fetch +
 // unpin of the blocks it reads (prefill hits, decode prompt).
@@ -89,12 +89,12 @@ struct WorkerCounters {
   std::atomic<uint64_t> requests{0}, input_tokens{0}, hit_tokens{0}, hit_blocks{0};
   std::atomic<uint64_t> blocks_written{0}, blocks_read{0}, bytes_written{0}, bytes_read{0};
   std::atomic<uint64_t> errors{0}, decode_misses{0}, uncached{0}, lost_hits{0};
-  // Per-tier reads (hits) by the tier the pin reported (issue 6), and this
+  // Per-tier reads (hits) by the tier the pin reported (docs/eviction.md "The SSD tier"), and this
   // node's demotions (MEM -> SSD on eviction) / promotions (SSD -> MEM on hit).
   std::atomic<uint64_t> mem_hits{0}, mem_bytes{0}, ssd_hits{0}, ssd_bytes{0};
   std::atomic<uint64_t> demotions{0}, promotions{0};
   std::atomic<uint64_t> lease_expiries{0};
-  // Handoff (issue 11): blocks a prefill could not hand off (not cached at
+  // Handoff (docs/eviction.md "Handoff leases"): blocks a prefill could not hand off (not cached at
   // lease time), decode misses excused because the block's lease had ended
   // (ttl or consumer death: -ETIMEDOUT at release), leases that failed.
   std::atomic<uint64_t> not_handed_off{0}, expired_misses{0}, lease_errors{0};  // leases this worker's index found ended (ttl / consumer death)

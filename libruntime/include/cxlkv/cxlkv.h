@@ -246,7 +246,7 @@ int cxlkv_gpu_sparse_read(struct cxlkv_gpu *gpu, const struct cxlkv_gpu_sparse_l
 /* Wait for everything enqueued on stream. */
 int cxlkv_gpu_sync(struct cxlkv_gpu *gpu, void *stream);
 
-/* ---- GPU path: on-demand pinning (issue 15) ---------------------------------- */
+/* ---- GPU path: on-demand pinning (docs/gpu.md "On-demand pinning") ---------------------------------- */
 struct cxlkv_gpu_pin_stats {
 	size_t   size;              /* sizeof(struct cxlkv_gpu_pin_stats), set by the caller */
 	uint64_t chunk_bytes;       /* registration unit */
@@ -281,7 +281,7 @@ struct cxlkv_kv_opts {
 	uint32_t node;          /* node id of this process */
 	uint32_t flags;         /* 0, or one CXLKV_KV_INDEX_* below */
 };
-/* How the store reaches the prefix index (issue 17).  Neither flag: the
+/* How the store reaches the prefix index (docs/rpc.md "The index service").  Neither flag: the
  * CXLKV_INDEX_MODE environment variable ("locks" / "service") when set, else
  * the pool's mode (index service when it has the "rpc.index" carve, see
  * cxlkv_rpc.h).  In service mode a service that is down makes the calls fail
@@ -419,7 +419,7 @@ int cxlkv_kv_get_many(struct cxlkv_kv *kv, const struct cxlkv_kv_key *keys, size
  * (stream) before it publishes anything (rule 5); get_many returns after the
  * copies completed (the pins are held until then).  Blocks on the SSD tier
  * come through a pinned staging ring, interleaved blocks through their
- * stripe map (issue 15).
+ * stripe map (docs/gpu.md "Every tier").
  */
 int cxlkv_kv_gpu_put_chain(struct cxlkv_kv *kv, struct cxlkv_gpu *gpu, const struct cxlkv_gpu_layout *layout,
 			   const struct cxlkv_kv_key *parent, const struct cxlkv_kv_key *keys,
@@ -428,7 +428,7 @@ int cxlkv_kv_gpu_get_many(struct cxlkv_kv *kv, struct cxlkv_gpu *gpu, const stru
 			  const struct cxlkv_kv_key *keys, const uint64_t *block_ids, size_t n, void *stream,
 			  int32_t *status);
 
-/* ---- GPU path: layer-wise load and save (issue 15) ---------------------------
+/* ---- GPU path: layer-wise load and save (docs/gpu.md "Layer-wise transfers") ---------------------------
  * Load: pins the blocks and enqueues on `stream`, group by group, layers
  * [g*L, (g+1)*L) (L = layers_per_group, 0: one group) of every block, with
  * a CUDA event after each group, so layer 0 is usable while later layers

@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * cxlkv near-memory long contexts (issue 16), C API.  Same conventions as
+ * cxlkv near-memory long contexts (docs/near-memory.md), C API.  Same conventions as
  * cxlkv.h: 0 (or a count) on success, a negative errno on failure with the
  * message in cxlkv_last_error(); options structs carry their own size.
  *

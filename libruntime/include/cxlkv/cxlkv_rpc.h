@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * cxlkv shared-memory RPC, C API (issue 17).  The C++ API is cxlkv/rpc.hpp;
+ * cxlkv shared-memory RPC, C API (docs/rpc.md "The RPC").  The C++ API is cxlkv/rpc.hpp;
  * the on-pool layout and protocol are in uapi/cxlkv_rpc.h.
  *
  * A server owns an RPC carve of the pool ("rpc" unless told otherwise) and
@@ -108,7 +108,7 @@ uint32_t cxlkv_rpc_client_ring(struct cxlkv_rpc_client *cli);
 uint32_t cxlkv_rpc_client_depth(struct cxlkv_rpc_client *cli);
 uint32_t cxlkv_rpc_client_request_max(struct cxlkv_rpc_client *cli);
 
-/* ---- index service (issue 17) ----
+/* ---- index service (docs/rpc.md "The index service") ----
  * One process owns the prefix index and serves its batched reserve /
  * publish / abort / pin / unpin over this RPC (carve "rpc.index"); every
  * cxlkv_kv_open on a pool that has that carve then goes through the service

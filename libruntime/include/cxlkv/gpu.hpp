@@ -114,7 +114,7 @@ enum class PinMethod {
 };
 const char* to_string(PinMethod m);
 
-// Issue 15: the pool mapping is registered in chunks when a transfer first
+// The pool mapping is registered in chunks when a transfer first
 // touches them (or by a background pre-pin), never all at open, so a
 // process is ready for its first transfer in well under a second whatever
 // the pool size (registration costs ~0.6 s per GiB on an H100 host), and no
@@ -249,7 +249,7 @@ Result<std::vector<cxlkv_copy_desc>> plan_blocks(const PagedLayout& layout, std:
                                                  std::span<const uint64_t> pool_offs, const PoolPin& pin,
                                                  Direction dir);
 
-// Issue 15: the pool side of one block -- device-visible pieces of its
+// The pool side of one block -- device-visible pieces of its
 // logical bytes [x, x+len) (one pool device, the stripes of an interleaved
 // block, or a staging buffer an SSD block was read into).
 using PoolResolver = std::function<Result<void>(uint64_t x, uint64_t len, std::vector<DevicePiece>& out)>;
@@ -277,7 +277,7 @@ class GpuPool {
   CudaLibrary& library() const { return pin_->library(); }
   int device() const { return device_; }
 
-  // Issue 15: a ring of pinned host staging slots (SSD-tier blocks are read
+  // A ring of pinned host staging slots (SSD-tier blocks are read
   // into one, then copied to the GPU by one launch, while the next slot is
   // being read).  acquire waits until the slot's previous DMA completed;
   // release records an event on `stream` after the work using it.
@@ -344,7 +344,7 @@ class LayerSave;
 //            eviction away while the GPU reads).
 // `devices[d]` is a GpuPool opened over the store's MEM pool device d (the
 // same mapping, so location offsets are offsets into it); all of them on
-// one GPU.  Every tier is reachable (issue 15): blocks on one pool device
+// one GPU.  Every tier is reachable (docs/gpu.md "Every tier"): blocks on one pool device
 // by DMA straight from the pool; blocks interleaved over the pool devices
 // through their stripe map (one descriptor per stripe piece, same launch);
 // SSD-tier blocks are read by the store (io_uring, several in flight,
@@ -371,7 +371,7 @@ class KvGpu {
   Result<size_t> get_many(std::span<const BlockKey> keys, const PagedLayout& layout,
                           std::span<const uint64_t> block_ids, void* stream, std::span<int32_t> status);
 
-  // ---- layer-wise (issue 15) ------------------------------------------------
+  // ---- layer-wise (docs/gpu.md "Layer-wise transfers") ------------------------------------------------
   // Load: pins the blocks and enqueues on `stream`, group by group, the
   // copies of layers [g*L, (g+1)*L) (L = layers_per_group) of every block,
   // recording a CUDA event after each group, so the engine computes layer 0

@@ -43,7 +43,7 @@ struct PoolDevice {
   MemoryDomain* domain = nullptr;
   std::byte* base = nullptr;  // start of the device (location offsets are from here)
   uint64_t size = 0;
-  // Issue 12: payload locations must lie in [payload_lo, payload_hi) (the
+  // Payload locations must lie in [payload_lo, payload_hi) (the
   // device's kv carve); an index entry naming other bytes (the superblock,
   // another carve) is refused, never read.  0, 0: the whole device.
   uint64_t payload_lo = 0, payload_hi = 0;
@@ -63,10 +63,10 @@ class PayloadTier {
   virtual Result<void> read(const BlockLocation& loc, std::span<const Chunk> chunks) = 0;
 };
 
-// A payload tier that chooses its own locations: the SSD tier (issue 6,
+// A payload tier that chooses its own locations: the SSD tier (docs/eviction.md "The SSD tier";
 // libruntime/src/tier/ssd_payload_tier.hpp).  Blocks enter it by demotion.
 //
-// Issue 12: the tier records each block's key with it and checks it on
+// The tier records each block's key with it and checks it on
 // read, so the keyed calls below are the ones the KV store uses; a read
 // whose block no longer holds `key` (or fails its checksum) is a clean miss:
 // -ESTALE or -EBADMSG, never data.
@@ -141,7 +141,7 @@ struct KvReservation {
   uint64_t length = 0;
   uint64_t loc_off = 0;
   uint8_t loc_dev = 0, loc_tier = 0;
-  uint32_t version = 0;  // entry version seen at reserve (fencing, issue 12)
+  uint32_t version = 0;  // entry version seen at reserve (fencing; docs/integrity.md "Fencing: handles carry the entry version")
   bool reserved() const { return status == 0; }
 };
 
@@ -157,7 +157,7 @@ struct KvPin {
   uint16_t tag = 0;
   // 0 pinned; from pin_many also kKvMiss or uint32_t(-errno) (not pinned).
   uint32_t status = 0;
-  uint32_t version = 0;  // entry version seen at pin (fencing, issue 12)
+  uint32_t version = 0;  // entry version seen at pin (fencing; docs/integrity.md "Fencing: handles carry the entry version")
   bool pinned() const { return status == 0; }
 };
 
@@ -173,19 +173,19 @@ struct KvDeps {
   NodeLiveness* liveness = nullptr;
   PayloadSpace* space = nullptr;
   std::vector<PoolDevice> devices;  // MEM tier devices; [0] holds the index
-  // SSD tier (issue 6), optional.  demote_on_evict: blocks evicted from
+  // SSD tier (docs/eviction.md "The SSD tier"), optional.  demote_on_evict: blocks evicted from
   // memory go to it instead of being dropped; promote_on_hit: a block read
   // from it moves back to memory when the reader holds its only pin.
   PlacingTier* ssd_tier = nullptr;
   bool demote_on_evict = false;
   bool promote_on_hit = false;
-  // Issue 12: lookup stops at the first block on an SSD this store cannot
+  // Lookup stops at the first block on an SSD this store cannot
   // read (another host's, or any SSD without ssd_tier), so such blocks are
   // never counted as hits.  It checks each block of the found prefix (one
   // lock-free probe each); a deployment whose SSD tiers all share devices
   // may turn it off.
   bool lookup_checks_readable = true;
-  // Issue 17: where reserve / publish / abort / pin / unpin go (the index
+  // Where reserve / publish / abort / pin / unpin go (the index
   // service's client); nullptr: this store's own index (lock-based).
   KvIndexBackend* index_backend = nullptr;
 };
@@ -300,7 +300,7 @@ class KvStore {
  private:
   KvStore() = default;
   Result<void> payload_io(const BlockLocation& loc, std::span<const Chunk> chunks, bool write);
-  void promote(const KvPin& p, const BlockLocation& from, std::span<const Chunk> chunks);  // issue 6
+  void promote(const KvPin& p, const BlockLocation& from, std::span<const Chunk> chunks);  // SSD -> memory on a hit
   void claim_ssd_blocks();                                              // at create
   size_t readable_prefix(std::span<const BlockKey> chain, size_t n);   // lookup
   std::vector<std::pair<uint32_t, BlockKey>> dropped_pins_;             // pins consumed by a drop
@@ -324,7 +324,8 @@ class KvStore {
   // (`not_held` when it holds no pin of that slot and tag) and *why.
   int32_t check_held(const KvPin& p, int32_t not_held, std::string* why) const;
   bool consume_dropped_pin(const KvPin& p);
-  // Issue 12 handle checks (kv_batch.cpp): one fresh read of each block's
+  // Handle checks (kv_batch.cpp; docs/integrity.md "Fencing: handles carry
+  // the entry version"): one fresh read of each block's
   // entry, all in one invalidation sweep and one fence; code 0 or -errno.
   struct HandleCheck;
   void check_handles(const char* op, std::vector<HandleCheck>& hs, bool after_copy);
@@ -364,7 +365,7 @@ class KvStore {
   KvIndexBackend* ops_ = nullptr;              // deps_.index_backend or local_ops_
   std::unique_ptr<PayloadSpace> interleaved_space_;
   std::unique_ptr<PayloadTier> mem_tier_;
-  std::unique_ptr<DemotionTarget> demotion_;  // issue 6: MEM -> SSD copy for the index
+  std::unique_ptr<DemotionTarget> demotion_;  // MEM -> SSD copy for the index
   KvStats stats_;
   uint64_t ops_since_flush_ = 0;
   std::string block_error_;  // first failed block of the last batch call
@@ -372,7 +373,7 @@ class KvStore {
 
 // ---- wiring to the real pool (sync layer: two-tier locks, node heap) -------
 
-// Issue 17: how a session's KvStore reaches the index.  automatic: the
+// How a session's KvStore reaches the index.  automatic: the
 // CXLKV_INDEX_MODE environment variable ("locks" / "service") when set,
 // else service when the pool has the index service's RPC carve (made by
 // `cxlkvctl format --index-service` or by the first cxlkvd --index-service),
@@ -380,11 +381,11 @@ class KvStore {
 enum class KvIndexMode { automatic, locks, service };
 struct KvOpenOptions {
   std::vector<Region*> extra_devices;  // interleave set beyond the primary pool
-  // SSD tier (issue 6), optional; passed to KvDeps unchanged (see there).
+  // SSD tier (docs/eviction.md "The SSD tier"), optional; passed to KvDeps unchanged (see there).
   PlacingTier* ssd_tier = nullptr;
   bool demote_on_evict = false;
   bool promote_on_hit = false;
-  KvIndexMode index_mode = KvIndexMode::automatic;  // issue 17
+  KvIndexMode index_mode = KvIndexMode::automatic;  // locks or index service (docs/rpc.md)
 };
 class KvSession;  // owns the adapters (locks, liveness, heap) of one node
 Result<std::unique_ptr<KvSession>> open_kv_session(Region& pool, NodeContext& node,

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: MIT
-// Near-memory KV management for long contexts (issue 16; the PNM design of
+// Near-memory KV management for long contexts (docs/near-memory.md; the PNM design of
 // DESIGN.md on a CPU engine beside the pool).
 //
 //   ContextStore   the "pnm" carve: per request a page table over pool pages

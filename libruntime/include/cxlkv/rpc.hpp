@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: MIT
-// Shared-memory RPC through the pool (issue 17; layout and protocol in
+// Shared-memory RPC through the pool (docs/rpc.md "The RPC"; layout and protocol in
 // uapi/cxlkv_rpc.h).  Beluga's design: per-client rings of request and
 // response slots in pool memory, flags polled with invalidate-before-read,
 // fences batched over concurrent requests, no kernel on the data path.

@@ -27,7 +27,7 @@ from .layout import PagedKV
 from .pool import LockManager, Pool
 from . import aio, metrics  # noqa: E402,F401
 from . import pnm  # noqa: E402,F401
-from . import layerwise  # noqa: E402,F401  (issue 15: layer-wise GPU load / save)
+from . import layerwise  # noqa: E402,F401  (docs/gpu.md "Layer-wise transfers"; layer-wise GPU load / save)
 
 __version__ = "0.1.0"
 

@@ -158,7 +158,7 @@ class KvStore:
             pool._adopt(self)
         self._lib = _lib.lib()
         # The hot batch calls through their own function objects taking plain
-        # addresses (c_void_p): no POINTER casts per call (issue 14).
+        # addresses (c_void_p): no POINTER casts per call (docs/api.md "Python").
         vp, sz = C.c_void_p, C.c_size_t
         self._put_chain = self._lib["cxlkv_kv_put_chain"]
         self._put_chain.restype, self._put_chain.argtypes = C.c_int, [vp, vp, vp, sz, C.c_uint64, vp, vp, vp]

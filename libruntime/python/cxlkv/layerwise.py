@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: MIT
-"""Layer-wise GPU load and save (issue 15): a prefix hit's KV arrives layer
+"""Layer-wise GPU load and save (docs/gpu.md "Layer-wise transfers"): a prefix hit's KV arrives layer
 group by layer group, each with a CUDA event, so the engine computes layer 0
 while later layers still travel (vLLM's ``wait_for_layer_load``, LMCache's
 layer-wise mode); a prefill saves layer by layer as it produces them, and

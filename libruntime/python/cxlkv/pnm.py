@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: MIT
-"""Near-memory long contexts (issue 16): a request's KV stays in the pool
+"""Near-memory long contexts (docs/near-memory.md): a request's KV stays in the pool
 with per-page min/max key digests; each decode step scores the pages, keeps
 the top ``token_budget`` tokens' pages and computes attention beside the
 pool, returning output and log-sum-exp (mergeable with a GPU part).

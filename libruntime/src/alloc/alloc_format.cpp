@@ -74,7 +74,7 @@ cxlkv_alloc_header plan_alloc(uint64_t nchunks, uint64_t chunk_size, uint64_t ar
   off += h.objstore_bytes;
   h.state_off = off;
   off += sizeof(cxlkv_alloc_state) + lines(nchunks * sizeof(cxlkv_quarantine));
-  // Block owner records (issue 12): cxlkv_alloc_owner_off() is where this
+  // Block owner records (docs/integrity.md "Block owners: overlapping entries"): cxlkv_alloc_owner_off() is where this
   // plan puts them, one per CXLKV_OWNER_GRANULE bytes of the arena.
   off += cxlkv_alloc_owner_bytes(&h);
   if (bytes) *bytes = off;
@@ -92,7 +92,7 @@ Result<cxlkv_alloc_header> read_alloc_header(const Region& region, MemoryDomain&
     return Error(-EPROTO, who + "layout version " + std::to_string(h.version) +
                               (h.version < CXLKV_ALLOC_VERSION ? " is older than this runtime's " : " is newer than this runtime's ") +
                               std::to_string(CXLKV_ALLOC_VERSION) + "; reformat the pool (cxlkvctl format --force) or use a matching runtime");
-  // Issue 12: the arena is the kv carve, checked field by field before any
+  // The arena is the kv carve, checked field by field before any
   // arithmetic on them (a huge nchunks would wrap plan_alloc's sizes and
   // nchunks * chunk_size).
   if (h.chunk_size < CXLKV_MIN_CHUNK_SIZE || h.chunk_size > CXLKV_MAX_CHUNK_SIZE || (h.chunk_size & (h.chunk_size - 1)))
@@ -205,7 +205,7 @@ Result<void> format_alloc_carve(Region& region, MemoryDomain& d, const AllocForm
   auto* descs = reinterpret_cast<cxlkv_chunk_desc*>(base + h.chunk_table_off);
   for (uint64_t c = 0; c < nchunks; c++) d.write_nt(&descs[c], none);  // rule 1: multi-writer words
   CXLKV_TRY(objstore::format_objstore(d, base + h.objstore_off, o.objstore_entries));
-  // The state line: the checksum of the all-free bitmap (issue 12).
+  // The state line: the checksum of the all-free bitmap (docs/integrity.md "Checked metadata").
   cxlkv_alloc_state state{};
   for (uint64_t i = 0; i < (nchunks + 63) / 64; i++) state.bitmap_sum ^= cxlkv_bitmap_word_sum(i, 0);
   d.publish_line(base + h.state_off, &state);  // rule 1: written by any node later

@@ -214,7 +214,7 @@ Result<uint64_t> ChunkAllocator::alloc_run(uint64_t n, bool small, uint32_t size
   auto g = alloc::take_lock(lock, lock_timeout_, "allocator lock (ALLOC), allocating " + std::to_string(n) + " chunk(s)", {words, nw * 8});
   if (!g) return g.error();
   LockedBitmap bm(d, words, nw, state());
-  CXLKV_TRY(bm.verify(who));  // issue 12: never allocate from a damaged bitmap
+  CXLKV_TRY(bm.verify(who));  // never allocate from a damaged bitmap
 
   auto find = [&] {
     uint64_t first = geo_.nchunks, run = 0;

@@ -37,7 +37,7 @@ inline int set_error(const Error& e) { return set_error(e.code(), e.message()); 
 void clear_error();
 
 // A message written inside a lambda with __func__ begins with "operator()";
-// name the C function instead (issue 13).
+// name the C function instead, so the caller's message says which call failed.
 inline void name_function(const char* fn) {
   static constexpr char kLambda[] = "operator()";
   const char* m = cxlkv_last_error();

@@ -146,7 +146,7 @@ int cxlkv_kv_open(struct cxlkv_pool* pool, const struct cxlkv_kv_opts* opts, str
     no.heartbeat = true;
     auto node = NodeContext::attach(*pool->region, no);
     if (!node) return capi::set_error(node.error());
-    KvOpenOptions ko;  // issue 17: the index mode
+    KvOpenOptions ko;  // the index mode
     if (opts->flags & ~(CXLKV_KV_INDEX_LOCKS | CXLKV_KV_INDEX_SERVICE))
       return bad(__func__, "unknown flags");
     if ((opts->flags & CXLKV_KV_INDEX_LOCKS) && (opts->flags & CXLKV_KV_INDEX_SERVICE))

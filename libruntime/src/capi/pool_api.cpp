@@ -61,7 +61,7 @@ int cxlkv_pool_format(const char* uri, const struct cxlkv_format_opts* opts) {
       if (CXLKV_OPT_HAS(opts, index_entries)) o.index_entries = opts->index_entries;
       if (CXLKV_OPT_HAS(opts, rpc_bytes) && opts->rpc_bytes) o.extra_carves.emplace_back(CXLKV_CARVE_RPC, opts->rpc_bytes);
     }
-    if (flags & CXLKV_FORMAT_F_INDEX_SERVICE)  // issue 17: the pool's index mode
+    if (flags & CXLKV_FORMAT_F_INDEX_SERVICE)  // the pool's index mode
       o.extra_carves.emplace_back(cxlkv::kIndexServiceCarve, cxlkv::kIndexServiceCarveBytes);
     if (flags & ~(CXLKV_FORMAT_F_FORCE | CXLKV_FORMAT_F_NO_STANDARD | CXLKV_FORMAT_F_INDEX_SERVICE))
       return set_error(-EINVAL, "cxlkv_pool_format: unknown flags " + std::to_string(flags));

@@ -42,7 +42,7 @@ cxlkv::Result<cxlkv::NodeHeap*> heap_of(cxlkv_node* n) {
   return n->heap.get();
 }
 
-// Issue 12: a block the KV store's index names (reserved, published or
+// A block the KV store's index names (reserved, published or
 // being evicted) is never handed back by cxlkv_free: the index still points
 // at it and would serve whatever the next owner writes there.
 cxlkv::Result<void> refuse_index_block(cxlkv::NodeContext& ctx, cxlkv::NodeHeap& heap, uint64_t off) {

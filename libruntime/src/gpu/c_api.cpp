@@ -232,7 +232,7 @@ int cxlkv_kv_gpu_get_many(cxlkv_kv* kv, cxlkv_gpu* g, const cxlkv_gpu_layout* la
 }
 }  // extern "C"
 
-// ---- layer-wise load and save (issue 15) ----------------------------------------
+// ---- layer-wise load and save (docs/gpu.md "Layer-wise transfers") ----------------------------------------
 
 struct cxlkv_gpu_load {
   std::unique_ptr<cxlkv::gpu::LayerLoad> load;

@@ -25,7 +25,7 @@ Result<std::unique_ptr<GpuPool>> GpuPool::open(std::shared_ptr<CudaLibrary> lib,
   auto pin = PoolPin::pin(std::move(lib), base, size, opts);
   if (!pin) return pin.error();
   g->pin_ = std::move(pin.value());
-  // Issue 15: every kernel loaded now, not inside the first transfer.
+  // Every kernel loaded now, not inside the first transfer.
   if (int rc = g->library().ops().warmup(nullptr); rc < 0) return g->library().error(rc, "GPU pool: kernel warm-up");
   return g;
 }
@@ -127,7 +127,7 @@ Result<void> GpuPool::wait_enqueued(void* stream) {
 
 namespace cxlkv::gpu {
 
-// ---- staging ring (issue 15: SSD-tier blocks on the GPU path) -------------------
+// ---- staging ring (docs/gpu.md "Every tier"; SSD-tier blocks on the GPU path) -------------------
 
 GpuPool::~GpuPool() { staging_free(); }
 

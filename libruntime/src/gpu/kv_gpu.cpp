@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: MIT
 // The KV store's write and read paths with GPU tensors on the engine side:
 // whole blocks (publish / fetch / put_chain / get_many) and layer by layer
-// (load_layers / save_layers, issue 15), on every tier.
+// (load_layers / save_layers; docs/gpu.md "Layer-wise transfers"), on every tier.
 //
 // Coherence: the payload reaches the pool by GPU DMA, which bypasses CPU
 // caches (DDIO off, cuda/README.md), so no flush is needed for it; what
@@ -10,7 +10,7 @@
 // (wait_enqueued / the layer events).  On the read side the pins are
 // dropped only after the copies completed, so eviction cannot reuse a block
 // the GPU is still reading.  SSD-tier blocks are read by the store itself
-// (fetch_many: checked against their key, issue 12) into pinned staging
+// (fetch_many: checked against their key; docs/integrity.md "The SSD tier") into pinned staging
 // memory, which only the CPU wrote and the GPU reads after the read.
 #include <algorithm>
 #include <cerrno>
@@ -50,7 +50,7 @@ Result<GpuPool*> KvGpu::launcher() const {
 
 Result<PoolResolver> KvGpu::mem_resolver(const Loc& loc, const BlockKey& key) const {
   const auto& pdevs = store_.devices();
-  // Issue 12: a location outside a device's kv carve is a damaged entry: refused, never read or written.
+  // A location outside a device's kv carve is a damaged entry: refused, never read or written.
   auto in_carve = [&](uint32_t d, uint64_t off, uint64_t len) -> Result<void> {
     const PoolDevice& dv = pdevs[d];
     const uint64_t lo = dv.payload_hi ? dv.payload_lo : 0, hi = dv.payload_hi ? dv.payload_hi : dv.size;

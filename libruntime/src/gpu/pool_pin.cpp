@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: MIT
-// Registering the pool mapping for GPU DMA, on demand (issue 15).
+// Registering the pool mapping for GPU DMA, on demand (docs/gpu.md "On-demand pinning").
 //
 // cudaHostRegister(portable | mapped) works for ordinary memory (shm:,
 // file:); PFN mappings (dev:, dax: with VM_PFNMAP / VM_IO) need

@@ -257,7 +257,7 @@ size_t PrefixIndex::reserve_locked(LockSet& ls, const BlockKey* pkey, std::span<
       ne.parent_slot = prev;
       ne.lru_ms = now;
       ls.mark(s);
-      space_->claim(loc.value(), free_slot);  // issue 12: the block's owner record, before the entry names it
+      space_->claim(loc.value(), free_slot);  // the block's owner record, before the entry names it
       const uint32_t ver = write_entry(free_slot, ne);
       cxlkv_index_ext x{};  // not listed (WRITING), no lease
       if (ghost) x.linked = CXLKV_EXT_REUSED;  // evicted before and back: one more trip (index_evict.cpp)

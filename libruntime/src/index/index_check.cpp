@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: MIT
 // index_entry_naming(): a lock-free scan of the index entries for one that
 // names a range of pool memory (used by cxlkv_free to refuse blocks the
-// KV store owns, issue 12); the audits of cxlkvctl kv check (locations,
+// KV store owns; docs/integrity.md "Checked metadata"); the audits of cxlkvctl kv check (locations,
 // children counts).
 #include "index/index_check.hpp"
 

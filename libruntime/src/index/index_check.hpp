@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: MIT
-// Checks of the index carve from outside a KV store (issue 12): which entry
+// Checks of the index carve from outside a KV store (docs/integrity.md "Checked metadata"): which entry
 // names a range of pool memory, payload locations, children counts.
 // Lock-free snapshots (rule 4).
 #pragma once
@@ -29,7 +29,7 @@ struct NamedBlock {
 // without an index carve names nothing; an unreadable index is an error.
 Result<std::optional<NamedBlock>> index_entry_naming(const Region& pool, MemoryDomain& d, uint64_t off, uint64_t len);
 
-// Issue 12: the index carve header of a carve of `carve_bytes`, checked
+// The index carve header of a carve of `carve_bytes`, checked
 // field by field with overflow-safe arithmetic (errors name the field,
 // prefixed with `who`, e.g. "pool shm:a: index carve: "), then its checksum.
 // The magic is checked by the caller (an unformatted carve is not damage).
@@ -41,7 +41,7 @@ Result<void> check_index_header(const cxlkv_index_header& h, uint64_t carve_byte
 // or inconsistent (check_index_header names the field).
 Result<cxlkv_index_header> read_index_header(const Region& pool, MemoryDomain& d);
 
-// Issue 12: a lock-free audit of every WRITING / READY / EVICTING entry's
+// A lock-free audit of every WRITING / READY / EVICTING entry's
 // location: memory-tier entries (not interleaved) must lie inside the kv
 // carve and overlap no other entry.  One line per finding, naming the
 // block, the slot and the cause; empty when the index is sound; an error

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: MIT
-// Damaged index lines (issue 12): an entry line whose checksum fails is
+// Damaged index lines (docs/integrity.md "Checked metadata"): an entry line whose checksum fails is
 // first taken for a torn line (a writer's NT stores landing right now) and
 // re-read a few times (kTornRereads); if it still fails, it gets one bounded
 // retry after a short pause, and is then remembered as damaged: later reads

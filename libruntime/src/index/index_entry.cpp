@@ -70,7 +70,7 @@ Result<void> index_format(MemoryDomain& d, void* carve, uint64_t bytes, const In
   h.stats_off = stats_off;
   h.entry_off = entry_off;
   h.lock_base = o.lock_base;
-  h.checksum = cxlkv_index_header_checksum(&h);  // issue 12: checked at attach
+  h.checksum = cxlkv_index_header_checksum(&h);  // checked at attach
   d.fence();  // rule 3: config before the header
   d.publish_line(static_cast<std::byte*>(carve) + kHeaderOff, &h);
   d.fence();
@@ -139,7 +139,7 @@ Result<std::unique_ptr<PrefixIndex>> PrefixIndex::attach(MemoryDomain& d, void* 
       std::snprintf(b, sizeof b, "%016llx", (unsigned long long)h.magic);
       return std::string(b);
     }() + ", run `cxlkvctl format`)");
-  CXLKV_TRY(check_index_header(h, bytes, "index carve: "));  // issue 12: fields, then checksum
+  CXLKV_TRY(check_index_header(h, bytes, "index carve: "));  // fields, then checksum
   if (node >= h.max_nodes)
     return Error(-EINVAL, "index: node " + std::to_string(node) + " >= max_nodes " + std::to_string(h.max_nodes));
   if (ix->cfg_.ndevices == 0 || ix->cfg_.ndevices > CXLKV_INDEX_MAX_DEVICES)

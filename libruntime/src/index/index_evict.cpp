@@ -262,7 +262,7 @@ void PrefixIndex::remove_locked(LockSet& ls, uint32_t slot, cxlkv_index_entry e,
     write_entry(slot, e);
     st.tombstones++;
   }
-  if (loc.tier == CXLKV_TIER_MEM) {  // issue 6: the capacity counts memory-tier blocks only
+  if (loc.tier == CXLKV_TIER_MEM) {  // the capacity counts memory-tier blocks only
     st.used_blocks -= std::min<uint64_t>(st.used_blocks, 1);
     st.used_bytes -= std::min<uint64_t>(st.used_bytes, loc.length);
   }
@@ -275,14 +275,14 @@ void PrefixIndex::remove_locked(LockSet& ls, uint32_t slot, cxlkv_index_entry e,
   }
   // The payload is handed back only once no entry points to it.
   if (loc.tier == CXLKV_TIER_SSD) {
-    if (demotion_) demotion_->release(loc);  // issue 6: an SSD block leaves the SSD tier
+    if (demotion_) demotion_->release(loc);  // an SSD block leaves the SSD tier
   } else if (!space_->owner_check(loc, slot).ok) {
-    // Issue 12: a damaged or forged entry names another block's space:
+    // A damaged or forged entry names another block's space:
     // freeing it would hand that block out again.  Leak it instead.
     log().error("index: slot {} named bytes [{}, +{}) that the allocator records for another block: "
                 "not freed", slot, loc.offset, loc.length);
   } else if (reclaim && was_writing && (e.owner_node != node_ || e.owner_inc != inc_lo_)) {
-    // Issue 12: taken from a writer declared dead, which may only be paused.
+    // Taken from a writer declared dead, which may only be paused.
     space_->free_taken(loc, e.owner_node, e.owner_inc);
   } else {
     space_->free(loc);
@@ -423,7 +423,7 @@ bool PrefixIndex::evict_from_list(LockSet& ls, uint32_t s, bool hot, std::vector
       if (dead) st.lease_dead++;
       ctr_.lease_expiries++;
     }
-    if (demotion_ && demote_locked(ls, slot, e, parents)) return true;  // issue 6: kept on the SSD tier
+    if (demotion_ && demote_locked(ls, slot, e, parents)) return true;  // kept on the SSD tier
     remove_locked(ls, slot, e, /*reclaim=*/false, parents);
     return true;
   }
@@ -434,7 +434,7 @@ Result<bool> PrefixIndex::evict_locked(LockSet& ls, uint32_t stripe, std::vector
   // This stripe's cold tail, else its hot tail (no pool-wide view here).
   if (evict_from_list(ls, stripe, false, parents, kNoLimit, 0)) return true;
   if (evict_from_list(ls, stripe, true, parents, kNoLimit, 0)) return true;
-  // Issue 6: with an SSD tier, a memory block is chosen first (and demoted);
+  // With an SSD tier, a memory block is chosen first (and demoted);
   // an SSD block is dropped only when no memory block can go.
   if (demotion_) {
     auto r = evict_pass(ls, stripe, parents, EvictFrom::mem);
@@ -443,13 +443,13 @@ Result<bool> PrefixIndex::evict_locked(LockSet& ls, uint32_t stripe, std::vector
   return evict_pass(ls, stripe, parents, EvictFrom::any);
 }
 
-// Issue 6: move an unpinned READY block's payload to the SSD tier; the entry
+// Move an unpinned READY block's payload to the SSD tier; the entry
 // stays READY (only its location changes), so lock-free readers and the
 // prefix closure never see a gap.  false: not demoted, evict it instead.
 bool PrefixIndex::demote_locked(LockSet& ls, uint32_t slot, cxlkv_index_entry e, std::vector<uint32_t>* parents) {
   const uint32_t stripe = slot / hdr_.stripe_slots;
   const BlockLocation mem{e.loc_off, e.loc_len, e.loc_dev, e.loc_tier};
-  auto to = demotion_->demote(BlockKey{e.key_lo, e.key_hi}, mem);  // issue 12: the SSD block records its key
+  auto to = demotion_->demote(BlockKey{e.key_lo, e.key_hi}, mem);  // the SSD block records its key
   if (!to && to.error().code() == -ENOSPC) {
     // SSD tier full: drop this stripe's least recently used SSD leaf, retry once.
     auto r = evict_pass(ls, stripe, parents, EvictFrom::ssd);
@@ -491,7 +491,7 @@ void PrefixIndex::read_window(uint32_t first, uint32_t n, cxlkv_index_entry* out
 Result<bool> PrefixIndex::evict_pass(LockSet& ls, uint32_t stripe, std::vector<uint32_t>* parents, EvictFrom from) {
   // Fallback (what the lists do not hold): windows of kEvictWindow slots from
   // a rotating hand, each read in one sweep; finishes EVICTING leftovers,
-  // reclaims dead writers' leaves, demotes non-leaves (issue 6), drops SSD
+  // reclaims dead writers' leaves, demotes non-leaves (docs/eviction.md "The SSD tier"), drops SSD
   // leaves, else evicts the least recently used unpinned, unleased READY leaf.
   const uint32_t base = stripe * hdr_.stripe_slots, mask = hdr_.stripe_slots - 1;
   const uint32_t now = now_ms();
@@ -513,7 +513,7 @@ Result<bool> PrefixIndex::evict_pass(LockSet& ls, uint32_t stripe, std::vector<u
         remove_locked(ls, slot, e, /*reclaim=*/true, parents);
         return true;
       }
-      // prefix closure: only leaves go (issue 6: any block may be demoted,
+      // prefix closure: only leaves go (docs/eviction.md "The SSD tier"; any block may be demoted,
       // it stays cached; a non-leaf that cannot be demoted stays put below)
       if (e.children != 0 && from != EvictFrom::mem) continue;
       if (e.state == CXLKV_ENTRY_WRITING && e.children == 0 && writer_dead(e)) {
@@ -523,7 +523,7 @@ Result<bool> PrefixIndex::evict_pass(LockSet& ls, uint32_t stripe, std::vector<u
       if (e.state != CXLKV_ENTRY_READY) continue;
       if ((from == EvictFrom::mem && e.loc_tier != CXLKV_TIER_MEM) ||
           (from == EvictFrom::ssd && e.loc_tier != CXLKV_TIER_SSD))
-        continue;  // issue 6: this pass looks at one tier only
+        continue;  // this pass looks at one tier only
       bool changed = false, dead = false;
       if (pins_live(e, &changed)) continue;
       if (changed) write_entry(slot, e, false);  // dead nodes' pins cleared
@@ -542,8 +542,8 @@ Result<bool> PrefixIndex::evict_pass(LockSet& ls, uint32_t stripe, std::vector<u
       ctr_.scan_evictions++;
       if (demotion_ && from != EvictFrom::ssd && ve.loc_tier == CXLKV_TIER_MEM &&
           demote_locked(ls, victim, ve, parents))
-        return true;  // issue 6: kept on the SSD tier instead of dropped
-      if (ve.children != 0) return false;  // issue 6: a block with cached children is never dropped
+        return true;  // kept on the SSD tier instead of dropped
+      if (ve.children != 0) return false;  // a block with cached children is never dropped
       remove_locked(ls, victim, ve, /*reclaim=*/false, parents);
       return true;
     }
@@ -603,7 +603,7 @@ Result<bool> PrefixIndex::evict_global(std::vector<uint32_t>* parents, LockSet* 
     if (!r || r.value()) return r;
   }
   // Nothing on the lists could go: dead writers, EVICTING leftovers, SSD
-  // blocks and (issue 6) non-leaf demotion are found by the window scan.
+  // blocks and (docs/eviction.md "The SSD tier") non-leaf demotion are found by the window scan.
   if (held) {
     for (const auto& h : held->held()) {
       auto r = evict_locked(*held, h.stripe, parents);

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: MIT
 // PrefixIndex::entries_fresh: many entry lines read fresh at once (rule 4),
-// for the KV store's handle checks (issue 12) of a batch call.
+// for the KV store's handle checks (docs/integrity.md "Fencing: handles carry the entry version") of a batch call.
 #include <algorithm>
 #include <cstring>
 

@@ -65,7 +65,7 @@ Result<size_t> PrefixIndex::lease_many(std::span<const BlockKey> keys, uint64_t 
       x.lease_node = node8;
       x.lease_start_ms = now;
       x.lease_expiry_ms = now + ttl_ms;
-      // Issue 11: a block unused since it was linked (just published for
+      // A block unused since it was linked (just published for
       // this consumer) is handed off: the consumer's reads will not count
       // as a reuse.  Its link time moves to the lease's start, which its
       // lru_ms goes back to when the lease ends.
@@ -126,7 +126,7 @@ Result<size_t> PrefixIndex::release_many(std::span<const BlockKey> keys, uint64_
     if (x.lease_count > 1 && x.lease_consumer == consumer) x.lease_consumer = 0;
     if (--x.lease_count == 0) {
       if ((x.linked & CXLKV_EXT_HANDOFF) && static_cast<int32_t>(e.lru_ms - x.lease_start_ms) > 0) {
-        // Issue 11: the consumer's reads were the handoff, not a reuse.
+        // The consumer's reads were the handoff, not a reuse.
         e.lru_ms = x.lease_start_ms;
         write_entry(slot, e, false);
       }

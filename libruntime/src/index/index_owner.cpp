@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: MIT
-// Issue 12: an index entry whose location overlaps another entry's block is
+// An index entry whose location overlaps another entry's block is
 // refused at pin, without a scan.  The payload space records, per block,
 // the index slot that holds it (uapi/cxlkv_alloc.h "Block owners": written
 // with the reservation, cleared when the block is freed); a pin of a memory
@@ -28,7 +28,7 @@ std::string extent(uint64_t off, uint64_t len) {
 }  // namespace
 
 Result<void> PrefixIndex::owner_ok(uint32_t slot, const cxlkv_index_entry& e) {
-  if (e.loc_tier != CXLKV_TIER_MEM) return {};  // SSD blocks: the tier's headers check them (issue 12 item 4)
+  if (e.loc_tier != CXLKV_TIER_MEM) return {};  // SSD blocks: the tier's headers check them (docs/integrity.md "The SSD tier")
   const BlockLocation loc{e.loc_off, e.loc_len, e.loc_dev, e.loc_tier};
   const PayloadSpace::Owner o = space_->owner_check(loc, slot);
   if (o.ok) return {};

@@ -9,7 +9,7 @@
 // with list_dirty = 0, and unlocks.  A holder that dies in between leaves
 // list_dirty set; the next acquirer rebuilds the list and counters.
 //
-// Line cache (issue 10: control cost per block).  Only holders of a
+// Line cache (docs/api.md "How a batch reads the index"; control cost per block).  Only holders of a
 // stripe's lock write its entry and ext lines (rule 7, uapi/cxlkv_index.h),
 // so a line invalidated and loaded after the lock was taken stays what
 // memory holds until the lock is released, except for this call's own

@@ -163,7 +163,7 @@ Result<bool> PrefixIndex::relocate(uint32_t slot, const BlockKey& key, const Blo
   e.loc_dev = to.device;
   e.loc_tier = to.tier;
   ls.mark(s);
-  if (to.tier == CXLKV_TIER_MEM) space_->claim(to, slot);  // issue 12: owner record before the entry names it
+  if (to.tier == CXLKV_TIER_MEM) space_->claim(to, slot);  // owner record before the entry names it
   write_entry(slot, e);  // rule 3: the caller fenced the new payload before this
   if (to.tier == CXLKV_TIER_MEM) {
     ls.st(s).used_blocks++;

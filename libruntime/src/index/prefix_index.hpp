@@ -112,7 +112,7 @@ class PayloadSpace {
   virtual Result<BlockLocation> alloc(uint64_t bytes) = 0;  // -ENOSPC when full
   virtual void free(const BlockLocation& loc) = 0;
   // Space of a reservation taken from (node, incarnation low bits) declared
-  // dead (issue 12): a paused process of that node may still store into it
+  // dead (docs/integrity.md "Quarantine"): a paused process of that node may still store into it
   // when it resumes, so an implementation quarantines what others could
   // reuse (uapi/cxlkv_alloc.h) instead of freeing it.
   virtual void free_taken(const BlockLocation& loc, uint32_t node, uint32_t incarnation_lo) {
@@ -120,7 +120,7 @@ class PayloadSpace {
     (void)incarnation_lo;
     free(loc);
   }
-  // Block owners (issue 12, uapi/cxlkv_alloc.h "Block owners"): index slot
+  // Block owners (docs/integrity.md "Block owners: overlapping entries"; uapi/cxlkv_alloc.h "Block owners"): index slot
   // `slot` now holds the block at `loc` (called under the stripe lock after
   // alloc, before the entry naming it is written: the entry's publication
   // covers the record, rule 3).  free() / free_taken() clear it.
@@ -194,7 +194,7 @@ Result<cxlkv_index_config> index_policy(MemoryDomain& d, const void* carve);
 
 enum class ReserveStatus { reserved, exists_ready, busy };
 
-// Reservations and pins carry the entry version they saw (fencing, issue 12).
+// Reservations and pins carry the entry version they saw (fencing; docs/integrity.md "Fencing: handles carry the entry version").
 struct Reservation {
   ReserveStatus status = ReserveStatus::busy;
   uint32_t slot = CXLKV_INDEX_NO_SLOT;
@@ -214,20 +214,20 @@ constexpr int32_t kBlockReserved = 0, kBlockExists = 1, kBlockBusy = 2, kBlockMi
 
 struct IndexCounters {  // what index operations did (KvStore turns these into stats)
   uint64_t evictions = 0, reclaims = 0;
-  uint64_t demotions = 0, promotions = 0;  // SSD tier hooks (issue 6)
+  uint64_t demotions = 0, promotions = 0;  // SSD tier hooks (docs/eviction.md "The SSD tier")
   uint64_t second_chances = 0;     // list tails found used since linked, moved to the head
   uint64_t victim_reads = 0;       // entry reads spent choosing victims (cost per eviction)
   uint64_t scan_evictions = 0;     // victims found by the fallback window scan
   uint64_t lease_expiries = 0;     // leases this process found ended by ttl or consumer death
   uint64_t list_repairs = 0;       // stripes whose list a dead holder left dirty, rebuilt
-  // Issue 12: pins refused because the entry's location is not the block the
+  // Pins refused because the entry's location is not the block the
   // allocator records for it (it overlaps another entry's block: damaged or forged).
   uint64_t overlap_refusals = 0;
   // The online repair (repair_index): what it found left by dead processes.
   uint64_t repair_runs = 0, stale_counts_fixed = 0, dead_writes_reclaimed = 0, drops_settled = 0;
 };
 
-// ---- SSD tier hook (issue 6; the tier layer is libruntime/src/tier/) -------
+// ---- SSD tier hook (docs/eviction.md "The SSD tier"; the tier layer is libruntime/src/tier/) -------
 // With a DemotionTarget set, eviction demotes: an unpinned READY leaf in
 // memory is copied to the SSD tier and stays READY at its SSD location
 // instead of being dropped, so prefix closure and pins are untouched (the
@@ -239,7 +239,7 @@ class DemotionTarget {
   virtual ~DemotionTarget() = default;
   // Copies the payload at `mem` to the SSD tier; its new location, or
   // -ENOSPC when the tier is full (the block is then evicted as before).
-  // `key` is the block's (issue 12: the SSD tier records it with the block).
+  // `key` is the block's (docs/integrity.md "The SSD tier"; the SSD tier records it with the block).
   virtual Result<BlockLocation> demote(const BlockKey& key, const BlockLocation& mem) = 0;
   virtual void release(const BlockLocation& ssd) = 0;
 };
@@ -391,7 +391,7 @@ class PrefixIndex {
   Result<size_t> publish_many(std::span<const uint32_t> slots, std::span<const BlockKey> keys,
                               std::span<int32_t> status);
   // publish_many of reservations (slot, location, version) that also fences
-  // each block by its handle (issue 12): a block whose entry no longer has
+  // each block by its handle (docs/integrity.md "Fencing: handles carry the entry version"): a block whose entry no longer has
   // the version and location its reservation carries (reclaimed and
   // reserved again) fails with -ESTALE.  The check is the fresh read publish
   // makes under the stripe lock anyway, so the KV store's put_chain needs no
@@ -437,7 +437,7 @@ class PrefixIndex {
   // an out-of-range slot gives an EMPTY view.
   void entries_fresh(std::span<const uint32_t> slots, std::span<IndexEntryView> out) const;
 
-  // ---- SSD tier hooks (issue 6) --------------------------------------------
+  // ---- SSD tier hooks (docs/eviction.md "The SSD tier") --------------------------------------------
   void set_demotion(DemotionTarget* t) { demotion_ = t; }
   // Promotion: block `key` at `slot`, READY at `from`, moves to `to`, whose
   // payload the caller has already written (and fenced, rule 3).  Only when
@@ -445,7 +445,7 @@ class PrefixIndex {
   // `from`).  false: not moved, the caller frees `to`; true: the caller
   // releases `from`.
   Result<bool> relocate(uint32_t slot, const BlockKey& key, const BlockLocation& from, const BlockLocation& to);
-  // Issue 12: the payload of block `key` at `slot`, READY at `at`, failed
+  // The payload of block `key` at `slot`, READY at `at`, failed
   // its checks (an SSD block whose header names another key, or a bad
   // checksum): remove the entry so later lookups miss instead of failing
   // again.  The caller's pin on it is consumed.  Only a leaf that no other
@@ -533,7 +533,7 @@ class PrefixIndex {
   // Read n consecutive entries in one invalidation sweep and one fence (rule 4).
   void read_window(uint32_t first, uint32_t n, cxlkv_index_entry* out) const;
   Result<bool> evict_locked(LockSet& ls, uint32_t stripe, std::vector<uint32_t>* parents);
-  enum class EvictFrom { any, mem, ssd };  // which tier's blocks a pass may choose (issue 6)
+  enum class EvictFrom { any, mem, ssd };  // which tier's blocks a pass may choose (docs/eviction.md "The SSD tier")
   Result<bool> evict_pass(LockSet& ls, uint32_t stripe, std::vector<uint32_t>* parents, EvictFrom from);
   bool demote_locked(LockSet& ls, uint32_t slot, cxlkv_index_entry e, std::vector<uint32_t>* parents);
   // The stripe lines as one call last saw them: read in one sweep (rule 4)
@@ -609,11 +609,12 @@ class PrefixIndex {
   NodeLiveness* live_ = nullptr;
   PayloadSpace* space_ = nullptr;
   mutable std::atomic<uint64_t> probes_{0};
-  // Damaged entry lines (issue 12, index_damage.cpp): a line whose checksum
+  // Damaged entry lines (docs/integrity.md "Checked metadata"; index_damage.cpp): a line whose checksum
   // does not validate after one bounded retry is remembered here and read
   // as damaged at once from then on, until it validates again.
   bool damaged_known(uint32_t slot, const cxlkv_index_entry& seen) const;
-  // Issue 12 (index_check.cpp side, in index_owner.cpp): a READY memory
+  // Block owners (index_check.cpp side, in index_owner.cpp; docs/integrity.md
+  // "Block owners: overlapping entries"): a READY memory
   // entry at `slot` is served only when the payload space records `slot` as
   // the holder of its block; else the pin is refused (-EIO, the message
   // names the slot, its extent and the recorded holder's), counted.
@@ -623,7 +624,7 @@ class PrefixIndex {
   mutable std::unordered_map<uint32_t, uint32_t> damaged_;  // slot -> check word seen
   mutable std::atomic<uint64_t> damaged_lines_{0};
   IndexCounters ctr_;
-  DemotionTarget* demotion_ = nullptr;  // issue 6
+  DemotionTarget* demotion_ = nullptr;  // the SSD tier, if any (docs/eviction.md "The SSD tier")
   std::mutex pin_mu_;
   std::unordered_map<uint32_t, uint32_t> local_pins_;  // slot -> pins held by this index
   std::unique_ptr<NodePins> node_pins_;  // the node's pins by process (nullptr: this index is its node's only pinner)

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: MIT
-// Near-memory attention (issue 16 item 3): exact softmax over the selected
+// Near-memory attention (docs/near-memory.md "A decode step"): exact softmax over the selected
 // (or all) pages with output and log-sum-exp, and the merge of partials.
 #include <algorithm>
 #include <cmath>

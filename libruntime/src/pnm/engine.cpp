@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: MIT
-// Near-memory engines (issue 16 item 5): a thread pool beside the pool that
+// Near-memory engines (docs/near-memory.md "A decode step"): a thread pool beside the pool that
 // splits one decode step's (layer, KV head) pairs over its threads, and a
 // group of engines (one per NUMA node / pool device) serving whole requests
 // data-parallel.

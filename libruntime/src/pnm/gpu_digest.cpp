@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: MIT
-// Digests of KV that comes from a GPU (issue 16 item 1): the pnm digest
+// Digests of KV that comes from a GPU (docs/near-memory.md "Pages and digests"): the pnm digest
 // kernel of libcxlkv-cuda.so (cuda/pnm_digest.cu), or its CPU reference with
 // the stand-in library, and Context::append_gpu, which moves the pages to
 // the pool and publishes them with those digests.

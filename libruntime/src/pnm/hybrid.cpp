@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: MIT
-// Hybrid steady-token mode (issue 16 item 4): GPU-resident pages per
+// Hybrid steady-token mode (docs/near-memory.md "Hybrid mode"): GPU-resident pages per
 // request kept by Algorithm 1's masks, recalls through the GPU sparse-read
 // path, GPU part + near-memory part merged by log-sum-exp.
 #include <algorithm>

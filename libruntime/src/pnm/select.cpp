@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: MIT
-// Page scoring and top-T_budget selection (issue 16 item 2).
+// Page scoring and top-T_budget selection (docs/near-memory.md "A decode step").
 #include <algorithm>
 #include <cmath>
 #include <numeric>

@@ -119,7 +119,7 @@ Result<PoolLayout> plan_pool_layout(std::string_view pool, uint64_t pool_size,
   // alloc (uapi/cxlkv_alloc.h): the per-chunk remote-free bits are
   // 1/512 of the kv space whatever the chunk size; bitmap, chunk table and
   // per-node pending bits stay under 1/4096 each at the smallest chunk
-  // size (64 KiB); the block owner records (issue 12) are 1/128.  1/80
+  // size (64 KiB); the block owner records (docs/integrity.md "Block owners: overlapping entries") are 1/128.  1/80
   // of the rest covers them all; the object store gets its own room.
   L.alloc_size = round_up(rest / kAllocFraction + kObjectStoreRoom, kAlign);
 

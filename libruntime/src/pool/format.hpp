@@ -56,7 +56,7 @@ struct PoolLayout {
 // Bytes of kv space per default index entry.
 inline constexpr uint64_t kIndexBytesPerEntry = 64 * 1024;
 // The alloc carve gets 1/kAllocFraction of the space after control: the
-// block owner records (1/128 of the kv space, issue 12), the remote-free
+// block owner records (1/128 of the kv space; docs/integrity.md "Block owners: overlapping entries"), the remote-free
 // bits (1/512) and the bitmaps and tables (under 1/1024 together).
 inline constexpr uint64_t kAllocFraction = 80;
 // Room in the alloc carve for the object store's named roots.

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: MIT
-// Index service mode (issue 17 item 2; Beluga's metadata server): one
+// Index service mode (docs/rpc.md "The index service"; Beluga's metadata server): one
 // process owns the prefix index and serves its batched operations over the
 // shared-memory RPC, in place of every process taking the index's stripe
 // locks itself.  Both modes keep the same on-pool index (the server calls

@@ -51,7 +51,7 @@ Result<void> format_control_carve(Region& region, MemoryDomain& d, const Control
   h.lock_table_off = h.node_table_off + uint64_t(nodes) * CXLKV_LINE_SIZE;
   h.grant_table_off = h.lock_table_off + uint64_t(locks) * nodes * CXLKV_LINE_SIZE;
   h.doorbell_off = h.grant_table_off + uint64_t(locks) * CXLKV_LINE_SIZE;
-  h.checksum = cxlkv_ctrl_header_checksum(&h);  // issue 12: checked at open
+  h.checksum = cxlkv_ctrl_header_checksum(&h);  // checked at open
 
   std::byte* base = region.at(carve->offset);
   const uint64_t used = h.doorbell_off + uint64_t(nodes) * CXLKV_LINE_SIZE;
@@ -95,7 +95,7 @@ Result<ControlCarve> ControlCarve::open(const Region& region, MemoryDomain& d) {
     return Error(-EUCLEAN, who + "max_nodes " + std::to_string(h.max_nodes) + " does not match the superblock");
   if (h.max_locks == 0 || h.max_locks > CXLKV_MAX_LOCKS)
     return Error(-EUCLEAN, who + "max_locks " + std::to_string(h.max_locks) + " out of range");
-  // Issue 12: every table lies inside the carve, after the header, on a line
+  // Every table lies inside the carve, after the header, on a line
   // boundary, and overlaps no other table; all arithmetic is overflow-safe
   // (a huge or wrapping offset must not reach another carve).
   struct Table {
@@ -118,7 +118,7 @@ Result<ControlCarve> ControlCarve::open(const Region& region, MemoryDomain& d) {
         return Error(-EUCLEAN, who + a.field + " " + std::to_string(a.off) + " overlaps " + b.field + " " +
                                    std::to_string(b.off));
   }
-  // Issue 12: last, so a field out of range is named above; this catches a
+  // Last, so a field out of range is named above; this catches a
   // damaged field whose value still looks plausible.
   if (const uint32_t sum = cxlkv_ctrl_header_checksum(&h); sum != h.checksum) {
     char b[80];

@@ -6,7 +6,7 @@
 // reverse; a single TwoTierLock is a set of one.  Locks whose grant the
 // node keeps (sticky) cost node-local memory only (see two_tier_lock.cpp),
 // so a batch whose stripes are all kept touches no pool line at all,
-// acquire or release.  The others are asked for together (issue 10: one
+// acquire or release.  The others are asked for together (docs/locks.md "Lock sets"; one
 // manager round trip and one sleep per set instead of one per lock): every
 // request names the set's previous one, and the manager grants a request
 // only while the node holds the one it names, so grants still come in

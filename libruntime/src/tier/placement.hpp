@@ -15,7 +15,7 @@ namespace cxlkv::tier {
 // bandwidth[i] <= 0 means device i takes no part (offline or full).
 std::vector<uint32_t> place_batch(std::span<const double> bandwidth, uint64_t n);
 
-// The same across calls (issue 12 item 6): `credit` (one entry per device,
+// The same across calls (docs/eviction.md "The SSD tier"): `credit` (one entry per device,
 // kept by the caller, starts at 0) carries each device's fractional share
 // from one batch to the next, so a stream of small batches -- the KV store
 // demotes one block at a time -- still splits in proportion: device i gets

@@ -345,7 +345,7 @@ void SsdPool::write_blocks(std::span<const SsdWrite> blocks, std::span<TierLocat
   // device, and each device's run gets one contiguous extent when possible.
   std::vector<uint32_t> count;
   {
-    // Issue 12 item 6: the split carries over from batch to batch, so the
+    // The split carries over from batch to batch, so the
     // KV store's one-block demotions still land in proportion.
     std::lock_guard lk(m.placement_mu);
     count = tier::place_batch_carry(m.live_bandwidth(1), n, &m.placement_credit);
