@@ -182,6 +182,14 @@ CXLKV_STATIC_ASSERT(sizeof(struct cxlkv_lock_slot) == 64, "lock slot is one line
  * so), so no grant is ever held by two nodes; a holder that has not seen
  * the revocation still owns the grant.  The only exception is a node judged
  * dead (liveness rule above): its kept grants are taken without an answer.
+ * Its node-local memory still says `cached` when a successor process of the
+ * node (or a sibling, while the node entry names the dead process) comes
+ * back, so a process re-enters on node-local memory alone only a grant it
+ * kept itself; one kept by another process of the node only while that
+ * process lives (the slot's owner_pid + owner_start), which it checks
+ * after writing its own owner record; else it writes IDLE and asks anew.
+ * The manager, before it takes a kept grant from a dead node, reads the
+ * slot again and keeps the grant with the node if its owner changed.
  * A grant written for a fresh request has flags 0, or CONTENDED when other
  * nodes wait as well: then the holder's release writes IDLE, and the lock
  * goes round-robin without a revocation round.  (Version 1 of this protocol

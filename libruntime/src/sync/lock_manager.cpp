@@ -400,7 +400,8 @@ Result<bool> LockManager::run_once() {
       } else if (others && now >= L.next_live_check) {
         // Others wait: is the holder alive?
         L.next_live_check = now + opts_.liveness_check;
-        const bool alive = owner_alive(L.holder, d.read_fresh(ctrl_.slot(l, L.holder)));  // rule 4
+        const cxlkv_lock_slot held_by = d.read_fresh(ctrl_.slot(l, L.holder));  // rule 4
+        const bool alive = owner_alive(L.holder, held_by);
         if (alive && L.contended && !judges_processes(L.holder) && may_grant && !sync::testing::break_ask_remote()) {
           // Its node lives, on another host: this manager cannot see the
           // holder's process, its node can (uapi "Dead processes of live
@@ -426,6 +427,15 @@ Result<bool> LockManager::run_once() {
             State::NodeInfo& ni = s.nodes[L.holder];
             ni.entry = d.read_fresh(ctrl_.node_entry(L.holder));  // rule 4
             pass = !judge_node(ni.entry).alive;
+            if (pass) {
+              // The slot once more (rule 4): a process of the node that
+              // re-entered on the kept grant meanwhile wrote its owner
+              // record before it judged the keeper alive
+              // (two_tier_lock.cpp, kept_grant_is_ours); it holds the
+              // grant now and is judged at the next check.
+              const cxlkv_lock_slot again = d.read_fresh(ctrl_.slot(l, L.holder));
+              pass = again.owner_pid == held_by.owner_pid && again.owner_start == held_by.owner_start;
+            }
           }
           if (pass) {
             log().warn("pool {}: lock {}: holder node {} (ticket {}) is dead; granting the next waiter",

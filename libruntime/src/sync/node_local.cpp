@@ -141,6 +141,7 @@ Result<NodeLocal*> NodeLocal::open(const std::string& name, uint32_t node,
         nl->pins = static_cast<std::byte*>(p) + L.pins_off;
         nl->map_len = L.total;
         nl->name = name;
+        nl->kept_here.assign(max_locks, 0);
         return nl;
       }
       log().warn("node-local memory {}: layout does not match this pool (or the file is damaged); replacing it",

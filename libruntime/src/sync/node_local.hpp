@@ -24,6 +24,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "cxlkv/result.hpp"
 
@@ -118,6 +119,12 @@ struct NodeLocal {
   std::byte* pins = nullptr;  // kNodePinSectionBytes, starts with NodePinSectionHead
   size_t map_len = 0;
   std::string name;
+  // Per lock id: this process itself kept the lock's grant at its last
+  // release (phase `cached`).  Process memory, not the shared file: a
+  // successor process of the node, even one with the dead keeper's pid,
+  // finds none of its own (two_tier_lock.cpp, kept_grant_is_ours).  Read
+  // and written under the lock's node-local mutex.
+  std::vector<uint8_t> kept_here;
 };
 
 // Page 0 (the header) of node `node`'s local file /dev/shm/NAME, mapped

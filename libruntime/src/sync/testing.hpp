@@ -65,4 +65,11 @@ bool manager_on_another_host();
 void set_break_ask_remote(bool on);
 bool break_ask_remote();
 
+// When set, the sticky fast path re-enters a grant kept by another process
+// of the node without asking whether that process still lives: a successor
+// of a killed keeper re-enters a grant the manager has given to another
+// node meanwhile (lock_sim_test.cpp shows that this is caught).
+void set_break_kept_grant_check(bool on);
+bool break_kept_grant_check();
+
 }  // namespace cxlkv::sync::testing

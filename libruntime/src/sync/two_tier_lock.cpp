@@ -70,7 +70,10 @@ std::atomic<bool> g_break_set_order{false};
 std::atomic<bool> g_break_set_grant_invalidate{false};
 std::atomic<bool> g_manager_on_another_host{false};
 std::atomic<bool> g_break_ask_remote{false};
+std::atomic<bool> g_break_kept_grant_check{false};
 }
+void set_break_kept_grant_check(bool on) { g_break_kept_grant_check.store(on); }
+bool break_kept_grant_check() { return g_break_kept_grant_check.load(std::memory_order_relaxed); }
 void set_manager_on_another_host(bool on) { g_manager_on_another_host.store(on); }
 bool manager_on_another_host() { return g_manager_on_another_host.load(std::memory_order_relaxed); }
 void set_break_ask_remote(bool on) { g_break_ask_remote.store(on); }
@@ -140,6 +143,36 @@ void withdraw_after_fast_path(MemoryDomain& d, cxlkv_lock_slot* slot, const Loca
   if (e.phase != LockPhase::requested) return;
   d.write_nt<__u64>(&slot->request, request_word(e.ticket, CXLKV_SLOT_IDLE));
   d.fence();
+}
+
+// The sticky fast path's question, under lock `id`'s node-local mutex with
+// its phase `cached` and not revoked: is the kept grant still this node's?
+// Node-local memory says so only while the process that kept it lives.  The
+// manager takes a kept grant back without the node's answer from a node it
+// judges dead (uapi/cxlkv_ctrl.h "Sticky grants"), and a node whose process
+// was killed is dead until a successor beats; the successor (or a sibling
+// process, while the node entry still names the dead one) then found
+// `cached` in node-local memory for a grant another node held: two holders.
+// A grant this process kept itself is its own (process memory; a successor
+// that reuses the dead keeper's pid has none).  Another process's is its
+// keeper's while that keeper lives (pid + start time from the slot's owner
+// record: the liveness rule, docs/coherence.md#liveness); else false, and
+// the caller asks anew.  Either way this process is the slot's owner after.
+bool kept_grant_is_ours(NodeContext& n, uint32_t id, LocalLockEntry& e, uint32_t me) {
+  if (e.holder_pid == me && n.local().kept_here[id]) return true;  // no pool access: the fast path stays fast
+  MemoryDomain& d = n.domain();
+  cxlkv_lock_slot* slot = n.control().slot(id, n.node());
+  const cxlkv_lock_slot cur = d.read_fresh(slot);  // rule 4: the keeper's owner record
+  const uint32_t keeper = e.holder_pid;
+  // Our owner record before the verdict (rule 1: NT; rule 3: fence): a
+  // manager that judged the keeper dead reads the slot again before it
+  // passes the grant on (lock_manager.cpp), so it never passes a grant
+  // re-entered on a keeper that was alive at our check.
+  write_owner(d, slot, me);
+  d.fence();
+  e.holder_pid = me;
+  if (sync::testing::break_kept_grant_check()) return true;
+  return cur.owner_pid == keeper && process_alive(keeper, cur.owner_start);
 }
 
 constexpr uint32_t kSpinPolls = 0;   // see the poll loop in acquire()
@@ -286,24 +319,24 @@ Result<Acquired> TwoTierLock::acquire(std::chrono::nanoseconds timeout, bool bou
   const uint32_t me = self_pid();
 
   // ---- sticky fast path: this node kept the grant at its last release ----
-  // Node-local memory only: the manager takes a kept grant back only after
-  // this node acknowledges (uapi/cxlkv_ctrl.h "Sticky grants"), and the
-  // acknowledgement ends the `cached` phase under this same mutex, so a
-  // grant still cached here is still this node's.
+  // Node-local memory only when this process kept it: the manager takes a
+  // kept grant back from a live node only after the node acknowledges
+  // (uapi/cxlkv_ctrl.h "Sticky grants"), and the acknowledgement ends the
+  // `cached` phase under this same mutex.  Kept by another process: only
+  // while that process lives (kept_grant_is_ours).
   if (e.phase == LockPhase::cached) {
-    if (__atomic_load_n(&e.revoke, __ATOMIC_ACQUIRE) == 0) {
-      if (e.holder_pid != me) {
-        // Another process of this node kept it: the manager judges the
-        // holder's liveness by the slot's owner (rule 1: NT; rule 3: fence).
-        write_owner(d, slot, me);
-        d.fence();
-        e.holder_pid = me;
-      }
+    const bool revoked = __atomic_load_n(&e.revoke, __ATOMIC_ACQUIRE) != 0;
+    const uint32_t keeper = e.holder_pid;
+    if (!revoked && kept_grant_is_ours(node_, id_, e, me)) {
       e.phase = LockPhase::held;
       return how;
     }
-    // Revoked while kept (the watcher could not take this mutex then):
-    // acknowledge here -- the release the manager waits for -- then ask anew.
+    // Revoked while kept (the watcher could not take this mutex then), or
+    // kept by a process that died (the manager may have given it to another
+    // node): release it here -- the acknowledgement the manager waits for,
+    // harmless if it moved on -- then ask anew.
+    if (!revoked)
+      log().info("{}: the grant kept by pid {} (gone) is asked for anew", lock_name(node_, id_), keeper);
     d.write_nt<__u64>(&slot->request, request_word(e.ticket, CXLKV_SLOT_IDLE));  // rule 1
     d.fence();  // rule 3
     __atomic_store_n(&e.revoke, 0u, __ATOMIC_RELEASE);
@@ -402,6 +435,7 @@ Result<void> TwoTierLock::unlock() {
   d.fence();
   if (sticky) {
     e.phase = LockPhase::cached;
+    node_.local().kept_here[id_] = 1;  // kept by this very process (kept_grant_is_ours)
     sync::robust_mutex_unlock(&e.mu);
     return {};
   }
@@ -461,22 +495,19 @@ Result<Acquired> acquire_set(NodeContext& n, std::span<const uint32_t> want,
     if (!lr) return withdraw(lr.error());
     if (lr.value() == Acquired::recovered) how = Acquired::recovered;
     LocalLockEntry& e = n.local().locks[id];
-    if (ids.empty() && e.phase == LockPhase::cached && __atomic_load_n(&e.revoke, __ATOMIC_ACQUIRE) == 0) {
+    if (ids.empty() && e.phase == LockPhase::cached && __atomic_load_n(&e.revoke, __ATOMIC_ACQUIRE) == 0 &&
+        kept_grant_is_ours(n, id, e, me)) {
       // The sticky fast path (TwoTierLock::acquire): still this node's grant.
-      if (e.holder_pid != me) {
-        write_owner(d, c.slot(id, n.node()), me);  // rule 1: NT
-        d.fence();                                 // rule 3
-        e.holder_pid = me;
-      }
       e.phase = LockPhase::held;
       held.push_back(id);
       continue;
     }
     // Ask for it, linked to the set's previous request.  A grant this node
-    // keeps (cached; revoked or, past the first request, not) is asked for
-    // anew: the newer ticket is its release (the revocation's answer) and a
-    // request at once, so the set never uses a kept higher lock while it
-    // waits for a lower one.
+    // keeps (cached; revoked, kept by a process that died since, or, past
+    // the first request, any) is asked for anew: the newer ticket is its
+    // release (the revocation's answer) and a request at once, so the set
+    // never uses a kept higher lock while it waits for a lower one, nor a
+    // grant the manager may have given another node.
     const uint32_t prev = ids.empty() ? 0 : ids.back() + 1;
     const uint64_t prev_ticket = ids.empty() ? 0 : tickets.back();
     tickets.push_back(post_request(n, id, prev, prev_ticket));
