@@ -2,6 +2,8 @@
 // The two-tier lock under NonCoherentSim: every node has its own write-back
 // cache with random evictions, the manager runs on a node of its own.
 #include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <chrono>
@@ -539,6 +541,105 @@ TEST(LockSim, LiveContendedHolderOnAnotherHostIsAskedButKeepsTheLockUntilItsRele
   EXPECT_TRUE(t.c_flags & CXLKV_GRANT_CONTENDED);
   EXPECT_TRUE(a_got.load());
   EXPECT_GE(t.mgr->stats().asks, 1u);
+}
+
+}  // namespace
+}  // namespace cxlkv
+
+namespace cxlkv {
+namespace {
+
+// Node 0's only process keeps a grant (sticky, outside its critical
+// section) and is killed.  No watcher answers the manager's revocation and
+// node 0 is dead, so the manager gives the grant to node 1 without node 0's
+// answer (uapi/cxlkv_ctrl.h "Sticky grants").  Node 0's successor process
+// then opens the same node-local memory, which still says `cached`: it must
+// not re-enter while node 1 holds the lock (two holders of one lock: how
+// the full-pool kill test lost leased blocks, stripe locks held twice).
+// The keeper is a forked child that ends with _exit (a kill -9 as far as
+// the pool and the node-local memory can tell); `set`: through a LockSet
+// (acquire_set, the index's path) instead of a TwoTierLock.  Returns
+// whether the successor got in while node 1 held the lock.
+bool successor_enters_while_another_node_holds(const char* name, bool set) {
+  TestPool p(name);
+  const pid_t keeper = fork();
+  if (keeper == 0) {
+    // Its own lock manager, stopped (lease given back) before it dies, so
+    // that ours adopts the kept grant from the grant line at once.
+    auto r = Region::open(p.uri);
+    if (!r) _exit(10);
+    LockManagerOptions mo;
+    mo.node = 7;
+    auto m = LockManager::create(*r.value(), mo);
+    if (!m) _exit(11);
+    m.value()->start();
+    NodeOptions no;
+    no.node = 0;
+    auto n = NodeContext::attach(*r.value(), no);
+    if (!n) _exit(12);
+    uint32_t id = kLock;
+    bool ok = false;
+    if (set) {
+      LockSet s(*n.value());
+      ok = s.lock({&id, 1}).ok() && s.unlock().ok();
+    } else {
+      TwoTierLock l(*n.value(), kLock);
+      ok = l.lock().ok() && l.unlock().ok();
+    }
+    if (n.value()->local().locks[kLock].phase != LockPhase::cached) _exit(13);  // not kept: nothing to test
+    m.value().reset();
+    _exit(ok ? 0 : 14);  // killed: no detach, which would give the kept grant back
+  }
+  int st = 0;
+  EXPECT_EQ(waitpid(keeper, &st, 0), keeper);
+  EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << "the keeper failed: status " << st;
+
+  p.simulate(3, 0.02, 21);
+  auto mgr = start_manager(p, 2);
+  auto& b = p.attach(1);
+  TwoTierLock lb(b, kLock);
+  auto gb = lb.try_lock_for(5s);  // the manager revokes, finds node 0 dead and passes its kept grant on
+  EXPECT_TRUE(gb.ok()) << (gb.ok() ? "" : gb.error().message());
+  EXPECT_GE(mgr->stats().dead_holders, 1u) << "node 0's kept grant was not taken from the dead node";
+
+  auto& a = p.attach(0);  // node 0's successor: the dead keeper's node-local memory
+  uint32_t id = kLock;
+  LockSet sa(a);
+  TwoTierLock la(a, kLock);
+  auto take = [&](std::chrono::milliseconds t) -> bool {
+    if (set) return sa.try_lock_for({&id, 1}, t).ok();
+    return la.try_lock_for(t).ok();
+  };
+  auto give = [&] { EXPECT_TRUE(set ? sa.unlock().ok() : la.unlock().ok()); };
+  const bool inside = take(300ms);
+  if (inside) give();
+  if (gb.ok()) {
+    EXPECT_TRUE(lb.unlock().ok());
+  }
+  EXPECT_TRUE(take(5s)) << "node 0's successor never got the lock after node 1's release";
+  give();
+  mgr->stop();
+  return inside;
+}
+
+TEST(LockSim, SuccessorOfAKilledKeeperWaitsForTheNodeGivenItsKeptGrant) {
+  EXPECT_FALSE(successor_enters_while_another_node_holds("lock-sim-dead-keeper", false))
+      << "node 0's successor re-entered on its dead predecessor's kept grant while node 1 held the lock";
+}
+
+TEST(LockSim, SuccessorOfAKilledKeeperWaitsForTheNodeGivenItsKeptGrantInALockSet) {
+  EXPECT_FALSE(successor_enters_while_another_node_holds("lock-sim-dead-keeper-set", true))
+      << "node 0's successor re-entered on its dead predecessor's kept grant while node 1 held the lock";
+}
+
+TEST(LockSim, ReenteringAKeptGrantWithoutAskingWhetherItsKeeperLivesIsCaught) {
+  // The broken variant: the successor trusts node-local memory alone.
+  sync::testing::set_break_kept_grant_check(true);
+  const bool plain = successor_enters_while_another_node_holds("lock-sim-dead-keeper-broken", false);
+  const bool set = successor_enters_while_another_node_holds("lock-sim-dead-keeper-broken-set", true);
+  sync::testing::set_break_kept_grant_check(false);
+  EXPECT_TRUE(plain) << "the broken check was not caught (TwoTierLock)";
+  EXPECT_TRUE(set) << "the broken check was not caught (LockSet)";
 }
 
 }  // namespace
