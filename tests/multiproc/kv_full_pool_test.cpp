@@ -73,9 +73,11 @@ bool with_remote() {
   return e && std::string(e) == "1";
 }
 
+// Every acknowledged block must read back; CXLKV_FULL_POOL_STRICT=0 only
+// reports the count (for a look at other figures of a run that lost some).
 bool strict() {
   const char* e = std::getenv("CXLKV_FULL_POOL_STRICT");
-  return e && std::string(e) == "1";
+  return !(e && std::string(e) == "0");
 }
 
 uint64_t seconds_to_run() {
@@ -462,16 +464,16 @@ TEST(KvFullPool, WritersKilledAtRandomLeaveThePoolWritableAndSound) {
   EXPECT_GT(u.evictions, 100u) << "the pool was never full";
   EXPECT_EQ(wrong, 0u);
   EXPECT_EQ(writer_wrong, 0u);
-  // Lost acknowledged blocks: each so far was a lease record found cleared
-  // (count 0) while an acknowledgement was outstanding, so the block went
-  // as an unleased leaf -- also with the index's repair off and on the
-  // index code before it, about one a minute under these kills; not a
-  // leftover of the dead (see the release errors printed).  Strict in the
-  // soak (CXLKV_FULL_POOL_STRICT=1, tools/scripts/soak.sh); here reported.
+  // Lost acknowledged blocks: a lease record found cleared while its
+  // consumer held it, so the block went as an unleased leaf.  Those seen
+  // (about one a minute) came from two holders of a stripe lock: a killed
+  // writer's node kept the grant, the manager gave it to another node, and
+  // the node's successor re-entered on node-local memory (uapi/cxlkv_ctrl.h
+  // "Sticky grants"; lock_sim_test.cpp has the interleaving).
   if (strict()) {
     EXPECT_EQ(lost, 0u) << first_lost << " " << release_detail;
   } else if (lost) {
-    std::printf("full-pool: %llu acknowledged block(s) lost (not failed here; CXLKV_FULL_POOL_STRICT=1 fails it)\n",
+    std::printf("full-pool: %llu acknowledged block(s) lost (not failed: CXLKV_FULL_POOL_STRICT=0)\n",
                 (unsigned long long)lost);
   }
   EXPECT_EQ(verified, acked - lost - wrong);
