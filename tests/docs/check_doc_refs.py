@@ -28,21 +28,6 @@ README_MAX_LINES = 220
 CODE_EXTS = (".c", ".h", ".cpp", ".hpp", ".cu", ".cuh", ".py", ".pml", ".sh", ".cmake", ".txt")
 CODE_NAMES = ("Makefile", "CMakeLists.txt", "Kbuild")
 ISSUE_RE = re.compile(r"\b[Ii]ssue #?[0-9]+")
-# Files other work was changing while the rest were cleaned; what they still
-# cite is reported, not failed.  Remove an entry once its file is clean.
-PENDING = {
-    os.path.join("libruntime", "python", "cxlkv", "integrations", "vllm.py"),
-    os.path.join("tools", "bench", "engine_bench.py"),
-    os.path.join("tests", "unit", "kv_full_pool_test.cpp"),
-    os.path.join("tests", "multiproc", "kv_full_pool_test.cpp"),
-}
-PENDING_DIRS = (os.path.join("libruntime", "src", "kv") + os.sep,)
-
-
-def pending(rel):
-    return rel in PENDING or rel.startswith(PENDING_DIRS)
-
-
 def read(path):
     try:
         return open(path, encoding="utf-8").read()
@@ -88,7 +73,7 @@ def headings_of(path):
     return {" ".join(h.split()) for h in re.findall(r"^#{1,6} +(.+?)\s*#*$", body, re.M)}
 
 
-problems, notes = [], []
+problems = []
 
 # ---- rules and cited sections ------------------------------------------------
 coh = read(os.path.join(ROOT, "docs", "coherence.md"))
@@ -121,7 +106,7 @@ for tree in TREES:
                 elif title not in headings_of(target):
                     line = text.count("\n", 0, m.start()) + 1
                     msg = f'{rel}:{line}: cites {doc} "{title}", which has no such section'
-                    (notes if pending(rel) else problems).append(msg)
+                    problems.append(msg)
 
 for n in sorted(cited_rules):
     if f"rule-{n}" not in rule_anchors:
@@ -170,16 +155,11 @@ for dirpath, dirs, files in os.walk(ROOT):
         for m in ISSUE_RE.finditer(text):
             line = text.count("\n", 0, m.start()) + 1
             msg = f'{rel}:{line}: cites "{m.group(0)}": say the reason, or the docs/ section that explains it'
-            if pending(rel):
-                notes.append(msg)
-            else:
-                issues += 1
-                problems.append(msg)
+            issues += 1
+            problems.append(msg)
 
-for n in notes:
-    print(f"pending (file being changed elsewhere): {n}")
 for p in problems:
     print(p)
 print(f"check_doc_refs: rules cited {sorted(cited_rules)}, {links} relative links, README {readme_lines} lines, "
-      f"{len(notes)} pending, {len(problems)} problem(s)")
+      f"{len(problems)} problem(s)")
 sys.exit(1 if problems else 0)

@@ -3,7 +3,7 @@
 // (semantics in cxlkv/kv.hpp and cxlkv.h), and the single-block calls as
 // thin wrappers over them.
 //
-// Handle checks (fencing, issue 12) cost one fresh read of the block's entry
+// Handle checks (fencing, docs/integrity.md "Fencing: handles carry the entry version") cost one fresh read of the block's entry
 // line, and a batch reads all of its blocks' lines in one invalidation sweep
 // with one fence (PrefixIndex::entries_fresh): write and fetch check before
 // the copy (a forged or stale handle is never written to or read from) and
@@ -160,7 +160,7 @@ void keep_passed(Checks& hs) {
 
 }  // namespace
 
-// Fencing (issue 12): a handle is honoured only while the index entry it
+// Fencing (docs/integrity.md "Fencing: handles carry the entry version"): a handle is honoured only while the index entry it
 // names is unchanged: same key, state and version at its slot, at the
 // location the handle carries (a forged or stale location is never read or
 // written), and for a reservation owned by this node's incarnation.  One
@@ -172,7 +172,7 @@ void KvStore::check_handles(const char* op, std::vector<HandleCheck>& hs, bool a
   std::vector<IndexEntryView> v(hs.size());
   index_->entries_fresh(slots, v);
   const uint32_t nslots = index_->header().nslots;
-  uint32_t owner_node = 0, owner_inc = 0;  // this node, or the index service's (issue 17)
+  uint32_t owner_node = 0, owner_inc = 0;  // this node, or the index service's (docs/rpc.md "The index service")
   ops_->reservation_owner(&owner_node, &owner_inc);
   for (size_t k = 0; k < hs.size(); k++) {
     HandleCheck& h = hs[k];
@@ -206,7 +206,7 @@ void KvStore::check_handles(const char* op, std::vector<HandleCheck>& hs, bool a
   }
 }
 
-// README "Integrity": after a fetch's copy, the space of each memory block
+// docs/integrity.md "Space reuse seen at fetch": after a fetch's copy, the space of each memory block
 // must still be allocated as that block (PayloadSpace::still_allocated: its
 // chunk descriptors and owner record, one sweep, one fence).  Damaged
 // allocator metadata (a zeroed bitmap with a matching checksum) can hand a
@@ -394,7 +394,7 @@ Result<size_t> KvStore::pin_many(std::span<const BlockKey> keys, std::span<KvPin
   return pin_blocks(keys, out, status, true);
 }
 
-// Pin handles (README "Integrity"): every pin pin_many hands out gets a tag,
+// Pin handles (docs/integrity.md "Pin handles"): every pin pin_many hands out gets a tag,
 // and the store keeps (slot, tag) -> the handle's fields until that pin's
 // unpin.  fetch and unpin honour a handle only while its pin is held here
 // and every field matches, so a handle dies with its own unpin (a second
@@ -529,7 +529,7 @@ Result<size_t> KvStore::fetch_blocks(std::span<const KvPin> pins, std::span<cons
     }
     keep_passed(hs);
   }
-  // Issue 12 item 6: the SSD-tier blocks are read together, several in flight.
+  // docs/integrity.md "The SSD tier": the SSD-tier blocks are read together, several in flight.
   std::vector<HandleCheck> ssd;
   if (deps_.ssd_tier)
     for (auto& h : hs)
@@ -814,7 +814,7 @@ Result<void> KvStore::fetch(const KvPin& p, std::span<const Chunk> chunks) {
   const uint32_t n = static_cast<uint32_t>(chunks.size());
   int32_t st = 0;
   CXLKV_TRY(fetch_blocks({&p, 1}, chunks, {&n, 1}, {&st, 1}, false));
-  if (st == kKvMiss)  // an SSD block that failed its checks (issue 12)
+  if (st == kKvMiss)  // an SSD block that failed its checks (docs/integrity.md "The SSD tier")
     return Error(-ENOENT, "kv: fetch of block " + to_hex(p.key) + ": its SSD copy fails its checks (a miss)");
   if (st != 0) return Error(st, block_error_);
   return {};

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: MIT
-// Where a KvStore's locking index calls go (issue 17 item 2: an index
+// Where a KvStore's locking index calls go (docs/rpc.md "The index service": an index
 // service mode selectable per pool).  The lock-based path calls the store's
 // own PrefixIndex (this process takes the stripe locks); the index service
 // path sends the same batch calls over the shared-memory RPC to the process
@@ -41,7 +41,7 @@ class KvIndexBackend {
   virtual Result<size_t> unpin_many(std::span<const uint32_t> slots, std::span<const BlockKey> keys,
                                     std::span<int32_t> status) = 0;
   // The node and incarnation (low 32 bits) that own reservations made
-  // through this backend (the handle check of issue 12): this node for the
+  // through this backend (the handle check of docs/integrity.md "Fencing: handles carry the entry version"): this node for the
   // lock-based path, the serving node for the service.
   virtual void reservation_owner(uint32_t* node, uint32_t* incarnation) const = 0;
   // "locks" or "service" (metrics, messages).
@@ -50,7 +50,7 @@ class KvIndexBackend {
   // (empty: none better than the code's name).  On the lock-based path the
   // index keeps the first failure's message in this thread; the index
   // service's refusals come back as codes only, so that backend names the
-  // pool, the service and the cause the code stands for (README "Integrity").
+  // pool, the service and the cause the code stands for (docs/integrity.md "Checked metadata").
   virtual std::string block_message(const char* /*op*/, const BlockKey& /*key*/, int32_t /*code*/) const {
     return PrefixIndex::last_block_message();
   }

@@ -193,12 +193,12 @@ class HeapSpace final : public PayloadSpace {
     unclaim(loc);
     (void)heap_.free(loc.offset);
   }
-  // Issue 12: space of a reservation taken from a node declared dead.
+  // docs/integrity.md "Quarantine": space of a reservation taken from a node declared dead.
   void free_taken(const BlockLocation& loc, uint32_t node, uint32_t inc) override {
     unclaim(loc);
     (void)heap_.free_taken(loc.offset, node, inc);
   }
-  // Issue 12: block owner records (uapi/cxlkv_alloc.h "Block owners").
+  // docs/integrity.md "Block owners: overlapping entries": block owner records (uapi/cxlkv_alloc.h "Block owners").
   void claim(const BlockLocation& loc, uint32_t slot) override {
     if (recorded(loc.length)) heap_.chunks().set_owner(loc.offset, cxlkv_block_owner{slot + 1, loc.length});
   }
@@ -250,7 +250,7 @@ class HeapSpace final : public PayloadSpace {
             "-byte block (chunk " + std::to_string(c) + " kind " + std::to_string(cd.kind) + ", class " +
             std::to_string(cd.size_class) + ")";
     return r;
-  }  // README "Integrity": after a fetch's copy, the chunk descriptors of each
+  }  // docs/integrity.md "Space reuse seen at fetch": after a fetch's copy, the chunk descriptors of each
   // block and its owner record (a block of a granule or more) must still
   // describe the allocation the block was handed out as.  An allocation
   // over any of its bytes rewrites a descriptor (alloc_run, fenced before
@@ -482,12 +482,12 @@ class RealSession final : public KvSession {
   std::unique_ptr<TwoTierStripeLocks> locks;
   std::unique_ptr<NodeTableLiveness> live;
   std::unique_ptr<HeapSpace> space;
-  std::unique_ptr<IndexServiceBackend> service;  // issue 17: service mode
+  std::unique_ptr<IndexServiceBackend> service;  // docs/rpc.md "The index service"
   std::unique_ptr<KvStore> store_;
   std::unique_ptr<Drainer> drainer;  // declared last: stops first, before the heap goes
 };
 
-// Issue 17: the pool's index mode (see KvIndexMode).
+// docs/rpc.md "The index service": the pool's index mode (see KvIndexMode).
 Result<KvIndexMode> resolve_index_mode(Region& pool, KvIndexMode asked) {
   if (asked != KvIndexMode::automatic) return asked;
   if (const char* e = std::getenv("CXLKV_INDEX_MODE"); e && *e) {
@@ -510,7 +510,7 @@ Result<std::unique_ptr<KvSession>> open_kv_session(Region& pool, NodeContext& no
   auto hdr = d.read_fresh(reinterpret_cast<const cxlkv_index_header*>(carve));  // rule 4
   if (hdr.magic != CXLKV_INDEX_MAGIC)
     return Error(-ENODATA, "kv: pool " + pool.uri() + ": index carve is not formatted");
-  CXLKV_TRY(check_index_header(hdr, ic->size, "kv: pool " + pool.uri() + ": index carve: "));  // issue 12
+  CXLKV_TRY(check_index_header(hdr, ic->size, "kv: pool " + pool.uri() + ": index carve: "));  // docs/integrity.md "Checked metadata"
   if (hdr.lock_base + hdr.nstripes > node.control().max_locks())
     return Error(-EINVAL, "kv: index stripes need lock ids up to " + std::to_string(hdr.lock_base + hdr.nstripes) +
                               ", the pool has " + std::to_string(node.control().max_locks()));
@@ -542,7 +542,7 @@ Result<std::unique_ptr<KvSession>> open_kv_session(Region& pool, NodeContext& no
   deps.locks = s->locks.get();
   deps.liveness = s->live.get();
   deps.space = s->space.get();
-  // Issue 12: payload only inside each device's kv carve.
+  // docs/integrity.md "Checked metadata": payload only inside each device's kv carve.
   auto device = [](Region& r, MemoryDomain& dom) {
     PoolDevice dv{&dom, r.base(), r.size()};
     dv.region = &r;  // map_on_use pools: payload mapped block by block at first use
@@ -554,7 +554,7 @@ Result<std::unique_ptr<KvSession>> open_kv_session(Region& pool, NodeContext& no
   };
   deps.devices.push_back(device(pool, d));
   for (Region* r : opts.extra_devices) deps.devices.push_back(device(*r, r->domain()));
-  deps.ssd_tier = opts.ssd_tier;  // issue 6
+  deps.ssd_tier = opts.ssd_tier;  // docs/eviction.md "The SSD tier"
   deps.demote_on_evict = opts.demote_on_evict;
   deps.promote_on_hit = opts.promote_on_hit;
   deps.index_backend = s->service.get();  // nullptr: lock-based

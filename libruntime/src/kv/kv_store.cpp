@@ -41,7 +41,7 @@ class MemTier final : public PayloadTier {
   }
 
  private:
-  // Issue 12: the location lies inside the device's kv carve.
+  // docs/integrity.md "Checked metadata": the location lies inside the device's kv carve.
   static Result<void> in_payload_range(const PoolDevice& dv, uint32_t d, uint64_t off, uint64_t len) {
     const uint64_t lo = dv.payload_hi ? dv.payload_lo : 0, hi = dv.payload_hi ? dv.payload_hi : dv.size;
     if (off >= lo && off <= hi && len <= hi - off) return {};
@@ -144,7 +144,7 @@ class InterleavedSpace final : public PayloadSpace {
   void free_taken(const BlockLocation& loc, uint32_t node, uint32_t inc) override {
     inner_.free_taken(inner(loc), node, inc);
   }
-  // Issue 12: owner records of the extent on device 0's allocator.
+  // docs/integrity.md "Block owners: overlapping entries": owner records of the extent on device 0's allocator.
   void claim(const BlockLocation& loc, uint32_t slot) override { inner_.claim(inner(loc), slot); }
   Owner owner_check(const BlockLocation& loc, uint32_t slot) override { return inner_.owner_check(inner(loc), slot); }
   void still_allocated(std::span<const BlockLocation> locs, std::span<const uint32_t> slots,
@@ -172,7 +172,7 @@ int latency_bucket(uint64_t ns) {
   return std::clamp(b, 0, int(CXLKV_LAT_BUCKETS) - 1);
 }
 
-// Issue 6: the index's demotion hook.  Reads the block from memory (rule 6:
+// docs/eviction.md "The SSD tier": the index's demotion hook.  Reads the block from memory (rule 6:
 // the MEM tier invalidates first) and places it on the SSD tier.
 class TierDemotion final : public DemotionTarget {
  public:
@@ -182,7 +182,7 @@ class TierDemotion final : public DemotionTarget {
     Chunk c{staging_.data(), m.length};
     auto r = mem_.read(m, {&c, 1});
     if (!r) return r.error();
-    return ssd_.place(key, {&c, 1});  // issue 12: the SSD block records its key
+    return ssd_.place(key, {&c, 1});  // the SSD block records its key (docs/integrity.md "The SSD tier")
   }
   void release(const BlockLocation& loc) override { ssd_.release(loc); }
 
@@ -294,15 +294,15 @@ Result<std::unique_ptr<KvStore>> KvStore::create(KvDeps deps) {
                                 *dp.locks, *dp.liveness, space);
   if (!ix) return ix.error();
   kv->index_ = std::move(ix.value());
-  // Issue 17: the locking calls go to the index service when one is given.
+  // docs/rpc.md "The index service": the locking calls go to the index service when one is given.
   kv->local_ops_ = std::make_unique<LocalIndexBackend>(*kv->index_, dp.node, static_cast<uint32_t>(dp.incarnation));
   kv->ops_ = dp.index_backend ? dp.index_backend : kv->local_ops_.get();
   kv->mem_tier_ = std::make_unique<MemTier>(dp.devices, set);
-  if (dp.ssd_tier && dp.demote_on_evict) {  // issue 6
+  if (dp.ssd_tier && dp.demote_on_evict) {  // docs/eviction.md "The SSD tier"
     kv->demotion_ = std::make_unique<TierDemotion>(*kv->mem_tier_, *dp.ssd_tier);
     kv->index_->set_demotion(kv->demotion_.get());
   }
-  if (dp.ssd_tier) kv->claim_ssd_blocks();  // issue 12: before this store places anything
+  if (dp.ssd_tier) kv->claim_ssd_blocks();  // before this store places anything (docs/integrity.md "The SSD tier")
   return kv;
 }
 
@@ -333,7 +333,7 @@ void KvStore::flush_stats() {
   std::memcpy(s.latency, stats_.latency, sizeof s.latency);
   s.updated_ms = realtime_ms();
   s.pid = static_cast<uint32_t>(getpid());
-  if (auto* ssd = dynamic_cast<SsdPayloadTier*>(deps_.ssd_tier)) {  // issue 18: SSD tier metrics
+  if (auto* ssd = dynamic_cast<SsdPayloadTier*>(deps_.ssd_tier)) {  // SSD tier metrics (docs/operations.md "Metrics")
     const SsdTierStats t = ssd->stats();
     s.ssd[CXLKV_SSD_DEMOTED] = t.placed;
     s.ssd[CXLKV_SSD_DEMOTED_BYTES] = t.placed_bytes;
@@ -351,7 +351,7 @@ void KvStore::flush_stats() {
 size_t KvStore::lookup(std::span<const BlockKey> chain) {
   auto t0 = std::chrono::steady_clock::now();
   size_t n = index_->longest_prefix(chain);
-  if (n && deps_.lookup_checks_readable) n = readable_prefix(chain, n);  // issue 12
+  if (n && deps_.lookup_checks_readable) n = readable_prefix(chain, n);  // docs/integrity.md "The SSD tier"
   count(CXLKV_CTR_LOOKUPS);
   count(CXLKV_CTR_HIT_BLOCKS, n);
   count(CXLKV_CTR_MISS_BLOCKS, chain.size() - n);
@@ -375,7 +375,7 @@ Result<void> KvStore::payload_io(const BlockLocation& loc, std::span<const Chunk
                              ": SSD): damaged entry, not read or written");
 }
 
-// Issue 6: a hit on the SSD tier moves the block back to memory.  Best
+// docs/eviction.md "The SSD tier": a hit on the SSD tier moves the block back to memory.  Best
 // effort: no memory, another reader's pin or a concurrent change leaves it
 // where it is (the fetch already succeeded).
 void KvStore::promote(const KvPin& p, const BlockLocation& from, std::span<const Chunk> chunks) {
@@ -414,7 +414,7 @@ bool KvStore::wait_ready(const BlockKey& key, std::chrono::milliseconds timeout)
 
 Result<uint64_t> KvStore::reclaim_dead() { return index_->reclaim_dead(); }
 
-// ---- SSD tier checks (issue 12) ----------------------------------------------
+// ---- SSD tier checks (docs/integrity.md "The SSD tier") -------------------
 
 // The index is the record of which SSD extents hold blocks: every SSD
 // location a surviving entry names is claimed before this store places
