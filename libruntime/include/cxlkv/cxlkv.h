@@ -296,6 +296,12 @@ void cxlkv_kv_close(struct cxlkv_kv *kv);
 int cxlkv_kv_block_keys(const uint32_t *tokens, size_t ntokens, size_t block_tokens,
 			const void *extras, size_t nextras, struct cxlkv_kv_key *out, size_t max);
 
+/* XXH3-64 of data[0..len): the payload hash the SSD tier checks its
+ * blocks with, for callers that carry KV blocks outside the pool (the
+ * Python remote tier verifies each block it receives with it) and would
+ * otherwise need a hash library of their own.  Not cryptographic. */
+uint64_t cxlkv_checksum64(const void *data, size_t len);
+
 /* Number of leading blocks of chain[0..n) that are cached (no lock taken). */
 int cxlkv_kv_lookup(struct cxlkv_kv *kv, const struct cxlkv_kv_key *chain, size_t n);
 

@@ -124,6 +124,7 @@ _PROTOS = {
     "cxlkv_kv_close": (None, [_P], True),
     "cxlkv_kv_block_keys": (_I, [_U32P, _SZ, _SZ, _P, _SZ, _KEYP, _SZ], True),
     "cxlkv_kv_lookup": (_I, [_P, _KEYP, _SZ], True),
+    "cxlkv_checksum64": (_U64, [_P, _SZ], False),
     "cxlkv_kv_reserve": (_I, [_P, _KEYP, _KEYP, _U64, _BLKP], True),
     "cxlkv_kv_write": (_I, [_P, _BLKP, _CHP, _SZ], True),
     "cxlkv_kv_publish": (_I, [_P, _BLKP], True),

@@ -4,6 +4,8 @@
 #include <cstring>
 #include <vector>
 
+#include <xxhash.h>
+
 #include "capi/capi.hpp"
 #include "cxlkv/kv.hpp"
 #include "cxlkv/sync.hpp"
@@ -180,6 +182,11 @@ int cxlkv_kv_block_keys(const uint32_t* tokens, size_t ntokens, size_t block_tok
     for (size_t i = 0; i < n; i++) out[i] = cxlkv_kv_key{keys[i].lo, keys[i].hi};
     return static_cast<int>(n);
   });
+}
+
+uint64_t cxlkv_checksum64(const void* data, size_t len) {
+  // No error path: a null buffer of length 0 hashes as empty, like XXH3.
+  return data ? XXH3_64bits(data, len) : XXH3_64bits("", 0);
 }
 
 int cxlkv_kv_lookup(struct cxlkv_kv* kv, const struct cxlkv_kv_key* chain, size_t n) {
