@@ -137,9 +137,17 @@ class KvStore:
     give each thread its own store, or use :class:`cxlkv.aio.AsyncKv`.
 
     ``metrics``: a :class:`cxlkv.metrics.Metrics` to count into (tokens,
-    bytes, latency histograms); ``block_tokens`` lets it count tokens."""
+    bytes, latency histograms); ``block_tokens`` lets it count tokens.
 
-    def __init__(self, pool, node, metrics=None, block_tokens=0):
+    ``remote``: the remote tier (:mod:`cxlkv.remote`, docs/remote.md): None
+    (the default) takes it from the ``CXLKV_REMOTE_*`` environment, which
+    leaves it off unless ``CXLKV_REMOTE_MASTER`` is set; False turns it off; a
+    :class:`cxlkv.remote.RemoteConfig`, a dict or a
+    :class:`cxlkv.remote.RemoteTier` turns it on.  With a tier, published
+    blocks are also pushed to it in the background, and a lookup that misses
+    in the pool fetches the rest of the prefix from it into the pool."""
+
+    def __init__(self, pool, node, metrics=None, block_tokens=0, remote=None):
         self.pool = pool
         self.node = node = _uint(node, 32, f"node of a KV store of {pool.uri}")
         # Serialises the C calls on the handle and close() (one thread at a
@@ -166,6 +174,10 @@ class KvStore:
         self._get_many.restype, self._get_many.argtypes = C.c_int, [vp, vp, sz, vp, vp, vp]
         self.metrics = metrics
         self.block_tokens = block_tokens
+        self.remote = None
+        if remote is not False:
+            from . import remote as _remote  # noqa: PLC0415 -- only when a tier may be wanted
+            self.remote = _remote.attach(pool, node, remote, metrics)
 
     _close_rank = 1
 
@@ -221,14 +233,18 @@ class KvStore:
         self.last_error = _lib.last_error() if rc < n else ""
 
     # ---- lookup -------------------------------------------------------------
-    def lookup(self, keys):
-        """Number of leading blocks of the chain ``keys`` that are cached."""
+    def lookup(self, keys, remote=True):
+        """Number of leading blocks of the chain ``keys`` that are cached.
+        With a remote tier (and ``remote``), blocks past the pool's hits
+        that the tier holds are fetched into the pool first and counted."""
         k = as_keys(keys)
         t0 = time.perf_counter()
         with self._lock:
             n = _lib.check(self._lib.cxlkv_kv_lookup(self.handle, _kp(k), len(k)), "cxlkv_kv_lookup")
         if self.metrics:
             self.metrics.observe_lookup(len(k), n, self.block_tokens, time.perf_counter() - t0)
+        if remote and self.remote is not None and n < len(k):
+            n = self.remote.fill(self, k, n)
         return n
 
     # ---- bulk put / get -----------------------------------------------------
@@ -268,7 +284,7 @@ class KvStore:
             raise ValueError("cxlkv: every block buffer of one put must have the same size")
         return ch, counts, int(sizes[0]) if len(sizes) else 0
 
-    def put(self, keys, src, block_ids=None, parent=None, gpu=None, stream=None):
+    def put(self, keys, src, block_ids=None, parent=None, gpu=None, stream=None, _remote=True):
         """Publish a chain of blocks: ``keys[0]`` is a child of ``parent`` (a
         key, or None for a root), ``keys[i]`` of ``keys[i-1]``.  ``src`` is a
         :class:`PagedKV` (with ``block_ids``, the engine blocks holding the
@@ -296,6 +312,9 @@ class KvStore:
         if self.metrics:
             self.metrics.observe_store(int((status == RESERVED).sum()) * bytes_, int(put_ok(status).sum()),
                                        time.perf_counter() - t0)
+        if _remote and self.remote is not None:
+            # Keys only: the tier's own thread reads the blocks back from the pool.
+            self.remote.publish(k, status, bytes_)
         return status
 
     def get(self, keys, dst, block_ids=None, gpu=None, stream=None):
@@ -403,7 +422,10 @@ class KvStore:
         s.size = C.sizeof(s)
         with self._lock:
             _lib.check(self._lib.cxlkv_kv_stats(self.handle, C.byref(s)), "cxlkv_kv_stats")
-        return {name: getattr(s, name) for name, _ in _lib.KvStats._fields_ if name != "size"}
+        out = {name: getattr(s, name) for name, _ in _lib.KvStats._fields_ if name != "size"}
+        if self.remote is not None:
+            out.update(self.remote.stats())
+        return out
 
 
 class Pins:

@@ -13,7 +13,12 @@ Two sources, one naming scheme (``cxlkv_`` prefix, units in the name:
   engine adapters: ``cxlkv_client_query_tokens_total``,
   ``cxlkv_client_hit_tokens_total``, ``cxlkv_client_load_bytes_total``,
   ``cxlkv_client_store_bytes_total``, ``cxlkv_client_lease_expiries_total``
-  and the histograms ``cxlkv_client_{lookup,load,store}_seconds``.
+  and the histograms ``cxlkv_client_{lookup,load,store}_seconds``.  With a
+  remote tier (:mod:`cxlkv.remote`): ``cxlkv_client_remote_*_total`` per
+  tier counter (hits, bytes, refused blocks, errors, timeouts, pushes), the
+  gauge ``cxlkv_client_remote_up`` and ``cxlkv_client_remote_fetch_seconds``.
+  ``cxlkv_client_hit_tokens_total`` counts the pool's own hits; the remote
+  tier's are ``cxlkv_client_remote_hit_tokens_total``.
 """
 import bisect
 import os
@@ -64,17 +69,45 @@ class Metrics:
         "cxlkv_client_adapter_load_seconds_total": "Seconds an engine adapter spent in its load calls (keys, pins, copies)",
         "cxlkv_client_adapter_save_seconds_total": "Seconds an engine adapter spent in its save calls (keys, copies, publish)",
     }
+    # The remote tier's counters (cxlkv.remote.COUNTERS), one per name there:
+    # remote_hit_blocks -> cxlkv_client_remote_hit_blocks_total.
+    REMOTE_COUNTERS = {}
     HISTOGRAMS = {
         "cxlkv_client_lookup_seconds": "Latency of a lookup call",
         "cxlkv_client_load_seconds": "Latency of a load (get) call",
         "cxlkv_client_store_seconds": "Latency of a store (put) call",
+        "cxlkv_client_remote_fetch_seconds": "Latency of a remote tier fetch that brought blocks into the pool",
+    }
+    GAUGES = {
+        "cxlkv_client_remote_up": "1 while the remote tier answers, 0 while it is degraded (local-only)",
     }
 
     def __init__(self, labels=None):
         self._lock = threading.Lock()
         self.labels = dict(labels or {})
-        self.counters = {k: 0 for k in self.COUNTERS}
+        if not Metrics.REMOTE_COUNTERS:
+            from .remote import COUNTERS as rc  # noqa: PLC0415
+            Metrics.REMOTE_COUNTERS = {f"cxlkv_client_{k}_total": v for k, v in rc.items()}
+            Metrics.REMOTE_COUNTERS["cxlkv_client_remote_hit_tokens_total"] = \
+                "Tokens whose KV a lookup brought from the remote tier into the pool"
+        self.counters = {k: 0 for k in {**self.COUNTERS, **self.REMOTE_COUNTERS}}
         self.hist = {k: _Histogram() for k in self.HISTOGRAMS}
+        self.gauges = {}  # set once a remote tier reports
+
+    def inc_remote(self, name, v=1):
+        """Add ``v`` to the remote tier's counter ``name`` (a key of
+        :data:`cxlkv.remote.COUNTERS`)."""
+        self.inc(f"cxlkv_client_{name}_total", v)
+
+    def set_remote_up(self, up):
+        with self._lock:
+            self.gauges["cxlkv_client_remote_up"] = 1 if up else 0
+
+    def observe_remote_fetch(self, tokens, seconds):
+        """Count one remote fetch that brought ``tokens`` tokens' blocks into the pool."""
+        with self._lock:
+            self.counters["cxlkv_client_remote_hit_tokens_total"] += tokens
+            self.hist["cxlkv_client_remote_fetch_seconds"].observe(seconds)
 
     def inc(self, name, v=1):
         """Add ``v`` to counter ``name`` (one of :attr:`COUNTERS`)."""
@@ -111,10 +144,14 @@ class Metrics:
         lab = ",".join(f'{k}="{v}"' for k, v in sorted(self.labels.items()))
         out = []
         with self._lock:
-            for name, help_ in self.COUNTERS.items():
+            # The remote tier's series appear once a tier reports (its gauge is set).
+            remote = "cxlkv_client_remote_up" in self.gauges
+            for name, help_ in {**self.COUNTERS, **(self.REMOTE_COUNTERS if remote else {})}.items():
                 out += [f"# HELP {name} {help_}", f"# TYPE {name} counter",
                         f"{name}{{{lab}}} {self.counters[name]}" if lab else f"{name} {self.counters[name]}"]
             for name, help_ in self.HISTOGRAMS.items():
+                if name.startswith("cxlkv_client_remote_") and not remote:
+                    continue
                 h = self.hist[name]
                 out += [f"# HELP {name} {help_}", f"# TYPE {name} histogram"]
                 acc = 0
@@ -125,6 +162,9 @@ class Metrics:
                 out.append(f'{name}_bucket{{{pre}le="+Inf"}} {h.n}')
                 sfx = f"{{{lab}}}" if lab else ""
                 out += [f"{name}_sum{sfx} {h.sum:.9g}", f"{name}_count{sfx} {h.n}"]
+            for name, v in self.gauges.items():
+                out += [f"# HELP {name} {self.GAUGES[name]}", f"# TYPE {name} gauge",
+                        f"{name}{{{lab}}} {v}" if lab else f"{name} {v}"]
         return "\n".join(out) + "\n"
 
     def write_textfile(self, path):

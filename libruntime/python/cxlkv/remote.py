@@ -1,0 +1,777 @@
+# SPDX-License-Identifier: MIT
+"""The remote tier: pools in different racks share KV blocks through a
+Mooncake Store (a distributed KV store with its own master and transfer
+engine), below each rack's pool.  Off unless configured; see docs/remote.md
+for the operator's view.
+
+* Publish: a block a :class:`cxlkv.KvStore` publishes is queued here; a
+  background thread reads a batch of them back from the pool (its own KV
+  handle, so the engine's handle is never taken) and puts them into Mooncake
+  under the same key.  The local publish only appends keys to a bounded queue.
+* Lookup: when the pool holds fewer leading blocks than asked, the rest of
+  the prefix is asked of Mooncake with one batched existence check; the
+  leading hits are fetched into a registered staging buffer, verified, and
+  published into the local pool, so the caller's next ``get`` (and every
+  other host of this rack) finds them as local hits.
+* Every object carries our own 64-byte header (magic, key, payload length,
+  payload checksum, header checksum): a block whose header does not match
+  the key asked for, or whose payload does not match its checksum, is
+  refused and never reaches the pool.
+* Faults: every call to Mooncake on the lookup path runs on one worker
+  thread and is waited for at most ``timeout_s``.  A call that fails with an
+  RPC error or runs late puts the tier in the degraded state: logged once,
+  counted, lookups are local-only (they do not wait for Mooncake at all)
+  until a probe, at most one per ``retry_s`` and never waited for, succeeds.
+
+Mooncake is used through its Python module (``mooncake.store``): the
+installed package exports no C interface.  It is imported only when a tier
+is made, so the package works without it.
+"""
+import collections
+import concurrent.futures as cf
+import dataclasses
+import logging
+import os
+import socket
+import struct
+import threading
+import time
+
+import numpy as np
+
+from . import _lib
+from .keys import as_keys, to_hex
+
+log = logging.getLogger("cxlkv.remote")
+
+# ---- the block header -------------------------------------------------------
+# 64 bytes, little-endian, in front of every payload in Mooncake:
+#   0  magic  "CXKVRMT1"            8
+#   8  header bytes (64)            u32
+#  12  version (1)                  u32
+#  16  key lo, key hi               u64 u64
+#  32  payload bytes                u64
+#  40  payload checksum             u64  (cxlkv_checksum64: XXH3-64)
+#  48  header checksum              u64  (cxlkv_checksum64 of bytes 0..47)
+#  56  zero                         u64
+MAGIC = b"CXKVRMT1"
+HEADER_BYTES = 64
+_HDR = struct.Struct("<8sIIQQQQQQ")
+assert _HDR.size == HEADER_BYTES
+
+# Mooncake's status codes this module tells apart (its Python calls return
+# them as negative ints).  Anything else is reported by number.
+MC_NOT_FOUND = -704
+MC_RPC_FAIL = -900
+MC_RPC_TIMEOUT = -901
+MC_INVALID_PARAMS = -600
+_MC_NAMES = {MC_NOT_FOUND: "object not found", MC_RPC_FAIL: "RPC to the master failed",
+             MC_RPC_TIMEOUT: "RPC to the master timed out", MC_INVALID_PARAMS: "invalid parameters"}
+# Codes that say the master (not one object or one peer) is unreachable.
+_MASTER_DOWN = {MC_RPC_FAIL, MC_RPC_TIMEOUT}
+
+
+def mc_error(code):
+    """Text of a Mooncake status code."""
+    return f"Mooncake error {code} ({_MC_NAMES.get(code, 'see Mooncake types')})"
+
+
+def checksum64(buf):
+    """XXH3-64 of a buffer (an address and length pair, or a bytes-like
+    object), computed by libcxlkv (``cxlkv_checksum64``)."""
+    if isinstance(buf, tuple):
+        addr, n = buf
+    else:
+        a = np.frombuffer(buf, dtype=np.uint8)
+        addr, n = a.ctypes.data, a.size
+    return int(_lib.lib().cxlkv_checksum64(addr, n))
+
+
+def _header_into(view, key, length, payload_sum):
+    """Write the header of ``key`` into ``view`` (a uint8 array of 64 bytes)."""
+    lo, hi = int(key[0]), int(key[1])
+    raw = _HDR.pack(MAGIC, HEADER_BYTES, 1, lo, hi, length, payload_sum, 0, 0)
+    hsum = checksum64(raw[:48])
+    view[:] = np.frombuffer(_HDR.pack(MAGIC, HEADER_BYTES, 1, lo, hi, length, payload_sum, hsum, 0), np.uint8)
+
+
+def check_block(obj, key, got_bytes):
+    """Why the object ``obj`` (a uint8 array: header then payload, of which
+    ``got_bytes`` were received) is not block ``key``, or None if it is."""
+    if got_bytes < HEADER_BYTES:
+        return f"{got_bytes} bytes, shorter than the {HEADER_BYTES}-byte block header"
+    magic, hbytes, ver, lo, hi, length, psum, hsum, _ = _HDR.unpack(obj[:HEADER_BYTES].tobytes())
+    if magic != MAGIC:
+        return "no cxlkv block header (another writer's object, or damaged)"
+    if hsum != checksum64(obj[:48].tobytes()):
+        return "block header checksum mismatch"
+    if hbytes != HEADER_BYTES or ver != 1:
+        return f"block header version {ver} / size {hbytes} is not ours (1 / {HEADER_BYTES})"
+    if (lo, hi) != (int(key[0]), int(key[1])):
+        return f"block header names key {hi:016x}{lo:016x}"
+    if length != got_bytes - HEADER_BYTES:
+        return f"block header says {length} payload bytes, {got_bytes - HEADER_BYTES} arrived"
+    if psum != checksum64((obj.ctypes.data + HEADER_BYTES, length)):
+        return "payload checksum mismatch"
+    return None
+
+
+# ---- configuration ------------------------------------------------------------
+_ENV = {  # RemoteConfig field: environment variable
+    "master": "CXLKV_REMOTE_MASTER", "metadata_server": "CXLKV_REMOTE_METADATA",
+    "protocol": "CXLKV_REMOTE_PROTOCOL", "local_hostname": "CXLKV_REMOTE_HOST",
+    "rdma_devices": "CXLKV_REMOTE_RDMA_DEVICES", "segment_bytes": "CXLKV_REMOTE_SEGMENT_BYTES",
+    "buffer_bytes": "CXLKV_REMOTE_BUFFER_BYTES", "namespace": "CXLKV_REMOTE_NAMESPACE",
+    "timeout_s": "CXLKV_REMOTE_TIMEOUT_S", "retry_s": "CXLKV_REMOTE_RETRY_S",
+    "batch_blocks": "CXLKV_REMOTE_BATCH_BLOCKS", "queue_blocks": "CXLKV_REMOTE_QUEUE_BLOCKS",
+    "max_fetch_blocks": "CXLKV_REMOTE_MAX_FETCH_BLOCKS", "block_bytes": "CXLKV_REMOTE_BLOCK_BYTES",
+    "publish": "CXLKV_REMOTE_PUBLISH", "fetch": "CXLKV_REMOTE_FETCH",
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class RemoteConfig:
+    """Where the Mooncake Store is and how this process joins it.
+
+    ``master``: the master's RPC address (``host:port``), required.
+    ``metadata_server``: the transfer engine's metadata service
+    (``http://host:port/metadata`` for the master's built-in HTTP one; default:
+    the master's host, port 8080).  ``protocol``: ``tcp`` (or ``rdma`` with
+    ``rdma_devices``).  ``local_hostname``: the address other racks reach this
+    process at (default: the local address of the route to the master; a port
+    is chosen by Mooncake).  ``segment_bytes``: memory this process lends to
+    the store (0: none, this process only uses the others'); ``buffer_bytes``:
+    Mooncake's own transfer buffer.
+    ``namespace``: prefix of every object name, so several deployments can
+    share one store.  ``timeout_s``: the longest a lookup waits for Mooncake;
+    ``retry_s``: probe interval while degraded.  ``batch_blocks``: blocks per
+    put or get call; ``queue_blocks``: publishes waiting to be pushed (more
+    are dropped and counted); ``max_fetch_blocks``: the most blocks one lookup
+    fetches; ``block_bytes``: the payload size to size the fetch buffer for
+    (learned from publishes and objects; a hint only).  ``publish`` /
+    ``fetch``: each direction can be turned off."""
+
+    master: str
+    metadata_server: str = ""
+    protocol: str = "tcp"
+    local_hostname: str = ""
+    rdma_devices: str = ""
+    segment_bytes: int = 512 << 20
+    buffer_bytes: int = 64 << 20
+    namespace: str = "default"
+    timeout_s: float = 2.0
+    retry_s: float = 1.0
+    batch_blocks: int = 64
+    queue_blocks: int = 8192
+    max_fetch_blocks: int = 1024
+    block_bytes: int = 0
+    publish: bool = True
+    fetch: bool = True
+
+    def __post_init__(self):
+        if not isinstance(self.master, str) or ":" not in self.master:
+            raise ValueError(f"cxlkv: remote tier: master {self.master!r} is not host:port (the mooncake_master "
+                             "RPC address)")
+        for f in ("buffer_bytes", "batch_blocks", "queue_blocks", "max_fetch_blocks"):
+            if int(getattr(self, f)) <= 0:
+                raise ValueError(f"cxlkv: remote tier: {f} {getattr(self, f)} is not positive")
+        if int(self.segment_bytes) < 0:  # 0: a member that lends the store no memory
+            raise ValueError(f"cxlkv: remote tier: segment_bytes {self.segment_bytes} is negative")
+        if self.timeout_s <= 0 or self.retry_s <= 0:
+            raise ValueError("cxlkv: remote tier: timeout_s and retry_s must be positive")
+        if "/" in self.namespace:
+            raise ValueError(f"cxlkv: remote tier: namespace {self.namespace!r} contains '/'")
+
+    @property
+    def metadata(self):
+        if self.metadata_server:
+            return self.metadata_server
+        return f"http://{self.master.rsplit(':', 1)[0]}:8080/metadata"
+
+    @classmethod
+    def from_dict(cls, d):
+        """A config from a mapping (an engine's extra config), values as
+        given or as strings; unknown names raise ValueError naming them."""
+        fields = {f.name: f for f in dataclasses.fields(cls)}
+        bad = sorted(set(d) - set(fields))
+        if bad:
+            raise ValueError(f"cxlkv: remote tier: unknown settings {bad}; known: {sorted(fields)}")
+        kw = {}
+        for k, v in d.items():
+            t = fields[k].type
+            if t in ("int", int):
+                kw[k] = int(v)
+            elif t in ("float", float):
+                kw[k] = float(v)
+            elif t in ("bool", bool):
+                kw[k] = v if isinstance(v, bool) else str(v).lower() in ("1", "true", "yes", "on")
+            else:
+                kw[k] = str(v)
+        if "master" not in kw:
+            raise ValueError("cxlkv: remote tier: no master (the mooncake_master RPC address, host:port)")
+        return cls(**kw)
+
+    @classmethod
+    def from_env(cls, env=None):
+        """The config the ``CXLKV_REMOTE_*`` variables give, or None when
+        ``CXLKV_REMOTE_MASTER`` is unset or empty (the tier is off)."""
+        env = os.environ if env is None else env
+        if not env.get(_ENV["master"]):
+            return None
+        return cls.from_dict({k: env[v] for k, v in _ENV.items() if env.get(v)})
+
+
+def _route_address(master):
+    """The local address of the route to ``master`` (no packet is sent)."""
+    host, port = master.rsplit(":", 1)
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        try:
+            s.connect((host, int(port)))
+            return s.getsockname()[0]
+        except OSError:
+            return "127.0.0.1"
+
+
+class RemoteUnavailable(Exception):
+    """Mooncake did not answer in time, or the tier is degraded."""
+
+
+# ---- counters ---------------------------------------------------------------
+COUNTERS = {
+    "remote_lookup_blocks": "Blocks a lookup asked the remote tier for (past the pool's hits)",
+    "remote_hit_blocks": "Blocks fetched from the remote tier, verified and put into the pool",
+    "remote_hit_bytes": "Payload bytes of those blocks",
+    "remote_miss_blocks": "Blocks asked of the remote tier that it did not hold",
+    "remote_refused_blocks": "Remote blocks refused by their header (key, length or checksum)",
+    "remote_errors": "Remote calls that failed (an error code or an exception)",
+    "remote_timeouts": "Remote calls that ran past timeout_s (the lookup went on local-only)",
+    "remote_degraded": "Times the tier went local-only (master unreachable or late)",
+    "remote_recovered": "Times the tier came back after being degraded",
+    "remote_skipped_lookups": "Lookups served local-only because the tier was degraded",
+    "remote_pushed_blocks": "Blocks put into the remote tier",
+    "remote_pushed_bytes": "Payload bytes of those blocks",
+    "remote_push_present_blocks": "Published blocks the remote tier held already (not sent again)",
+    "remote_push_dropped_blocks": "Published blocks not pushed (queue full, evicted from the pool, or a failed put)",
+}
+
+
+class RemoteTier:
+    """One process's member of a Mooncake Store for one pool and node.
+    Usually made by :func:`attach` (from :class:`cxlkv.KvStore`), shared by
+    every store of that pool and node in the process."""
+
+    def __init__(self, pool, node, config, metrics=None, connect_wait=True):
+        if isinstance(config, dict):
+            config = RemoteConfig.from_dict(config)
+        if not isinstance(config, RemoteConfig):
+            raise TypeError(f"cxlkv: remote tier config must be a RemoteConfig or a dict, not "
+                            f"{type(config).__name__}")
+        self.cfg = config
+        self.pool = pool
+        self.node = node
+        self.metrics = metrics
+        self._lock = threading.Lock()        # counters, state
+        self._fetch_lock = threading.Lock()  # one fetch at a time (one staging buffer)
+        self.counters = {k: 0 for k in COUNTERS}
+        self._client = None
+        self._up = False
+        self._why = "not connected yet"
+        self._inflight = 0                  # calls on the worker not yet returned (late ones included)
+        self._last_probe = 0.0
+        self._probe_future = None
+        self._closed = False
+        self._slot_payload = int(config.block_bytes)
+        self._staging = None                # fetch staging: (array, registered client)
+        self._pstaging = None               # push staging
+        self._worker = cf.ThreadPoolExecutor(1, thread_name_prefix="cxlkv-remote-call")
+        self._queue = collections.deque()
+        self._qcv = threading.Condition()
+        self._reader = None
+        self.hostname = ""
+        # Connect now (bounded); a master that is not there yet leaves the
+        # tier degraded, and the probes connect later.
+        fut = self._submit(self._connect)
+        if connect_wait:
+            try:
+                fut.result(timeout=max(config.timeout_s, 5.0))
+            except Exception as e:  # noqa: BLE001 -- degraded, reported by _connect / below
+                self._down(f"connect: {type(e).__name__}: {e}" if str(e) else "connect: no answer in time")
+        self._pusher = threading.Thread(target=self._push_loop, name="cxlkv-remote-push", daemon=True)
+        self._pusher.start()
+        pool._adopt(self)
+
+    _close_rank = 0  # before the KV stores: its reader is one of them
+
+    # ---- state ------------------------------------------------------------------
+    @property
+    def up(self):
+        """Whether lookups ask Mooncake (False while degraded)."""
+        return self._up
+
+    def _count(self, name, v=1):
+        with self._lock:
+            self.counters[name] += v
+        if self.metrics is not None:
+            self.metrics.inc_remote(name, v)
+
+    def _down(self, why):
+        with self._lock:
+            was = self._up
+            self._up = False
+            self._why = why
+        if was or self.counters["remote_degraded"] == 0:
+            self._count("remote_degraded")
+            log.warning("cxlkv remote tier (Mooncake Store of master %s): %s; serving from the local pool only "
+                        "until it answers",
+                        self.cfg.master, why)
+        if self.metrics is not None:
+            self.metrics.set_remote_up(False)
+
+    def _recovered(self):
+        with self._lock:
+            was = self._up
+            self._up = True
+        if not was:
+            if self.counters["remote_degraded"]:
+                self._count("remote_recovered")
+                log.warning("cxlkv remote tier (Mooncake Store of master %s): answering again; remote lookups "
+                            "resume",
+                            self.cfg.master)
+        if self.metrics is not None:
+            self.metrics.set_remote_up(True)
+
+    def stats(self):
+        """The tier's counters (dict) and its state (``remote_up``)."""
+        with self._lock:
+            d = dict(self.counters)
+        d["remote_up"] = int(self._up)
+        return d
+
+    # ---- the worker -------------------------------------------------------------
+    def _submit(self, fn, *args):
+        with self._lock:
+            self._inflight += 1
+
+        def run():
+            try:
+                return fn(*args)
+            finally:
+                with self._lock:
+                    self._inflight -= 1
+        return self._worker.submit(run)
+
+    def _call(self, what, fn, *args):
+        """fn(*args) on the worker, waited for at most timeout_s.  A call
+        still running from before (late) means Mooncake is not answering:
+        RemoteUnavailable at once, nothing queued behind it, so the staging
+        buffer a late call may still write is never handed to another."""
+        with self._lock:
+            busy = self._inflight
+        if busy:
+            raise RemoteUnavailable(f"{what}: an earlier call has not returned")
+        fut = self._submit(fn, *args)
+        try:
+            return fut.result(timeout=self.cfg.timeout_s)
+        except cf.TimeoutError:
+            self._count("remote_timeouts")
+            self._down(f"{what} took longer than {self.cfg.timeout_s:g} s")
+            raise RemoteUnavailable(f"{what}: no answer in {self.cfg.timeout_s:g} s") from None
+
+    def _connect(self):
+        try:
+            from mooncake.store import MooncakeDistributedStore
+        except ImportError as e:
+            raise RuntimeError("cxlkv: remote tier: the Mooncake Store Python module (mooncake.store, package "
+                               "mooncake-transfer-engine-non-cuda) is not installed: " + str(e)) from None
+        c = MooncakeDistributedStore()
+        host = self.cfg.local_hostname or _route_address(self.cfg.master)
+        rc = c.setup(host, self.cfg.metadata, int(self.cfg.segment_bytes), int(self.cfg.buffer_bytes),
+                     self.cfg.protocol, self.cfg.rdma_devices, self.cfg.master)
+        if rc != 0:
+            self._down(f"joining the store as {host} failed: {mc_error(rc)}")
+            return False
+        self._client = c
+        self.hostname = c.get_hostname()
+        self._recovered()
+        return True
+
+    def _probe(self):
+        """One existence check of a name nobody writes: the master answers or not."""
+        if self._client is None:
+            return self._connect()
+        r = self._client.batch_is_exist([f"cxlkv/{self.cfg.namespace}/probe"])
+        if r and r[0] >= 0:
+            self._recovered()
+            return True
+        self._why = mc_error(r[0] if r else 0)
+        return False
+
+    def _maybe_probe(self):
+        """While degraded: start a probe if none runs and retry_s passed;
+        never wait for it."""
+        now = time.monotonic()
+        with self._lock:
+            if self._inflight or now - self._last_probe < self.cfg.retry_s or self._closed:
+                return
+            self._last_probe = now
+        self._submit(self._probe)
+
+    # ---- names ------------------------------------------------------------------
+    def name(self, key):
+        """The Mooncake object name of block ``key``: ``cxlkv/<namespace>/<key hex>``.
+        The key already covers the engine's namespace (model, dtype, ranks)."""
+        return f"cxlkv/{self.cfg.namespace}/{to_hex(key)}"
+
+    # ---- staging ------------------------------------------------------------------
+    def _staging_for(self, which, slots, payload):
+        """A registered buffer of ``slots`` slots of header + ``payload``
+        bytes (worker thread only for ``fetch``; the pusher for ``push``)."""
+        cur = self._staging if which == "fetch" else self._pstaging
+        need = slots * (HEADER_BYTES + payload)
+        if cur is not None and cur[0].nbytes >= need and cur[1] is self._client:
+            return cur[0]
+        if cur is not None and cur[1] is self._client:
+            self._client.unregister_buffer(cur[0].ctypes.data)
+        # Whole 2 MiB steps: a few sizes over a run, not one per block size.
+        arr = np.empty(max(need, 1 << 21) + (1 << 21) - 1 & ~((1 << 21) - 1), dtype=np.uint8)
+        rc = self._client.register_buffer(arr.ctypes.data, arr.nbytes)
+        if rc != 0:
+            raise RuntimeError(f"registering a {arr.nbytes}-byte {which} buffer with Mooncake: {mc_error(rc)}")
+        if which == "fetch":
+            self._staging = (arr, self._client)
+        else:
+            self._pstaging = (arr, self._client)
+        return arr
+
+    # ---- publish ------------------------------------------------------------------
+    def publish(self, keys, status, nbytes):
+        """Queue the blocks of a put that are in the pool now (status
+        RESERVED or EXISTS) for the background push; returns at once."""
+        if not self.cfg.publish or self._closed or nbytes <= 0:
+            return
+        ok = (status == _lib.RESERVED) | (status == _lib.EXISTS)
+        if not ok.any():
+            return
+        ks = as_keys(keys)[ok]
+        with self._qcv:
+            room = self.cfg.queue_blocks - len(self._queue)
+            if room < len(ks):
+                self._count("remote_push_dropped_blocks", len(ks) - max(room, 0))
+                ks = ks[:max(room, 0)]
+            for k in ks:
+                self._queue.append((int(k[0]), int(k[1]), int(nbytes)))
+            self._qcv.notify()
+
+    def flush(self, timeout=30.0):
+        """Wait until every queued block was pushed or dropped (tests, benchmarks)."""
+        end = time.monotonic() + timeout
+        with self._qcv:
+            while (self._queue or self._pushing) and time.monotonic() < end:
+                self._qcv.wait(0.05)
+            return not self._queue and not self._pushing
+
+    _pushing = False
+
+    def _push_loop(self):
+        while True:
+            with self._qcv:
+                while not self._queue and not self._closed:
+                    self._qcv.wait()
+                if self._closed:
+                    return
+                nbytes = self._queue[0][2]
+                batch = []
+                while self._queue and len(batch) < self.cfg.batch_blocks and self._queue[0][2] == nbytes:
+                    batch.append(self._queue.popleft())
+                self._pushing = True
+            try:
+                self._push(batch, nbytes)
+            except Exception as e:  # noqa: BLE001 -- a background thread must not die
+                self._count("remote_errors")
+                self._count("remote_push_dropped_blocks", len(batch))
+                log.debug("cxlkv remote tier: push of %d blocks failed: %s", len(batch), e)
+            finally:
+                with self._qcv:
+                    self._pushing = False
+                    self._qcv.notify_all()
+
+    def _push(self, batch, nbytes):
+        if self._client is None or not self._up:
+            # Degraded: not pushed (a later publish of the same prefix will be).
+            self._count("remote_push_dropped_blocks", len(batch))
+            self._maybe_probe()
+            return
+        from .kv import KvStore  # noqa: PLC0415 -- kv imports this module
+        from .layout import RawChunks  # noqa: PLC0415
+        c = self._client
+        keys = np.array([(lo, hi) for lo, hi, _ in batch], dtype=np.uint64)
+        names = [self.name(k) for k in keys]
+        t0 = time.monotonic()
+        have = c.batch_is_exist(names)
+        if any(h in _MASTER_DOWN for h in have):
+            self._down(f"existence check before a push: {mc_error(min(have))}")
+            self._count("remote_push_dropped_blocks", len(batch))
+            return
+        todo = [i for i, h in enumerate(have) if h != 1]
+        self._count("remote_push_present_blocks", len(batch) - len(todo))
+        if not todo:
+            return
+        keys = keys[todo]
+        names = [names[i] for i in todo]
+        slot = HEADER_BYTES + nbytes
+        buf = self._staging_for("push", len(keys), nbytes)
+        base = buf.ctypes.data
+        if self._reader is None:
+            self._reader = KvStore(self.pool, self.node, remote=False)
+        src = RawChunks([base + i * slot + HEADER_BYTES for i in range(len(keys))], nbytes, 1)
+        st = self._reader.get(keys, src)
+        got = [i for i in range(len(keys)) if st[i] == _lib.RESERVED]
+        self._count("remote_push_dropped_blocks", len(keys) - len(got))  # evicted since their publish
+        for i in got:
+            off = i * slot
+            _header_into(buf[off:off + HEADER_BYTES], keys[i], nbytes,
+                         checksum64((base + off + HEADER_BYTES, nbytes)))
+        if not got:
+            return
+        r = c.batch_put_from([names[i] for i in got], [base + i * slot for i in got], [slot] * len(got))
+        done = sum(1 for x in r if x == 0)
+        if done:
+            self._count("remote_pushed_blocks", done)
+            self._count("remote_pushed_bytes", done * nbytes)
+        failed = [x for x in r if x != 0]
+        if failed:
+            self._count("remote_errors")
+            self._count("remote_push_dropped_blocks", len(failed))
+            if any(x in _MASTER_DOWN for x in failed):
+                self._down(f"put of {len(got)} blocks: {mc_error(failed[0])}")
+        if time.monotonic() - t0 > 10 * self.cfg.timeout_s:
+            log.debug("cxlkv remote tier: a push of %d blocks took %.1f s", len(got), time.monotonic() - t0)
+
+    # ---- fetch --------------------------------------------------------------------
+    def fill(self, store, keys, have):
+        """Extend the pool's ``have`` leading hits of ``keys`` (an (n, 2)
+        array) from the remote tier: the leading blocks Mooncake holds are
+        fetched, verified and published into the pool through ``store``.
+        Returns the new number of leading blocks the pool holds.  Never
+        raises for a remote failure (it counts it and returns ``have``)."""
+        n = len(keys)
+        if not self.cfg.fetch or have >= n or self._closed:
+            return have
+        if not self._up:
+            self._count("remote_skipped_lookups")
+            self._maybe_probe()
+            return have
+        if not self._fetch_lock.acquire(blocking=False):
+            # Another thread is fetching: this lookup does not queue behind
+            # the network; it answers with what the pool has.
+            return have
+        t0 = time.perf_counter()
+        try:
+            got = self._fill(store, keys, have, min(n, have + self.cfg.max_fetch_blocks))
+        except RemoteUnavailable:
+            got = have
+        except Exception as e:  # noqa: BLE001 -- the local path must go on
+            self._count("remote_errors")
+            log.warning("cxlkv remote tier: fetch failed: %s: %s", type(e).__name__, e)
+            got = have
+        finally:
+            self._fetch_lock.release()
+        if self.metrics is not None and got > have:
+            self.metrics.observe_remote_fetch((got - have) * store.block_tokens, time.perf_counter() - t0)
+        return got
+
+    def _fill(self, store, keys, have, end):
+        c = self._client
+        rest = keys[have:end]
+        names = [self.name(k) for k in rest]
+        self._count("remote_lookup_blocks", len(names))
+        ex = self._call("existence check", c.batch_is_exist, names)
+        if any(x in _MASTER_DOWN for x in ex):
+            self._count("remote_errors")
+            self._down(f"existence check: {mc_error(min(ex))}")
+            return have
+        m = 0
+        while m < len(ex) and ex[m] == 1:
+            m += 1
+        self._count("remote_miss_blocks", len(ex) - m)
+        if m == 0:
+            return have
+        pos = 0
+        while pos < m:
+            cnt = min(self.cfg.batch_blocks, m - pos)
+            ok = self._fetch_batch(store, keys, have + pos, names[pos:pos + cnt])
+            pos += ok
+            if ok < cnt:
+                break
+        return have + pos
+
+    def _fetch_batch(self, store, keys, first, names):
+        """Fetch names (the blocks keys[first:first+len(names)]) and publish
+        them into the pool; returns how many leading ones are there now."""
+        base, slot, good, length = self._get_verified(keys, first, names)
+        if not good:
+            return 0
+        from .layout import RawChunks  # noqa: PLC0415
+        src = RawChunks([base + i * slot + HEADER_BYTES for i in range(good)], length, 1)
+        parent = keys[first - 1] if first > 0 else None
+        st = store.put(keys[first:first + good], src, parent=parent, _remote=False)
+        ok = 0
+        while ok < good and st[ok] in (_lib.RESERVED, _lib.EXISTS):
+            ok += 1
+        self._count("remote_hit_blocks", ok)
+        self._count("remote_hit_bytes", ok * length)
+        return ok
+
+    def fetch_into(self, keys, buffers):
+        """The other way to serve a remote hit, kept to measure it against
+        :meth:`fill` (docs/remote.md, "Into the pool first"): the leading
+        blocks of ``keys`` Mooncake holds, verified, copied straight into
+        ``buffers`` (one writable contiguous buffer per key), not into the
+        pool.  Returns how many leading buffers were filled."""
+        keys = as_keys(keys)
+        if not self._up:
+            raise RemoteUnavailable("the remote tier is degraded")
+        names = [self.name(k) for k in keys]
+        with self._fetch_lock:
+            ex = self._call("existence check", self._client.batch_is_exist, names)
+            m = 0
+            while m < len(ex) and ex[m] == 1:
+                m += 1
+            done = 0
+            while done < m:
+                cnt = min(self.cfg.batch_blocks, m - done)
+                base, slot, good, length = self._get_verified(keys, done, names[done:done + cnt])
+                buf = self._staging[0]
+                for i in range(good):
+                    dst = np.frombuffer(buffers[done + i], dtype=np.uint8)
+                    if dst.size != length:
+                        raise ValueError(f"cxlkv: remote block {names[done + i]} has {length} bytes, its buffer "
+                                         f"{dst.size}")
+                    dst[:] = buf[i * slot + HEADER_BYTES:i * slot + HEADER_BYTES + length]
+                done += good
+                if good < cnt:
+                    break
+            return done
+
+    def _get_verified(self, keys, first, names):
+        """Get names into the fetch staging buffer and check each against
+        keys[first + i]: (staging address, slot bytes, leading blocks that
+        passed, their payload bytes)."""
+        c = self._client
+        cnt = len(names)
+        payload = self._slot_payload or (256 << 10)
+        for attempt in range(2):
+            slot = HEADER_BYTES + payload
+            buf = self._call("fetch buffer", self._staging_for, "fetch", cnt, payload)
+            base = buf.ctypes.data
+            r = self._call(f"get of {cnt} blocks", c.batch_get_into, names,
+                           [base + i * slot for i in range(cnt)], [slot] * cnt)
+            if attempt == 0 and r and r[0] == MC_INVALID_PARAMS:
+                # The first object is larger than the slot: size the slots for it.
+                size = self._call("object size", c.get_size, names[0])
+                if size <= HEADER_BYTES:
+                    break
+                payload = size - HEADER_BYTES
+                continue
+            break
+        good = 0
+        length = None
+        for i, got in enumerate(r):
+            if got < 0:
+                self._count("remote_errors")
+                if got in _MASTER_DOWN:
+                    self._down(f"get: {mc_error(got)}")
+                elif got != MC_NOT_FOUND:
+                    log.debug("cxlkv remote tier: get of %s: %s", names[i], mc_error(got))
+                break
+            obj = buf[i * slot:i * slot + got]
+            why = check_block(obj, keys[first + i], got)
+            if why is None and length not in (None, got - HEADER_BYTES):
+                why = "payload size differs from the blocks before it in the prefix"
+            if why is not None:
+                self._count("remote_refused_blocks")
+                self._refused(names[i], why)
+                break
+            length = got - HEADER_BYTES
+            good += 1
+        if good:
+            self._slot_payload = max(self._slot_payload, length)
+        return base, slot, good, length
+
+    def _refused(self, name, why):
+        seen = self.__dict__.setdefault("_refusals", {})
+        n = seen[why] = seen.get(why, 0) + 1
+        if n & (n - 1) == 0:  # the first time a cause is seen, then at powers of two
+            log.warning("cxlkv remote tier: refused remote block %s: %s%s", name, why,
+                        f" ({n} times)" if n > 1 else "")
+
+    # ---- closing ------------------------------------------------------------------
+    def close(self, timeout=5.0):
+        """Stop the pusher (blocks still queued are dropped) and leave the
+        store; a Mooncake call that does not return in ``timeout`` seconds is
+        left to its thread (the process may exit with it)."""
+        if self._closed:
+            return
+        self._closed = True
+        with self._qcv:
+            dropped = len(self._queue)
+            self._queue.clear()
+            self._qcv.notify_all()
+        if dropped:
+            self._count("remote_push_dropped_blocks", dropped)
+        self._pusher.join(timeout)
+        if self._reader is not None:
+            self._reader.close()
+        client = self._client
+        self._client = None
+        if client is not None:
+            fut = self._worker.submit(client.close)
+            try:
+                fut.result(timeout=timeout)
+            except Exception:  # noqa: BLE001
+                pass
+        self._worker.shutdown(wait=False)
+        with _shared_lock:
+            for k, v in list(_shared.items()):
+                if v is self:
+                    del _shared[k]
+
+    def _close_for_pool(self):
+        self.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+# ---- attaching tiers to stores ---------------------------------------------------
+_shared = {}
+_shared_lock = threading.Lock()
+
+
+def attach(pool, node, remote, metrics=None):
+    """The tier a :class:`cxlkv.KvStore` uses: None for ``remote=False``;
+    ``remote`` itself if it is a :class:`RemoteTier`; otherwise the process's
+    shared tier of (pool, node, config), made on first use, where the config
+    is ``remote`` (a :class:`RemoteConfig` or dict) or, for ``remote=None``,
+    the ``CXLKV_REMOTE_*`` environment (None when it names no master)."""
+    if remote is False:
+        return None
+    if isinstance(remote, RemoteTier):
+        return remote
+    cfg = RemoteConfig.from_env() if remote is None else remote
+    if cfg is None:
+        return None
+    if isinstance(cfg, dict):
+        cfg = RemoteConfig.from_dict(cfg)
+    key = (pool.uri, id(pool), int(node), cfg)
+    with _shared_lock:
+        t = _shared.get(key)
+        if t is None or t._closed:
+            t = _shared[key] = RemoteTier(pool, node, cfg, metrics=metrics)
+        elif metrics is not None and t.metrics is None:
+            t.metrics = metrics
+            metrics.set_remote_up(t.up)
+        return t
