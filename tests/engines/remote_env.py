@@ -1,0 +1,258 @@
+# SPDX-License-Identifier: MIT
+"""Racks for the remote tier tests and benchmark: a Mooncake master (the
+package's own ``mooncake_master`` binary, with its HTTP metadata server) and
+one host process per rack (remote_rack.py), each rack with its own pool.
+
+Where this process may make network namespaces (root, ``ip`` present), each
+rack's host runs in a namespace of its own, joined to the others by a veth
+link to a bridge in this namespace, where the master runs: traffic between
+racks crosses veth links over TCP as it would cross a network.  Otherwise
+(or with CXLKV_REMOTE_LOOPBACK=1) every process is on the loopback
+interface, and ``Racks.mode`` says so."""
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def mooncake_master_path():
+    """The ``mooncake_master`` binary of the installed Mooncake package, or
+    ImportError naming what is missing."""
+    import mooncake  # noqa: PLC0415 -- ImportError is the caller's failure
+    p = os.path.join(os.path.dirname(mooncake.__file__), "mooncake_master")
+    if not os.access(p, os.X_OK):
+        raise ImportError(f"the Mooncake package has no runnable mooncake_master at {p}")
+    return p
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("0.0.0.0", 0))
+        return s.getsockname()[1]
+
+
+def _sh(*cmd):
+    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+
+
+class Net:
+    """A bridge in this namespace (the master's side) and one namespace per
+    rack with a veth link to it, or loopback."""
+
+    def __init__(self, racks, loopback=False):
+        self.tag = f"{os.getpid() % 100000}"
+        self.ns = {}
+        self.addr = {}
+        self.links = []
+        self.mode = "loopback"
+        sub = 100 + os.getpid() % 150
+        if loopback or os.environ.get("CXLKV_REMOTE_LOOPBACK") == "1" or os.geteuid() != 0 or not shutil.which("ip"):
+            self.master_addr = "127.0.0.1"
+            for r in racks:
+                self.addr[r] = "127.0.0.1"
+            return
+        self.bridge = f"cxrb{self.tag}"
+        try:
+            _sh("ip", "link", "add", self.bridge, "type", "bridge")
+            self.links.append(self.bridge)
+            _sh("ip", "addr", "add", f"10.231.{sub}.1/24", "dev", self.bridge)
+            _sh("ip", "link", "set", self.bridge, "up")
+            for i, r in enumerate(racks):
+                ns, veth = f"cxr{r}{self.tag}", f"cxv{r}{self.tag}"
+                _sh("ip", "netns", "add", ns)
+                self.ns[r] = ns
+                _sh("ip", "link", "add", veth, "type", "veth", "peer", "name", "eth0", "netns", ns)
+                self.links.append(veth)
+                _sh("ip", "link", "set", veth, "master", self.bridge, "up")
+                _sh("ip", "-n", ns, "addr", "add", f"10.231.{sub}.{10 + i}/24", "dev", "eth0")
+                _sh("ip", "-n", ns, "link", "set", "eth0", "up")
+                _sh("ip", "-n", ns, "link", "set", "lo", "up")
+                self.addr[r] = f"10.231.{sub}.{10 + i}"
+            self.master_addr = f"10.231.{sub}.1"
+            self.mode = "netns+veth"
+        except (subprocess.CalledProcessError, OSError) as e:
+            why = e.stderr.decode(errors="replace").strip() if getattr(e, "stderr", None) else str(e)
+            print(f"remote tests: no network namespaces ({why}); racks on loopback", file=sys.stderr)
+            self.close()
+            self.__init__(racks, loopback=True)
+
+    def prefix(self, rack):
+        """The command prefix that runs a program in ``rack``'s namespace."""
+        return ["ip", "netns", "exec", self.ns[rack]] if rack in self.ns else []
+
+    def close(self):
+        for link in reversed(self.links):
+            subprocess.run(["ip", "link", "del", link], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        for ns in self.ns.values():
+            subprocess.run(["ip", "netns", "del", ns], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self.links, self.ns = [], {}
+
+
+class Master:
+    """A mooncake_master with its HTTP metadata server; restartable on the
+    same ports (a restarted master knows no objects: clients join again)."""
+
+    def __init__(self, addr, logdir):
+        self.addr = addr
+        self.rpc_port, self.http_port, self.metrics_port = _free_port(), _free_port(), _free_port()
+        self.log = os.path.join(logdir, "mooncake_master.log")
+        self.proc = None
+        self.start()
+
+    @property
+    def rpc(self):
+        return f"{self.addr}:{self.rpc_port}"
+
+    @property
+    def metadata(self):
+        return f"http://{self.addr}:{self.http_port}/metadata"
+
+    def start(self):
+        with open(self.log, "a") as log:
+            self.proc = subprocess.Popen(
+                [mooncake_master_path(), f"-rpc_port={self.rpc_port}", "-enable_http_metadata_server=true",
+                 f"-http_metadata_server_port={self.http_port}", f"-metrics_port={self.metrics_port}",
+                 "-client_ttl=3", "-default_kv_lease_ttl=500", "-logtostderr=true"],
+                stdout=log, stderr=subprocess.STDOUT)
+        end = time.monotonic() + 20
+        while time.monotonic() < end:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"mooncake_master exited with {self.proc.returncode}; see {self.log}")
+            try:
+                socket.create_connection((self.addr, self.rpc_port), 0.2).close()
+                socket.create_connection((self.addr, self.http_port), 0.2).close()
+                return
+            except OSError:
+                time.sleep(0.1)
+        raise RuntimeError(f"mooncake_master not listening on {self.rpc} after 20 s; see {self.log}")
+
+    def kill(self):
+        """SIGKILL, as a crash."""
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait()
+
+    def stop(self):
+        self.kill()
+
+
+class RackProc:
+    """One rack's host process (remote_rack.py) and its command channel."""
+
+    def __init__(self, name, net, master, logdir, namespace, block_bytes=64 << 10, timeout=1.0, segment_mib=256):
+        self.name = name
+        self.pool = f"shm:cxlkv-remote-{name}-{os.getpid()}:{512 << 20}"
+        self.errlog = open(os.path.join(logdir, f"rack-{name}.log"), "a")
+        env = dict(os.environ)
+        cmd = net.prefix(name) + [sys.executable, os.path.join(HERE, "remote_rack.py"), "--name", name,
+                                  "--pool", self.pool, "--master", master.rpc, "--metadata", master.metadata,
+                                  "--host", net.addr[name], "--namespace", namespace,
+                                  "--block-bytes", str(block_bytes), "--timeout", str(timeout),
+                                  "--segment-mib", str(segment_mib)]
+        self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.errlog,
+                                     env=env, text=True, bufsize=1)
+        self.hello = self._read(60)
+        if not self.hello.get("ready"):
+            raise RuntimeError(f"rack {name} did not start: {self.hello}")
+
+    def _read(self, timeout):
+        box = {}
+
+        def rd():
+            box["line"] = self.proc.stdout.readline()
+        t = threading.Thread(target=rd, daemon=True)
+        t.start()
+        t.join(timeout)
+        if t.is_alive():
+            raise TimeoutError(f"rack {self.name}: no reply in {timeout} s (see {self.errlog.name})")
+        if not box["line"]:
+            raise RuntimeError(f"rack {self.name}: process ended (exit {self.proc.poll()}; see {self.errlog.name})")
+        return json.loads(box["line"])
+
+    def send(self, op, **kw):
+        self.proc.stdin.write(json.dumps(dict(op=op, **kw)) + "\n")
+        self.proc.stdin.flush()
+
+    def call(self, op, timeout=120, **kw):
+        self.send(op, **kw)
+        return self.reply(timeout)
+
+    def reply(self, timeout=120):
+        r = self._read(timeout)
+        if r.get("error"):
+            raise RuntimeError(f"rack {self.name}: {r['error']}")
+        return r
+
+    def kill(self):
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait()
+        self._remove_pool()
+
+    def close(self):
+        if self.proc.poll() is None:
+            try:
+                self.call("close", timeout=30)
+            except (RuntimeError, TimeoutError, OSError):
+                pass
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.kill()
+        self._remove_pool()
+        self.errlog.close()
+
+    def _remove_pool(self):
+        name = self.pool.split(":")[1]
+        for f in os.listdir("/dev/shm"):
+            if f == name:
+                os.unlink(os.path.join("/dev/shm", f))
+        # node-local files of a killed rack: named after the pool id, which
+        # only the pool knows; a killed rack's are left (they are small).
+
+
+class Racks:
+    """Master + racks (names) on their network."""
+
+    def __init__(self, names, logdir, segment_mib=256, **rack_kw):
+        """``segment_mib``: the memory each rack's client lends the store
+        (an int, or {rack: MiB}; 0 lends none)."""
+        os.makedirs(logdir, exist_ok=True)
+        self.segment_mib = segment_mib if isinstance(segment_mib, dict) else {n: segment_mib for n in names}
+        self.logdir = logdir
+        self.net = Net(names)
+        self.mode = self.net.mode
+        self.rack_kw = rack_kw
+        self.namespace = f"t{os.getpid()}"
+        self.racks = {}
+        try:
+            self.master = Master(self.net.master_addr, logdir)
+            for n in names:
+                self.racks[n] = RackProc(n, self.net, self.master, logdir, self.namespace,
+                                         segment_mib=self.segment_mib[n], **rack_kw)
+        except BaseException:
+            self.close()
+            raise
+
+    def __getitem__(self, name):
+        return self.racks[name]
+
+    def restart_rack(self, name):
+        self.racks[name].kill()
+        self.racks[name] = RackProc(name, self.net, self.master, self.logdir, self.namespace,
+                                    segment_mib=self.segment_mib[name], **self.rack_kw)
+        return self.racks[name]
+
+    def close(self):
+        for r in self.racks.values():
+            r.close()
+        if getattr(self, "master", None):
+            self.master.stop()
+        self.net.close()

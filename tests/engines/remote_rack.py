@@ -1,0 +1,277 @@
+# SPDX-License-Identifier: MIT
+"""One rack's host for the remote tier tests and benchmark: its own pool
+(a shared-memory file), its lock manager, a KV store with a remote tier
+joined to the test's Mooncake master, driven by JSON lines on stdin (one
+reply line on stdout per command).  Run inside the rack's network namespace
+(``ip netns exec``) by remote_env.py.
+
+Blocks are made from (seed, index), so every process knows the bytes a block
+must have: a block read back is compared, never trusted."""
+import argparse
+import hashlib
+import json
+import logging
+import os
+import sys
+import time
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "python"))
+import pool_env  # noqa: E402,F401  (the package and libcxlkv of this checkout)
+import cxlkv  # noqa: E402
+from cxlkv import remote  # noqa: E402
+
+
+def chain(seed, n, block_tokens=16):
+    """The keys of prefix ``seed``: n blocks of tokens made from the seed."""
+    toks = (np.arange(n * block_tokens, dtype=np.int64) * 7919 + seed * 104729) % 50000
+    return cxlkv.block_keys(toks, block_tokens, extras=b"remote-test")
+
+
+def block(seed, i, nbytes):
+    """The bytes of block i of prefix ``seed``."""
+    return np.random.default_rng([seed, i]).integers(0, 256, nbytes, dtype=np.uint8)
+
+
+class Rack:
+    def __init__(self, a):
+        self.a = a
+        self.uri = a.pool
+        cxlkv.Pool.format(self.uri, max_nodes=8, force=True)
+        self.pool = cxlkv.Pool(self.uri)
+        self.mgr = cxlkv.LockManager(self.pool)
+        cfg = remote.RemoteConfig(master=a.master, metadata_server=a.metadata, local_hostname=a.host,
+                                  segment_bytes=a.segment_mib << 20, buffer_bytes=32 << 20,
+                                  namespace=a.namespace, timeout_s=a.timeout, retry_s=0.5)
+        self.metrics = cxlkv.metrics.Metrics(labels={"rack": a.name})
+        self.store = cxlkv.KvStore(self.pool, 1, metrics=self.metrics, block_tokens=16, remote=cfg)
+        self.tier = self.store.remote
+        self.nbytes = a.block_bytes
+
+    # ---- commands ---------------------------------------------------------------
+    def publish(self, seed, n, flush=True):
+        keys = chain(seed, n)
+        bufs = [block(seed, i, self.nbytes) for i in range(n)]
+        t0 = time.perf_counter()
+        st = self.store.put(keys, bufs)
+        put_s = time.perf_counter() - t0
+        pushed = self.tier.flush(60) if flush else None
+        return dict(ok=int(cxlkv.put_ok(st).sum()), put_s=put_s, flushed=pushed)
+
+    def fetch(self, seed, n):
+        """Local hits, hits with the remote tier, then the bytes of every
+        hit compared with what they must be, then local hits again."""
+        keys = chain(seed, n)
+        local0 = self.store.lookup(keys, remote=False)
+        t0 = time.perf_counter()
+        hit = self.store.lookup(keys)
+        lookup_s = time.perf_counter() - t0
+        bufs = [np.zeros(self.nbytes, np.uint8) for _ in range(hit)]
+        st = self.store.get(keys[:hit], bufs) if hit else np.zeros(0, np.int32)
+        read = int(cxlkv.get_ok(st).sum())
+        wrong = sum(1 for i in range(hit) if st[i] == 0 and not np.array_equal(bufs[i], block(seed, i, self.nbytes)))
+        digest = hashlib.sha256(b"".join(b.tobytes() for b in bufs[:read])).hexdigest()
+        return dict(local_before=local0, hit=hit, read=read, wrong=wrong, lookup_s=lookup_s,
+                    local_after=self.store.lookup(keys, remote=False), sha256=digest)
+
+    def expected_sha256(self, seed, n):
+        return dict(sha256=hashlib.sha256(b"".join(block(seed, i, self.nbytes).tobytes()
+                                                   for i in range(n))).hexdigest())
+
+    def soak(self, seeds, n, seconds):
+        """Fetch the prefixes ``seeds`` round and round for ``seconds``: the
+        slowest lookup, blocks read, wrong blocks, remote hits."""
+        end = time.monotonic() + seconds
+        worst = rounds = wrong = read = 0
+        while time.monotonic() < end:
+            for s in seeds:
+                r = self.fetch(s, n)
+                worst = max(worst, r["lookup_s"])
+                wrong += r["wrong"]
+                read += r["read"]
+                rounds += 1
+            time.sleep(0.05)
+        return dict(worst_lookup_s=worst, rounds=rounds, wrong=wrong, read=read)
+
+    def publish_loop(self, first_seed, n, seconds):
+        """Publish prefix first_seed, first_seed+1, ... every 0.2 s for
+        ``seconds``; the slowest put (the local path) and the seeds."""
+        end = time.monotonic() + seconds
+        seed, worst, seeds = first_seed, 0.0, []
+        while time.monotonic() < end:
+            r = self.publish(seed, n, flush=False)
+            worst = max(worst, r["put_s"])
+            seeds.append(seed)
+            seed += 1
+            time.sleep(0.2)
+        return dict(worst_put_s=worst, seeds=seeds)
+
+    def damage(self, seed, n, index, how):
+        """Replace the object of block ``index`` of prefix ``seed`` in
+        Mooncake by a damaged one: ``payload`` (a byte of the payload
+        changed, header kept), ``key`` (another block's whole object),
+        ``short`` (the object cut short), ``foreign`` (no header at all)."""
+        keys = chain(seed, n)
+        c = self.tier._client
+        name = self.tier.name(keys[index])
+        good = np.frombuffer(c.get(name), dtype=np.uint8).copy()
+        if how == "payload":
+            bad = good.copy()
+            bad[remote.HEADER_BYTES + 100] ^= 0x40
+        elif how == "key":
+            bad = np.frombuffer(c.get(self.tier.name(keys[index + 1])), dtype=np.uint8)
+        elif how == "short":
+            bad = good[:len(good) // 2]
+        elif how == "foreign":
+            bad = block(seed, index, self.nbytes)
+        else:
+            raise ValueError(how)
+        rc_rm = c.remove(name, True)
+        rc = c.put(name, bad.tobytes())
+        return dict(removed=rc_rm, put=rc, old=len(good), new=len(bad))
+
+    # ---- benchmark (tools/bench/remote_bench.py) ----------------------------------
+    def publish_many(self, seeds, n):
+        for s_ in seeds:
+            self.publish(s_, n, flush=False)
+        return dict(flushed=self.tier.flush(300))
+
+    def bench_fetch(self, seeds, n, how):
+        """Per prefix of ``seeds`` (published by the other rack, not here):
+        ``fill`` -- seconds of the lookup that fetches it into this pool, then
+        of the local get of it (pool to buffers); ``direct`` -- seconds of
+        fetching it straight into buffers (no pool).  Bytes are checked."""
+        out = dict(remote_s=[], local_s=[], blocks=[], wrong=0)
+        bufs = [np.zeros(self.nbytes, np.uint8) for _ in range(n)]
+        for s_ in seeds:
+            keys = chain(s_, n)
+            if how == "fill":
+                t0 = time.perf_counter()
+                hit = self.store.lookup(keys)
+                t1 = time.perf_counter()
+                st = self.store.get(keys[:hit], bufs[:hit])
+                t2 = time.perf_counter()
+                out["local_s"].append(t2 - t1)
+                hit = int(cxlkv.get_ok(st).sum())
+            else:
+                t0 = time.perf_counter()
+                hit = self.tier.fetch_into(keys, bufs)
+                t1 = time.perf_counter()
+            out["remote_s"].append(t1 - t0)
+            out["blocks"].append(hit)
+            out["wrong"] += sum(1 for i in range(hit) if not np.array_equal(bufs[i], block(s_, i, self.nbytes)))
+        return out
+
+    def bench_put(self, seed, n, reps):
+        """Seconds of a put of n blocks with the remote tier on and, on the
+        same pool, with a store that has none; then of the background push
+        of the blocks the put with the tier queued (each timed alone: on a
+        host with spare cores the push runs beside the engine)."""
+        off = cxlkv.KvStore(self.pool, 2, remote=False)
+        on_s, off_s, push_s = [], [], []
+        bufs = [block(seed, i, self.nbytes) for i in range(n)]
+        for r in range(reps):
+            for store, acc, sd in ((self.store, on_s, seed + 2 * r), (off, off_s, seed + 2 * r + 1)):
+                keys = chain(sd, n)
+                t0 = time.perf_counter()
+                store.put(keys, bufs)
+                acc.append(time.perf_counter() - t0)
+                if store is self.store:
+                    self.tier.flush(120)
+                    push_s.append(time.perf_counter() - t0 - acc[-1])
+        off.close()
+        return dict(on_s=on_s, off_s=off_s, push_s=push_s)
+
+    def sock_listen(self, nbytes):
+        """A TCP receiver on this rack's address: each connection reads
+        ``nbytes`` into one buffer, then answers one byte."""
+        import socket
+        import threading
+        srv = socket.socket()
+        srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        srv.bind((self.a.host, 0))
+        srv.listen(4)
+        sink = np.empty(nbytes, np.uint8)
+
+        def serve():
+            while True:
+                c, _ = srv.accept()
+                with c:
+                    view = memoryview(sink)
+                    while True:
+                        got = 0
+                        while got < nbytes:
+                            k = c.recv_into(view[got:], nbytes - got)
+                            if k == 0:
+                                break
+                            got += k
+                        if got < nbytes:
+                            break
+                        c.sendall(b"k")
+        threading.Thread(target=serve, daemon=True).start()
+        return dict(port=srv.getsockname()[1])
+
+    def sock_send(self, host, port, nbytes, reps):
+        """Seconds to send ``nbytes`` to a sock_listen receiver and hear it
+        has them all, ``reps`` times on one connection."""
+        import socket
+        buf = np.random.default_rng(1).integers(0, 256, nbytes, dtype=np.uint8)
+        times = []
+        with socket.create_connection((host, port)) as c:
+            for _ in range(reps):
+                t0 = time.perf_counter()
+                c.sendall(memoryview(buf))
+                c.recv(1)
+                times.append(time.perf_counter() - t0)
+        return dict(s=times)
+
+    def stats(self):
+        return dict(stats=self.store.stats(), hostname=self.tier.hostname,
+                    exposition=self.metrics.exposition())
+
+    def close(self):
+        self.store.close()
+        self.tier.close()
+        self.mgr.stop()
+        for node in range(8):
+            self.pool.remove_node_local(node)
+        self.pool.close()
+        try:
+            os.unlink("/dev/shm/" + self.uri.split(":")[1])
+        except OSError:
+            pass
+        return {}
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    for f in ("name", "pool", "master", "metadata", "host", "namespace"):
+        ap.add_argument("--" + f, required=True)
+    ap.add_argument("--block-bytes", type=int, default=64 << 10)
+    ap.add_argument("--segment-mib", type=int, default=256)
+    ap.add_argument("--timeout", type=float, default=1.0)
+    a = ap.parse_args()
+    logging.basicConfig(level=logging.WARNING, stream=sys.stderr,
+                        format=f"rack {a.name}: %(levelname)s %(name)s: %(message)s")
+    rack = Rack(a)
+    out = sys.stdout
+    # Mooncake's own logging goes to stderr; only our replies go to stdout.
+    print(json.dumps(dict(ready=True, hostname=rack.tier.hostname, up=rack.tier.up)), file=out, flush=True)
+    for line in sys.stdin:
+        cmd = json.loads(line)
+        op = cmd.pop("op")
+        try:
+            res = getattr(rack, op)(**cmd)
+            res["error"] = None
+        except Exception as e:  # noqa: BLE001 -- reported to the test
+            res = dict(error=f"{type(e).__name__}: {e}")
+        print(json.dumps(res, default=int), file=out, flush=True)
+        if op == "close":
+            break
+    os._exit(0)  # Mooncake's teardown may wait for a dead master
+
+
+if __name__ == "__main__":
+    main()
