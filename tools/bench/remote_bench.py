@@ -1,0 +1,116 @@
+#!/usr/bin/env python3
+# SPDX-License-Identifier: MIT
+"""remote group of `make bench`: fetching a prefix from another rack
+through Mooncake Store over TCP, beside the local pool fetch and beside a
+plain socket copy of the same bytes over the same link, in one run.
+
+    remote_bench.py [--results build/bench/results.json] [--blocks 64]
+                    [--block-bytes 262144] [--reps 5]
+
+Two racks (tests/engines/remote_env.py): a Mooncake master, rack A (its
+pool, a Mooncake client lending the store its memory) and rack B (its pool,
+a client lending none, so every byte B fetches crosses the link), each in
+its own network namespace joined by veth links where this process may make
+them, otherwise on loopback (remote.netns says which: 1 or 0).
+
+Merges into the results file (medians over --reps prefixes, B blocks each):
+
+  remote.fill_b{B}.gbps         lookup that fetches the prefix from rack A into
+                                B's pool (existence check, get, header and
+                                checksum check, publish into the pool)
+  remote.direct_b{B}.gbps       the same fetch straight into buffers, no pool
+  remote.local_b{B}.gbps        the local pool fetch (pool -> buffers) of it
+  remote.socket_b{B}.gbps       a plain TCP socket copy of the same bytes A -> B
+  remote.fill_vs_socket         fill / socket (target >= 0.8)
+  remote.direct_vs_socket       direct / socket
+  remote.publish_on_us / _off_us  a local put of B blocks with the tier on
+                                and off (the push after it not running)
+  remote.push_b{B}.gbps         the background push of those blocks (pool
+                                read, checksum, existence check, put)
+  remote.wrong_blocks           blocks whose bytes differed (must be 0)
+"""
+import argparse
+import json
+import os
+import statistics
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.abspath(os.path.join(HERE, "..", ".."))
+sys.path.insert(0, os.path.join(ROOT, "tests", "engines"))
+
+from remote_env import Racks  # noqa: E402
+
+
+def main():
+    build = os.environ.get("CXLKV_BUILD", os.path.join(ROOT, "build"))
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--results", default=os.path.join(build, "bench", "results.json"))
+    ap.add_argument("--blocks", type=int, default=64)
+    ap.add_argument("--block-bytes", type=int, default=256 << 10)
+    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--logdir", default=os.path.join(build, "bench", "remote"))
+    a = ap.parse_args()
+    B, nb, reps = a.blocks, a.block_bytes, a.reps
+    prefix_bytes = B * nb
+    seg_a = max(512, (2 * reps + 4) * prefix_bytes * 2 >> 20)
+    racks = Racks(["a", "b"], a.logdir, block_bytes=nb, timeout=10.0,
+                  segment_mib={"a": seg_a, "b": 0})
+    try:
+        ra, rb = racks["a"], racks["b"]
+        fill_seeds = list(range(1000, 1000 + reps + 1))    # the first is a warm-up
+        direct_seeds = list(range(2000, 2000 + reps + 1))
+        ra.call("publish_many", seeds=fill_seeds + direct_seeds, n=B, timeout=600)
+        port = rb.call("sock_listen", nbytes=prefix_bytes)["port"]
+        # One prefix of each kind in turn: the machine's load changes over a
+        # run, and each ratio compares figures taken side by side.
+        fill = dict(remote_s=[], local_s=[], blocks=[], wrong=0)
+        direct = dict(remote_s=[], local_s=[], blocks=[], wrong=0)
+        sock = dict(s=[])
+        for fs, ds in zip(fill_seeds, direct_seeds):
+            for acc, r in ((fill, rb.call("bench_fetch", seeds=[fs], n=B, how="fill", timeout=600)),
+                           (direct, rb.call("bench_fetch", seeds=[ds], n=B, how="direct", timeout=600)),
+                           (sock, ra.call("sock_send", host=racks.net.addr["b"], port=port, nbytes=prefix_bytes,
+                                          reps=1, timeout=600))):
+                for k, v in r.items():
+                    if isinstance(v, list):
+                        acc[k] += v
+                    elif k == "wrong":
+                        acc[k] += v
+        put = rb.call("bench_put", seed=3000, n=B, reps=reps + 1, timeout=600)
+    finally:
+        racks.close()
+
+    def gbps(times):
+        return prefix_bytes / statistics.median(times[1:]) / 1e9
+
+    full = all(n == B for n in fill["blocks"] + direct["blocks"])
+    out = {
+        f"remote.fill_b{B}.gbps": gbps(fill["remote_s"]),
+        f"remote.direct_b{B}.gbps": gbps(direct["remote_s"]),
+        f"remote.local_b{B}.gbps": gbps(fill["local_s"]),
+        f"remote.socket_b{B}.gbps": gbps(sock["s"]),
+        "remote.publish_on_us": statistics.median(put["on_s"][1:]) * 1e6,
+        "remote.publish_off_us": statistics.median(put["off_s"][1:]) * 1e6,
+        f"remote.push_b{B}.gbps": gbps(put["push_s"]),
+        "remote.wrong_blocks": fill["wrong"] + direct["wrong"],
+        "remote.all_blocks_fetched": int(full),
+        "remote.netns": int(racks.mode == "netns+veth"),
+        "remote.block_bytes": nb,
+    }
+    out["remote.fill_vs_socket"] = out[f"remote.fill_b{B}.gbps"] / out[f"remote.socket_b{B}.gbps"]
+    out["remote.direct_vs_socket"] = out[f"remote.direct_b{B}.gbps"] / out[f"remote.socket_b{B}.gbps"]
+    res = {}
+    if os.path.exists(a.results):
+        with open(a.results) as f:
+            res = json.load(f)
+    res.update(out)
+    os.makedirs(os.path.dirname(os.path.abspath(a.results)), exist_ok=True)
+    with open(a.results, "w") as f:
+        json.dump(res, f, indent=1, sort_keys=True)
+    print(json.dumps(out, indent=1, sort_keys=True))
+    return 0 if out["remote.wrong_blocks"] == 0 and full else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
