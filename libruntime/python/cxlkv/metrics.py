@@ -100,6 +100,8 @@ class Metrics:
         self.inc(f"cxlkv_client_{name}_total", v)
 
     def set_remote_up(self, up):
+        """Set the gauge ``cxlkv_client_remote_up`` (1: the remote tier answers,
+        0: degraded); the remote tier's series are exposed from then on."""
         with self._lock:
             self.gauges["cxlkv_client_remote_up"] = 1 if up else 0
 
