@@ -20,9 +20,12 @@ Merges into the results file (medians over --reps prefixes, B blocks each):
                                 checksum check, publish into the pool)
   remote.direct_b{B}.gbps       the same fetch straight into buffers, no pool
   remote.local_b{B}.gbps        the local pool fetch (pool -> buffers) of it
+  remote.mooncake_get_b{B}.gbps  Mooncake's own batch_get_into of the objects
+                                alone (nothing checked, nothing copied)
   remote.socket_b{B}.gbps       a plain TCP socket copy of the same bytes A -> B
   remote.fill_vs_socket         fill / socket (target >= 0.8)
   remote.direct_vs_socket       direct / socket
+  remote.mooncake_get_vs_socket, remote.fill_vs_mooncake_get
   remote.publish_on_us / _off_us  a local put of B blocks with the tier on
                                 and off (the push after it not running)
   remote.push_b{B}.gbps         the background push of those blocks (pool
@@ -60,16 +63,19 @@ def main():
         ra, rb = racks["a"], racks["b"]
         fill_seeds = list(range(1000, 1000 + reps + 1))    # the first is a warm-up
         direct_seeds = list(range(2000, 2000 + reps + 1))
-        ra.call("publish_many", seeds=fill_seeds + direct_seeds, n=B, timeout=600)
+        raw_seeds = list(range(4000, 4000 + reps + 1))
+        ra.call("publish_many", seeds=fill_seeds + direct_seeds + raw_seeds, n=B, timeout=600)
         port = rb.call("sock_listen", nbytes=prefix_bytes)["port"]
         # One prefix of each kind in turn: the machine's load changes over a
         # run, and each ratio compares figures taken side by side.
         fill = dict(remote_s=[], local_s=[], blocks=[], wrong=0)
         direct = dict(remote_s=[], local_s=[], blocks=[], wrong=0)
+        raw = dict(remote_s=[], local_s=[], blocks=[], wrong=0)
         sock = dict(s=[])
-        for fs, ds in zip(fill_seeds, direct_seeds):
+        for fs, ds, rs in zip(fill_seeds, direct_seeds, raw_seeds):
             for acc, r in ((fill, rb.call("bench_fetch", seeds=[fs], n=B, how="fill", timeout=600)),
                            (direct, rb.call("bench_fetch", seeds=[ds], n=B, how="direct", timeout=600)),
+                           (raw, rb.call("bench_fetch", seeds=[rs], n=B, how="raw", timeout=600)),
                            (sock, ra.call("sock_send", host=racks.net.addr["b"], port=port, nbytes=prefix_bytes,
                                           reps=1, timeout=600))):
                 for k, v in r.items():
@@ -84,11 +90,12 @@ def main():
     def gbps(times):
         return prefix_bytes / statistics.median(times[1:]) / 1e9
 
-    full = all(n == B for n in fill["blocks"] + direct["blocks"])
+    full = all(n == B for n in fill["blocks"] + direct["blocks"] + raw["blocks"])
     out = {
         f"remote.fill_b{B}.gbps": gbps(fill["remote_s"]),
         f"remote.direct_b{B}.gbps": gbps(direct["remote_s"]),
         f"remote.local_b{B}.gbps": gbps(fill["local_s"]),
+        f"remote.mooncake_get_b{B}.gbps": gbps(raw["remote_s"]),
         f"remote.socket_b{B}.gbps": gbps(sock["s"]),
         "remote.publish_on_us": statistics.median(put["on_s"][1:]) * 1e6,
         "remote.publish_off_us": statistics.median(put["off_s"][1:]) * 1e6,
@@ -100,6 +107,8 @@ def main():
     }
     out["remote.fill_vs_socket"] = out[f"remote.fill_b{B}.gbps"] / out[f"remote.socket_b{B}.gbps"]
     out["remote.direct_vs_socket"] = out[f"remote.direct_b{B}.gbps"] / out[f"remote.socket_b{B}.gbps"]
+    out["remote.mooncake_get_vs_socket"] = out[f"remote.mooncake_get_b{B}.gbps"] / out[f"remote.socket_b{B}.gbps"]
+    out["remote.fill_vs_mooncake_get"] = out[f"remote.fill_b{B}.gbps"] / out[f"remote.mooncake_get_b{B}.gbps"]
     res = {}
     if os.path.exists(a.results):
         with open(a.results) as f:

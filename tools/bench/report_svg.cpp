@@ -62,6 +62,11 @@ const Row kRows[] = {
     {"tier.aggregate_read_gbps", "tier.device_sum_gbps", "", false, kRatio, 0.85, "GB/s"},
     {"gpu.gather_gbps", "gpu.memcpy_bulk_gbps", "", false, kRatio, 0.85, "GB/s"},
     {"gpu.scatter_gbps", "gpu.memcpy_bulk_h2d_gbps", "", false, kRatio, 0.85, "GB/s"},
+    // remote group (tools/bench/remote_bench.py, docs/remote.md): a 64-block
+    // prefix from the other rack into this pool against a socket copy of the
+    // same bytes over the same link; the local put with the tier on and off.
+    {"remote.fill_b64.gbps", "remote.socket_b64.gbps", "remote.fill_vs_socket", false, kRatio, 0.8, "GB/s"},
+    {"remote.publish_on_us", "remote.publish_off_us", "", true, kRatio, 0.9, "us"},
 };
 
 // The results file is one flat JSON object of metric name to number (or

@@ -38,6 +38,18 @@ else
 	echo "bench: no engine environment in $VENV: run 'make deps' (or CXLKV_SKIP_ENGINES=1 to leave the engine group out)" >&2
 	exit 1
 fi
+# remote group: a prefix fetched from another rack through Mooncake Store
+# over TCP (tools/bench/remote_bench.py, docs/remote.md), beside the local
+# fetch and a plain socket copy of the same bytes, in the engine environment
+# (which pins Mooncake).  The racks' hosts get network namespaces when this
+# runs as root; remote.netns says whether they did.
+if [ "${CXLKV_SKIP_ENGINES:-0}" = 1 ]; then
+	echo "bench: remote group skipped (CXLKV_SKIP_ENGINES=1)" >&2
+else
+	CXLKV_BUILD="$B" CXLKV_LIB="$B/libruntime/libcxlkv.so" \
+		"$VENV/bin/python" tools/bench/remote_bench.py --results "$B/bench/results.json" >/dev/null ||
+		echo "bench: remote group failed (see $B/bench/remote/)" >&2
+fi
 # The picture: each metric against its same-run baseline and target.
 "$B/tools/cxlkv-bench" --report-svg "$B/bench/results.json" "$B/bench/report.svg"
 cat "$B/bench/results.json"
