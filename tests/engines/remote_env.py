@@ -146,16 +146,19 @@ class Master:
 class RackProc:
     """One rack's host process (remote_rack.py) and its command channel."""
 
-    def __init__(self, name, net, master, logdir, namespace, block_bytes=64 << 10, timeout=1.0, segment_mib=256):
+    def __init__(self, name, net, master, logdir, namespace, block_bytes=64 << 10, timeout=1.0, segment_mib=256,
+                 index_entries=0, remote=True, pool_mib=512):
         self.name = name
-        self.pool = f"shm:cxlkv-remote-{name}-{os.getpid()}:{512 << 20}"
+        self.pool = f"shm:cxlkv-remote-{name}-{os.getpid()}:{pool_mib << 20}"
         self.errlog = open(os.path.join(logdir, f"rack-{name}.log"), "a")
         env = dict(os.environ)
         cmd = net.prefix(name) + [sys.executable, os.path.join(HERE, "remote_rack.py"), "--name", name,
                                   "--pool", self.pool, "--master", master.rpc, "--metadata", master.metadata,
                                   "--host", net.addr[name], "--namespace", namespace,
                                   "--block-bytes", str(block_bytes), "--timeout", str(timeout),
-                                  "--segment-mib", str(segment_mib)]
+                                  "--segment-mib", str(segment_mib), "--index-entries", str(index_entries)]
+        if not remote:
+            cmd.append("--no-remote")
         self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.errlog,
                                      env=env, text=True, bufsize=1)
         self.hello = self._read(60)

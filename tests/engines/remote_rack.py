@@ -35,19 +35,31 @@ def block(seed, i, nbytes):
     return np.random.default_rng([seed, i]).integers(0, 256, nbytes, dtype=np.uint8)
 
 
+class _NoTier:
+    """Stands for the tier of a rack run without one (--no-remote)."""
+    hostname = ""
+    up = False
+
+    def flush(self, timeout):
+        return True
+
+    def close(self):
+        pass
+
+
 class Rack:
     def __init__(self, a):
         self.a = a
         self.uri = a.pool
-        cxlkv.Pool.format(self.uri, max_nodes=8, force=True)
+        cxlkv.Pool.format(self.uri, max_nodes=8, force=True, index_entries=a.index_entries)
         self.pool = cxlkv.Pool(self.uri)
         self.mgr = cxlkv.LockManager(self.pool)
-        cfg = remote.RemoteConfig(master=a.master, metadata_server=a.metadata, local_hostname=a.host,
+        cfg = False if a.no_remote else remote.RemoteConfig(master=a.master, metadata_server=a.metadata, local_hostname=a.host,
                                   segment_bytes=a.segment_mib << 20, buffer_bytes=32 << 20,
                                   namespace=a.namespace, timeout_s=a.timeout, retry_s=0.5)
         self.metrics = cxlkv.metrics.Metrics(labels={"rack": a.name})
         self.store = cxlkv.KvStore(self.pool, 1, metrics=self.metrics, block_tokens=16, remote=cfg)
-        self.tier = self.store.remote
+        self.tier = self.store.remote or _NoTier()
         self.nbytes = a.block_bytes
 
     # ---- commands ---------------------------------------------------------------
@@ -241,6 +253,29 @@ class Rack:
                 times.append(time.perf_counter() - t0)
         return dict(s=times)
 
+    def replay(self, reqs, block_tokens):
+        """Serve trace requests (hash_ids, input_length) in order: per
+        request the tokens that were local hits, remote hits (brought into
+        the pool by the lookup) and misses (then published, as prefill
+        would)."""
+        local = rem = miss = 0
+        ns = b"replay"
+        for hashes, length in reqs:
+            keys = cxlkv.keys_from_hashes(hashes, ns)
+            n = len(keys)
+            tok = [block_tokens] * n
+            if n:
+                tok[-1] = max(0, length - block_tokens * (n - 1))
+            here = self.store.lookup(keys, remote=False)
+            have = self.store.lookup(keys) if self.store.remote is not None else here
+            local += sum(tok[:here])
+            rem += sum(tok[here:have])
+            miss += sum(tok[have:])
+            if have < n:
+                bufs = [np.full(self.nbytes, (i + 7) & 0xFF, np.uint8) for i in range(have, n)]
+                self.store.put(keys[have:], bufs, parent=keys[have - 1] if have else None)
+        return dict(local=local, remote=rem, miss=miss)
+
     def stats(self):
         return dict(stats=self.store.stats(), hostname=self.tier.hostname,
                     exposition=self.metrics.exposition())
@@ -266,6 +301,8 @@ def main():
     ap.add_argument("--block-bytes", type=int, default=64 << 10)
     ap.add_argument("--segment-mib", type=int, default=256)
     ap.add_argument("--timeout", type=float, default=1.0)
+    ap.add_argument("--index-entries", type=int, default=0)
+    ap.add_argument("--no-remote", action="store_true")
     a = ap.parse_args()
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr,
                         format=f"rack {a.name}: %(levelname)s %(name)s: %(message)s")

@@ -1,0 +1,121 @@
+#!/usr/bin/env python3
+# SPDX-License-Identifier: MIT
+"""Replay a Mooncake-format trace across racks: token hit ratio per tier.
+
+    replay_racks.py --trace FILE --racks N [--requests 3000] [--results FILE]
+
+Three set-ups serve the same requests, each request on rack i % N
+(requests go out in rounds, one chunk per rack at a time, the racks working
+at once):
+
+  shared     one rack, one pool                   (the upper bound)
+  isolated   N racks, N pools, no remote tier     (today without this tier)
+  remote     N racks, N pools sharing one Mooncake Store (cxlkv.remote)
+
+and report the share of prompt tokens that were local pool hits, remote
+hits and misses.  Every pool holds the whole workload (no eviction), so the
+figures measure sharing alone.  The racks are real: each its own shm pool
+and process (tests/engines/remote_env.py), in network namespaces where this
+process may make them, with a real mooncake_master.  The C++ cxlkv-replay
+has no --racks: Mooncake has no C interface to drive from it.
+
+Blocks are 1 KiB (the bytes do not change a hit ratio); a trace block is
+--block-tokens tokens (Mooncake traces: 512).
+"""
+import argparse
+import json
+import os
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.abspath(os.path.join(HERE, "..", ".."))
+sys.path.insert(0, os.path.join(ROOT, "tests", "engines"))
+
+from remote_env import Racks  # noqa: E402
+
+
+def load(path, limit):
+    reqs = []
+    with open(path) as f:
+        for line in f:
+            if len(reqs) >= limit:
+                break
+            r = json.loads(line)
+            reqs.append((r["hash_ids"], int(r["input_length"])))
+    return reqs
+
+
+def run(names, reqs, remote, args, logdir):
+    distinct = len({h for hs, _ in reqs for h in hs})
+    entries = 1 << max(distinct * 2, 1024).bit_length()
+    racks = Racks(names, logdir, block_bytes=1024, timeout=5.0, segment_mib=args.segment_mib,
+                  index_entries=entries, remote=remote, pool_mib=args.pool_mib)
+    tot = dict(local=0, remote=0, miss=0)
+    try:
+        n = len(names)
+        for start in range(0, len(reqs), args.chunk * n):
+            step = reqs[start:start + args.chunk * n]
+            for i, name in enumerate(names):
+                racks[name].send("replay", reqs=step[i::n], block_tokens=args.block_tokens)
+            for name in names:
+                r = racks[name].reply(600)
+                for k in tot:
+                    tot[k] += r[k]
+        stats = {name: {k: v for k, v in racks[name].call("stats")["stats"].items() if k.startswith("remote")}
+                 for name in names}
+    finally:
+        racks.close()
+    all_ = sum(tot.values())
+    return dict(tokens=all_, local=tot["local"] / all_, remote=tot["remote"] / all_, miss=tot["miss"] / all_,
+                hit=(tot["local"] + tot["remote"]) / all_, mode=racks.mode, tier=stats)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--trace", default=os.path.join(ROOT, "..", "shared", "traces", "synthetic_trace.jsonl"))
+    ap.add_argument("--racks", type=int, nargs="+", default=[2, 4])
+    ap.add_argument("--requests", type=int, default=3000)
+    ap.add_argument("--block-tokens", type=int, default=512)
+    ap.add_argument("--chunk", type=int, default=10, help="requests per rack per round")
+    ap.add_argument("--pool-mib", type=int, default=512)
+    ap.add_argument("--segment-mib", type=int, default=256)
+    ap.add_argument("--results", help="merge replay_racks.* into this JSON file")
+    ap.add_argument("--logdir", default=f"/tmp/cxlkv-replay-racks-{os.getpid()}")
+    a = ap.parse_args()
+    reqs = load(a.trace, a.requests)
+    t0 = time.monotonic()
+    out = {}
+    shared = run(["s"], reqs, False, a, a.logdir)
+    print(f"shared pool: token hit {shared['hit']:.4f}", file=sys.stderr)
+    out["replay_racks.shared_hit"] = shared["hit"]
+    for n in a.racks:
+        names = [chr(ord("a") + i) for i in range(n)]
+        iso = run(names, reqs, False, a, a.logdir)
+        rem = run(names, reqs, True, a, a.logdir)
+        print(f"{n} racks: isolated hit {iso['hit']:.4f}; with Mooncake: local {rem['local']:.4f} remote "
+              f"{rem['remote']:.4f} miss {rem['miss']:.4f} (hit {rem['hit']:.4f}, {rem['hit'] / shared['hit']:.3f}x "
+              f"shared, {rem['hit'] / max(iso['hit'], 1e-9):.2f}x isolated); {rem['mode']}", file=sys.stderr)
+        out.update({f"replay_racks.r{n}.isolated_hit": iso["hit"], f"replay_racks.r{n}.local": rem["local"],
+                    f"replay_racks.r{n}.remote": rem["remote"], f"replay_racks.r{n}.miss": rem["miss"],
+                    f"replay_racks.r{n}.hit": rem["hit"],
+                    f"replay_racks.r{n}.hit_vs_shared": rem["hit"] / shared["hit"],
+                    f"replay_racks.r{n}.hit_vs_isolated": rem["hit"] / max(iso["hit"], 1e-9),
+                    f"replay_racks.r{n}.push_dropped_blocks": sum(s.get("remote_push_dropped_blocks", 0)
+                                                                  for s in rem["tier"].values())})
+    out["replay_racks.requests"] = len(reqs)
+    out["replay_racks.netns"] = int(shared["mode"] == "netns+veth")
+    out["replay_racks.seconds"] = time.monotonic() - t0
+    if a.results:
+        res = {}
+        if os.path.exists(a.results):
+            with open(a.results) as f:
+                res = json.load(f)
+        res.update(out)
+        with open(a.results, "w") as f:
+            json.dump(res, f, indent=1, sort_keys=True)
+    print(json.dumps(out, indent=1, sort_keys=True))
+
+
+if __name__ == "__main__":
+    main()
