@@ -13,7 +13,7 @@
 #include <thread>
 
 #include "cxlkv/kv.hpp"
-#include "rpc/index_service.hpp"
+#include "kv/index_service.hpp"
 #include "rpc_test_pool.hpp"
 
 namespace cxlkv {

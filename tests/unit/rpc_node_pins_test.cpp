@@ -13,7 +13,7 @@
 
 #include "cxlkv/kv.hpp"
 #include "index/prefix_index.hpp"
-#include "rpc/index_service.hpp"
+#include "kv/index_service.hpp"
 #include "rpc_service_pool.hpp"
 
 namespace cxlkv {

@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "cxlkv/kv.hpp"
-#include "rpc/index_service.hpp"
+#include "kv/index_service.hpp"
 #include "rpc_test_pool.hpp"
 
 namespace cxlkv::rpctest {

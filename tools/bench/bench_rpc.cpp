@@ -520,7 +520,7 @@ CXLKV_BENCH({"rpc",
 //   rpc.kv_service_vs_lock_bN           lock ns / service ns (> 1: the service is faster)
 // for N = 1, 16, 256.
 #include "cxlkv/kv.hpp"
-#include "rpc/index_service.hpp"
+#include "kv/index_service.hpp"
 
 namespace {
 

@@ -6,9 +6,9 @@
 #include <string>
 
 #include "command.hpp"
+#include "kv/index_service.hpp"
 #include "pool/format.hpp"
 #include "region/superblock.hpp"
-#include "rpc/index_service.hpp"
 
 namespace cxlkvctl {
 namespace {

@@ -23,7 +23,7 @@
 #include "metrics_http.hpp"
 #include "pool_fault.hpp"
 #include "pool_open.hpp"
-#include "rpc/index_service.hpp"
+#include "kv/index_service.hpp"
 #include "cxlkv/version.h"
 
 namespace {

@@ -5,8 +5,8 @@
 #include <type_traits>
 
 #include "capi/capi.hpp"
+#include "kv/index_service.hpp"
 #include "pool/format.hpp"
-#include "rpc/index_service.hpp"
 
 using cxlkv::capi::guarded;
 using cxlkv::capi::set_error;

@@ -7,7 +7,7 @@
 #include "capi/capi.hpp"
 #include "cxlkv/cxlkv_rpc.h"
 #include "cxlkv/rpc.hpp"
-#include "rpc/index_service.hpp"
+#include "kv/index_service.hpp"
 
 struct cxlkv_rpc_server {
   std::unique_ptr<cxlkv::RpcServer> srv;

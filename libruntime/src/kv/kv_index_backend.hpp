@@ -3,7 +3,7 @@
 // service mode selectable per pool).  The lock-based path calls the store's
 // own PrefixIndex (this process takes the stripe locks); the index service
 // path sends the same batch calls over the shared-memory RPC to the process
-// that owns the index (rpc/index_service.hpp).  Both act on the same
+// that owns the index (kv/index_service.hpp).  Both act on the same
 // on-pool index, so statuses, locations and chain semantics are the same;
 // everything lock-free (lookup, handle checks, wait_ready) reads the index
 // directly in both modes.

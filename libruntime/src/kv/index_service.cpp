@@ -9,7 +9,7 @@
 // incarnation (the owner of reservations made through it), i32 status[n], then for
 // RESERVE_CHAIN WireBlock[n] (with the reservation status), for PIN WireBlock[n].
 // The handler's status is 0, or the whole call's negative errno.
-#include "rpc/index_service.hpp"
+#include "kv/index_service.hpp"
 
 #include <algorithm>
 #include <atomic>

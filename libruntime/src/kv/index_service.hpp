@@ -24,6 +24,10 @@
 // detach or death reclaims them, and a new server of the same node still
 // takes the publish / abort of such a reservation); the server's own death
 // releases everything by the liveness rule as for any node.
+//
+// It lives in kv/, above the generic RPC of rpc/: the server serves a
+// KvSession of its own, and open_kv_session connects the client as the
+// store's KvIndexBackend (docs/architecture.md "The include rule").
 #pragma once
 
 #include <cstdint>
