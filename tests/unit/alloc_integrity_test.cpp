@@ -18,7 +18,7 @@
 #include <thread>
 #include <vector>
 
-#include "alloc/heap_layout.hpp"
+#include "carve/alloc_layout.hpp"
 #include "cxlkv/alloc.hpp"
 #include "cxlkv/kv.hpp"
 #include "index/prefix_index.hpp"

@@ -8,10 +8,10 @@
 #include <cstdio>
 #include <cstring>
 
+#include "carve/alloc_layout.hpp"
 #include "cxlkv/region.hpp"
 #include "cxlkv/sync.hpp"
 #include "pool/format.hpp"
-#include "alloc/heap_layout.hpp"
 #include "uapi/cxlkv_alloc.h"
 #include "uapi/cxlkv_ctrl.h"
 

@@ -12,7 +12,7 @@
 #include <cstdlib>
 #include <string>
 
-#include "alloc/heap_layout.hpp"
+#include "alloc/alloc_internal.hpp"
 #include "util/lock_timeout.hpp"
 #include "util/log.hpp"
 

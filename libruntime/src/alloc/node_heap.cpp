@@ -36,7 +36,7 @@
 #include <string>
 #include <vector>
 
-#include "alloc/heap_layout.hpp"
+#include "alloc/alloc_internal.hpp"
 #include "sync/node_local.hpp"
 #include "sync/robust_mutex.hpp"
 #include "util/log.hpp"

@@ -7,30 +7,10 @@
 #include <cstring>
 #include <string>
 
-#include "alloc/heap_layout.hpp"
-#include "objstore/objstore_format.hpp"
+#include "carve/alloc_layout.hpp"
+#include "uapi/cxlkv_objstore.h"
 
 namespace cxlkv {
-
-namespace objstore {
-
-Result<void> format_objstore(MemoryDomain& d, std::byte* at, uint32_t entries) {
-  cxlkv_objstore_header h{};
-  h.magic = CXLKV_OBJSTORE_MAGIC;
-  h.version = CXLKV_OBJSTORE_VERSION;
-  h.nentries = entries;
-  h.table_off = sizeof h;
-  cxlkv_obj_entry empty{};
-  empty.check = cxlkv_obj_entry_check(&empty);
-  auto* table = reinterpret_cast<cxlkv_obj_entry*>(at + h.table_off);
-  for (uint32_t i = 0; i < entries; i++) d.publish_line(&table[i], &empty);  // rule 1: any node writes entries
-  d.fence();  // rule 3: entries before the header
-  d.publish_line(at, &h);
-  d.fence();
-  return {};
-}
-
-}  // namespace objstore
 
 namespace {
 

@@ -10,7 +10,7 @@
 #include <cstdio>
 #include <cstring>
 
-#include "alloc/heap_layout.hpp"
+#include "carve/alloc_layout.hpp"
 #include "cxlkv/sync.hpp"
 #include "sync/node_local.hpp"
 #include "sync/robust_mutex.hpp"

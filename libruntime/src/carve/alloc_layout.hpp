@@ -1,9 +1,10 @@
 // SPDX-License-Identifier: MIT
 // Layouts of the allocator: the alloc carve plan (uapi/cxlkv_alloc.h) and
-// the node heap's state in node-local shared memory.
+// the node heap's state in node-local shared memory.  Below sync/ and
+// alloc/: the node context sizes node-local memory with
+// node_heap_local_bytes (docs/architecture.md "The include rule").
 #pragma once
 
-#include <chrono>
 #include <cstdint>
 #include <string>
 
@@ -23,15 +24,6 @@ Result<cxlkv_alloc_header> read_alloc_header(const Region& region, MemoryDomain&
 // Bytes of node-local memory a node heap needs for this pool (0 when the
 // pool has no alloc carve, e.g. a superblock-only pool).
 Result<uint64_t> node_heap_local_bytes(const Region& region, MemoryDomain& d);
-
-// Take one of the allocator's cross-host locks (ALLOC, REMOTE_FREE+node)
-// within `timeout` (lock_wait_unbounded(): as long as it takes; 0: one
-// try).  A failure puts the lock's role first, then the sync layer's story
-// of it (pool, lock id, holder, the manager's lease: "start one: `cxlkvd
-// --pool URI`" or "expired"), e.g. "allocator lock (ALLOC), allocating 1
-// chunk(s): pool shm:a: lock 0 (node 1): not granted within the timeout: ...".
-Result<LockGuard> take_lock(TwoTierLock& lock, std::chrono::nanoseconds timeout, const std::string& role,
-                            PoolRange protect = {});
 
 constexpr uint32_t kNoChunk = 0xffffffffu;
 
