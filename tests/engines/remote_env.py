@@ -1,7 +1,10 @@
 # SPDX-License-Identifier: MIT
 """Racks for the remote tier tests and benchmark: a Mooncake master (the
 package's own ``mooncake_master`` binary, with its HTTP metadata server) and
-one host process per rack (remote_rack.py), each rack with its own pool.
+one host process per rack (remote_rack.py), each rack with its own pool and
+its own lock manager: the real ``cxlkvd`` of the build, started on the rack's
+pool (formatted by ``cxlkvctl``) in the rack's namespace, as a rack's host
+runs it (docs/operations.md "Run the lock manager: cxlkvd").
 
 Where this process may make network namespaces (root, ``ip`` present), each
 rack's host runs in a namespace of its own, joined to the others by a veth
@@ -20,6 +23,20 @@ import threading
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.abspath(os.path.join(HERE, "..", ".."))
+
+
+def tool_path(name):
+    """A tool of the build (``cxlkvd``, ``cxlkvctl``): in CXLKV_TEST_TOOLS
+    (set by ctest), else CXLKV_BUILD/tools, else build/tools; FileNotFoundError
+    naming where it looked when it is not there."""
+    tools = os.environ.get("CXLKV_TEST_TOOLS") or os.path.join(
+        os.environ.get("CXLKV_BUILD", os.path.join(ROOT, "build")), "tools")
+    p = os.path.join(tools, name)
+    if not os.access(p, os.X_OK):
+        raise FileNotFoundError(f"no runnable {name} at {p}: build it first (make build), or set CXLKV_TEST_TOOLS "
+                                "to the build's tools directory")
+    return p
 
 
 def mooncake_master_path():
@@ -143,27 +160,85 @@ class Master:
         self.kill()
 
 
+class Cxlkvd:
+    """The lock manager of one rack's pool: the build's ``cxlkvd`` in the
+    foreground, in the rack's namespace, until it says it manages the
+    pool's locks."""
+
+    def __init__(self, name, net, uri, logdir):
+        self.name = name
+        self.log = os.path.join(logdir, f"cxlkvd-{name}.log")
+        self.errf = open(self.log, "a+b")
+        self.proc = subprocess.Popen(net.prefix(name) + [tool_path("cxlkvd"), "--pool", uri, "--foreground",
+                                                         "--metrics-listen", "none"],
+                                     stdin=subprocess.DEVNULL, stdout=self.errf, stderr=self.errf)
+        end = time.monotonic() + 60
+        while time.monotonic() < end:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"cxlkvd of rack {name} exited with {self.proc.returncode} on {uri}; see {self.log}")
+            self.errf.seek(0)
+            if b"managing locks" in self.errf.read():
+                return
+            time.sleep(0.05)
+        self.stop()
+        raise RuntimeError(f"cxlkvd of rack {name} did not start managing the locks of {uri} in 60 s; see {self.log}")
+
+    def stop(self):
+        """SIGTERM (cxlkvd frees its lease and exits 0), SIGKILL if it hangs."""
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.errf.close()
+
+    def kill(self):
+        """SIGKILL: the rack's host died with its lock manager."""
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        self.errf.close()
+
+
+def format_pool(uri, index_entries=0):
+    """A fresh pool of 8 nodes at ``uri`` (``cxlkvctl format --force``)."""
+    cmd = [tool_path("cxlkvctl"), "--pool", uri, "format", "--max-nodes", "8", "--force"]
+    if index_entries:
+        cmd += ["--index-entries", str(index_entries)]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    if r.returncode != 0:
+        raise RuntimeError(f"cxlkvctl format of {uri} failed (exit {r.returncode}): {r.stderr.strip()}")
+
+
 class RackProc:
     """One rack's host process (remote_rack.py) and its command channel."""
 
     def __init__(self, name, net, master, logdir, namespace, block_bytes=64 << 10, timeout=1.0, segment_mib=256,
-                 index_entries=0, remote=True, pool_mib=512):
+                 index_entries=0, remote=True, pool_mib=512, batch_blocks=64):
         self.name = name
         self.pool = f"shm:cxlkv-remote-{name}-{os.getpid()}:{pool_mib << 20}"
         self.errlog = open(os.path.join(logdir, f"rack-{name}.log"), "a")
+        format_pool(self.pool, index_entries)
+        self.cxlkvd = Cxlkvd(name, net, self.pool, logdir)
         env = dict(os.environ)
         cmd = net.prefix(name) + [sys.executable, os.path.join(HERE, "remote_rack.py"), "--name", name,
                                   "--pool", self.pool, "--master", master.rpc, "--metadata", master.metadata,
                                   "--host", net.addr[name], "--namespace", namespace,
                                   "--block-bytes", str(block_bytes), "--timeout", str(timeout),
-                                  "--segment-mib", str(segment_mib), "--index-entries", str(index_entries)]
+                                  "--segment-mib", str(segment_mib), "--batch-blocks", str(batch_blocks)]
         if not remote:
             cmd.append("--no-remote")
-        self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.errlog,
-                                     env=env, text=True, bufsize=1)
-        self.hello = self._read(60)
-        if not self.hello.get("ready"):
-            raise RuntimeError(f"rack {name} did not start: {self.hello}")
+        try:
+            self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.errlog,
+                                         env=env, text=True, bufsize=1)
+            self.hello = self._read(60)
+            if not self.hello.get("ready"):
+                raise RuntimeError(f"rack {name} did not start: {self.hello}")
+        except BaseException:
+            self.kill()
+            raise
 
     def _read(self, timeout):
         box = {}
@@ -194,9 +269,11 @@ class RackProc:
         return r
 
     def kill(self):
-        if self.proc.poll() is None:
+        """The rack's host dies: its process and its cxlkvd, SIGKILL."""
+        if getattr(self, "proc", None) is not None and self.proc.poll() is None:
             self.proc.send_signal(signal.SIGKILL)
             self.proc.wait()
+        self.cxlkvd.kill()
         self._remove_pool()
 
     def close(self):
@@ -209,6 +286,7 @@ class RackProc:
                 self.proc.wait(10)
             except subprocess.TimeoutExpired:
                 self.kill()
+        self.cxlkvd.stop()
         self._remove_pool()
         self.errlog.close()
 

@@ -1,6 +1,7 @@
 # SPDX-License-Identifier: MIT
 """One rack's host for the remote tier tests and benchmark: its own pool
-(a shared-memory file), its lock manager, a KV store with a remote tier
+(a shared-memory file, formatted and given its own ``cxlkvd`` by
+remote_env.py before this process starts), a KV store with a remote tier
 joined to the test's Mooncake master, driven by JSON lines on stdin (one
 reply line on stdout per command).  Run inside the rack's network namespace
 (``ip netns exec``) by remote_env.py.
@@ -51,12 +52,11 @@ class Rack:
     def __init__(self, a):
         self.a = a
         self.uri = a.pool
-        cxlkv.Pool.format(self.uri, max_nodes=8, force=True, index_entries=a.index_entries)
         self.pool = cxlkv.Pool(self.uri)
-        self.mgr = cxlkv.LockManager(self.pool)
         cfg = False if a.no_remote else remote.RemoteConfig(master=a.master, metadata_server=a.metadata, local_hostname=a.host,
                                   segment_bytes=a.segment_mib << 20, buffer_bytes=32 << 20,
-                                  namespace=a.namespace, timeout_s=a.timeout, retry_s=0.5)
+                                  namespace=a.namespace, timeout_s=a.timeout, retry_s=0.5,
+                                  batch_blocks=a.batch_blocks)
         self.metrics = cxlkv.metrics.Metrics(labels={"rack": a.name})
         self.store = cxlkv.KvStore(self.pool, 1, metrics=self.metrics, block_tokens=16, remote=cfg)
         self.tier = self.store.remote or _NoTier()
@@ -144,6 +144,15 @@ class Rack:
         rc = c.put(name, bad.tobytes())
         return dict(removed=rc_rm, put=rc, old=len(good), new=len(bad))
 
+    def keys_state(self, keys):
+        """For keys given as [lo, hi] pairs (an engine's, say): which this
+        rack's pool holds (1 or 0), and which Mooncake holds (1), does not (0)
+        or could not tell (a negative Mooncake code)."""
+        ks = np.array(keys, dtype=np.uint64).reshape(-1, 2)
+        held = [int(x) for x in self.tier._client.batch_is_exist([self.tier.name(k) for k in ks])] \
+            if self.store.remote is not None else []
+        return dict(local=[self.store.lookup(ks[i:i + 1], remote=False) for i in range(len(ks))], remote=held)
+
     # ---- benchmark (tools/bench/remote_bench.py) ----------------------------------
     def publish_many(self, seeds, n):
         for s_ in seeds:
@@ -184,6 +193,19 @@ class Rack:
                 t1 = time.perf_counter()
                 out["remote_s"].append(t1 - t0)
                 out["blocks"].append(sum(1 for x in r if x == slot))
+                # What the tier adds to that get, timed apart (what a fetch
+                # landing straight in the pool would save is the insert):
+                # the header and payload checks, then the insert into the pool.
+                t2 = time.perf_counter()
+                bad = sum(1 for i in range(n) if remote.check_block(self._raw[i * slot:(i + 1) * slot], keys[i], slot))
+                t3 = time.perf_counter()
+                from cxlkv.layout import RawChunks
+                st = self.store.put(keys, RawChunks([base + i * slot + remote.HEADER_BYTES for i in range(n)],
+                                                    self.nbytes, 1), _remote=False)
+                t4 = time.perf_counter()
+                out.setdefault("check_s", []).append(t3 - t2)
+                out.setdefault("insert_s", []).append(t4 - t3)
+                out["wrong"] += bad + int((~cxlkv.put_ok(st)).sum())
                 continue
             out["remote_s"].append(t1 - t0)
             out["blocks"].append(hit)
@@ -283,7 +305,6 @@ class Rack:
     def close(self):
         self.store.close()
         self.tier.close()
-        self.mgr.stop()
         for node in range(8):
             self.pool.remove_node_local(node)
         self.pool.close()
@@ -301,10 +322,10 @@ def main():
     ap.add_argument("--block-bytes", type=int, default=64 << 10)
     ap.add_argument("--segment-mib", type=int, default=256)
     ap.add_argument("--timeout", type=float, default=1.0)
-    ap.add_argument("--index-entries", type=int, default=0)
+    ap.add_argument("--batch-blocks", type=int, default=64)
     ap.add_argument("--no-remote", action="store_true")
     a = ap.parse_args()
-    logging.basicConfig(level=logging.WARNING, stream=sys.stderr,
+    logging.basicConfig(level=os.environ.get("CXLKV_REMOTE_RACK_LOG", "WARNING"), stream=sys.stderr,
                         format=f"rack {a.name}: %(levelname)s %(name)s: %(message)s")
     rack = Rack(a)
     out = sys.stdout
