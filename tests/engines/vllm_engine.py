@@ -10,7 +10,9 @@ connector's ``kv_connector_extra_config`` plus ``kv_role``), ``lmcache``
 "max_tokens": N, "one_by_one": bool, "reset_prefix_cache": bool}``, run
 in order; the last drops vLLM's own prefix cache first), ``ready_file``
 (written when the engine is up), ``go_file`` (waited for before the first
-round).
+round), ``hold_file`` (after OUT is written, the engine stays up until this
+file exists, at most ``hold_s`` seconds: work the connector does in the
+background, such as the remote tier's push, goes on meanwhile).
 
 OUT: per round the greedy tokens and their log-probabilities of every
 prompt, the round's wall time and (one_by_one) each request's time to first
@@ -99,6 +101,10 @@ def main(spec_path, out_path):
     with open(out_path + ".tmp", "w") as f:
         json.dump(out, f)
     os.replace(out_path + ".tmp", out_path)
+    if spec.get("hold_file"):
+        end = time.monotonic() + spec.get("hold_s", 300)
+        while not os.path.exists(spec["hold_file"]) and time.monotonic() < end:
+            time.sleep(0.05)
     # Without a clean shutdown the worker processes can outlive the test.
     del llm
 

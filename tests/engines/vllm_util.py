@@ -29,9 +29,11 @@ def engine_env():
     return env
 
 
-def start_engine(workdir, name, spec):
+def start_engine(workdir, name, spec, prefix=()):
     """Start an engine process (its own process group: its engine core and
-    workers go with it on a kill); returns (Popen, out path, log path)."""
+    workers go with it on a kill); returns (Popen, out path, log path).
+    ``prefix``: a command the engine runs under (``ip netns exec NS`` puts
+    it in a network namespace)."""
     spec_path = os.path.join(workdir, f"{name}.spec.json")
     out = os.path.join(workdir, f"{name}.out.json")
     logp = os.path.join(workdir, f"{name}.log")
@@ -40,7 +42,7 @@ def start_engine(workdir, name, spec):
     log = open(logp, "w")
     env = engine_env()
     env.update(spec.get("env", {}))
-    p = subprocess.Popen([sys.executable, ENGINE, spec_path, out], env=env, stdout=log,
+    p = subprocess.Popen([*prefix, sys.executable, ENGINE, spec_path, out], env=env, stdout=log,
                          stderr=subprocess.STDOUT, start_new_session=True)
     log.close()
     return p, out, logp
@@ -60,9 +62,9 @@ def finish_engine(p, out, logp, timeout=900):
         return json.load(f)
 
 
-def run_engine(workdir, name, spec, timeout=900):
+def run_engine(workdir, name, spec, timeout=900, prefix=()):
     """Run one engine to the end; its OUT (see vllm_engine.py)."""
-    return finish_engine(*start_engine(workdir, name, spec), timeout=timeout)
+    return finish_engine(*start_engine(workdir, name, spec, prefix), timeout=timeout)
 
 
 def kill_engine(p):
