@@ -26,6 +26,14 @@ Merges into the results file (medians over --reps prefixes, B blocks each):
   remote.fill_vs_socket         fill / socket (target >= 0.8)
   remote.direct_vs_socket       direct / socket
   remote.mooncake_get_vs_socket, remote.fill_vs_mooncake_get
+  remote.check_ms, remote.insert_ms  what the tier adds to Mooncake's get of
+                                B blocks, timed apart: the header and
+                                payload checks; the insert into the pool
+                                (the copy out of the staging buffer, which a
+                                get landing in pool memory would save)
+  remote.no_staging_bound_b{B}.gbps  the get and the checks alone: the most a
+                                fetch landing in the pool could reach
+  remote.no_staging_bound_vs_socket
   remote.publish_on_us / _off_us  a local put of B blocks with the tier on
                                 and off (the push after it not running)
   remote.push_b{B}.gbps         the background push of those blocks (pool
@@ -52,13 +60,14 @@ def main():
     ap.add_argument("--blocks", type=int, default=64)
     ap.add_argument("--block-bytes", type=int, default=256 << 10)
     ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--batch-blocks", type=int, default=64, help="the tier's blocks per get (batch_blocks)")
     ap.add_argument("--logdir", default=os.path.join(build, "bench", "remote"))
     a = ap.parse_args()
     B, nb, reps = a.blocks, a.block_bytes, a.reps
     prefix_bytes = B * nb
     seg_a = max(512, (2 * reps + 4) * prefix_bytes * 2 >> 20)
     racks = Racks(["a", "b"], a.logdir, block_bytes=nb, timeout=10.0,
-                  segment_mib={"a": seg_a, "b": 0})
+                  segment_mib={"a": seg_a, "b": 0}, batch_blocks=a.batch_blocks)
     try:
         ra, rb = racks["a"], racks["b"]
         fill_seeds = list(range(1000, 1000 + reps + 1))    # the first is a warm-up
@@ -70,7 +79,7 @@ def main():
         # run, and each ratio compares figures taken side by side.
         fill = dict(remote_s=[], local_s=[], blocks=[], wrong=0)
         direct = dict(remote_s=[], local_s=[], blocks=[], wrong=0)
-        raw = dict(remote_s=[], local_s=[], blocks=[], wrong=0)
+        raw = dict(remote_s=[], local_s=[], blocks=[], wrong=0, check_s=[], insert_s=[])
         sock = dict(s=[])
         for fs, ds, rs in zip(fill_seeds, direct_seeds, raw_seeds):
             for acc, r in ((fill, rb.call("bench_fetch", seeds=[fs], n=B, how="fill", timeout=600)),
@@ -100,14 +109,20 @@ def main():
         "remote.publish_on_us": statistics.median(put["on_s"][1:]) * 1e6,
         "remote.publish_off_us": statistics.median(put["off_s"][1:]) * 1e6,
         f"remote.push_b{B}.gbps": gbps(put["push_s"]),
-        "remote.wrong_blocks": fill["wrong"] + direct["wrong"],
+        "remote.wrong_blocks": fill["wrong"] + direct["wrong"] + raw["wrong"],
         "remote.all_blocks_fetched": int(full),
         "remote.netns": int(racks.mode == "netns+veth"),
         "remote.block_bytes": nb,
+        "remote.batch_blocks": a.batch_blocks,
+        "remote.check_ms": statistics.median(raw["check_s"][1:]) * 1e3,
+        "remote.insert_ms": statistics.median(raw["insert_s"][1:]) * 1e3,
+        f"remote.no_staging_bound_b{B}.gbps": gbps([g + c for g, c in zip(raw["remote_s"], raw["check_s"])]),
     }
     out["remote.fill_vs_socket"] = out[f"remote.fill_b{B}.gbps"] / out[f"remote.socket_b{B}.gbps"]
     out["remote.direct_vs_socket"] = out[f"remote.direct_b{B}.gbps"] / out[f"remote.socket_b{B}.gbps"]
     out["remote.mooncake_get_vs_socket"] = out[f"remote.mooncake_get_b{B}.gbps"] / out[f"remote.socket_b{B}.gbps"]
+    out["remote.no_staging_bound_vs_socket"] = (out[f"remote.no_staging_bound_b{B}.gbps"] /
+                                                out[f"remote.socket_b{B}.gbps"])
     out["remote.fill_vs_mooncake_get"] = out[f"remote.fill_b{B}.gbps"] / out[f"remote.mooncake_get_b{B}.gbps"]
     res = {}
     if os.path.exists(a.results):
