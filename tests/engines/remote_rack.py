@@ -53,10 +53,10 @@ class Rack:
         self.a = a
         self.uri = a.pool
         self.pool = cxlkv.Pool(self.uri)
-        cfg = False if a.no_remote else remote.RemoteConfig(master=a.master, metadata_server=a.metadata, local_hostname=a.host,
-                                  segment_bytes=a.segment_mib << 20, buffer_bytes=32 << 20,
-                                  namespace=a.namespace, timeout_s=a.timeout, retry_s=0.5,
-                                  batch_blocks=a.batch_blocks)
+        cfg = False if a.no_remote else remote.RemoteConfig(
+            master=a.master, metadata_server=a.metadata, local_hostname=a.host, segment_bytes=a.segment_mib << 20,
+            buffer_bytes=32 << 20, namespace=a.namespace, timeout_s=a.timeout, retry_s=0.5,
+            batch_blocks=a.batch_blocks)
         self.metrics = cxlkv.metrics.Metrics(labels={"rack": a.name})
         self.store = cxlkv.KvStore(self.pool, 1, metrics=self.metrics, block_tokens=16, remote=cfg)
         self.tier = self.store.remote or _NoTier()
