@@ -9,6 +9,8 @@ then a local hit; the master killed with -9 mid-run and started again; a
 peer killed; damaged remote objects.  In every case: no wrong byte, no
 lookup slower than the tier's timeout (plus scheduling slack)."""
 import os
+import subprocess
+import sys
 import time
 
 import pytest
@@ -77,6 +79,30 @@ def test_prefix_published_in_a_is_a_remote_hit_in_b_then_local(racks):
     r3 = b.call("fetch", seed=2, n=N)
     assert (r3["local_before"], r3["hit"], r3["wrong"]) == (N // 2, N, 0)
     assert r3["sha256"] == a.call("expected_sha256", seed=2, n=N)["sha256"]
+
+
+def test_a_process_that_exits_right_after_publishing_still_shares_its_blocks(racks):
+    # A prefill process whose last publishes are still queued for the store
+    # when it exits: the tier drains them (close_drain_s) at exit, so rack B
+    # gets the whole prefix.  The process lends the store no memory; rack
+    # A's host does.
+    here = os.path.dirname(os.path.abspath(__file__))
+    code = (f"import sys; sys.path.insert(0, {here!r})\n"
+            "import cxlkv\n"
+            "from remote_rack import chain, block\n"
+            f"pool = cxlkv.Pool({racks['a'].pool!r})\n"
+            "store = cxlkv.KvStore(pool, 3, block_tokens=16)\n"
+            "assert store.remote is not None, 'no remote tier from the CXLKV_REMOTE_* environment'\n"
+            f"store.put(chain(7, {N}), [block(7, i, 64 << 10) for i in range({N})])\n")
+    env = dict(os.environ, CXLKV_REMOTE_MASTER=racks.master.rpc, CXLKV_REMOTE_METADATA=racks.master.metadata,
+               CXLKV_REMOTE_HOST=racks.net.addr["a"], CXLKV_REMOTE_NAMESPACE=racks.namespace,
+               CXLKV_REMOTE_SEGMENT_BYTES="0", CXLKV_REMOTE_TIMEOUT_S="10", CXLKV_REMOTE_CLOSE_DRAIN_S="30")
+    r = subprocess.run(racks.net.prefix("a") + [sys.executable, "-c", code], env=env, capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    got = racks["b"].call("fetch", seed=7, n=N)
+    assert (got["local_before"], got["hit"], got["read"], got["wrong"]) == (0, N, N, 0), got
+    assert got["sha256"] == racks["a"].call("expected_sha256", seed=7, n=N)["sha256"]
 
 
 @pytest.mark.parametrize("how", ["payload", "key", "short", "foreign"])

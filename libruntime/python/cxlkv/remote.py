@@ -27,6 +27,7 @@ Mooncake is used through its Python module (``mooncake.store``): the
 installed package exports no C interface.  It is imported only when a tier
 is made, so the package works without it.
 """
+import atexit
 import collections
 import concurrent.futures as cf
 import dataclasses
@@ -126,6 +127,7 @@ _ENV = {  # RemoteConfig field: environment variable
     "batch_blocks": "CXLKV_REMOTE_BATCH_BLOCKS", "queue_blocks": "CXLKV_REMOTE_QUEUE_BLOCKS",
     "max_fetch_blocks": "CXLKV_REMOTE_MAX_FETCH_BLOCKS", "block_bytes": "CXLKV_REMOTE_BLOCK_BYTES",
     "publish": "CXLKV_REMOTE_PUBLISH", "fetch": "CXLKV_REMOTE_FETCH",
+    "close_drain_s": "CXLKV_REMOTE_CLOSE_DRAIN_S",
 }
 
 
@@ -149,7 +151,10 @@ class RemoteConfig:
     are dropped and counted); ``max_fetch_blocks``: the most blocks one lookup
     fetches; ``block_bytes``: the payload size to size the fetch buffer for
     (learned from publishes and objects; a hint only).  ``publish`` /
-    ``fetch``: each direction can be turned off."""
+    ``fetch``: each direction can be turned off.  ``close_drain_s``: how long
+    closing the tier (or the process exiting) waits for queued pushes while
+    the store answers; what is left then is dropped and counted (the blocks
+    stay in the local pool)."""
 
     master: str
     metadata_server: str = ""
@@ -167,6 +172,7 @@ class RemoteConfig:
     block_bytes: int = 0
     publish: bool = True
     fetch: bool = True
+    close_drain_s: float = 2.0
 
     def __post_init__(self):
         if not isinstance(self.master, str) or ":" not in self.master:
@@ -179,6 +185,8 @@ class RemoteConfig:
             raise ValueError(f"cxlkv: remote tier: segment_bytes {self.segment_bytes} is negative")
         if self.timeout_s <= 0 or self.retry_s <= 0:
             raise ValueError("cxlkv: remote tier: timeout_s and retry_s must be positive")
+        if self.close_drain_s < 0:
+            raise ValueError(f"cxlkv: remote tier: close_drain_s {self.close_drain_s} is negative")
         if "/" in self.namespace:
             raise ValueError(f"cxlkv: remote tier: namespace {self.namespace!r} contains '/'")
 
@@ -707,11 +715,16 @@ class RemoteTier:
 
     # ---- closing ------------------------------------------------------------------
     def close(self, timeout=5.0):
-        """Stop the pusher (blocks still queued are dropped) and leave the
-        store; a Mooncake call that does not return in ``timeout`` seconds is
-        left to its thread (the process may exit with it)."""
+        """Push what is queued for up to ``close_drain_s`` while the store
+        answers (a prefill process that exits right after its last request
+        still shares it), then stop the pusher (blocks still queued are
+        dropped and counted) and leave the store; a Mooncake call that does
+        not return in ``timeout`` seconds is left to its thread (the process
+        may exit with it)."""
         if self._closed:
             return
+        if self._up and self.cfg.close_drain_s > 0:
+            self.flush(min(self.cfg.close_drain_s, timeout))
         self._closed = True
         with self._qcv:
             dropped = len(self._queue)
@@ -749,6 +762,21 @@ class RemoteTier:
 # ---- attaching tiers to stores ---------------------------------------------------
 _shared = {}
 _shared_lock = threading.Lock()
+
+
+def _close_shared_at_exit():
+    # Tiers whose pool was never closed: their queued pushes get close()'s
+    # bounded drain before the interpreter tears the pool down.
+    with _shared_lock:
+        tiers = list(_shared.values())
+    for t in tiers:
+        try:
+            t.close()
+        except Exception as e:  # noqa: BLE001 -- exiting; say why and go on
+            log.warning("cxlkv remote tier: closing at exit: %s", e)
+
+
+atexit.register(_close_shared_at_exit)
 
 
 def attach(pool, node, remote, metrics=None):
