@@ -17,6 +17,11 @@ engine processes (A serves every request first, then B, a fresh process,
 serves them again: only an external cache can help B).
 
     engine_bench.py [--results build/bench/results.json] [--trace FILE] [--requests N]
+                    [--arms LIST] [--connector-only]
+
+``--connector-only`` runs just what the connector figures below need: engines
+A and B of the cxlkv arm's two_engines scope and the raw copies (minutes, not
+the whole group).
 
 The trace (default ../shared/traces/synthetic_trace.jsonl beside the
 repository, CXLKV_TRACE) is read, not copied: requests that share their first
@@ -135,6 +140,20 @@ def run_arm(work, model, arm, scope, prompts, uri, nodes):
                 req_per_s=round(req_s, 3))
 
 
+def connector_engines(work, model, prompts, uri, nodes):
+    """Engines A (saves every prompt) and B (loads them, one request at a
+    time) of the cxlkv arm's two_engines scope, as run_arm runs them: the
+    connector's own figures come from their metrics files."""
+    kw = dict(max_model_len=2048, kv_cache_bytes=256 << 20, max_num_seqs=8)
+
+    def engine_spec(rounds, node):
+        return spec(model, rounds, connector(uri, node, metrics_textfile=os.path.join(
+            work, f"two_engines-{node}-{{role}}-{{rank}}.prom")), prefix_caching=False, **kw)
+    run_engine(work, "cxlkv-two_engines-A", engine_spec([dict(prompts=prompts, max_tokens=8)], nodes[0]))
+    run_engine(work, "cxlkv-two_engines-B", engine_spec([dict(prompts=prompts, max_tokens=8, one_by_one=True)],
+                                                        nodes[1]))
+
+
 def raw_copy_us_per_block(nblocks, reps=5):
     """cxlkv_gather_write / cxlkv_scatter_read of ``nblocks`` blocks of the
     engines' geometry (vLLM's CPU cache views of the tiny model, the chunk
@@ -185,6 +204,8 @@ def main():
                                                                                    "synthetic_trace.jsonl")))
     ap.add_argument("--requests", type=int, default=16)
     ap.add_argument("--arms", default="recompute,vllm_prefix,lmcache,cxlkv")
+    ap.add_argument("--connector-only", action="store_true",
+                    help="only the connector's load / save figures beside the raw copies (engine.cxlkv.*, engine.raw.*)")
     args = ap.parse_args()
     if not os.path.exists(args.trace):
         raise SystemExit(f"engine bench: no trace at {args.trace} (a Mooncake-format .jsonl; --trace or CXLKV_TRACE)")
@@ -193,7 +214,15 @@ def main():
     work = tempfile.mkdtemp(prefix="cxlkv-engine-bench-")
     model = make_tiny_llama(os.path.join(work, "tiny-llama"))
     arms = args.arms.split(",")
-    for scope in ("one_engine", "two_engines"):
+    if args.connector_only:
+        env = PoolEnv("engine-bench-cxlkv", size=1 << 30)
+        try:
+            print("engine bench: connector only (two_engines cxlkv A and B) ...", file=sys.stderr, flush=True)
+            connector_engines(work, model, prompts, env.uri, (2, 3))
+        finally:
+            env.close()
+        arms = ["cxlkv"]
+    for scope in () if args.connector_only else ("one_engine", "two_engines"):
         for arm in arms:
             env = PoolEnv(f"engine-bench-{arm}", size=1 << 30)
             try:
