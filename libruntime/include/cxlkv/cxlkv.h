@@ -302,6 +302,16 @@ int cxlkv_kv_block_keys(const uint32_t *tokens, size_t ntokens, size_t block_tok
  * otherwise need a hash library of their own.  Not cryptographic. */
 uint64_t cxlkv_checksum64(const void *data, size_t len);
 
+/* Keys of an engine's own block hashes (vLLM's request.block_hashes, ...):
+ * key i = BLAKE2b-128(personal "cxlkv-ekey-v1", u32le(ns_len) || ns || item i),
+ * digest bytes 0..7 lo, 8..15 hi (little-endian), the all-zero key made lo = 1
+ * (the definition of cxlkv.keys_from_hashes).  `items` holds n encoded hashes
+ * one after the other, item i item_lens[i] bytes: a tag byte ('b' bytes,
+ * 's' UTF-8 text, 'i' a 32-byte little-endian two's-complement int) and the
+ * hash.  Returns n, or -EINVAL (the lengths do not add up to items_len). */
+int cxlkv_kv_engine_keys(const void *ns, size_t ns_len, const void *items, size_t items_len,
+			 const uint32_t *item_lens, size_t n, struct cxlkv_kv_key *out);
+
 /* Number of leading blocks of chain[0..n) that are cached (no lock taken). */
 int cxlkv_kv_lookup(struct cxlkv_kv *kv, const struct cxlkv_kv_key *chain, size_t n);
 

@@ -35,6 +35,8 @@
 #include <string>
 #include <vector>
 
+#include "cxlkv/result.hpp"
+
 namespace cxlkv {
 
 // Fixed seed of block-key hashing ("cxlkvkey" read as little-endian u64).
@@ -66,6 +68,20 @@ std::vector<BlockKey> block_keys(std::span<const uint32_t> tokens, size_t block_
 // as 8 little-endian bytes in place of the block's tokens, chained as above.
 std::vector<BlockKey> keys_from_ids(std::span<const uint64_t> ids,
                                     std::span<const std::byte> extras = {});
+
+// Keys of an engine's own block hashes (vLLM's request.block_hashes, SGLang's
+// page hashes), the definition of libruntime/python/cxlkv/keys.py:
+//
+//     key = BLAKE2b(digest 16 bytes, personal "cxlkv-ekey-v1",
+//                   u32le(len(ns)) || ns || item)
+//
+// digest bytes 0..7 = lo, 8..15 = hi (little-endian); the all-zero key
+// becomes lo = 1.  `items` holds the encoded hashes one after the other
+// (item i is item_lens[i] bytes: a tag byte, then the hash; keys.py
+// _encode_hash), so every engine hash maps on its own.  -EINVAL when the
+// lengths do not add up to items.size().
+Result<std::vector<BlockKey>> engine_keys(std::span<const std::byte> ns, std::span<const std::byte> items,
+                                          std::span<const uint32_t> item_lens);
 
 struct BlockKeyHash {
   size_t operator()(const BlockKey& k) const { return static_cast<size_t>(k.lo ^ (k.hi * 0x9e3779b97f4a7c15ULL)); }

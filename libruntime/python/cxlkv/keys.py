@@ -23,10 +23,10 @@ uint64, columns (lo, hi), the layout of ``struct cxlkv_kv_key``):
   complement) for int; objects with a ``hash_value`` attribute (older vLLM
   ``BlockHash`` tuples) use it.  The digest's bytes 0..7 are ``lo`` and 8..15
   ``hi`` (little-endian); the all-zero key is reserved and becomes lo = 1.
+  The C library computes them (``cxlkv_kv_engine_keys``), as it does
+  ``block_keys``.
 """
 import ctypes as C
-import hashlib
-import struct
 
 import numpy as np
 
@@ -176,22 +176,47 @@ def _encode_hash(h):
     raise TypeError(f"cxlkv: cannot hash a block hash of type {type(h).__name__}")
 
 
+def _encode_all(hashes):
+    """(items, lengths): the encoded hashes one after the other and the
+    length of each (uint32), for ``cxlkv_kv_engine_keys``."""
+    if all(type(h) is bytes for h in hashes):  # vLLM's block hashes: one join, no loop per hash
+        lens = np.fromiter(map(len, hashes), dtype=np.uint32, count=len(hashes)) + 1
+        return b"b" + b"b".join(hashes), lens
+    enc = [_encode_hash(h) for h in hashes]
+    return b"".join(enc), np.fromiter(map(len, enc), dtype=np.uint32, count=len(enc))
+
+
+_engine_keys_fn = None
+
+
+def _engine_keys():
+    global _engine_keys_fn
+    if _engine_keys_fn is None:
+        f = _lib.lib()["cxlkv_kv_engine_keys"]
+        f.restype = C.c_int
+        f.argtypes = [C.c_char_p, C.c_size_t, C.c_char_p, C.c_size_t, C.c_void_p, C.c_size_t, C.c_void_p]
+        _engine_keys_fn = f
+    return _engine_keys_fn
+
+
 def engine_key(h, ns=b""):
     """The 128-bit key (lo, hi) of one engine block hash (see the module doc)."""
-    d = hashlib.blake2b(digest_size=16, person=b"cxlkv-ekey-v1")
-    d.update(struct.pack("<I", len(ns)))
-    d.update(ns)
-    d.update(_encode_hash(h))
-    lo, hi = struct.unpack("<QQ", d.digest())
-    if lo == 0 and hi == 0:
-        lo = 1
-    return lo, hi
+    k = keys_from_hashes([h], ns)[0]
+    return int(k[0]), int(k[1])
 
 
 def keys_from_hashes(hashes, namespace=b""):
-    """Keys (an (n, 2) array) of an engine's block hashes, see the module doc."""
+    """Keys (an (n, 2) array) of an engine's block hashes, see the module doc.
+    Hashed by the C library (``cxlkv_kv_engine_keys``) in one call: the
+    namespace once, then one short BLAKE2b per hash (in Python each key cost
+    about a microsecond, a share of an engine's per-block budget)."""
     ns = bytes(namespace)
+    if not isinstance(hashes, (list, tuple)):
+        hashes = list(hashes)
     out = empty(len(hashes))
-    for i, h in enumerate(hashes):
-        out[i] = engine_key(h, ns)
+    if not len(hashes):
+        return out
+    items, lens = _encode_all(hashes)
+    _lib.check(_engine_keys()(ns, len(ns), items, len(items), lens.ctypes.data, len(hashes), out.ctypes.data),
+               "cxlkv_kv_engine_keys")
     return out

@@ -189,6 +189,20 @@ uint64_t cxlkv_checksum64(const void* data, size_t len) {
   return data ? XXH3_64bits(data, len) : XXH3_64bits("", 0);
 }
 
+int cxlkv_kv_engine_keys(const void* ns, size_t ns_len, const void* items, size_t items_len,
+                         const uint32_t* item_lens, size_t n, struct cxlkv_kv_key* out) {
+  return capi::guarded(__func__, [&] {
+    if ((!ns && ns_len) || (!items && items_len) || (n && (!item_lens || !out))) return bad(__func__, "null buffer");
+    if (n > INT_MAX) return bad(__func__, "more than INT_MAX keys");
+    auto keys = engine_keys({static_cast<const std::byte*>(ns), ns_len},
+                            {static_cast<const std::byte*>(items), items_len}, {item_lens, n});
+    if (!keys) return capi::set_error(keys.error());
+    for (size_t i = 0; i < n; i++) out[i] = cxlkv_kv_key{keys.value()[i].lo, keys.value()[i].hi};
+    capi::clear_error();
+    return static_cast<int>(n);
+  });
+}
+
 int cxlkv_kv_lookup(struct cxlkv_kv* kv, const struct cxlkv_kv_key* chain, size_t n) {
   return capi::guarded(__func__, [&] {
     if (!kv || (!chain && n)) return bad(__func__, "kv and chain are required");
