@@ -65,6 +65,76 @@ def test_engine_hash_keys_follow_the_documented_rule():
     assert (cxlkv.as_keys([cxlkv.to_hex(ks[0]), cxlkv.to_int(ks[1])]) == ks[:2]).all()
 
 
+def _hashlib_key(h, ns):
+    """The documented rule (keys.py) written with hashlib, beside the C library's."""
+    if hasattr(h, "hash_value"):
+        h = h.hash_value
+    if isinstance(h, (bytes, bytearray, memoryview)):
+        item = b"b" + bytes(h)
+    elif isinstance(h, str):
+        item = b"s" + h.encode()
+    else:
+        item = b"i" + int(h).to_bytes(32, "little", signed=True)
+    d = hashlib.blake2b(digest_size=16, person=b"cxlkv-ekey-v1")
+    d.update(struct.pack("<I", len(ns)) + ns + item)
+    lo, hi = struct.unpack("<QQ", d.digest())
+    return (1 if lo == 0 and hi == 0 else lo), hi
+
+
+def test_engine_keys_hashed_in_c_equal_hashlibs_for_every_kind_and_length():
+    """keys_from_hashes runs in the C library (cxlkv_kv_engine_keys): the
+    same keys as hashlib, across BLAKE2b's 128-byte block edges, for bytes of
+    any length (vLLM's one-join path and the mixed path), str, int and
+    objects with a hash_value."""
+    import random
+
+    class Old:  # an older vLLM BlockHash tuple
+        def __init__(self, v):
+            self.hash_value = v
+    rng = random.Random(7)
+    for trial in range(200):
+        ns = bytes(rng.randrange(256) for _ in range(rng.choice([0, 1, 95, 122, 123, 124, 127, 128, 129, 300])))
+        same = rng.random() < 0.5
+        n = rng.randrange(1, 9)
+        if same:
+            ln = rng.choice([0, 1, 32, 118, 123, 127, 128, 250])
+            hs = [bytes(rng.randrange(256) for _ in range(ln)) for _ in range(n)]
+        else:
+            hs = [rng.choice([bytes(rng.randrange(256) for _ in range(rng.randrange(0, 140))), bytearray(b"xy"),
+                              "h\u00e9" * rng.randrange(0, 50), rng.randrange(-2 ** 255, 2 ** 255),
+                              Old(rng.randrange(1 << 60))]) for _ in range(n)]
+        got = cxlkv.keys_from_hashes(hs, ns)
+        assert [tuple(map(int, r)) for r in got] == [_hashlib_key(h, ns) for h in hs], (trial, ns, hs)
+        assert cxlkv.engine_key(hs[0], ns) == _hashlib_key(hs[0], ns)
+    assert cxlkv.keys_from_hashes([], b"ns").shape == (0, 2)
+    assert cxlkv.keys_from_hashes(iter([b"a", b"b"]), b"ns").shape == (2, 2)
+    with pytest.raises(TypeError, match="float"):
+        cxlkv.keys_from_hashes([b"a", 1.5], b"ns")
+
+
+def test_put_chains_puts_every_chain_of_a_step_in_one_call(env):
+    """Several requests' chains in one put: a chain below a block an earlier
+    chain of the same call publishes, a shared prefix found EXISTS, a chain
+    whose parent is not cached failing alone; every block reads back."""
+    kv = env.store()
+    blocks = np.random.default_rng(3).integers(0, 255, (9, 4096), dtype=np.uint8)
+    ks = cxlkv.keys_from_hashes([f"b{i}" for i in range(9)], b"chains")
+    a, b, x = ks[0:3], ks[3:5], ks[5:7]
+    keys = np.concatenate([a, b, x, a[:2]])  # A: root; B: below A[2]; X: parent unknown; A again
+    src = [blocks[i] for i in (0, 1, 2, 3, 4, 5, 6, 0, 1)]
+    st = kv.put_chains(keys, [3, 2, 2, 2], [None, a[2], cxlkv.engine_key("nowhere", b"chains"), None], src)
+    assert list(st) == [0, 0, 0, 0, 0, -errno.ENOENT, cxlkv.CANCELED, cxlkv.EXISTS, cxlkv.EXISTS]
+    assert kv.lookup(np.concatenate([a, b])) == 5 and kv.lookup(x) == 0
+    out = [bytearray(4096) for _ in range(5)]
+    assert cxlkv.get_ok(kv.get(np.concatenate([a, b]), out)).all()
+    assert all(bytes(o) == blocks[i].tobytes() for i, o in enumerate(out))
+    with pytest.raises(ValueError, match="add up"):
+        kv.put_chains(keys, [3, 2], [None, None], src)
+    with pytest.raises(ValueError, match="parents"):
+        kv.put_chains(keys, [9], [None, None], src)
+    assert len(kv.put_chains(keys[:0], [], [], [])) == 0
+
+
 def test_put_get_numpy_buffers_and_statuses(env):
     kv = env.store()
     keys = cxlkv.block_keys(np.arange(8 * 16), 16)

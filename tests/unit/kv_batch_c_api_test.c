@@ -472,6 +472,71 @@ static void test_bad_arguments(struct cxlkv_kv *kv, const struct cxlkv_kv_key *k
 	CHECK(cxlkv_kv_lookup(kv, keys, NKEYS) == NKEYS);
 }
 
+/* cxlkv_kv_put_chains: several chains in one call, in order.  A chain
+ * may hang below a block an earlier chain of the call publishes; a chain
+ * whose parent is not cached fails alone (-ENOENT, the rest of it
+ * cancelled) and the chains after it still go; a chain of cached blocks
+ * is EXISTS.  Lengths that do not add up refuse the call. */
+static void test_put_chains(struct cxlkv_kv *kv)
+{
+	struct cxlkv_kv_key ks[NKEYS] = {key(50, 600), key(51, 600), key(52, 600), /* A: a root */
+					 key(53, 600), key(54, 600),                /* X: unknown parent */
+					 key(55, 600), key(56, 600),                /* B: below A[1] */
+					 key(50, 600)};                             /* C: A[0] again */
+	struct cxlkv_kv_key parents[4] = {key(0, 0), key(0x999, 1), key(51, 600), key(0, 0)};
+	uint32_t lens[4] = {3, 2, 2, 1}, bad_lens[2] = {3, 4};
+	struct cxlkv_kv_key b_chain[4] = {key(50, 600), key(51, 600), key(55, 600), key(56, 600)};
+	struct cxlkv_kv_key roots[2] = {key(60, 600), key(61, 600)};
+	uint32_t one_each[2] = {1, 1};
+	int32_t st[NKEYS];
+
+	CHECK(cxlkv_kv_put_chains(kv, parents, lens, 4, ks, NKEYS, BLOCK_BYTES, in_chunks, two, st) == 6);
+	CHECK(st[0] == 0 && st[1] == 0 && st[2] == 0);
+	CHECK(st[3] == -ENOENT && st[4] == -ECANCELED);
+	CHECK(st[5] == 0 && st[6] == 0);
+	CHECK(st[7] == CXLKV_KV_EXISTS);
+	CHECK(cxlkv_last_error()[0] != '\0'); /* the failed chain's message */
+	CHECK(cxlkv_kv_lookup(kv, ks, 3) == 3);
+	CHECK(cxlkv_kv_lookup(kv, b_chain, 4) == 4);
+	CHECK(cxlkv_kv_lookup(kv, &ks[3], 2) == 0);
+	check_bytes(kv, ks, 3, 0);
+	check_bytes(kv, &ks[5], 2, 5);
+	/* parents NULL: every chain a root. */
+	CHECK(cxlkv_kv_put_chains(kv, NULL, one_each, 2, roots, 2, BLOCK_BYTES, in_chunks, two, st) == 2);
+	CHECK(st[0] == 0 && st[1] == 0);
+	CHECK(cxlkv_kv_lookup(kv, &roots[1], 1) == 1);
+	/* Lengths adding up to 7 of 8 keys, no lengths: refused, nothing done. */
+	CHECK(cxlkv_kv_put_chains(kv, NULL, bad_lens, 2, &ks[0], NKEYS, BLOCK_BYTES, in_chunks, two, st) == -EINVAL);
+	CHECK(strstr(cxlkv_last_error(), "chain lengths") != NULL);
+	CHECK(cxlkv_kv_put_chains(kv, NULL, NULL, 2, roots, 2, BLOCK_BYTES, in_chunks, two, st) == -EINVAL);
+	CHECK(cxlkv_kv_put_chains(kv, NULL, NULL, 0, NULL, 0, BLOCK_BYTES, NULL, NULL, NULL) == 0);
+}
+
+/* cxlkv_kv_engine_keys: the keys of cxlkv.keys_from_hashes (BLAKE2b-128,
+ * personal "cxlkv-ekey-v1"); the expected values are Python hashlib's. */
+static void test_engine_keys(void)
+{
+	unsigned char items[1 + 3 + 1 + 32];
+	uint32_t lens[2] = {4, 33};
+	struct cxlkv_kv_key out[2];
+	unsigned char big[200];
+
+	memcpy(items, "sabc", 4);
+	items[4] = 'b';
+	for (int i = 0; i < 32; i++)
+		items[5 + i] = (unsigned char)i;
+	CHECK(cxlkv_kv_engine_keys("model=m;", 8, items, sizeof(items), lens, 2, out) == 2);
+	CHECK(out[0].lo == 0xdec1fbb635a9b8a9ull && out[0].hi == 0x1d0a48192d9b5addull);
+	CHECK(out[1].lo == 0x6724347bab6e210cull && out[1].hi == 0x4e7ddfd5f41a356dull);
+	/* A namespace longer than one 128-byte BLAKE2b block. */
+	memset(big, 'x', sizeof(big));
+	CHECK(cxlkv_kv_engine_keys(big, sizeof(big), items, 4, lens, 1, out) == 1);
+	CHECK(out[0].lo == 0xb6562cc2a4523c1bull && out[0].hi == 0x2ded91385078163full);
+	/* Lengths that do not add up to the bytes given. */
+	CHECK(cxlkv_kv_engine_keys("", 0, items, 36, lens, 2, out) == -EINVAL);
+	CHECK(cxlkv_kv_engine_keys("", 0, items, 4, NULL, 1, out) == -EINVAL);
+}
+
 int main(void)
 {
 	char name[96], uri[128], path[128];
@@ -530,8 +595,10 @@ int main(void)
 		test_handles_are_validated(kv, keys);
 		test_batch_handles_checked_per_block(kv);
 		test_stats_latencies(kv);
+		test_put_chains(kv);
 		test_put_chain_nospc(kv);
 	}
+	test_engine_keys();
 	cxlkv_kv_close(kv);
 	cxlkv_index_service_stop(svc);
 	if (svc)

@@ -420,6 +420,16 @@ int cxlkv_kv_unpin_many(struct cxlkv_kv *kv, const struct cxlkv_kv_block *pins, 
 int cxlkv_kv_put_chain(struct cxlkv_kv *kv, const struct cxlkv_kv_key *parent,
 		       const struct cxlkv_kv_key *keys, size_t n, uint64_t bytes,
 		       const struct cxlkv_chunk *chunks, const uint32_t *nchunks, int32_t *status);
+/* cxlkv_kv_put_chain of nchains chains in one call (one engine step's
+ * requests): chain j is the next chain_lens[j] of `keys`, a child of
+ * parents[j] (the all-zero key, or parents NULL: a root).  The chains are
+ * put in order, so a chain may start below a block an earlier chain of the
+ * call publishes.  Chunk lists, nchunks and status run over all blocks
+ * (sum of chain_lens = n).  Returns how many blocks are RESERVED or EXISTS,
+ * or -EINVAL (nothing done) when the lengths do not add up. */
+int cxlkv_kv_put_chains(struct cxlkv_kv *kv, const struct cxlkv_kv_key *parents, const uint32_t *chain_lens,
+			size_t nchains, const struct cxlkv_kv_key *keys, size_t n, uint64_t bytes,
+			const struct cxlkv_chunk *chunks, const uint32_t *nchunks, int32_t *status);
 /* pin -> fetch -> unpin.  status[i]: 0 fetched, CXLKV_KV_MISS, -errno.
  * Returns how many were fetched. */
 int cxlkv_kv_get_many(struct cxlkv_kv *kv, const struct cxlkv_kv_key *keys, size_t n,

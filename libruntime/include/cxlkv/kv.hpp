@@ -257,6 +257,17 @@ class KvStore {
   Result<size_t> put_chain(const BlockKey* parent, std::span<const BlockKey> keys, uint64_t bytes,
                            std::span<const Chunk> chunks, std::span<const uint32_t> nchunks,
                            std::span<int32_t> status);
+  // put_chain of several chains in one call (an engine step's requests):
+  // chain j is the next chain_lens[j] keys, child of parents[j] (all-zero:
+  // a root).  The chains are put one after the other, so a chain may start
+  // below a block an earlier chain of the same call publishes.  Chunks,
+  // counts and statuses are concatenated over all blocks; returns how many
+  // blocks are RESERVED or EXISTS.  The call's fixed costs (the engine's
+  // call, the status and argument handling) are paid once per step instead
+  // of once per request.
+  Result<size_t> put_chains(std::span<const BlockKey> parents, std::span<const uint32_t> chain_lens,
+                            std::span<const BlockKey> keys, uint64_t bytes, std::span<const Chunk> chunks,
+                            std::span<const uint32_t> nchunks, std::span<int32_t> status);
   // The end of put_chain for callers that write the payload themselves (the
   // GPU path): `rs` from reserve_chain, written[i] 0 where block i's payload
   // is in the pool (flushed / DMA complete, rule 3/5), else -errno.  Publishes

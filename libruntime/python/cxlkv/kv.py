@@ -18,7 +18,7 @@ import weakref
 import numpy as np
 
 from . import _lib
-from .keys import as_keys
+from .keys import as_keys, empty as empty_keys
 from .layout import PagedKV, RawChunks, buffer_chunks
 
 RESERVED, EXISTS, BUSY, MISS, CANCELED = _lib.RESERVED, _lib.EXISTS, _lib.BUSY, _lib.MISS, _lib.CANCELED
@@ -170,6 +170,9 @@ class KvStore:
         vp, sz = C.c_void_p, C.c_size_t
         self._put_chain = self._lib["cxlkv_kv_put_chain"]
         self._put_chain.restype, self._put_chain.argtypes = C.c_int, [vp, vp, vp, sz, C.c_uint64, vp, vp, vp]
+        self._put_chains = self._lib["cxlkv_kv_put_chains"]
+        self._put_chains.restype = C.c_int
+        self._put_chains.argtypes = [vp, vp, vp, sz, vp, sz, C.c_uint64, vp, vp, vp]
         self._get_many = self._lib["cxlkv_kv_get_many"]
         self._get_many.restype, self._get_many.argtypes = C.c_int, [vp, vp, sz, vp, vp, vp]
         self.metrics = metrics
@@ -315,6 +318,50 @@ class KvStore:
         if _remote and self.remote is not None:
             # Keys only: the tier's own thread reads the blocks back from the pool.
             self.remote.publish(k, status, bytes_)
+        return status
+
+    def put_chains(self, keys, chain_lens, parents, src, block_ids=None, gpu=None, stream=None):
+        """Several chains in one call (an engine step's requests): chain j is
+        the next ``chain_lens[j]`` of ``keys``, a child of ``parents[j]`` (a
+        key, or None for a root); ``src`` and ``block_ids`` as for
+        :meth:`put`, over all blocks.  The chains are put in order, so one
+        may start below a block an earlier chain publishes.  Returns the
+        status array of all blocks.  CPU: one C call
+        (``cxlkv_kv_put_chains``); a CUDA PagedKV: one GPU put per chain."""
+        k = as_keys(keys)
+        n = len(k)
+        lens = np.ascontiguousarray(chain_lens, dtype=np.uint32).reshape(-1)
+        if len(parents) != lens.size:
+            raise ValueError(f"cxlkv: {lens.size} chains but {len(parents)} parents")
+        if int(lens.sum()) != n:
+            raise ValueError(f"cxlkv: chain lengths add up to {int(lens.sum())} blocks, {n} keys given")
+        status = np.zeros(n, dtype=np.int32)
+        if n == 0:
+            return status
+        if isinstance(src, PagedKV) and (src.is_cuda or gpu is not None):
+            at = 0
+            ids = list(block_ids) if block_ids is not None else None
+            for m, par in zip(lens.tolist(), parents):
+                status[at:at + m] = self.put(k[at:at + m], src, ids[at:at + m] if ids is not None else None,
+                                             parent=par, gpu=gpu, stream=stream)
+                at += m
+            return status
+        # All-zero parent rows are roots (the zero key is never a block's).
+        par = empty_keys(lens.size)
+        for j, p in enumerate(parents):
+            if p is not None:
+                par[j] = p if isinstance(p, np.ndarray) and p.shape == (2,) and p.dtype == np.uint64 else as_keys([p])[0]
+                if not par[j].any():
+                    raise ValueError(f"cxlkv: parent of chain {j} is the all-zero key, which is reserved")
+        t0 = time.perf_counter()
+        _keep, chp, cntp, nbytes = self._chunk_args(src, k, block_ids)
+        with self._lock:
+            rc = self._put_chains(self.handle, par.ctypes.data, lens.ctypes.data, lens.size, k.ctypes.data, n,
+                                  nbytes, chp, cntp, status.ctypes.data)
+        self._settle(rc, n, "cxlkv_kv_put_chains")
+        if self.metrics:
+            self.metrics.observe_store(int((status == RESERVED).sum()) * nbytes, int(put_ok(status).sum()),
+                                       time.perf_counter() - t0)
         return status
 
     def get(self, keys, dst, block_ids=None, gpu=None, stream=None):

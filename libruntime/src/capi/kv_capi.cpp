@@ -371,6 +371,25 @@ int cxlkv_kv_put_chain(struct cxlkv_kv* kv, const struct cxlkv_kv_key* parent, c
   });
 }
 
+int cxlkv_kv_put_chains(struct cxlkv_kv* kv, const struct cxlkv_kv_key* parents, const uint32_t* chain_lens,
+                        size_t nchains, const struct cxlkv_kv_key* keys, size_t n, uint64_t bytes,
+                        const struct cxlkv_chunk* chunks, const uint32_t* nchunks, int32_t* status) {
+  return capi::guarded(__func__, [&] {
+    if (int e = check_batch("cxlkv_kv_put_chains", kv, keys, n, true, chunks, nchunks)) return e;
+    if (nchains && !chain_lens) return bad("cxlkv_kv_put_chains", "chain_lens is required");
+    if (nchains > INT_MAX) return bad("cxlkv_kv_put_chains", "more than INT_MAX chains");
+    StatusOut st(status, n);
+    auto k = keys_of(keys, n);
+    std::vector<BlockKey> ps(nchains);
+    if (parents)
+      for (size_t j = 0; j < nchains; j++) ps[j] = key_of(&parents[j]);
+    KvStore& s = kv->session->store();
+    size_t nc = n ? total_chunks(nchunks, n) : 0;
+    return batch_result(s.put_chains(ps, {chain_lens, nchains}, k, bytes, {chunks, nc}, {nchunks, n}, st.span(n)),
+                        s);
+  });
+}
+
 int cxlkv_kv_get_many(struct cxlkv_kv* kv, const struct cxlkv_kv_key* keys, size_t n, const struct cxlkv_chunk* chunks,
                       const uint32_t* nchunks, int32_t* status) {
   return capi::guarded(__func__, [&] {

@@ -277,6 +277,18 @@ size_t PrefixIndex::reserve_locked(LockSet& ls, const BlockKey* pkey, std::span<
   return keys.size();
 }
 
+void PrefixIndex::lock_ahead(std::span<const BlockKey> keys) {
+  std::vector<uint32_t> stripes;
+  stripes.reserve(keys.size());
+  for (const BlockKey& k : keys) stripes.push_back(stripe_of(k));
+  std::sort(stripes.begin(), stripes.end());
+  stripes.erase(std::unique(stripes.begin(), stripes.end()), stripes.end());
+  // No line is read or written under these locks, so no stripe line is
+  // marked and nothing needs a fence before the release (rules 3 and 7
+  // concern the changes a holder makes; this holder makes none).
+  if (locks_->lock_many(stripes)) locks_->unlock_many(stripes);
+}
+
 Result<size_t> PrefixIndex::reserve_chain(const BlockKey* parent, std::span<const BlockKey> keys, uint64_t bytes,
                                           std::span<Reservation> out, std::span<int32_t> status, bool through_busy) {
   auto n = reserve_chain_once(parent, keys, bytes, out, status, through_busy);

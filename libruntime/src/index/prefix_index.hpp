@@ -385,6 +385,13 @@ class PrefixIndex {
   // RESERVED / EXISTS blocks only (it stops at the first BUSY one).
   Result<size_t> reserve_chain(const BlockKey* parent, std::span<const BlockKey> keys, uint64_t bytes,
                                std::span<Reservation> out, std::span<int32_t> status, bool through_busy = false);
+  // Takes the stripe locks of `keys` in one multi-lock acquire and releases
+  // them at once, changing nothing.  The grants the node keeps afterwards
+  // (sticky grants: docs/coherence.md "Multi-lock acquire", uapi/cxlkv_ctrl.h
+  // "Sticky grants") spare the batch calls that follow (one per chain of a
+  // step) a lock manager round trip each: one round trip for the step.
+  // Best effort: a lock that cannot be had now is the later call's to wait for.
+  void lock_ahead(std::span<const BlockKey> keys);
   // Each handles blocks independently (status per block); returns how many
   // succeeded.  publish_many publishes in the given order (a chain parent
   // first), so a child whose parent is published earlier in the call succeeds.

@@ -662,6 +662,57 @@ Result<size_t> KvStore::put_chain(const BlockKey* parent, std::span<const BlockK
   return ok;
 }
 
+Result<size_t> KvStore::put_chains(std::span<const BlockKey> parents, std::span<const uint32_t> chain_lens,
+                                   std::span<const BlockKey> keys, uint64_t bytes, std::span<const Chunk> chunks,
+                                   std::span<const uint32_t> nchunks, std::span<int32_t> status) {
+  const size_t n = keys.size();
+  CXLKV_TRY(check_batch("put_chains", n, status.size(), chunks, &nchunks));
+  if (parents.size() != chain_lens.size())
+    return Error(-EINVAL, "kv: put_chains: " + std::to_string(chain_lens.size()) + " chains but " +
+                              std::to_string(parents.size()) + " parents");
+  uint64_t total = 0;
+  for (uint32_t l : chain_lens) total += l;
+  if (total != n)
+    return Error(-EINVAL, "kv: put_chains: chain lengths add up to " + std::to_string(total) + " blocks, " +
+                              std::to_string(n) + " keys given");
+  // The stripe locks of every chain's blocks and parents once, up front:
+  // each put_chain below then finds the node's grants kept (sticky) instead
+  // of asking the lock manager for its chain's new stripes, one round trip
+  // per chain (several milliseconds each while the host is busy).
+  if (chain_lens.size() > 1) {
+    std::vector<BlockKey> all(keys.begin(), keys.end());
+    for (const BlockKey& p : parents)
+      if (!p.is_zero()) all.push_back(p);
+    ops_->lock_ahead(all);
+  }
+  // One chain after the other: a later chain may hang below a block an
+  // earlier one publishes (requests of one step sharing a prefix), which
+  // put_chain then finds READY (EXISTS) instead of BUSY.
+  size_t ok = 0, at = 0, chunk_at = 0;
+  std::string first_error;
+  for (size_t j = 0; j < chain_lens.size(); j++) {
+    const size_t m = chain_lens[j];
+    size_t nc = 0;
+    for (size_t i = at; i < at + m; i++) nc += nchunks[i];
+    const BlockKey* parent = parents[j].is_zero() ? nullptr : &parents[j];
+    auto r = put_chain(parent, keys.subspan(at, m), bytes, chunks.subspan(chunk_at, nc), nchunks.subspan(at, m),
+                       status.subspan(at, m));
+    if (!r) {
+      // Refused as a whole (bad arguments): this chain did nothing; say so
+      // per block and go on with the others.
+      for (size_t i = at; i < at + m; i++) status[i] = r.error().code();
+      if (first_error.empty()) first_error = r.error().message();
+    } else {
+      ok += r.value();
+      if (first_error.empty()) first_error = block_error_;
+    }
+    at += m;
+    chunk_at += nc;
+  }
+  block_error_ = first_error;
+  return ok;
+}
+
 Result<size_t> KvStore::settle_chain(const BlockKey* parent, std::span<const BlockKey> keys,
                                      std::span<const KvReservation> rs, std::span<const int32_t> written,
                                      std::span<int32_t> status) {

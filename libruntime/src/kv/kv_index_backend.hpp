@@ -40,6 +40,10 @@ class KvIndexBackend {
                                   std::span<int32_t> status) = 0;
   virtual Result<size_t> unpin_many(std::span<const uint32_t> slots, std::span<const BlockKey> keys,
                                     std::span<int32_t> status) = 0;
+  // Take and drop the locks of `keys` ahead of several calls on them
+  // (PrefixIndex::lock_ahead); nothing where the locks are not this
+  // process's to take (the index service takes its own).
+  virtual void lock_ahead(std::span<const BlockKey> /*keys*/) {}
   // The node and incarnation (low 32 bits) that own reservations made
   // through this backend (the handle check of docs/integrity.md "Fencing: handles carry the entry version"): this node for the
   // lock-based path, the serving node for the service.
@@ -85,6 +89,7 @@ class LocalIndexBackend final : public KvIndexBackend {
                             std::span<int32_t> status) override {
     return ix_.unpin_many(slots, keys, status);
   }
+  void lock_ahead(std::span<const BlockKey> keys) override { ix_.lock_ahead(keys); }
   void reservation_owner(uint32_t* node, uint32_t* inc) const override {
     *node = node_;
     *inc = inc_;
