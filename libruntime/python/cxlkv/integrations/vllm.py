@@ -412,19 +412,17 @@ class CxlkvConnectorImpl:
             first = next(iter(kv_caches.values()))
             self.gpu = cxlkv.Gpu(self.pool, device=first.device.index or 0)
 
-    def _keys_for(self, t):
-        return cxlkv.keys_from_hashes(t.hashes, self._ns)
-
     def start_load_kv(self, forward_context, **kwargs):
-        """Load the step's blocks (one batched call) before the forward pass."""
+        """Load the step's blocks, every request's, with one batched call
+        (keys hashed in one call too) before the forward pass."""
         meta = self._get_connector_metadata()
         self._meta = meta
         if meta is None or not meta.loads or self.kv is None:
             return
         t0 = time.perf_counter()
-        keys = np.concatenate([self._keys_for(t) for t in meta.loads])
         ids = [b for t in meta.loads for b in t.block_ids]
         try:
+            keys = cxlkv.keys_from_hashes([h for t in meta.loads for h in t.hashes], self._ns)
             status = self.store.get(keys, self.kv, ids, gpu=self.gpu)
             ok = cxlkv.get_ok(status)
         except Exception as e:  # noqa: BLE001 -- every block of the step is recomputed instead
@@ -433,7 +431,8 @@ class CxlkvConnectorImpl:
         if self.kv.is_cuda:
             import torch
             torch.cuda.current_stream().synchronize()  # the blocks are in place before attention reads them
-        self._load_errors.update(int(b) for b, f in zip(ids, ok) if not f)
+        if not ok.all():
+            self._load_errors.update(int(b) for b, f in zip(ids, ok) if not f)
         self.metrics.inc("cxlkv_client_loaded_blocks_total", int(ok.sum()))
         self.metrics.inc("cxlkv_client_load_failed_blocks_total", int((~ok).sum()))
         self.metrics.inc("cxlkv_client_adapter_load_seconds_total", time.perf_counter() - t0)
@@ -455,12 +454,20 @@ class CxlkvConnectorImpl:
             if self.kv.is_cuda:
                 import torch
                 torch.cuda.current_stream().synchronize()  # the step's KV is written before the DMA reads it
-            for t in meta.saves:
-                parent = cxlkv.engine_key(t.parent, self._ns) if t.parent is not None else None
-                try:
-                    self.store.put(self._keys_for(t), self.kv, t.block_ids, parent=parent, gpu=self.gpu)
-                except Exception as e:  # noqa: BLE001 -- a save that fails is a later miss, never wrong KV
-                    self._failed("save", e)
+            # Every request's chain in one call, keys (and parents) hashed in
+            # one call: a decode step fills one block per request, and a
+            # call per request cost more than the copy of its block.
+            saves = meta.saves
+            with_parent = [t.parent for t in saves if t.parent is not None]
+            try:
+                keys = cxlkv.keys_from_hashes([h for t in saves for h in t.hashes] + with_parent, self._ns)
+                nblocks = len(keys) - len(with_parent)
+                pkeys = iter(keys[nblocks:])
+                parents = [next(pkeys) if t.parent is not None else None for t in saves]
+                self.store.put_chains(keys[:nblocks], [len(t.hashes) for t in saves], parents, self.kv,
+                                      [b for t in saves for b in t.block_ids], gpu=self.gpu)
+            except Exception as e:  # noqa: BLE001 -- a save that fails is a later miss, never wrong KV
+                self._failed("save", e)
             self.metrics.inc("cxlkv_client_adapter_save_seconds_total", time.perf_counter() - t0)
             self._moved = True
         if self._moved:
