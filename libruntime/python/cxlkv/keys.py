@@ -192,7 +192,11 @@ _engine_keys_fn = None
 def _engine_keys():
     global _engine_keys_fn
     if _engine_keys_fn is None:
-        f = _lib.lib()["cxlkv_kv_engine_keys"]
+        # A call of microseconds, made with the GIL held (PyDLL): a CDLL
+        # call gives the GIL up and must take it back, which in an engine
+        # process with busy Python threads may wait a switch interval.
+        lib = _lib.lib()
+        f = C.PyDLL(lib._name, handle=lib._handle)["cxlkv_kv_engine_keys"]
         f.restype = C.c_int
         f.argtypes = [C.c_char_p, C.c_size_t, C.c_char_p, C.c_size_t, C.c_void_p, C.c_size_t, C.c_void_p]
         _engine_keys_fn = f
