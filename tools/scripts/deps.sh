@@ -4,12 +4,13 @@
 set -eu
 
 PKGS="build-essential cmake pkg-config libspdlog-dev libfmt-dev libgtest-dev libgmock-dev \
-liburing-dev libxxhash-dev spin fio \
+liburing-dev libxxhash-dev libb2-dev spin fio \
 qemu-system-x86 linux-image-amd64 linux-headers-amd64 busybox-static cpio kmod dkms \
 python3 python3-venv python3-numpy python3-torch python3-pytest python3-setuptools python3-pip \
 libmicrohttpd-dev python3-prometheus-client librsvg2-bin python3-pil \
 help2man go-md2man bash-completion \
 debhelper dh-dkms dh-python lintian fakeroot dpkg-dev"
+# libb2-dev: BLAKE2b of engine block keys in the library (same keys as hashlib);
 # libmicrohttpd-dev: cxlkvd's metrics endpoint (HTTP/1.1 parsing, limits, error replies);
 # python3-prometheus-client: the tests parse the exposition with Prometheus' own parser;
 # librsvg2-bin, python3-pil: the tests render the SVG pictures to PNG (rsvg-convert)
