@@ -362,6 +362,9 @@ class KvStore:
         if self.metrics:
             self.metrics.observe_store(int((status == RESERVED).sum()) * nbytes, int(put_ok(status).sum()),
                                        time.perf_counter() - t0)
+        if self.remote is not None:
+            # As put(): keys only, the tier's thread reads the blocks back.
+            self.remote.publish(k, status, nbytes)
         return status
 
     def get(self, keys, dst, block_ids=None, gpu=None, stream=None):
