@@ -3,7 +3,6 @@
 // read-modify-written only under the global lock CXLKV_LOCK_ALLOC (rule 7),
 // every changed word written back with an 8-byte NT store (rule 1: any node
 // may hold the lock next).
-#include <time.h>
 
 #include <algorithm>
 #include <atomic>
@@ -13,6 +12,7 @@
 #include <string>
 
 #include "alloc/alloc_internal.hpp"
+#include "util/clock.hpp"
 #include "util/lock_timeout.hpp"
 #include "util/log.hpp"
 
@@ -21,12 +21,6 @@ namespace cxlkv {
 namespace {
 
 std::atomic<int64_t> g_quarantine_ms{-1};
-
-uint64_t realtime_ns() {
-  timespec ts;
-  clock_gettime(CLOCK_REALTIME, &ts);
-  return uint64_t(ts.tv_sec) * 1000000000ull + uint64_t(ts.tv_nsec);
-}
 
 std::string hex64(uint64_t v) {
   char b[24];

@@ -1,7 +1,6 @@
 // SPDX-License-Identifier: MIT
 #include "pool/format.hpp"
 
-#include <time.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -17,6 +16,7 @@
 #include "index/prefix_index.hpp"
 #include "region/backend.hpp"
 #include "region/superblock.hpp"
+#include "util/clock.hpp"
 #include "util/log.hpp"
 
 namespace cxlkv {
@@ -147,9 +147,7 @@ std::string live_users(std::string_view uri) {
       manager = now.owner != 0 && (now.owner != first.owner || now.heartbeat != first.heartbeat);
     }
     if (!manager && first.lease_ms > kNodeStaleMs) {
-      timespec ts;
-      clock_gettime(CLOCK_REALTIME, &ts);
-      const int64_t age_ms = (int64_t(ts.tv_sec) * 1000000000 + ts.tv_nsec - int64_t(first.renew_ns)) / 1000000;
+      const int64_t age_ms = (int64_t(realtime_ns()) - int64_t(first.renew_ns)) / 1000000;
       manager = age_ms < int64_t(first.lease_ms);
     }
   }

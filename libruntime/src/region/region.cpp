@@ -10,7 +10,6 @@
 #include "cxlkv/region.hpp"
 
 #include <sys/random.h>
-#include <time.h>
 
 #include <algorithm>
 #include <chrono>
@@ -20,6 +19,7 @@
 
 #include "region/backend.hpp"
 #include "region/superblock.hpp"
+#include "util/clock.hpp"
 #include "util/log.hpp"
 
 namespace cxlkv {
@@ -316,9 +316,7 @@ Result<std::unique_ptr<Region>> Region::format_attached(std::unique_ptr<Region> 
   sb.ncarves = 0;
   if (getrandom(sb.pool_id, sizeof sb.pool_id, 0) != sizeof sb.pool_id)
     return Error(-EIO, P + "getrandom for the pool id failed: " + std::strerror(errno));
-  struct timespec ts {};
-  clock_gettime(CLOCK_REALTIME, &ts);
-  sb.format_time_ns = static_cast<uint64_t>(ts.tv_sec) * 1000000000ull + static_cast<uint64_t>(ts.tv_nsec);
+  sb.format_time_ns = realtime_ns();
   // Keep counting across reformats so that a cached copy never looks current.
   sb.generation = old.magic == CXLKV_SB_MAGIC ? old.generation : 0;
 

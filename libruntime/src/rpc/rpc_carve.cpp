@@ -146,7 +146,7 @@ bool party_alive(NodeContext& node, uint32_t pid, uint64_t start_time, uint32_t 
       if (why) *why = "node " + std::to_string(party_node) + " is not attached";
       return false;
     }
-    const uint64_t now = now_ns();
+    const uint64_t now = monotonic_ns();
     if (watch->changed_ns == 0 || e.heartbeat != watch->heartbeat) {
       watch->heartbeat = e.heartbeat;
       watch->changed_ns = now;
@@ -165,7 +165,7 @@ uint64_t random_u64() {
   static std::atomic<uint64_t> counter{0};
   std::random_device rd;
   uint64_t v = (uint64_t(rd()) << 32) ^ rd();
-  return v ^ (now_ns() * 0x9e3779b97f4a7c15ull) ^ (uint64_t(getpid()) << 17) ^ counter.fetch_add(0x1234567ull);
+  return v ^ (monotonic_ns() * 0x9e3779b97f4a7c15ull) ^ (uint64_t(getpid()) << 17) ^ counter.fetch_add(0x1234567ull);
 }
 
 namespace testing {

@@ -25,8 +25,6 @@
 
 namespace cxlkv {
 
-using rpc::now_ns;
-
 namespace {
 
 struct Slot {
@@ -172,13 +170,13 @@ struct RpcClient::State {
     d.publish_line(carve.client_line(r), &cl);
     fence();
     // The server acknowledges on its next scan of the client lines.
-    const uint64_t t0 = now_ns(), limit = uint64_t(opts.connect_timeout.count()) * 1000000ull;
+    const uint64_t t0 = monotonic_ns(), limit = uint64_t(opts.connect_timeout.count()) * 1000000ull;
     for (uint32_t i = 0;; i++) {
       cxlkv_rpc_ack a = d.read_fresh(carve.ack(r));  // rule 4
       if (a.inc == inc && a.epoch == epoch && a.token == token) break;
       if (i % 16 == 15 && !line_is_ours())
         return Error(-EAGAIN, what() + "claimed by another client at the same time");
-      if (now_ns() - t0 > limit)
+      if (monotonic_ns() - t0 > limit)
         return Error(-ETIMEDOUT, what() + "the server (epoch " + std::to_string(epoch) + ") did not acknowledge within " +
                                      std::to_string(opts.connect_timeout.count()) + " ms");
       if (i % 64 == 63) {
@@ -190,7 +188,7 @@ struct RpcClient::State {
     // Two clients may claim a free ring at once: the later line wins.
     if (!line_is_ours()) return Error(-EAGAIN, what() + "claimed by another client at the same time");
     connected = true;
-    last_check_ns = last_live_ns = now_ns();
+    last_check_ns = last_live_ns = monotonic_ns();
     return {};
   }
 
@@ -322,7 +320,7 @@ struct RpcClient::State {
       }
     }
     if (!clock) return;
-    const uint64_t now = now_ns();
+    const uint64_t now = monotonic_ns();
     if (now - last_check_ns < kServerCheckNs) return;
     last_check_ns = now;
     for (uint32_t q = oldest; q != next; q++) {
@@ -415,7 +413,7 @@ Result<size_t> RpcClient::State::submit(std::span<const RpcCall> calls, uint64_t
   if (!s.connected) CXLKV_TRY(s.reconnect());
   MemoryDomain& d = s.d;
   const uint32_t depth = s.carve.depth(), mask = depth - 1, req_max = s.carve.req_max();
-  const uint64_t now = now_ns();
+  const uint64_t now = monotonic_ns();
   // Whole lines where publish_line lands in one piece (movdir64b): every
   // line carries its flag, one fence; else data, fence, flags, fence.
   const bool whole = d.publish_line_whole() && !rpc::testing::force_two_phase();
@@ -487,7 +485,7 @@ Result<RpcReply> RpcClient::call(uint32_t op, std::span<const std::byte> request
   auto sub = s.submit({&c, 1}, &ticket, false);
   s.opts.timeout = saved;
   if (!sub) return sub.error();
-  const uint64_t t0 = now_ns();
+  const uint64_t t0 = monotonic_ns();
   bool yielding = false;
   for (uint32_t spins = 0;; spins++) {
     for (auto it = s.ready.begin(); it != s.ready.end(); ++it) {
@@ -517,7 +515,7 @@ Result<RpcReply> RpcClient::call(uint32_t op, std::span<const std::byte> request
     // CPU needs it).
     const bool clock = spins % 16 == 0;
     s.harvest(clock);
-    if (clock && !yielding) yielding = now_ns() - t0 > kSpinNs;
+    if (clock && !yielding) yielding = monotonic_ns() - t0 > kSpinNs;
     if (yielding) sched_yield();
   }
 }

@@ -2,7 +2,6 @@
 // Internals shared by the RPC server and client (libruntime/src/rpc/).
 #pragma once
 
-#include <time.h>
 
 #include <algorithm>
 #include <cstddef>
@@ -12,14 +11,9 @@
 
 #include "cxlkv/rpc.hpp"
 #include "cxlkv/sync.hpp"
+#include "util/clock.hpp"
 
 namespace cxlkv::rpc {
-
-inline uint64_t now_ns() {
-  timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return uint64_t(ts.tv_sec) * 1000000000ull + uint64_t(ts.tv_nsec);
-}
 
 // What an observer remembers of a remote node's heartbeat: the last value
 // seen and when (on the observer's own clock) it last changed.

@@ -27,8 +27,6 @@
 
 namespace cxlkv {
 
-using rpc::now_ns;
-
 namespace {
 
 struct RingState {
@@ -188,7 +186,7 @@ struct RpcServer::State {
 
   // defer_fence: leave the replies' last fence to the next round (run()).
   size_t round(bool defer_fence = false) {
-    const uint64_t now = now_ns();
+    const uint64_t now = monotonic_ns();
     if (now - last_scan_ns >= uint64_t(opts.scan_every.count()) * 1000000ull) scan(now);
     st.rounds++;
     if (active.empty()) {
@@ -426,7 +424,7 @@ Result<std::unique_ptr<RpcServer>> RpcServer::create(NodeContext& node, const Rp
   st->reply_buf.resize(size_t(st->opts.max_batch) * st->carve.resp_max());
   st->st.epoch = st->epoch;
   st->write_server_line(CXLKV_RPC_SERVER_RUNNING);
-  st->scan(now_ns());
+  st->scan(monotonic_ns());
   return std::unique_ptr<RpcServer>(new RpcServer(std::move(st)));
 }
 

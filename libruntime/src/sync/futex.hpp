@@ -14,6 +14,8 @@
 #include <cerrno>
 #include <cstdint>
 
+#include "util/clock.hpp"
+
 #ifndef SYS_futex_waitv
 #define SYS_futex_waitv 449  // Linux 5.16, every architecture
 #endif
@@ -45,9 +47,7 @@ constexpr uint32_t kFutex32 = 2;  // FUTEX2_SIZE_U32, process-shared
 // unmapped meanwhile); -1: the call is refused (no futex_waitv before Linux
 // 5.16, or a seccomp filter): nothing slept, the caller sleeps another way.
 inline int futex_waitv(FutexWaitv* w, uint32_t n, uint64_t ns) {
-  timespec t;
-  clock_gettime(CLOCK_MONOTONIC, &t);
-  const uint64_t end = uint64_t(t.tv_sec) * 1000000000ull + uint64_t(t.tv_nsec) + ns;
+  const uint64_t end = monotonic_ns() + ns;
   timespec abs{static_cast<time_t>(end / 1000000000), static_cast<long>(end % 1000000000)};
   if (syscall(SYS_futex_waitv, w, n, 0, &abs, CLOCK_MONOTONIC) >= 0 || errno == EAGAIN) return 1;
   return errno == ETIMEDOUT || errno == EINTR || errno == EFAULT ? 0 : -1;

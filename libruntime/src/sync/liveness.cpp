@@ -6,7 +6,6 @@
 #include <fcntl.h>
 #include <pthread.h>
 #include <signal.h>
-#include <time.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -17,16 +16,11 @@
 #include <string>
 
 #include "cxlkv/sync.hpp"
+#include "util/clock.hpp"
 
 namespace cxlkv {
 
 namespace {
-
-uint64_t realtime_ns() {
-  timespec ts;
-  clock_gettime(CLOCK_REALTIME, &ts);
-  return uint64_t(ts.tv_sec) * 1000000000ull + uint64_t(ts.tv_nsec);
-}
 
 // Read a small /proc file whole; empty on error.
 std::string slurp(const char* path) {

@@ -11,7 +11,6 @@
 // pool is in this process, so a successor rebuilds it from the pool.
 #include <sched.h>
 #include <sys/random.h>
-#include <time.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -25,6 +24,7 @@
 #include "sync/short_slice.hpp"
 #include "sync/testing.hpp"
 #include "sync/watcher.hpp"
+#include "util/clock.hpp"
 #include "util/log.hpp"
 
 namespace cxlkv {
@@ -33,12 +33,6 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 constexpr uint32_t kNone = CXLKV_GRANT_NONE;
-
-uint64_t realtime_ns() {
-  timespec ts;
-  clock_gettime(CLOCK_REALTIME, &ts);
-  return uint64_t(ts.tv_sec) * 1000000000ull + uint64_t(ts.tv_nsec);
-}
 
 uint64_t waiting_word(uint64_t ticket) { return (ticket << CXLKV_SLOT_TICKET_SHIFT) | CXLKV_SLOT_WAITING; }
 uint64_t sticky_word(uint64_t ticket) { return (ticket << CXLKV_SLOT_TICKET_SHIFT) | CXLKV_SLOT_STICKY; }

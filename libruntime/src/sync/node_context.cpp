@@ -3,7 +3,6 @@
 // listing and eviction for operators.
 #include <sys/mman.h>
 #include <sys/random.h>
-#include <time.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -16,16 +15,12 @@
 #include "sync/robust_mutex.hpp"
 #include "sync/short_slice.hpp"
 #include "sync/watcher.hpp"
+#include "util/clock.hpp"
 #include "util/log.hpp"
 
 namespace cxlkv {
 
 namespace {
-uint64_t realtime_ns() {
-  timespec ts;
-  clock_gettime(CLOCK_REALTIME, &ts);
-  return uint64_t(ts.tv_sec) * 1000000000ull + uint64_t(ts.tv_nsec);
-}
 
 std::string pool_id_hex(const Region& r) {
   auto sb = r.superblock();

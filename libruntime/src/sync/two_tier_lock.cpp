@@ -30,6 +30,7 @@
 #include "sync/robust_mutex.hpp"
 #include "sync/testing.hpp"
 #include "sync/watcher.hpp"
+#include "util/clock.hpp"
 #include "util/log.hpp"
 
 namespace cxlkv {
@@ -285,9 +286,7 @@ std::string describe_lock(NodeContext& n, uint32_t id) {
   if (l.owner == 0) {
     out += "; no lock manager holds the pool's lease (start one: `cxlkvd --pool " + n.region().uri() + "`)";
   } else {
-    timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    int64_t age = (int64_t(ts.tv_sec) * 1000000000 + ts.tv_nsec - int64_t(l.renew_ns)) / 1000000;
+    int64_t age = (int64_t(realtime_ns()) - int64_t(l.renew_ns)) / 1000000;
     out += "; lock manager: node " + std::to_string(l.node) + " pid " + std::to_string(l.pid) + ", lease renewed " +
            std::to_string(age) + " ms ago" + (age > int64_t(l.lease_ms) ? " (expired: is it still running?)" : "");
   }

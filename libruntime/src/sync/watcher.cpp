@@ -15,6 +15,7 @@
 #include "sync/node_local.hpp"
 #include "sync/robust_mutex.hpp"
 #include "sync/testing.hpp"
+#include "util/clock.hpp"
 #include "util/log.hpp"
 
 namespace cxlkv::sync {
@@ -286,10 +287,7 @@ void wake_manager(NodeLocalHeader* h) {
 bool woken_by_local_manager(const NodeLocalHeader* h) {
   const uint64_t t = __atomic_load_n(&h->waker_ns, __ATOMIC_RELAXED);
   if (t == 0) return false;
-  timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  const uint64_t now = uint64_t(ts.tv_sec) * 1000000000ull + uint64_t(ts.tv_nsec);
-  return now - t < uint64_t(std::chrono::nanoseconds(kWakerFresh).count());
+  return monotonic_ns() - t < uint64_t(std::chrono::nanoseconds(kWakerFresh).count());
 }
 
 void NodeWakers::wake_revoke(uint32_t n) {

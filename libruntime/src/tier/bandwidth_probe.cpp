@@ -1,5 +1,6 @@
 // SPDX-License-Identifier: MIT
 #include "tier/bandwidth_probe.hpp"
+#include "util/clock.hpp"
 
 #include <algorithm>
 #include <chrono>
@@ -96,9 +97,7 @@ Result<void> write_header(SsdDevice& dev, const DeviceLayout& l, const ProbeResu
   h->probe_bytes = l.probe_bytes;
   h->probe_read_bps = static_cast<uint64_t>(probe.read_gbps * 1e9);
   h->probe_write_bps = static_cast<uint64_t>(probe.write_gbps * 1e9);
-  timespec ts{};
-  clock_gettime(CLOCK_REALTIME, &ts);
-  h->probe_unix_ns = static_cast<uint64_t>(ts.tv_sec) * 1000000000ull + static_cast<uint64_t>(ts.tv_nsec);
+  h->probe_unix_ns = realtime_ns();
   h->checksum = cxlkv_tier_header_checksum(h);
   SsdIo io;
   io.op = IoOp::kWrite;
