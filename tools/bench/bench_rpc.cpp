@@ -52,6 +52,7 @@
 #include "cxlkv/rpc.hpp"
 #include "cxlkv/sync.hpp"
 #include "pool/format.hpp"
+#include "util/clock.hpp"
 
 namespace {
 
@@ -59,11 +60,6 @@ using Clock = std::chrono::steady_clock;
 constexpr uint32_t kEcho = 1;
 constexpr uint32_t kStamp = 2;  // echo, with the handler's clock (CLOCK_MONOTONIC ns) at bytes 8..15
 
-uint64_t mono_ns() {
-  timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return uint64_t(ts.tv_sec) * 1000000000ull + uint64_t(ts.tv_nsec);
-}
 constexpr size_t kMsg = 64;
 
 double pct(std::vector<double> v, double q) {
@@ -108,7 +104,7 @@ volatile sig_atomic_t g_term = 0;
     return 0;
   });
   s.value()->handle(kStamp, [](const cxlkv::RpcRequest& rq, std::span<std::byte> reply, uint32_t& len) -> int32_t {
-    const uint64_t t = mono_ns();
+    const uint64_t t = cxlkv::monotonic_ns();
     std::memcpy(reply.data(), rq.data.data(), rq.data.size());
     std::memcpy(reply.data() + 8, &t, sizeof t);
     len = static_cast<uint32_t>(rq.data.size());
@@ -431,10 +427,10 @@ void bench_rpc(bench::Results& res) {
         up_ns.reserve(iters);
         down_ns.reserve(iters);
         for (size_t i = 0; i < iters; i++) {
-          const uint64_t t0 = mono_ns();
+          const uint64_t t0 = cxlkv::monotonic_ns();
           std::memcpy(msg, &t0, sizeof t0);
           auto r = cli.call(kStamp, {msg, kMsg}, back, sizeof back);
-          const uint64_t t2 = mono_ns();
+          const uint64_t t2 = cxlkv::monotonic_ns();
           if (!r || r->len != kMsg) break;
           uint64_t t1;
           std::memcpy(&t1, back + 8, sizeof t1);

@@ -6,7 +6,6 @@
 #include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
-#include <time.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -31,6 +30,7 @@
 #include "huge_tmpfs.hpp"
 #include "replay.hpp"
 #include "svg_chart.hpp"
+#include "util/clock.hpp"
 
 namespace replay {
 namespace {
@@ -87,12 +87,6 @@ const char* kUsage =
     "  --quiet              no progress line\n"
     "  -h, --help           this text\n"
     "  --version            print the version\n";
-
-uint64_t now_ns() {
-  timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return uint64_t(ts.tv_sec) * 1000000000ull + ts.tv_nsec;
-}
 
 struct Summary {
   uint64_t requests = 0, input_tokens = 0, hit_tokens = 0;
@@ -152,7 +146,7 @@ Result<Summary> run_once(const Config& c, const std::vector<Request>& reqs, int 
   if (g_stop_signal) return Error(-EINTR, "stopped by signal " + std::to_string(int(g_stop_signal)));
   Summary s;
   RunFiles files;
-  const std::string tag = std::to_string(getpid()) + "-" + std::to_string(now_ns() % 100000);
+  const std::string tag = std::to_string(getpid()) + "-" + std::to_string(monotonic_ns() % 100000);
   Config cc = c;
   bool own_pool = cc.pool_uri.empty();
   PoolFormatOptions fo;
@@ -237,7 +231,7 @@ Result<Summary> run_once(const Config& c, const std::vector<Request>& reqs, int 
   } unmap{m, cb};
   Coord& co = *new (m) Coord();
   co.nrequests = reqs.size();
-  co.start_ns = now_ns();
+  co.start_ns = monotonic_ns();
 
   // Workers: fork/exec of ourselves with --worker, one node each.
   const pid_t parent = getpid();
@@ -305,7 +299,7 @@ Result<Summary> run_once(const Config& c, const std::vector<Request>& reqs, int 
     // Every worker has the pools and the coordination segment mapped: their
     // names are no longer needed (see RunFiles).
     if (!files.shm.empty() && co.attached.load() == nworkers) files.unlink_shared();
-    uint64_t t = now_ns();
+    uint64_t t = monotonic_ns();
     if (g_stop_signal && !stop_deadline) {
       co.abort = 1;  // workers stop after their current request
       stop_deadline = t + 5000000000ull;
@@ -333,7 +327,7 @@ Result<Summary> run_once(const Config& c, const std::vector<Request>& reqs, int 
   if (g_stop_signal)
     return Error(-EINTR, "stopped by signal " + std::to_string(int(g_stop_signal)) + " (" +
                              strsignal(g_stop_signal) + "): workers stopped, pools and files removed");
-  s.seconds = double(now_ns() - co.start_ns) / 1e9;
+  s.seconds = double(monotonic_ns() - co.start_ns) / 1e9;
   if (!cc.quiet) std::fprintf(stderr, "\n");
 
   for (uint32_t w = 1; w <= nworkers; w++) {

@@ -5,7 +5,6 @@
 #include <immintrin.h>
 #include <sched.h>
 #include <sys/mman.h>
-#include <time.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -23,6 +22,7 @@
 #include "index/prefix_index.hpp"
 #include "pool_open.hpp"
 #include "tier/ssd_payload_tier.hpp"
+#include "util/clock.hpp"
 #include "replay.hpp"
 
 #ifndef MADV_POPULATE_WRITE
@@ -163,12 +163,6 @@ std::vector<Request> load_workload(const Config& c, std::string* err) {
 
 namespace {
 
-uint64_t now_ns() {
-  timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return uint64_t(ts.tv_sec) * 1000000000ull + ts.tv_nsec;
-}
-
 // Blocks per batch call: a request's blocks go to the store in batches of
 // this many (one stripe-lock round per batch instead of per block).
 constexpr uint32_t kBatch = 16;
@@ -220,7 +214,7 @@ struct Engine {
 };
 
 void wait_until(uint64_t t_ns) {
-  while (now_ns() < t_ns) std::this_thread::sleep_for(std::chrono::microseconds(200));
+  while (monotonic_ns() < t_ns) std::this_thread::sleep_for(std::chrono::microseconds(200));
 }
 
 void spin_wait(const std::atomic<uint64_t>& v, uint64_t want, const std::atomic<uint32_t>& abort) {
@@ -300,7 +294,7 @@ int run_worker(const Config& c) {
   const bool prefill = c.worker == "prefill";
 
   auto lat = [&](LatOp op, uint64_t t0) {
-    uint64_t t = now_ns();
+    uint64_t t = monotonic_ns();
     wc.lat[op].add(t - t0);
     return t;
   };
@@ -348,7 +342,7 @@ int run_worker(const Config& c) {
     for (size_t at = first; at < keys.size(); at += kBatch) {
       const size_t n = std::min<size_t>(kBatch, keys.size() - at);
       auto ks = keys.subspan(at, n);
-      uint64_t t0 = now_ns();
+      uint64_t t0 = monotonic_ns();
       auto pr = kv.pin_many(ks, {pins.data(), n}, {pst.data(), n});
       t0 = lat(kLatPin, t0);
       if (!pr) {
@@ -374,9 +368,9 @@ int run_worker(const Config& c) {
         fst[b] = pst[b];
         if (pst[b] != 0) continue;
         auto ch = block_chunks(b);
-        const uint64_t tf = now_ns();
+        const uint64_t tf = monotonic_ns();
         auto fr = kv.fetch_many({&pins[b], 1}, ch, {&nchunks[b], 1}, {&fst[b], 1});
-        fetch_ns += now_ns() - tf;
+        fetch_ns += monotonic_ns() - tf;
         if (!fr) {
           fst[b] = fr.error().code() < 0 ? fr.error().code() : -EIO;
           fetch_err[b] = fr.error().message();
@@ -387,16 +381,16 @@ int run_worker(const Config& c) {
           continue;
         }
         if (!c.verify) continue;
-        const uint64_t tv = now_ns();
+        const uint64_t tv = monotonic_ns();
         for (uint32_t j = 0; j < ch.size(); j++)
           if (!check_chunk(ks[b].lo, ks[b].hi, j, static_cast<const std::byte*>(ch[j].addr), ch[j].len)) {
             bad_chunk[b] = int(j);
             break;
           }
-        verify_ns += now_ns() - tv;
+        verify_ns += monotonic_ns() - tv;
       }
       wc.lat[kLatFetch].add(fetch_ns);
-      t0 = now_ns();
+      t0 = monotonic_ns();
       auto ur = kv.unpin_many({pins.data(), n}, {ust.data(), n});
       const std::string unpin_err = kv.last_block_error();
       lat(kLatUnpin, t0);
@@ -445,7 +439,7 @@ int run_worker(const Config& c) {
       // ---- metadata phase, in trace order --------------------------------
       spin_wait(co.turn, r, co.abort);
       if (c.time_scale > 0) wait_until(co.start_ns + uint64_t(double(q.timestamp_ms) * c.time_scale * 1e6));
-      uint64_t t0 = now_ns();
+      uint64_t t0 = monotonic_ns();
       size_t ready = kv.lookup(keys);
       const uint64_t t_reserve = lat(kLatLookup, t0);
       // One reserve_chain call for the rest of the chain.
@@ -480,18 +474,18 @@ int run_worker(const Config& c) {
           }
         }
       }
-      const uint64_t reserve_ns = now_ns() - t_reserve;
+      const uint64_t reserve_ns = monotonic_ns() - t_reserve;
       co.turn.store(r + 1, std::memory_order_release);
       // ---- payload phase ---------------------------------------------------
       if (hit) {
-        const uint64_t t_fetch = now_ns();
+        const uint64_t t_fetch = monotonic_ns();
         verify_ns = 0;
         for (size_t i : busy) kv.wait_ready(keys[i], std::chrono::milliseconds(10000));
         // evicted between lookup and pin (bounded capacity)
         wc.lost_hits += read_blocks(std::span<const BlockKey>(keys.data(), hit), 0, r, "prefill", &leased);
         lat(kLatWholeFetch, t_fetch + verify_ns);
       }
-      const uint64_t t_write = now_ns();
+      const uint64_t t_write = monotonic_ns();
       std::vector<int32_t> st(kBatch);
       for (size_t at = 0; at < mine.size(); at += kBatch) {
         const size_t n = std::min<size_t>(kBatch, mine.size() - at);
@@ -510,9 +504,9 @@ int run_worker(const Config& c) {
           auto ch = block_chunks(b);
           for (uint32_t j = 0; j < ch.size(); j++)
             fill_chunk(rs[b].key.lo, rs[b].key.hi, j, static_cast<std::byte*>(ch[j].addr), ch[j].len);
-          const uint64_t tw = now_ns();
+          const uint64_t tw = monotonic_ns();
           auto wr = kv.write_many(rs.subspan(b, 1), ch, {&nchunks[b], 1}, {&st[b], 1});
-          write_ns += now_ns() - tw;
+          write_ns += monotonic_ns() - tw;
           if (wr && st[b] == kKvReserved) {
             good++;
             continue;
@@ -521,7 +515,7 @@ int run_worker(const Config& c) {
           break;
         }
         wc.lat[kLatWrite].add(write_ns);
-        t0 = now_ns();
+        t0 = monotonic_ns();
         // Publish the written prefix of the batch, parents first; a block
         // after a failed write cannot be published (its parent is missing).
         if (good < n) {
@@ -568,7 +562,7 @@ int run_worker(const Config& c) {
           break;
         }
       }
-      if (!mine.empty()) wc.lat[kLatWholePublish].add(reserve_ns + (now_ns() - t_write));
+      if (!mine.empty()) wc.lat[kLatWholePublish].add(reserve_ns + (monotonic_ns() - t_write));
       wc.requests++;
       wc.input_tokens += q.input_length;
       wc.hit_tokens += hit_tokens(q, hit);
@@ -591,7 +585,7 @@ int run_worker(const Config& c) {
       // keeps it) unless the lease ended first.
       const uint32_t rd = co.ready[r].load(std::memory_order_acquire);
       std::vector<BlockKey> keys(all.begin(), all.begin() + std::min<size_t>(all.size(), rd ? rd - 1 : 0));
-      const uint64_t t_fetch = now_ns();
+      const uint64_t t_fetch = monotonic_ns();
       verify_ns = 0;
       std::vector<size_t> missed;
       uint64_t misses = read_blocks(keys, 0, r, "decode", nullptr, &missed);
