@@ -2,7 +2,6 @@
 // cxlkvctl index stats / stats: the prefix index's occupancy and every
 // node's KV counters and latency percentiles, read from the pool (no lock:
 // a snapshot; every line is invalidated before it is read, rule 4).
-#include <time.h>
 
 #include <cstdio>
 #include <string>
@@ -12,6 +11,7 @@
 #include "cxlkv/metrics.hpp"
 #include "index/index_check.hpp"
 #include "uapi/cxlkv_index.h"
+#include "util/clock.hpp"
 
 namespace {
 
@@ -105,9 +105,7 @@ int cmd_index_leases(Context& ctx, const Args&) {
   if (h.nslots > (1ull << 32) || h.entry_off > size || ext_off > size || h.nslots * 32 > size - ext_off)
     return fail("pool " + r->uri() + ": index header is inconsistent");
   auto cfg = d.read_fresh(reinterpret_cast<const cxlkv_index_config*>(base + 64));
-  timespec ts;
-  clock_gettime(CLOCK_REALTIME, &ts);
-  const uint32_t now = static_cast<uint32_t>(uint64_t(ts.tv_sec) * 1000 + uint64_t(ts.tv_nsec) / 1000000 - cfg.epoch_ms);
+  const uint32_t now = static_cast<uint32_t>(cxlkv::realtime_ms() - cfg.epoch_ms);
   if (!ctx.json) std::printf("%-32s %6s %20s %5s %6s %10s %12s\n", "block", "slot", "consumer", "node", "count", "age_ms", "expires_ms");
   else std::printf("[");
   size_t n = 0;

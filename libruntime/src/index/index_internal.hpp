@@ -2,11 +2,10 @@
 // Helpers shared by the index's source files (not part of its interface).
 #pragma once
 
-#include <time.h>
-
 #include <cstdint>
 
 #include "uapi/cxlkv_index.h"
+#include "util/clock.hpp"
 
 namespace cxlkv {
 
@@ -21,11 +20,6 @@ inline cxlkv_index_entry damaged_entry() {
   return bad;
 }
 
-inline uint64_t realtime_ms() {
-  timespec ts;
-  clock_gettime(CLOCK_REALTIME, &ts);
-  return uint64_t(ts.tv_sec) * 1000 + uint64_t(ts.tv_nsec) / 1000000;
-}
 inline bool is_pow2(uint64_t v) { return v && !(v & (v - 1)); }
 inline uint64_t align_up(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
 inline bool live_index_state(uint8_t s) {

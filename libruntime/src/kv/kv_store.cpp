@@ -1,7 +1,6 @@
 // SPDX-License-Identifier: MIT
 // KvStore: write path, read path, payload tiers and statistics.
 #include <sched.h>
-#include <time.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -17,16 +16,11 @@
 #include "kv/kv_index_backend.hpp"
 #include "tier/ssd_payload_tier.hpp"
 #include "transfer/cpu_copy.hpp"
+#include "util/clock.hpp"
 #include "util/log.hpp"
 
 namespace cxlkv {
 namespace {
-
-uint64_t realtime_ms() {
-  timespec ts;
-  clock_gettime(CLOCK_REALTIME, &ts);
-  return uint64_t(ts.tv_sec) * 1000 + uint64_t(ts.tv_nsec) / 1000000;
-}
 
 // MEM tier: one pool device, or a block striped over the interleave set.
 class MemTier final : public PayloadTier {

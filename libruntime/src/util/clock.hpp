@@ -25,5 +25,8 @@ inline uint64_t clock_ns(clockid_t clock) {
 
 inline uint64_t realtime_ns() { return clock_ns(CLOCK_REALTIME); }
 inline uint64_t monotonic_ns() { return clock_ns(CLOCK_MONOTONIC); }
+// Milliseconds of realtime_ns: the index's lease and age stamps, the store's
+// statistics time.
+inline uint64_t realtime_ms() { return realtime_ns() / 1000000; }
 
 }  // namespace cxlkv
