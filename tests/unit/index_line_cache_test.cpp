@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: MIT
-// The batch calls' line cache (index/lock_set.hpp; docs/api.md "How a batch reads the index"): a LockSet
+// The batch calls' line cache (index/stripe_lock_set.hpp; docs/api.md "How a batch reads the index"): a StripeLockSet
 // reads the lines it holds once, in one invalidation sweep with one fence
 // after taking its locks, and serves later reads from its copy until it
 // releases.  Each node runs on its own NonCoherentSim domain (a private
@@ -77,7 +77,7 @@ TEST(IndexLineCache, TheCopyDiesWithTheHoldAndWritesReachOtherNodes) {
 
 // A probe that runs past the lines of the first sweep (keys sharing a home
 // slot) gets the rest of its lines in later sweeps of the same hold
-// (PrefixIndex::prefetch_probes, LockSet::prefetch): those are invalidated
+// (PrefixIndex::prefetch_probes, StripeLockSet::prefetch): those are invalidated
 // and read fresh too.  Node 1 caches the lines as EMPTY, node 0 fills them;
 // a later sweep that served node 1's stale copies would hand node 1 an
 // occupied slot as free and overwrite node 0's blocks.

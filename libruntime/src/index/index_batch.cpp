@@ -2,7 +2,7 @@
 // PrefixIndex batch calls (docs/coherence.md "PrefixIndex batch interface").
 //
 // Each call takes the stripe locks of all its blocks once, together, in
-// ascending order (LockSet), does its work in the given order, and releases
+// ascending order (StripeLockSet), does its work in the given order, and releases
 // them; a stripe line changed by the call is written once, at release.
 // reserve_chain makes room ahead of demand (pool-wide eviction, one stripe
 // lock at a time) before it takes its set; only when the pool is still full
@@ -13,7 +13,7 @@
 #include <string>
 
 #include "index/index_internal.hpp"
-#include "index/lock_set.hpp"
+#include "index/stripe_lock_set.hpp"
 #include "index/node_pins.hpp"
 #include "index/prefix_index.hpp"
 #include "util/log.hpp"
@@ -27,7 +27,7 @@ constexpr int kReserveRounds = 8;
 BlockLocation loc_of(const cxlkv_index_entry& e) { return BlockLocation{e.loc_off, e.loc_len, e.loc_dev, e.loc_tier}; }
 
 // Probes of a sparse table end within a line or two of the home slot: the
-// lines a call reads in the LockSet's one sweep (lock_set.hpp "Line cache").
+// lines a call reads in the StripeLockSet's one sweep (stripe_lock_set.hpp "Line cache").
 constexpr uint32_t kPrefetchProbe = 2;
 
 }  // namespace
@@ -41,7 +41,7 @@ void PrefixIndex::probe_lines(const BlockKey& key, std::vector<uint32_t>& out) c
 // Walks key's probe sequence over the lines `ls` has cached: the slot where
 // probe() will stop (the key's, or the first free one for a new key), or
 // kNo with *missing = the first slot whose line is not cached yet.
-static uint32_t walk_cached(const index_detail::LockSet& ls, const BlockKey& key, uint32_t base, uint32_t mask,
+static uint32_t walk_cached(const index_detail::StripeLockSet& ls, const BlockKey& key, uint32_t base, uint32_t mask,
                             uint32_t* missing) {
   *missing = kNo;
   uint32_t free_slot = kNo;
@@ -63,7 +63,7 @@ static uint32_t walk_cached(const index_detail::LockSet& ls, const BlockKey& key
   return free_slot;
 }
 
-void PrefixIndex::prefetch_probes(LockSet& ls, const BlockKey* pkey, std::span<const BlockKey> keys) {
+void PrefixIndex::prefetch_probes(StripeLockSet& ls, const BlockKey* pkey, std::span<const BlockKey> keys) {
   // acquire() read each key's home entry and ext lines.  A probe that runs past the lines
   // read so far gets its next kPrefetchProbe lines in the next sweep; a
   // probe that ends gets the ext line of its slot (a new block's ext record
@@ -92,7 +92,7 @@ void PrefixIndex::prefetch_probes(LockSet& ls, const BlockKey* pkey, std::span<c
   }
 }
 
-size_t PrefixIndex::reserve_locked(LockSet& ls, const BlockKey* pkey, std::span<const BlockKey> keys, size_t from,
+size_t PrefixIndex::reserve_locked(StripeLockSet& ls, const BlockKey* pkey, std::span<const BlockKey> keys, size_t from,
                                    uint64_t bytes, std::span<Reservation> out, std::span<int32_t> status,
                                    std::vector<uint32_t>* parents, bool* need_reclaim,
                                    std::vector<std::pair<uint32_t, BlockKey>>* pinned,
@@ -416,7 +416,7 @@ Result<size_t> PrefixIndex::reserve_chain_once(const BlockKey* parent, std::span
       lines.push_back(home(*pkey));
     }
     {
-      LockSet ls(*this);
+      StripeLockSet ls(*this);
       // Stripe lines, home entry lines and their ext lines (a new block
       // usually lands at its home slot): one sweep.
       if (auto a = ls.acquire(stripes, lines, lines); !a) {
@@ -486,7 +486,7 @@ Result<size_t> PrefixIndex::publish_checked(std::span<const uint32_t> slots, std
   std::vector<uint32_t> stripes;
   for (uint32_t sl : slots)
     if (sl < hdr_.nslots) stripes.push_back(sl / hdr_.stripe_slots);
-  LockSet ls(*this);
+  StripeLockSet ls(*this);
   CXLKV_TRY(ls.acquire(stripes, slots));  // entries in the same sweep as the stripe lines
   {
     // Ext records are read and written only for blocks that become leaves
@@ -581,7 +581,7 @@ Result<size_t> PrefixIndex::abort_many(std::span<const uint32_t> slots, std::spa
     if (sl < hdr_.nslots) stripes.push_back(sl / hdr_.stripe_slots);
   size_t good = 0;
   {
-    LockSet ls(*this);
+    StripeLockSet ls(*this);
     CXLKV_TRY(ls.acquire(stripes, slots));
     // Leaf first: a chain given parent first is aborted from its end, and a
     // parent in a held stripe loses its child at once.
@@ -660,7 +660,7 @@ Result<size_t> PrefixIndex::pin_many(std::span<const BlockKey> keys, std::span<P
     stripes.push_back(stripe_of(keys[i]));
     probe_lines(keys[i], lines);
   }
-  LockSet ls(*this);
+  StripeLockSet ls(*this);
   CXLKV_TRY(ls.acquire(stripes, lines));
   const uint32_t now = now_ms();
   struct Cand {
@@ -726,7 +726,7 @@ Result<size_t> PrefixIndex::pin_many(std::span<const BlockKey> keys, std::span<P
     cxlkv_index_entry& e = c.e;
     e.pin_mask |= 1ULL << node_;
     e.lru_ms = now;  // recency: the evictor gives this leaf a second chance
-    write_entry(c.slot, e, false);  // rule 1/3: NT line; fenced at release (lock_set.hpp)
+    write_entry(c.slot, e, false);  // rule 1/3: NT line; fenced at release (stripe_lock_set.hpp)
     out[i] = PinnedBlock{c.slot, loc_of(e), e.version};
     status[i] = kBlockReserved;
     good++;
@@ -734,7 +734,7 @@ Result<size_t> PrefixIndex::pin_many(std::span<const BlockKey> keys, std::span<P
   return good;
 }
 
-bool PrefixIndex::pin_locked(LockSet& ls, uint32_t slot) {
+bool PrefixIndex::pin_locked(StripeLockSet& ls, uint32_t slot) {
   (void)ls;  // the caller holds the slot's stripe (rule 7)
   cxlkv_index_entry e = read_entry(slot);
   if (e.state != CXLKV_ENTRY_READY) return false;
@@ -752,7 +752,7 @@ bool PrefixIndex::pin_locked(LockSet& ls, uint32_t slot) {
   }
   if (!(e.pin_mask >> node_ & 1)) {
     e.pin_mask |= 1ULL << node_;  // no recency stamp: the reserve does not read it
-    write_entry(slot, e, false);  // rule 1/3: NT line; fenced at release (lock_set.hpp)
+    write_entry(slot, e, false);  // rule 1/3: NT line; fenced at release (stripe_lock_set.hpp)
   }
   return true;
 }
@@ -790,7 +790,7 @@ Result<size_t> PrefixIndex::unpin_many(std::span<const uint32_t> slots, std::spa
     stripes.push_back(slots[i] / hdr_.stripe_slots);
     lines.push_back(slots[i]);
   }
-  LockSet ls(*this);
+  StripeLockSet ls(*this);
   CXLKV_TRY(ls.acquire(stripes, lines));
   // Under the stripe locks: which of these slots does the node still pin?
   // Not those this index pinned again meanwhile (its count went up under
@@ -831,7 +831,7 @@ Result<size_t> PrefixIndex::unpin_many(std::span<const uint32_t> slots, std::spa
     good++;
     if (!clear[t]) continue;  // the node still pins it
     e.pin_mask &= ~(1ULL << node_);
-    write_entry(slots[i], e, false);  // rule 1/3: NT line; fenced at release (lock_set.hpp)
+    write_entry(slots[i], e, false);  // rule 1/3: NT line; fenced at release (stripe_lock_set.hpp)
   }
   return good;
 }

@@ -3,7 +3,7 @@
 // lines (entries, stripe lines, ext records) under the coherence contract.
 #include "index/index_internal.hpp"
 #include "index/index_check.hpp"
-#include "index/lock_set.hpp"
+#include "index/stripe_lock_set.hpp"
 #include "index/prefix_index.hpp"
 
 #include <time.h>
@@ -172,8 +172,8 @@ uint32_t PrefixIndex::now_ms() const { return static_cast<uint32_t>(realtime_ms(
 
 cxlkv_index_entry PrefixIndex::read_entry(uint32_t slot) const {
   // Under a lock set holding the slot's stripe: memory once per hold, then
-  // the set's copy (lock_set.hpp "Line cache": rule 4 + rule 7).
-  LockSet* ls = LockSet::holding(this, slot);
+  // the set's copy (stripe_lock_set.hpp "Line cache": rule 4 + rule 7).
+  StripeLockSet* ls = StripeLockSet::holding(this, slot);
   if (ls)
     if (const cxlkv_index_entry* c = ls->cached_entry(slot)) return *c;
   cxlkv_index_entry e = read_entry_fresh(slot);
@@ -216,7 +216,7 @@ uint32_t PrefixIndex::write_entry(uint32_t slot, cxlkv_index_entry e, bool bump)
   e.check = cxlkv_index_entry_check(&e);
   // rule 1: entry lines have many writers over time: one whole-line NT publish.
   d_->publish_line(slot_ptr(slot), &e);
-  if (LockSet* ls = LockSet::holding(this, slot)) {
+  if (StripeLockSet* ls = StripeLockSet::holding(this, slot)) {
     ls->put_entry(slot, e);
     // rule 3: a block left WRITING or READY is fenced with the set's other
     // writes at release, before the unlock; a removal (EVICTING, TOMBSTONE)
@@ -234,7 +234,7 @@ void PrefixIndex::write_empty(uint32_t slot) {
   static const cxlkv_index_entry zero{};
   d_->publish_line(slot_ptr(slot), &zero);  // rule 1: whole-line NT publish
   d_->fence();
-  if (LockSet* ls = LockSet::holding(this, slot)) ls->put_entry(slot, zero);
+  if (StripeLockSet* ls = StripeLockSet::holding(this, slot)) ls->put_entry(slot, zero);
 }
 
 cxlkv_index_stripe PrefixIndex::read_stripe(uint32_t stripe) const {
@@ -282,7 +282,7 @@ std::vector<cxlkv_index_stripe> PrefixIndex::read_stripes() const {
 }
 
 cxlkv_index_ext PrefixIndex::read_ext(uint32_t slot) const {
-  LockSet* ls = LockSet::holding(this, slot);  // line cache (lock_set.hpp)
+  StripeLockSet* ls = StripeLockSet::holding(this, slot);  // line cache (stripe_lock_set.hpp)
   if (ls)
     if (const cxlkv_index_ext* c = ls->cached_ext(slot)) return *c;
   // rule 4: only lock holders write ext records, and the caller holds the
@@ -301,7 +301,7 @@ cxlkv_index_ext PrefixIndex::read_ext(uint32_t slot) const {
 }
 
 void PrefixIndex::write_ext(uint32_t slot, const cxlkv_index_ext& x) {
-  LockSet* ls = LockSet::holding(this, slot);
+  StripeLockSet* ls = StripeLockSet::holding(this, slot);
   const cxlkv_index_ext* other = ls ? ls->cached_ext(slot ^ 1u) : nullptr;
   if (other) {
     // rule 1: the line's two records are of one stripe, written only under
@@ -317,7 +317,7 @@ void PrefixIndex::write_ext(uint32_t slot, const cxlkv_index_ext& x) {
     // rule 1: a line of two records with many writers over time: NT stores only.
     d_->store_nt(ext_ptr(slot), &x, sizeof x);
   }
-  // Fenced by LockSet::release() before the stripe line is cleaned (rule 3).
+  // Fenced by StripeLockSet::release() before the stripe line is cleaned (rule 3).
   if (ls) {
     ls->put_ext(slot, x);
     ls->defer_fence();

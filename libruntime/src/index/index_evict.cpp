@@ -35,7 +35,7 @@
 #include <string>
 
 #include "index/index_internal.hpp"
-#include "index/lock_set.hpp"
+#include "index/stripe_lock_set.hpp"
 #include "index/prefix_index.hpp"
 #include "util/log.hpp"
 
@@ -60,7 +60,7 @@ constexpr uint32_t kHotAgeFactor = 8;
 
 // ---- the lists ---------------------------------------------------------------
 
-void PrefixIndex::link(LockSet& ls, uint32_t slot, uint32_t ms, bool at_head) {
+void PrefixIndex::link(StripeLockSet& ls, uint32_t slot, uint32_t ms, bool at_head) {
   const uint32_t s = slot / hdr_.stripe_slots;
   ls.mark(s);
   cxlkv_index_stripe& st = ls.st(s);
@@ -99,7 +99,7 @@ void PrefixIndex::link(LockSet& ls, uint32_t slot, uint32_t ms, bool at_head) {
   write_ext(slot, x);
 }
 
-void PrefixIndex::unlink(LockSet& ls, uint32_t slot) {
+void PrefixIndex::unlink(StripeLockSet& ls, uint32_t slot) {
   const uint32_t s = slot / hdr_.stripe_slots, base = s * hdr_.stripe_slots;
   cxlkv_index_ext x = read_ext(slot);
   if (!(x.linked & CXLKV_EXT_LINKED)) return;
@@ -139,14 +139,14 @@ void PrefixIndex::mark_reused(uint32_t slot) {
   write_ext(slot, x);
 }
 
-void PrefixIndex::child_added(LockSet& ls, uint32_t parent_slot) {
+void PrefixIndex::child_added(StripeLockSet& ls, uint32_t parent_slot) {
   cxlkv_index_entry e = read_entry(parent_slot);
   e.children++;
   write_entry(parent_slot, e, false);
   if (e.children == 1) unlink(ls, parent_slot);  // no longer a leaf: not evictable
 }
 
-void PrefixIndex::child_dropped(LockSet& ls, uint32_t parent_slot, bool reused_child) {
+void PrefixIndex::child_dropped(StripeLockSet& ls, uint32_t parent_slot, bool reused_child) {
   cxlkv_index_entry e = read_entry(parent_slot);
   if (!live_index_state(e.state) || e.children == 0) return;
   e.children--;
@@ -157,7 +157,7 @@ void PrefixIndex::child_dropped(LockSet& ls, uint32_t parent_slot, bool reused_c
   if (e.children == 0 && e.state == CXLKV_ENTRY_READY && e.loc_tier == CXLKV_TIER_MEM) link_leaf(ls, parent_slot, e);
 }
 
-void PrefixIndex::link_leaf(LockSet& ls, uint32_t slot, const cxlkv_index_entry& e) {
+void PrefixIndex::link_leaf(StripeLockSet& ls, uint32_t slot, const cxlkv_index_entry& e) {
   // A leaf again, on its list by its last read: at the head when read more
   // recently than that list's tail, else at the tail (usually as cold as the
   // child that just went).
@@ -167,10 +167,10 @@ void PrefixIndex::link_leaf(LockSet& ls, uint32_t slot, const cxlkv_index_entry&
        /*at_head=*/list_tail(st, hot) != kNo && static_cast<int32_t>(e.lru_ms - list_tail_ms(st, hot)) > 0);
 }
 
-void PrefixIndex::repair_stripe(LockSet& ls, uint32_t s) {
+void PrefixIndex::repair_stripe(StripeLockSet& ls, uint32_t s) {
   // A holder died mid-change (list_dirty) or links are damaged: rebuild the
   // lists and the counters from the entries, which are self-consistent lines.
-  LockSet::Held& h = ls.at(s);
+  StripeLockSet::Held& h = ls.at(s);
   h.marked = true;  // release() writes the line back clean
   cxlkv_index_stripe& st = h.st;
   const uint32_t base = s * hdr_.stripe_slots;
@@ -220,7 +220,7 @@ void PrefixIndex::repair_stripe(LockSet& ls, uint32_t s) {
 
 // ---- removal -------------------------------------------------------------------
 
-void PrefixIndex::remove_locked(LockSet& ls, uint32_t slot, cxlkv_index_entry e, bool reclaim,
+void PrefixIndex::remove_locked(StripeLockSet& ls, uint32_t slot, cxlkv_index_entry e, bool reclaim,
                                 std::vector<uint32_t>* parents) {
   const uint32_t stripe = slot / hdr_.stripe_slots;
   const BlockLocation loc{e.loc_off, e.loc_len, e.loc_dev, e.loc_tier};
@@ -291,7 +291,7 @@ void PrefixIndex::remove_locked(LockSet& ls, uint32_t slot, cxlkv_index_entry e,
   else if (parent < hdr_.nslots) child_dropped(ls, parent, reused);
 }
 
-void PrefixIndex::trim_tombstones(LockSet& ls, uint32_t slot) {
+void PrefixIndex::trim_tombstones(StripeLockSet& ls, uint32_t slot) {
   // A tombstone followed by EMPTY ends no probe that could reach further:
   // make it EMPTY, and so on backwards, so probe lengths do not grow.  A
   // pending drop stays (it still counts as its parent's child).
@@ -306,7 +306,7 @@ void PrefixIndex::trim_tombstones(LockSet& ls, uint32_t slot) {
   }
 }
 
-bool PrefixIndex::settle_drop(LockSet& ls, uint32_t child, bool reused) {
+bool PrefixIndex::settle_drop(StripeLockSet& ls, uint32_t child, bool reused) {
   if (child >= hdr_.nslots || !ls.holds(child / hdr_.stripe_slots)) return false;
   cxlkv_index_entry e = read_entry(child);
   if (!pending_drop(e, hdr_.nslots) || !ls.holds(e.parent_slot / hdr_.stripe_slots)) return false;
@@ -317,7 +317,7 @@ bool PrefixIndex::settle_drop(LockSet& ls, uint32_t child, bool reused) {
   ls.mark(s);
   child_dropped(ls, parent, reused);
   e.parent_slot = CXLKV_INDEX_NO_SLOT;
-  write_entry(child, e, false);  // rule 1/3: whole line NT; fenced at release (lock_set.hpp)
+  write_entry(child, e, false);  // rule 1/3: whole line NT; fenced at release (stripe_lock_set.hpp)
   // A plain tombstone now: a ghost while the stripe has room for one.
   const uint32_t base = s * hdr_.stripe_slots, mask = hdr_.stripe_slots - 1;
   if (ls.st(s).tombstones > hdr_.stripe_slots / 8 &&
@@ -345,7 +345,7 @@ Result<void> PrefixIndex::drop_children(std::vector<uint32_t>& removed, PoolView
     removed.clear();
     return {};
   }
-  LockSet ls(*this);
+  StripeLockSet ls(*this);
   CXLKV_TRY(ls.acquire(stripes));
   for (uint32_t c : removed) (void)settle_drop(ls, c & ~flag, c & flag);
   removed.clear();
@@ -353,7 +353,7 @@ Result<void> PrefixIndex::drop_children(std::vector<uint32_t>& removed, PoolView
   return {};
 }
 
-void PrefixIndex::PoolView::take(const LockSet& ls) {
+void PrefixIndex::PoolView::take(const StripeLockSet& ls) {
   for (const auto& h : ls.held())
     if (h.stripe < st.size()) st[h.stripe] = h.st;
 }
@@ -370,7 +370,7 @@ bool PrefixIndex::lease_live(cxlkv_index_ext& x, uint32_t now, bool* ended_dead)
   return true;
 }
 
-bool PrefixIndex::evict_from_list(LockSet& ls, uint32_t s, bool hot, std::vector<uint32_t>* parents,
+bool PrefixIndex::evict_from_list(StripeLockSet& ls, uint32_t s, bool hot, std::vector<uint32_t>* parents,
                                   uint64_t limit, uint64_t bonus) {
   cxlkv_index_stripe& st = ls.st(s);
   const uint32_t now = now_ms(), base = s * hdr_.stripe_slots;
@@ -430,7 +430,7 @@ bool PrefixIndex::evict_from_list(LockSet& ls, uint32_t s, bool hot, std::vector
   return false;
 }
 
-Result<bool> PrefixIndex::evict_locked(LockSet& ls, uint32_t stripe, std::vector<uint32_t>* parents) {
+Result<bool> PrefixIndex::evict_locked(StripeLockSet& ls, uint32_t stripe, std::vector<uint32_t>* parents) {
   // This stripe's cold tail, else its hot tail (no pool-wide view here).
   if (evict_from_list(ls, stripe, false, parents, kNoLimit, 0)) return true;
   if (evict_from_list(ls, stripe, true, parents, kNoLimit, 0)) return true;
@@ -446,7 +446,7 @@ Result<bool> PrefixIndex::evict_locked(LockSet& ls, uint32_t stripe, std::vector
 // Move an unpinned READY block's payload to the SSD tier; the entry
 // stays READY (only its location changes), so lock-free readers and the
 // prefix closure never see a gap.  false: not demoted, evict it instead.
-bool PrefixIndex::demote_locked(LockSet& ls, uint32_t slot, cxlkv_index_entry e, std::vector<uint32_t>* parents) {
+bool PrefixIndex::demote_locked(StripeLockSet& ls, uint32_t slot, cxlkv_index_entry e, std::vector<uint32_t>* parents) {
   const uint32_t stripe = slot / hdr_.stripe_slots;
   const BlockLocation mem{e.loc_off, e.loc_len, e.loc_dev, e.loc_tier};
   auto to = demotion_->demote(BlockKey{e.key_lo, e.key_hi}, mem);  // the SSD block records its key
@@ -488,7 +488,8 @@ void PrefixIndex::read_window(uint32_t first, uint32_t n, cxlkv_index_entry* out
   }
 }
 
-Result<bool> PrefixIndex::evict_pass(LockSet& ls, uint32_t stripe, std::vector<uint32_t>* parents, EvictFrom from) {
+Result<bool> PrefixIndex::evict_pass(StripeLockSet& ls, uint32_t stripe, std::vector<uint32_t>* parents,
+                                     EvictFrom from) {
   // Fallback (what the lists do not hold): windows of kEvictWindow slots from
   // a rotating hand, each read in one sweep; finishes EVICTING leftovers,
   // reclaims dead writers' leaves, demotes non-leaves (docs/eviction.md "The SSD tier"), drops SSD
@@ -551,7 +552,7 @@ Result<bool> PrefixIndex::evict_pass(LockSet& ls, uint32_t stripe, std::vector<u
   return false;
 }
 
-Result<bool> PrefixIndex::evict_global(std::vector<uint32_t>* parents, LockSet* held, PoolView* view) {
+Result<bool> PrefixIndex::evict_global(std::vector<uint32_t>* parents, StripeLockSet* held, PoolView* view) {
   // Candidates: every stripe's cold tail, keyed by its link time, and its
   // hot tail, keyed by its link time plus a bonus of kHotAgeFactor times the
   // age of the oldest cold tail: a reused block goes only once it has gone
@@ -588,7 +589,7 @@ Result<bool> PrefixIndex::evict_global(std::vector<uint32_t>* parents, LockSet* 
   cand.resize(k);
   auto try_list = [&](const Cand& c, uint64_t limit) -> Result<bool> {
     if (held) return evict_from_list(*held, c.stripe, c.hot, parents, limit, bonus);
-    LockSet ls(*this);
+    StripeLockSet ls(*this);
     CXLKV_TRY(ls.acquire({c.stripe}));
     auto r = evict_from_list(ls, c.stripe, c.hot, parents, limit, bonus);
     if (view) view->take(ls);  // the line as this eviction leaves it (read fresh under the lock)
@@ -613,7 +614,7 @@ Result<bool> PrefixIndex::evict_global(std::vector<uint32_t>* parents, LockSet* 
   }
   for (uint32_t k = 0; k < hdr_.nstripes; k++) {
     const uint32_t s = evict_hand_.fetch_add(1, std::memory_order_relaxed) % hdr_.nstripes;
-    LockSet ls(*this);
+    StripeLockSet ls(*this);
     CXLKV_TRY(ls.acquire({s}));
     auto r = evict_locked(ls, s, parents);
     if (view) view->take(ls);
@@ -627,7 +628,7 @@ Result<bool> PrefixIndex::evict_one(uint32_t stripe) {
   std::vector<uint32_t> parents;
   Result<bool> r = false;
   {
-    LockSet ls(*this);
+    StripeLockSet ls(*this);
     CXLKV_TRY(ls.acquire({stripe}));
     r = evict_locked(ls, stripe, &parents);
   }
@@ -644,7 +645,7 @@ Result<bool> PrefixIndex::evict_any() {
 
 // ---- capacity ------------------------------------------------------------------
 
-void PrefixIndex::pool_used(const LockSet* ls, uint64_t* blocks, uint64_t* bytes) const {
+void PrefixIndex::pool_used(const StripeLockSet* ls, uint64_t* blocks, uint64_t* bytes) const {
   *blocks = *bytes = 0;
   std::vector<cxlkv_index_stripe> v = read_stripes();  // one sweep, one fence (rule 4)
   for (uint32_t s = 0; s < hdr_.nstripes; s++) {
@@ -658,7 +659,7 @@ void PrefixIndex::pool_used(const LockSet* ls, uint64_t* blocks, uint64_t* bytes
   }
 }
 
-bool PrefixIndex::over_capacity(const LockSet* ls, uint64_t add_blocks, uint64_t add_bytes) const {
+bool PrefixIndex::over_capacity(const StripeLockSet* ls, uint64_t add_blocks, uint64_t add_bytes) const {
   if (!cfg_.max_blocks && !cfg_.max_bytes) return false;
   uint64_t blocks, bytes;
   pool_used(ls, &blocks, &bytes);
@@ -666,7 +667,7 @@ bool PrefixIndex::over_capacity(const LockSet* ls, uint64_t add_blocks, uint64_t
          (cfg_.max_bytes && bytes + add_bytes > cfg_.max_bytes);
 }
 
-bool PrefixIndex::over_capacity(const PoolView& view, const LockSet* ls, uint64_t add_blocks,
+bool PrefixIndex::over_capacity(const PoolView& view, const StripeLockSet* ls, uint64_t add_blocks,
                                 uint64_t add_bytes) const {
   if (!cfg_.max_blocks && !cfg_.max_bytes) return false;
   uint64_t blocks = 0, bytes = 0;

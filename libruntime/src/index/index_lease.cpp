@@ -8,7 +8,7 @@
 #include <string>
 
 #include "index/index_internal.hpp"
-#include "index/lock_set.hpp"
+#include "index/stripe_lock_set.hpp"
 #include "index/prefix_index.hpp"
 
 namespace cxlkv {
@@ -25,7 +25,7 @@ Result<size_t> PrefixIndex::lease_many(std::span<const BlockKey> keys, uint64_t 
   const uint8_t node8 = consumer_node == kLeaseNodeAny ? CXLKV_LEASE_NODE_ANY : static_cast<uint8_t>(consumer_node);
   std::vector<uint32_t> stripes;
   for (const BlockKey& k : keys) stripes.push_back(stripe_of(k));
-  LockSet ls(*this);
+  StripeLockSet ls(*this);
   CXLKV_TRY(ls.acquire(stripes));
   const uint32_t now = now_ms();
   size_t good = 0;
@@ -92,7 +92,7 @@ Result<size_t> PrefixIndex::release_many(std::span<const BlockKey> keys, uint64_
   if (status.size() < keys.size()) return Error(-EINVAL, "index: lease release: fewer statuses than keys");
   std::vector<uint32_t> stripes;
   for (const BlockKey& k : keys) stripes.push_back(stripe_of(k));
-  LockSet ls(*this);
+  StripeLockSet ls(*this);
   CXLKV_TRY(ls.acquire(stripes));
   const uint32_t now = now_ms();
   size_t good = 0;

@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "index/lock_set.hpp"
+#include "index/stripe_lock_set.hpp"
 #include "index/prefix_index.hpp"
 
 namespace cxlkv {
@@ -18,7 +18,7 @@ Result<void> PrefixIndex::remove(const BlockKey& key) {
   const uint32_t s = stripe_of(key);
   std::vector<uint32_t> parents;
   {
-    LockSet ls(*this);
+    StripeLockSet ls(*this);
     CXLKV_TRY(ls.acquire({s}));  // rule 7: entries of stripe s change only under its lock
     uint32_t slot = CXLKV_INDEX_NO_SLOT;
     if (find_state(key, &slot) != CXLKV_ENTRY_READY)

@@ -20,7 +20,7 @@
 #include "cxlkv/sync.hpp"
 #include "index/index_check.hpp"
 #include "index/index_internal.hpp"
-#include "index/lock_set.hpp"
+#include "index/stripe_lock_set.hpp"
 #include "index/prefix_index.hpp"
 #include "util/log.hpp"
 
@@ -33,7 +33,7 @@ Result<bool> PrefixIndex::set_children(uint32_t slot, const BlockKey& key, uint3
     return Error(-EINVAL, "index: slot " + std::to_string(slot) + " out of range (" + std::to_string(hdr_.nslots) +
                               " slots)");
   const uint32_t s = slot / hdr_.stripe_slots;
-  LockSet ls(*this);
+  StripeLockSet ls(*this);
   // rule 7: the entry, its ext record and the stripe's lists change only
   // under the stripe's lock; acquire reads them fresh (rule 4) and rebuilds
   // a stripe a dead holder left dirty.
@@ -51,9 +51,10 @@ Result<bool> PrefixIndex::set_children(uint32_t slot, const BlockKey& key, uint3
   return true;
 }
 
-bool PrefixIndex::set_count_locked(LockSet& ls, uint32_t slot, cxlkv_index_entry e, uint32_t children) {
+bool PrefixIndex::set_count_locked(StripeLockSet& ls, uint32_t slot, cxlkv_index_entry e, uint32_t children) {
   e.children = children;
-  write_entry(slot, e, /*bump=*/false);  // rule 1/3: whole line NT with its check; fenced at release (lock_set.hpp)
+  // rule 1/3: whole line NT with its check; fenced at release (stripe_lock_set.hpp)
+  write_entry(slot, e, /*bump=*/false);
   // The lists hold exactly the READY memory leaves (uapi "Eviction lists").
   const bool leaf = e.state == CXLKV_ENTRY_READY && children == 0 && e.loc_tier == CXLKV_TIER_MEM;
   const bool linked = read_ext(slot).linked & CXLKV_EXT_LINKED;
@@ -108,7 +109,7 @@ bool PrefixIndex::dead_pins(const cxlkv_index_entry& e) {
   return changed;
 }
 
-uint64_t PrefixIndex::repair_locked(LockSet& ls, RepairReport& rep, std::vector<uint32_t>* parents) {
+uint64_t PrefixIndex::repair_locked(StripeLockSet& ls, RepairReport& rep, std::vector<uint32_t>* parents) {
   const uint32_t ns = hdr_.nslots, ss = hdr_.stripe_slots;
   // The exact view: other stripes swept from memory (no entry naming a
   // held slot can appear or go in them while we hold it, "Children
@@ -171,7 +172,7 @@ uint64_t PrefixIndex::repair_locked(LockSet& ls, RepairReport& rep, std::vector<
     if (!dead_pins(e)) continue;
     bool changed = false;
     pins_live(e, &changed);
-    write_entry(slot, e, false);  // rule 1/3: NT line; fenced at release (lock_set.hpp)
+    write_entry(slot, e, false);  // rule 1/3: NT line; fenced at release (stripe_lock_set.hpp)
     rep.pins_cleared++;
     fixed++;
   }
@@ -207,7 +208,7 @@ Result<PrefixIndex::RepairReport> PrefixIndex::repair_index() {
     }
     // A stripe line left dirty (its holder died mid-change, or one is in
     // its critical section now): its acquirer rebuilds the lists and
-    // counters (lock_set.hpp), so the capacity counts the truth again.
+    // counters (stripe_lock_set.hpp), so the capacity counts the truth again.
     const std::vector<cxlkv_index_stripe> lines = read_stripes();
     for (uint32_t st = 0; st < lines.size(); st++)
       if (lines[st].list_dirty) stripes.push_back(st);
@@ -217,7 +218,7 @@ Result<PrefixIndex::RepairReport> PrefixIndex::repair_index() {
     std::vector<uint32_t> parents;
     uint64_t fixed = 0;
     {
-      LockSet ls(*this);
+      StripeLockSet ls(*this);
       // rule 7: every change below is made under the lock of its stripe;
       // acquire rebuilds the lists of a stripe a dead holder left dirty.
       CXLKV_TRY(ls.acquire(stripes));

@@ -9,7 +9,7 @@
 #include <string>
 
 #include "index/index_internal.hpp"
-#include "index/lock_set.hpp"
+#include "index/stripe_lock_set.hpp"
 #include "index/node_pins.hpp"
 #include "util/log.hpp"
 
@@ -144,7 +144,7 @@ Result<bool> PrefixIndex::relocate(uint32_t slot, const BlockKey& key, const Blo
                                    const BlockLocation& to) {
   if (slot >= hdr_.nslots) return Error(-EINVAL, "index: slot " + std::to_string(slot) + " out of range");
   const uint32_t s = slot / hdr_.stripe_slots;
-  LockSet ls(*this);
+  StripeLockSet ls(*this);
   CXLKV_TRY(ls.acquire({s}));
   cxlkv_index_entry e = read_entry(slot);
   if (e.key_lo != key.lo || e.key_hi != key.hi || e.state != CXLKV_ENTRY_READY || e.loc_off != from.offset ||
@@ -179,7 +179,7 @@ Result<bool> PrefixIndex::drop_damaged(uint32_t slot, const BlockKey& key, const
   const uint32_t s = slot / hdr_.stripe_slots;
   std::vector<uint32_t> parents;
   {
-    LockSet ls(*this);
+    StripeLockSet ls(*this);
     CXLKV_TRY(ls.acquire({s}));
     cxlkv_index_entry e = read_entry(slot);
     if (e.key_lo != key.lo || e.key_hi != key.hi || e.state != CXLKV_ENTRY_READY || e.loc_off != at.offset ||
@@ -248,7 +248,7 @@ Result<uint64_t> PrefixIndex::reclaim_node_pins() {
       std::span<const uint32_t> these(slots.data() + a, b - a);
       a = b;
       if (s >= hdr_.nstripes) continue;
-      LockSet ls(*this);
+      StripeLockSet ls(*this);
       CXLKV_TRY(ls.acquire({s}, these));
       std::vector<uint8_t> node_free(these.size(), 0);
       node_pins_->drop(g, these, node_free.data());
@@ -257,7 +257,7 @@ Result<uint64_t> PrefixIndex::reclaim_node_pins() {
         cxlkv_index_entry e = read_entry(these[k]);
         if (!(e.pin_mask >> node_ & 1)) continue;
         e.pin_mask &= ~(1ULL << node_);
-        write_entry(these[k], e, false);  // rule 1/3: NT line; fenced at release (lock_set.hpp)
+        write_entry(these[k], e, false);  // rule 1/3: NT line; fenced at release (stripe_lock_set.hpp)
         cleared++;
       }
     }

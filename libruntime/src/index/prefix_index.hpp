@@ -33,7 +33,7 @@
 //    node's live ones (reclaim_node_pins).  Without them (tests' simulated
 //    nodes) the index is its node's only pinner, as before.
 //  * Lock order: a call takes the stripe locks it needs once, all together,
-//    in ascending stripe order (LockSet), and takes no other lock while it
+//    in ascending stripe order (StripeLockSet), and takes no other lock while it
 //    holds them; a call needing a lock it does not hold (a parent's
 //    `children` drop after an eviction, a victim in another stripe) releases
 //    its set first.  So waits-for edges always go from a lower to a higher
@@ -266,7 +266,7 @@ struct IndexUsage {
 class NodePins;  // index/node_pins.hpp
 
 namespace index_detail {
-class LockSet;  // index/lock_set.hpp (not the sync layer's cxlkv::LockSet)
+class StripeLockSet;  // index/stripe_lock_set.hpp (not the sync layer's cxlkv::LockSet)
 }
 
 class PrefixIndex {
@@ -469,8 +469,8 @@ class PrefixIndex {
   uint32_t stripe_of(const BlockKey& k) const;
 
  private:
-  friend class index_detail::LockSet;
-  using LockSet = index_detail::LockSet;
+  friend class index_detail::StripeLockSet;
+  using StripeLockSet = index_detail::StripeLockSet;
   PrefixIndex();  // out of line (node_pins_ is of an incomplete type here)
   cxlkv_index_entry* slot_ptr(uint32_t slot) const;
   cxlkv_index_stripe* stripe_ptr(uint32_t stripe) const;
@@ -498,51 +498,52 @@ class PrefixIndex {
   // ghost: set when a tombstone on the way still holds `key` (it was evicted).
   uint32_t probe(const BlockKey& key, cxlkv_index_entry* e, uint32_t* free_slot, bool* ghost = nullptr) const;
 
-  // ---- under a LockSet (index_evict.cpp) ------------------------------------
-  void link(LockSet& ls, uint32_t slot, uint32_t ms, bool at_head);
-  void unlink(LockSet& ls, uint32_t slot);
-  void child_added(LockSet& ls, uint32_t parent_slot);
+  // ---- under a StripeLockSet (index_evict.cpp) ------------------------------------
+  void link(StripeLockSet& ls, uint32_t slot, uint32_t ms, bool at_head);
+  void unlink(StripeLockSet& ls, uint32_t slot);
+  void child_added(StripeLockSet& ls, uint32_t parent_slot);
   // Children count down; a READY memory block left without children joins the list.
   // reused_child: the child that went was reused, so the parent was too.
-  void child_dropped(LockSet& ls, uint32_t parent_slot, bool reused_child = false);
+  void child_dropped(StripeLockSet& ls, uint32_t parent_slot, bool reused_child = false);
   // A READY memory block `e` at `slot` that just became a leaf joins its list
   // by its last read (child_dropped, set_children).
-  void link_leaf(LockSet& ls, uint32_t slot, const cxlkv_index_entry& e);
+  void link_leaf(StripeLockSet& ls, uint32_t slot, const cxlkv_index_entry& e);
   void mark_reused(uint32_t slot);  // sets ext REUSED (under the stripe lock)
-  void repair_stripe(LockSet& ls, uint32_t stripe);  // rebuild the lists + counters from the entries
+  void repair_stripe(StripeLockSet& ls, uint32_t stripe);  // rebuild the lists + counters from the entries
   // Remove entry at slot (payload freed).  A parent in a held stripe has its
   // children count dropped at once; else the entry stays a pending drop (a
   // tombstone naming the parent) and `slot` is appended to `parents` for
   // drop_children() after unlocking.
-  void remove_locked(LockSet& ls, uint32_t slot, cxlkv_index_entry e, bool reclaim, std::vector<uint32_t>* parents);
+  void remove_locked(StripeLockSet& ls, uint32_t slot, cxlkv_index_entry e, bool reclaim,
+                     std::vector<uint32_t>* parents);
   // The pending drop at `child`, when `ls` holds its stripe and its
   // parent's: the parent's count drops and the tombstone names no parent
   // any more.  false: not a pending drop (settled already), or a stripe not held.
-  bool settle_drop(LockSet& ls, uint32_t child, bool reused);
+  bool settle_drop(StripeLockSet& ls, uint32_t child, bool reused);
   // Empty plain tombstones from `slot` backwards (pending drops stay).
-  void trim_tombstones(LockSet& ls, uint32_t slot);
+  void trim_tombstones(StripeLockSet& ls, uint32_t slot);
   // The online repair (index_repair.cpp): see repair_index().
-  uint64_t repair_locked(LockSet& ls, RepairReport& rep, std::vector<uint32_t>* parents);
+  uint64_t repair_locked(StripeLockSet& ls, RepairReport& rep, std::vector<uint32_t>* parents);
   void sweep_entries(std::vector<cxlkv_index_entry>& all) const;  // the table, lock-free (rule 4)
   bool dead_pins(const cxlkv_index_entry& e);  // a READY entry with pin bits of dead nodes
   // A WRITING entry the repair takes: its writer is dead (index_repair.cpp).
   bool dead_writing(const cxlkv_index_entry& e, uint32_t now);
   // The count of the live entry `e` at `slot` becomes `children`; its list
   // membership follows (a READY memory leaf is listed).  true: a leaf now.
-  bool set_count_locked(LockSet& ls, uint32_t slot, cxlkv_index_entry e, uint32_t children);
+  bool set_count_locked(StripeLockSet& ls, uint32_t slot, cxlkv_index_entry e, uint32_t children);
   // A READY block pinned by this index under the held set (reserve_locked).
-  bool pin_locked(LockSet& ls, uint32_t slot);
+  bool pin_locked(StripeLockSet& ls, uint32_t slot);
   // Evict from the tail of the stripe's hot or cold list (lazy promotion of
   // used tails); a tail's key is its linked_ms (+ bonus on the hot list):
   // false if no victim whose key <= limit was found in a few steps.
-  bool evict_from_list(LockSet& ls, uint32_t stripe, bool hot, std::vector<uint32_t>* parents, uint64_t limit,
+  bool evict_from_list(StripeLockSet& ls, uint32_t stripe, bool hot, std::vector<uint32_t>* parents, uint64_t limit,
                        uint64_t bonus);
   // Read n consecutive entries in one invalidation sweep and one fence (rule 4).
   void read_window(uint32_t first, uint32_t n, cxlkv_index_entry* out) const;
-  Result<bool> evict_locked(LockSet& ls, uint32_t stripe, std::vector<uint32_t>* parents);
+  Result<bool> evict_locked(StripeLockSet& ls, uint32_t stripe, std::vector<uint32_t>* parents);
   enum class EvictFrom { any, mem, ssd };  // which tier's blocks a pass may choose (docs/eviction.md "The SSD tier")
-  Result<bool> evict_pass(LockSet& ls, uint32_t stripe, std::vector<uint32_t>* parents, EvictFrom from);
-  bool demote_locked(LockSet& ls, uint32_t slot, cxlkv_index_entry e, std::vector<uint32_t>* parents);
+  Result<bool> evict_pass(StripeLockSet& ls, uint32_t stripe, std::vector<uint32_t>* parents, EvictFrom from);
+  bool demote_locked(StripeLockSet& ls, uint32_t slot, cxlkv_index_entry e, std::vector<uint32_t>* parents);
   // The stripe lines as one call last saw them: read in one sweep (rule 4)
   // at the start of the call, then kept current with the lines this call
   // wrote (copied from its LockSets before they release), so a reserve that
@@ -552,12 +553,12 @@ class PrefixIndex {
   // by their in-flight chains until the next reserve's sweep.
   struct PoolView {
     std::vector<cxlkv_index_stripe> st;
-    void take(const LockSet& ls);  // the held stripes' current lines
+    void take(const StripeLockSet& ls);  // the held stripes' current lines
   };
   PoolView pool_view() const { return PoolView{read_stripes()}; }
   // One victim pool-wide: the oldest list tail over all stripes (of `view`,
   // else one sweep of the stripe lines), or only over the stripes `held` holds.
-  Result<bool> evict_global(std::vector<uint32_t>* parents, LockSet* held, PoolView* view = nullptr);
+  Result<bool> evict_global(std::vector<uint32_t>* parents, StripeLockSet* held, PoolView* view = nullptr);
   // Evict ahead of demand until `blocks` more blocks / `bytes` fit the
   // pool-wide capacity (or nothing evictable is left).  No lock held.
   Result<void> make_room(uint64_t blocks, uint64_t bytes, PoolView* view = nullptr);
@@ -566,23 +567,23 @@ class PrefixIndex {
   Result<void> drop_children(std::vector<uint32_t>& removed, PoolView* view = nullptr);
   bool lease_live(cxlkv_index_ext& x, uint32_t now, bool* ended_dead);
   // Pool-wide usage: sweep of the stripe lines, held stripes from `ls`.
-  void pool_used(const LockSet* ls, uint64_t* blocks, uint64_t* bytes) const;
-  bool over_capacity(const LockSet* ls, uint64_t add_blocks, uint64_t add_bytes) const;
+  void pool_used(const StripeLockSet* ls, uint64_t* blocks, uint64_t* bytes) const;
+  bool over_capacity(const StripeLockSet* ls, uint64_t add_blocks, uint64_t add_bytes) const;
   // The same against `view` (no sweep), held stripes from `ls`.
-  bool over_capacity(const PoolView& view, const LockSet* ls, uint64_t add_blocks, uint64_t add_bytes) const;
+  bool over_capacity(const PoolView& view, const StripeLockSet* ls, uint64_t add_blocks, uint64_t add_bytes) const;
 
   // ---- batch internals (index_batch.cpp) -------------------------------------
   // Reserve keys[from..) under the held set; returns index of the first block
   // not settled or keys.size().
-  size_t reserve_locked(LockSet& ls, const BlockKey* pkey, std::span<const BlockKey> keys, size_t from,
+  size_t reserve_locked(StripeLockSet& ls, const BlockKey* pkey, std::span<const BlockKey> keys, size_t from,
                         uint64_t bytes, std::span<Reservation> out, std::span<int32_t> status,
                         std::vector<uint32_t>* parents, bool* need_reclaim,
                         std::vector<std::pair<uint32_t, BlockKey>>* pinned,
                         const PoolView& view, bool through_busy);
   void block_error(int32_t code, std::string msg);
-  // The first slots of `key`'s probe sequence (read in a LockSet's sweep).
+  // The first slots of `key`'s probe sequence (read in a StripeLockSet's sweep).
   void probe_lines(const BlockKey& key, std::vector<uint32_t>& out) const;
-  void prefetch_probes(LockSet& ls, const BlockKey* pkey, std::span<const BlockKey> keys);
+  void prefetch_probes(StripeLockSet& ls, const BlockKey* pkey, std::span<const BlockKey> keys);
   Result<size_t> publish_checked(std::span<const uint32_t> slots, std::span<const BlockKey> keys,
                                  std::span<const Reservation> handles, std::span<int32_t> status);
   // reserve_chain without the repair-and-retry of a full pool.

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: MIT
-// LockSet: the stripe locks one index call holds, taken once each in
+// StripeLockSet: the stripe locks one index call holds, taken once each in
 // ascending stripe order, with each held stripe's line cached for the call.
 //
 // Stripe line protocol (uapi cxlkv_index_stripe.list_dirty): before the
@@ -36,7 +36,7 @@
 namespace cxlkv {
 namespace index_detail {
 
-class LockSet {
+class StripeLockSet {
  public:
   struct Held {
     uint32_t stripe;
@@ -44,10 +44,10 @@ class LockSet {
     bool marked = false;
   };
 
-  explicit LockSet(PrefixIndex& ix) : ix_(ix) {}
-  ~LockSet() { release(); }
-  LockSet(const LockSet&) = delete;
-  LockSet& operator=(const LockSet&) = delete;
+  explicit StripeLockSet(PrefixIndex& ix) : ix_(ix) {}
+  ~StripeLockSet() { release(); }
+  StripeLockSet(const StripeLockSet&) = delete;
+  StripeLockSet& operator=(const StripeLockSet&) = delete;
 
   // Lock `stripes` (any order, duplicates allowed) in ascending order, then
   // read their stripe lines and the entry lines of `prefetch` (slots of the
@@ -209,9 +209,9 @@ class LockSet {
 
   // ---- line cache (hooks of PrefixIndex's codec, index_entry.cpp) ----------
   // The set of this thread holding the stripe of `slot` of `ix`, if any.
-  static LockSet* holding(const PrefixIndex* ix, uint32_t slot) {
+  static StripeLockSet* holding(const PrefixIndex* ix, uint32_t slot) {
     if (slot >= ix->hdr_.nslots) return nullptr;
-    for (LockSet* p = active_; p; p = p->prev_)
+    for (StripeLockSet* p = active_; p; p = p->prev_)
       if (&p->ix_ == ix && p->holds(slot / ix->hdr_.stripe_slots)) return p;
     return nullptr;
   }
@@ -282,7 +282,7 @@ class LockSet {
     return lines_.back();
   }
   void activate() {
-    for (LockSet* p = active_; p; p = p->prev_)
+    for (StripeLockSet* p = active_; p; p = p->prev_)
       if (p == this) return;
     prev_ = active_;
     active_ = this;
@@ -291,7 +291,7 @@ class LockSet {
     if (active_ == this) {
       active_ = prev_;
     } else {
-      for (LockSet* p = active_; p; p = p->prev_)
+      for (StripeLockSet* p = active_; p; p = p->prev_)
         if (p->prev_ == this) {
           p->prev_ = prev_;
           break;
@@ -307,8 +307,8 @@ class LockSet {
   std::vector<Line> lines_;        // cached lines of held stripes
   std::vector<uint32_t> table_;    // slot -> 1 + index in lines_ (0: empty), open addressing
   bool fence_due_ = false;
-  LockSet* prev_ = nullptr;        // the set that was active on this thread before this one
-  static inline thread_local LockSet* active_ = nullptr;
+  StripeLockSet* prev_ = nullptr;        // the set that was active on this thread before this one
+  static inline thread_local StripeLockSet* active_ = nullptr;
 };
 
 }  // namespace index_detail
