@@ -1,6 +1,10 @@
 // SPDX-License-Identifier: MIT
 // Scalar kernels of the near-memory engine: the fallback on any x86-64 and
-// the definition the AVX2 / AVX-512 kernels are tested against.
+// the definition the AVX2 / AVX-512 kernels are tested against:
+// kernels_template.hpp with one lane per vector and one query head at a
+// time, so every sum is taken in index order, as a plain loop takes it.
+// Also the table lookup, the digest update and the start-up choice of
+// instruction set.
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
@@ -12,75 +16,39 @@
 #include "pnm/dtype.hpp"
 #include "pnm/pnm_internal.hpp"
 
+#define CXLKV_PNM_TARGET
+#include "pnm/kernels_template.hpp"
+
 namespace cxlkv::pnm {
 namespace detail {
 namespace {
 
-void score_scalar(Dtype t, const void* dig, uint32_t np, uint32_t dim, const float* q, uint32_t nq,
-                  ScoreMode mode, float* out) {
-  const size_t es = dtype_size(t);
-  for (uint32_t p = 0; p < np; p++) {
-    const auto* mn = static_cast<const unsigned char*>(dig) + size_t(p) * 2 * dim * es;
-    const auto* mx = mn + dim * es;
-    float best = -INFINITY;
-    for (uint32_t h = 0; h < nq; h++) {
-      const float* qh = q + size_t(h) * dim;
-      float s, smin = 0, smax = 0;
-      if (mode == ScoreMode::upper_bound) {
-        s = 0;
-        for (uint32_t d = 0; d < dim; d++) s += std::max(qh[d] * load_elem(t, mn, d), qh[d] * load_elem(t, mx, d));
-      } else {
-        for (uint32_t d = 0; d < dim; d++) {
-          smin += qh[d] * load_elem(t, mn, d);
-          smax += qh[d] * load_elem(t, mx, d);
-        }
-        s = std::max(smin, smax);
-      }
-      best = std::max(best, s);
-    }
-    out[p] = best;
-  }
-}
+struct Scalar {
+  using F = float;
+  using I = int16_t;
+  static constexpr uint32_t kF = 1, kI = 1, kHeadChunk = 1;
 
-void dot_scalar(Dtype t, const void* k, uint32_t ntok, uint32_t dim, const float* q, float* out) {
-  const size_t es = dtype_size(t);
-  for (uint32_t i = 0; i < ntok; i++) {
-    const auto* r = static_cast<const unsigned char*>(k) + size_t(i) * dim * es;
-    float s = 0;
-    for (uint32_t d = 0; d < dim; d++) s += q[d] * load_elem(t, r, d);
-    out[i] = s;
-  }
-}
+  static F zero() { return 0; }
+  static F set1(float x) { return x; }
+  static F load(const float* p) { return *p; }
+  static void store(float* p, F v) { *p = v; }
+  static F load_elems(Dtype t, const void* base, uint32_t i) { return load_elem(t, base, i); }
+  static F add(F a, F b) { return a + b; }
+  static F mul(F a, F b) { return a * b; }
+  static F max(F a, F b) { return std::max(a, b); }
+  static F fmadd(F a, F b, F c) { return a * b + c; }
+  static float hsum(F v) { return v; }
 
-void axpy_scalar(Dtype t, const void* v, uint32_t ntok, uint32_t dim, const float* w, float* acc) {
-  const size_t es = dtype_size(t);
-  for (uint32_t i = 0; i < ntok; i++) {
-    const auto* r = static_cast<const unsigned char*>(v) + size_t(i) * dim * es;
-    for (uint32_t d = 0; d < dim; d++) acc[d] += w[i] * load_elem(t, r, d);
-  }
-}
-
-// bf16 and fp16 are sign-magnitude: x ^ ((x >> 15) & 0x7fff) (arithmetic
-// shift) maps them to two's-complement integers of the same order (NaN
-// aside), and the map is its own inverse.
-inline int16_t key16(int16_t x) { return int16_t(x ^ ((x >> 15) & 0x7fff)); }
-
-void minmax16_scalar(const int16_t* rows, uint32_t ntok, uint32_t dim, int16_t* mn, int16_t* mx) {
-  for (uint32_t d = 0; d < dim; d++) {
-    int16_t a = key16(mn[d]), b = key16(mx[d]);
-    for (uint32_t i = 0; i < ntok; i++) {
-      const int16_t k = key16(rows[size_t(i) * dim + d]);
-      a = std::min(a, k);
-      b = std::max(b, k);
-    }
-    mn[d] = key16(a);
-    mx[d] = key16(b);
-  }
-}
+  static I load16(const int16_t* p) { return *p; }
+  static void store16(int16_t* p, I v) { *p = v; }
+  static I min16(I a, I b) { return std::min(a, b); }
+  static I max16(I a, I b) { return std::max(a, b); }
+  static I key16(I x) { return order_key(x); }
+};
 
 }  // namespace
 
-const Kernels kScalarKernels = {score_scalar, dot_scalar, axpy_scalar, minmax16_scalar};
+const Kernels kScalarKernels = kernel_table<Scalar>();
 
 const Kernels& kernels(Isa isa) {
   switch (isa) {
@@ -99,22 +67,9 @@ void digest_rows(Dtype t, const void* rows, uint32_t ntok, uint32_t dim, void* d
     std::memcpy(dg, rows, dim * es);
     std::memcpy(dg + dim * es, rows, dim * es);
   }
-  if (t == Dtype::f32) {
-    // The same order map on 32-bit sign-magnitude floats.
-    auto key = [](int32_t x) { return int32_t(x ^ ((x >> 31) & 0x7fffffff)); };
+  if (t == Dtype::f32) {  // the same order map on 32-bit sign-magnitude floats
     auto* mn = reinterpret_cast<int32_t*>(dg);
-    auto* mx = mn + dim;
-    const auto* r = static_cast<const int32_t*>(rows);
-    for (uint32_t i = 0; i < dim; i++) {
-      int32_t a = key(mn[i]), b = key(mx[i]);
-      for (uint32_t j = 0; j < ntok; j++) {
-        const int32_t k = key(r[size_t(j) * dim + i]);
-        a = std::min(a, k);
-        b = std::max(b, k);
-      }
-      mn[i] = key(a);
-      mx[i] = key(b);
-    }
+    minmax_columns(static_cast<const int32_t*>(rows), ntok, dim, 0, mn, mn + dim);
     return;
   }
   auto* mn = reinterpret_cast<int16_t*>(dg);

@@ -26,8 +26,8 @@ const cxlkv_cuda_pnm_ops*& pnm_ops_override();
 
 namespace detail {
 
-// One instruction set's kernels (score_*.cpp); chosen once per call site
-// from Isa, never per element.
+// One instruction set's kernels (kernels_template.hpp, instantiated in
+// kernels_*.cpp); chosen once per call site from Isa, never per element.
 struct Kernels {
   // out[p] = max over nq heads of score(q_h, digest p); digests [np][2][dim].
   void (*score)(Dtype t, const void* dig, uint32_t np, uint32_t dim, const float* q, uint32_t nq,
