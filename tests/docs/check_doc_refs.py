@@ -141,7 +141,6 @@ if readme_lines > README_MAX_LINES:
                     "move detail into docs/ and link to it")
 
 # ---- no tracker numbers in code and tests ------------------------------------
-issues = 0
 for dirpath, dirs, files in os.walk(ROOT):
     dirs[:] = [d for d in dirs if not d.startswith(".") and not d.startswith("build") and d != "shared"]
     for name in files:
@@ -154,9 +153,7 @@ for dirpath, dirs, files in os.walk(ROOT):
             continue
         for m in ISSUE_RE.finditer(text):
             line = text.count("\n", 0, m.start()) + 1
-            msg = f'{rel}:{line}: cites "{m.group(0)}": say the reason, or the docs/ section that explains it'
-            issues += 1
-            problems.append(msg)
+            problems.append(f'{rel}:{line}: cites "{m.group(0)}": say the reason, or the docs/ section that explains it')
 
 for p in problems:
     print(p)
