@@ -41,6 +41,12 @@ Merges into the results file (one flat JSON object), per ARM and SCOPE
                                       cxlkv_scatter_read / cxlkv_gather_write of the same
                                       blocks (same geometry, chunk lists) in the same run
   engine.cxlkv.load_vs_raw, engine.cxlkv.save_vs_raw   (target <= 1.5)
+  engine.cxlkv.block_bytes            the tiny model's KV block (2 layers, 2 KV heads of 64: 64 KiB)
+  engine.wide.*                       the same connector figures and raw copies for the same
+                                      model with a KV block as large as a real model's (4
+                                      layers, 8 KV heads of 128: 1 MiB a 32-token block; a
+                                      Llama-3-8B block of 16 tokens is 2 MiB): the per-call
+                                      costs weigh per block as they do in a real engine
 """
 import argparse
 import ctypes as C
@@ -140,21 +146,58 @@ def run_arm(work, model, arm, scope, prompts, uri, nodes):
                 req_per_s=round(req_s, 3))
 
 
-def connector_engines(work, model, prompts, uri, nodes):
+def connector_engines(work, model, prompts, uri, nodes, tag="two_engines", kv_cache_bytes=256 << 20):
     """Engines A (saves every prompt) and B (loads them, one request at a
     time) of the cxlkv arm's two_engines scope, as run_arm runs them: the
     connector's own figures come from their metrics files."""
-    kw = dict(max_model_len=2048, kv_cache_bytes=256 << 20, max_num_seqs=8)
+    kw = dict(max_model_len=2048, kv_cache_bytes=kv_cache_bytes, max_num_seqs=8)
 
     def engine_spec(rounds, node):
         return spec(model, rounds, connector(uri, node, metrics_textfile=os.path.join(
-            work, f"two_engines-{node}-{{role}}-{{rank}}.prom")), prefix_caching=False, **kw)
-    run_engine(work, "cxlkv-two_engines-A", engine_spec([dict(prompts=prompts, max_tokens=8)], nodes[0]))
-    run_engine(work, "cxlkv-two_engines-B", engine_spec([dict(prompts=prompts, max_tokens=8, one_by_one=True)],
-                                                        nodes[1]))
+            work, f"{tag}-{node}-{{role}}-{{rank}}.prom")), prefix_caching=False, **kw)
+    run_engine(work, f"cxlkv-{tag}-A", engine_spec([dict(prompts=prompts, max_tokens=8)], nodes[0]))
+    run_engine(work, f"cxlkv-{tag}-B", engine_spec([dict(prompts=prompts, max_tokens=8, one_by_one=True)],
+                                                   nodes[1]))
 
 
-def raw_copy_us_per_block(nblocks, reps=5):
+def connector_figures(work, tag, nodes, geometry, prefix):
+    """The connector's load / save time per block (engine B's loads, engine
+    A's saves of ``tag``) beside the raw copies of as many blocks of the same
+    geometry, measured now: ``prefix``.* figures."""
+    load = cxlkv.metrics.read_textfile(os.path.join(work, f"{tag}-{nodes[1]}-worker-tp0pp0.prom"))
+    save = cxlkv.metrics.read_textfile(os.path.join(work, f"{tag}-{nodes[0]}-worker-tp0pp0.prom"))
+    loaded = load["cxlkv_client_loaded_blocks_total"]
+    block_bytes = load["cxlkv_client_load_bytes_total"] / loaded if loaded else 0
+    # Blocks A wrote (not those it found in the pool already, which cost no
+    # copy): the save time is per block copied.
+    saved = save["cxlkv_client_store_bytes_total"] / block_bytes if block_bytes else 0
+    if not loaded or not saved:
+        raise SystemExit(f"engine bench: {tag}: engine B loaded {loaded} blocks, engine A wrote {saved}: "
+                         "no connector figures (see the engines' logs above)")
+    w_us, r_us, raw_block_bytes = raw_copy_us_per_block(int(max(loaded, saved)), **geometry)
+    if raw_block_bytes != block_bytes:
+        raise SystemExit(f"engine bench: {tag}: the engines moved blocks of {block_bytes} bytes, the raw copy "
+                         f"{raw_block_bytes}: the geometries differ")
+    res = {}
+    res[f"{prefix}.cxlkv.load_us_per_block"] = round(load["cxlkv_client_adapter_load_seconds_total"] / loaded * 1e6, 3)
+    res[f"{prefix}.cxlkv.save_us_per_block"] = round(save["cxlkv_client_adapter_save_seconds_total"] / saved * 1e6, 3)
+    res[f"{prefix}.raw.scatter_read_us_per_block"] = round(r_us, 3)
+    res[f"{prefix}.raw.gather_write_us_per_block"] = round(w_us, 3)
+    res[f"{prefix}.cxlkv.load_vs_raw"] = round(res[f"{prefix}.cxlkv.load_us_per_block"] / r_us, 3)
+    res[f"{prefix}.cxlkv.save_vs_raw"] = round(res[f"{prefix}.cxlkv.save_us_per_block"] / w_us, 3)
+    res[f"{prefix}.cxlkv.loaded_blocks"] = loaded
+    res[f"{prefix}.cxlkv.written_blocks"] = saved
+    res[f"{prefix}.cxlkv.block_bytes"] = block_bytes
+    return res
+
+
+# The tiny model's KV geometry, and the wide one: the same model with a KV
+# block as large as a real model's (make_tiny_llama's kv_heads / head_dim).
+TINY = dict(layers=2, kv_heads=2, head_dim=64)
+WIDE = dict(layers=4, kv_heads=8, head_dim=128)
+
+
+def raw_copy_us_per_block(nblocks, layers, kv_heads, head_dim, reps=5):
     """cxlkv_gather_write / cxlkv_scatter_read of ``nblocks`` blocks of the
     engines' geometry (vLLM's CPU cache views of the tiny model, the chunk
     lists the connector builds), one call per block, into a scratch pool's
@@ -163,8 +206,8 @@ def raw_copy_us_per_block(nblocks, reps=5):
     from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheTensor, create_kv_cache_views
     from vllm.v1.kv_cache_layout import KVCacheLayout
     from cxlkv.integrations.vllm import paged_kv_of
-    spec_ = FullAttentionSpec(block_size=BLOCK, num_kv_heads=2, head_size=64, dtype=torch.float32)
-    nb, layers, page = max(nblocks, 1), 2, spec_.page_size_bytes
+    spec_ = FullAttentionSpec(block_size=BLOCK, num_kv_heads=kv_heads, head_size=head_dim, dtype=torch.float32)
+    nb, page = max(nblocks, 1), spec_.page_size_bytes
     raw = torch.zeros(layers * nb * page, dtype=torch.int8)
     t = KVCacheTensor(size=raw.numel(), layers=[f"l{i}" for i in range(layers)], layer_stride=nb * page,
                       block_stride=page)
@@ -222,6 +265,15 @@ def main():
         finally:
             env.close()
         arms = ["cxlkv"]
+    if "cxlkv" in arms:
+        wide = make_tiny_llama(os.path.join(work, "tiny-llama-wide"), **WIDE)
+        env = PoolEnv("engine-bench-wide", size=2 << 30)
+        try:
+            print("engine bench: connector with real-size KV blocks (wide A and B) ...", file=sys.stderr, flush=True)
+            connector_engines(work, wide, prompts, env.uri, (5, 6), tag="wide", kv_cache_bytes=1 << 30)
+        finally:
+            env.close()
+        res.update(connector_figures(work, "wide", (5, 6), WIDE, "engine.wide"))
     for scope in () if args.connector_only else ("one_engine", "two_engines"):
         for arm in arms:
             env = PoolEnv(f"engine-bench-{arm}", size=1 << 30)
@@ -238,18 +290,7 @@ def main():
                 res[f"engine.two_engines.cxlkv.ttft_ms_{stat}"] / res[f"engine.two_engines.lmcache.ttft_ms_{stat}"], 3)
     if "cxlkv" in arms:
         # The connector's own time: engine B of two_engines (loads), engine A (saves).
-        load = cxlkv.metrics.read_textfile(os.path.join(work, "two_engines-3-worker-tp0pp0.prom"))
-        save = cxlkv.metrics.read_textfile(os.path.join(work, "two_engines-2-worker-tp0pp0.prom"))
-        loaded = load["cxlkv_client_loaded_blocks_total"]
-        saved = save["cxlkv_client_stored_blocks_total"]
-        w_us, r_us, _ = raw_copy_us_per_block(int(max(loaded, saved)))
-        res["engine.cxlkv.load_us_per_block"] = round(load["cxlkv_client_adapter_load_seconds_total"] / loaded * 1e6, 3)
-        res["engine.cxlkv.save_us_per_block"] = round(save["cxlkv_client_adapter_save_seconds_total"] / saved * 1e6, 3)
-        res["engine.raw.scatter_read_us_per_block"] = round(r_us, 3)
-        res["engine.raw.gather_write_us_per_block"] = round(w_us, 3)
-        res["engine.cxlkv.load_vs_raw"] = round(res["engine.cxlkv.load_us_per_block"] / r_us, 3)
-        res["engine.cxlkv.save_vs_raw"] = round(res["engine.cxlkv.save_us_per_block"] / w_us, 3)
-        res["engine.cxlkv.loaded_blocks"] = loaded
+        res.update(connector_figures(work, "two_engines", (2, 3), TINY, "engine"))
     res["engine.requests"] = len(prompts)
     os.makedirs(os.path.dirname(args.results), exist_ok=True)
     old = {}
