@@ -36,7 +36,7 @@ class DemotionTarget;
 struct BlockLocation;
 class Region;
 class NodeContext;
-class KvIndexBackend;
+class IndexBatchOps;
 
 // One pool device holding payload: its mapping and the domain to touch it.
 struct PoolDevice {
@@ -187,7 +187,7 @@ struct KvDeps {
   bool lookup_checks_readable = true;
   // Where reserve / publish / abort / pin / unpin go (the index
   // service's client); nullptr: this store's own index (lock-based).
-  KvIndexBackend* index_backend = nullptr;
+  IndexBatchOps* index_backend = nullptr;
 };
 
 class KvStore {
@@ -372,8 +372,7 @@ class KvStore {
 
   KvDeps deps_;
   std::unique_ptr<PrefixIndex> index_;
-  std::unique_ptr<KvIndexBackend> local_ops_;  // the lock-based path over index_
-  KvIndexBackend* ops_ = nullptr;              // deps_.index_backend or local_ops_
+  IndexBatchOps* ops_ = nullptr;  // deps_.index_backend or index_ (the lock-based path)
   std::unique_ptr<PayloadSpace> interleaved_space_;
   std::unique_ptr<PayloadTier> mem_tier_;
   std::unique_ptr<DemotionTarget> demotion_;  // MEM -> SSD copy for the index

@@ -68,6 +68,15 @@ void PrefixIndex::begin_batch() {
 
 std::string PrefixIndex::last_block_message() { return t_block_msg; }
 
+Result<size_t> IndexBatchOps::publish_many(std::span<const Reservation>, std::span<const BlockKey>,
+                                           std::span<int32_t>) {
+  return Error(-ENOTSUP, std::string("index: the ") + mode() + " index path cannot check versions at publish");
+}
+
+std::string IndexBatchOps::block_message(const char*, const BlockKey&, int32_t) const {
+  return PrefixIndex::last_block_message();
+}
+
 PrefixIndex::BatchFailure PrefixIndex::batch_failure() { return BatchFailure{t_block_code, t_block_msg}; }
 
 void PrefixIndex::set_batch_failure(const BatchFailure& f) {

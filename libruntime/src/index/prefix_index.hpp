@@ -269,7 +269,56 @@ namespace index_detail {
 class StripeLockSet;  // index/stripe_lock_set.hpp (not the sync layer's cxlkv::LockSet)
 }
 
-class PrefixIndex {
+// The index's batch calls (docs/coherence.md "PrefixIndex batch
+// interface"), the one interface a KV store makes its locking index calls
+// through: PrefixIndex itself (this process takes the stripe locks) or the
+// index service's client (kv/index_service.hpp: the same calls over the
+// shared-memory RPC to the process that owns the index; docs/rpc.md "The
+// index service").  Both act on the same on-pool index, so statuses,
+// locations and chain semantics are the same.  The calls are documented on
+// PrefixIndex below.
+class IndexBatchOps {
+ public:
+  virtual ~IndexBatchOps() = default;
+  virtual Result<size_t> reserve_chain(const BlockKey* parent, std::span<const BlockKey> keys, uint64_t bytes,
+                                       std::span<Reservation> out, std::span<int32_t> status,
+                                       bool through_busy = false) = 0;
+  virtual Result<size_t> publish_many(std::span<const uint32_t> slots, std::span<const BlockKey> keys,
+                                      std::span<int32_t> status) = 0;
+  // publish_many that also checks each entry's version and location under
+  // the stripe lock; false where the calls cannot (the index service's
+  // protocol carries no versions): the store then checks the handles itself
+  // before publishing.
+  virtual bool publish_checks_versions() const { return false; }
+  virtual Result<size_t> publish_many(std::span<const Reservation> handles, std::span<const BlockKey> keys,
+                                      std::span<int32_t> status);
+  virtual Result<size_t> abort_many(std::span<const uint32_t> slots, std::span<const BlockKey> keys,
+                                    std::span<int32_t> status) = 0;
+  virtual Result<size_t> pin_many(std::span<const BlockKey> keys, std::span<PinnedBlock> out,
+                                  std::span<int32_t> status) = 0;
+  virtual Result<size_t> unpin_many(std::span<const uint32_t> slots, std::span<const BlockKey> keys,
+                                    std::span<int32_t> status) = 0;
+  // Take and drop the locks of `keys` ahead of several calls on them;
+  // nothing where the locks are not this process's to take (the index
+  // service takes its own).
+  virtual void lock_ahead(std::span<const BlockKey> /*keys*/) {}
+  // The node and incarnation (low 32 bits) that own reservations made
+  // through these calls (the handle check of docs/integrity.md "Fencing:
+  // handles carry the entry version"): this node for the lock-based path,
+  // the serving node for the service.
+  virtual void reservation_owner(uint32_t* node, uint32_t* incarnation) const = 0;
+  // "locks" or "service" (metrics, messages).
+  virtual const char* mode() const = 0;
+  // The message for a block that the last batch call refused with `code`
+  // (empty: none better than the code's name).  The lock-based path keeps
+  // the first failure's message in this thread; the index service's
+  // refusals come back as codes only, so its client names the pool, the
+  // service and the cause the code stands for (docs/integrity.md "Checked
+  // metadata").
+  virtual std::string block_message(const char* op, const BlockKey& key, int32_t code) const;
+};
+
+class PrefixIndex final : public IndexBatchOps {
  public:
   // Attach to a formatted index carve.  Fails with a message if the carve is
   // not formatted (bad magic / version / geometry).
@@ -384,19 +433,20 @@ class PrefixIndex {
   // blocks below a BUSY one promptly.  The return value still counts leading
   // RESERVED / EXISTS blocks only (it stops at the first BUSY one).
   Result<size_t> reserve_chain(const BlockKey* parent, std::span<const BlockKey> keys, uint64_t bytes,
-                               std::span<Reservation> out, std::span<int32_t> status, bool through_busy = false);
+                               std::span<Reservation> out, std::span<int32_t> status,
+                               bool through_busy = false) override;
   // Takes the stripe locks of `keys` in one multi-lock acquire and releases
   // them at once, changing nothing.  The grants the node keeps afterwards
   // (sticky grants: docs/coherence.md "Multi-lock acquire", uapi/cxlkv_ctrl.h
   // "Sticky grants") spare the batch calls that follow (one per chain of a
   // step) a lock manager round trip each: one round trip for the step.
   // Best effort: a lock that cannot be had now is the later call's to wait for.
-  void lock_ahead(std::span<const BlockKey> keys);
+  void lock_ahead(std::span<const BlockKey> keys) override;
   // Each handles blocks independently (status per block); returns how many
   // succeeded.  publish_many publishes in the given order (a chain parent
   // first), so a child whose parent is published earlier in the call succeeds.
   Result<size_t> publish_many(std::span<const uint32_t> slots, std::span<const BlockKey> keys,
-                              std::span<int32_t> status);
+                              std::span<int32_t> status) override;
   // publish_many of reservations (slot, location, version) that also fences
   // each block by its handle (docs/integrity.md "Fencing: handles carry the entry version"): a block whose entry no longer has
   // the version and location its reservation carries (reclaimed and
@@ -404,12 +454,19 @@ class PrefixIndex {
   // makes under the stripe lock anyway, so the KV store's put_chain needs no
   // handle check of its own after the copy.
   Result<size_t> publish_many(std::span<const Reservation> handles, std::span<const BlockKey> keys,
-                              std::span<int32_t> status);
+                              std::span<int32_t> status) override;
+  bool publish_checks_versions() const override { return true; }
   Result<size_t> abort_many(std::span<const uint32_t> slots, std::span<const BlockKey> keys,
-                            std::span<int32_t> status);
-  Result<size_t> pin_many(std::span<const BlockKey> keys, std::span<PinnedBlock> out, std::span<int32_t> status);
+                            std::span<int32_t> status) override;
+  Result<size_t> pin_many(std::span<const BlockKey> keys, std::span<PinnedBlock> out,
+                          std::span<int32_t> status) override;
   Result<size_t> unpin_many(std::span<const uint32_t> slots, std::span<const BlockKey> keys,
-                            std::span<int32_t> status);
+                            std::span<int32_t> status) override;
+  void reservation_owner(uint32_t* node, uint32_t* incarnation) const override {
+    *node = node_;
+    *incarnation = inc_lo_;
+  }
+  const char* mode() const override { return "locks"; }
   // ---- handoff leases (index_lease.cpp) ---------------------------------------
   // A producer leases READY blocks for a consumer (a request id; the
   // consuming node or kLeaseNodeAny): they are not evicted (nor demoted)

@@ -372,15 +372,22 @@ IndexServiceHost::~IndexServiceHost() {
 }
 
 Result<std::unique_ptr<IndexServiceClient>> IndexServiceClient::connect(NodeContext& node,
-                                                                      const RpcClientOptions& base) {
+                                                                      const RpcClientOptions& base,
+                                                                      const std::string& pool) {
   RpcClientOptions o = base;
   o.carve = kIndexServiceCarve;
   auto c = RpcClient::connect(node, o);
-  if (!c) return c.error();
+  if (!c && pool.empty()) return c.error();
+  if (!c)
+    return Error(c.error().code(), "kv: pool " + pool + " is in index-service mode (carve " + kIndexServiceCarve +
+                                       ") but its index service cannot be reached: " + c.error().message() +
+                                       " (start `cxlkvd --index-service` on the pool, or open with "
+                                       "CXLKV_INDEX_MODE=locks)");
   auto cl = std::unique_ptr<IndexServiceClient>(new IndexServiceClient);
   cl->rpc_ = std::move(c.value());
   cl->req_.resize(kMaxReq);
   cl->rep_.resize(kMaxRep);
+  cl->pool_ = pool;
   return cl;
 }
 
@@ -399,9 +406,9 @@ Result<uint64_t> finish(const Result<RpcReply>& r, const std::vector<std::byte>&
 }
 }  // namespace
 
-Result<size_t> IndexServiceClient::reserve_chain(const BlockKey* parent, std::span<const BlockKey> keys,
-                                                 uint64_t bytes, std::span<Reservation> out,
-                                                 std::span<int32_t> status, bool through_busy) {
+Result<size_t> IndexServiceClient::reserve_rpc(const BlockKey* parent, std::span<const BlockKey> keys,
+                                               uint64_t bytes, std::span<Reservation> out, std::span<int32_t> status,
+                                               bool through_busy) {
   if (out.size() < keys.size() || status.size() < keys.size())
     return Error(-EINVAL, "index service: reserve_chain: output spans shorter than the keys");
   size_t leading = 0;
@@ -460,21 +467,8 @@ Result<size_t> IndexServiceClient::slots_op(uint32_t op, std::span<const uint32_
   return ok;
 }
 
-Result<size_t> IndexServiceClient::publish_many(std::span<const uint32_t> slots, std::span<const BlockKey> keys,
-                                                std::span<int32_t> status) {
-  return slots_op(kOpPublish, slots, keys, status);
-}
-Result<size_t> IndexServiceClient::abort_many(std::span<const uint32_t> slots, std::span<const BlockKey> keys,
-                                              std::span<int32_t> status) {
-  return slots_op(kOpAbort, slots, keys, status);
-}
-Result<size_t> IndexServiceClient::unpin_many(std::span<const uint32_t> slots, std::span<const BlockKey> keys,
-                                              std::span<int32_t> status) {
-  return slots_op(kOpUnpin, slots, keys, status);
-}
-
-Result<size_t> IndexServiceClient::pin_many(std::span<const BlockKey> keys, std::span<PinnedBlock> out,
-                                            std::span<int32_t> status) {
+Result<size_t> IndexServiceClient::pin_rpc(std::span<const BlockKey> keys, std::span<PinnedBlock> out,
+                                           std::span<int32_t> status) {
   if (out.size() < keys.size() || status.size() < keys.size())
     return Error(-EINVAL, "index service: pin_many: output spans shorter than the keys");
   size_t ok = 0;
@@ -500,24 +494,10 @@ Result<size_t> IndexServiceClient::pin_many(std::span<const BlockKey> keys, std:
   return ok;
 }
 
-// ---- KvStore backend (service mode) ------------------------------------------
+// ---- the batch calls (IndexBatchOps), errors naming the pool ------------------
 
-Result<std::unique_ptr<IndexServiceBackend>> IndexServiceBackend::connect(NodeContext& node, const std::string& pool,
-                                                                        const RpcClientOptions& base) {
-  auto c = IndexServiceClient::connect(node, base);
-  if (!c)
-    return Error(c.error().code(), "kv: pool " + pool + " is in index-service mode (carve " + kIndexServiceCarve +
-                                       ") but its index service cannot be reached: " + c.error().message() +
-                                       " (start `cxlkvd --index-service` on the pool, or open with "
-                                       "CXLKV_INDEX_MODE=locks)");
-  auto b = std::unique_ptr<IndexServiceBackend>(new IndexServiceBackend);
-  b->cl_ = std::move(c.value());
-  b->pool_ = pool;
-  return b;
-}
-
-Result<size_t> IndexServiceBackend::named(Result<size_t> r) const {
-  if (r) return r;
+Result<size_t> IndexServiceClient::named(Result<size_t> r) const {
+  if (r || pool_.empty()) return r;
   return Error(r.error().code(), "kv: pool " + pool_ + ": " + r.error().message());
 }
 
@@ -525,7 +505,7 @@ Result<size_t> IndexServiceBackend::named(Result<size_t> r) const {
 // server's log.  The codes of the pin's entry checks and the allocator's
 // checks mean one cause each (PrefixIndex::pin_many, ChunkAllocator;
 // docs/integrity.md "Block owners: overlapping entries"), so the message says it here.
-std::string IndexServiceBackend::block_message(const char* op, const BlockKey& key, int32_t code) const {
+std::string IndexServiceClient::block_message(const char* op, const BlockKey& key, int32_t code) const {
   std::string m = "kv: pool " + pool_ + ": " + op + " of block " + to_hex(key) + " refused by the pool's index service (" +
                   std::strerror(-code) + ")";
   const char* audit = "; the service's log names the fields, `cxlkvctl kv check` audits the index";
@@ -544,30 +524,26 @@ std::string IndexServiceBackend::block_message(const char* op, const BlockKey& k
   return m;
 }
 
-Result<size_t> IndexServiceBackend::reserve_chain(const BlockKey* parent, std::span<const BlockKey> keys,
-                                                  uint64_t bytes, std::span<Reservation> out,
-                                                  std::span<int32_t> status, bool through_busy) {
-  return named(cl_->reserve_chain(parent, keys, bytes, out, status, through_busy));
+Result<size_t> IndexServiceClient::reserve_chain(const BlockKey* parent, std::span<const BlockKey> keys,
+                                                 uint64_t bytes, std::span<Reservation> out,
+                                                 std::span<int32_t> status, bool through_busy) {
+  return named(reserve_rpc(parent, keys, bytes, out, status, through_busy));
 }
-Result<size_t> IndexServiceBackend::publish_many(std::span<const uint32_t> slots, std::span<const BlockKey> keys,
-                                                 std::span<int32_t> status) {
-  return named(cl_->publish_many(slots, keys, status));
+Result<size_t> IndexServiceClient::publish_many(std::span<const uint32_t> slots, std::span<const BlockKey> keys,
+                                                std::span<int32_t> status) {
+  return named(slots_op(kOpPublish, slots, keys, status));
 }
-Result<size_t> IndexServiceBackend::abort_many(std::span<const uint32_t> slots, std::span<const BlockKey> keys,
-                                               std::span<int32_t> status) {
-  return named(cl_->abort_many(slots, keys, status));
+Result<size_t> IndexServiceClient::abort_many(std::span<const uint32_t> slots, std::span<const BlockKey> keys,
+                                              std::span<int32_t> status) {
+  return named(slots_op(kOpAbort, slots, keys, status));
 }
-Result<size_t> IndexServiceBackend::pin_many(std::span<const BlockKey> keys, std::span<PinnedBlock> out,
-                                             std::span<int32_t> status) {
-  return named(cl_->pin_many(keys, out, status));
+Result<size_t> IndexServiceClient::pin_many(std::span<const BlockKey> keys, std::span<PinnedBlock> out,
+                                            std::span<int32_t> status) {
+  return named(pin_rpc(keys, out, status));
 }
-Result<size_t> IndexServiceBackend::unpin_many(std::span<const uint32_t> slots, std::span<const BlockKey> keys,
-                                               std::span<int32_t> status) {
-  return named(cl_->unpin_many(slots, keys, status));
-}
-void IndexServiceBackend::reservation_owner(uint32_t* node, uint32_t* inc) const {
-  *node = cl_->owner_node();
-  *inc = cl_->owner_incarnation();
+Result<size_t> IndexServiceClient::unpin_many(std::span<const uint32_t> slots, std::span<const BlockKey> keys,
+                                              std::span<int32_t> status) {
+  return named(slots_op(kOpUnpin, slots, keys, status));
 }
 
 }  // namespace cxlkv

@@ -27,7 +27,7 @@
 //
 // It lives in kv/, above the generic RPC of rpc/: the server serves a
 // KvSession of its own, and open_kv_session connects the client as the
-// store's KvIndexBackend (docs/architecture.md "The include rule").
+// store's IndexBatchOps (docs/architecture.md "The include rule").
 #pragma once
 
 #include <cstdint>
@@ -37,7 +37,6 @@
 #include "cxlkv/kv.hpp"
 #include "cxlkv/rpc.hpp"
 #include "index/prefix_index.hpp"
-#include "kv/kv_index_backend.hpp"
 
 namespace cxlkv {
 
@@ -87,45 +86,21 @@ class IndexServiceHost {
 };
 
 // Client side: the batch calls of PrefixIndex (docs/coherence.md
-// "PrefixIndex batch interface"), answered by the service.  Whole-call
-// errors: the RPC's (-ECONNRESET, -ETIMEDOUT) or the server's.
-class IndexServiceClient {
+// "PrefixIndex batch interface"), answered by the service; a KvStore's
+// index calls in service mode (KvOpenOptions::index_mode, open_kv_session).
+// A service that is down is an error of the call, never a hang:
+// -ECONNRESET (no live server, or it died / was replaced under the
+// request) or -ETIMEDOUT (no answer within the RPC's timeout); the
+// server's refusals come back as its codes.  `pool` (may be empty) names
+// the pool in every error.
+class IndexServiceClient final : public IndexBatchOps {
  public:
-  static Result<std::unique_ptr<IndexServiceClient>> connect(NodeContext& node, const RpcClientOptions& base = {});
+  static Result<std::unique_ptr<IndexServiceClient>> connect(NodeContext& node, const RpcClientOptions& base = {},
+                                                             const std::string& pool = {});
   Result<size_t> reserve_chain(const BlockKey* parent, std::span<const BlockKey> keys, uint64_t bytes,
-                               std::span<Reservation> out, std::span<int32_t> status, bool through_busy = false);
-  Result<size_t> publish_many(std::span<const uint32_t> slots, std::span<const BlockKey> keys,
-                              std::span<int32_t> status);
-  Result<size_t> abort_many(std::span<const uint32_t> slots, std::span<const BlockKey> keys,
-                            std::span<int32_t> status);
-  Result<size_t> pin_many(std::span<const BlockKey> keys, std::span<PinnedBlock> out, std::span<int32_t> status);
-  Result<size_t> unpin_many(std::span<const uint32_t> slots, std::span<const BlockKey> keys,
-                            std::span<int32_t> status);
-  RpcClient& rpc() { return *rpc_; }
-  // The serving node and its incarnation, from the latest reply (the owner
-  // of the reservations made through the service).
-  uint32_t owner_node() const { return owner_node_; }
-  uint32_t owner_incarnation() const { return owner_inc_; }
-
- private:
-  Result<size_t> slots_op(uint32_t op, std::span<const uint32_t> slots, std::span<const BlockKey> keys,
-                          std::span<int32_t> status);
-  std::unique_ptr<RpcClient> rpc_;
-  std::vector<std::byte> req_, rep_;
-  uint32_t owner_node_ = 0xffffffffu, owner_inc_ = 0;
-};
-
-// A KvStore's index backend in service mode (KvOpenOptions::index_mode,
-// open_kv_session): the client above, with errors that name the pool and
-// the service.  A service that is down is an error of the call, never a
-// hang: -ECONNRESET (no live server, or it died / was replaced under the
-// request) or -ETIMEDOUT (no answer within `timeout`).
-class IndexServiceBackend final : public KvIndexBackend {
- public:
-  static Result<std::unique_ptr<IndexServiceBackend>> connect(NodeContext& node, const std::string& pool,
-                                                              const RpcClientOptions& base = {});
-  Result<size_t> reserve_chain(const BlockKey* parent, std::span<const BlockKey> keys, uint64_t bytes,
-                               std::span<Reservation> out, std::span<int32_t> status, bool through_busy) override;
+                               std::span<Reservation> out, std::span<int32_t> status,
+                               bool through_busy = false) override;
+  using IndexBatchOps::publish_many;  // of reservations: not on the wire (publish_checks_versions false)
   Result<size_t> publish_many(std::span<const uint32_t> slots, std::span<const BlockKey> keys,
                               std::span<int32_t> status) override;
   Result<size_t> abort_many(std::span<const uint32_t> slots, std::span<const BlockKey> keys,
@@ -134,14 +109,28 @@ class IndexServiceBackend final : public KvIndexBackend {
                           std::span<int32_t> status) override;
   Result<size_t> unpin_many(std::span<const uint32_t> slots, std::span<const BlockKey> keys,
                             std::span<int32_t> status) override;
-  void reservation_owner(uint32_t* node, uint32_t* inc) const override;
+  // The serving node and its incarnation, from the latest reply (the owner
+  // of the reservations made through the service).
+  void reservation_owner(uint32_t* node, uint32_t* inc) const override {
+    *node = owner_node_;
+    *inc = owner_inc_;
+  }
   const char* mode() const override { return "service"; }
   std::string block_message(const char* op, const BlockKey& key, int32_t code) const override;
-  IndexServiceClient& client() { return *cl_; }
+  RpcClient& rpc() { return *rpc_; }
+  uint32_t owner_node() const { return owner_node_; }
+  uint32_t owner_incarnation() const { return owner_inc_; }
 
  private:
+  Result<size_t> reserve_rpc(const BlockKey* parent, std::span<const BlockKey> keys, uint64_t bytes,
+                             std::span<Reservation> out, std::span<int32_t> status, bool through_busy);
+  Result<size_t> pin_rpc(std::span<const BlockKey> keys, std::span<PinnedBlock> out, std::span<int32_t> status);
+  Result<size_t> slots_op(uint32_t op, std::span<const uint32_t> slots, std::span<const BlockKey> keys,
+                          std::span<int32_t> status);
   Result<size_t> named(Result<size_t> r) const;
-  std::unique_ptr<IndexServiceClient> cl_;
+  std::unique_ptr<RpcClient> rpc_;
+  std::vector<std::byte> req_, rep_;
+  uint32_t owner_node_ = 0xffffffffu, owner_inc_ = 0;
   std::string pool_;
 };
 

@@ -26,7 +26,6 @@
 
 #include "cxlkv/kv.hpp"
 #include "index/prefix_index.hpp"
-#include "kv/kv_index_backend.hpp"
 #include "util/log.hpp"
 
 namespace cxlkv {
@@ -41,7 +40,7 @@ uint32_t as_handle(int32_t status) { return static_cast<uint32_t>(status); }
 // The index's batch calls report a code per block and keep the first
 // failure's message; this is that message (the backend's: the index service
 // sends codes only), or one made from the code.
-Error block_error(const KvIndexBackend& ops, const char* op, const BlockKey& k, int32_t code) {
+Error block_error(const IndexBatchOps& ops, const char* op, const BlockKey& k, int32_t code) {
   std::string m = ops.block_message(op, k, code);
   if (!m.empty()) return Error(code, m);
   return Error(code, std::string("kv: ") + op + " of block " + to_hex(k) + ": " + std::strerror(-code));
@@ -362,7 +361,7 @@ Result<size_t> KvStore::publish_blocks(std::span<const KvReservation> rs, std::s
   auto t0 = std::chrono::steady_clock::now();
   // in_index: the handle check is the index's own fresh read under the
   // stripe lock (key, state, owner, and the reservation's version and location).
-  auto good = how == PublishCheck::in_index ? ops_->publish_many_versioned(handles, p.keys, p.status)
+  auto good = how == PublishCheck::in_index ? ops_->publish_many(handles, p.keys, p.status)
                                             : ops_->publish_many(p.slots, p.keys, p.status);
   record(CXLKV_LAT_PUBLISH, t0, p.at.size());
   if (!good) return good.error();

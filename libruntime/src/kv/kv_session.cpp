@@ -28,7 +28,6 @@
 #include "index/node_pins.hpp"
 #include "index/prefix_index.hpp"
 #include "kv/index_service.hpp"
-#include "kv/kv_index_backend.hpp"
 #include "sync/node_local.hpp"
 #include "util/lock_timeout.hpp"
 #include "util/log.hpp"
@@ -482,7 +481,7 @@ class RealSession final : public KvSession {
   std::unique_ptr<TwoTierStripeLocks> locks;
   std::unique_ptr<NodeTableLiveness> live;
   std::unique_ptr<HeapSpace> space;
-  std::unique_ptr<IndexServiceBackend> service;  // docs/rpc.md "The index service"
+  std::unique_ptr<IndexServiceClient> service;  // docs/rpc.md "The index service"
   std::unique_ptr<KvStore> store_;
   std::unique_ptr<Drainer> drainer;  // declared last: stops first, before the heap goes
 };
@@ -522,7 +521,7 @@ Result<std::unique_ptr<KvSession>> open_kv_session(Region& pool, NodeContext& no
       return Error(-EOPNOTSUPP, "kv: pool " + pool.uri() + ": the SSD tier is not supported in index-service mode");
     RpcClientOptions ro;
     ro.timeout = std::chrono::milliseconds(5000);  // a batch of 256 on a loaded server
-    auto b = IndexServiceBackend::connect(node, pool.uri(), ro);
+    auto b = IndexServiceClient::connect(node, ro, pool.uri());
     if (!b) return b.error();
     s->service = std::move(b.value());
   }

@@ -13,7 +13,6 @@
 #include "index/index_check.hpp"
 #include "index/prefix_index.hpp"
 #include "kv/interleave.hpp"
-#include "kv/kv_index_backend.hpp"
 #include "tier/ssd_payload_tier.hpp"
 #include "transfer/cpu_copy.hpp"
 #include "util/clock.hpp"
@@ -289,8 +288,7 @@ Result<std::unique_ptr<KvStore>> KvStore::create(KvDeps deps) {
   if (!ix) return ix.error();
   kv->index_ = std::move(ix.value());
   // docs/rpc.md "The index service": the locking calls go to the index service when one is given.
-  kv->local_ops_ = std::make_unique<LocalIndexBackend>(*kv->index_, dp.node, static_cast<uint32_t>(dp.incarnation));
-  kv->ops_ = dp.index_backend ? dp.index_backend : kv->local_ops_.get();
+  kv->ops_ = dp.index_backend ? dp.index_backend : kv->index_.get();
   kv->mem_tier_ = std::make_unique<MemTier>(dp.devices, set);
   if (dp.ssd_tier && dp.demote_on_evict) {  // docs/eviction.md "The SSD tier"
     kv->demotion_ = std::make_unique<TierDemotion>(*kv->mem_tier_, *dp.ssd_tier);
