@@ -19,7 +19,7 @@
 #include <linux/types.h>
 #include <linux/xarray.h>
 
-#include "cxlkv.h"
+#include "cxlkv_pool.h"
 #include "cxlkv_ioctl.h"
 
 #define CXLKV_MODULE_VERSION "0.1.0"

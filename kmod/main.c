@@ -2,7 +2,7 @@
 /*
  * cxlkv.ko: exposes memory shared by several hosts (CXL Type-3 memory, an
  * ivshmem device between virtual machines, or a test-only emulated range)
- * as /dev/cxlkvN, with the pool superblock and carves of uapi/cxlkv.h,
+ * as /dev/cxlkvN, with the pool superblock and carves of uapi/cxlkv_pool.h,
  * per-carve memory types, DDIO control and global lock slot ownership.
  */
 #include <linux/fs.h>

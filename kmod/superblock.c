@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: GPL-2.0
 /*
- * The pool superblock and its carve table, as laid out in uapi/cxlkv.h and
+ * The pool superblock and its carve table, as laid out in uapi/cxlkv_pool.h and
  * shared with the userspace runtime on every host.  The superblock is read
  * after invalidating its lines and written, checksummed, then flushed
  * (coherence contract rules 3 and 4).  Callers hold dev->lock; hosts do not

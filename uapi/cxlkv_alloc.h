@@ -72,7 +72,7 @@
 
 #include <linux/types.h>
 
-#include "cxlkv.h"   /* CXLKV_STATIC_ASSERT, CXLKV_LINE_SIZE */
+#include "cxlkv_pool.h"   /* CXLKV_STATIC_ASSERT, CXLKV_LINE_SIZE */
 
 /* "CXLKVAL1" */
 #define CXLKV_ALLOC_MAGIC         0x314c41564b4c5843ULL

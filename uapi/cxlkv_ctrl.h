@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: (GPL-2.0 WITH Linux-syscall-note) OR MIT */
 /*
  * Layout of the control carve (CXLKV_CARVE_CONTROL): node table, lock
- * manager lease and global lock slots.  Included by cxlkv.h.
+ * manager lease and global lock slots.  Included by cxlkv_pool.h.
  *
  *   +0                      struct cxlkv_ctrl_header (one line, written at format)
  *   +lease_off              struct cxlkv_lease       (one line, lock manager only)
@@ -31,7 +31,7 @@ struct cxlkv_ctrl_header {
 	__u32 version;           /* CXLKV_CTRL_VERSION */
 	__u32 max_nodes;         /* equals superblock max_nodes */
 	__u32 max_locks;         /* lock ids are 0 .. max_locks-1 */
-	__u32 checksum;          /* low 32 bits of cxlkv_hdr_checksum() of this line (uapi/cxlkv.h) */
+	__u32 checksum;          /* low 32 bits of cxlkv_hdr_checksum() of this line (uapi/cxlkv_pool.h) */
 	__u64 lease_off;
 	__u64 node_table_off;
 	__u64 lock_table_off;

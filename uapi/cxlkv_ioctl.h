@@ -22,7 +22,7 @@
 #include <linux/ioctl.h>
 #include <linux/types.h>
 
-#include "cxlkv.h"
+#include "cxlkv_pool.h"
 
 #define CXLKV_IOCTL_ABI_VERSION 1u
 #define CXLKV_IOC_MAGIC         0xC7
@@ -92,7 +92,7 @@ CXLKV_STATIC_ASSERT(sizeof(struct cxlkv_ioc_format) == 32, "ioc_format size");
  * CARVE_CREATE: in name, size (rounded up to 2 MiB), memtype, flags
  * (CXLKV_CARVE_F_*); out offset (first fit after the superblock).
  * CARVE_LOOKUP: in name; out the whole entry.
- * The entry is struct cxlkv_carve from cxlkv.h, the on-pool layout itself.
+ * The entry is struct cxlkv_carve from cxlkv_pool.h, the on-pool layout itself.
  */
 #define CXLKV_CARVE_RM_FORCE    (1u << 0)  /* remove a CXLKV_CARVE_F_SYSTEM carve */
 

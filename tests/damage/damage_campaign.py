@@ -65,7 +65,7 @@ import time
 LINE = 64
 MASK64 = (1 << 64) - 1
 
-# --- checksums of uapi/cxlkv.h, cxlkv_index.h, cxlkv_pnm.h, cxlkv_objstore.h
+# --- checksums of uapi/cxlkv_pool.h, cxlkv_index.h, cxlkv_pnm.h, cxlkv_objstore.h
 
 
 def fnv64(b, ck_off, ck_len):
@@ -373,7 +373,7 @@ class Campaign:
         def add(cls, name, off, n=LINE, fix=None, vals=()):
             t.append((cls, name, off, n, fix, tuple(vals)))
 
-        # superblock (uapi/cxlkv.h)
+        # superblock (uapi/cxlkv_pool.h)
         ncarves = u32(img, 28)
         add("superblock", "sb.line0", 0, 64, fix_sb)
         add("superblock", "sb.line1", 64, 64, fix_sb)

@@ -49,7 +49,7 @@ destdir)
 	echo "library directory: $rel"
 	for f in "$rel/libcxlkv.so.0" "$rel/libcxlkv.so" "$rel/pkgconfig/cxlkv.pc" \
 		"$rel/cmake/cxlkv/cxlkvConfig.cmake" "$rel/cmake/cxlkv/cxlkvConfigVersion.cmake" \
-		/usr/include/cxlkv/cxlkv.h /usr/include/cxlkv/version.h /usr/include/cxlkv/kv.hpp /usr/include/uapi/cxlkv.h \
+		/usr/include/cxlkv/cxlkv.h /usr/include/cxlkv/version.h /usr/include/cxlkv/kv.hpp /usr/include/uapi/cxlkv_pool.h \
 		/usr/bin/cxlkvctl /usr/bin/cxlkvd /usr/bin/cxlkv-replay \
 		/lib/systemd/system/cxlkvd.service /usr/lib/systemd/system/cxlkvd.service /etc/cxlkv/cxlkvd.conf \
 		/usr/share/bash-completion/completions/cxlkvctl \
@@ -64,7 +64,7 @@ destdir)
 	done
 	[ "$(readlink "$root$rel/libcxlkv.so")" = libcxlkv.so.0 ] || [ "$(readlink "$root$rel/libcxlkv.so")" = "$(basename "$(readlink -f "$root$rel/libcxlkv.so.0")")" ] ||
 		fail "libcxlkv.so -> $(readlink "$root$rel/libcxlkv.so")"
-	ls "$root/usr/src"/cxlkv-*/kmod/main.c "$root/usr/src"/cxlkv-*/uapi/cxlkv.h > /dev/null
+	ls "$root/usr/src"/cxlkv-*/kmod/main.c "$root/usr/src"/cxlkv-*/uapi/cxlkv_pool.h > /dev/null
 	# Configured for this prefix, not the build's.
 	grep -q '^prefix=/usr$' "$root$rel/pkgconfig/cxlkv.pc" || fail "cxlkv.pc: prefix is not /usr"
 	grep -q '^ExecStart=/usr/bin/cxlkvd ' "$root/usr/lib/systemd/system/cxlkvd.service" || fail "cxlkvd.service: ExecStart is not /usr/bin/cxlkvd"

@@ -19,7 +19,7 @@
 #include "cxlkv/metrics.hpp"
 #include "cxlkv/region.hpp"
 #include "cxlkv/sync.hpp"
-#include "uapi/cxlkv.h"
+#include "uapi/cxlkv_pool.h"
 #include "uapi/cxlkv_index.h"
 
 namespace {

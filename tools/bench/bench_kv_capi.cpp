@@ -70,7 +70,7 @@
 #include "cxlkv/keys.hpp"
 #include "index/prefix_index.hpp"
 #include "kv_bench_support.hpp"
-#include "uapi/cxlkv.h"
+#include "uapi/cxlkv_pool.h"
 
 namespace {
 

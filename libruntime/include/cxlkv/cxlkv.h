@@ -63,7 +63,7 @@ struct cxlkv_carve_info {
 	char     name[32];
 	uint64_t offset;
 	uint64_t size;
-	uint32_t memtype;     /* enum cxlkv_memtype (uapi/cxlkv.h) */
+	uint32_t memtype;     /* enum cxlkv_memtype (uapi/cxlkv_pool.h) */
 	uint32_t flags;
 };
 int cxlkv_carve_create(struct cxlkv_pool *pool, const char *name, uint64_t size,

@@ -22,7 +22,7 @@
 
 #include "cxlkv/memory_domain.hpp"
 #include "cxlkv/result.hpp"
-#include "uapi/cxlkv.h"
+#include "uapi/cxlkv_pool.h"
 
 namespace cxlkv {
 

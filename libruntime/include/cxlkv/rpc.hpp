@@ -40,7 +40,7 @@
 #include "cxlkv/memory_domain.hpp"
 #include "cxlkv/region.hpp"
 #include "cxlkv/result.hpp"
-#include "uapi/cxlkv.h"
+#include "uapi/cxlkv_pool.h"
 #include "uapi/cxlkv_rpc.h"
 
 namespace cxlkv {

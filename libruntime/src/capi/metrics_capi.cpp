@@ -8,7 +8,7 @@
 #include "cxlkv/cxlkv.h"
 #include "cxlkv/metrics.hpp"
 #include "cxlkv/region.hpp"
-#include "uapi/cxlkv.h"
+#include "uapi/cxlkv_pool.h"
 
 using namespace cxlkv;
 

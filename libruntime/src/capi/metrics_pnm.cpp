@@ -13,7 +13,7 @@
 #include "cxlkv/metrics.hpp"
 #include "cxlkv/region.hpp"
 #include "pnm/pnm_internal.hpp"
-#include "uapi/cxlkv.h"
+#include "uapi/cxlkv_pool.h"
 #include "uapi/cxlkv_pnm.h"
 #include "util/prom_text.hpp"
 

@@ -14,7 +14,7 @@
 #include "util/prom_text.hpp"
 #include "cxlkv/region.hpp"
 #include "cxlkv/sync.hpp"
-#include "uapi/cxlkv.h"
+#include "uapi/cxlkv_pool.h"
 #include "uapi/cxlkv_alloc.h"
 #include "uapi/cxlkv_ctrl.h"
 #include "uapi/cxlkv_index.h"

@@ -12,7 +12,7 @@
 #include "util/prom_text.hpp"
 #include "cxlkv/region.hpp"
 #include "cxlkv/rpc.hpp"
-#include "uapi/cxlkv.h"
+#include "uapi/cxlkv_pool.h"
 #include "uapi/cxlkv_rpc.h"
 
 namespace cxlkv {

@@ -1,13 +1,13 @@
 // SPDX-License-Identifier: MIT
 // Superblock helpers shared by Region, the pool formatter and tests.
-// The layout itself is uapi/cxlkv.h; validate_superblock() is declared in
+// The layout itself is uapi/cxlkv_pool.h; validate_superblock() is declared in
 // cxlkv/region.hpp.
 #pragma once
 
 #include <string>
 #include <string_view>
 
-#include "uapi/cxlkv.h"
+#include "uapi/cxlkv_pool.h"
 
 namespace cxlkv::region {
 

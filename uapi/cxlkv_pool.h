@@ -15,8 +15,8 @@
  *   cxlkv_ctrl.h   control carve (node table, lease, lock slots)
  *   cxlkv_ioctl.h  /dev/cxlkvN ioctl ABI (kernel module)
  */
-#ifndef _UAPI_CXLKV_H
-#define _UAPI_CXLKV_H
+#ifndef _UAPI_CXLKV_POOL_H
+#define _UAPI_CXLKV_POOL_H
 
 #include <linux/types.h>
 
@@ -152,4 +152,4 @@ static inline __u32 cxlkv_ctrl_header_checksum(const struct cxlkv_ctrl_header *h
 	return (__u32)cxlkv_hdr_checksum(h, sizeof(*h), __builtin_offsetof(struct cxlkv_ctrl_header, checksum), 4);
 }
 
-#endif /* _UAPI_CXLKV_H */
+#endif /* _UAPI_CXLKV_POOL_H */
