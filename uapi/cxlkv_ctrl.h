@@ -265,8 +265,8 @@ CXLKV_STATIC_ASSERT(sizeof(struct cxlkv_doorbell) == 64, "doorbell is one line")
  * Lock ids reserved by the runtime.  Applications use ids from
  * CXLKV_LOCK_FIRST_USER up to max_locks - 1.
  */
-#define CXLKV_LOCK_ALLOC              0u   /* chunk bitmap + chunk table (uapi/cxlkv_alloc.h) */
-#define CXLKV_LOCK_OBJSTORE           1u   /* object store table (uapi/cxlkv_objstore.h) */
+#define CXLKV_LOCK_ALLOC              0u   /* chunk bitmap + chunk table (cxlkv/format/alloc_format.h) */
+#define CXLKV_LOCK_OBJSTORE           1u   /* object store table (cxlkv/format/objstore_format.h) */
 #define CXLKV_LOCK_REMOTE_FREE_BASE   2u   /* + node: remote-free bitmaps of that node's chunks */
 #define CXLKV_LOCK_LAYER_BASE         72u  /* 72..127: other runtime layers (index, tiers) */
 #define CXLKV_LOCK_FIRST_USER         128u

@@ -44,8 +44,8 @@
 #define CXLKV_CARVE_INDEX       "index"
 #define CXLKV_CARVE_ALLOC       "alloc"
 #define CXLKV_CARVE_KV          "kv"
-#define CXLKV_CARVE_PNM         "pnm"    /* near-memory long contexts (cxlkv_pnm.h), made on first use */
-#define CXLKV_CARVE_RPC         "rpc"      /* shared-memory RPC rings: uapi/cxlkv_rpc.h */
+#define CXLKV_CARVE_PNM         "pnm"    /* near-memory long contexts (cxlkv/format/pnm_format.h), made on first use */
+#define CXLKV_CARVE_RPC         "rpc"      /* shared-memory RPC rings: cxlkv/format/rpc_format.h */
 
 /* Memory type that user mappings of a carve get (enforced by the module). */
 enum cxlkv_memtype {

@@ -65,7 +65,7 @@ import time
 LINE = 64
 MASK64 = (1 << 64) - 1
 
-# --- checksums of uapi/cxlkv_pool.h, cxlkv_index.h, cxlkv_pnm.h, cxlkv_objstore.h
+# --- checksums of uapi/cxlkv_pool.h, cxlkv/format/index_format.h, pnm_format.h, objstore_format.h
 
 
 def fnv64(b, ck_off, ck_len):
@@ -88,7 +88,7 @@ def fnv32(b, ck_off=None, ck_len=4):
 
 
 def bitmap_word_sum(index, word):
-    """cxlkv_bitmap_word_sum() (uapi/cxlkv_alloc.h)."""
+    """cxlkv_bitmap_word_sum() (cxlkv/format/alloc_format.h)."""
     z = word ^ ((index * 0x9e3779b97f4a7c15) & MASK64) ^ 0xa0761d6478bd642f
     z = ((z ^ (z >> 30)) * 0xbf58476d1ce4e5b9) & MASK64
     z = ((z ^ (z >> 27)) * 0x94d049bb133111eb) & MASK64
@@ -424,7 +424,7 @@ class Campaign:
         for n in range(max_nodes):
             add("control", f"control.doorbell[{n}]", c0 + bells + 64 * n)
 
-        # index carve (uapi/cxlkv_index.h)
+        # index carve (cxlkv/format/index_format.h)
         nslots = u64(img, i0 + 16)
         stripe_off, stats_off, entry_off = u64(img, i0 + 32), u64(img, i0 + 40), u64(img, i0 + 48)
         ext_off = (entry_off + nslots * 64 + 4095) // 4096 * 4096
@@ -452,7 +452,7 @@ class Campaign:
                 empty += 1
                 add("index_entry", f"index.entry[{s}](empty)", eo, 64, fix_entry(eo))
 
-        # alloc carve (uapi/cxlkv_alloc.h)
+        # alloc carve (cxlkv/format/alloc_format.h)
         a0, _ = p.carves["alloc"]
         nchunks, bitmap, table, inbox = u64(img, a0 + 32), u64(img, a0 + 40), u64(img, a0 + 48), u64(img, a0 + 56)
         objstore, state = u64(img, a0 + 96), u64(img, a0 + 112)
@@ -479,7 +479,7 @@ class Campaign:
         add("objstore", "objstore.entry[0]", a0 + objstore + u64(img, a0 + objstore + 16), 64,
             fix_check_at(a0 + objstore + u64(img, a0 + objstore + 16), 20))
 
-        # rpc.index carve (uapi/cxlkv_rpc.h)
+        # rpc.index carve (cxlkv/format/rpc_format.h)
         if "rpc.index" in p.carves:
             r0, _ = p.carves["rpc.index"]
             add("rpc", "rpc.header", r0, 64, fix_hdr32(r0, 64, 28), (64, 4096, 1))

@@ -49,7 +49,7 @@ destdir)
 	echo "library directory: $rel"
 	for f in "$rel/libcxlkv.so.0" "$rel/libcxlkv.so" "$rel/pkgconfig/cxlkv.pc" \
 		"$rel/cmake/cxlkv/cxlkvConfig.cmake" "$rel/cmake/cxlkv/cxlkvConfigVersion.cmake" \
-		/usr/include/cxlkv/cxlkv.h /usr/include/cxlkv/version.h /usr/include/cxlkv/kv.hpp /usr/include/uapi/cxlkv_pool.h \
+		/usr/include/cxlkv/cxlkv.h /usr/include/cxlkv/version.h /usr/include/cxlkv/kv.hpp /usr/include/cxlkv/format/index_format.h /usr/include/uapi/cxlkv_pool.h \
 		/usr/bin/cxlkvctl /usr/bin/cxlkvd /usr/bin/cxlkv-replay \
 		/lib/systemd/system/cxlkvd.service /usr/lib/systemd/system/cxlkvd.service /etc/cxlkv/cxlkvd.conf \
 		/usr/share/bash-completion/completions/cxlkvctl \
@@ -121,8 +121,8 @@ headers)
 	# One compiler run per header and language, two at a time.
 	inc=$root/usr/include
 	{
-		for h in "$inc"/cxlkv/*.h; do echo "c $(basename "$h")"; done
-		for h in "$inc"/cxlkv/*.h "$inc"/cxlkv/*.hpp; do echo "c++ $(basename "$h")"; done
+		for h in "$inc"/cxlkv/*.h "$inc"/cxlkv/format/*.h; do echo "c ${h#"$inc"/cxlkv/}"; done
+		for h in "$inc"/cxlkv/*.h "$inc"/cxlkv/format/*.h "$inc"/cxlkv/*.hpp; do echo "c++ ${h#"$inc"/cxlkv/}"; done
 	} > "$work/list"
 	n=$(wc -l < "$work/list")
 	xargs -P 2 -L 1 sh -c '

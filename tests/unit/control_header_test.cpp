@@ -12,7 +12,7 @@
 #include "cxlkv/region.hpp"
 #include "cxlkv/sync.hpp"
 #include "pool/format.hpp"
-#include "uapi/cxlkv_alloc.h"
+#include "cxlkv/format/alloc_format.h"
 #include "uapi/cxlkv_ctrl.h"
 
 using namespace cxlkv;

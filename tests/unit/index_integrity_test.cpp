@@ -24,7 +24,7 @@
 #include "index/index_check.hpp"
 #include "pool/format.hpp"
 #include "unit/index_sim_pool.hpp"
-#include "uapi/cxlkv_alloc.h"
+#include "cxlkv/format/alloc_format.h"
 
 namespace cxlkv {
 namespace {
@@ -275,7 +275,7 @@ namespace cxlkv {
 // An entry whose location overlaps another entry's block (a
 // damaged or forged line with a valid checksum) is refused at pin, with one
 // record read instead of a scan: the allocator records which index slot
-// holds each block (uapi/cxlkv_alloc.h "Block owners").  The refusal is
+// holds each block (cxlkv/format/alloc_format.h "Block owners").  The refusal is
 // -EIO, names the slot and both extents, is counted, and hands back no
 // bytes; the block it overlaps still reads back as itself, and removing the
 // forged entry does not free the other block's space.

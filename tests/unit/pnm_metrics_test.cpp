@@ -20,7 +20,7 @@
 #include "cxlkv/gpu.hpp"
 #include "cxlkv/metrics.hpp"
 #include "pnm/pnm_internal.hpp"
-#include "uapi/cxlkv_pnm.h"
+#include "cxlkv/format/pnm_format.h"
 #include "unit/pnm_test_support.hpp"
 
 using namespace cxlkv;

@@ -19,7 +19,7 @@
 #include <vector>
 
 #include "pnm/pnm_internal.hpp"
-#include "uapi/cxlkv_pnm.h"
+#include "cxlkv/format/pnm_format.h"
 #include "unit/pnm_test_support.hpp"
 
 using namespace cxlkv;
@@ -344,7 +344,7 @@ TEST(PnmStore, ALockFileOwnedByAnotherUserIsRefusedNamingIt) {
   EXPECT_EQ(-EBUSY, ContextStore::open(pool.host(0), small_store(1)).error().code());
 }
 
-// ---- damaged offsets and counts (uapi/cxlkv_pnm.h: checked before use) ----------
+// ---- damaged offsets and counts (cxlkv/format/pnm_format.h: checked before use) ----------
 
 namespace {
 

@@ -2,7 +2,7 @@
 // The standard pool format: carve layout, control header, initial contents.
 #include <gtest/gtest.h>
 
-#include "uapi/cxlkv_index.h"
+#include "cxlkv/format/index_format.h"
 #include <unistd.h>
 
 #include <cstdio>
@@ -106,7 +106,7 @@ TEST(PoolFormat, AllocCarveCoversTheAllocatorMetadata) {
   PoolFormatOptions o;
   auto L = plan_pool_layout("p", 16384 * MiB, o);
   ASSERT_TRUE(L.ok());
-  // Remote-free bits are 1/512 of the kv space (uapi/cxlkv_alloc.h).
+  // Remote-free bits are 1/512 of the kv space (cxlkv/format/alloc_format.h).
   EXPECT_GE(L->alloc_size, L->kv_size / 512 + kObjectStoreRoom);
 }
 
@@ -146,7 +146,7 @@ TEST(PoolFormat, ReformatZeroesTheMetadataCarves) {
   o.force = true;
   auto r = format_pool(f.uri(), o);
   ASSERT_TRUE(r.ok());
-  // The index initializer writes its header and config lines (uapi/cxlkv_index.h);
+  // The index initializer writes its header and config lines (cxlkv/format/index_format.h);
   // everything after them is zero again.
   EXPECT_EQ(*r.value()->at<uint64_t>(idx_off), CXLKV_INDEX_MAGIC);
   for (int i = 128; i < 4096; i++) ASSERT_EQ(*r.value()->at<uint8_t>(idx_off + i), 0) << i;

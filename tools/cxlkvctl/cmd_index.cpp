@@ -10,7 +10,7 @@
 #include "cxlkv/kv.hpp"
 #include "cxlkv/metrics.hpp"
 #include "index/index_check.hpp"
-#include "uapi/cxlkv_index.h"
+#include "cxlkv/format/index_format.h"
 #include "util/clock.hpp"
 
 namespace {

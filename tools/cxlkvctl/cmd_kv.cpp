@@ -27,7 +27,7 @@
 #include "index/index_check.hpp"
 #include "index/prefix_index.hpp"
 #include "tier/ssd_payload_tier.hpp"
-#include "uapi/cxlkv_index.h"
+#include "cxlkv/format/index_format.h"
 
 namespace cxlkvctl {
 namespace {

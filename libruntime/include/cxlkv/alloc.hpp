@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: MIT
-// Shared-pool allocator (layout in uapi/cxlkv_alloc.h).
+// Shared-pool allocator (layout in cxlkv/format/alloc_format.h).
 //
 //   ChunkAllocator  the global tier: fixed-size chunks of the kv carve,
 //                   tracked in a bitmap in the pool under the global lock
@@ -24,8 +24,8 @@
 #include "cxlkv/region.hpp"
 #include "cxlkv/result.hpp"
 #include "cxlkv/sync.hpp"
-#include "uapi/cxlkv_alloc.h"
-#include "uapi/cxlkv_objstore.h"
+#include "cxlkv/format/alloc_format.h"
+#include "cxlkv/format/objstore_format.h"
 
 namespace cxlkv {
 
@@ -49,7 +49,7 @@ uint32_t size_class_bytes(uint32_t c);
 uint32_t size_class_for(uint64_t bytes, uint64_t chunk_size);
 
 // Quarantine of space taken from a node declared dead (docs/integrity.md "Quarantine";
-// uapi/cxlkv_alloc.h): released once that node resumed and beat twice, or
+// cxlkv/format/alloc_format.h): released once that node resumed and beat twice, or
 // after this period (default 10 minutes; CXLKV_RECLAIM_QUARANTINE_MS in the
 // environment; 0 turns quarantine off, for tests that show what it guards).
 void set_reclaim_quarantine(std::chrono::milliseconds period);
@@ -98,7 +98,7 @@ class ChunkAllocator {
   // changes nothing in the pool.
   std::chrono::nanoseconds lock_timeout() const { return lock_timeout_; }
   std::byte* carve_base() const { return base_; }
-  // Block owner records (docs/integrity.md "Block owners: overlapping entries"; uapi/cxlkv_alloc.h): the record of the
+  // Block owner records (docs/integrity.md "Block owners: overlapping entries"; cxlkv/format/alloc_format.h): the record of the
   // granule where a block at pool offset `off` starts.  set_owner writes it
   // with one 8-byte NT store (rule 1: records of one line belong to
   // different blocks and nodes; the caller holds the block); owner reads it

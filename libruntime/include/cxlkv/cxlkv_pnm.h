@@ -31,7 +31,7 @@ struct cxlkv_pnm_store;
 struct cxlkv_pnm_context;
 struct cxlkv_pnm_engine;
 
-/* Element types of K, V and digests (= enum cxlkv_pnm_dtype, uapi/cxlkv_pnm.h). */
+/* Element types of K, V and digests (= enum cxlkv_pnm_dtype, cxlkv/format/pnm_format.h). */
 #define CXLKV_PNM_DTYPE_F32  0u
 #define CXLKV_PNM_DTYPE_BF16 1u
 #define CXLKV_PNM_DTYPE_F16  2u

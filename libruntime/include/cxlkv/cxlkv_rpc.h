@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * cxlkv shared-memory RPC, C API (docs/rpc.md "The RPC").  The C++ API is cxlkv/rpc.hpp;
- * the on-pool layout and protocol are in uapi/cxlkv_rpc.h.
+ * the on-pool layout and protocol are in cxlkv/format/rpc_format.h.
  *
  * A server owns an RPC carve of the pool ("rpc" unless told otherwise) and
  * answers requests from clients on any host that maps the pool; each client

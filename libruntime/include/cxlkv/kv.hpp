@@ -24,7 +24,7 @@
 #include "cxlkv/memory_domain.hpp"
 #include "cxlkv/result.hpp"
 #include "cxlkv/types.hpp"
-#include "uapi/cxlkv_index.h"
+#include "cxlkv/format/index_format.h"
 
 namespace cxlkv {
 

@@ -26,7 +26,7 @@ struct MetricDesc {
 const MetricDesc& counter_metric(int c);
 // Latency histogram CXLKV_LAT_* l as a Prometheus histogram in seconds.
 const MetricDesc& latency_metric(int l);
-// The node's SSD tier counter CXLKV_SSD_* s (uapi/cxlkv_index.h) as a Prometheus counter.
+// The node's SSD tier counter CXLKV_SSD_* s (cxlkv/format/index_format.h) as a Prometheus counter.
 const MetricDesc& ssd_metric(int s);
 
 // Prometheus text exposition (format 0.0.4) of every node's statistics,
@@ -90,7 +90,7 @@ std::string prometheus_region_exposition(Region& r);
 
 // ---- Near-memory long contexts (libruntime/src/capi/metrics_pnm.cpp) ----------
 // The pnm family: per writer partition of the "pnm" carve (label
-// partition="P"), read fresh from its stats lines (uapi/cxlkv_pnm.h): digest
+// partition="P"), read fresh from its stats lines (cxlkv/format/pnm_format.h): digest
 // builds, select and attention steps of the near-memory engines, bytes read
 // near memory against bytes that crossed (or would have crossed) the link.
 // Counter CXLKV_PNM_CTR_* c as a Prometheus counter; histogram

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: MIT
 // Object store: named roots (string key -> pool offset) in a pool hash table
-// (layout and protocol in uapi/cxlkv_objstore.h).  put/destroy take the
+// (layout and protocol in cxlkv/format/objstore_format.h).  put/destroy take the
 // global lock CXLKV_LOCK_OBJSTORE; get reads without locking and validates
 // each entry's checksum.
 #pragma once
@@ -10,7 +10,7 @@
 
 #include "cxlkv/result.hpp"
 #include "cxlkv/sync.hpp"
-#include "uapi/cxlkv_objstore.h"
+#include "cxlkv/format/objstore_format.h"
 
 namespace cxlkv {
 

@@ -99,7 +99,7 @@ class Context {
   // Append whole pages that already are in the pool (written by a GPU, or
   // another copy path) with their digests computed elsewhere (the GPU digest
   // kernel): page_offsets[i] is the pool offset of a page laid out as
-  // uapi/cxlkv_pnm.h says, 64-aligned, past the superblock in pool space
+  // cxlkv/format/pnm_format.h says, 64-aligned, past the superblock in pool space
   // that no carve holds (or in this partition's heap); digests are [layers][kv_heads][npages][2][head_dim].
   // ntokens: tokens in these pages (the last may be partial).  Only at a page
   // boundary (published tokens a multiple of page_tokens).
@@ -142,7 +142,7 @@ class Context {
   Result<void> write_digest(uint32_t layer, uint32_t head, uint32_t page, const void* d);
   Result<void> append_pages_impl(std::span<const uint64_t> page_offsets, const void* digests, uint64_t ntokens);
   // Why pool offset `off` cannot be a page of this context ("" when it can;
-  // uapi/cxlkv_pnm.h).  `carves`: the pool's carve table, read on first need.
+  // cxlkv/format/pnm_format.h).  `carves`: the pool's carve table, read on first need.
   std::string bad_page(uint64_t off, std::vector<std::pair<uint64_t, uint64_t>>& carves, bool& have_carves) const;
 
   ContextStore* store_ = nullptr;
@@ -191,7 +191,7 @@ class ContextStore {
   // ---- statistics (the pnm metrics family, cxlkv/metrics.hpp) --------------
   // What this process did through this store: digest builds of its
   // contexts, steps of the engines over contexts it opened.  A writer store
-  // keeps them in its partition's stats lines (uapi/cxlkv_pnm.h; totals,
+  // keeps them in its partition's stats lines (cxlkv/format/pnm_format.h; totals,
   // continued from the stored values at open) and stores them there after
   // every record; a read-only store keeps them in this process only.
   void record_digest_build(uint64_t tokens, uint64_t digest_bytes, bool gpu, uint64_t ns);

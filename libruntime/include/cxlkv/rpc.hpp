@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: MIT
 // Shared-memory RPC through the pool (docs/rpc.md "The RPC"; layout and protocol in
-// uapi/cxlkv_rpc.h).  Beluga's design: per-client rings of request and
+// cxlkv/format/rpc_format.h).  Beluga's design: per-client rings of request and
 // response slots in pool memory, flags polled with invalidate-before-read,
 // fences batched over concurrent requests, no kernel on the data path.
 //
@@ -41,7 +41,7 @@
 #include "cxlkv/region.hpp"
 #include "cxlkv/result.hpp"
 #include "uapi/cxlkv_pool.h"
-#include "uapi/cxlkv_rpc.h"
+#include "cxlkv/format/rpc_format.h"
 
 namespace cxlkv {
 

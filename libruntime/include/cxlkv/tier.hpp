@@ -17,7 +17,7 @@
 //                      extents are allocated, so a restart never hands out
 //                      an extent that still holds a published block)
 //
-// Every extent starts with a header block (uapi/cxlkv_tier.h: key, length,
+// Every extent starts with a header block (cxlkv/format/tier_format.h: key, length,
 // payload checksum); a read whose header or payload does not match what the
 // caller expects is a clean miss (-ESTALE: the extent holds another block;
 // -EBADMSG: damaged or truncated), counted and logged, never data.

@@ -142,7 +142,7 @@ uint64_t ChunkAllocator::free_chunks() const {
 
 namespace {
 
-// Release the quarantine runs that may be released (uapi/cxlkv_alloc.h):
+// Release the quarantine runs that may be released (cxlkv/format/alloc_format.h):
 // the node that lost them resumed (alive again, same incarnation, two
 // heartbeats since), or its process on this host is gone, or until_ns
 // passed.  Caller holds ALLOC.

@@ -10,7 +10,7 @@
 //                 chunk from the global ChunkAllocator.
 //   free(off):    owned chunk -> set the free bit (a chunk whose blocks are
 //                 all free again goes back to the global bitmap);
-//                 another node's chunk -> remote free (uapi/cxlkv_alloc.h);
+//                 another node's chunk -> remote free (cxlkv/format/alloc_format.h);
 //                 a LARGE run -> back to the global bitmap.
 //   drain:        remote frees -> free bits; a chunk whose blocks are all
 //                 free again goes back to the global bitmap (after the

@@ -3,7 +3,7 @@
 // partition of the "pnm" carve, what its writer process built (digests) and
 // what its near-memory engines did (select / attention steps, bytes read
 // near memory, bytes over the link).  Read fresh (rule 4) from the
-// partitions' stats lines (uapi/cxlkv_pnm.h); nothing is written.
+// partitions' stats lines (cxlkv/format/pnm_format.h); nothing is written.
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
@@ -14,13 +14,13 @@
 #include "cxlkv/region.hpp"
 #include "pnm/pnm_internal.hpp"
 #include "uapi/cxlkv_pool.h"
-#include "uapi/cxlkv_pnm.h"
+#include "cxlkv/format/pnm_format.h"
 #include "util/prom_text.hpp"
 
 namespace cxlkv {
 namespace {
 
-// Indexed by enum cxlkv_pnm_counter (uapi/cxlkv_pnm.h).
+// Indexed by enum cxlkv_pnm_counter (cxlkv/format/pnm_format.h).
 const MetricDesc kPnmCounters[CXLKV_PNM_CTR_COUNT] = {
     {"cxlkv_pnm_digest_builds_total", "counter",
      "Appends to long contexts that built and published page digests, per pnm partition"},

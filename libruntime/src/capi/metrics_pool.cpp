@@ -9,7 +9,7 @@
 #include "cxlkv/memory_domain.hpp"
 #include "cxlkv/metrics.hpp"
 #include "util/prom_text.hpp"
-#include "uapi/cxlkv_index.h"
+#include "cxlkv/format/index_format.h"
 
 namespace cxlkv {
 namespace {

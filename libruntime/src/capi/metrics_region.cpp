@@ -15,9 +15,9 @@
 #include "cxlkv/region.hpp"
 #include "cxlkv/sync.hpp"
 #include "uapi/cxlkv_pool.h"
-#include "uapi/cxlkv_alloc.h"
+#include "cxlkv/format/alloc_format.h"
 #include "uapi/cxlkv_ctrl.h"
-#include "uapi/cxlkv_index.h"
+#include "cxlkv/format/index_format.h"
 
 namespace cxlkv {
 namespace {

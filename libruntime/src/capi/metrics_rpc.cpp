@@ -13,7 +13,7 @@
 #include "cxlkv/region.hpp"
 #include "cxlkv/rpc.hpp"
 #include "uapi/cxlkv_pool.h"
-#include "uapi/cxlkv_rpc.h"
+#include "cxlkv/format/rpc_format.h"
 
 namespace cxlkv {
 namespace {

@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: MIT
 // Where the alloc carve's structures go (plan_alloc), reading its header
 // back validated, and the node heap's area in node-local memory.  Pure
-// layout over uapi/cxlkv_alloc.h: the allocator (alloc/) and the node
+// layout over cxlkv/format/alloc_format.h: the allocator (alloc/) and the node
 // context that sizes node-local memory (sync/) both read it, so it sits
 // below both (docs/architecture.md "The include rule").
 #include "carve/alloc_layout.hpp"

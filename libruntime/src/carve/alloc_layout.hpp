@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: MIT
-// Layouts of the allocator: the alloc carve plan (uapi/cxlkv_alloc.h) and
+// Layouts of the allocator: the alloc carve plan (cxlkv/format/alloc_format.h) and
 // the node heap's state in node-local shared memory.  Below sync/ and
 // alloc/: the node context sizes node-local memory with
 // node_heap_local_bytes (docs/architecture.md "The include rule").

@@ -1,11 +1,11 @@
 // SPDX-License-Identifier: MIT
 // Size of the object store's table inside the alloc carve
-// (uapi/cxlkv_objstore.h): the alloc carve's plan counts it.
+// (cxlkv/format/objstore_format.h): the alloc carve's plan counts it.
 #pragma once
 
 #include <cstdint>
 
-#include "uapi/cxlkv_objstore.h"
+#include "cxlkv/format/objstore_format.h"
 
 namespace cxlkv::objstore {
 

@@ -81,7 +81,7 @@ Result<PoolLayout> plan_pool_layout(std::string_view pool, uint64_t pool_size,
                               region::human_size(L.control_size) + " + index, alloc and kv of at least 2 MiB each)");
   uint64_t rest = pool_size - used;
 
-  // alloc (uapi/cxlkv_alloc.h): the per-chunk remote-free bits are
+  // alloc (cxlkv/format/alloc_format.h): the per-chunk remote-free bits are
   // 1/512 of the kv space whatever the chunk size; bitmap, chunk table and
   // per-node pending bits stay under 1/4096 each at the smallest chunk
   // size (64 KiB); the block owner records (docs/integrity.md "Block owners: overlapping entries") are 1/128.  1/80

@@ -25,7 +25,7 @@ struct PoolFormatOptions {
   bool standard = true;        // false: superblock only (no carves)
   // More carves (name, bytes rounded up to 2 MiB) placed between alloc and
   // kv, zeroed at format: e.g. the RPC rings (CXLKV_CARVE_RPC,
-  // uapi/cxlkv_rpc.h), whose server writes their header on first start.
+  // cxlkv/format/rpc_format.h), whose server writes their header on first start.
   std::vector<std::pair<std::string, uint64_t>> extra_carves = {};
 };
 

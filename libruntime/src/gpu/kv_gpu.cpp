@@ -25,7 +25,7 @@
 #include "cxlkv/kv.hpp"
 #include "index/prefix_index.hpp"
 #include "kv/interleave.hpp"
-#include "uapi/cxlkv_index.h"
+#include "cxlkv/format/index_format.h"
 #include "util/log.hpp"
 
 namespace cxlkv::gpu {

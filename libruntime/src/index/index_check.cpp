@@ -12,7 +12,7 @@
 #include <thread>
 
 #include "index/index_internal.hpp"
-#include "uapi/cxlkv_index.h"
+#include "cxlkv/format/index_format.h"
 
 namespace cxlkv {
 

@@ -13,7 +13,7 @@
 #include "cxlkv/keys.hpp"
 #include "cxlkv/region.hpp"
 #include "cxlkv/result.hpp"
-#include "uapi/cxlkv_index.h"
+#include "cxlkv/format/index_format.h"
 
 namespace cxlkv {
 

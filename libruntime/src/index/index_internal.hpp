@@ -4,7 +4,7 @@
 
 #include <cstdint>
 
-#include "uapi/cxlkv_index.h"
+#include "cxlkv/format/index_format.h"
 #include "util/clock.hpp"
 
 namespace cxlkv {

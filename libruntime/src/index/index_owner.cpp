@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: MIT
 // An index entry whose location overlaps another entry's block is
 // refused at pin, without a scan.  The payload space records, per block,
-// the index slot that holds it (uapi/cxlkv_alloc.h "Block owners": written
+// the index slot that holds it (cxlkv/format/alloc_format.h "Block owners": written
 // with the reservation, cleared when the block is freed); a pin of a memory
 // block checks that the record at its start names this slot and length.
 // Two live entries whose extents overlap cannot both pass: allocator blocks

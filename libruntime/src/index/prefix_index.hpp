@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: MIT
-// PrefixIndex: the pool-wide table of KV blocks (layout: uapi/cxlkv_index.h).
+// PrefixIndex: the pool-wide table of KV blocks (layout: cxlkv/format/index_format.h).
 //
 // Protocol (DESIGN.md "Prefix index", coherence contract):
 //  * Every change happens under the stripe's global lock (StripeLocks, the
@@ -59,7 +59,7 @@
 #include "cxlkv/keys.hpp"
 #include "cxlkv/memory_domain.hpp"
 #include "cxlkv/result.hpp"
-#include "uapi/cxlkv_index.h"
+#include "cxlkv/format/index_format.h"
 
 namespace cxlkv {
 
@@ -114,13 +114,13 @@ class PayloadSpace {
   // Space of a reservation taken from (node, incarnation low bits) declared
   // dead (docs/integrity.md "Quarantine"): a paused process of that node may still store into it
   // when it resumes, so an implementation quarantines what others could
-  // reuse (uapi/cxlkv_alloc.h) instead of freeing it.
+  // reuse (cxlkv/format/alloc_format.h) instead of freeing it.
   virtual void free_taken(const BlockLocation& loc, uint32_t node, uint32_t incarnation_lo) {
     (void)node;
     (void)incarnation_lo;
     free(loc);
   }
-  // Block owners (docs/integrity.md "Block owners: overlapping entries"; uapi/cxlkv_alloc.h "Block owners"): index slot
+  // Block owners (docs/integrity.md "Block owners: overlapping entries"; cxlkv/format/alloc_format.h "Block owners"): index slot
   // `slot` now holds the block at `loc` (called under the stripe lock after
   // alloc, before the entry naming it is written: the entry's publication
   // covers the record, rule 3).  free() / free_taken() clear it.

@@ -10,7 +10,7 @@
 // list_dirty set; the next acquirer rebuilds the list and counters.
 //
 // Line cache (docs/api.md "How a batch reads the index"; control cost per block).  Only holders of a
-// stripe's lock write its entry and ext lines (rule 7, uapi/cxlkv_index.h),
+// stripe's lock write its entry and ext lines (rule 7, cxlkv/format/index_format.h),
 // so a line invalidated and loaded after the lock was taken stays what
 // memory holds until the lock is released, except for this call's own
 // writes.  While a set holds a stripe, PrefixIndex::read_entry / read_ext of

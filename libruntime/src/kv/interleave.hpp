@@ -11,7 +11,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "uapi/cxlkv_index.h"
+#include "cxlkv/format/index_format.h"
 
 namespace cxlkv {
 

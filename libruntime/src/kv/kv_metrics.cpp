@@ -9,7 +9,7 @@
 namespace cxlkv {
 namespace {
 
-// Indexed by enum cxlkv_index_counter (uapi/cxlkv_index.h).
+// Indexed by enum cxlkv_index_counter (cxlkv/format/index_format.h).
 const MetricDesc kCounters[CXLKV_CTR_COUNT] = {
     {"cxlkv_kv_lookups_total", "counter", "Prefix lookups (chains queried)"},
     {"cxlkv_kv_hit_blocks_total", "counter", "Blocks found by lookups (hit blocks)"},
@@ -39,7 +39,7 @@ const MetricDesc kLatencies[CXLKV_LAT_COUNT] = {
     {"cxlkv_kv_put_seconds", "histogram", "Latency of a whole publish (reserve + write + publish of a put_chain call)"},
     {"cxlkv_kv_get_seconds", "histogram", "Latency of a whole fetch (pin + fetch + unpin of a get_many call)"},
 };
-// Indexed by enum cxlkv_index_ssd_counter (uapi/cxlkv_index.h).
+// Indexed by enum cxlkv_index_ssd_counter (cxlkv/format/index_format.h).
 const MetricDesc kSsd[CXLKV_SSD_COUNT] = {
     {"cxlkv_ssd_demoted_blocks_total", "counter", "Blocks the node demoted from pool memory to its SSD tier"},
     {"cxlkv_ssd_demoted_bytes_total", "counter", "Payload bytes the node wrote to its SSD tier"},
@@ -66,7 +66,7 @@ std::string prometheus_exposition(const std::vector<NodeKvStats>& nodes) {
       appendf(out, "%s{node=\"%u\"} %llu\n", m.name, n.node, (unsigned long long)n.stats.counters[c]);
   }
   // Bucket b of the pool histograms counts [2^(b/2), 2^((b+1)/2)) ns
-  // (uapi/cxlkv_index.h); Prometheus buckets are cumulative at le = 2^k ns.
+  // (cxlkv/format/index_format.h); Prometheus buckets are cumulative at le = 2^k ns.
   for (int l = 0; l < int(CXLKV_LAT_COUNT); l++) {
     const MetricDesc& m = kLatencies[l];
     append_family_header(out, m);

@@ -197,7 +197,7 @@ class HeapSpace final : public PayloadSpace {
     unclaim(loc);
     (void)heap_.free_taken(loc.offset, node, inc);
   }
-  // docs/integrity.md "Block owners: overlapping entries": block owner records (uapi/cxlkv_alloc.h "Block owners").
+  // docs/integrity.md "Block owners: overlapping entries": block owner records (cxlkv/format/alloc_format.h "Block owners").
   void claim(const BlockLocation& loc, uint32_t slot) override {
     if (recorded(loc.length)) heap_.chunks().set_owner(loc.offset, cxlkv_block_owner{slot + 1, loc.length});
   }

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: MIT
 // Object store: named roots in a pool hash table (protocol in
-// uapi/cxlkv_objstore.h).
+// cxlkv/format/objstore_format.h).
 #include "cxlkv/objstore.hpp"
 
 #include <cerrno>
@@ -8,7 +8,7 @@
 #include <string>
 
 #include "carve/alloc_layout.hpp"
-#include "uapi/cxlkv_objstore.h"
+#include "cxlkv/format/objstore_format.h"
 
 namespace cxlkv {
 

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: MIT
 // The "pnm" carve: long contexts (page tables + digests) in the pool, laid
-// out as uapi/cxlkv_pnm.h says, written and read under the coherence
+// out as cxlkv/format/pnm_format.h says, written and read under the coherence
 // contract.  One writer per partition (flock), any number of readers.
 #include <fcntl.h>
 #include <sys/file.h>
@@ -17,7 +17,7 @@
 #include "cxlkv/region.hpp"
 #include "pnm/dtype.hpp"
 #include "pnm/pnm_internal.hpp"
-#include "uapi/cxlkv_pnm.h"
+#include "cxlkv/format/pnm_format.h"
 #include "util/safe_file.hpp"
 
 namespace cxlkv::pnm {
@@ -101,7 +101,7 @@ Result<std::unique_ptr<ContextStore>> ContextStore::open(Region& region, const S
     if (carve.error().code() != -ENOENT) return carve.error();
     // Options first, the carve after: a carve made and then refused would
     // stay without a header, and every later open would wait for its magic
-    // and fail (uapi/cxlkv_pnm.h: the header is written once, by its maker).
+    // and fail (cxlkv/format/pnm_format.h: the header is written once, by its maker).
     if (auto bad = check_new_carve(o); !bad.empty()) return Error(-EINVAL, C + bad);
     auto c = region.carve_create(CXLKV_CARVE_PNM, o.carve_bytes, MemType::wb);
     if (c.ok()) {
@@ -263,7 +263,7 @@ uint64_t ContextStore::heap_free() const { return heap_end_ - heap_next_; }
 // ---- statistics --------------------------------------------------------------
 
 namespace {
-// Bucket of the half-octave histograms: [2^(b/2), 2^((b+1)/2)) ns (uapi/cxlkv_pnm.h).
+// Bucket of the half-octave histograms: [2^(b/2), 2^((b+1)/2)) ns (cxlkv/format/pnm_format.h).
 uint32_t lat_bucket(uint64_t ns) {
   if (ns < 1) ns = 1;
   const int b = static_cast<int>(std::floor(2.0 * std::log2(static_cast<double>(ns))));
@@ -452,7 +452,7 @@ Result<std::unique_ptr<Context>> ContextStore::find(uint64_t request_id) {
                                ": descriptor check mismatch in partition " + std::to_string(p) + " slot " +
                                std::to_string(s));
       // Every offset and size of the descriptor, before any is used
-      // (uapi/cxlkv_pnm.h): the check above only says the line is whole.
+      // (cxlkv/format/pnm_format.h): the check above only says the line is whole.
       const std::string D = "pool " + region_->uri() + ": pnm context " + std::to_string(request_id) +
                             " (partition " + std::to_string(p) + " slot " + std::to_string(s) + "): descriptor ";
       if (c.layers == 0 || c.kv_heads == 0 || c.head_dim == 0 || c.page_tokens == 0 || c.max_pages == 0)
@@ -636,7 +636,7 @@ Result<void> Context::append_pages_impl(std::span<const uint64_t> offs, const vo
   if (page0 + offs.size() > max_pages_)
     return Error(-ENOSPC, C + std::to_string(offs.size()) + " pages after " + std::to_string(page0) +
                               " exceed the capacity of " + std::to_string(max_pages_));
-  // The rule readers apply to every page-table entry (uapi/cxlkv_pnm.h):
+  // The rule readers apply to every page-table entry (cxlkv/format/pnm_format.h):
   // a page they would refuse is refused here.
   std::vector<std::pair<uint64_t, uint64_t>> carves;
   bool have_carves = false;
@@ -775,7 +775,7 @@ Result<void> Context::read_page_table(uint32_t page0, uint32_t npages, uint64_t*
     return Error(-EINVAL, "pnm context " + std::to_string(request_id_) + ": page table range " +
                               std::to_string(page0) + "+" + std::to_string(npages) + " out of range");
   read_range(region_->domain(), dst, region_->at(page_table_off_ + uint64_t(page0) * 8), uint64_t(npages) * 8);
-  // Every entry before any page is read (uapi/cxlkv_pnm.h): an entry of 0
+  // Every entry before any page is read (cxlkv/format/pnm_format.h): an entry of 0
   // would otherwise read the superblock as K and V.
   std::vector<std::pair<uint64_t, uint64_t>> carves;
   bool have_carves = false;

@@ -18,7 +18,7 @@
 
 #include "cxlkv/pnm.hpp"
 #include "pnm/pnm_internal.hpp"
-#include "uapi/cxlkv_pnm.h"
+#include "cxlkv/format/pnm_format.h"
 
 namespace cxlkv::pnm {
 

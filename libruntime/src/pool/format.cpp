@@ -91,7 +91,7 @@ Result<void> lay_out_standard_pool(Region& r, const PoolLayout& L) {
   CXLKV_TRY(format_control_carve(r, d, ControlFormatOptions{L.ctrl.max_locks}));
   // sync area: chunk bitmap, chunk table, remote-free bitmaps, object store.
   CXLKV_TRY(format_alloc_carve(r, d, AllocFormatOptions{}));
-  // kvstore area: the prefix index (uapi/cxlkv_index.h) over the whole index carve.
+  // kvstore area: the prefix index (cxlkv/format/index_format.h) over the whole index carve.
   {
     IndexFormatOptions io;
     io.max_nodes = L.ctrl.max_nodes;  // the superblock's max_nodes

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: MIT
-// The RPC carve: geometry, header, liveness of its parties (uapi/cxlkv_rpc.h).
+// The RPC carve: geometry, header, liveness of its parties (cxlkv/format/rpc_format.h).
 #include <unistd.h>
 
 #include <atomic>

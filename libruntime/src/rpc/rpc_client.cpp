@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: MIT
-// RpcClient: one ring of an RPC carve (protocol in uapi/cxlkv_rpc.h).
+// RpcClient: one ring of an RPC carve (protocol in cxlkv/format/rpc_format.h).
 //   submit  whole request lines, each with its flag (movdir64b), and the
 //           doorbell, one fence; without movdir64b: request bytes but the
 //           flag (NT) for every call, one fence, the flags and the
@@ -502,7 +502,7 @@ Result<RpcReply> RpcClient::call(uint32_t op, std::span<const std::byte> request
           return Error(-ECONNRESET, s.what() + "no reply to op " + std::to_string(op) + ": " + text);
         }
         // Answered by the server without running it: the request line's
-        // flag named another server epoch (uapi/cxlkv_rpc.h).
+        // flag named another server epoch (cxlkv/format/rpc_format.h).
         return Error(-ECONNRESET, s.what() + "the server answered op " + std::to_string(op) +
                                       " without running it: the request's flag names another server epoch (a "
                                       "request from before a server restart, or a damaged request line)");

@@ -41,7 +41,7 @@ T read_line_fresh(MemoryDomain& d, const T* p) {
   return d.read_fresh(p);
 }
 
-// ---- messages in slots (uapi/cxlkv_rpc.h, version 2) ------------------------
+// ---- messages in slots (cxlkv/format/rpc_format.h, version 2) ------------------------
 
 static_assert(offsetof(cxlkv_rpc_req_hdr, op) == offsetof(cxlkv_rpc_resp_hdr, status) &&
                   offsetof(cxlkv_rpc_req_hdr, len) == offsetof(cxlkv_rpc_resp_hdr, len) &&

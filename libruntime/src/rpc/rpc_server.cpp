@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: MIT
 // RpcServer: polls every attached ring of an RPC carve (protocol in
-// uapi/cxlkv_rpc.h).  One round:
+// cxlkv/format/rpc_format.h).  One round:
 //   1. (every scan_every) client lines: new connections, detaches, deaths
 //   2. the first two lines of each attached ring's next slot, and the
 //      doorbells of the rings that were busy last round: invalidate all,

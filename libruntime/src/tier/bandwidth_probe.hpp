@@ -10,7 +10,7 @@
 
 #include "cxlkv/result.hpp"
 #include "tier/ssd_device.hpp"
-#include "uapi/cxlkv_tier.h"
+#include "cxlkv/format/tier_format.h"
 
 namespace cxlkv::tier {
 

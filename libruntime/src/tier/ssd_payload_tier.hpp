@@ -14,7 +14,7 @@
 // which extents hold blocks: an extent is in use exactly while an entry
 // names it, and a demotion that died before its entry was written leaves
 // nothing behind.  Every block's header carries its key and checksums
-// (uapi/cxlkv_tier.h); a read that finds another key or a bad checksum is
+// (cxlkv/format/tier_format.h); a read that finds another key or a bad checksum is
 // a clean miss (SsdTierStats::bad), never data.
 //
 // Processes that share SSD devices open them with the same paths in the

@@ -14,7 +14,7 @@
 #include "tier/extent_allocator.hpp"
 #include "tier/placement.hpp"
 #include "tier/ssd_device.hpp"
-#include "uapi/cxlkv_tier.h"
+#include "cxlkv/format/tier_format.h"
 #include "util/log.hpp"
 
 #include <xxhash.h>

@@ -20,8 +20,8 @@ void append_family_header(std::string& s, const MetricDesc& m);
 
 // The sample lines of histogram m for one series labelled label="id":
 // bucket b of `buckets` (n of them) counts latencies in [2^(b/2),
-// 2^((b+1)/2)) ns, as every pool histogram does (uapi/cxlkv_index.h,
-// uapi/cxlkv_pnm.h); Prometheus buckets are cumulative at le = 2^k ns
+// 2^((b+1)/2)) ns, as every pool histogram does (cxlkv/format/index_format.h,
+// cxlkv/format/pnm_format.h); Prometheus buckets are cumulative at le = 2^k ns
 // (k = 10..32: 1 us .. 4.3 s) plus +Inf, with _sum estimated from the
 // buckets' geometric midpoints, and _count.
 void append_histogram(std::string& s, const MetricDesc& m, const char* label, unsigned id, const uint32_t* buckets,

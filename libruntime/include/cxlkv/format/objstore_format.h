@@ -19,7 +19,7 @@
 
 #include <linux/types.h>
 
-#include "cxlkv_pool.h"   /* CXLKV_STATIC_ASSERT, CXLKV_LINE_SIZE */
+#include "uapi/cxlkv_pool.h"   /* CXLKV_STATIC_ASSERT, CXLKV_LINE_SIZE */
 
 /* "CXLKVOS1" */
 #define CXLKV_OBJSTORE_MAGIC     0x31534f564b4c5843ULL

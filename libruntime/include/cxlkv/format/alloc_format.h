@@ -18,7 +18,7 @@
  *                        (stride pending_stride bytes)               [lock REMOTE_FREE+n]
  *   +remote_bits_off     per chunk: __u64 words, bit b = block b was freed by
  *                        another node (stride remote_bits_stride)    [lock REMOTE_FREE+owner]
- *   +objstore_off        struct cxlkv_objstore_header + table (uapi/cxlkv_objstore.h)
+ *   +objstore_off        struct cxlkv_objstore_header + table (cxlkv/format/objstore_format.h)
  *   +state_off           struct cxlkv_alloc_state (one line)            [lock ALLOC]
  *                        then struct cxlkv_quarantine [nchunks]        [lock ALLOC]
  *                        then struct cxlkv_block_owner [nchunks * chunk_size /
@@ -72,7 +72,7 @@
 
 #include <linux/types.h>
 
-#include "cxlkv_pool.h"   /* CXLKV_STATIC_ASSERT, CXLKV_LINE_SIZE */
+#include "uapi/cxlkv_pool.h"   /* CXLKV_STATIC_ASSERT, CXLKV_LINE_SIZE */
 
 /* "CXLKVAL1" */
 #define CXLKV_ALLOC_MAGIC         0x314c41564b4c5843ULL

@@ -22,7 +22,7 @@
 #ifndef _UAPI_CXLKV_TIER_H
 #define _UAPI_CXLKV_TIER_H
 
-#include "cxlkv_pool.h"
+#include "uapi/cxlkv_pool.h"
 
 #define CXLKV_TIER_DEV_MAGIC     0x5244535654584c43ULL  /* "CLXTVSDR" little endian */
 #define CXLKV_TIER_DEV_VERSION   1u

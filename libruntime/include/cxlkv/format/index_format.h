@@ -28,7 +28,7 @@
 
 #include <linux/types.h>
 
-#include "cxlkv_pool.h"   /* cxlkv_hdr_checksum */
+#include "uapi/cxlkv_pool.h"   /* cxlkv_hdr_checksum */
 
 #ifndef CXLKV_STATIC_ASSERT
 #if defined(__cplusplus)

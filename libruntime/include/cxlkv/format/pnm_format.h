@@ -40,7 +40,7 @@
 
 #include <linux/types.h>
 
-#include "cxlkv_pool.h"   /* CXLKV_STATIC_ASSERT, CXLKV_LINE_SIZE, cxlkv_hdr_checksum */
+#include "uapi/cxlkv_pool.h"   /* CXLKV_STATIC_ASSERT, CXLKV_LINE_SIZE, cxlkv_hdr_checksum */
 
 /* "CXLKVPN1" read as a little-endian u64. */
 #define CXLKV_PNM_MAGIC               0x314e50564b4c5843ULL
