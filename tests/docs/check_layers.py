@@ -20,7 +20,11 @@ one of our files) and fails, naming file:line, on
   upward include), except the generated public headers.
 
 The public headers (libruntime/include/cxlkv/) and uapi/ are below every
-layer.  Includes of a file's own folder are always allowed.
+layer.  Includes of a file's own folder are always allowed.  Below the
+layers, a public header includes only public headers and uapi/, and a uapi/
+header only uapi/ (the kernel module builds with uapi/ alone), so the
+installed headers stand on their own.  No two headers of the repository
+share a file name (docs/architecture.md "libruntime/include/cxlkv/").
 
 usage: check_layers.py [REPO_ROOT]
        check_layers.py --self-test   (plants bad includes in a temporary tree
@@ -107,9 +111,52 @@ def resolve(root, src_rel, inc):
     return None
 
 
+HEADER_TREES = ("libruntime", "cuda", "tools", "uapi", "kmod", "tests")
+HEADER_EXTS = (".h", ".hpp", ".cuh")
+
+
+def check_headers(root):
+    """The public headers and uapi/ stand on their own; header names are unique."""
+    errors = []
+    seen = {}
+    for top in HEADER_TREES:
+        for dirpath, dirnames, filenames in os.walk(os.path.join(root, top)):
+            dirnames.sort()
+            for name in sorted(filenames):
+                if not name.endswith(HEADER_EXTS):
+                    continue
+                rel = os.path.relpath(os.path.join(dirpath, name), root)
+                if name in seen:
+                    errors.append(f"{rel}: header name {name} also used by {seen[name]} "
+                                  f"(docs/architecture.md \"libruntime/include/cxlkv/\")")
+                else:
+                    seen[name] = rel
+    for top, allowed in ((PUBLIC, ("public", "uapi")), ("uapi", ("uapi",))):
+        for dirpath, dirnames, filenames in os.walk(os.path.join(root, top)):
+            dirnames.sort()
+            for name in sorted(filenames):
+                if not name.endswith(HEADER_EXTS):
+                    continue
+                rel = os.path.relpath(os.path.join(dirpath, name), root)
+                lines = open(os.path.join(root, rel), encoding="utf-8", errors="replace").read().splitlines()
+                for n, line in enumerate(lines, 1):
+                    m = INCLUDE_RE.match(line)
+                    if not m or m.group(1) == "<":
+                        continue
+                    inc = m.group(2)
+                    target = resolve(root, rel, inc)
+                    if target is None:
+                        if inc not in GENERATED:
+                            errors.append(f"{rel}:{n}: #include \"{inc}\": resolves to no file")
+                    elif layer_of(target) not in allowed:
+                        errors.append(f"{rel}:{n}: #include \"{inc}\": a {layer_of(rel)} header may include "
+                                      f"only {' and '.join(allowed)} headers")
+    return errors
+
+
 def check(root):
     rank, internal = read_doc(root)
-    errors = []
+    errors = check_headers(root)
     for folder in sorted(os.listdir(os.path.join(root, SRC))):
         if os.path.isdir(os.path.join(root, SRC, folder)) and folder not in rank:
             errors.append(f"{SRC}/{folder}: folder missing from the ```layers block of {DOC}")
@@ -225,6 +272,24 @@ def self_test():
             hit = [e for e in errs if e.startswith(f"{path}:2:") and expect in e]
             if len(errs) != 1 or not hit:
                 print(f"self-test: planting #include \"{inc}\" in {path} gave {errs}", file=sys.stderr)
+                failed += 1
+            else:
+                print(f"self-test: caught {errs[0]}")
+            os.unlink(full)
+        # Below the layers: a public header that includes a library header,
+        # and a header whose name another header has.
+        below = [
+            (os.path.join(PUBLIC, "cxlkv", "planted_public.hpp"), f'#include "{low}/{low_hdr}"\n',
+             "may include only"),
+            (os.path.join(SRC, low, "cxlkv_pool.h"), "// planted\n", "also used by"),
+        ]
+        for path, text, expect in below:
+            full = os.path.join(tmp, path)
+            with open(full, "w") as f:
+                f.write(text)
+            errs = check(tmp)
+            if len(errs) != 1 or expect not in errs[0]:
+                print(f"self-test: planting {path} gave {errs}", file=sys.stderr)
                 failed += 1
             else:
                 print(f"self-test: caught {errs[0]}")
