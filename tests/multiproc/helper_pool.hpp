@@ -8,7 +8,7 @@
 #include <cstdint>
 #include <string>
 
-#include "unit/lock_test_pool.hpp"
+#include "support/lock_test_pool.hpp"
 
 namespace cxlkv::testpool {
 

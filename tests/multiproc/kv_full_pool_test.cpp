@@ -41,7 +41,7 @@
 #include "index/prefix_index.hpp"
 #include "multiproc/full_pool_common.hpp"
 #include "pool/format.hpp"
-#include "unit/proc_util.hpp"
+#include "support/proc_util.hpp"
 
 using namespace cxlkv;
 using namespace cxlkv::fullpool;

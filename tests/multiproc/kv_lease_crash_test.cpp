@@ -28,7 +28,7 @@
 #include "cxlkv/sync.hpp"
 #include "index/prefix_index.hpp"
 #include "pool/format.hpp"
-#include "unit/proc_util.hpp"
+#include "support/proc_util.hpp"
 
 using namespace cxlkv;
 using namespace std::chrono_literals;

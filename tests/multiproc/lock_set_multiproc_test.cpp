@@ -18,7 +18,7 @@
 #include "cxlkv/sync.hpp"
 #include "pool/format.hpp"
 #include "helper_pool.hpp"
-#include "unit/proc_util.hpp"
+#include "support/proc_util.hpp"
 
 namespace cxlkv {
 namespace {

@@ -26,7 +26,7 @@
 #include "cxlkv/rpc.hpp"
 #include "cxlkv/sync.hpp"
 #include "pool/format.hpp"
-#include "unit/proc_util.hpp"
+#include "support/proc_util.hpp"
 
 using namespace cxlkv;
 using namespace std::chrono_literals;

@@ -22,7 +22,7 @@
 #include "cxlkv/alloc.hpp"
 #include "cxlkv/kv.hpp"
 #include "index/prefix_index.hpp"
-#include "lock_test_pool.hpp"
+#include "support/lock_test_pool.hpp"
 #include "pool/format.hpp"
 
 namespace cxlkv {

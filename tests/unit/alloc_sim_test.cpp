@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "cxlkv/objstore.hpp"
-#include "lock_test_pool.hpp"
+#include "support/lock_test_pool.hpp"
 
 namespace cxlkv {
 namespace {

@@ -17,7 +17,7 @@
 #include "cxlkv/layout.hpp"
 #include "gpu/reference_backend.hpp"
 #include "index/prefix_index.hpp"
-#include "unit/kv_test_support.hpp"
+#include "support/kv_test_support.hpp"
 
 using namespace cxlkv;
 using namespace cxlkv::gpu;

@@ -19,8 +19,8 @@
 #include "gpu/reference_backend.hpp"
 #include "index/prefix_index.hpp"
 #include "tier/ssd_payload_tier.hpp"
-#include "unit/kv_test_support.hpp"
-#include "unit/tier_test_support.hpp"
+#include "support/kv_test_support.hpp"
+#include "support/tier_test_support.hpp"
 
 using namespace cxlkv;
 using namespace cxlkv::gpu;

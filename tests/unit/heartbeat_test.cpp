@@ -5,7 +5,7 @@
 #include <chrono>
 #include <thread>
 
-#include "lock_test_pool.hpp"
+#include "support/lock_test_pool.hpp"
 
 namespace cxlkv {
 namespace {

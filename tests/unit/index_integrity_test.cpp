@@ -23,7 +23,7 @@
 #include "cxlkv/sync.hpp"
 #include "index/index_check.hpp"
 #include "pool/format.hpp"
-#include "unit/index_sim_pool.hpp"
+#include "support/index_sim_pool.hpp"
 #include "cxlkv/format/alloc_format.h"
 
 namespace cxlkv {

@@ -8,7 +8,7 @@
 #include <random>
 #include <thread>
 
-#include "unit/index_sim_pool.hpp"
+#include "support/index_sim_pool.hpp"
 
 using namespace cxlkv;
 using namespace cxlkv::test;

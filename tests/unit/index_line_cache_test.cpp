@@ -7,7 +7,7 @@
 // node changed it stays stale until the node invalidates it.
 #include <gtest/gtest.h>
 
-#include "unit/index_sim_pool.hpp"
+#include "support/index_sim_pool.hpp"
 
 using namespace cxlkv;
 using namespace cxlkv::test;

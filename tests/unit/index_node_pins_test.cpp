@@ -17,7 +17,7 @@
 #include "index/node_pins.hpp"
 #include "sync/node_local.hpp"
 #include "sync/robust_mutex.hpp"
-#include "unit/index_sim_pool.hpp"
+#include "support/index_sim_pool.hpp"
 
 using namespace cxlkv;
 using namespace cxlkv::test;

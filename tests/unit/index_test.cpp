@@ -10,7 +10,7 @@
 #include "coherence/noncoherent_sim.hpp"
 #include "cxlkv/kv.hpp"
 #include "index/prefix_index.hpp"
-#include "unit/index_sim_pool.hpp"
+#include "support/index_sim_pool.hpp"
 
 using namespace cxlkv;
 using namespace cxlkv::test;

@@ -10,7 +10,7 @@
 #include <thread>
 
 #include "index/index_check.hpp"
-#include "unit/index_sim_pool.hpp"
+#include "support/index_sim_pool.hpp"
 
 using namespace cxlkv;
 using namespace cxlkv::test;

@@ -10,7 +10,7 @@
 #include <chrono>
 #include <thread>
 
-#include "lock_test_pool.hpp"
+#include "support/lock_test_pool.hpp"
 #include "sync/backoff.hpp"
 
 namespace cxlkv {

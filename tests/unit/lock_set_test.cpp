@@ -9,7 +9,7 @@
 #include <thread>
 #include <vector>
 
-#include "lock_test_pool.hpp"
+#include "support/lock_test_pool.hpp"
 #include "sync/testing.hpp"
 
 namespace cxlkv {

@@ -12,7 +12,7 @@
 #include <thread>
 #include <vector>
 
-#include "lock_test_pool.hpp"
+#include "support/lock_test_pool.hpp"
 #include "sync/node_local.hpp"
 #include "sync/testing.hpp"
 

@@ -16,7 +16,7 @@
 
 #include "cxlkv/cxlkv.h"
 #include "cxlkv/cxlkv_pnm.h"
-#include "c_check.h"
+#include "support/c_check.h"
 
 #define MiB (1024ull * 1024ull)
 #define L 2

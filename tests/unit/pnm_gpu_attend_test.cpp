@@ -21,7 +21,7 @@
 #include "cxlkv/gpu.hpp"
 #include "gpu/reference_backend.hpp"
 #include "pnm/pnm_internal.hpp"
-#include "unit/pnm_test_support.hpp"
+#include "support/pnm_test_support.hpp"
 
 using namespace cxlkv;
 using namespace cxlkv::pnm;

@@ -14,7 +14,7 @@
 #include "cxlkv/gpu.hpp"
 #include "cuda/cxlkv_cuda_abi.h"
 #include "pnm/pnm_internal.hpp"
-#include "unit/pnm_test_support.hpp"
+#include "support/pnm_test_support.hpp"
 
 using namespace cxlkv;
 using namespace cxlkv::pnm;

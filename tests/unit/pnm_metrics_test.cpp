@@ -21,7 +21,7 @@
 #include "cxlkv/metrics.hpp"
 #include "pnm/pnm_internal.hpp"
 #include "cxlkv/format/pnm_format.h"
-#include "unit/pnm_test_support.hpp"
+#include "support/pnm_test_support.hpp"
 
 using namespace cxlkv;
 using namespace cxlkv::pnm;

@@ -20,7 +20,7 @@
 
 #include "pnm/pnm_internal.hpp"
 #include "cxlkv/format/pnm_format.h"
-#include "unit/pnm_test_support.hpp"
+#include "support/pnm_test_support.hpp"
 
 using namespace cxlkv;
 using namespace cxlkv::pnm;

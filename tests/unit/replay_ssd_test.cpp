@@ -10,7 +10,7 @@
 #include <cstdlib>
 #include <string>
 
-#include "replay_run.hpp"
+#include "support/replay_run.hpp"
 
 namespace {
 

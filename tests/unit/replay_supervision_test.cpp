@@ -15,8 +15,8 @@
 #include <string>
 #include <vector>
 
-#include "proc_util.hpp"
-#include "replay_run.hpp"
+#include "support/proc_util.hpp"
+#include "support/replay_run.hpp"
 
 using namespace proc_util;
 

@@ -17,8 +17,8 @@
 #include <string>
 #include <vector>
 
-#include "proc_util.hpp"
-#include "replay_run.hpp"
+#include "support/proc_util.hpp"
+#include "support/replay_run.hpp"
 
 #include "cxlkv/sync.hpp"
 #include "workload/workload.hpp"

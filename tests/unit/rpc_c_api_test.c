@@ -13,7 +13,7 @@
 #include "cxlkv/cxlkv.h"
 #include "cxlkv/cxlkv_rpc.h"
 
-#include "c_check.h"
+#include "support/c_check.h"
 
 #define MiB (1024ull * 1024ull)
 #define OP_SUM 1u

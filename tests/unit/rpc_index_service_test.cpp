@@ -14,7 +14,7 @@
 
 #include "cxlkv/kv.hpp"
 #include "kv/index_service.hpp"
-#include "rpc_test_pool.hpp"
+#include "support/rpc_test_pool.hpp"
 
 namespace cxlkv {
 namespace {

@@ -14,7 +14,7 @@
 #include "cxlkv/kv.hpp"
 #include "index/prefix_index.hpp"
 #include "kv/index_service.hpp"
-#include "rpc_service_pool.hpp"
+#include "support/rpc_service_pool.hpp"
 
 namespace cxlkv {
 namespace {

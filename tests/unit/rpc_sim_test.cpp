@@ -11,7 +11,7 @@
 #include <thread>
 
 #include "rpc/rpc_internal.hpp"
-#include "rpc_test_pool.hpp"
+#include "support/rpc_test_pool.hpp"
 
 namespace cxlkv {
 namespace {

@@ -12,8 +12,8 @@
 #include "index/prefix_index.hpp"
 #include "tier/fault_injector.hpp"
 #include "tier/ssd_payload_tier.hpp"
-#include "tier_test_support.hpp"
-#include "unit/kv_test_support.hpp"
+#include "support/tier_test_support.hpp"
+#include "support/kv_test_support.hpp"
 
 using namespace cxlkv;
 using namespace cxlkv::test;

@@ -9,7 +9,7 @@
 #include "cxlkv/tier.hpp"
 #include "tier/fault_injector.hpp"
 #include "tier/ssd_device.hpp"
-#include "tier_test_support.hpp"
+#include "support/tier_test_support.hpp"
 
 using cxlkv::FaultInjector;
 using cxlkv::IoOp;

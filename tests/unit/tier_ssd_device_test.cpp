@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "tier/ssd_device.hpp"
-#include "tier_test_support.hpp"
+#include "support/tier_test_support.hpp"
 
 using cxlkv::IoOp;
 using cxlkv::tier::AlignedBuffer;

@@ -15,7 +15,7 @@
 #include <string>
 #include <vector>
 
-#include "proc_util.hpp"
+#include "support/proc_util.hpp"
 
 namespace {
 

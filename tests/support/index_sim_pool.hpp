@@ -11,7 +11,7 @@
 #include "coherence/noncoherent_sim.hpp"
 #include "cxlkv/kv.hpp"
 #include "index/prefix_index.hpp"
-#include "unit/kv_test_support.hpp"
+#include "support/kv_test_support.hpp"
 
 namespace cxlkv::test {
 
