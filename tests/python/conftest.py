@@ -1,6 +1,6 @@
 # SPDX-License-Identifier: MIT
 """Fixtures of the Python tests: a fresh shm pool per test with its lock
-manager running in the test process (as tests/unit/kv_c_api_test.c does),
+manager running in the test process (as tests/unit/capi/kv_c_api_test.c does),
 and helpers to run a function in another process (pool_env.py, shared with
 the engine tests)."""
 import contextlib

@@ -17,7 +17,7 @@ TEST(GpuCtypes, ExampleScriptProbesAndRoundTripsFromPython) {
   const char* tools = std::getenv("CXLKV_TEST_TOOLS");
   ASSERT_NE(nullptr, tools);
   const fs::path lib = fs::path(tools).parent_path() / "libruntime" / "libcxlkv.so";
-  const fs::path script = fs::path(__FILE__).parent_path().parent_path().parent_path() / "cuda" / "cxlkv_gpu_ctypes.py";
+  const fs::path script = fs::path(__FILE__).parent_path().parent_path().parent_path().parent_path() / "cuda" / "cxlkv_gpu_ctypes.py";
   ASSERT_TRUE(fs::exists(script)) << script;
   ASSERT_TRUE(fs::exists(lib)) << lib;
   std::string cmd = "python3 '" + script.string() + "' --reference --lib '" + lib.string() + "' 2>&1";
