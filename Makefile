@@ -40,7 +40,7 @@ build: configure
 
 unit-test: build
 	cd $(BUILD) && ctest --output-on-failure -j$(JOBS) --timeout 900
-	@cat $(BUILD)/tests/python/pytest.log 2>/dev/null || true
+	@cat $(BUILD)/tests/python/*/pytest.log 2>/dev/null || true
 	@cat $(BUILD)/tests/engines/*.log 2>/dev/null || true
 
 test: unit-test
