@@ -64,7 +64,7 @@ say "kernel $KVER"
 make -s -C "$ROOT/kmod" KDIR="/usr/src/linux-headers-$KVER" >"$WORK/kmod-build.log" 2>&1 \
 	|| { cat "$WORK/kmod-build.log"; die "module build failed"; }
 cc -static -O2 -Wall -Wextra -Werror -I "$ROOT/uapi" -o "$WORK/cxlkv_vmtest" \
-	"$ROOT/tests/vm/cxlkv_vmtest.c" || die "cxlkv_vmtest build failed"
+	"$ROOT/tests/vm/cxlkv_vmtest.c" "$ROOT"/tests/vm/vmtest_*.c || die "cxlkv_vmtest build failed"
 
 # ---- initramfs ---------------------------------------------------------------
 R=$WORK/root
