@@ -208,294 +208,339 @@ Result<std::unique_ptr<LockManager>> LockManager::create(Region& region, MemoryD
   return m;
 }
 
-Result<bool> LockManager::run_once() {
-  State& s = *st_;
-  MemoryDomain& d = domain_;
-  const uint32_t nodes = ctrl_.max_nodes();
-  const uint32_t nlocks = ctrl_.max_locks();
-  if (s.lease_lost) return Error(-ENOLCK, "pool " + region_.uri() + ": lock manager lost its lease");
-  bool did = false;
-  s.rounds.fetch_add(1, std::memory_order_relaxed);
-  const auto now = Clock::now();
-  const auto lease_dur = std::chrono::milliseconds(opts_.lease_ms);
+namespace {
 
-  // ---- lease: renew every lease_ms/4, and check ownership at least every ms ----
-  if (now - s.last_lease_check >= std::chrono::milliseconds(1) || now - s.last_renew >= lease_dur / 4) {
-    cxlkv_lease cur = d.read_fresh(ctrl_.lease());  // rule 4
-    s.last_lease_check = now;
-    if (cur.owner != s.token) {
-      s.lease_lost = true;
-      log().error("pool {}: lock manager lease taken by node {} pid {} (epoch {}); this manager stops",
-                  region_.uri(), cur.node, cur.pid, cur.epoch);
-      return Error(-ENOLCK, "pool " + region_.uri() + ": lock manager lost its lease");
+// One round of the manager (LockManager::run_once), in its steps: the lease,
+// the node table, the doorbells, the holders' slots, then each active lock
+// in ascending order (its holder, then a grant).  Each step keeps the
+// coherence rules it cites (docs/coherence.md); the steps run in the order
+// the single function had them.
+struct Round {
+  using State = LockManager::State;
+  State& s;
+  MemoryDomain& d;
+  Region& region;
+  const ControlCarve& ctrl;
+  const LockManagerOptions& opts;
+  const uint32_t nodes = ctrl.max_nodes();
+  const uint32_t nlocks = ctrl.max_locks();
+  const Clock::time_point now = Clock::now();
+  bool may_grant = false;  // this manager renewed its lease recently enough to grant
+  bool did = false;        // something changed: a grant, a release, a doorbell, ...
+
+  Result<void> keep_lease() {
+    const auto lease_dur = std::chrono::milliseconds(opts.lease_ms);
+    // ---- lease: renew every lease_ms/4, and check ownership at least every ms ----
+    if (now - s.last_lease_check >= std::chrono::milliseconds(1) || now - s.last_renew >= lease_dur / 4) {
+      cxlkv_lease cur = d.read_fresh(ctrl.lease());  // rule 4
+      s.last_lease_check = now;
+      if (cur.owner != s.token) {
+        s.lease_lost = true;
+        log().error("pool {}: lock manager lease taken by node {} pid {} (epoch {}); this manager stops",
+                    region.uri(), cur.node, cur.pid, cur.epoch);
+        return Error(-ENOLCK, "pool " + region.uri() + ": lock manager lost its lease");
+      }
+      if (now - s.last_renew >= lease_dur / 4) {
+        cur.heartbeat = ++s.lease_heartbeat;
+        cur.renew_ns = realtime_ns();
+        d.publish_line(ctrl.lease(), &cur);  // rule 1: whole line, NT
+        d.fence();                            // rule 3
+        s.last_renew = now;
+      }
     }
-    if (now - s.last_renew >= lease_dur / 4) {
-      cur.heartbeat = ++s.lease_heartbeat;
-      cur.renew_ns = realtime_ns();
-      d.publish_line(ctrl_.lease(), &cur);  // rule 1: whole line, NT
-      d.fence();                            // rule 3
-      s.last_renew = now;
+    // Self-fencing: a manager that could not renew for lease_ms/2 (stalled)
+    // grants nothing, so a successor never overlaps with it.
+    may_grant = now - s.last_renew < lease_dur / 2;
+    return {};
+  }
+
+  void scan_nodes() {
+    // ---- which nodes to watch: attached ones (node table), refreshed every 20 ms ----
+    // One sweep as well: invalidate the whole node table, one fence, load.
+    if (now - s.last_node_scan >= std::chrono::milliseconds(20)) {
+      s.last_node_scan = now;
+      d.invalidate(ctrl.node_entry(0), size_t(nodes) * sizeof(cxlkv_node_entry));
+      d.fence();  // rule 4: the invalidations complete before the loads below
+      uint64_t w = 0;
+      for (uint32_t n = 0; n < nodes; n++) {
+        s.nodes[n].entry = d.read(ctrl.node_entry(n));  // invalidated above (rule 4)
+        if (s.nodes[n].entry.state == CXLKV_NODE_ACTIVE) w |= 1ull << n;
+        s.wakers->refresh(n, s.nodes[n].entry);
+      }
+      s.watch = w;
+      s.wakers->stamp(uint64_t(std::chrono::duration_cast<std::chrono::nanoseconds>(now.time_since_epoch()).count()));
+      s.all_local = s.wakers->all_open(w);
     }
   }
-  // Self-fencing: a manager that could not renew for lease_ms/2 (stalled)
-  // grants nothing, so a successor never overlaps with it.
-  const bool may_grant = now - s.last_renew < lease_dur / 2;
 
-  // ---- which nodes to watch: attached ones (node table), refreshed every 20 ms ----
-  // One sweep as well: invalidate the whole node table, one fence, load.
-  if (now - s.last_node_scan >= std::chrono::milliseconds(20)) {
-    s.last_node_scan = now;
-    d.invalidate(ctrl_.node_entry(0), size_t(nodes) * sizeof(cxlkv_node_entry));
+  void read_doorbells() {
+    // ---- doorbells: new requests.  One sweep: invalidate every watched
+    // doorbell, one fence, then load them (rule 4 for all of them at once). ----
+    if (!sync::testing::break_doorbell_invalidate())
+      for (uint64_t w = s.watch; w; w &= w - 1) {
+        const uint32_t n = static_cast<uint32_t>(__builtin_ctzll(w));
+        d.invalidate_clean(ctrl.doorbell(n), sizeof(cxlkv_doorbell));  // rule 4 (doorbells: NT-only, rule 1)
+      }
     d.fence();  // rule 4: the invalidations complete before the loads below
-    uint64_t w = 0;
-    for (uint32_t n = 0; n < nodes; n++) {
-      s.nodes[n].entry = d.read(ctrl_.node_entry(n));  // invalidated above (rule 4)
-      if (s.nodes[n].entry.state == CXLKV_NODE_ACTIVE) w |= 1ull << n;
-      s.wakers->refresh(n, s.nodes[n].entry);
-    }
-    s.watch = w;
-    s.wakers->stamp(uint64_t(std::chrono::duration_cast<std::chrono::nanoseconds>(now.time_since_epoch()).count()));
-    s.all_local = s.wakers->all_open(w);
-  }
-
-  // ---- doorbells: new requests.  One sweep: invalidate every watched
-  // doorbell, one fence, then load them (rule 4 for all of them at once). ----
-  if (!sync::testing::break_doorbell_invalidate())
     for (uint64_t w = s.watch; w; w &= w - 1) {
       const uint32_t n = static_cast<uint32_t>(__builtin_ctzll(w));
-      d.invalidate_clean(ctrl_.doorbell(n), sizeof(cxlkv_doorbell));  // rule 4 (doorbells: NT-only, rule 1)
-    }
-  d.fence();  // rule 4: the invalidations complete before the loads below
-  for (uint64_t w = s.watch; w; w &= w - 1) {
-    const uint32_t n = static_cast<uint32_t>(__builtin_ctzll(w));
-    cxlkv_doorbell* db = ctrl_.doorbell(n);
-    const uint64_t seq = d.read(&db->seq);  // seq before pending[]: the poster wrote them in the other order
-    if (seq == s.db_seen[n]) continue;
-    did = true;
-    s.doorbells.fetch_add(1, std::memory_order_relaxed);
-    auto note_waiter = [&](uint32_t l) {
-      if (l >= nlocks) return;
-      auto& L = s.locks[l];
-      L.waiters |= 1ull << n;
-      if (!L.active) {
-        L.active = true;
-        s.active.push_back(l);
+      cxlkv_doorbell* db = ctrl.doorbell(n);
+      const uint64_t seq = d.read(&db->seq);  // seq before pending[]: the poster wrote them in the other order
+      if (seq == s.db_seen[n]) continue;
+      did = true;
+      s.doorbells.fetch_add(1, std::memory_order_relaxed);
+      auto note_waiter = [&](uint32_t l) {
+        if (l >= nlocks) return;
+        auto& L = s.locks[l];
+        L.waiters |= 1ull << n;
+        if (!L.active) {
+          L.active = true;
+          s.active.push_back(l);
+        }
+      };
+      if (seq - s.db_seen[n] >= CXLKV_DOORBELL_RING) {
+        // Fell behind the ring (or the node's seq restarted): rescan its slots.
+        s.rescans.fetch_add(1, std::memory_order_relaxed);
+        for (uint32_t l = 0; l < nlocks; l++) {
+          uint64_t req = d.read_fresh(&ctrl.slot(l, n)->request);  // rule 4
+          if ((req & CXLKV_SLOT_STATE_MASK) == CXLKV_SLOT_WAITING) note_waiter(l);
+        }
+      } else {
+        uint32_t pending[CXLKV_DOORBELL_RING];
+        d.load(pending, db->pending, sizeof pending);  // same line as seq: invalidated above
+        for (uint64_t q = s.db_seen[n]; q != seq; q++) note_waiter(pending[q % CXLKV_DOORBELL_RING]);
       }
-    };
-    if (seq - s.db_seen[n] >= CXLKV_DOORBELL_RING) {
-      // Fell behind the ring (or the node's seq restarted): rescan its slots.
-      s.rescans.fetch_add(1, std::memory_order_relaxed);
-      for (uint32_t l = 0; l < nlocks; l++) {
-        uint64_t req = d.read_fresh(&ctrl_.slot(l, n)->request);  // rule 4
-        if ((req & CXLKV_SLOT_STATE_MASK) == CXLKV_SLOT_WAITING) note_waiter(l);
-      }
-    } else {
-      uint32_t pending[CXLKV_DOORBELL_RING];
-      d.load(pending, db->pending, sizeof pending);  // same line as seq: invalidated above
-      for (uint64_t q = s.db_seen[n]; q != seq; q++) note_waiter(pending[q % CXLKV_DOORBELL_RING]);
+      s.db_seen[n] = seq;
     }
-    s.db_seen[n] = seq;
   }
 
-  // ---- holders of active locks (locks somebody waits for): one sweep of
-  // invalidations, one fence, then the loads (rule 4). ----
-  bool any_polled = false;
-  for (uint32_t l : s.active)
-    if (s.locks[l].holder != kNone) {
-      any_polled = true;
-      d.invalidate_clean(ctrl_.slot(l, s.locks[l].holder), sizeof(cxlkv_lock_slot));  // rule 4 (slots: NT-only, rule 1)
-    }
-  if (any_polled) d.fence();  // rule 4: all invalidations complete before the loads
-  for (uint32_t l : s.active)
-    if (s.locks[l].holder != kNone) s.locks[l].polled_req = d.read(&ctrl_.slot(l, s.locks[l].holder)->request);
+  void poll_holders() {
+    // ---- holders of active locks (locks somebody waits for): one sweep of
+    // invalidations, one fence, then the loads (rule 4). ----
+    bool any_polled = false;
+    for (uint32_t l : s.active)
+      if (s.locks[l].holder != kNone) {
+        any_polled = true;
+        d.invalidate_clean(ctrl.slot(l, s.locks[l].holder), sizeof(cxlkv_lock_slot));  // rule 4 (slots: NT-only, rule 1)
+      }
+    if (any_polled) d.fence();  // rule 4: all invalidations complete before the loads
+    for (uint32_t l : s.active)
+      if (s.locks[l].holder != kNone) s.locks[l].polled_req = d.read(&ctrl.slot(l, s.locks[l].holder)->request);
+  }
 
   // Whether this manager can judge node n's processes: only on their host
   // (pid + start time mean nothing elsewhere).
-  auto judges_processes = [&](uint32_t n) {
+  bool judges_processes(uint32_t n) {
     const cxlkv_node_entry& e = s.nodes[n].entry;
     return e.host_id != 0 && e.host_id == this_host_id() && !sync::testing::manager_on_another_host();
-  };
+  }
   // Liveness of the owner of node n's slot of lock l (a waiting or holding
   // request): on this host its process (pid + start time), else the node's
-  // heartbeat.  Cached per node for opts_.liveness_check.
-  auto owner_alive = [&](uint32_t n, const cxlkv_lock_slot& sl) {
+  // heartbeat.  Cached per node for opts.liveness_check.
+  bool owner_alive(uint32_t n, const cxlkv_lock_slot& sl) {
     State::NodeInfo& ni = s.nodes[n];
     const bool local = judges_processes(n);
     if (local) {
-      if (ni.pid == sl.owner_pid && ni.start == sl.owner_start && now - ni.checked < opts_.liveness_check)
+      if (ni.pid == sl.owner_pid && ni.start == sl.owner_start && now - ni.checked < opts.liveness_check)
         return ni.alive;
       ni.pid = sl.owner_pid;
       ni.start = sl.owner_start;
       ni.alive = process_alive(sl.owner_pid, sl.owner_start);
     } else {
-      if (ni.pid == 0 && now - ni.checked < opts_.liveness_check) return ni.alive;
+      if (ni.pid == 0 && now - ni.checked < opts.liveness_check) return ni.alive;
       ni.pid = 0;
-      ni.entry = d.read_fresh(ctrl_.node_entry(n));  // rule 4
+      ni.entry = d.read_fresh(ctrl.node_entry(n));  // rule 4
       ni.alive = judge_node(ni.entry).alive;
     }
     ni.checked = now;
     return ni.alive;
-  };
-  auto write_grant = [&](uint32_t l, uint32_t n, uint64_t ticket, uint32_t flags) {
+  }
+  void write_grant(uint32_t l, uint32_t n, uint64_t ticket, uint32_t flags) {
     cxlkv_lock_grant g{};
     g.ticket = ticket;
     g.node = n;
     g.flags = flags;
     g.grants = s.locks[l].grants;
-    d.publish_line(ctrl_.grant(l), &g);  // rule 1: the grant line changes writer at takeover -> NT
-  };
+    d.publish_line(ctrl.grant(l), &g);  // rule 1: the grant line changes writer at takeover -> NT
+  }
   // Ask node n's watcher to look at the grants it keeps or holds: bump the
   // revocation counter of its doorbell (rule 1: NT, manager-only bytes),
   // fence (rule 3), and wake it where it is on this host.
-  auto bump_revokes = [&](uint32_t n) {
-    d.write_nt<__u64>(&ctrl_.doorbell(n)->revokes, ++s.revokes[n]);
+  void bump_revokes(uint32_t n) {
+    d.write_nt<__u64>(&ctrl.doorbell(n)->revokes, ++s.revokes[n]);
     d.fence();
     s.wakers->wake_revoke(n);
-  };
+  }
   // Ask the holder of lock l to give its grant back: the grant first
   // (REVOKED, whole line), fence (rule 3: a watcher that sees the counter
   // move reads the revoked grant), then the counter.
-  auto ask_node = [&](uint32_t l, uint32_t flags) {
+  void ask_node(uint32_t l, uint32_t flags) {
     write_grant(l, s.locks[l].holder, s.locks[l].holder_ticket, flags);
     d.fence();
     bump_revokes(s.locks[l].holder);
-  };
+  }
+
+  // A lock with a holder: released, asked back for a waiter, or its holder
+  // judged alive or dead.
+  void check_holder(uint32_t l) {
+    auto& L = s.locks[l];
+    const uint64_t req = L.polled_req;  // read fresh in the sweep above (rule 4)
+    // WAITING: in use or kept; STICKY: kept (protocol version 1).  Either
+    // way the node holds the grant until it writes something else.
+    const bool holds = req == waiting_word(L.holder_ticket) || req == sticky_word(L.holder_ticket);
+    const bool others = (L.waiters & ~(1ull << L.holder)) != 0;
+    if (!holds) {
+      // IDLE (released / acknowledged / withdrawn / module), or a newer request.
+      if ((req & CXLKV_SLOT_STATE_MASK) == CXLKV_SLOT_WAITING) L.waiters |= 1ull << L.holder;
+      L.holder = kNone;
+      did = true;
+      s.releases.fetch_add(1, std::memory_order_relaxed);
+    } else if (others && !L.revoked && !L.contended && may_grant) {
+      // Another node waits for a grant the holder may keep: ask its node
+      // to give it back.  The lock moves on only when the node writes its
+      // slot IDLE (uapi "Sticky grants").
+      ask_node(l, CXLKV_GRANT_REVOKED);
+      L.revoked = true;
+      did = true;
+      s.revokes_n.fetch_add(1, std::memory_order_relaxed);
+      L.next_live_check = now + opts.liveness_check;
+    } else if (others && now >= L.next_live_check) {
+      // Others wait: is the holder alive?
+      L.next_live_check = now + opts.liveness_check;
+      const cxlkv_lock_slot held_by = d.read_fresh(ctrl.slot(l, L.holder));  // rule 4
+      const bool alive = owner_alive(L.holder, held_by);
+      if (alive && L.contended && !judges_processes(L.holder) && may_grant && !sync::testing::break_ask_remote()) {
+        // Its node lives, on another host: this manager cannot see the
+        // holder's process, its node can (uapi "Dead processes of live
+        // nodes").  Ask it, as for a kept grant: its watcher releases for
+        // a holder that died (robust node-local mutex); a live holder
+        // releases IDLE anyway (CONTENDED).  Asked again at every check
+        // while the grant stands: a watcher that found the holder alive
+        // answered once, and the holder may die later.
+        if (!L.revoked) {
+          ask_node(l, CXLKV_GRANT_REVOKED | CXLKV_GRANT_CONTENDED);
+          L.revoked = true;
+        } else {
+          bump_revokes(L.holder);
+        }
+        s.asks.fetch_add(1, std::memory_order_relaxed);
+      } else if (!alive) {
+        // A CONTENDED grant is never kept: its dead holder's lock moves on.
+        // A grant the node may keep moves on only with the node's answer
+        // (its watcher recovers the dead process's node-local mutex and
+        // releases) or when the whole node is dead.
+        bool pass = L.contended;
+        if (!pass) {
+          State::NodeInfo& ni = s.nodes[L.holder];
+          ni.entry = d.read_fresh(ctrl.node_entry(L.holder));  // rule 4
+          pass = !judge_node(ni.entry).alive;
+          if (pass) {
+            // The slot once more (rule 4): a process of the node that
+            // re-entered on the kept grant meanwhile wrote its owner
+            // record before it judged the keeper alive
+            // (two_tier_lock.cpp, kept_grant_is_ours); it holds the
+            // grant now and is judged at the next check.
+            const cxlkv_lock_slot again = d.read_fresh(ctrl.slot(l, L.holder));
+            pass = again.owner_pid == held_by.owner_pid && again.owner_start == held_by.owner_start;
+          }
+        }
+        if (pass) {
+          log().warn("pool {}: lock {}: holder node {} (ticket {}) is dead; granting the next waiter",
+                     region.uri(), l, L.holder, L.holder_ticket);
+          L.holder = kNone;
+          did = true;
+          s.dead_holders.fetch_add(1, std::memory_order_relaxed);
+        } else if (L.revoked) {
+          s.wakers->wake_revoke(L.holder);  // its watcher releases for the dead process
+        }
+      }
+    }
+  }
+
+  // A free lock somebody waits for: grant it to the next live, eligible
+  // waiter after the last holder (round-robin).
+  void grant_next(uint32_t l) {
+    auto& L = s.locks[l];
+    uint64_t later = 0;  // waiters whose set has not got its lower lock yet: they stay
+    for (uint32_t k = 1; k <= nodes && L.waiters; k++) {
+      const uint32_t n = (L.last + k) % nodes;
+      if (!(L.waiters & (1ull << n))) continue;
+      L.waiters &= ~(1ull << n);
+      const cxlkv_lock_slot sl = d.read_fresh(ctrl.slot(l, n));  // rule 4: grant only a live request
+      const uint64_t req = sl.request;
+      if ((req & CXLKV_SLOT_STATE_MASK) != CXLKV_SLOT_WAITING) continue;
+      // Liveness first: a dead waiter is dropped, also one that is not yet
+      // eligible (kept as a waiter, it would keep the lock contended and
+      // revoke every grant of it for ever).
+      if (!owner_alive(n, sl)) {
+        s.dead_waiters.fetch_add(1, std::memory_order_relaxed);
+        continue;
+      }
+      // A set's request: only once the node holds the set's previous lock
+      // with the very request that links to it (uapi "Lock sets").  A link
+      // that does not point below this lock is not one our runtime writes:
+      // it is ignored (the request is granted as a single lock).
+      if (sl.prev_lock != 0 && sl.prev_lock - 1 < l && !sync::testing::break_set_order()) {
+        const auto& P = s.locks[sl.prev_lock - 1];
+        if (P.holder != n || P.holder_ticket != sl.prev_ticket) {
+          later |= 1ull << n;
+          continue;
+        }
+      }
+      ++L.grants;
+      // Others still waiting: tell the holder not to keep the grant.
+      write_grant(l, n, req >> CXLKV_SLOT_TICKET_SHIFT, (L.waiters | later) ? CXLKV_GRANT_CONTENDED : 0u);
+      d.fence();  // rule 3
+      s.wakers->wake_grant(n);  // after the fence: a woken waiter reads the grant
+      L.holder = n;
+      L.holder_ticket = req >> CXLKV_SLOT_TICKET_SHIFT;
+      L.revoked = false;
+      L.contended = (L.waiters | later) != 0;
+      L.last = n;
+      L.next_live_check = now + opts.liveness_check;
+      did = true;
+      s.grants.fetch_add(1, std::memory_order_relaxed);
+      break;
+    }
+    L.waiters |= later;
+  }
 
   // ---- releases, revocations, dead holders, grants ----
   // In ascending lock order: a set's requests (uapi "Lock sets") become
   // eligible one after the other as the lower one is granted, so a set whose
   // locks are free is granted whole in this one round.
-  std::sort(s.active.begin(), s.active.end());
-  bool retired = false;
-  for (size_t i = 0; i < s.active.size(); i++) {
-    const uint32_t l = s.active[i];
-    auto& L = s.locks[l];
-    if (L.holder != kNone) {
-      const uint64_t req = L.polled_req;  // read fresh in the sweep above (rule 4)
-      // WAITING: in use or kept; STICKY: kept (protocol version 1).  Either
-      // way the node holds the grant until it writes something else.
-      const bool holds = req == waiting_word(L.holder_ticket) || req == sticky_word(L.holder_ticket);
-      const bool others = (L.waiters & ~(1ull << L.holder)) != 0;
-      if (!holds) {
-        // IDLE (released / acknowledged / withdrawn / module), or a newer request.
-        if ((req & CXLKV_SLOT_STATE_MASK) == CXLKV_SLOT_WAITING) L.waiters |= 1ull << L.holder;
-        L.holder = kNone;
-        did = true;
-        s.releases.fetch_add(1, std::memory_order_relaxed);
-      } else if (others && !L.revoked && !L.contended && may_grant) {
-        // Another node waits for a grant the holder may keep: ask its node
-        // to give it back.  The lock moves on only when the node writes its
-        // slot IDLE (uapi "Sticky grants").
-        ask_node(l, CXLKV_GRANT_REVOKED);
-        L.revoked = true;
-        did = true;
-        s.revokes_n.fetch_add(1, std::memory_order_relaxed);
-        L.next_live_check = now + opts_.liveness_check;
-      } else if (others && now >= L.next_live_check) {
-        // Others wait: is the holder alive?
-        L.next_live_check = now + opts_.liveness_check;
-        const cxlkv_lock_slot held_by = d.read_fresh(ctrl_.slot(l, L.holder));  // rule 4
-        const bool alive = owner_alive(L.holder, held_by);
-        if (alive && L.contended && !judges_processes(L.holder) && may_grant && !sync::testing::break_ask_remote()) {
-          // Its node lives, on another host: this manager cannot see the
-          // holder's process, its node can (uapi "Dead processes of live
-          // nodes").  Ask it, as for a kept grant: its watcher releases for
-          // a holder that died (robust node-local mutex); a live holder
-          // releases IDLE anyway (CONTENDED).  Asked again at every check
-          // while the grant stands: a watcher that found the holder alive
-          // answered once, and the holder may die later.
-          if (!L.revoked) {
-            ask_node(l, CXLKV_GRANT_REVOKED | CXLKV_GRANT_CONTENDED);
-            L.revoked = true;
-          } else {
-            bump_revokes(L.holder);
-          }
-          s.asks.fetch_add(1, std::memory_order_relaxed);
-        } else if (!alive) {
-          // A CONTENDED grant is never kept: its dead holder's lock moves on.
-          // A grant the node may keep moves on only with the node's answer
-          // (its watcher recovers the dead process's node-local mutex and
-          // releases) or when the whole node is dead.
-          bool pass = L.contended;
-          if (!pass) {
-            State::NodeInfo& ni = s.nodes[L.holder];
-            ni.entry = d.read_fresh(ctrl_.node_entry(L.holder));  // rule 4
-            pass = !judge_node(ni.entry).alive;
-            if (pass) {
-              // The slot once more (rule 4): a process of the node that
-              // re-entered on the kept grant meanwhile wrote its owner
-              // record before it judged the keeper alive
-              // (two_tier_lock.cpp, kept_grant_is_ours); it holds the
-              // grant now and is judged at the next check.
-              const cxlkv_lock_slot again = d.read_fresh(ctrl_.slot(l, L.holder));
-              pass = again.owner_pid == held_by.owner_pid && again.owner_start == held_by.owner_start;
-            }
-          }
-          if (pass) {
-            log().warn("pool {}: lock {}: holder node {} (ticket {}) is dead; granting the next waiter",
-                       region_.uri(), l, L.holder, L.holder_ticket);
-            L.holder = kNone;
-            did = true;
-            s.dead_holders.fetch_add(1, std::memory_order_relaxed);
-          } else if (L.revoked) {
-            s.wakers->wake_revoke(L.holder);  // its watcher releases for the dead process
-          }
-        }
+  void settle_locks() {
+    std::sort(s.active.begin(), s.active.end());
+    bool retired = false;
+    for (size_t i = 0; i < s.active.size(); i++) {
+      const uint32_t l = s.active[i];
+      auto& L = s.locks[l];
+      if (L.holder != kNone) check_holder(l);
+      if (L.holder == kNone && L.waiters && may_grant) grant_next(l);
+      if (!L.waiters) {
+        // Nobody waits: stop polling.  A kept or held grant stays in L.holder
+        // and is looked at again when a doorbell names this lock.
+        L.active = false;
+        retired = true;
       }
     }
-    if (L.holder == kNone && L.waiters && may_grant) {
-      uint64_t later = 0;  // waiters whose set has not got its lower lock yet: they stay
-      for (uint32_t k = 1; k <= nodes && L.waiters; k++) {
-        const uint32_t n = (L.last + k) % nodes;
-        if (!(L.waiters & (1ull << n))) continue;
-        L.waiters &= ~(1ull << n);
-        const cxlkv_lock_slot sl = d.read_fresh(ctrl_.slot(l, n));  // rule 4: grant only a live request
-        const uint64_t req = sl.request;
-        if ((req & CXLKV_SLOT_STATE_MASK) != CXLKV_SLOT_WAITING) continue;
-        // Liveness first: a dead waiter is dropped, also one that is not yet
-        // eligible (kept as a waiter, it would keep the lock contended and
-        // revoke every grant of it for ever).
-        if (!owner_alive(n, sl)) {
-          s.dead_waiters.fetch_add(1, std::memory_order_relaxed);
-          continue;
-        }
-        // A set's request: only once the node holds the set's previous lock
-        // with the very request that links to it (uapi "Lock sets").  A link
-        // that does not point below this lock is not one our runtime writes:
-        // it is ignored (the request is granted as a single lock).
-        if (sl.prev_lock != 0 && sl.prev_lock - 1 < l && !sync::testing::break_set_order()) {
-          const auto& P = s.locks[sl.prev_lock - 1];
-          if (P.holder != n || P.holder_ticket != sl.prev_ticket) {
-            later |= 1ull << n;
-            continue;
-          }
-        }
-        ++L.grants;
-        // Others still waiting: tell the holder not to keep the grant.
-        write_grant(l, n, req >> CXLKV_SLOT_TICKET_SHIFT, (L.waiters | later) ? CXLKV_GRANT_CONTENDED : 0u);
-        d.fence();  // rule 3
-        s.wakers->wake_grant(n);  // after the fence: a woken waiter reads the grant
-        L.holder = n;
-        L.holder_ticket = req >> CXLKV_SLOT_TICKET_SHIFT;
-        L.revoked = false;
-        L.contended = (L.waiters | later) != 0;
-        L.last = n;
-        L.next_live_check = now + opts_.liveness_check;
-        did = true;
-        s.grants.fetch_add(1, std::memory_order_relaxed);
-        break;
-      }
-      L.waiters |= later;
-    }
-    if (!L.waiters) {
-      // Nobody waits: stop polling.  A kept or held grant stays in L.holder
-      // and is looked at again when a doorbell names this lock.
-      L.active = false;
-      retired = true;
-    }
+    if (retired) std::erase_if(s.active, [&](uint32_t l) { return !s.locks[l].active; });
   }
-  if (retired) std::erase_if(s.active, [&](uint32_t l) { return !s.locks[l].active; });
-  return did;
+};
+
+}  // namespace
+
+Result<bool> LockManager::run_once() {
+  State& s = *st_;
+  if (s.lease_lost) return Error(-ENOLCK, "pool " + region_.uri() + ": lock manager lost its lease");
+  s.rounds.fetch_add(1, std::memory_order_relaxed);
+  Round round{s, domain_, region_, ctrl_, opts_};
+  if (auto r = round.keep_lease(); !r) return r.error();
+  round.scan_nodes();
+  round.read_doorbells();
+  round.poll_holders();
+  round.settle_locks();
+  return round.did;
 }
 
 Result<void> LockManager::run(const std::atomic<bool>& stop) {
