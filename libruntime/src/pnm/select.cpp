@@ -2,6 +2,7 @@
 // Page scoring and top-T_budget selection (docs/near-memory.md "A decode step").
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <numeric>
 
 #include "cxlkv/pnm.hpp"
@@ -14,6 +15,64 @@ void score_pages(Isa isa, Dtype dtype, const void* digests, uint32_t npages, uin
   detail::kernels(isa).score(dtype, digests, npages, dim, q, nq, mode, out);
 }
 
+namespace {
+
+// A score as an unsigned key of the same order (larger score, larger key);
+// NaN ranks as -inf, as the selection orders it.
+inline uint32_t score_key(float s) {
+  if (std::isnan(s)) s = -INFINITY;
+  uint32_t u;
+  std::memcpy(&u, &s, 4);
+  return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+
+// The best `want` of pages [b, e) by (score desc, page asc), by radix
+// selection on the score keys: a histogram of the top 12 key bits over all
+// pages, then of the next bits over the pages of the boundary bucket only.
+// Two short passes over the scores instead of nth_element's comparisons
+// through an index array (docs/near-memory.md#selection-at-the-read-bound).
+void top_of_range(const float* scores, uint32_t b, uint32_t e, uint32_t want, std::vector<uint32_t>& out) {
+  thread_local std::vector<uint32_t> cand, next, hist;
+  cand.clear();
+  uint32_t need = want;
+  bool first = true;
+  for (const uint32_t shift : {20u, 8u, 0u}) {
+    const uint32_t bits = shift == 0 ? 8 : 12, mask = (1u << bits) - 1;
+    hist.assign(size_t(1) << bits, 0);
+    if (first) {
+      for (uint32_t p = b; p < e; p++) hist[(score_key(scores[p]) >> shift) & mask]++;
+    } else {
+      for (uint32_t p : cand) hist[(score_key(scores[p]) >> shift) & mask]++;
+    }
+    uint32_t above = 0, t = mask;
+    for (;; t--) {
+      if (above + hist[t] >= need) break;
+      above += hist[t];
+    }
+    next.clear();
+    auto split = [&](uint32_t p) {
+      const uint32_t k = (score_key(scores[p]) >> shift) & mask;
+      if (k > t) out.push_back(p);
+      else if (k == t) next.push_back(p);
+    };
+    if (first) {
+      for (uint32_t p = b; p < e; p++) split(p);
+    } else {
+      for (uint32_t p : cand) split(p);
+    }
+    first = false;
+    need -= above;
+    cand.swap(next);
+    if (need == 0) return;
+    if (need == cand.size() || shift == 0) break;
+  }
+  // The boundary bucket's pages share their key (or all are taken): the
+  // lowest pages first, and cand is ascending.
+  out.insert(out.end(), cand.begin(), cand.begin() + need);
+}
+
+}  // namespace
+
 std::vector<uint32_t> top_pages(const float* scores, uint32_t npages, uint32_t budget_pages, uint32_t sink_pages,
                                 uint32_t local_pages) {
   std::vector<uint32_t> out;
@@ -24,18 +83,10 @@ std::vector<uint32_t> top_pages(const float* scores, uint32_t npages, uint32_t b
   for (uint32_t p = 0; p < sink; p++) out.push_back(p);
   const uint32_t kept = sink + local;
   const uint32_t want = budget_pages > kept ? std::min(budget_pages - kept, mid_end - mid_begin) : 0;
-  if (want > 0) {
-    std::vector<uint32_t> mid(mid_end - mid_begin);
-    std::iota(mid.begin(), mid.end(), mid_begin);
-    // Higher score first; ties (and NaN, ordered last) to the lower page.
-    auto better = [scores](uint32_t a, uint32_t b) {
-      const float sa = std::isnan(scores[a]) ? -INFINITY : scores[a];
-      const float sb = std::isnan(scores[b]) ? -INFINITY : scores[b];
-      return sa != sb ? sa > sb : a < b;
-    };
-    if (want < mid.size()) std::nth_element(mid.begin(), mid.begin() + want, mid.end(), better);
-    mid.resize(want);
-    out.insert(out.end(), mid.begin(), mid.end());
+  if (want == mid_end - mid_begin) {
+    for (uint32_t p = mid_begin; p < mid_end; p++) out.push_back(p);
+  } else if (want > 0) {
+    top_of_range(scores, mid_begin, mid_end, want, out);
   }
   for (uint32_t p = mid_end; p < npages; p++) out.push_back(p);
   std::sort(out.begin(), out.end());
