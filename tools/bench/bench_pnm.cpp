@@ -24,7 +24,14 @@
 //                              attention / recalling the selected pages
 //                              (_all_128k, _all_1m: / recalling every page)
 //   pnm.attention_mass_budget{256,2048}  attention mass the selection keeps on
-//                              the planted-needle set (32K tokens)
+//                              the planted-needle set (32K tokens);
+//                              pnm.needle_recall_budget{256,2048}: the share of
+//                              planted needle pages selected, every (layer, head)
+// Digest kinds (docs/near-memory.md#digest-kinds): every selection and
+// quality figure above is today's min/max digests; the same with suffix
+// _q8 (int8 min/max, a scale per row), _minmax_g16 and _q8_g16 (two levels:
+// a group digest per 16 pages scored first, then the best groups' pages),
+// each with pnm.select_bytes_<size>[_kind]: the digest bytes one step reads.
 // Selection contexts hold digests of pages that sit in untouched memory of a
 // sparse (MAP_NORESERVE) pool: scoring reads digests only.  The pool is read
 // through a coherent domain (as a near-memory processor sees its own memory);
@@ -39,6 +46,7 @@
 #include <cstring>
 #include <memory>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "bench.hpp"
@@ -149,17 +157,37 @@ void bench_digest(bench::Results& res, double& read_gbps) {
 
 // ---- selection at 128K and 1M tokens ------------------------------------------
 
-struct SelectRun {
-  double ms = 0, ms_flush = 0;
-  uint64_t digest_bytes = 0;
+// A digest kind as the benchmarks name it.
+struct Kind {
+  DigestKind digest = DigestKind::minmax;
+  uint32_t group_pages = 0;
+  std::string suffix() const {
+    std::string s;
+    if (digest != DigestKind::minmax || group_pages) s = std::string("_") + to_string(digest);
+    if (group_pages) s += "_g" + std::to_string(group_pages);
+    return s;
+  }
+  std::string name() const { return suffix().empty() ? "minmax (today)" : suffix().substr(1); }
 };
 
-SelectRun bench_select(uint32_t layers, uint64_t tokens, bool flush_too) {
-  const Geometry g = llama(layers, tokens);
+struct SelectRun {
+  double ms = 0, ms_flush = 0;
+  uint64_t digest_bytes = 0;  // every page's min/max digest (today's bytes, the bound's)
+  uint64_t read_bytes = 0;    // what one step of this kind read
+};
+
+uint64_t row_bytes(const Kind& k) { return k.digest == DigestKind::q8 ? 8 + 2 * 128 : 2 * 128 * 2; }
+
+SelectRun bench_select(uint32_t layers, uint64_t tokens, bool flush_too, const Kind& kind = {}) {
+  Geometry g = llama(layers, tokens);
+  g.digest = kind.digest;
+  g.group_pages = kind.group_pages;
   const uint32_t np = uint32_t(tokens / 16), q_heads = 32;
+  const uint32_t ng = kind.group_pages ? (np + kind.group_pages - 1) / kind.group_pages : 0;
   const uint64_t page_bytes = uint64_t(layers) * 2 * 8 * 16 * 128 * 2;
   const uint64_t dig_bytes = uint64_t(layers) * 8 * np * 2 * 128 * 2;
-  const uint64_t carve = (dig_bytes + uint64_t(np) * 8 + (8ull << 20) + (2ull << 20) - 1) & ~((2ull << 20) - 1);
+  const uint64_t area = uint64_t(layers) * 8 * (np + ng) * row_bytes(kind);
+  const uint64_t carve = (area + uint64_t(np) * 8 + (8ull << 20) + (2ull << 20) - 1) & ~((2ull << 20) - 1);
   const uint64_t pages_off = (4ull << 20) + carve;
   Sparse mem(pages_off + uint64_t(np) * page_bytes + (2ull << 20));
   auto region = memory_pool(mem, DomainMode::coherent, true);
@@ -183,16 +211,12 @@ SelectRun bench_select(uint32_t layers, uint64_t tokens, bool flush_too) {
     std::vector<double> v;
     for (int r = 0; r < reps; r++) {
       const std::vector<float> q = ns.queries(r);
-      StepRequest rq;
-      rq.ctx = &c;
-      rq.queries = q;
-      rq.q_heads = q_heads;
-      rq.ntokens = tokens;
       auto t0 = Clock::now();
       // Selection only: the engine's select phase, all layers and heads.
-      auto sel = select_pages(c, q, q_heads, tokens, rq.select);
+      auto sel = select_pages(c, q, q_heads, tokens, SelectOptions{});
       v.push_back(secs(t0) * 1e3);
       if (!sel.ok()) fail(sel.error().message());
+      out.read_bytes = sel->digest_bytes;
     }
     return median(v);
   };
@@ -259,60 +283,92 @@ AttnRun bench_attention() {
 
 // ---- selection quality on the planted-needle set ---------------------------------
 
-double attention_mass(uint64_t budget) {
+struct Quality {
+  double mass = 0, recall = 0;
+};
+
+// Attention mass kept (exp(lse_selected - lse_all), averaged over query heads
+// and steps) and needle recall (needle pages selected / needle pages, over
+// every (layer, KV head)) at each budget, on the 32K-token planted-needle
+// context written with digest kind `kind`: the same keys for every kind.
+std::vector<Quality> attention_quality(const Kind& kind, const std::vector<uint64_t>& budgets) {
   const uint64_t tokens = 32768;
-  const Geometry g{2, 8, 128, Dtype::bf16, 16, tokens};
+  Geometry g{2, 8, 128, Dtype::bf16, 16, tokens, kind.digest, kind.group_pages};
   const uint32_t q_heads = 32;
-  static std::unique_ptr<Sparse> mem;
-  static std::unique_ptr<Region> region;
-  static std::unique_ptr<ContextStore> store;
-  static std::unique_ptr<Context> ctx;
-  static std::unique_ptr<NeedleSet> ns;
-  if (!ctx) {
-    const uint64_t kv = tokens * 2 * 8 * 128 * 2 * 2;
-    mem = std::make_unique<Sparse>(kv + (64ull << 20));
-    region = memory_pool(*mem, DomainMode::coherent, true);
-    StoreOptions so;
-    so.carve_bytes = (kv + (32ull << 20)) & ~((2ull << 20) - 1);
-    so.partitions = 1;
-    so.slots_per_partition = 2;
-    store = must(ContextStore::open(*region, so));
-    ctx = must(store->create(1, g));
-    ns = std::make_unique<NeedleSet>(g, q_heads, tokens, 16);
-    std::vector<unsigned char> k, v;
-    for (uint64_t t = 0; t < tokens; t += 1024) {
-      ns->make_kv(t, 1024, k, v);
-      if (auto r = ctx->append(k.data(), v.data(), 1024); !r.ok()) fail(r.error().message());
-    }
+  const uint64_t kv = tokens * 2 * 8 * 128 * 2 * 2;
+  Sparse mem(kv + (64ull << 20));
+  auto region = memory_pool(mem, DomainMode::coherent, true);
+  StoreOptions so;
+  so.carve_bytes = (kv + (32ull << 20)) & ~((2ull << 20) - 1);
+  so.partitions = 1;
+  so.slots_per_partition = 2;
+  auto store = must(ContextStore::open(*region, so));
+  auto ctx = must(store->create(1, g));
+  NeedleSet ns(g, q_heads, tokens, 16);
+  std::vector<unsigned char> k, v;
+  for (uint64_t t = 0; t < tokens; t += 1024) {
+    ns.make_kv(t, 1024, k, v);
+    if (auto r = ctx->append(k.data(), v.data(), 1024); !r.ok()) fail(r.error().message());
   }
-  if (budget == 0) {  // release
-    ctx.reset();
-    store.reset();
-    region.reset();
-    mem.reset();
-    ns.reset();
-    return 0;
-  }
+  std::vector<uint32_t> needle_pages;
+  for (uint64_t t : ns.needles) needle_pages.push_back(uint32_t(t / 16));
+  needle_pages.erase(std::unique(needle_pages.begin(), needle_pages.end()), needle_pages.end());
   Engine eng({1, -1});
-  double mass = 0;
   const int steps = 3;
+  std::vector<Quality> out(budgets.size());
   for (int s = 0; s < steps; s++) {
-    const std::vector<float> q = ns->queries(s);
+    const std::vector<float> q = ns.queries(s);
     StepRequest rq;
     rq.ctx = ctx.get();
     rq.queries = q;
     rq.q_heads = q_heads;
     rq.ntokens = tokens;
-    rq.select.token_budget = budget;
-    StepResult sel = eng.step(rq);
     rq.all_pages = true;
     StepResult all = eng.step(rq);
-    if (!sel.status.ok() || !all.status.ok()) fail("attention mass step failed");
-    double m = 0;
-    for (size_t i = 0; i < sel.partial.lse.size(); i++) m += std::exp(double(sel.partial.lse[i]) - all.partial.lse[i]);
-    mass += m / double(sel.partial.lse.size());
+    if (!all.status.ok()) fail("attention mass step failed: " + all.status.error().message());
+    rq.all_pages = false;
+    for (size_t b = 0; b < budgets.size(); b++) {
+      rq.select.token_budget = budgets[b];
+      StepResult sel = eng.step(rq);
+      if (!sel.status.ok()) fail("attention mass step failed: " + sel.status.error().message());
+      double m = 0;
+      for (size_t i = 0; i < sel.partial.lse.size(); i++)
+        m += std::exp(double(sel.partial.lse[i]) - all.partial.lse[i]);
+      out[b].mass += m / double(sel.partial.lse.size()) / steps;
+      uint64_t found = 0;
+      for (const auto& pages : sel.selection.pages)
+        for (uint32_t p : needle_pages) found += std::binary_search(pages.begin(), pages.end(), p);
+      out[b].recall +=
+          double(found) / double(needle_pages.size() * sel.selection.pages.size()) / steps;
+    }
   }
-  return mass / steps;
+  return out;
+}
+
+// Today's digests first, then the kinds that read fewer bytes.
+std::vector<Kind> kinds() {
+  return {{DigestKind::minmax, 0}, {DigestKind::q8, 0}, {DigestKind::minmax, 16}, {DigestKind::q8, 16}};
+}
+
+// One kind's selection at 128K tokens and at 1M tokens (all 32 layers when
+// the machine has the memory, as for today's digests, else 4 layers), with
+// the bytes each step read.
+void bench_select_kind(bench::Results& res, const Kind& kind, double read_gbps) {
+  const SelectRun s128 = bench_select(32, 128 * 1024, false, kind);
+  const double bound128 = double(s128.digest_bytes) / (read_gbps * 1e9) * 1e3;
+  res.set("pnm.select_ms_128k" + kind.suffix(), s128.ms);
+  res.set("pnm.select_bytes_128k" + kind.suffix(), double(s128.read_bytes));
+  std::printf("pnm: select 128K tokens (32 layers), %s: %.1f ms, %.1f MiB read per step (today's bound %.1f ms)\n",
+              kind.name().c_str(), s128.ms, double(s128.read_bytes) / double(1 << 20), bound128);
+  const uint64_t need = uint64_t(32) * 8 * (1 << 16) * row_bytes(kind);
+  const uint32_t layers = mem_available_bytes() >= need + (4ull << 30) ? 32 : 4;
+  const SelectRun s1m = bench_select(layers, 1024 * 1024, false, kind);
+  const double bound1m = double(s1m.digest_bytes) / (read_gbps * 1e9) * 1e3;
+  res.set("pnm.select_ms_1m" + kind.suffix(), s1m.ms);
+  res.set("pnm.select_bytes_1m" + kind.suffix(), double(s1m.read_bytes));
+  res.set("pnm.select_1m_layers" + kind.suffix(), layers);
+  std::printf("pnm: select 1M tokens (%u layers), %s: %.1f ms, %.1f MiB read per step (today's bound %.1f ms)\n",
+              layers, kind.name().c_str(), s1m.ms, double(s1m.read_bytes) / double(1 << 20), bound1m);
 }
 
 void run_pnm(bench::Results& res) {
@@ -324,6 +380,7 @@ void run_pnm(bench::Results& res) {
   res.set("pnm.select_ms_128k", s128.ms);
   res.set("pnm.select_ms_128k_bound", bound128);
   res.set("pnm.select_ms_128k_flush", s128.ms_flush);
+  res.set("pnm.select_bytes_128k", double(s128.read_bytes));
   std::printf("pnm: select 128K tokens (32 layers): %.1f ms (bound %.1f ms; %.1f ms invalidating first)\n", s128.ms,
               bound128, s128.ms_flush);
 
@@ -348,12 +405,14 @@ void run_pnm(bench::Results& res) {
     SelectRun s1m32 = bench_select(32, 1024 * 1024, false);
     const double bound32 = double(s1m32.digest_bytes) / (read_gbps * 1e9) * 1e3;
     res.set("pnm.select_ms_1m", s1m32.ms);
+    res.set("pnm.select_bytes_1m", double(s1m32.read_bytes));
     res.set("pnm.select_ms_1m_bound", bound32);
     res.set("pnm.select_1m_layers", 32);
     std::printf("pnm: select 1M tokens (all 32 layers, %.1f GiB of digests): %.1f ms (bound %.1f ms)\n",
                 double(s1m32.digest_bytes) / double(1ull << 30), s1m32.ms, bound32);
   } else {
     res.set("pnm.select_ms_1m", s1m.ms);
+    res.set("pnm.select_bytes_1m", double(s1m.read_bytes));
     res.set("pnm.select_ms_1m_bound", bound1m);
     res.set("pnm.select_1m_layers", 4);
     std::printf("pnm: select 1M tokens: %.1f GiB of memory available, all 32 layers need %.1f GiB + 4 GiB spare; "
@@ -373,6 +432,9 @@ void run_pnm(bench::Results& res) {
               "32 layers est. %.0f ms (bound %.0f ms)\n",
               s1m1.ms, s1m8.ms, per_layer, per_layer / s1m1.ms, 32 * per_layer, bound1m32);
 
+  for (const Kind& kind : kinds())
+    if (!kind.suffix().empty()) bench_select_kind(res, kind, read_gbps);
+
   AttnRun at = bench_attention();
   const double abound = double(at.kv_bytes) / (read_gbps * 1e9) * 1e3;
   res.set("pnm.attention_ms_budget2048", at.ms);
@@ -387,12 +449,18 @@ void run_pnm(bench::Results& res) {
               "selected pages\n",
               at.ms, abound, (unsigned long long)at.near, (unsigned long long)at.selected);
 
-  for (uint64_t b : {256ull, 2048ull}) {
-    const double m = attention_mass(b);
-    res.set("pnm.attention_mass_budget" + std::to_string(b), m);
-    std::printf("pnm: planted-needle set, budget %llu: attention mass kept %.4f\n", (unsigned long long)b, m);
+  for (const Kind& kind : kinds()) {
+    const std::vector<uint64_t> budgets = {256, 2048};
+    const std::vector<Quality> qs = attention_quality(kind, budgets);
+    for (size_t b = 0; b < budgets.size(); b++) {
+      const std::string bs = std::to_string(budgets[b]);
+      res.set("pnm.attention_mass_budget" + bs + kind.suffix(), qs[b].mass);
+      res.set("pnm.needle_recall_budget" + bs + kind.suffix(), qs[b].recall);
+      std::printf("pnm: planted-needle set (32K tokens), %s, budget %s: attention mass kept %.4f, needle recall "
+                  "%.4f\n",
+                  kind.name().c_str(), bs.c_str(), qs[b].mass, qs[b].recall);
+    }
   }
-  attention_mass(0);
 }
 
 }  // namespace

@@ -32,6 +32,7 @@
 #include "cxlkv/result.hpp"
 
 struct cxlkv_pnm_slot;
+struct cxlkv_pnm_ctx;
 struct cxlkv_pnm_header;
 struct cxlkv_pnm_part_stats;
 
@@ -49,6 +50,14 @@ enum class Dtype : uint32_t { f32 = 0, bf16 = 1, f16 = 2 };  // = enum cxlkv_pnm
 const char* to_string(Dtype d);
 size_t dtype_size(Dtype d);
 
+// How a context stores its page digests (docs/near-memory.md#digest-kinds;
+// = enum cxlkv_pnm_digest_kind).  minmax: min and max in the KV element
+// type (2 x head_dim elements a page); q8: int8 min and max with one scale
+// per row, rounded outward so the score stays an upper bound (8 + 2 x
+// head_dim bytes a page).
+enum class DigestKind : uint32_t { minmax = 0, q8 = 1 };
+const char* to_string(DigestKind k);
+
 struct Geometry {
   uint32_t layers = 0;
   uint32_t kv_heads = 0;
@@ -56,6 +65,11 @@ struct Geometry {
   Dtype dtype = Dtype::bf16;
   uint32_t page_tokens = 16;
   uint64_t max_tokens = 0;  // capacity: page table and digests are sized for it
+  DigestKind digest = DigestKind::minmax;
+  // Two-level digests: pages per group digest (a power of two, 2..1024),
+  // scored first so that only the best groups' page digests are read; 0:
+  // one level (docs/near-memory.md#digest-kinds).
+  uint32_t group_pages = 0;
 };
 
 struct StoreOptions {
@@ -90,6 +104,12 @@ class Context {
   uint32_t pages_for(uint64_t ntokens) const {
     return static_cast<uint32_t>((ntokens + geo_.page_tokens - 1) / geo_.page_tokens);
   }
+  // Group digests over the first ntokens tokens (0 for a one-level context).
+  uint32_t groups_for(uint64_t ntokens) const {
+    return geo_.group_pages ? (pages_for(ntokens) + geo_.group_pages - 1) / geo_.group_pages : 0;
+  }
+  // Bytes of one digest row (a page's or a group's) of one (layer, head).
+  uint64_t digest_row_bytes() const { return row_bytes_; }
 
   // ---- writer -------------------------------------------------------------
   // Append ntokens tokens; k and v are [layers][kv_heads][ntokens][head_dim].
@@ -122,14 +142,26 @@ class Context {
   // Is the context still the one this handle names?  One fresh read.
   bool still_valid() const;
   // Digests of pages [page0, page0+npages) of (layer, head) into dst
-  // ([npages][2][head_dim] elements of the dtype).
+  // (npages rows of digest_row_bytes(): [2][head_dim] elements of the dtype
+  // for minmax, struct cxlkv_pnm_q8_row + int8 [2][head_dim] for q8).
   Result<void> read_digests(uint32_t layer, uint32_t head, uint32_t page0, uint32_t npages,
                             void* dst) const;
+  // The same for group digests [group0, group0+ngroups) (two-level contexts).
+  Result<void> read_group_digests(uint32_t layer, uint32_t head, uint32_t group0, uint32_t ngroups,
+                                  void* dst) const;
+  // Rows read for a step over ntokens tokens, before they are scored: a q8
+  // row whose scale is not a finite positive number is damage, one that
+  // covers fewer tokens than the count needs is stale; both -EBADMSG naming
+  // the context, layer, head and page (or group).  Nothing to check for
+  // minmax rows.
+  Result<void> check_digest_rows(const void* rows, uint32_t first, uint32_t n, bool groups, uint32_t layer,
+                                 uint32_t head, uint64_t ntokens) const;
   Result<void> read_page_table(uint32_t page0, uint32_t npages, uint64_t* dst) const;
   // The digests of (layer, head) in this process's mapping, to be read in
   // place, when the pool's domain is coherent (nothing to invalidate, rule 4
   // holds trivially); nullptr otherwise (read_digests stages them).
   const void* digests_in_place(uint32_t layer, uint32_t head) const;
+  const void* group_digests_in_place(uint32_t layer, uint32_t head) const;
   // ntok rows (tokens 0..ntok-1 of the page) of K (kv=0) or V (kv=1).
   Result<void> read_rows(uint64_t page_off, uint32_t layer, uint32_t kv, uint32_t head,
                          uint32_t ntok, void* dst) const;
@@ -139,7 +171,14 @@ class Context {
   Context() = default;
   Result<void> publish(uint64_t new_tokens);
   Result<void> write_page_entry(uint32_t page, uint64_t off);
-  Result<void> write_digest(uint32_t layer, uint32_t head, uint32_t page, const void* d);
+  // d: the page's min/max row in the KV element type, covering `tokens`
+  // tokens; stored in the context's digest kind, and its group widened.
+  // new_page: the first write of this page (a new group when it is the
+  // group's first page).
+  Result<void> write_digest(uint32_t layer, uint32_t head, uint32_t page, const void* d, uint32_t tokens,
+                            bool new_page);
+  void set_digest_layout(const cxlkv_pnm_ctx& c);
+  Result<void> store_row(uint64_t off, const void* minmax, uint32_t tokens);
   Result<void> append_pages_impl(std::span<const uint64_t> page_offsets, const void* digests, uint64_t ntokens);
   // Why pool offset `off` cannot be a page of this context ("" when it can;
   // cxlkv/format/pnm_format.h).  `carves`: the pool's carve table, read on first need.
@@ -154,10 +193,13 @@ class Context {
   Geometry geo_{};
   uint32_t max_pages_ = 0;
   uint64_t page_table_off_ = 0, digest_off_ = 0;
+  uint64_t row_bytes_ = 0, group_off_ = 0;  // digest row size; pool offset of the group rows
+  uint32_t max_groups_ = 0;
   bool writable_ = false;
   uint64_t tokens_ = 0;
   std::vector<unsigned char> last_digest_;  // writer: digests of the last page, [l][h][2][d]
   uint64_t last_page_off_ = 0;              // writer: pool offset of the last page
+  std::vector<unsigned char> last_group_;   // writer: min/max of the last group, [l][h][2][d]
 };
 
 class ContextStore {
@@ -251,12 +293,18 @@ struct SelectOptions {
   uint32_t sink_pages = 1;       // first pages, always kept
   uint32_t local_pages = 1;      // most recent pages, always kept
   ScoreMode mode = ScoreMode::upper_bound;
+  // Two-level contexts: pages whose digests are read after the group pass,
+  // the best groups' (0: max(4 x the budget, 512)); one_level reads every
+  // page digest instead (docs/near-memory.md#digest-kinds).
+  uint32_t refine_pages = 0;
+  bool one_level = false;
 };
 
 // Selected pages per (layer, KV head), each list ascending.
 struct Selection {
   uint32_t layers = 0, kv_heads = 0;
   std::vector<std::vector<uint32_t>> pages;  // [layer * kv_heads + head]
+  uint64_t digest_bytes = 0;                 // digest rows read to make it (select_pages)
   const std::vector<uint32_t>& at(uint32_t layer, uint32_t head) const {
     return pages[size_t(layer) * kv_heads + head];
   }
@@ -266,6 +314,9 @@ struct Selection {
 // digests: [npages][2][dim] of dtype; q: [nq][dim].
 void score_pages(Isa isa, Dtype dtype, const void* digests, uint32_t npages, uint32_t dim,
                  const float* q, uint32_t nq, ScoreMode mode, float* out);
+// The same over q8 rows (struct cxlkv_pnm_q8_row + int8 [2][dim] each).
+void score_q8_pages(Isa isa, const void* rows, uint32_t npages, uint32_t dim, const float* q, uint32_t nq,
+                    ScoreMode mode, float* out);
 // Top pages for a budget: sink and local pages always, then the best of the
 // rest by score (partial sort; ties to the lower page) up to budget_pages in
 // all.  Ascending page numbers.
@@ -394,7 +445,7 @@ struct StepResult {
   Partial partial;
   uint64_t ntokens = 0;
   double select_ms = 0, attend_ms = 0;
-  uint64_t digest_bytes = 0, kv_bytes = 0;  // pool bytes read
+  uint64_t digest_bytes = 0, kv_bytes = 0;  // pool bytes read (digest rows as read, every level)
   // Bytes that cross the link to the GPU per step: near-memory attention
   // (queries in, output + log-sum-exp out) vs recalling the selected pages'
   // K and V vs recalling every page.

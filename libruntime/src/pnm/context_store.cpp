@@ -40,6 +40,14 @@ const char* to_string(Dtype d) {
 
 size_t dtype_size(Dtype d) { return cxlkv_pnm_dtype_size(static_cast<uint32_t>(d)); }
 
+const char* to_string(DigestKind k) {
+  switch (k) {
+    case DigestKind::minmax: return "minmax";
+    case DigestKind::q8: return "q8";
+  }
+  return "unknown";
+}
+
 namespace {
 
 constexpr uint64_t kAlign = 64;
@@ -369,6 +377,12 @@ Result<std::unique_ptr<Context>> ContextStore::create(uint64_t request_id, const
                               std::to_string(g.max_tokens) + ")");
   const uint64_t max_pages = (g.max_tokens + g.page_tokens - 1) / g.page_tokens;
   if (max_pages > 0xffffffffull) return Error(-EINVAL, C + "max_tokens too large");
+  if (static_cast<uint32_t>(g.digest) > CXLKV_PNM_DIGEST_MAX)
+    return Error(-EINVAL, C + "digest kind " + std::to_string(static_cast<uint32_t>(g.digest)) + " unknown");
+  if (g.group_pages != 0 && (g.group_pages < 2 || (g.group_pages & (g.group_pages - 1)) ||
+                             g.group_pages > (1u << CXLKV_PNM_GROUP_LOG2_MAX)))
+    return Error(-EINVAL, C + "group_pages " + std::to_string(g.group_pages) + " (0, or a power of two 2.." +
+                              std::to_string(1u << CXLKV_PNM_GROUP_LOG2_MAX) + ")");
   MemoryDomain& d = region_->domain();
 
   int free_slot = -1;
@@ -392,10 +406,12 @@ Result<std::unique_ptr<Context>> ContextStore::create(uint64_t request_id, const
   c.dtype = static_cast<uint32_t>(g.dtype);
   c.max_pages = static_cast<uint32_t>(max_pages);
   c.page_bytes = cxlkv_pnm_page_bytes(&c);
+  c.digest = static_cast<uint8_t>(g.digest);
+  c.group_log2 = g.group_pages ? static_cast<uint8_t>(__builtin_ctz(g.group_pages)) : 0;
   const uint64_t saved_next = heap_next_;
   auto pt = heap_alloc(max_pages * 8);
   if (!pt.ok()) return Error(-ENOSPC, C + pt.error().message());
-  auto dg = heap_alloc(uint64_t(g.layers) * g.kv_heads * max_pages * cxlkv_pnm_digest_bytes(&c));
+  auto dg = heap_alloc(cxlkv_pnm_digest_area_bytes(&c));
   if (!dg.ok()) {
     heap_next_ = saved_next;
     return Error(-ENOSPC, C + dg.error().message());
@@ -435,8 +451,10 @@ Result<std::unique_ptr<Context>> ContextStore::create(uint64_t request_id, const
   ctx->max_pages_ = c.max_pages;
   ctx->page_table_off_ = c.page_table_off;
   ctx->digest_off_ = c.digest_off;
+  ctx->set_digest_layout(c);
   ctx->writable_ = true;
-  ctx->last_digest_.assign(size_t(g.layers) * g.kv_heads * cxlkv_pnm_digest_bytes(&c), 0);
+  ctx->last_digest_.assign(size_t(g.layers) * g.kv_heads * 2 * g.head_dim * dtype_size(g.dtype), 0);
+  if (g.group_pages) ctx->last_group_.assign(ctx->last_digest_.size(), 0);
   return ctx;
 }
 
@@ -461,6 +479,11 @@ Result<std::unique_ptr<Context>> ContextStore::find(uint64_t request_id) {
                                    ", page_tokens " + std::to_string(c.page_tokens) + ", max_pages " +
                                    std::to_string(c.max_pages) + ")");
       if (c.dtype > CXLKV_PNM_DTYPE_MAX) return Error(-EBADMSG, D + "dtype " + std::to_string(c.dtype) + " unknown");
+      if (c.digest > CXLKV_PNM_DIGEST_MAX)
+        return Error(-EBADMSG, D + "digest kind " + std::to_string(c.digest) + " unknown");
+      if (c.group_log2 > CXLKV_PNM_GROUP_LOG2_MAX)
+        return Error(-EBADMSG, D + "group_log2 " + std::to_string(c.group_log2) + " beyond " +
+                                   std::to_string(CXLKV_PNM_GROUP_LOG2_MAX));
       if (c.page_bytes != cxlkv_pnm_page_bytes(&c))
         return Error(-EBADMSG, D + "page_bytes " + std::to_string(c.page_bytes) + " does not match its geometry (" +
                                    std::to_string(cxlkv_pnm_page_bytes(&c)) + ")");
@@ -468,7 +491,7 @@ Result<std::unique_ptr<Context>> ContextStore::find(uint64_t request_id) {
       const uint64_t heap_hi = part_off(p) + part_bytes_;
       auto in_heap = [&](uint64_t off, uint64_t len) { return off >= heap_lo && off <= heap_hi && len <= heap_hi - off; };
       const uint64_t pt_len = uint64_t(c.max_pages) * 8;
-      const uint64_t dg_len = uint64_t(c.layers) * c.kv_heads * c.max_pages * cxlkv_pnm_digest_bytes(&c);
+      const uint64_t dg_len = cxlkv_pnm_digest_area_bytes(&c);
       if (c.page_table_off % 8 || !in_heap(c.page_table_off, pt_len))
         return Error(-EBADMSG, D + "page_table_off " + hex(c.page_table_off) + " (+" + std::to_string(pt_len) +
                                    " bytes) is not in the heap of partition " + std::to_string(p) + " (" +
@@ -486,11 +509,18 @@ Result<std::unique_ptr<Context>> ContextStore::find(uint64_t request_id) {
       ctx->partition_ = p;
       ctx->request_id_ = request_id;
       ctx->generation_ = c.generation;
-      ctx->geo_ = Geometry{c.layers, c.kv_heads, c.head_dim, static_cast<Dtype>(c.dtype), c.page_tokens,
-                           uint64_t(c.max_pages) * c.page_tokens};
+      ctx->geo_ = Geometry{c.layers,
+                           c.kv_heads,
+                           c.head_dim,
+                           static_cast<Dtype>(c.dtype),
+                           c.page_tokens,
+                           uint64_t(c.max_pages) * c.page_tokens,
+                           static_cast<DigestKind>(c.digest),
+                           c.group_log2 ? 1u << c.group_log2 : 0u};
       ctx->max_pages_ = c.max_pages;
       ctx->page_table_off_ = c.page_table_off;
       ctx->digest_off_ = c.digest_off;
+      ctx->set_digest_layout(c);
       auto n = ctx->refresh();
       if (!n.ok()) return n.error();
       return ctx;
@@ -536,14 +566,43 @@ Result<void> Context::write_page_entry(uint32_t page, uint64_t off) {
   return {};
 }
 
-Result<void> Context::write_digest(uint32_t layer, uint32_t head, uint32_t page, const void* dg) {
+void Context::set_digest_layout(const cxlkv_pnm_ctx& c) {
+  row_bytes_ = cxlkv_pnm_digest_bytes(&c);
+  max_groups_ = static_cast<uint32_t>(cxlkv_pnm_max_groups(&c));
+  group_off_ = c.digest_off + uint64_t(c.layers) * c.kv_heads * c.max_pages * row_bytes_;
+}
+
+Result<void> Context::store_row(uint64_t off, const void* minmax, uint32_t tokens) {
   MemoryDomain& d = region_->domain();
-  const uint64_t db = 2ull * geo_.head_dim * dtype_size(geo_.dtype);
-  const uint64_t off = digest_off_ + ((uint64_t(layer) * geo_.kv_heads + head) * max_pages_ + page) * db;
-  d.store(region_->at(off), dg, db);
-  // Rule 3: bulk write-back of the digest; the fence before the count orders it.
-  if (!testing::faults().skip_writer_flush) d.flush_bulk(region_->at(off), db);
+  const void* row = minmax;
+  thread_local std::vector<unsigned char> q8;
+  if (geo_.digest == DigestKind::q8) {
+    q8.resize(row_bytes_);
+    if (!detail::encode_q8_row(geo_.dtype, minmax, geo_.head_dim, tokens, q8.data()))
+      return Error(-EINVAL, "pool " + region_->uri() + ": pnm context " + std::to_string(request_id_) +
+                                ": a key element is not finite: a q8 digest cannot bound it");
+    row = q8.data();
+  }
+  d.store(region_->at(off), row, row_bytes_);
+  // Rule 3: bulk write-back of the digest row; the fence before the count orders it.
+  if (!testing::faults().skip_writer_flush) d.flush_bulk(region_->at(off), row_bytes_);
   return {};
+}
+
+Result<void> Context::write_digest(uint32_t layer, uint32_t head, uint32_t page, const void* dg, uint32_t tokens,
+                                   bool new_page) {
+  const uint64_t lh = uint64_t(layer) * geo_.kv_heads + head;
+  CXLKV_TRY(store_row(digest_off_ + (lh * max_pages_ + page) * row_bytes_, dg, tokens));
+  if (!geo_.group_pages) return {};
+  // The page's group: min/max over its pages so far, widened by this page
+  // (a page row is two rows of the element type: widening by both is
+  // widening by the page's keys).
+  const uint32_t gp = geo_.group_pages, grp = page / gp;
+  const uint64_t db = 2ull * geo_.head_dim * dtype_size(geo_.dtype);
+  unsigned char* gd = last_group_.data() + lh * db;
+  detail::digest_rows(geo_.dtype, dg, 2, geo_.head_dim, gd, new_page && page % gp == 0);
+  const uint32_t covered = (page % gp) * geo_.page_tokens + tokens;
+  return store_row(group_off_ + (lh * max_groups_ + grp) * row_bytes_, gd, covered);
 }
 
 Result<void> Context::publish(uint64_t new_tokens) {
@@ -598,7 +657,7 @@ Result<void> Context::append(const void* k, const void* v, uint32_t n) {
         unsigned char* dg = last_digest_.data() + (uint64_t(l) * geo_.kv_heads + h) * db;
         detail::digest_rows(geo_.dtype, static_cast<const unsigned char*>(k) + src, cnt, geo_.head_dim, dg,
                             in_page == 0);
-        CXLKV_TRY(write_digest(l, h, page, dg));
+        CXLKV_TRY(write_digest(l, h, page, dg, in_page + cnt, in_page == 0));
       }
     // The store grew its heap: its header goes out before the count too.
     if (in_page == 0) CXLKV_TRY(store_->write_part());
@@ -606,7 +665,8 @@ Result<void> Context::append(const void* k, const void* v, uint32_t n) {
     t += cnt;
   }
   CXLKV_TRY(publish(t));
-  const uint64_t written = uint64_t(pages_for(t) - tokens_before / geo_.page_tokens) * geo_.layers * geo_.kv_heads * db;
+  const uint64_t written =
+      uint64_t(pages_for(t) - tokens_before / geo_.page_tokens) * geo_.layers * geo_.kv_heads * row_bytes_;
   store_->record_digest_build(n, written, false, since_ns(t0));
   return {};
 }
@@ -615,9 +675,8 @@ Result<void> Context::append_pages(std::span<const uint64_t> offs, const void* d
   const auto t0 = std::chrono::steady_clock::now();
   CXLKV_TRY(append_pages_impl(offs, digests, ntokens));
   if (!offs.empty())
-    store_->record_digest_build(ntokens, uint64_t(offs.size()) * geo_.layers * geo_.kv_heads * 2ull * geo_.head_dim *
-                                             dtype_size(geo_.dtype),
-                                false, since_ns(t0));
+    store_->record_digest_build(ntokens, uint64_t(offs.size()) * geo_.layers * geo_.kv_heads * row_bytes_, false,
+                                since_ns(t0));
   return {};
 }
 
@@ -646,15 +705,24 @@ Result<void> Context::append_pages_impl(std::span<const uint64_t> offs, const vo
   const uint64_t db = 2ull * geo_.head_dim * dtype_size(geo_.dtype);
   const auto* dg = static_cast<const unsigned char*>(digests);
   for (size_t i = 0; i < offs.size(); i++) CXLKV_TRY(write_page_entry(page0 + uint32_t(i), offs[i]));
+  const bool as_given = geo_.digest == DigestKind::minmax && !geo_.group_pages;
   for (uint32_t l = 0; l < geo_.layers; l++)
     for (uint32_t h = 0; h < geo_.kv_heads; h++) {
       MemoryDomain& d = region_->domain();
       const uint64_t lh = uint64_t(l) * geo_.kv_heads + h;
-      const uint64_t off = digest_off_ + (lh * max_pages_ + page0) * db;
-      // Whole runs of digests at once; same rule 3 as write_digest().
-      d.store(region_->at(off), dg + lh * offs.size() * db, offs.size() * db);
-      if (!testing::faults().skip_writer_flush) d.flush_bulk(region_->at(off), offs.size() * db);
-      std::memcpy(last_digest_.data() + lh * db, dg + (lh * offs.size() + offs.size() - 1) * db, db);
+      const unsigned char* run = dg + lh * offs.size() * db;
+      if (as_given) {
+        const uint64_t off = digest_off_ + (lh * max_pages_ + page0) * db;
+        // Whole runs of digests at once; same rule 3 as write_digest().
+        d.store(region_->at(off), run, offs.size() * db);
+        if (!testing::faults().skip_writer_flush) d.flush_bulk(region_->at(off), offs.size() * db);
+      } else {
+        for (size_t i = 0; i < offs.size(); i++) {
+          const uint32_t tok = i + 1 < offs.size() ? pt : static_cast<uint32_t>(ntokens - (offs.size() - 1) * pt);
+          CXLKV_TRY(write_digest(l, h, page0 + uint32_t(i), run + i * db, tok, true));
+        }
+      }
+      std::memcpy(last_digest_.data() + lh * db, run + (offs.size() - 1) * db, db);
     }
   last_page_off_ = offs.back();
   return publish(tokens_ + ntokens);
@@ -722,8 +790,7 @@ std::string Context::bad_page(uint64_t off, std::vector<std::pair<uint64_t, uint
       return "(+" + std::to_string(pb) + " bytes) is in the pnm carve outside the heap of partition " +
              std::to_string(partition_) + " (" + hex(lo) + ".." + hex(hi) + ")";
     const uint64_t pt_end = page_table_off_ + uint64_t(max_pages_) * 8;
-    const uint64_t dg_end = digest_off_ + uint64_t(geo_.layers) * geo_.kv_heads * max_pages_ * 2ull * geo_.head_dim *
-                                              dtype_size(geo_.dtype);
+    const uint64_t dg_end = group_off_ + uint64_t(geo_.layers) * geo_.kv_heads * max_groups_ * row_bytes_;
     if ((off < pt_end && page_table_off_ < end) || (off < dg_end && digest_off_ < end))
       return "overlaps the context's own page table or digests";
     return "";
@@ -757,17 +824,56 @@ Result<void> Context::read_digests(uint32_t layer, uint32_t head, uint32_t page0
     return Error(-EINVAL, "pnm context " + std::to_string(request_id_) + ": digests (layer " +
                               std::to_string(layer) + ", head " + std::to_string(head) + ", pages " +
                               std::to_string(page0) + "+" + std::to_string(npages) + ") out of range");
-  const uint64_t db = 2ull * geo_.head_dim * dtype_size(geo_.dtype);
-  const uint64_t off = digest_off_ + ((uint64_t(layer) * geo_.kv_heads + head) * max_pages_ + page0) * db;
-  read_range(region_->domain(), dst, region_->at(off), npages * db);
+  const uint64_t off = digest_off_ + ((uint64_t(layer) * geo_.kv_heads + head) * max_pages_ + page0) * row_bytes_;
+  read_range(region_->domain(), dst, region_->at(off), npages * row_bytes_);
+  return {};
+}
+
+Result<void> Context::read_group_digests(uint32_t layer, uint32_t head, uint32_t group0, uint32_t ngroups,
+                                         void* dst) const {
+  if (layer >= geo_.layers || head >= geo_.kv_heads || uint64_t(group0) + ngroups > max_groups_)
+    return Error(-EINVAL, "pnm context " + std::to_string(request_id_) + ": group digests (layer " +
+                              std::to_string(layer) + ", head " + std::to_string(head) + ", groups " +
+                              std::to_string(group0) + "+" + std::to_string(ngroups) + ") out of range");
+  const uint64_t off = group_off_ + ((uint64_t(layer) * geo_.kv_heads + head) * max_groups_ + group0) * row_bytes_;
+  read_range(region_->domain(), dst, region_->at(off), ngroups * row_bytes_);
   return {};
 }
 
 const void* Context::digests_in_place(uint32_t layer, uint32_t head) const {
   if (region_->domain().mode() != DomainMode::coherent || layer >= geo_.layers || head >= geo_.kv_heads)
     return nullptr;
-  const uint64_t db = 2ull * geo_.head_dim * dtype_size(geo_.dtype);
-  return region_->at(digest_off_ + (uint64_t(layer) * geo_.kv_heads + head) * max_pages_ * db);
+  return region_->at(digest_off_ + (uint64_t(layer) * geo_.kv_heads + head) * max_pages_ * row_bytes_);
+}
+
+const void* Context::group_digests_in_place(uint32_t layer, uint32_t head) const {
+  if (region_->domain().mode() != DomainMode::coherent || layer >= geo_.layers || head >= geo_.kv_heads ||
+      !max_groups_)
+    return nullptr;
+  return region_->at(group_off_ + (uint64_t(layer) * geo_.kv_heads + head) * max_groups_ * row_bytes_);
+}
+
+Result<void> Context::check_digest_rows(const void* rows, uint32_t first, uint32_t n, bool groups, uint32_t layer,
+                                        uint32_t head, uint64_t ntokens) const {
+  if (geo_.digest != DigestKind::q8) return {};
+  const uint64_t span = uint64_t(geo_.page_tokens) * (groups ? geo_.group_pages : 1);
+  for (uint32_t i = 0; i < n; i++) {
+    cxlkv_pnm_q8_row r;
+    std::memcpy(&r, static_cast<const unsigned char*>(rows) + i * row_bytes_, sizeof r);
+    const uint64_t at = uint64_t(first + i) * span;
+    const uint64_t need = at < ntokens ? std::min(span, ntokens - at) : 0;
+    // A finite positive binary32 has its sign bit clear and is below +inf's bits.
+    const bool damaged = r.scale_bits == 0 || r.scale_bits >= 0x7f800000u || r.tokens > span;
+    if (damaged || r.tokens < need)
+      return Error(-EBADMSG, "pool " + region_->uri() + ": pnm context " + std::to_string(request_id_) +
+                                 ": q8 digest of layer " + std::to_string(layer) + " head " + std::to_string(head) +
+                                 (groups ? " group " : " page ") + std::to_string(first + i) +
+                                 (damaged ? " is damaged (scale bits " + hex(r.scale_bits) + ", tokens " +
+                                                std::to_string(r.tokens) + " of " + std::to_string(span) + ")"
+                                          : " is stale (covers " + std::to_string(r.tokens) + " tokens, the count needs " +
+                                                std::to_string(need) + ")"));
+  }
+  return {};
 }
 
 Result<void> Context::read_page_table(uint32_t page0, uint32_t npages, uint64_t* dst) const {

@@ -115,4 +115,11 @@ inline void store_elem(Dtype t, void* base, size_t i, float v) {
 // values are values, so the stored elements are copied bit for bit.
 void digest_rows(Dtype t, const void* rows, uint32_t ntok, uint32_t dim, void* d, bool fresh);
 
+// The q8 row (struct cxlkv_pnm_q8_row + int8 [2][dim]) of a min/max row mm
+// ([2][dim] of t) covering `tokens` tokens: one scale with 127 x scale >=
+// max |element|, min rounded down and max rounded up to multiples of it,
+// so scale x int8 bounds every element the min/max row bounds
+// (docs/near-memory.md#digest-kinds).  false when an element is not finite.
+bool encode_q8_row(Dtype t, const void* mm, uint32_t dim, uint32_t tokens, void* out);
+
 }  // namespace cxlkv::pnm::detail

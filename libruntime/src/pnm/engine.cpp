@@ -179,6 +179,7 @@ StepResult run_step(Engine& eng, const StepRequest& req, Isa isa) {
   const size_t es = dtype_size(g.dtype);
   std::vector<Error> errs(pairs, Error(0, ""));
   std::vector<uint8_t> failed(pairs, 0);
+  std::vector<uint64_t> read(pairs, 0);
 
   auto t0 = std::chrono::steady_clock::now();
   r.selection.layers = g.layers;
@@ -192,7 +193,7 @@ StepResult run_step(Engine& eng, const StepRequest& req, Isa isa) {
     eng.parallel_for(pairs, [&](uint32_t i) {
       const uint32_t l = i / g.kv_heads, h = i % g.kv_heads;
       const float* q = req.queries.data() + (size_t(l) * req.q_heads + size_t(h) * group) * g.head_dim;
-      auto p = detail::select_head(ctx, q, group, l, h, ntokens, req.select, isa);
+      auto p = detail::select_head(ctx, q, group, l, h, ntokens, req.select, isa, nullptr, &read[i]);
       if (p.ok()) {
         r.selection.pages[i] = std::move(p.value());
       } else {
@@ -200,7 +201,8 @@ StepResult run_step(Engine& eng, const StepRequest& req, Isa isa) {
         failed[i] = 1;
       }
     });
-    r.digest_bytes = uint64_t(pairs) * np * 2 * g.head_dim * es;
+    for (uint64_t b : read) r.digest_bytes += b;
+    r.selection.digest_bytes = r.digest_bytes;
   }
   r.select_ms = ms_since(t0);
   for (uint32_t i = 0; i < pairs; i++)

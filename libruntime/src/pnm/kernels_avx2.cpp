@@ -11,6 +11,7 @@
 #include "pnm/pnm_internal.hpp"
 
 #define CXLKV_PNM_TARGET __attribute__((target("avx2,fma,f16c")))
+#include "pnm/kernels_hsums256.hpp"
 #include "pnm/kernels_template.hpp"
 
 namespace cxlkv::pnm::detail {
@@ -49,6 +50,10 @@ struct Avx2 {
     s = _mm_add_ss(s, _mm_movehdup_ps(s));
     return _mm_cvtss_f32(s);
   }
+  CXLKV_PNM_TARGET static F load_i8(const int8_t* p) {
+    return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
+  }
+  CXLKV_PNM_TARGET static void hsums(const F* a, uint32_t n, float* out) { hsums256(a, n, out); }
 
   CXLKV_PNM_TARGET static I load16(const int16_t* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
   CXLKV_PNM_TARGET static void store16(int16_t* p, I v) { _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), v); }

@@ -4,8 +4,10 @@
 // attributes; only called when CPUID says AVX-512F/BW/VL are usable
 // (isa_supported).
 // GCC 12 reports the _mm512_undefined_*() inside its own AVX-512 headers as
-// "may be used uninitialized" (a known false positive of those headers).
+// "may be used uninitialized" (and, inlined into the score kernel, "is used
+// uninitialized"): a known false positive of those headers.
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
 #include <immintrin.h>
 
 #include <cstdint>
@@ -14,6 +16,7 @@
 #include "pnm/pnm_internal.hpp"
 
 #define CXLKV_PNM_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,fma,f16c")))
+#include "pnm/kernels_hsums256.hpp"
 #include "pnm/kernels_template.hpp"
 
 namespace cxlkv::pnm::detail {
@@ -47,6 +50,18 @@ struct Avx512 {
   CXLKV_PNM_TARGET static F max(F a, F b) { return _mm512_max_ps(a, b); }
   CXLKV_PNM_TARGET static F fmadd(F a, F b, F c) { return _mm512_fmadd_ps(a, b, c); }
   CXLKV_PNM_TARGET static float hsum(F v) { return _mm512_reduce_add_ps(v); }
+  CXLKV_PNM_TARGET static F load_i8(const int8_t* p) {
+    return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+  }
+  // Each 512-bit sum folded to 256 bits, then the AVX2 four-at-a-time
+  // horizontal sums.
+  CXLKV_PNM_TARGET static void hsums(const F* a, uint32_t n, float* out) {
+    __m256 y[kHeadChunk];
+    for (uint32_t h = 0; h < n; h++)
+      y[h] = _mm256_add_ps(_mm512_castps512_ps256(a[h]),
+                           _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a[h]), 1)));
+    hsums256(y, n, out);
+  }
 
   CXLKV_PNM_TARGET static I load16(const int16_t* p) { return _mm512_loadu_si512(p); }
   CXLKV_PNM_TARGET static void store16(int16_t* p, I v) { _mm512_storeu_si512(p, v); }

@@ -38,6 +38,10 @@ struct Scalar {
   static F max(F a, F b) { return std::max(a, b); }
   static F fmadd(F a, F b, F c) { return a * b + c; }
   static float hsum(F v) { return v; }
+  static F load_i8(const int8_t* p) { return float(*p); }
+  static void hsums(const F* a, uint32_t n, float* out) {
+    for (uint32_t h = 0; h < n; h++) out[h] = a[h];
+  }
 
   static I load16(const int16_t* p) { return *p; }
   static void store16(int16_t* p, I v) { *p = v; }

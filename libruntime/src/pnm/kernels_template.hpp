@@ -11,7 +11,9 @@
 //   F load_elems(Dtype, const void* base, uint32_t i): V::kF elements of
 //     base from element i, as floats
 //   F add(F, F), mul(F, F), max(F, F), fmadd(F a, F b, F c) (a * b + c)
-//   float hsum(F): the sum of the lanes
+//   float hsum(F): the sum of the lanes; hsums(const F* a, n, float* out):
+//     out[h] = hsum(a[h]) for h < n <= kHeadChunk, several at once
+//   F load_i8(const int8_t*): V::kF int8 elements as floats (q8 digests)
 //   I load16(const int16_t*); store16(int16_t*, I); I min16(I, I), max16(I, I)
 //   I key16(I): the order map of bf16 / fp16 bits on each lane (order_key)
 //   kHeadChunk: query heads scored together against one digest (their
@@ -37,10 +39,13 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <limits>
+#include <vector>
 
 #include "pnm/dtype.hpp"
 #include "pnm/pnm_internal.hpp"
+#include "cxlkv/format/pnm_format.h"
 
 namespace cxlkv::pnm::detail {
 namespace {
@@ -71,53 +76,153 @@ void minmax_columns(const T* rows, uint32_t ntok, uint32_t dim, uint32_t from, T
   }
 }
 
+// Digest rows as the score kernel reads them (cxlkv/format/pnm_format.h): a row's
+// min and max halves and their elements as floats, with the row's scale.
+// Min/max rows of the KV element type T: [min][max] of dim elements.
+template <Dtype T>
+struct MinMaxRows {
+  uint32_t dim;
+  size_t stride() const { return 2ull * dim * dtype_size(T); }
+  const unsigned char* mn(const unsigned char* r) const { return r; }
+  const unsigned char* mx(const unsigned char* r) const { return r + size_t(dim) * dtype_size(T); }
+  float scale(const unsigned char*) const { return 1.f; }
+  template <class V>
+  CXLKV_PNM_TARGET typename V::F load(const unsigned char* half, uint32_t d) const {
+    return V::load_elems(T, half, d);
+  }
+  float load1(const unsigned char* half, uint32_t d) const { return load_elem(T, half, d); }
+};
+
+// Quantized rows (struct cxlkv_pnm_q8_row): an 8-byte head (scale, tokens)
+// then int8 min and max; element = scale * int8 (rounded outward when
+// written, docs/near-memory.md#digest-kinds), the scale applied once per
+// row after the sum.
+struct Q8Rows {
+  uint32_t dim;
+  size_t stride() const { return sizeof(cxlkv_pnm_q8_row) + 2ull * dim; }
+  const unsigned char* mn(const unsigned char* r) const { return r + sizeof(cxlkv_pnm_q8_row); }
+  const unsigned char* mx(const unsigned char* r) const { return r + sizeof(cxlkv_pnm_q8_row) + dim; }
+  float scale(const unsigned char* r) const {
+    float s;
+    std::memcpy(&s, r, sizeof s);
+    return s;
+  }
+  template <class V>
+  CXLKV_PNM_TARGET typename V::F load(const unsigned char* half, uint32_t d) const {
+    return V::load_i8(reinterpret_cast<const int8_t*>(half) + d);
+  }
+  float load1(const unsigned char* half, uint32_t d) const { return float(int8_t(half[d])); }
+};
+
+// The score of one digest row (halves mn, mx) for NH query heads at once,
+// weights w [NH][2][dim] (w[h][0] multiplies mn, w[h][1] mx): upper_bound
+// sum_d (w0_d mn_d + w1_d mx_d) with w0 = min(q, 0), w1 = max(q, 0), which
+// is sum_d max(q_d mn_d, q_d mx_d) with two fused multiply-adds per element
+// instead of two products, a max and an add; coarse max(q.mn, q.mx), two
+// sums.  NH and the mode are compile-time constants so that the NH
+// accumulators stay in registers (a run-time head count kept them on the
+// stack, a store and a load per multiply-add:
+// docs/near-memory.md#selection-at-the-read-bound).
+template <class V, uint32_t NH, bool UB, class Rows>
+CXLKV_PNM_TARGET inline float score_row(const Rows& rows, const unsigned char* mn, const unsigned char* mx,
+                                        uint32_t dim, const float* w) {
+  using F = typename V::F;
+  const uint32_t vd = dim / V::kF * V::kF;
+  F a[NH], b[NH];
+  for (uint32_t h = 0; h < NH; h++) a[h] = b[h] = V::zero();
+  for (uint32_t d = 0; d < vd; d += V::kF) {
+    const F vmn = rows.template load<V>(mn, d), vmx = rows.template load<V>(mx, d);
+    for (uint32_t h = 0; h < NH; h++) {
+      const float* wh = w + size_t(h) * 2 * dim;
+      if constexpr (UB) {
+        a[h] = V::fmadd(V::load(wh + dim + d), vmx, V::fmadd(V::load(wh + d), vmn, a[h]));
+      } else {
+        a[h] = V::fmadd(V::load(wh + d), vmn, a[h]);
+        b[h] = V::fmadd(V::load(wh + dim + d), vmx, b[h]);
+      }
+    }
+  }
+  float s0[NH], s1[NH];
+  V::hsums(a, NH, s0);
+  if constexpr (!UB) V::hsums(b, NH, s1);
+  float best = -INFINITY;
+  for (uint32_t h = 0; h < NH; h++) {
+    const float* wh = w + size_t(h) * 2 * dim;
+    float s;
+    if constexpr (UB) {
+      s = s0[h];
+      for (uint32_t d = vd; d < dim; d++) s += wh[dim + d] * rows.load1(mx, d) + wh[d] * rows.load1(mn, d);
+    } else {
+      float x0 = s0[h], x1 = s1[h];
+      for (uint32_t d = vd; d < dim; d++) {
+        x0 += wh[d] * rows.load1(mn, d);
+        x1 += wh[dim + d] * rows.load1(mx, d);
+      }
+      s = std::max(x0, x1);
+    }
+    best = std::max(best, s);
+  }
+  return best;
+}
+
+// out[p] = max over every head chunk of score_row, for np rows; `nh` heads
+// in the last chunk picks the instantiation (NH counts down from kHeadChunk).
+template <class V, bool UB, class Rows, uint32_t NH = V::kHeadChunk>
+CXLKV_PNM_TARGET void score_chunk(const Rows& rows, const void* dig, uint32_t np, uint32_t dim, const float* w,
+                                  uint32_t nh, float* out) {
+  if constexpr (NH > 1) {
+    if (nh < NH) return score_chunk<V, UB, Rows, NH - 1>(rows, dig, np, dim, w, nh, out);
+  }
+  const size_t stride = rows.stride();
+  for (uint32_t p = 0; p < np; p++) {
+    const auto* r = static_cast<const unsigned char*>(dig) + size_t(p) * stride;
+    out[p] = std::max(out[p], score_row<V, NH, UB>(rows, rows.mn(r), rows.mx(r), dim, w));
+  }
+}
+
+// Scores of np digest rows against nq query heads (the max over heads).
+// The per-head weights are made once per call; the row's scale, positive
+// (checked before scoring), keeps the order of the heads' sums and applies
+// once at the end.
+template <class V, class Rows>
+CXLKV_PNM_TARGET void score_rows(const Rows& rows, const void* dig, uint32_t np, uint32_t dim, const float* q,
+                                 uint32_t nq, ScoreMode mode, float* out) {
+  const bool ub = mode == ScoreMode::upper_bound;
+  thread_local std::vector<float> w;
+  w.resize(size_t(nq) * 2 * dim);
+  for (uint32_t h = 0; h < nq; h++)
+    for (uint32_t d = 0; d < dim; d++) {
+      const float x = q[size_t(h) * dim + d];
+      w[(size_t(h) * 2) * dim + d] = ub ? std::min(x, 0.f) : x;
+      w[(size_t(h) * 2 + 1) * dim + d] = ub ? std::max(x, 0.f) : x;
+    }
+  std::fill(out, out + np, -INFINITY);
+  for (uint32_t h0 = 0; h0 < nq; h0 += V::kHeadChunk) {
+    const uint32_t nh = std::min(V::kHeadChunk, nq - h0);
+    const float* wc = w.data() + size_t(h0) * 2 * dim;
+    if (ub)
+      score_chunk<V, true>(rows, dig, np, dim, wc, nh, out);
+    else
+      score_chunk<V, false>(rows, dig, np, dim, wc, nh, out);
+  }
+  const size_t stride = rows.stride();
+  for (uint32_t p = 0; p < np; p++) out[p] *= rows.scale(static_cast<const unsigned char*>(dig) + size_t(p) * stride);
+}
+
 template <class V>
 CXLKV_PNM_TARGET void score_kernel(Dtype t, const void* dig, uint32_t np, uint32_t dim, const float* q, uint32_t nq,
                                    ScoreMode mode, float* out) {
-  using F = typename V::F;
-  constexpr uint32_t kChunk = V::kHeadChunk;
-  const size_t es = dtype_size(t);
-  const uint32_t vd = dim / V::kF * V::kF;
-  for (uint32_t p = 0; p < np; p++) {
-    const auto* mn = static_cast<const unsigned char*>(dig) + size_t(p) * 2 * dim * es;
-    const auto* mx = mn + dim * es;
-    float best = -INFINITY;
-    for (uint32_t h0 = 0; h0 < nq; h0 += kChunk) {
-      const uint32_t nh = std::min(kChunk, nq - h0);
-      F a[kChunk], b[kChunk];
-      for (uint32_t h = 0; h < nh; h++) a[h] = b[h] = V::zero();
-      for (uint32_t d = 0; d < vd; d += V::kF) {
-        const F vmn = V::load_elems(t, mn, d), vmx = V::load_elems(t, mx, d);
-        for (uint32_t h = 0; h < nh; h++) {
-          const F qv = V::load(q + size_t(h0 + h) * dim + d);
-          if (mode == ScoreMode::upper_bound) {
-            a[h] = V::add(a[h], V::max(V::mul(qv, vmn), V::mul(qv, vmx)));
-          } else {
-            a[h] = V::fmadd(qv, vmn, a[h]);
-            b[h] = V::fmadd(qv, vmx, b[h]);
-          }
-        }
-      }
-      for (uint32_t h = 0; h < nh; h++) {
-        const float* qh = q + size_t(h0 + h) * dim;
-        float s;
-        if (mode == ScoreMode::upper_bound) {
-          s = V::hsum(a[h]);
-          for (uint32_t d = vd; d < dim; d++)
-            s += std::max(qh[d] * load_elem(t, mn, d), qh[d] * load_elem(t, mx, d));
-        } else {
-          float s0 = V::hsum(a[h]), s1 = V::hsum(b[h]);
-          for (uint32_t d = vd; d < dim; d++) {
-            s0 += qh[d] * load_elem(t, mn, d);
-            s1 += qh[d] * load_elem(t, mx, d);
-          }
-          s = std::max(s0, s1);
-        }
-        best = std::max(best, s);
-      }
-    }
-    out[p] = best;
+  switch (t) {
+    case Dtype::f32: return score_rows<V>(MinMaxRows<Dtype::f32>{dim}, dig, np, dim, q, nq, mode, out);
+    case Dtype::bf16: return score_rows<V>(MinMaxRows<Dtype::bf16>{dim}, dig, np, dim, q, nq, mode, out);
+    case Dtype::f16: return score_rows<V>(MinMaxRows<Dtype::f16>{dim}, dig, np, dim, q, nq, mode, out);
   }
+}
+
+template <class V>
+CXLKV_PNM_TARGET void score_q8_kernel(const void* rows, uint32_t np, uint32_t dim, const float* q, uint32_t nq,
+                                      ScoreMode mode, float* out) {
+  score_rows<V>(Q8Rows{dim}, rows, np, dim, q, nq, mode, out);
 }
 
 template <class V>
@@ -166,7 +271,7 @@ CXLKV_PNM_TARGET void minmax16_kernel(const int16_t* rows, uint32_t ntok, uint32
 // The function table of V's instruction set.
 template <class V>
 constexpr Kernels kernel_table() {
-  return {score_kernel<V>, dot_kernel<V>, axpy_kernel<V>, minmax16_kernel<V>};
+  return {score_kernel<V>, dot_kernel<V>, axpy_kernel<V>, minmax16_kernel<V>, score_q8_kernel<V>};
 }
 
 }  // namespace

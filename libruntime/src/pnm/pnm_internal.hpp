@@ -38,6 +38,9 @@ struct Kernels {
   void (*axpy_rows)(Dtype t, const void* v, uint32_t ntok, uint32_t dim, const float* w, float* acc);
   // Element-wise min / max of 16-bit keys (order-mapped bf16 / fp16, see digest.cpp).
   void (*minmax16)(const int16_t* rows, uint32_t ntok, uint32_t dim, int16_t* mn, int16_t* mx);
+  // score over q8 digest rows (struct cxlkv_pnm_q8_row + int8 [2][dim] each).
+  void (*score_q8)(const void* rows, uint32_t np, uint32_t dim, const float* q, uint32_t nq, ScoreMode mode,
+                   float* out);
 };
 const Kernels& kernels(Isa isa);
 extern const Kernels kScalarKernels;
@@ -49,7 +52,8 @@ const Kernels& avx512_kernels();
 // heads [group][head_dim].
 Result<std::vector<uint32_t>> select_head(const Context& ctx, const float* q, uint32_t group, uint32_t layer,
                                           uint32_t head, uint64_t ntokens, const SelectOptions& o, Isa isa,
-                                          std::vector<float>* scores_out = nullptr);
+                                          std::vector<float>* scores_out = nullptr,
+                                          uint64_t* bytes_read = nullptr);
 // Attention of the group's query heads over `pages` (page table `table`):
 // out [group][head_dim], lse [group].
 Result<void> attend_head(const Context& ctx, const uint64_t* table, std::span<const uint32_t> pages, uint32_t layer,

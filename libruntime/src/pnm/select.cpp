@@ -15,6 +15,11 @@ void score_pages(Isa isa, Dtype dtype, const void* digests, uint32_t npages, uin
   detail::kernels(isa).score(dtype, digests, npages, dim, q, nq, mode, out);
 }
 
+void score_q8_pages(Isa isa, const void* rows, uint32_t npages, uint32_t dim, const float* q, uint32_t nq,
+                    ScoreMode mode, float* out) {
+  detail::kernels(isa).score_q8(rows, npages, dim, q, nq, mode, out);
+}
+
 namespace {
 
 // A score as an unsigned key of the same order (larger score, larger key);
@@ -110,27 +115,63 @@ std::string check_step(const Context& ctx, std::span<const float> queries, uint3
 
 Result<std::vector<uint32_t>> select_head(const Context& ctx, const float* q, uint32_t group, uint32_t l, uint32_t h,
                                           uint64_t ntokens, const SelectOptions& o, Isa isa,
-                                          std::vector<float>* scores_out) {
+                                          std::vector<float>* scores_out, uint64_t* bytes_read) {
   const Geometry& g = ctx.geometry();
   const uint32_t np = ctx.pages_for(ntokens);
   const uint32_t budget = static_cast<uint32_t>(
       std::min<uint64_t>((o.token_budget + g.page_tokens - 1) / g.page_tokens, np));
-  const size_t db = 2ull * g.head_dim * dtype_size(g.dtype);
-  constexpr uint32_t kChunk = 256;  // pages of digests staged per read (fits L2)
+  const size_t rb = ctx.digest_row_bytes();
+  const auto& kn = kernels(isa);
+  constexpr uint32_t kChunk = 256;  // rows staged (or checked) per pass (fits L2)
   thread_local std::vector<unsigned char> buf;
-  thread_local std::vector<float> local_scores;
-  buf.resize(size_t(kChunk) * db);
+  thread_local std::vector<float> local_scores, group_scores;
   std::vector<float>& scores = scores_out ? *scores_out : local_scores;
-  scores.resize(np);
-  if (const void* in_place = ctx.digests_in_place(l, h)) {
-    score_pages(isa, g.dtype, in_place, np, g.head_dim, q, group, o.mode, scores.data());
-  } else {
-    for (uint32_t p0 = 0; p0 < np; p0 += kChunk) {
-      const uint32_t n = std::min(kChunk, np - p0);
-      CXLKV_TRY(ctx.read_digests(l, h, p0, n, buf.data()));  // rule 4: invalidate, fence, load
-      score_pages(isa, g.dtype, buf.data(), n, g.head_dim, q, group, o.mode, scores.data() + p0);
+  uint64_t bytes = 0;
+  // Rows [first, first + n) of the page (or group) digests of (l, h) into
+  // out: read in place where the domain is coherent, else staged (rule 4:
+  // invalidate, fence, load), checked, scored.
+  auto score_rows = [&](bool groups, uint32_t first, uint32_t n, float* out) -> Result<void> {
+    const void* in_place = groups ? ctx.group_digests_in_place(l, h) : ctx.digests_in_place(l, h);
+    for (uint32_t c0 = first; c0 < first + n; c0 += kChunk) {
+      const uint32_t m = std::min(kChunk, first + n - c0);
+      const unsigned char* rows;
+      if (in_place) {
+        rows = static_cast<const unsigned char*>(in_place) + size_t(c0) * rb;
+      } else {
+        buf.resize(size_t(kChunk) * rb);
+        CXLKV_TRY(groups ? ctx.read_group_digests(l, h, c0, m, buf.data())
+                         : ctx.read_digests(l, h, c0, m, buf.data()));  // rule 4: invalidate, fence, load
+        rows = buf.data();
+      }
+      CXLKV_TRY(ctx.check_digest_rows(rows, c0, m, groups, l, h, ntokens));
+      if (g.digest == DigestKind::q8)
+        kn.score_q8(rows, m, g.head_dim, q, group, o.mode, out + (c0 - first));
+      else
+        kn.score(g.dtype, rows, m, g.head_dim, q, group, o.mode, out + (c0 - first));
     }
+    bytes += uint64_t(n) * rb;
+    return {};
+  };
+  if (g.group_pages && !o.one_level) {
+    // Two levels (docs/near-memory.md#digest-kinds): every group digest,
+    // then the page digests of the best groups only.  A group's min/max
+    // bound its pages', so a group's score bounds its pages' scores; pages
+    // of groups not read keep -inf and are never preferred to a read one.
+    const uint32_t gp = g.group_pages, ng = ctx.groups_for(ntokens);
+    group_scores.resize(ng);
+    CXLKV_TRY(score_rows(true, 0, ng, group_scores.data()));
+    const uint64_t refine = o.refine_pages ? o.refine_pages : std::max<uint64_t>(4ull * budget, 512);
+    const uint32_t take = static_cast<uint32_t>(std::min<uint64_t>(ng, (refine + gp - 1) / gp));
+    scores.assign(np, -INFINITY);
+    for (uint32_t gi : top_pages(group_scores.data(), ng, take, 0, 0)) {
+      const uint32_t p0 = gi * gp, n = std::min(gp, np - p0);
+      CXLKV_TRY(score_rows(false, p0, n, scores.data() + p0));
+    }
+  } else {
+    scores.resize(np);
+    CXLKV_TRY(score_rows(false, 0, np, scores.data()));
   }
+  if (bytes_read) *bytes_read = bytes;
   return top_pages(scores.data(), np, budget, o.sink_pages, o.local_pages);
 }
 
@@ -149,8 +190,10 @@ Result<Selection> select_pages(const Context& ctx, std::span<const float> querie
   for (uint32_t l = 0; l < g.layers; l++)
     for (uint32_t h = 0; h < g.kv_heads; h++) {
       const float* q = queries.data() + (size_t(l) * q_heads + size_t(h) * group) * g.head_dim;
-      auto p = detail::select_head(ctx, q, group, l, h, ntokens, o, isa);
+      uint64_t read = 0;
+      auto p = detail::select_head(ctx, q, group, l, h, ntokens, o, isa, nullptr, &read);
       if (!p.ok()) return p.error();
+      sel.digest_bytes += read;
       sel.pages[size_t(l) * g.kv_heads + h] = std::move(p.value());
     }
   return sel;

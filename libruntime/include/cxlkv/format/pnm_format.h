@@ -23,8 +23,14 @@
  * offset of page i; a page holds page_tokens tokens of K and V for every
  * layer and KV head, laid out [layer][K|V][kv_head][token][head_dim].  The
  * digests are per (layer, kv_head, page) the element-wise min and max of the
- * page's key vectors, laid out [layer][kv_head][page][min|max][head_dim] in
- * the KV element type (min and max of bf16 / fp16 values are exact).
+ * page's key vectors, one row per page laid out [layer][kv_head][page], in
+ * the context's digest kind (cxlkv_pnm_ctx.digest): MINMAX rows are
+ * [min|max][head_dim] in the KV element type (min and max of bf16 / fp16
+ * values are exact); Q8 rows are struct cxlkv_pnm_q8_row.  A two-level
+ * context (group_log2 > 0) has after its page rows one more row per
+ * (layer, kv_head, group of 2^group_log2 pages), laid out
+ * [layer][kv_head][group], the min and max over the group's pages
+ * (docs/near-memory.md#digest-kinds).
  *
  * Publication (rule 3): the writer stores a batch of tokens (pages with
  * non-temporal copies, page-table entries and digests with stores +
@@ -44,8 +50,9 @@
 
 /* "CXLKVPN1" read as a little-endian u64. */
 #define CXLKV_PNM_MAGIC               0x314e50564b4c5843ULL
-/* Version 2: the count line carries a check (struct cxlkv_pnm_count). */
-#define CXLKV_PNM_VERSION             2u
+/* Version 2: the count line carries a check (struct cxlkv_pnm_count).
+ * Version 3: the descriptor names its digest kind and group size. */
+#define CXLKV_PNM_VERSION             3u
 #define CXLKV_PNM_DEFAULT_PAGE_TOKENS 16u
 #define CXLKV_PNM_SLOT_SIZE           128u
 
@@ -61,6 +68,26 @@ static inline unsigned cxlkv_pnm_dtype_size(__u32 dtype)
 {
 	return dtype == CXLKV_PNM_F32 ? 4u : 2u;
 }
+
+/* How a page's (or group's) digest row is stored. */
+enum cxlkv_pnm_digest_kind {
+	CXLKV_PNM_DIGEST_MINMAX = 0,  /* min and max in the KV element type */
+	CXLKV_PNM_DIGEST_Q8     = 1,  /* struct cxlkv_pnm_q8_row */
+};
+#define CXLKV_PNM_DIGEST_MAX      CXLKV_PNM_DIGEST_Q8
+#define CXLKV_PNM_GROUP_LOG2_MAX  10u
+
+/* Head of a Q8 digest row, followed by __s8 min[head_dim], __s8
+ * max[head_dim]: element d of every key the row covers lies in
+ * [scale * min[d], scale * max[d]] (min rounded down, max up when written).
+ * scale_bits: an IEEE-754 binary32, finite and > 0.  tokens: how many
+ * tokens the row covers; a reader needs at least the published tokens of
+ * its page (or group), so a stale row is told from a current one. */
+struct cxlkv_pnm_q8_row {
+	__u32 scale_bits;
+	__u32 tokens;
+};
+CXLKV_STATIC_ASSERT(sizeof(struct cxlkv_pnm_q8_row) == 8, "pnm q8 row head is 8 bytes");
 
 struct cxlkv_pnm_header {
 	__u64 magic;            /* CXLKV_PNM_MAGIC, stored last (the header's publish flag) */
@@ -116,7 +143,9 @@ struct cxlkv_pnm_ctx {
 	__u64 digest_off;       /* pool offset of the digests (layout above) */
 	__u64 page_bytes;       /* bytes of one page */
 	__u32 check;            /* FNV-1a 32 of the line with check = 0 */
-	__u32 reserved0;
+	__u8  digest;           /* enum cxlkv_pnm_digest_kind */
+	__u8  group_log2;       /* 0: one level; else pages per group digest = 1 << group_log2 */
+	__u16 reserved0;
 };
 CXLKV_STATIC_ASSERT(sizeof(struct cxlkv_pnm_ctx) == 64, "pnm context descriptor is one line");
 
@@ -184,10 +213,25 @@ static inline __u64 cxlkv_pnm_page_rows_off(const struct cxlkv_pnm_ctx *c, __u32
 	       cxlkv_pnm_dtype_size(c->dtype);
 }
 
-/* Bytes of one page's digest (min and max) for one (layer, head). */
+/* Bytes of one digest row (a page's or a group's) for one (layer, head). */
 static inline __u64 cxlkv_pnm_digest_bytes(const struct cxlkv_pnm_ctx *c)
 {
+	if (c->digest == CXLKV_PNM_DIGEST_Q8)
+		return sizeof(struct cxlkv_pnm_q8_row) + 2ull * c->head_dim;
 	return 2ull * c->head_dim * cxlkv_pnm_dtype_size(c->dtype);
+}
+
+/* Group rows per (layer, head): 0 for a one-level context. */
+static inline __u64 cxlkv_pnm_max_groups(const struct cxlkv_pnm_ctx *c)
+{
+	return c->group_log2 ? ((__u64)c->max_pages + (1ull << c->group_log2) - 1) >> c->group_log2 : 0;
+}
+
+/* Bytes of all digest rows of a context (page rows, then group rows). */
+static inline __u64 cxlkv_pnm_digest_area_bytes(const struct cxlkv_pnm_ctx *c)
+{
+	return (__u64)c->layers * c->kv_heads * (c->max_pages + cxlkv_pnm_max_groups(c)) *
+	       cxlkv_pnm_digest_bytes(c);
 }
 
 /* Pool offset of the digest of (layer, head, page). */
@@ -196,6 +240,16 @@ static inline __u64 cxlkv_pnm_digest_at(const struct cxlkv_pnm_ctx *c, __u32 lay
 {
 	return c->digest_off +
 	       (((__u64)layer * c->kv_heads + head) * c->max_pages + page) * cxlkv_pnm_digest_bytes(c);
+}
+
+/* Pool offset of the group digest of (layer, head, group) (group_log2 > 0). */
+static inline __u64 cxlkv_pnm_group_digest_at(const struct cxlkv_pnm_ctx *c, __u32 layer, __u32 head,
+					      __u32 group)
+{
+	return c->digest_off +
+	       ((__u64)c->layers * c->kv_heads * c->max_pages +
+		((__u64)layer * c->kv_heads + head) * cxlkv_pnm_max_groups(c) + group) *
+		       cxlkv_pnm_digest_bytes(c);
 }
 
 /*
