@@ -162,6 +162,10 @@ class Context {
   // holds trivially); nullptr otherwise (read_digests stages them).
   const void* digests_in_place(uint32_t layer, uint32_t head) const;
   const void* group_digests_in_place(uint32_t layer, uint32_t head) const;
+  // The K (kv=0) or V (kv=1) rows of (layer, head) of the page at page_off
+  // in this process's mapping, to be read in place, when the pool's domain
+  // is coherent (as digests_in_place); nullptr otherwise or out of range.
+  const void* rows_in_place(uint64_t page_off, uint32_t layer, uint32_t kv, uint32_t head) const;
   // ntok rows (tokens 0..ntok-1 of the page) of K (kv=0) or V (kv=1).
   Result<void> read_rows(uint64_t page_off, uint32_t layer, uint32_t kv, uint32_t head,
                          uint32_t ntok, void* dst) const;

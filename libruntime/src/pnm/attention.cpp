@@ -41,32 +41,70 @@ void attend_rows(Isa isa, Dtype dtype, const void* k, const void* v, uint32_t nt
 
 namespace detail {
 
+// Two passes over the selected pages of one (layer, KV head) for the whole
+// query-head group (docs/near-memory.md#attention-at-the-read-bound): every
+// score first (each key row read and converted once for all the group's
+// heads), one maximum and one vectorized exp per head, then every value
+// row once; rows are read in place where the domain is coherent (rule 4
+// holds trivially), else staged a page at a time (invalidate, fence,
+// load).  Exact softmax: the same sums as the online form, without its
+// per-page rescaling.
 Result<void> attend_head(const Context& ctx, const uint64_t* table, std::span<const uint32_t> pages, uint32_t L,
                          uint32_t h, const float* q, uint32_t group, uint64_t ntokens, float scale, Isa isa,
                          float* acc, float* lse) {
   const Geometry& g = ctx.geometry();
-  const size_t rows = size_t(g.page_tokens) * g.head_dim * dtype_size(g.dtype);
+  const auto& kn = kernels(isa);
+  const uint32_t dim = g.head_dim;
+  const size_t rows = size_t(g.page_tokens) * dim * dtype_size(g.dtype);
   thread_local std::vector<unsigned char> kb, vb;
-  thread_local std::vector<float> m, l;
+  thread_local std::vector<float> qs, s;
   kb.resize(rows);
   vb.resize(rows);
-  m.assign(group, -INFINITY);
-  l.assign(group, 0.f);
-  std::fill(acc, acc + size_t(group) * g.head_dim, 0.f);
+  auto page_ntok = [&](uint32_t p) {
+    return static_cast<uint32_t>(std::min<uint64_t>(g.page_tokens, ntokens - uint64_t(p) * g.page_tokens));
+  };
+  size_t total = 0;
+  for (uint32_t p : pages) total += page_ntok(p);
+  std::fill(acc, acc + size_t(group) * dim, 0.f);
+  if (total == 0) {
+    std::fill(lse, lse + group, -INFINITY);
+    return {};
+  }
+  // The scale folded into the queries: scores come out scaled.
+  qs.resize(size_t(group) * dim);
+  for (size_t i = 0; i < qs.size(); i++) qs[i] = q[i] * scale;
+  s.resize(size_t(group) * total);
+  auto rows_of = [&](uint64_t page_off, uint32_t kv, uint32_t ntok, std::vector<unsigned char>& buf)
+      -> Result<const void*> {
+    if (const void* in_place = ctx.rows_in_place(page_off, L, kv, h)) return in_place;
+    CXLKV_TRY(ctx.read_rows(page_off, L, kv, h, ntok, buf.data()));
+    return static_cast<const void*>(buf.data());
+  };
+  size_t pos = 0;
   for (uint32_t p : pages) {
-    const uint32_t ntok =
-        static_cast<uint32_t>(std::min<uint64_t>(g.page_tokens, ntokens - uint64_t(p) * g.page_tokens));
-    CXLKV_TRY(ctx.read_rows(table[p], L, 0, h, ntok, kb.data()));
-    CXLKV_TRY(ctx.read_rows(table[p], L, 1, h, ntok, vb.data()));
-    attend_rows(isa, g.dtype, kb.data(), vb.data(), ntok, g.head_dim, q, group, scale, m.data(), l.data(), acc);
+    const uint32_t ntok = page_ntok(p);
+    auto k = rows_of(table[p], 0, ntok, kb);
+    if (!k.ok()) return k.error();
+    kn.rows_heads(true, g.dtype, *k, ntok, dim, qs.data(), total, group, s.data() + pos);
+    pos += ntok;
+  }
+  std::vector<float> m(group), l(group);
+  for (uint32_t j = 0; j < group; j++) {
+    float* sj = s.data() + size_t(j) * total;
+    m[j] = *std::max_element(sj, sj + total);
+    l[j] = kn.exp_sum(sj, static_cast<uint32_t>(total), m[j], sj);
+  }
+  pos = 0;
+  for (uint32_t p : pages) {
+    const uint32_t ntok = page_ntok(p);
+    auto v = rows_of(table[p], 1, ntok, vb);
+    if (!v.ok()) return v.error();
+    kn.rows_heads(false, g.dtype, *v, ntok, dim, s.data() + pos, total, group, acc);
+    pos += ntok;
   }
   for (uint32_t j = 0; j < group; j++) {
-    if (l[j] > 0) {
-      for (uint32_t d = 0; d < g.head_dim; d++) acc[size_t(j) * g.head_dim + d] /= l[j];
-      lse[j] = m[j] + std::log(l[j]);
-    } else {
-      lse[j] = -INFINITY;
-    }
+    for (uint32_t d = 0; d < dim; d++) acc[size_t(j) * dim + d] /= l[j];
+    lse[j] = m[j] + std::log(l[j]);
   }
   return {};
 }

@@ -892,6 +892,14 @@ Result<void> Context::read_page_table(uint32_t page0, uint32_t npages, uint64_t*
   return {};
 }
 
+const void* Context::rows_in_place(uint64_t page_off, uint32_t layer, uint32_t kv, uint32_t head) const {
+  if (region_->domain().mode() != DomainMode::coherent || testing::faults().skip_reader_invalidate ||
+      layer >= geo_.layers || kv > 1 || head >= geo_.kv_heads || !region_->contains(page_off, page_bytes()))
+    return nullptr;
+  const uint64_t row = uint64_t(geo_.head_dim) * dtype_size(geo_.dtype);
+  return region_->at(page_off + ((uint64_t(layer) * 2 + kv) * geo_.kv_heads + head) * geo_.page_tokens * row);
+}
+
 Result<void> Context::read_rows(uint64_t page_off, uint32_t layer, uint32_t kv, uint32_t head, uint32_t ntok,
                                 void* dst) const {
   if (layer >= geo_.layers || kv > 1 || head >= geo_.kv_heads || ntok > geo_.page_tokens ||

@@ -50,6 +50,10 @@ struct Avx512 {
   CXLKV_PNM_TARGET static F max(F a, F b) { return _mm512_max_ps(a, b); }
   CXLKV_PNM_TARGET static F fmadd(F a, F b, F c) { return _mm512_fmadd_ps(a, b, c); }
   CXLKV_PNM_TARGET static float hsum(F v) { return _mm512_reduce_add_ps(v); }
+  CXLKV_PNM_TARGET static F round(F x) { return _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
+  CXLKV_PNM_TARGET static F pow2i(F n) {
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23));
+  }
   CXLKV_PNM_TARGET static F load_i8(const int8_t* p) {
     return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
   }

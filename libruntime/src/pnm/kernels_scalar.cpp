@@ -38,6 +38,8 @@ struct Scalar {
   static F max(F a, F b) { return std::max(a, b); }
   static F fmadd(F a, F b, F c) { return a * b + c; }
   static float hsum(F v) { return v; }
+  static F round(F x) { return std::nearbyint(x); }
+  static F pow2i(F n) { return std::ldexp(1.f, int(n)); }
   static F load_i8(const int8_t* p) { return float(*p); }
   static void hsums(const F* a, uint32_t n, float* out) {
     for (uint32_t h = 0; h < n; h++) out[h] = a[h];

@@ -14,6 +14,8 @@
 //   float hsum(F): the sum of the lanes; hsums(const F* a, n, float* out):
 //     out[h] = hsum(a[h]) for h < n <= kHeadChunk, several at once
 //   F load_i8(const int8_t*): V::kF int8 elements as floats (q8 digests)
+//   F round(F): to the nearest integer; F pow2i(F n): 2^n for integer n in
+//     [-126, 127] (the exponential of the attention kernels)
 //   I load16(const int16_t*); store16(int16_t*, I); I min16(I, I), max16(I, I)
 //   I key16(I): the order map of bf16 / fp16 bits on each lane (order_key)
 //   kHeadChunk: query heads scored together against one digest (their
@@ -252,6 +254,129 @@ CXLKV_PNM_TARGET void axpy_kernel(Dtype t, const void* v, uint32_t ntok, uint32_
   }
 }
 
+// ---- attention over a head group (docs/near-memory.md#attention-at-the-read-bound)
+
+// exp(x) on V::kF lanes for x <= 0 (scores minus their maximum): Cephes'
+// expf, 2^n times a degree-6 polynomial of the remainder (about 1 ulp),
+// x clamped below so that 2^n stays a normal float.
+template <class V>
+CXLKV_PNM_TARGET inline typename V::F vexp(typename V::F x) {
+  using F = typename V::F;
+  x = V::max(x, V::set1(-87.3f));
+  const F n = V::round(V::mul(x, V::set1(1.44269504088896341f)));
+  x = V::fmadd(n, V::set1(-0.693359375f), x);
+  x = V::fmadd(n, V::set1(2.12194440e-4f), x);
+  F y = V::set1(1.9875691500e-4f);
+  y = V::fmadd(y, x, V::set1(1.3981999507e-3f));
+  y = V::fmadd(y, x, V::set1(8.3334519073e-3f));
+  y = V::fmadd(y, x, V::set1(4.1665795894e-2f));
+  y = V::fmadd(y, x, V::set1(1.6666665459e-1f));
+  y = V::fmadd(y, x, V::set1(5.0000001201e-1f));
+  y = V::fmadd(y, V::mul(x, x), V::add(x, V::set1(1.f)));
+  return V::mul(y, V::pow2i(n));
+}
+
+// out[i] = exp(x[i] - m), i < n; returns their sum.  x[i] <= m.
+template <class V>
+CXLKV_PNM_TARGET float exp_sum_kernel(const float* x, uint32_t n, float m, float* out) {
+  const uint32_t vn = n / V::kF * V::kF;
+  typename V::F acc = V::zero();
+  const typename V::F vm = V::set1(m);
+  for (uint32_t i = 0; i < vn; i += V::kF) {
+    const typename V::F e = vexp<V>(V::add(V::load(x + i), V::mul(vm, V::set1(-1.f))));
+    V::store(out + i, e);
+    acc = V::add(acc, e);
+  }
+  float s = V::hsum(acc);
+  for (uint32_t i = vn; i < n; i++) s += out[i] = std::exp(x[i] - m);
+  return s;
+}
+
+// out[h * ld + i] = q_h . k_i for NH heads q [NH][dim] and ntok rows of K:
+// each key element converted once for all the group's heads.
+template <class V, Dtype T, uint32_t NH>
+CXLKV_PNM_TARGET void dot_heads(const void* k, uint32_t ntok, uint32_t dim, const float* q, float* out, size_t ld) {
+  using F = typename V::F;
+  const uint32_t vd = dim / V::kF * V::kF;
+  for (uint32_t i = 0; i < ntok; i++) {
+    const auto* r = static_cast<const unsigned char*>(k) + size_t(i) * dim * dtype_size(T);
+    F a[NH];
+    for (uint32_t h = 0; h < NH; h++) a[h] = V::zero();
+    for (uint32_t d = 0; d < vd; d += V::kF) {
+      const F kk = V::load_elems(T, r, d);
+      for (uint32_t h = 0; h < NH; h++) a[h] = V::fmadd(V::load(q + size_t(h) * dim + d), kk, a[h]);
+    }
+    float s[NH];
+    V::hsums(a, NH, s);
+    for (uint32_t h = 0; h < NH; h++) {
+      for (uint32_t d = vd; d < dim; d++) s[h] += q[size_t(h) * dim + d] * load_elem(T, r, d);
+      out[h * ld + i] = s[h];
+    }
+  }
+}
+
+// acc[h][d] += sum_i w[h * ld + i] v_i[d] for NH heads: a block of each
+// head's accumulator stays in registers over the rows (a page of rows is in
+// L1), each value element converted once for all heads.
+template <class V, Dtype T, uint32_t NH>
+CXLKV_PNM_TARGET void axpy_heads(const void* v, uint32_t ntok, uint32_t dim, const float* w, size_t ld, float* acc) {
+  using F = typename V::F;
+  const uint32_t vd = dim / V::kF * V::kF;
+  const size_t rb = size_t(dim) * dtype_size(T);
+  for (uint32_t d = 0; d < vd; d += V::kF) {
+    F a[NH];
+    for (uint32_t h = 0; h < NH; h++) a[h] = V::load(acc + size_t(h) * dim + d);
+    for (uint32_t i = 0; i < ntok; i++) {
+      const F vv = V::load_elems(T, static_cast<const unsigned char*>(v) + i * rb, d);
+      for (uint32_t h = 0; h < NH; h++) a[h] = V::fmadd(V::set1(w[h * ld + i]), vv, a[h]);
+    }
+    for (uint32_t h = 0; h < NH; h++) V::store(acc + size_t(h) * dim + d, a[h]);
+  }
+  for (uint32_t d = vd; d < dim; d++)
+    for (uint32_t i = 0; i < ntok; i++) {
+      const float x = load_elem(T, static_cast<const unsigned char*>(v) + i * rb, d);
+      for (uint32_t h = 0; h < NH; h++) acc[size_t(h) * dim + d] += w[h * ld + i] * x;
+    }
+}
+
+// The two above for nq heads in chunks of at most kHeadChunk, NH a
+// compile-time constant in each (counting down to the chunk's size).
+template <class V, Dtype T, uint32_t NH = V::kHeadChunk>
+CXLKV_PNM_TARGET void heads_chunk(bool dot, const void* rows, uint32_t ntok, uint32_t dim, const float* x, size_t ld,
+                                  uint32_t nh, float* io) {
+  if constexpr (NH > 1) {
+    if (nh < NH) return heads_chunk<V, T, NH - 1>(dot, rows, ntok, dim, x, ld, nh, io);
+  }
+  if (dot)
+    dot_heads<V, T, NH>(rows, ntok, dim, x, io, ld);
+  else
+    axpy_heads<V, T, NH>(rows, ntok, dim, x, ld, io);
+}
+
+template <class V, Dtype T>
+CXLKV_PNM_TARGET void heads_all(bool dot, const void* rows, uint32_t ntok, uint32_t dim, const float* x, size_t ld,
+                                uint32_t nq, float* io) {
+  for (uint32_t h0 = 0; h0 < nq; h0 += V::kHeadChunk) {
+    const uint32_t nh = std::min(V::kHeadChunk, nq - h0);
+    // dot: x = queries [nq][dim], io = scores [nq][ld]; axpy: x = weights
+    // [nq][ld], io = accumulators [nq][dim].
+    if (dot)
+      heads_chunk<V, T>(true, rows, ntok, dim, x + size_t(h0) * dim, ld, nh, io + h0 * ld);
+    else
+      heads_chunk<V, T>(false, rows, ntok, dim, x + h0 * ld, ld, nh, io + size_t(h0) * dim);
+  }
+}
+
+template <class V>
+CXLKV_PNM_TARGET void rows_heads_kernel(bool dot, Dtype t, const void* rows, uint32_t ntok, uint32_t dim,
+                                        const float* x, size_t ld, uint32_t nq, float* io) {
+  switch (t) {
+    case Dtype::f32: return heads_all<V, Dtype::f32>(dot, rows, ntok, dim, x, ld, nq, io);
+    case Dtype::bf16: return heads_all<V, Dtype::bf16>(dot, rows, ntok, dim, x, ld, nq, io);
+    case Dtype::f16: return heads_all<V, Dtype::f16>(dot, rows, ntok, dim, x, ld, nq, io);
+  }
+}
+
 template <class V>
 CXLKV_PNM_TARGET void minmax16_kernel(const int16_t* rows, uint32_t ntok, uint32_t dim, int16_t* mn, int16_t* mx) {
   const uint32_t vd = dim / V::kI * V::kI;
@@ -271,7 +396,8 @@ CXLKV_PNM_TARGET void minmax16_kernel(const int16_t* rows, uint32_t ntok, uint32
 // The function table of V's instruction set.
 template <class V>
 constexpr Kernels kernel_table() {
-  return {score_kernel<V>, dot_kernel<V>, axpy_kernel<V>, minmax16_kernel<V>, score_q8_kernel<V>};
+  return {score_kernel<V>, dot_kernel<V>, axpy_kernel<V>, minmax16_kernel<V>, score_q8_kernel<V>, rows_heads_kernel<V>,
+          exp_sum_kernel<V>};
 }
 
 }  // namespace

@@ -41,6 +41,13 @@ struct Kernels {
   // score over q8 digest rows (struct cxlkv_pnm_q8_row + int8 [2][dim] each).
   void (*score_q8)(const void* rows, uint32_t np, uint32_t dim, const float* q, uint32_t nq, ScoreMode mode,
                    float* out);
+  // Every head of a group over ntok rows at once.  dot: io[h * ld + i] =
+  // x_h . row_i (x: queries [nq][dim]); else io[h][d] += sum_i x[h * ld +
+  // i] row_i[d] (x: weights, io: accumulators [nq][dim]).
+  void (*rows_heads)(bool dot, Dtype t, const void* rows, uint32_t ntok, uint32_t dim, const float* x, size_t ld,
+                     uint32_t nq, float* io);
+  // out[i] = exp(x[i] - m) (x[i] <= m), returning the sum.
+  float (*exp_sum)(const float* x, uint32_t n, float m, float* out);
 };
 const Kernels& kernels(Isa isa);
 extern const Kernels kScalarKernels;
