@@ -80,8 +80,23 @@ Result<void> attend_head(const Context& ctx, const uint64_t* table, std::span<co
     CXLKV_TRY(ctx.read_rows(page_off, L, kv, h, ntok, buf.data()));
     return static_cast<const void*>(buf.data());
   };
+  // A page's rows of one (layer, head) are page_tokens x head_dim elements
+  // in one place and the next page's a page (every layer and head) away:
+  // the hardware prefetcher stops at each 4 KiB page, so the rows two pages
+  // ahead are prefetched (in place only; staged rows are copied anyway).
+  constexpr size_t kAhead = 2;
+  auto prefetch = [&](size_t j, uint32_t kv) {
+    if (j >= pages.size()) return;
+    const auto* r = static_cast<const char*>(ctx.rows_in_place(table[pages[j]], L, kv, h));
+    if (!r) return;
+    for (size_t o = 0; o < size_t(page_ntok(pages[j])) * dim * dtype_size(g.dtype); o += 64)
+      __builtin_prefetch(r + o);
+  };
   size_t pos = 0;
-  for (uint32_t p : pages) {
+  for (size_t j = 0; j < kAhead; j++) prefetch(j, 0);
+  for (size_t j = 0; j < pages.size(); j++) {
+    const uint32_t p = pages[j];
+    prefetch(j + kAhead, 0);
     const uint32_t ntok = page_ntok(p);
     auto k = rows_of(table[p], 0, ntok, kb);
     if (!k.ok()) return k.error();
@@ -95,7 +110,10 @@ Result<void> attend_head(const Context& ctx, const uint64_t* table, std::span<co
     l[j] = kn.exp_sum(sj, static_cast<uint32_t>(total), m[j], sj);
   }
   pos = 0;
-  for (uint32_t p : pages) {
+  for (size_t j = 0; j < kAhead; j++) prefetch(j, 1);
+  for (size_t j = 0; j < pages.size(); j++) {
+    const uint32_t p = pages[j];
+    prefetch(j + kAhead, 1);
     const uint32_t ntok = page_ntok(p);
     auto v = rows_of(table[p], 1, ntok, vb);
     if (!v.ok()) return v.error();

@@ -84,9 +84,9 @@ void minmax_columns(const T* rows, uint32_t ntok, uint32_t dim, uint32_t from, T
 template <Dtype T>
 struct MinMaxRows {
   uint32_t dim;
-  size_t stride() const { return 2ull * dim * dtype_size(T); }
+  size_t stride() const { return 2ull * dim * (T == Dtype::f32 ? 4 : 2); }
   const unsigned char* mn(const unsigned char* r) const { return r; }
-  const unsigned char* mx(const unsigned char* r) const { return r + size_t(dim) * dtype_size(T); }
+  const unsigned char* mx(const unsigned char* r) const { return r + size_t(dim) * (T == Dtype::f32 ? 4 : 2); }
   float scale(const unsigned char*) const { return 1.f; }
   template <class V>
   CXLKV_PNM_TARGET typename V::F load(const unsigned char* half, uint32_t d) const {
@@ -294,12 +294,18 @@ CXLKV_PNM_TARGET float exp_sum_kernel(const float* x, uint32_t n, float m, float
 
 // out[h * ld + i] = q_h . k_i for NH heads q [NH][dim] and ntok rows of K:
 // each key element converted once for all the group's heads.
+// Bytes of an element of T, a constant (dtype_size is an out-of-line call).
+template <Dtype T>
+constexpr size_t elem_bytes() {
+  return T == Dtype::f32 ? 4 : 2;
+}
+
 template <class V, Dtype T, uint32_t NH>
 CXLKV_PNM_TARGET void dot_heads(const void* k, uint32_t ntok, uint32_t dim, const float* q, float* out, size_t ld) {
   using F = typename V::F;
   const uint32_t vd = dim / V::kF * V::kF;
   for (uint32_t i = 0; i < ntok; i++) {
-    const auto* r = static_cast<const unsigned char*>(k) + size_t(i) * dim * dtype_size(T);
+    const auto* r = static_cast<const unsigned char*>(k) + size_t(i) * dim * elem_bytes<T>();
     F a[NH];
     for (uint32_t h = 0; h < NH; h++) a[h] = V::zero();
     for (uint32_t d = 0; d < vd; d += V::kF) {
@@ -322,7 +328,7 @@ template <class V, Dtype T, uint32_t NH>
 CXLKV_PNM_TARGET void axpy_heads(const void* v, uint32_t ntok, uint32_t dim, const float* w, size_t ld, float* acc) {
   using F = typename V::F;
   const uint32_t vd = dim / V::kF * V::kF;
-  const size_t rb = size_t(dim) * dtype_size(T);
+  const size_t rb = size_t(dim) * elem_bytes<T>();
   for (uint32_t d = 0; d < vd; d += V::kF) {
     F a[NH];
     for (uint32_t h = 0; h < NH; h++) a[h] = V::load(acc + size_t(h) * dim + d);
