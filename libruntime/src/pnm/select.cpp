@@ -156,17 +156,63 @@ Result<std::vector<uint32_t>> select_head(const Context& ctx, const float* q, ui
     // Two levels (docs/near-memory.md#digest-kinds): every group digest,
     // then the page digests of the best groups only.  A group's min/max
     // bound its pages', so a group's score bounds its pages' scores; pages
-    // of groups not read keep -inf and are never preferred to a read one.
+    // of groups not read are not candidates (-inf in scores_out).
     const uint32_t gp = g.group_pages, ng = ctx.groups_for(ntokens);
     group_scores.resize(ng);
     CXLKV_TRY(score_rows(true, 0, ng, group_scores.data()));
     const uint64_t refine = o.refine_pages ? o.refine_pages : std::max<uint64_t>(4ull * budget, 512);
     const uint32_t take = static_cast<uint32_t>(std::min<uint64_t>(ng, (refine + gp - 1) / gp));
-    scores.assign(np, -INFINITY);
-    for (uint32_t gi : top_pages(group_scores.data(), ng, take, 0, 0)) {
-      const uint32_t p0 = gi * gp, n = std::min(gp, np - p0);
-      CXLKV_TRY(score_rows(false, p0, n, scores.data() + p0));
+    // The read pages' scores kept compact (not an array over every page:
+    // filling and ranking one costs more than the reads at 1M tokens).
+    thread_local std::vector<uint32_t> cand_pages, picked;
+    thread_local std::vector<float> cand_scores;
+    cand_pages.clear();
+    cand_scores.clear();
+    const std::vector<uint32_t> chosen = top_pages(group_scores.data(), ng, take, 0, 0);
+    const auto* in_place = static_cast<const char*>(ctx.digests_in_place(l, h));
+    for (size_t j = 0; j < chosen.size(); j++) {
+      const uint32_t gi = chosen[j], p0 = gi * gp, n = std::min(gp, np - p0);
+      // The next group's page rows are elsewhere (past a 4 KiB boundary the
+      // hardware prefetcher does not follow): asked for while this one is scored.
+      if (in_place && j + 1 < chosen.size())
+        for (size_t o = 0; o < size_t(gp) * rb && chosen[j + 1] * size_t(gp) * rb + o < size_t(np) * rb; o += 64)
+          __builtin_prefetch(in_place + chosen[j + 1] * size_t(gp) * rb + o);
+      const size_t at = cand_scores.size();
+      cand_scores.resize(at + n);
+      CXLKV_TRY(score_rows(false, p0, n, cand_scores.data() + at));
+      for (uint32_t i = 0; i < n; i++) cand_pages.push_back(p0 + i);
     }
+    if (scores_out) {
+      scores.assign(np, -INFINITY);
+      for (size_t i = 0; i < cand_pages.size(); i++) scores[cand_pages[i]] = cand_scores[i];
+    }
+    // Sink and local pages always; then the best read pages of the rest
+    // (ascending pages, so ties go to the lower page as in top_pages).
+    const uint32_t sink = std::min(o.sink_pages, np), local = std::min(o.local_pages, np - sink);
+    const uint32_t mid_end = np - local;
+    size_t w = 0;
+    for (size_t i = 0; i < cand_pages.size(); i++)
+      if (cand_pages[i] >= sink && cand_pages[i] < mid_end) {
+        cand_pages[w] = cand_pages[i];
+        cand_scores[w++] = cand_scores[i];
+      }
+    cand_pages.resize(w);
+    cand_scores.resize(w);
+    const uint32_t kept = sink + local;
+    const uint32_t want = budget > kept ? std::min<uint32_t>(budget - kept, static_cast<uint32_t>(w)) : 0;
+    std::vector<uint32_t> out;
+    for (uint32_t p = 0; p < sink; p++) out.push_back(p);
+    picked.clear();
+    if (want == w) {
+      for (uint32_t i = 0; i < w; i++) picked.push_back(i);
+    } else if (want > 0) {
+      top_of_range(cand_scores.data(), 0, static_cast<uint32_t>(w), want, picked);
+    }
+    for (uint32_t i : picked) out.push_back(cand_pages[i]);
+    for (uint32_t p = mid_end; p < np; p++) out.push_back(p);
+    std::sort(out.begin(), out.end());
+    if (bytes_read) *bytes_read = bytes;
+    return out;
   } else {
     scores.resize(np);
     CXLKV_TRY(score_rows(false, 0, np, scores.data()));
