@@ -59,11 +59,20 @@ const char* kUsage =
     "  --sink N            first pages always kept (default 1)\n"
     "  --local N           most recent pages always kept (default 1)\n"
     "  --coarse            score with max(q.min, q.max) instead of the upper bound\n"
+    "  --digest KIND       page digests: minmax (the KV element type, default) or q8 (int8\n"
+    "                      with a scale per row, rounded outward: about half the bytes)\n"
+    "  --groups N          two-level digests: a group digest per N pages (a power of two)\n"
+    "                      scored first, then only the best groups' page digests\n"
+    "  --refine N          pages whose digests a two-level step reads (default\n"
+    "                      max(4 x budget pages, 512))\n"
     "  --steps N           decode steps (default 8); each appends --append tokens first\n"
     "  --append N          tokens appended per step (default 1)\n"
     "  --engines N         near-memory engines (default 1); --threads N per engine (default 2)\n"
     "  --hybrid PAGES      also run the hybrid steady-token mode with PAGES resident pages\n"
     "                      per (layer, KV head), GPU part on the CPU stand-in library\n"
+    "  --hybrid-auto       size the hybrid mode's steady set each step from the measured\n"
+    "                      step-to-step overlap of the selections (--hybrid: at most that\n"
+    "                      many; default the budget's pages)\n"
     "  --no-quality        skip the full-attention pass that measures the attention mass\n"
     "  --json              one JSON object per step instead of the table\n"
     "  --help, --version\n";
@@ -73,8 +82,10 @@ struct Args {
   uint64_t tokens = 32768, budget = 2048;
   uint32_t layers = 2, kv_heads = 8, q_heads = 32, head_dim = 128, page_tokens = 16, needles = 16;
   Dtype dtype = Dtype::bf16;
+  DigestKind digest = DigestKind::minmax;
+  uint32_t groups = 0, refine = 0;
   uint32_t sink = 1, local = 1, steps = 8, append = 1, engines = 1, threads = 2, hybrid = 0;
-  bool coarse = false, quality = true, json = false;
+  bool coarse = false, quality = true, json = false, hybrid_auto = false;
 };
 
 // A fatal error unwinds to main(), so that the destructors remove what the
@@ -140,6 +151,15 @@ Args parse(int argc, char** argv) {
     else if (f == "--threads") a.threads = u32(1, 1024);
     else if (f == "--hybrid") a.hybrid = u32(1, 1u << 20);
     else if (f == "--coarse") a.coarse = true;
+    else if (f == "--hybrid-auto") a.hybrid_auto = true;
+    else if (f == "--groups") a.groups = u32(2, 1024);
+    else if (f == "--refine") a.refine = u32(1, 1u << 30);
+    else if (f == "--digest") {
+      const std::string k = val();
+      if (k == "minmax") a.digest = DigestKind::minmax;
+      else if (k == "q8") a.digest = DigestKind::q8;
+      else die("--digest: '" + k + "' is not minmax or q8");
+    }
     else if (f == "--no-quality") a.quality = false;
     else if (f == "--json") a.json = true;
     else if (f == "--dtype") {
@@ -151,6 +171,7 @@ Args parse(int argc, char** argv) {
     } else die("unknown option '" + f + "' (see --help)");
   }
   if (a.tokens == 0) die("--tokens must be > 0");
+  if (a.hybrid_auto && !a.hybrid) a.hybrid = uint32_t(std::max<uint64_t>(1, (a.budget + a.page_tokens - 1) / a.page_tokens));
   if (a.q_heads % a.kv_heads) die("--q-heads must be a multiple of --kv-heads");
   return a;
 }
@@ -181,10 +202,13 @@ static int run(int argc, char** argv) {
   sigaction(SIGINT, &sa, nullptr);
   sigaction(SIGTERM, &sa, nullptr);
   const uint64_t max_tokens = a.tokens + uint64_t(a.steps) * a.append;
-  Geometry g{a.layers, a.kv_heads, a.head_dim, a.dtype, a.page_tokens, max_tokens};
+  Geometry g{a.layers, a.kv_heads, a.head_dim, a.dtype, a.page_tokens, max_tokens, a.digest, a.groups};
   const uint64_t pages = (max_tokens + a.page_tokens - 1) / a.page_tokens;
   const uint64_t page_bytes = uint64_t(a.layers) * 2 * a.kv_heads * a.page_tokens * a.head_dim * dtype_size(a.dtype);
-  const uint64_t digest_bytes = uint64_t(a.layers) * a.kv_heads * pages * 2 * a.head_dim * dtype_size(a.dtype);
+  const uint64_t row_bytes =
+      a.digest == DigestKind::q8 ? 8 + 2ull * a.head_dim : 2ull * a.head_dim * dtype_size(a.dtype);
+  const uint64_t rows = pages + (a.groups ? (pages + a.groups - 1) / a.groups : 0);
+  const uint64_t digest_bytes = uint64_t(a.layers) * a.kv_heads * rows * row_bytes;
   const uint64_t carve = ((pages * (page_bytes + 8) + digest_bytes + (16ull << 20)) + (2ull << 20) - 1) & ~((2ull << 20) - 1);
 
   // The pool: the given one, or a fresh shm pool with room for the carve.
@@ -273,10 +297,13 @@ static int run(int argc, char** argv) {
   const double build_ms = ms_since(t0);
   const double kv_total = double(a.tokens) * a.layers * a.kv_heads * 2 * row;
   if (!a.json)
-    std::printf("context: %llu tokens, %u layers x %u KV heads (%u query heads) x %u, %s, pages of %u tokens\n"
+    std::printf("context: %llu tokens, %u layers x %u KV heads (%u query heads) x %u, %s, pages of %u tokens, "
+                "%s digests%s\n"
                 "built in %.0f ms; append %.0f ms (%s of K+V: %.2f GB/s with digests), %zu needles, pool %s\n",
                 (unsigned long long)a.tokens, a.layers, a.kv_heads, a.q_heads, a.head_dim, to_string(a.dtype),
-                a.page_tokens, build_ms, append_ms, human(kv_total).c_str(), kv_total / append_ms / 1e6, ns.needles.size(),
+                a.page_tokens, to_string(a.digest),
+                a.groups ? (", two levels: a group digest per " + std::to_string(a.groups) + " pages").c_str() : "",
+                build_ms, append_ms, human(kv_total).c_str(), kv_total / append_ms / 1e6, ns.needles.size(),
                 uri.c_str());
 
   // Engines read through their own handle (as a reader on another host would).
@@ -295,14 +322,15 @@ static int run(int argc, char** argv) {
     auto p = gpu::GpuPool::open(gpu::CudaLibrary::cpu_reference(), region->base(), region->size());
     if (!p.ok()) die(p.error().message());
     gp = std::move(p.value());
-    auto h = HybridRequest::create(**reader, *gp, a.hybrid);
+    auto h = HybridRequest::create(**reader, *gp, a.hybrid, a.hybrid_auto);
     if (!h.ok()) die(h.error().message());
     hy = std::move(h.value());
   }
 
   if (!a.json)
-    std::printf("%5s %9s %9s %9s %9s %12s %12s %12s %8s %8s%s\n", "step", "tokens", "select", "attend", "total",
-                "link:near", "link:sel", "link:all", "mass", "needles", a.hybrid ? "   hybrid(ms, recalled)" : "");
+    std::printf("%5s %9s %9s %9s %9s %12s %12s %12s %12s %8s %8s%s\n", "step", "tokens", "select", "attend", "total",
+                "digest:read", "link:near", "link:sel", "link:all", "mass", "needles",
+                a.hybrid ? "   hybrid(ms, recalled, overlap, steady)" : "");
   double sum_ms = 0, sum_mass = 0;
   for (uint32_t s = 0; s < a.steps; s++) {
     stop_if_signalled();
@@ -319,6 +347,7 @@ static int run(int argc, char** argv) {
     rq.select.sink_pages = a.sink;
     rq.select.local_pages = a.local;
     rq.select.mode = a.coarse ? ScoreMode::coarse : ScoreMode::upper_bound;
+    rq.select.refine_pages = a.refine;
     auto res = group.step({&rq, 1});
     StepResult& r = res[0];
     if (!r.status.ok()) die(r.status.error().message());
@@ -355,19 +384,25 @@ static int run(int argc, char** argv) {
     sum_mass += std::isnan(mass) ? 0 : mass;
     if (a.json) {
       std::printf("{\"step\": %u, \"tokens\": %llu, \"select_ms\": %.3f, \"attend_ms\": %.3f, \"total_ms\": %.3f, "
+                  "\"digest\": \"%s%s\", \"digest_bytes_read\": %llu, "
                   "\"link_bytes_near\": %llu, \"link_bytes_selected\": %llu, \"link_bytes_all\": %llu, "
                   "\"attention_mass\": %s, \"needle_pages_selected\": %s, \"hybrid_ms\": %.3f, "
-                  "\"hybrid_recalled\": %u, \"hybrid_recall_bytes\": %llu}\n",
-                  s, (unsigned long long)r.ntokens, r.select_ms, r.attend_ms, total,
+                  "\"hybrid_recalled\": %u, \"hybrid_recall_bytes\": %llu, \"hybrid_overlap\": %llu, "
+                  "\"hybrid_steady\": %llu}\n",
+                  s, (unsigned long long)r.ntokens, r.select_ms, r.attend_ms, total, to_string(a.digest),
+                  a.groups ? ("_g" + std::to_string(a.groups)).c_str() : "", (unsigned long long)r.digest_bytes,
                   (unsigned long long)r.link_bytes_near, (unsigned long long)r.link_bytes_selected,
                   (unsigned long long)r.link_bytes_all, std::isnan(mass) ? "null" : std::to_string(mass).c_str(),
                   std::isnan(needle_frac) ? "null" : std::to_string(needle_frac).c_str(), hy_ms, hs.recalled,
-                  (unsigned long long)hs.recall_bytes);
+                  (unsigned long long)hs.recall_bytes, (unsigned long long)hs.overlap, (unsigned long long)hs.steady);
     } else {
-      char hyb[64] = "";
-      if (hy) std::snprintf(hyb, sizeof hyb, "   %8.2f %6u", hy_ms, hs.recalled);
-      std::printf("%5u %9llu %7.2fms %7.2fms %7.2fms %12s %12s %12s %8.4f %8.3f%s\n", s,
-                  (unsigned long long)r.ntokens, r.select_ms, r.attend_ms, total, human(double(r.link_bytes_near)).c_str(),
+      char hyb[96] = "";
+      if (hy)
+        std::snprintf(hyb, sizeof hyb, "   %8.2f %6u %8llu %8llu", hy_ms, hs.recalled, (unsigned long long)hs.overlap,
+                      (unsigned long long)hs.steady);
+      std::printf("%5u %9llu %7.2fms %7.2fms %7.2fms %12s %12s %12s %12s %8.4f %8.3f%s\n", s,
+                  (unsigned long long)r.ntokens, r.select_ms, r.attend_ms, total, human(double(r.digest_bytes)).c_str(),
+                  human(double(r.link_bytes_near)).c_str(),
                   human(double(r.link_bytes_selected)).c_str(), human(double(r.link_bytes_all)).c_str(), mass,
                   needle_frac, hyb);
     }

@@ -383,6 +383,11 @@ struct HybridStats {
   uint32_t evicted = 0, recalled = 0, refreshed = 0;  // pages, summed over (layer, KV head)
   uint64_t recall_bytes = 0;                          // pool -> GPU this step
   uint64_t gpu_pages = 0, near_pages = 0;             // where the selected pages were computed
+  // Pages selected both this step and the last (summed over (layer, KV
+  // head)), and the steady (resident) set size this step allowed, summed:
+  // the capacity, or with auto sizing the measured overlap
+  // (docs/near-memory.md#hybrid-mode).
+  uint64_t overlap = 0, steady = 0;
 };
 
 
@@ -399,7 +404,13 @@ struct HybridStats {
 // again while resident (it grows between steps).
 class HybridRequest {
  public:
-  static Result<std::unique_ptr<HybridRequest>> create(Context& ctx, gpu::GpuPool& gpu, uint32_t capacity);
+  // auto_steady: `capacity` is the most pages a (layer, KV head) keeps
+  // resident (the GPU buffer's size); each step's steady set is sized from
+  // the measured step-to-step overlap of its selections instead (a moving
+  // average, rounded up, at least 1): pages recalled beyond what the next
+  // step keeps selecting are bytes moved for nothing.
+  static Result<std::unique_ptr<HybridRequest>> create(Context& ctx, gpu::GpuPool& gpu, uint32_t capacity,
+                                                       bool auto_steady = false);
   ~HybridRequest();
   HybridRequest(const HybridRequest&) = delete;
   HybridRequest& operator=(const HybridRequest&) = delete;
@@ -420,6 +431,9 @@ class HybridRequest {
   std::vector<std::vector<int32_t>> slot_of_;    // per (layer, head): page -> slot, -1
   std::vector<std::vector<uint32_t>> free_;      // per (layer, head): free slots
   uint64_t last_page_ = UINT64_MAX;
+  bool auto_steady_ = false;
+  std::vector<PageMask> last_top_;  // per (layer, head): the last step's selection
+  std::vector<float> overlap_avg_;  // per (layer, head): moving average of the overlap; < 0: none yet
 };
 
 // ---- engines ---------------------------------------------------------------------

@@ -3,6 +3,7 @@
 // request kept by Algorithm 1's masks, recalls through the GPU sparse-read
 // path, GPU part + near-memory part merged by log-sum-exp.
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstddef>
 #include <cstring>
@@ -16,7 +17,8 @@
 
 namespace cxlkv::pnm {
 
-Result<std::unique_ptr<HybridRequest>> HybridRequest::create(Context& ctx, gpu::GpuPool& gpu, uint32_t capacity) {
+Result<std::unique_ptr<HybridRequest>> HybridRequest::create(Context& ctx, gpu::GpuPool& gpu, uint32_t capacity,
+                                                            bool auto_steady) {
   const Geometry& g = ctx.geometry();
   const std::string C = "pnm context " + std::to_string(ctx.request_id()) + ": hybrid: ";
   if (capacity == 0) return Error(-EINVAL, C + "capacity is 0 pages");
@@ -24,6 +26,7 @@ Result<std::unique_ptr<HybridRequest>> HybridRequest::create(Context& ctx, gpu::
   h->ctx_ = &ctx;
   h->gpu_ = &gpu;
   h->capacity_ = capacity;
+  h->auto_steady_ = auto_steady;
   h->piece_ = uint64_t(g.page_tokens) * g.head_dim * dtype_size(g.dtype);
   const uint64_t bytes = uint64_t(g.layers) * g.kv_heads * capacity * 2 * h->piece_;
   if (int rc = gpu.library().ops().device_alloc(&h->buf_, bytes); rc < 0)
@@ -32,6 +35,8 @@ Result<std::unique_ptr<HybridRequest>> HybridRequest::create(Context& ctx, gpu::
   h->resident_.resize(pairs);
   h->slot_of_.resize(pairs);
   h->free_.resize(pairs);
+  h->last_top_.resize(pairs);
+  h->overlap_avg_.assign(pairs, -1.f);
   for (auto& f : h->free_)
     for (uint32_t s = capacity; s-- > 0;) f.push_back(s);
   return h;
@@ -77,7 +82,22 @@ Result<Partial> HybridRequest::step(std::span<const float> queries, uint32_t q_h
     const float* q = queries.data() + (size_t(l) * q_heads + size_t(h) * group) * g.head_dim;
     auto top = detail::select_head(ctx, q, group, l, h, ntokens, o, isa, &scores);
     if (!top.ok()) return top.error();
-    SteadyStep s = steady_step(resident_[i], *top, scores, np, capacity_);
+    // The overlap with the last step's selection, measured; with auto
+    // sizing it (averaged) is this step's steady size.
+    const PageMask top_mask = to_mask(*top, np);
+    uint32_t overlap = 0;
+    for (size_t w = 0; w < std::min(top_mask.size(), last_top_[i].size()); w++)
+      overlap += uint32_t(std::popcount(top_mask[w] & last_top_[i][w]));
+    const bool measured = !last_top_[i].empty();
+    if (measured)
+      overlap_avg_[i] = overlap_avg_[i] < 0 ? float(overlap) : 0.5f * overlap_avg_[i] + 0.5f * float(overlap);
+    last_top_[i] = top_mask;
+    uint32_t cap = capacity_;
+    if (auto_steady_ && measured)
+      cap = std::clamp<uint32_t>(uint32_t(std::ceil(overlap_avg_[i])), 1u, capacity_);
+    st.overlap += overlap;
+    st.steady += cap;
+    SteadyStep s = steady_step(resident_[i], *top, scores, np, cap);
     auto& slots = slot_of_[i];
     slots.resize(np, -1);
     for (uint32_t p : from_mask(s.evict)) {

@@ -205,6 +205,51 @@ TEST(PnmHybrid, GpuAndNearMemoryPartsMergeIntoAFloat64AttentionOverTheirUnion) {
   EXPECT_GT(both, 0u) << "no step had both a GPU and a near-memory part";
 }
 
+TEST(PnmHybrid, AutoSteadySetIsSizedFromTheMeasuredOverlapOfSuccessiveSelections) {
+  HybridFixture f(300, 3);
+  auto gp = gpu::GpuPool::open(gpu::CudaLibrary::cpu_reference(), f.pool.mem.get(), f.pool.bytes);
+  ASSERT_TRUE(gp.ok()) << gp.error().message();
+  auto hy = HybridRequest::create(*f.r, **gp, 10, true);
+  ASSERT_TRUE(hy.ok()) << hy.error().message();
+  SelectOptions o;
+  o.token_budget = 10 * 16;
+  const uint64_t n = f.r->tokens();
+  const uint32_t pairs = 4;
+  std::vector<std::vector<uint32_t>> last;
+  std::vector<float> avg(pairs, -1.f);
+  auto q_same = f.query();
+  for (int step = 0; step < 6; step++) {
+    auto q = step < 3 ? q_same : f.query();  // steady queries, then new ones each step
+    HybridStats st;
+    auto h = (*hy)->step(q, 4, n, o, &st);
+    ASSERT_TRUE(h.ok()) << h.error().message();
+    auto sel = select_pages(*f.r, q, 4, n, o);
+    ASSERT_TRUE(sel.ok());
+    auto want = attend(*f.r, q, 4, n, &*sel);
+    ASSERT_TRUE(want.ok());
+    EXPECT_LT(max_diff(*h, *want), 1e-4) << "step " << step;
+    // The overlap with the last selection, and the steady size it gives: a
+    // moving average (weight 1/2), rounded up, within [1, 10].
+    uint64_t overlap = 0, steady = 0;
+    for (uint32_t i = 0; i < pairs; i++) {
+      uint32_t ov = 0;
+      if (!last.empty())
+        for (uint32_t p : sel->pages[i]) ov += std::binary_search(last[i].begin(), last[i].end(), p);
+      overlap += ov;
+      if (!last.empty()) avg[i] = avg[i] < 0 ? float(ov) : 0.5f * avg[i] + 0.5f * float(ov);
+      steady += last.empty() ? 10 : std::clamp<uint32_t>(uint32_t(std::ceil(avg[i])), 1u, 10u);
+      for (uint32_t l = 0; l < 2; l++)
+        for (uint32_t hd = 0; hd < 2; hd++) EXPECT_LE(from_mask((*hy)->resident(l, hd)).size(), 10u);
+    }
+    EXPECT_EQ(overlap, st.overlap) << "step " << step;
+    EXPECT_EQ(steady, st.steady) << "step " << step;
+    if (step == 1 || step == 2) {
+      EXPECT_EQ(pairs * 10u, st.overlap) << "the same query selects the same pages";
+    }
+    last = sel->pages;
+  }
+}
+
 TEST(PnmEngines, SeveralEnginesServeRequestsDataParallelWithSingleEngineResults) {
   HybridFixture f(400, 3, false);
   // Three more contexts in the same carve.
