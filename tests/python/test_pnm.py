@@ -81,6 +81,33 @@ def test_full_budget_equals_a_float64_reference(pool):
         assert "destroyed" in str(e.value)
 
 
+def test_q8_two_level_context_attends_over_its_selection_and_reads_fewer_digest_bytes(pool):
+    rng = np.random.default_rng(4)
+    n = 640  # 40 pages, 10 groups of 4
+    k = rng.standard_normal((L, H, n, D)).astype(np.float32)
+    v = rng.standard_normal((L, H, n, D)).astype(np.float32)
+    with pnm.PnmStore(pool, carve_bytes=8 << 20) as ws, pnm.PnmStore(pool, readonly=True) as rs:
+        for rid, kind, groups in ((21, "minmax", 0), (22, "q8", 4)):
+            w = ws.create(rid, L, H, D, max_tokens=1024, dtype="f32", digest=kind, group_pages=groups)
+            w.append(k, v)
+        flat, two = rs.find(21), rs.find(22)
+        q = rng.standard_normal((L, QH, D)).astype(np.float32)
+        _, _, stats = two.attend(q, token_budget=64, refine_pages=8)
+        sel = two.select(q, token_budget=64)
+        want, want_lse = reference(q, k, v, [s.tolist() for s in sel], 16)
+        _, _, flat_stats = flat.attend(q, token_budget=64)
+        # refine_pages=8: 10 group rows + 2 groups of 4 page rows, 8 + 2 x 32 bytes each.
+        assert stats["digest_bytes"] == L * H * (10 + 8) * (8 + 2 * D)
+        assert flat_stats["digest_bytes"] == L * H * 40 * 2 * D * 4
+        out_d, lse_d, _ = two.attend(q, token_budget=64)
+        assert np.abs(out_d - want).max() < 1e-4 and np.abs(lse_d - want_lse).max() < 1e-4
+        with pytest.raises(cxlkv.CxlkvError) as e:
+            ws.create(23, L, H, D, max_tokens=1024, group_pages=3)
+        assert "group_pages 3" in str(e.value)
+        with pytest.raises(ValueError):
+            ws.create(24, L, H, D, max_tokens=1024, digest="int4")
+
+
 def test_planted_needles_keep_most_attention_mass_with_a_small_budget(pool):
     torch = pytest.importorskip("torch")
     g = torch.Generator().manual_seed(2)

@@ -56,7 +56,14 @@ struct cxlkv_pnm_geometry {
 	uint32_t page_tokens;         /* 0: 16 */
 	uint32_t reserved;
 	uint64_t max_tokens;          /* capacity */
+	/* Digest kind (docs/near-memory.md#digest-kinds); a caller whose size
+	 * ends before these gets minmax, one level. */
+	uint32_t digest;              /* CXLKV_PNM_DIGEST_MINMAX_ROWS | CXLKV_PNM_DIGEST_Q8_ROWS */
+	uint32_t group_pages;         /* 0: one level; else pages per group digest (a power of two) */
 };
+
+#define CXLKV_PNM_DIGEST_MINMAX_ROWS 0u /* min and max in the KV element type */
+#define CXLKV_PNM_DIGEST_Q8_ROWS     1u /* int8 min and max, a scale per row, rounded outward */
 
 #define CXLKV_PNM_SCORE_UPPER_BOUND 0u /* sum_d max(q_d min_d, q_d max_d) */
 #define CXLKV_PNM_SCORE_COARSE      1u /* max(q.min, q.max) */
@@ -69,6 +76,8 @@ struct cxlkv_pnm_step_opts {
 	uint32_t local_pages;         /* most recent pages always kept */
 	uint32_t score_mode;          /* CXLKV_PNM_SCORE_* */
 	uint32_t flags;               /* CXLKV_PNM_STEP_F_* */
+	uint32_t refine_pages;        /* two-level contexts: page digests read after the groups (0: default) */
+	uint32_t reserved;
 };
 
 struct cxlkv_pnm_step_stats {

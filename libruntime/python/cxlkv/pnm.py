@@ -22,6 +22,7 @@ import threading
 from . import _lib
 
 DTYPES = {"f32": 0, "bf16": 1, "f16": 2}
+DIGESTS = {"minmax": 0, "q8": 1}
 _STORE_F_READONLY = 1
 _STEP_F_ALL_PAGES = 1
 SCORE_UPPER_BOUND = 0
@@ -36,12 +37,13 @@ class StoreOpts(C.Structure):
 class Geometry(C.Structure):
     _fields_ = [("size", C.c_size_t), ("layers", C.c_uint32), ("kv_heads", C.c_uint32), ("head_dim", C.c_uint32),
                 ("dtype", C.c_uint32), ("page_tokens", C.c_uint32), ("reserved", C.c_uint32),
-                ("max_tokens", C.c_uint64)]
+                ("max_tokens", C.c_uint64), ("digest", C.c_uint32), ("group_pages", C.c_uint32)]
 
 
 class StepOpts(C.Structure):
     _fields_ = [("size", C.c_size_t), ("token_budget", C.c_uint64), ("sink_pages", C.c_uint32),
-                ("local_pages", C.c_uint32), ("score_mode", C.c_uint32), ("flags", C.c_uint32)]
+                ("local_pages", C.c_uint32), ("score_mode", C.c_uint32), ("flags", C.c_uint32),
+                ("refine_pages", C.c_uint32), ("reserved", C.c_uint32)]
 
 
 class StepStats(C.Structure):
@@ -131,9 +133,10 @@ def _fptr(a):
     return a.ctypes.data_as(_fp)
 
 
-def _step_opts(token_budget, sink_pages, local_pages, coarse, all_pages):
+def _step_opts(token_budget, sink_pages, local_pages, coarse, all_pages, refine_pages=0):
     return StepOpts(C.sizeof(StepOpts), int(token_budget), int(sink_pages), int(local_pages),
-                    SCORE_COARSE if coarse else SCORE_UPPER_BOUND, _STEP_F_ALL_PAGES if all_pages else 0)
+                    SCORE_COARSE if coarse else SCORE_UPPER_BOUND, _STEP_F_ALL_PAGES if all_pages else 0,
+                    int(refine_pages), 0)
 
 
 class Engine:
@@ -197,7 +200,7 @@ class Context:
             return _lib.check(_l().cxlkv_pnm_refresh(self._h), f"pnm refresh of {self.request_id}")
 
     def attend(self, queries, token_budget=2048, sink_pages=1, local_pages=1, coarse=False, all_pages=False,
-               ntokens=0, engine=None):
+               ntokens=0, engine=None, refine_pages=0):
         """One decode step: returns (out [layers][q_heads][head_dim], lse [layers][q_heads], stats dict)."""
         np = _np()
         q = _floats(queries, "queries")
@@ -205,7 +208,7 @@ class Context:
         lse = np.zeros(q.shape[:2], dtype=np.float32)
         st = StepStats()
         st.size = C.sizeof(StepStats)
-        o = _step_opts(token_budget, sink_pages, local_pages, coarse, all_pages)
+        o = _step_opts(token_budget, sink_pages, local_pages, coarse, all_pages, refine_pages)
         with self._lock:
             _lib.check(_l().cxlkv_pnm_attend(self._h, engine._h if engine else None, _fptr(q), q.shape[1],
                                              int(ntokens), C.byref(o), _fptr(out), _fptr(lse), C.byref(st)),
@@ -282,12 +285,18 @@ class PnmStore:
             raise ValueError(f"cxlkv.pnm: the pnm store of {self._pool.uri} is closed (or its pool is)")
         return self._hd.h
 
-    def create(self, request_id, layers, kv_heads, head_dim, max_tokens, dtype="bf16", page_tokens=16):
+    def create(self, request_id, layers, kv_heads, head_dim, max_tokens, dtype="bf16", page_tokens=16,
+               digest="minmax", group_pages=0):
         """A new context of ``request_id`` (up to ``max_tokens`` tokens) in this
-        writer's partition: a :class:`Context` to append K/V to."""
+        writer's partition: a :class:`Context` to append K/V to.  ``digest``:
+        "minmax" or "q8" page digests; ``group_pages``: two-level digests, a
+        group digest per that many pages (docs/near-memory.md#digest-kinds)."""
         if dtype not in DTYPES:
             raise ValueError(f"cxlkv.pnm: dtype {dtype!r} is not one of {sorted(DTYPES)}")
-        g = Geometry(C.sizeof(Geometry), layers, kv_heads, head_dim, DTYPES[dtype], page_tokens, 0, max_tokens)
+        if digest not in DIGESTS:
+            raise ValueError(f"cxlkv.pnm: digest {digest!r} is not one of {sorted(DIGESTS)}")
+        g = Geometry(C.sizeof(Geometry), layers, kv_heads, head_dim, DTYPES[dtype], page_tokens, 0, max_tokens,
+                     DIGESTS[digest], int(group_pages))
         h = _vp()
         # Pool lock first, as Pool.close takes them: the new context's handle
         # is registered before a close can look for it.

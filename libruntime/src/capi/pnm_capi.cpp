@@ -43,6 +43,7 @@ Result<pnm::SelectOptions> select_opts(const cxlkv_pnm_step_opts* o, bool* all_p
       return Error(-EINVAL, "step options: unknown flags " + std::to_string(o->flags));
     *all_pages = o->flags & CXLKV_PNM_STEP_F_ALL_PAGES;
   }
+  if (CXLKV_OPT_HAS(o, refine_pages)) s.refine_pages = o->refine_pages;
   return s;
 }
 
@@ -92,6 +93,10 @@ int cxlkv_pnm_create(struct cxlkv_pnm_store* st, uint64_t request_id, const stru
       return set_error(-EINVAL, "cxlkv_pnm_create: unknown dtype " + std::to_string(g->dtype));
     pnm::Geometry geo{g->layers, g->kv_heads, g->head_dim, static_cast<pnm::Dtype>(g->dtype),
                       g->page_tokens ? g->page_tokens : 16u, g->max_tokens};
+    if (CXLKV_OPT_HAS(g, group_pages)) {  // the digest kind: create() checks both
+      geo.digest = static_cast<pnm::DigestKind>(g->digest);
+      geo.group_pages = g->group_pages;
+    }
     auto c = st->st->create(request_id, geo);
     if (!c.ok()) return set_error(c.error());
     *out = new cxlkv_pnm_context{std::move(c.value())};
@@ -132,6 +137,10 @@ int cxlkv_pnm_geometry_of(const struct cxlkv_pnm_context* ctx, struct cxlkv_pnm_
     g->page_tokens = x.page_tokens;
     g->reserved = 0;
     g->max_tokens = x.max_tokens;
+    if (CXLKV_OPT_HAS(g, group_pages)) {
+      g->digest = static_cast<uint32_t>(x.digest);
+      g->group_pages = x.group_pages;
+    }
     return 0;
   });
 }
