@@ -151,6 +151,28 @@ int cmd_stats(Context& ctx, const Args& a) {
   auto nodes = cxlkv::read_pool_stats(r->domain(), carve, size);
   cxlkv::KvStats total;
   for (auto& n : nodes) total.add(n.stats);
+  // The remote tier's counters (docs/remote.md "Counters"), named as in the
+  // Prometheus text; shown once a node has any.
+  uint64_t remote_total[CXLKV_REMOTE_COUNT] = {};
+  bool remote = false;
+  for (auto& n : nodes)
+    for (int c = 0; c < CXLKV_REMOTE_COUNT; c++) {
+      remote_total[c] += n.remote[c];
+      remote |= n.remote[c] != 0;
+    }
+  auto remote_json = [](const uint64_t* v) {
+    std::printf("\"remote\": {");
+    for (int c = 0; c < CXLKV_REMOTE_COUNT; c++)
+      std::printf("%s\"%.*s\": %llu", c ? ", " : "", int(cxlkv::remote_counter_name(c).size()),
+                  cxlkv::remote_counter_name(c).data(), (unsigned long long)v[c]);
+    std::printf("}");
+  };
+  auto remote_text = [](const uint64_t* v) {
+    for (int c = 0; c < CXLKV_REMOTE_COUNT; c++)
+      std::printf(" %.*s %llu", int(cxlkv::remote_counter_name(c).size()), cxlkv::remote_counter_name(c).data(),
+                  (unsigned long long)v[c]);
+    std::printf("\n");
+  };
   if (prom) {
     // one definition: cxlkv/metrics.hpp (node counters, histograms, lease ends, pool state)
     std::fputs(cxlkv::prometheus_region_exposition(*r).c_str(), stdout);
@@ -162,6 +184,8 @@ int cmd_stats(Context& ctx, const Args& a) {
       std::printf("%s{\"node\": %u, \"pid\": %u", i ? ", " : "", nodes[i].node, nodes[i].pid);
       for (int c = 0; c < CXLKV_CTR_COUNT; c++)
         std::printf(", \"%s\": %llu", cxlkv::counter_name(c), (unsigned long long)nodes[i].stats.counters[c]);
+      std::printf(", ");
+      remote_json(nodes[i].remote);
       std::printf("}");
     }
     std::printf("], \"total\": {");
@@ -170,6 +194,8 @@ int cmd_stats(Context& ctx, const Args& a) {
     for (int l = 0; l < CXLKV_LAT_COUNT; l++)
       std::printf(", \"%s_us_p50\": %.3f, \"%s_us_p99\": %.3f", cxlkv::latency_name(l), total.latency_us(l, 50),
                   cxlkv::latency_name(l), total.latency_us(l, 99));
+    std::printf(", ");
+    remote_json(remote_total);
     std::printf("}}\n");
     return 0;
   }
@@ -186,6 +212,14 @@ int cmd_stats(Context& ctx, const Args& a) {
                 (unsigned long long)n.stats.counters[CXLKV_CTR_BYTES_IN],
                 (unsigned long long)n.stats.counters[CXLKV_CTR_BYTES_OUT],
                 (unsigned long long)n.stats.counters[CXLKV_CTR_EVICTIONS]);
+  if (remote) {
+    std::printf("  remote tier:");
+    remote_text(remote_total);
+    for (auto& n : nodes) {
+      std::printf("  node %-3u remote:", n.node);
+      remote_text(n.remote);
+    }
+  }
   return 0;
 }
 
@@ -210,6 +244,7 @@ CXLKVCTL_COMMAND({"stats", "KV counters and latencies of every node (text, --jso
                   "usage: cxlkvctl --pool URI stats [--json | --prometheus]\n\n"
                   "Every node writes its counters (lookups, hits, misses, evictions, bytes in/out,\n"
                   "...) and latency histograms into its own lines of the index carve; this sums\n"
-                  "them and prints p50/p99 latencies of lookup, publish and fetch.\n",
+                  "them and prints p50/p99 latencies of lookup, publish and fetch, then the\n"
+                  "remote tier's counters once a node has any (docs/remote.md).\n",
                   {{"json", false, "JSON output"}, {"prometheus", false, "Prometheus exposition format"}},
                   cmd_stats});

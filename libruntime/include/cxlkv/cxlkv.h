@@ -526,6 +526,16 @@ struct cxlkv_kv_stats {
 /* This handle's counters (the pool-wide view: cxlkvctl stats). */
 int cxlkv_kv_stats(struct cxlkv_kv *kv, struct cxlkv_kv_stats *out);
 
+/* The node's remote tier counters (docs/remote.md "Counters"): a remote tier
+ * below the pool that lives outside this library (the Python package's, over
+ * Mooncake Store) adds n to the counter `counter` of the handle's node, named
+ * as its Prometheus family cxlkv_remote_<counter>_total without prefix and
+ * suffix ("hit_blocks", ...: cxlkv/metrics.hpp).  The node's stats in the
+ * pool carry it at once to `cxlkvctl stats` and the Prometheus text.  Safe
+ * beside other calls on the same handle from other threads.  0, or -EINVAL
+ * for an unknown counter. */
+int cxlkv_kv_remote_count(struct cxlkv_kv *kv, const char *counter, uint64_t n);
+
 /* Every node's KV counters and latency histograms as Prometheus text (the
  * same names as `cxlkvctl stats --prometheus`: cxlkv/metrics.hpp), NUL
  * terminated, truncated to len-1 bytes.  Returns the full text length

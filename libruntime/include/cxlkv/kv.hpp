@@ -117,6 +117,7 @@ struct NodeKvStats {
   uint64_t updated_ms = 0;
   KvStats stats;
   uint64_t ssd[CXLKV_SSD_COUNT] = {};  // the node's SSD tier counters (enum cxlkv_index_ssd_counter)
+  uint64_t remote[CXLKV_REMOTE_COUNT] = {};  // its remote tier counters (enum cxlkv_index_remote_counter)
 };
 std::vector<NodeKvStats> read_pool_stats(MemoryDomain& d, const void* index_carve);
 // The same for an index carve of `carve_bytes` whose header this process has
@@ -305,6 +306,13 @@ class KvStore {
   const char* index_mode() const;
   const KvStats& stats() const { return stats_; }
   void flush_stats();  // copy this node's stats into the pool now
+  // Add n to the node's remote tier counter `which` (enum
+  // cxlkv_index_remote_counter; docs/remote.md "Counters") and write the
+  // counters' line of the node's stats now.  The counters are shared by
+  // every store of this pool mapping and node in the process (a remote tier
+  // counts through a handle of its own), so each store's flush_stats writes
+  // the same values.  Safe to call from any thread, beside the store's user.
+  Result<void> count_remote(int which, uint64_t n);
   uint32_t node() const { return deps_.node; }
   const std::vector<PoolDevice>& devices() const { return deps_.devices; }
 
@@ -378,6 +386,9 @@ class KvStore {
   std::unique_ptr<DemotionTarget> demotion_;  // MEM -> SSD copy for the index
   KvStats stats_;
   uint64_t ops_since_flush_ = 0;
+  struct RemoteCounters;                    // kv_store.cpp: per (index carve, node) in this process
+  static std::shared_ptr<RemoteCounters> remote_counters_of(const void* index_carve, uint32_t node);
+  std::shared_ptr<RemoteCounters> remote_;
   std::string block_error_;  // first failed block of the last batch call
 };
 

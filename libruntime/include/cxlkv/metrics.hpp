@@ -7,6 +7,7 @@
 #pragma once
 
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "cxlkv/kv.hpp"
@@ -28,6 +29,13 @@ const MetricDesc& counter_metric(int c);
 const MetricDesc& latency_metric(int l);
 // The node's SSD tier counter CXLKV_SSD_* s (cxlkv/format/index_format.h) as a Prometheus counter.
 const MetricDesc& ssd_metric(int s);
+// The node's remote tier counter CXLKV_REMOTE_* r (docs/remote.md "Counters") as a
+// Prometheus counter, cxlkv_remote_<name>_total; its <name> ("hit_blocks",
+// ...: cxlkvctl stats, cxlkv_kv_remote_count()), empty for no counter; the
+// counter of a name, or -1.
+const MetricDesc& remote_metric(int r);
+std::string_view remote_counter_name(int r);
+int remote_counter_index(std::string_view name);
 
 // Prometheus text exposition (format 0.0.4) of every node's statistics,
 // labelled node="N"; latency histograms have one bucket per octave

@@ -8,6 +8,7 @@
 
 #include "capi/capi.hpp"
 #include "cxlkv/kv.hpp"
+#include "cxlkv/metrics.hpp"
 #include "cxlkv/sync.hpp"
 #include "index/prefix_index.hpp"
 
@@ -399,6 +400,17 @@ int cxlkv_kv_get_many(struct cxlkv_kv* kv, const struct cxlkv_kv_key* keys, size
     KvStore& s = kv->session->store();
     size_t nc = n ? total_chunks(nchunks, n) : 0;
     return batch_result(s.get_many(k, {chunks, nc}, {nchunks, n}, st.span(n)), s);
+  });
+}
+
+int cxlkv_kv_remote_count(struct cxlkv_kv* kv, const char* counter, uint64_t n) {
+  return capi::guarded(__func__, [&] {
+    if (!kv || !counter) return bad(__func__, "kv and counter are required");
+    const int which = remote_counter_index(counter);
+    if (which < 0) return bad(__func__, (std::string("no remote tier counter named '") + counter + "'").c_str());
+    if (auto r = kv->session->store().count_remote(which, n); !r) return capi::set_error(r.error());
+    capi::clear_error();
+    return 0;
   });
 }
 

@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <string_view>
 
 namespace cxlkv {
 namespace {
@@ -49,6 +50,22 @@ const MetricDesc kSsd[CXLKV_SSD_COUNT] = {
      "SSD tier reads that failed or were refused by the block header or checksum (clean misses)"},
     {"cxlkv_ssd_full_total", "counter", "Demotions refused for lack of space on the node's SSD tier"},
 };
+// Indexed by enum cxlkv_index_remote_counter (uapi/cxlkv_index.h); docs/remote.md "Counters".
+const MetricDesc kRemote[CXLKV_REMOTE_COUNT] = {
+    {"cxlkv_remote_hit_blocks_total", "counter",
+     "Blocks the node's remote tier fetched, checked and put into the pool (remote hits)"},
+    {"cxlkv_remote_hit_bytes_total", "counter", "Payload bytes of the node's remote hits"},
+    {"cxlkv_remote_miss_blocks_total", "counter", "Blocks the node asked of its remote tier that it did not hold"},
+    {"cxlkv_remote_fetch_failures_total", "counter",
+     "Remote fetches that failed: lookup-path calls that failed or ran late, blocks refused by their header"},
+    {"cxlkv_remote_degraded_total", "counter",
+     "Times the node's remote tier went local-only (its store unreachable or late)"},
+    {"cxlkv_remote_pushed_blocks_total", "counter", "Published blocks the node put into its remote tier"},
+    {"cxlkv_remote_pushed_bytes_total", "counter", "Payload bytes the node put into its remote tier"},
+    {"cxlkv_remote_push_dropped_blocks_total", "counter",
+     "Published blocks the node did not push (queue full, evicted, degraded or a failed put)"},
+};
+constexpr std::string_view kRemotePrefix = "cxlkv_remote_", kTotal = "_total";
 const MetricDesc kBad{"cxlkv_unknown", "counter", "?"};
 
 }  // namespace
@@ -56,6 +73,19 @@ const MetricDesc kBad{"cxlkv_unknown", "counter", "?"};
 const MetricDesc& counter_metric(int c) { return c >= 0 && c < int(CXLKV_CTR_COUNT) ? kCounters[c] : kBad; }
 const MetricDesc& latency_metric(int l) { return l >= 0 && l < int(CXLKV_LAT_COUNT) ? kLatencies[l] : kBad; }
 const MetricDesc& ssd_metric(int s) { return s >= 0 && s < int(CXLKV_SSD_COUNT) ? kSsd[s] : kBad; }
+const MetricDesc& remote_metric(int r) { return r >= 0 && r < int(CXLKV_REMOTE_COUNT) ? kRemote[r] : kBad; }
+
+std::string_view remote_counter_name(int r) {
+  if (r < 0 || r >= int(CXLKV_REMOTE_COUNT)) return {};
+  std::string_view n = kRemote[r].name;
+  return n.substr(kRemotePrefix.size(), n.size() - kRemotePrefix.size() - kTotal.size());
+}
+
+int remote_counter_index(std::string_view name) {
+  for (int r = 0; r < int(CXLKV_REMOTE_COUNT); r++)
+    if (remote_counter_name(r) == name) return r;
+  return -1;
+}
 
 std::string prometheus_exposition(const std::vector<NodeKvStats>& nodes) {
   std::string out;
@@ -76,6 +106,11 @@ std::string prometheus_exposition(const std::vector<NodeKvStats>& nodes) {
     const MetricDesc& m = kSsd[s];
     append_family_header(out, m);
     for (auto& n : nodes) appendf(out, "%s{node=\"%u\"} %llu\n", m.name, n.node, (unsigned long long)n.ssd[s]);
+  }
+  for (int r = 0; r < int(CXLKV_REMOTE_COUNT); r++) {
+    const MetricDesc& m = kRemote[r];
+    append_family_header(out, m);
+    for (auto& n : nodes) appendf(out, "%s{node=\"%u\"} %llu\n", m.name, n.node, (unsigned long long)n.remote[r]);
   }
   return out;
 }

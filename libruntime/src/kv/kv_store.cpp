@@ -6,6 +6,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <map>
+#include <mutex>
 #include <thread>
 
 #include "cxlkv/kv.hpp"
@@ -239,7 +241,11 @@ std::vector<NodeKvStats> read_pool_stats(MemoryDomain& d, const void* index_carv
     d.invalidate(p, sizeof s);  // rule 4
     d.fence();
     d.load(&s, p, sizeof s);
-    if (s.updated_ms == 0) continue;
+    // A node that only counted remote tier work (count_remote) has not
+    // flushed the rest of its record yet.
+    bool remote = false;
+    for (uint64_t v : s.remote) remote |= v != 0;
+    if (s.updated_ms == 0 && !remote) continue;
     NodeKvStats ns;
     ns.node = n;
     ns.pid = s.pid;
@@ -247,6 +253,7 @@ std::vector<NodeKvStats> read_pool_stats(MemoryDomain& d, const void* index_carv
     std::memcpy(ns.stats.counters, s.counters, sizeof s.counters);
     std::memcpy(ns.stats.latency, s.latency, sizeof s.latency);
     std::memcpy(ns.ssd, s.ssd, sizeof s.ssd);
+    std::memcpy(ns.remote, s.remote, sizeof s.remote);
     out.push_back(ns);
   }
   return out;
@@ -261,6 +268,27 @@ std::vector<NodeKvStats> read_pool_stats(MemoryDomain& d, const void* index_carv
 
 // ---- KvStore ------------------------------------------------------------------
 
+// The node's remote tier counters (docs/remote.md "Counters") live in the
+// process, not in one store: the tier counts through a handle of its own
+// while the engine's handles flush the node's stats, and every flush writes
+// the whole stats record, so all stores of one index carve and node share
+// these values and write them under one mutex (the last line of the record
+// is never written with two different values at once).
+struct KvStore::RemoteCounters {
+  std::mutex mu;
+  uint64_t v[CXLKV_REMOTE_COUNT] = {};
+};
+
+std::shared_ptr<KvStore::RemoteCounters> KvStore::remote_counters_of(const void* index_carve, uint32_t node) {
+  static std::mutex mu;
+  static std::map<std::pair<const void*, uint32_t>, std::weak_ptr<RemoteCounters>> all;
+  std::lock_guard g(mu);
+  auto& w = all[{index_carve, node}];
+  auto sp = w.lock();
+  if (!sp) w = sp = std::make_shared<RemoteCounters>();
+  return sp;
+}
+
 Result<std::unique_ptr<KvStore>> KvStore::create(KvDeps deps) {
   if (!deps.index_domain || !deps.index_carve || !deps.locks || !deps.liveness || !deps.space)
     return Error(-EINVAL, "kv: incomplete dependencies (index carve, domain, locks, liveness, payload space)");
@@ -271,6 +299,7 @@ Result<std::unique_ptr<KvStore>> KvStore::create(KvDeps deps) {
   std::unique_ptr<KvStore> kv(new KvStore());
   kv->deps_ = std::move(deps);
   auto& dp = kv->deps_;
+  kv->remote_ = remote_counters_of(dp.index_carve, dp.node);
   // The index allocates through an interleaving adapter when the pool-wide
   // config names several devices.
   auto probe_cfg = dp.index_domain->read_fresh(
@@ -334,10 +363,29 @@ void KvStore::flush_stats() {
     s.ssd[CXLKV_SSD_READ_FAILURES] = t.lost + t.bad;
     s.ssd[CXLKV_SSD_FULL] = t.full;
   }
+  std::lock_guard g(remote_->mu);  // count_remote writes the last line too
+  std::memcpy(s.remote, remote_->v, sizeof s.remote);
   // rule 2 + 3: these lines have one writer (this node): plain stores, then flush.
   deps_.index_domain->store(p, &s, sizeof s);
   deps_.index_domain->flush(p, sizeof s);
   deps_.index_domain->fence();
+}
+
+Result<void> KvStore::count_remote(int which, uint64_t n) {
+  if (which < 0 || which >= int(CXLKV_REMOTE_COUNT))
+    return Error(-EINVAL, "kv: remote tier counter " + std::to_string(which) + " does not exist (0.." +
+                              std::to_string(CXLKV_REMOTE_COUNT - 1) + ")");
+  const auto& h = index_->header();
+  auto* p = reinterpret_cast<cxlkv_index_node_stats*>(static_cast<std::byte*>(deps_.index_carve) + h.stats_off +
+                                                      uint64_t(deps_.node) * sizeof(cxlkv_index_node_stats));
+  std::lock_guard g(remote_->mu);
+  remote_->v[which] += n;
+  // rule 2 + 3: the line has one writer (this node; this process's stores
+  // of it under remote_->mu): plain stores of the whole line, then flush.
+  deps_.index_domain->store(p->remote, remote_->v, sizeof p->remote);
+  deps_.index_domain->flush(p->remote, sizeof p->remote);
+  deps_.index_domain->fence();
+  return {};
 }
 
 size_t KvStore::lookup(std::span<const BlockKey> chain) {

@@ -269,6 +269,20 @@ enum cxlkv_index_ssd_counter {
 	CXLKV_SSD_FULL,			/* demotions refused for lack of SSD space */
 	CXLKV_SSD_COUNT
 };
+/* The node's remote tier (docs/remote.md "Counters"): what a remote tier
+ * below the pool (the Python package's, over Mooncake Store) did for this
+ * node, added through cxlkv_kv_remote_count(). */
+enum cxlkv_index_remote_counter {
+	CXLKV_REMOTE_HIT_BLOCKS = 0,	/* blocks fetched from the remote tier into the pool (remote hits) */
+	CXLKV_REMOTE_HIT_BYTES,
+	CXLKV_REMOTE_MISS_BLOCKS,	/* blocks asked of it that it did not hold */
+	CXLKV_REMOTE_FETCH_FAILURES,	/* lookup-path calls that failed or ran late, blocks refused by their header */
+	CXLKV_REMOTE_DEGRADED,		/* times the tier went local-only */
+	CXLKV_REMOTE_PUSHED_BLOCKS,	/* published blocks put into the remote tier */
+	CXLKV_REMOTE_PUSHED_BYTES,
+	CXLKV_REMOTE_PUSH_DROPPED_BLOCKS, /* published blocks not pushed (queue full, evicted, degraded, failed put) */
+	CXLKV_REMOTE_COUNT
+};
 
 struct cxlkv_index_node_stats {
 	__u64 counters[CXLKV_CTR_COUNT];                    /* 2 lines */
@@ -277,10 +291,14 @@ struct cxlkv_index_node_stats {
 	__u32 pid;
 	__u32 reserved0;
 	__u64 ssd[CXLKV_SSD_COUNT];                         /* enum cxlkv_index_ssd_counter; 0 without an SSD tier */
-	__u8  reserved[64];
+	/* enum cxlkv_index_remote_counter; 0 without a remote tier.  The last
+	 * line, formerly reserved (zero): a pool formatted before reads zeros. */
+	__u64 remote[CXLKV_REMOTE_COUNT];
 };
 CXLKV_STATIC_ASSERT(__builtin_offsetof(struct cxlkv_index_node_stats, ssd) == 38 * 64 + 16,
 		    "node SSD counters follow updated_ms and pid");
+CXLKV_STATIC_ASSERT(__builtin_offsetof(struct cxlkv_index_node_stats, remote) == 39 * 64 &&
+		    CXLKV_REMOTE_COUNT * 8 == 64, "node remote tier counters are the stats' last line, whole");
 CXLKV_STATIC_ASSERT(sizeof(struct cxlkv_index_node_stats) == CXLKV_INDEX_STATS_LINES * 64,
 		    "node stats are 40 lines");
 
