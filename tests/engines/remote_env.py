@@ -202,6 +202,22 @@ class Cxlkvd:
         self.errf.close()
 
 
+def cxlkvctl_stats(uri, *args):
+    """``cxlkvctl stats`` of a pool (its text, or what ``args`` ask for),
+    as an operator runs it on a host of the pool's rack."""
+    r = subprocess.run([tool_path("cxlkvctl"), "--pool", uri, "stats", *args], capture_output=True, text=True,
+                       timeout=60)
+    if r.returncode != 0:
+        raise RuntimeError(f"cxlkvctl stats of {uri} failed (exit {r.returncode}): {r.stderr.strip()}")
+    return r.stdout
+
+
+def pool_remote_counters(uri):
+    """The remote tier counters a pool holds, summed over its nodes
+    (``cxlkvctl stats --json``; docs/remote.md "Counters")."""
+    return json.loads(cxlkvctl_stats(uri, "--json"))["total"]["remote"]
+
+
 def format_pool(uri, index_entries=0):
     """A fresh pool of 8 nodes at ``uri`` (``cxlkvctl format --force``)."""
     cmd = [tool_path("cxlkvctl"), "--pool", uri, "format", "--max-nodes", "8", "--force"]

@@ -300,7 +300,7 @@ class Rack:
 
     def stats(self):
         return dict(stats=self.store.stats(), hostname=self.tier.hostname,
-                    exposition=self.metrics.exposition())
+                    exposition=self.metrics.exposition(), pool_exposition=cxlkv.metrics.pool_exposition(self.pool))
 
     def close(self):
         self.store.close()

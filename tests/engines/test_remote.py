@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from remote_env import Racks, mooncake_master_path
+from remote_env import Racks, cxlkvctl_stats, mooncake_master_path, pool_remote_counters
 
 OUT = os.environ.get("CXLKV_REMOTE_LOGDIR", f"/tmp/cxlkv-remote-tests-{os.getpid()}")
 N = 32               # blocks per prefix
@@ -40,6 +40,14 @@ def racks():
 
 def _remote_stats(rack):
     return {k: v for k, v in rack.call("stats")["stats"].items() if k.startswith("remote") and v}
+
+
+def _cxlkvctl_stats(rack, *args):
+    return cxlkvctl_stats(rack.pool, *args)
+
+
+def _pool_remote(rack):
+    return pool_remote_counters(rack.pool)
 
 
 def _wait_up(rack, seed, timeout=30):
@@ -69,6 +77,18 @@ def test_prefix_published_in_a_is_a_remote_hit_in_b_then_local(racks):
     assert st["remote_hit_blocks"] == N and st["remote_hit_bytes"] == N * (64 << 10)
     assert st["remote_refused_blocks"] == 0 and st["remote_errors"] == 0
     assert "cxlkv_client_remote_hit_blocks_total" in s["exposition"]
+    # Where operators look (docs/remote.md "Counters"): the node's counters
+    # in rack B's pool, in cxlkvctl stats (text, JSON, Prometheus) and in the
+    # Python package's pool exposition, node 1 being the rack's store.
+    pr = _pool_remote(b)
+    assert (pr["hit_blocks"], pr["hit_bytes"], pr["fetch_failures"]) == (N, N * (64 << 10), 0), pr
+    assert "remote tier: hit_blocks 32 hit_bytes 2097152" in _cxlkvctl_stats(b)
+    prom = _cxlkvctl_stats(b, "--prometheus")
+    assert f'cxlkv_remote_hit_blocks_total{{node="1"}} {N}\n' in prom
+    assert f'cxlkv_remote_hit_bytes_total{{node="1"}} {N * (64 << 10)}\n' in prom
+    assert f'cxlkv_remote_hit_blocks_total{{node="1"}} {N}\n' in s["pool_exposition"]
+    pa = _pool_remote(a)  # rack A pushed them
+    assert pa["pushed_blocks"] >= N and pa["pushed_bytes"] >= N * (64 << 10) and pa["hit_blocks"] == 0, pa
     # Again: a local hit, nothing more from the remote tier.
     r2 = b.call("fetch", seed=1, n=N)
     assert r2["local_before"] == N and r2["sha256"] == want
@@ -111,6 +131,7 @@ def test_damaged_remote_block_is_refused(racks, how):
     seed = {"payload": 11, "key": 12, "short": 13, "foreign": 14}[how]
     a.call("publish", seed=seed, n=8)
     before = b.call("stats")["stats"]["remote_refused_blocks"]
+    failures = _pool_remote(b)["fetch_failures"]
     d = a.call("damage", seed=seed, n=8, index=4, how=how)
     assert d["put"] == 0, d
     r = b.call("fetch", seed=seed, n=8)
@@ -118,6 +139,7 @@ def test_damaged_remote_block_is_refused(racks, how):
     assert r["hit"] == 4 and r["wrong"] == 0 and r["local_after"] == 4, r
     assert r["sha256"] == a.call("expected_sha256", seed=seed, n=4)["sha256"]
     assert b.call("stats")["stats"]["remote_refused_blocks"] == before + 1
+    assert _pool_remote(b)["fetch_failures"] == failures + 1  # the refusal, in the pool's counters
 
 
 def test_master_killed_mid_run_then_restarted(racks):
@@ -137,6 +159,7 @@ def test_master_killed_mid_run_then_restarted(racks):
     assert loop["worst_put_s"] < TIMEOUT + SLACK, loop  # the local publish never waited for Mooncake
     st = b.call("stats")["stats"]
     assert st["remote_up"] == 0 and st["remote_degraded"] >= 1, {k: v for k, v in st.items() if "remote" in k}
+    assert _pool_remote(b)["degraded"] == st["remote_degraded"]
     # Local-only while it is down: what B's pool holds is still served.
     r = b.call("fetch", seed=20, n=N)
     assert r["wrong"] == 0 and r["local_before"] >= 8

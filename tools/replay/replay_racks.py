@@ -32,7 +32,12 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.abspath(os.path.join(HERE, "..", ".."))
 sys.path.insert(0, os.path.join(ROOT, "tests", "engines"))
 
-from remote_env import Racks  # noqa: E402
+from remote_env import Racks, pool_remote_counters  # noqa: E402
+
+# The pools' own remote tier counters (docs/remote.md "Counters", what
+# `cxlkvctl stats` shows), summed over the racks, in the summary.
+POOL_COUNTERS = ("hit_blocks", "hit_bytes", "miss_blocks", "fetch_failures", "degraded", "pushed_blocks",
+                 "pushed_bytes", "push_dropped_blocks")
 
 
 def load(path, limit):
@@ -64,11 +69,15 @@ def run(names, reqs, remote, args, logdir):
                     tot[k] += r[k]
         stats = {name: {k: v for k, v in racks[name].call("stats")["stats"].items() if k.startswith("remote")}
                  for name in names}
+        pools = {k: 0 for k in POOL_COUNTERS}
+        for name in names:
+            for k, v in pool_remote_counters(racks[name].pool).items():
+                pools[k] = pools.get(k, 0) + v
     finally:
         racks.close()
     all_ = sum(tot.values())
     return dict(tokens=all_, local=tot["local"] / all_, remote=tot["remote"] / all_, miss=tot["miss"] / all_,
-                hit=(tot["local"] + tot["remote"]) / all_, mode=racks.mode, tier=stats)
+                hit=(tot["local"] + tot["remote"]) / all_, mode=racks.mode, tier=stats, pools=pools)
 
 
 def main():
@@ -103,6 +112,13 @@ def main():
                     f"replay_racks.r{n}.hit_vs_isolated": rem["hit"] / max(iso["hit"], 1e-9),
                     f"replay_racks.r{n}.push_dropped_blocks": sum(s.get("remote_push_dropped_blocks", 0)
                                                                   for s in rem["tier"].values())})
+        # Per tier as the pools count it: remote hits and bytes, pushes, failures.
+        p = rem["pools"]
+        print(f"{n} racks, the pools' remote tier counters: hits {p['hit_blocks']} blocks "
+              f"({p['hit_bytes'] / 1e6:.1f} MB), misses {p['miss_blocks']}, fetch failures {p['fetch_failures']}, "
+              f"degraded {p['degraded']}; pushed {p['pushed_blocks']} blocks ({p['pushed_bytes'] / 1e6:.1f} MB), "
+              f"push dropped {p['push_dropped_blocks']}", file=sys.stderr)
+        out.update({f"replay_racks.r{n}.pool.{k}": v for k, v in p.items()})
     out["replay_racks.requests"] = len(reqs)
     out["replay_racks.netns"] = int(shared["mode"] == "netns+veth")
     out["replay_racks.seconds"] = time.monotonic() - t0

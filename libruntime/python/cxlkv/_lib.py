@@ -133,6 +133,8 @@ _PROTOS = {
     "cxlkv_kv_fetch": (_I, [_P, _BLKP, _CHP, _SZ], True),
     "cxlkv_kv_unpin": (_I, [_P, _BLKP], True),
     "cxlkv_kv_stats": (_I, [_P, C.POINTER(KvStats)], True),
+    # the node's remote tier counters in the pool (docs/remote.md "Counters")
+    "cxlkv_kv_remote_count": (_I, [_P, C.c_char_p, _U64], False),
     # batch interface (docs/coherence.md "PrefixIndex batch interface")
     "cxlkv_kv_reserve_chain": (_I, [_P, _KEYP, _KEYP, _SZ, _U64, _BLKP, _I32P], True),
     "cxlkv_kv_write_many": (_I, [_P, _BLKP, _SZ, _CHP, _U32P, _I32P], True),

@@ -251,6 +251,7 @@ COUNTERS = {
     "remote_hit_bytes": "Payload bytes of those blocks",
     "remote_miss_blocks": "Blocks asked of the remote tier that it did not hold",
     "remote_refused_blocks": "Remote blocks refused by their header (key, length or checksum)",
+    "remote_fetch_failures": "Remote fetches that failed: lookup-path calls that failed or ran late, refused blocks",
     "remote_errors": "Remote calls that failed (an error code or an exception)",
     "remote_timeouts": "Remote calls that ran past timeout_s (the lookup went on local-only)",
     "remote_degraded": "Times the tier went local-only (master unreachable or late)",
@@ -261,6 +262,12 @@ COUNTERS = {
     "remote_push_present_blocks": "Published blocks the remote tier held already (not sent again)",
     "remote_push_dropped_blocks": "Published blocks not pushed (queue full, evicted from the pool, or a failed put)",
 }
+# The counters the node's stats in the pool also carry (docs/remote.md
+# "Counters"): each adds to the pool's counter of the same name without
+# "remote_" (cxlkv_kv_remote_count), which `cxlkvctl stats`, cxlkvd's
+# metrics and cxlkv.metrics.pool_exposition show as cxlkv_remote_<name>_total.
+POOL_COUNTERS = ("remote_hit_blocks", "remote_hit_bytes", "remote_miss_blocks", "remote_fetch_failures",
+                 "remote_degraded", "remote_pushed_blocks", "remote_pushed_bytes", "remote_push_dropped_blocks")
 
 
 class RemoteTier:
@@ -294,7 +301,12 @@ class RemoteTier:
         self._worker = cf.ThreadPoolExecutor(1, thread_name_prefix="cxlkv-remote-call")
         self._queue = collections.deque()
         self._qcv = threading.Condition()
-        self._reader = None
+        # The tier's own KV handle of this node: the pusher reads published
+        # blocks back through it, and the node's remote counters in the pool
+        # are added through it (_count).
+        from .kv import KvStore  # noqa: PLC0415 -- kv imports this module
+        self._reader = KvStore(pool, node, remote=False)
+        self._pool_counts = _lib.has("cxlkv_kv_remote_count")
         self.hostname = ""
         # Connect now (bounded); a master that is not there yet leaves the
         # tier degraded, and the probes connect later.
@@ -321,6 +333,17 @@ class RemoteTier:
             self.counters[name] += v
         if self.metrics is not None:
             self.metrics.inc_remote(name, v)
+        if v and name in POOL_COUNTERS and self._pool_counts:
+            r = self._reader
+            if r is not None:
+                with r._lock:  # one thread at a time on the handle (cxlkv.h); closed: not counted
+                    if r._h:
+                        r._lib.cxlkv_kv_remote_count(r._h, name[len("remote_"):].encode(), int(v))
+
+    def _fetch_failed(self, name, v=1):
+        """Count ``name`` (an error, a timeout, refused blocks) on the lookup path."""
+        self._count(name, v)
+        self._count("remote_fetch_failures", v)
 
     def _down(self, why):
         with self._lock:
@@ -381,7 +404,7 @@ class RemoteTier:
         try:
             return fut.result(timeout=self.cfg.timeout_s)
         except cf.TimeoutError:
-            self._count("remote_timeouts")
+            self._fetch_failed("remote_timeouts")
             self._down(f"{what} took longer than {self.cfg.timeout_s:g} s")
             raise RemoteUnavailable(f"{what}: no answer in {self.cfg.timeout_s:g} s") from None
 
@@ -509,7 +532,6 @@ class RemoteTier:
             self._count("remote_push_dropped_blocks", len(batch))
             self._maybe_probe()
             return
-        from .kv import KvStore  # noqa: PLC0415 -- kv imports this module
         from .layout import RawChunks  # noqa: PLC0415
         c = self._client
         keys = np.array([(lo, hi) for lo, hi, _ in batch], dtype=np.uint64)
@@ -529,8 +551,6 @@ class RemoteTier:
         slot = HEADER_BYTES + nbytes
         buf = self._staging_for("push", len(keys), nbytes)
         base = buf.ctypes.data
-        if self._reader is None:
-            self._reader = KvStore(self.pool, self.node, remote=False)
         src = RawChunks([base + i * slot + HEADER_BYTES for i in range(len(keys))], nbytes, 1)
         st = self._reader.get(keys, src)
         got = [i for i in range(len(keys)) if st[i] == _lib.RESERVED]
@@ -579,7 +599,7 @@ class RemoteTier:
         except RemoteUnavailable:
             got = have
         except Exception as e:  # noqa: BLE001 -- the local path must go on
-            self._count("remote_errors")
+            self._fetch_failed("remote_errors")
             log.warning("cxlkv remote tier: fetch failed: %s: %s", type(e).__name__, e)
             got = have
         finally:
@@ -595,7 +615,7 @@ class RemoteTier:
         self._count("remote_lookup_blocks", len(names))
         ex = self._call("existence check", c.batch_is_exist, names)
         if any(x in _MASTER_DOWN for x in ex):
-            self._count("remote_errors")
+            self._fetch_failed("remote_errors")
             self._down(f"existence check: {mc_error(min(ex))}")
             return have
         m = 0
@@ -686,7 +706,7 @@ class RemoteTier:
         length = None
         for i, got in enumerate(r):
             if got < 0:
-                self._count("remote_errors")
+                self._fetch_failed("remote_errors")
                 if got in _MASTER_DOWN:
                     self._down(f"get: {mc_error(got)}")
                 elif got != MC_NOT_FOUND:
@@ -697,7 +717,7 @@ class RemoteTier:
             if why is None and length not in (None, got - HEADER_BYTES):
                 why = "payload size differs from the blocks before it in the prefix"
             if why is not None:
-                self._count("remote_refused_blocks")
+                self._fetch_failed("remote_refused_blocks")
                 self._refused(names[i], why)
                 break
             length = got - HEADER_BYTES
@@ -734,7 +754,7 @@ class RemoteTier:
             self._count("remote_push_dropped_blocks", dropped)
         self._pusher.join(timeout)
         if self._reader is not None:
-            self._reader.close()
+            self._reader.close()  # later counts reach the process's metrics only
         client = self._client
         self._client = None
         if client is not None:
