@@ -63,9 +63,9 @@ class Rack:
         self.nbytes = a.block_bytes
 
     # ---- commands ---------------------------------------------------------------
-    def publish(self, seed, n, flush=True):
+    def publish(self, seed, n, flush=True, nbytes=0):
         keys = chain(seed, n)
-        bufs = [block(seed, i, self.nbytes) for i in range(n)]
+        bufs = [block(seed, i, nbytes or self.nbytes) for i in range(n)]
         t0 = time.perf_counter()
         st = self.store.put(keys, bufs)
         put_s = time.perf_counter() - t0
@@ -154,18 +154,20 @@ class Rack:
         return dict(local=[self.store.lookup(ks[i:i + 1], remote=False) for i in range(len(ks))], remote=held)
 
     # ---- benchmark (tools/bench/remote_bench.py) ----------------------------------
-    def publish_many(self, seeds, n):
+    def publish_many(self, seeds, n, nbytes=0):
         for s_ in seeds:
-            self.publish(s_, n, flush=False)
+            self.publish(s_, n, flush=False, nbytes=nbytes)
         return dict(flushed=self.tier.flush(300))
 
-    def bench_fetch(self, seeds, n, how):
+    def bench_fetch(self, seeds, n, how, nbytes=0):
         """Per prefix of ``seeds`` (published by the other rack, not here):
         ``fill`` -- seconds of the lookup that fetches it into this pool, then
         of the local get of it (pool to buffers); ``direct`` -- seconds of
-        fetching it straight into buffers (no pool).  Bytes are checked."""
+        fetching it straight into buffers (no pool).  Bytes are checked.
+        ``nbytes``: the blocks' size when not the rack's (``fill`` only)."""
         out = dict(remote_s=[], local_s=[], blocks=[], wrong=0)
-        bufs = [np.zeros(self.nbytes, np.uint8) for _ in range(n)]
+        nb = nbytes or self.nbytes
+        bufs = [np.zeros(nb, np.uint8) for _ in range(n)]
         for s_ in seeds:
             keys = chain(s_, n)
             if how == "fill":
@@ -209,8 +211,39 @@ class Rack:
                 continue
             out["remote_s"].append(t1 - t0)
             out["blocks"].append(hit)
-            out["wrong"] += sum(1 for i in range(hit) if not np.array_equal(bufs[i], block(s_, i, self.nbytes)))
+            out["wrong"] += sum(1 for i in range(hit) if not np.array_equal(bufs[i], block(s_, i, nb)))
         return out
+
+    def bench_prefill(self, model_dir, tokens, reps, threads=0):
+        """Recompute, the other way to get a prefix's KV: seconds of the
+        prefill (one forward pass over ``tokens`` prompt tokens, which fills
+        the KV cache) of the engine tests' tiny Llama model (tiny_model.py,
+        written to ``model_dir`` once) through transformers on this host's
+        CPU, ``reps`` times; and the KV bytes per token the model keeps
+        (K and V of every layer and KV head, in its dtype)."""
+        import torch
+        import transformers
+        from tiny_model import make_tiny_llama
+        if threads:
+            torch.set_num_threads(threads)
+        ids_of = lambda c, n: torch.randint(0, c.vocab_size, (1, n), generator=torch.Generator().manual_seed(1))  # noqa: E731
+        if getattr(self, "_tiny", (None,))[0] != model_dir:
+            m = transformers.LlamaForCausalLM.from_pretrained(make_tiny_llama(model_dir)).eval()
+            with torch.inference_mode():
+                m(ids_of(m.config, tokens), use_cache=True)  # warm-up, not timed (first-call set-up)
+            self._tiny = (model_dir, m)
+        m = self._tiny[1]
+        c = m.config
+        head = c.hidden_size // c.num_attention_heads
+        kv_per_token = 2 * c.num_hidden_layers * c.num_key_value_heads * head * m.dtype.itemsize
+        ids = ids_of(c, tokens)
+        times = []
+        with torch.inference_mode():
+            for _ in range(reps):
+                t0 = time.perf_counter()
+                m(ids, use_cache=True)
+                times.append(time.perf_counter() - t0)
+        return dict(s=times, kv_bytes_per_token=kv_per_token, threads=torch.get_num_threads())
 
     def bench_put(self, seed, n, reps):
         """Seconds of a put of n blocks with the remote tier on and, on the

@@ -38,6 +38,16 @@ Merges into the results file (medians over --reps prefixes, B blocks each):
                                 and off (the push after it not running)
   remote.push_b{B}.gbps         the background push of those blocks (pool
                                 read, checksum, existence check, put)
+  remote.recompute_tiny_ms      recompute, the other way to get the prefix:
+                                the prefill of B x 16 tokens (the pool's
+                                block size in tokens) by the engine tests'
+                                tiny Llama (transformers on rack B's CPU,
+                                one thread)
+  remote.fill_tiny_ms, remote.local_tiny_ms  the remote fetch (lookup into
+                                B's pool) and the local fetch of the same
+                                prefix's KV: B blocks of that model's KV
+                                bytes for 16 tokens (remote.tiny_block_bytes)
+  remote.recompute_vs_fill_tiny recompute time / remote fetch time
   remote.wrong_blocks           blocks whose bytes differed (must be 0)
 """
 import argparse
@@ -93,13 +103,35 @@ def main():
                     elif k == "wrong":
                         acc[k] += v
         put = rb.call("bench_put", seed=3000, n=B, reps=reps + 1, timeout=600)
+        # Recompute beside the fetch of the same prefix (docs/remote.md
+        # "Figures"): the tiny model's prefill of B blocks of 16 tokens in
+        # rack B, and the fetch of that prefix's KV from rack A, in turn.
+        tokens, model_dir = B * 16, os.path.join(a.logdir, "tiny-llama")
+        kv_tok = rb.call("bench_prefill", model_dir=model_dir, tokens=tokens, reps=1, threads=1,
+                         timeout=600)["kv_bytes_per_token"]
+        tiny_nb = kv_tok * 16
+        tiny_seeds = list(range(5000, 5000 + reps + 1))
+        ra.call("publish_many", seeds=tiny_seeds, n=B, nbytes=tiny_nb, timeout=600)
+        prefill = dict(s=[])
+        tiny = dict(remote_s=[], local_s=[], blocks=[], wrong=0)
+        for ts in tiny_seeds:
+            # One thread: on a shared 2-core host two torch threads spin
+            # against the other processes (several times slower, erratic).
+            prefill["s"] += rb.call("bench_prefill", model_dir=model_dir, tokens=tokens, reps=1, threads=1,
+                                    timeout=600)["s"]
+            for k, v in rb.call("bench_fetch", seeds=[ts], n=B, how="fill", nbytes=tiny_nb, timeout=600).items():
+                if isinstance(v, list) or k == "wrong":
+                    tiny[k] += v
     finally:
         racks.close()
 
     def gbps(times):
         return prefix_bytes / statistics.median(times[1:]) / 1e9
 
-    full = all(n == B for n in fill["blocks"] + direct["blocks"] + raw["blocks"])
+    def ms(times):
+        return statistics.median(times[1:]) * 1e3
+
+    full = all(n == B for n in fill["blocks"] + direct["blocks"] + raw["blocks"] + tiny["blocks"])
     out = {
         f"remote.fill_b{B}.gbps": gbps(fill["remote_s"]),
         f"remote.direct_b{B}.gbps": gbps(direct["remote_s"]),
@@ -109,7 +141,13 @@ def main():
         "remote.publish_on_us": statistics.median(put["on_s"][1:]) * 1e6,
         "remote.publish_off_us": statistics.median(put["off_s"][1:]) * 1e6,
         f"remote.push_b{B}.gbps": gbps(put["push_s"]),
-        "remote.wrong_blocks": fill["wrong"] + direct["wrong"] + raw["wrong"],
+        "remote.wrong_blocks": fill["wrong"] + direct["wrong"] + raw["wrong"] + tiny["wrong"],
+        f"remote.fill_b{B}_ms": ms(fill["remote_s"]),
+        "remote.recompute_tiny_ms": ms(prefill["s"]),
+        "remote.fill_tiny_ms": ms(tiny["remote_s"]),
+        "remote.local_tiny_ms": ms(tiny["local_s"]),
+        "remote.tiny_tokens": tokens,
+        "remote.tiny_block_bytes": tiny_nb,
         "remote.all_blocks_fetched": int(full),
         "remote.netns": int(racks.mode == "netns+veth"),
         "remote.block_bytes": nb,
@@ -123,6 +161,7 @@ def main():
     out["remote.mooncake_get_vs_socket"] = out[f"remote.mooncake_get_b{B}.gbps"] / out[f"remote.socket_b{B}.gbps"]
     out["remote.no_staging_bound_vs_socket"] = (out[f"remote.no_staging_bound_b{B}.gbps"] /
                                                 out[f"remote.socket_b{B}.gbps"])
+    out["remote.recompute_vs_fill_tiny"] = out["remote.recompute_tiny_ms"] / out["remote.fill_tiny_ms"]
     out["remote.fill_vs_mooncake_get"] = out[f"remote.fill_b{B}.gbps"] / out[f"remote.mooncake_get_b{B}.gbps"]
     res = {}
     if os.path.exists(a.results):
