@@ -526,6 +526,28 @@ struct cxlkv_kv_stats {
 /* This handle's counters (the pool-wide view: cxlkvctl stats). */
 int cxlkv_kv_stats(struct cxlkv_kv *kv, struct cxlkv_kv_stats *out);
 
+/* ---- Reserved blocks written in place ---------------------------------------
+ * For a writer outside this library that lands payloads straight in pool
+ * memory (a transfer engine receiving into a registered mapping of the pool:
+ * docs/remote.md "Straight from the pool"): reserve the blocks
+ * (cxlkv_kv_reserve_chain), ask where their bytes lie, let the writer write
+ * them, flush them, then publish them (cxlkv_kv_publish_many) or abort them.
+ *
+ * addrs[i]: where reserved block i's payload (blocks[i].length bytes) lies in
+ * this process's mapping of the pool, status[i] 0; or NULL and status[i]
+ * -EXDEV for a block that is not one extent of memory (interleaved over
+ * devices, or not in memory), -EUCLEAN for a location outside the kv carve,
+ * the handle's status for a handle that is not RESERVED.  The address is
+ * the caller's to write only while the reservation is held (until its
+ * publish or abort).  Returns how many addresses it gave. */
+int cxlkv_kv_reserved_addrs(struct cxlkv_kv *kv, const struct cxlkv_kv_block *blocks, size_t n, void **addrs,
+			    int32_t *status);
+/* The payloads of those reserved blocks were written in place with ordinary
+ * stores: write their lines back to memory and fence (docs/coherence.md
+ * rule 3), after which cxlkv_kv_publish_many may publish them.  status[i]
+ * as cxlkv_kv_reserved_addrs.  Returns how many blocks were flushed. */
+int cxlkv_kv_flush_in_place(struct cxlkv_kv *kv, const struct cxlkv_kv_block *blocks, size_t n, int32_t *status);
+
 /* The node's remote tier counters (docs/remote.md "Counters"): a remote tier
  * below the pool that lives outside this library (the Python package's, over
  * Mooncake Store) adds n to the counter `counter` of the handle's node, named

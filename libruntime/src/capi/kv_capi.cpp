@@ -1,5 +1,6 @@
 // SPDX-License-Identifier: MIT
 // C API of the KV store (cxlkv.h, "KV store" section) over KvSession.
+#include <algorithm>
 #include <climits>
 #include <cstring>
 #include <vector>
@@ -9,6 +10,7 @@
 #include "capi/capi.hpp"
 #include "cxlkv/kv.hpp"
 #include "cxlkv/metrics.hpp"
+#include "cxlkv/region.hpp"
 #include "cxlkv/sync.hpp"
 #include "index/prefix_index.hpp"
 
@@ -122,6 +124,23 @@ int batch_result(const Result<size_t>& r, KvStore& s) {
   if (!s.last_block_error().empty()) capi::set_error(0, s.last_block_error());
   else capi::clear_error();
   return static_cast<int>(r.value());
+}
+
+// A reserved memory block's payload in this process's mapping (docs/remote.md
+// "Straight from the pool"): 0 and *dev, *at; or the code why not.
+int32_t in_place_extent(KvStore& s, const cxlkv_kv_block& b, const PoolDevice** dev, std::byte** at) {
+  if (b.status != CXLKV_KV_RESERVED) return int32_t(b.status);
+  if (b.loc_tier != CXLKV_TIER_MEM || b.loc_dev == CXLKV_LOC_DEV_INTERLEAVED) return -EXDEV;
+  const auto& devs = s.devices();
+  if (b.loc_dev >= devs.size()) return -ENODEV;
+  const PoolDevice& d = devs[b.loc_dev];
+  // docs/integrity.md "Checked metadata": only bytes of the device's kv carve are handed out.
+  const uint64_t lo = d.payload_hi ? d.payload_lo : 0, hi = d.payload_hi ? d.payload_hi : d.size;
+  if (b.loc_off < lo || b.loc_off > hi || b.length > hi - b.loc_off) return -EUCLEAN;
+  if (d.region) d.region->prepare(b.loc_off, b.length);  // map_on_use: before anyone writes it
+  *dev = &d;
+  *at = d.base + b.loc_off;
+  return 0;
 }
 
 int bad(const char* fn, const char* what) { return capi::set_error(-EINVAL, std::string(fn) + ": " + what); }
@@ -400,6 +419,51 @@ int cxlkv_kv_get_many(struct cxlkv_kv* kv, const struct cxlkv_kv_key* keys, size
     KvStore& s = kv->session->store();
     size_t nc = n ? total_chunks(nchunks, n) : 0;
     return batch_result(s.get_many(k, {chunks, nc}, {nchunks, n}, st.span(n)), s);
+  });
+}
+
+int cxlkv_kv_reserved_addrs(struct cxlkv_kv* kv, const struct cxlkv_kv_block* blocks, size_t n, void** addrs,
+                            int32_t* status) {
+  return capi::guarded(__func__, [&] {
+    if (int e = check_batch(__func__, kv, blocks, n, false, nullptr, nullptr)) return e;
+    if (n && !addrs) return bad(__func__, "addrs is required");
+    StatusOut st(status, n);
+    KvStore& s = kv->session->store();
+    int done = 0;
+    for (size_t i = 0; i < n; i++) {
+      const PoolDevice* d = nullptr;
+      std::byte* at = nullptr;
+      st.p[i] = in_place_extent(s, blocks[i], &d, &at);
+      addrs[i] = st.p[i] == 0 ? at : nullptr;
+      done += st.p[i] == 0;
+    }
+    capi::clear_error();
+    return done;
+  });
+}
+
+int cxlkv_kv_flush_in_place(struct cxlkv_kv* kv, const struct cxlkv_kv_block* blocks, size_t n, int32_t* status) {
+  return capi::guarded(__func__, [&] {
+    if (int e = check_batch(__func__, kv, blocks, n, false, nullptr, nullptr)) return e;
+    StatusOut st(status, n);
+    KvStore& s = kv->session->store();
+    std::vector<const PoolDevice*> fenced;
+    int done = 0;
+    for (size_t i = 0; i < n; i++) {
+      const PoolDevice* d = nullptr;
+      std::byte* at = nullptr;
+      st.p[i] = in_place_extent(s, blocks[i], &d, &at);
+      if (st.p[i]) continue;
+      // rule 3: the payload, written with ordinary stores, is written back
+      // (the bulk flush, ordered by the fence below) before its entry is
+      // published.
+      d->domain->flush_bulk(at, blocks[i].length);
+      if (std::find(fenced.begin(), fenced.end(), d) == fenced.end()) fenced.push_back(d);
+      done++;
+    }
+    for (const PoolDevice* d : fenced) d->domain->fence();  // rule 3: before publish_many stores the entries
+    capi::clear_error();
+    return done;
   });
 }
 
