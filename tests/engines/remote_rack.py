@@ -56,7 +56,7 @@ class Rack:
         cfg = False if a.no_remote else remote.RemoteConfig(
             master=a.master, metadata_server=a.metadata, local_hostname=a.host, segment_bytes=a.segment_mib << 20,
             buffer_bytes=32 << 20, namespace=a.namespace, timeout_s=a.timeout, retry_s=0.5,
-            batch_blocks=a.batch_blocks)
+            batch_blocks=a.batch_blocks, block_bytes=a.block_bytes)
         self.metrics = cxlkv.metrics.Metrics(labels={"rack": a.name})
         self.store = cxlkv.KvStore(self.pool, 1, metrics=self.metrics, block_tokens=16, remote=cfg)
         self.tier = self.store.remote or _NoTier()
@@ -72,13 +72,19 @@ class Rack:
         pushed = self.tier.flush(60) if flush else None
         return dict(ok=int(cxlkv.put_ok(st).sum()), put_s=put_s, flushed=pushed)
 
-    def fetch(self, seed, n):
+    def fetch(self, seed, n, in_place=False):
         """Local hits, hits with the remote tier, then the bytes of every
-        hit compared with what they must be, then local hits again."""
+        hit compared with what they must be, then local hits again.
+        ``in_place``: the tier lands payloads straight in reserved pool
+        blocks (docs/remote.md "Straight from the pool")."""
         keys = chain(seed, n)
         local0 = self.store.lookup(keys, remote=False)
         t0 = time.perf_counter()
-        hit = self.store.lookup(keys)
+        self.tier.in_place = in_place
+        try:
+            hit = self.store.lookup(keys)
+        finally:
+            self.tier.in_place = False
         lookup_s = time.perf_counter() - t0
         bufs = [np.zeros(self.nbytes, np.uint8) for _ in range(hit)]
         st = self.store.get(keys[:hit], bufs) if hit else np.zeros(0, np.int32)
@@ -162,7 +168,8 @@ class Rack:
     def bench_fetch(self, seeds, n, how, nbytes=0):
         """Per prefix of ``seeds`` (published by the other rack, not here):
         ``fill`` -- seconds of the lookup that fetches it into this pool, then
-        of the local get of it (pool to buffers); ``direct`` -- seconds of
+        of the local get of it (pool to buffers); ``inplace`` -- the same
+        with the payloads landing in reserved pool blocks; ``direct`` -- seconds of
         fetching it straight into buffers (no pool).  Bytes are checked.
         ``nbytes``: the blocks' size when not the rack's (``fill`` only)."""
         out = dict(remote_s=[], local_s=[], blocks=[], wrong=0)
@@ -170,10 +177,14 @@ class Rack:
         bufs = [np.zeros(nb, np.uint8) for _ in range(n)]
         for s_ in seeds:
             keys = chain(s_, n)
-            if how == "fill":
+            if how in ("fill", "inplace"):
+                # inplace: the fetch lands payloads in reserved pool blocks
+                # (docs/remote.md "Straight from the pool"), no staging copy.
+                self.tier.in_place = how == "inplace"
                 t0 = time.perf_counter()
                 hit = self.store.lookup(keys)
                 t1 = time.perf_counter()
+                self.tier.in_place = False
                 st = self.store.get(keys[:hit], bufs[:hit])
                 t2 = time.perf_counter()
                 out["local_s"].append(t2 - t1)
@@ -333,6 +344,7 @@ class Rack:
 
     def stats(self):
         return dict(stats=self.store.stats(), hostname=self.tier.hostname,
+                    in_place_blocks=getattr(self.tier, "in_place_blocks", 0),
                     exposition=self.metrics.exposition(), pool_exposition=cxlkv.metrics.pool_exposition(self.pool))
 
     def close(self):

@@ -101,6 +101,27 @@ def test_prefix_published_in_a_is_a_remote_hit_in_b_then_local(racks):
     assert r3["sha256"] == a.call("expected_sha256", seed=2, n=N)["sha256"]
 
 
+@pytest.mark.parametrize("damage", [None, "payload", "key"])
+def test_fetch_straight_into_the_pool(racks, damage):
+    # docs/remote.md "Straight from the pool": the payloads land in blocks
+    # reserved in B's pool (the pool mapping registered with Mooncake), are
+    # checked there, flushed and published; a refused block and those after
+    # it are aborted, never published.
+    a, b = racks["a"], racks["b"]
+    seed = {None: 60, "payload": 61, "key": 62}[damage]
+    a.call("publish", seed=seed, n=8)
+    if damage:
+        assert a.call("damage", seed=seed, n=8, index=4, how=damage)["put"] == 0
+    before = b.call("stats")["in_place_blocks"]
+    r = b.call("fetch", seed=seed, n=8, in_place=True)
+    want = 4 if damage else 8
+    assert b.call("stats")["in_place_blocks"] - before == want, r  # they came the in-place way
+    assert (r["local_before"], r["hit"], r["read"], r["wrong"], r["local_after"]) == (0, want, want, 0, want), r
+    assert r["sha256"] == a.call("expected_sha256", seed=seed, n=want)["sha256"]
+    if damage:  # the refused block was aborted: the next lookup asks the store again, gets the same refusal
+        assert b.call("fetch", seed=seed, n=8, in_place=True)["hit"] == 4
+
+
 def test_a_process_that_exits_right_after_publishing_still_shares_its_blocks(racks):
     # A prefill process whose last publishes are still queued for the store
     # when it exits: the tier drains them (close_drain_s) at exit, so rack B

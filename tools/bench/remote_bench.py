@@ -19,6 +19,11 @@ Merges into the results file (medians over --reps prefixes, B blocks each):
                                 B's pool (existence check, get, header and
                                 checksum check, publish into the pool)
   remote.direct_b{B}.gbps       the same fetch straight into buffers, no pool
+  remote.in_place_b{B}.gbps     the fill with each payload landing in its
+                                reserved pool block (the pool mapping
+                                registered with Mooncake), no staging copy;
+                                in_place_local_b{B}: the local get after it
+  remote.in_place_vs_socket, remote.in_place_vs_fill
   remote.local_b{B}.gbps        the local pool fetch (pool -> buffers) of it
   remote.mooncake_get_b{B}.gbps  Mooncake's own batch_get_into of the objects
                                 alone (nothing checked, nothing copied)
@@ -75,7 +80,10 @@ def main():
     a = ap.parse_args()
     B, nb, reps = a.blocks, a.block_bytes, a.reps
     prefix_bytes = B * nb
-    seg_a = max(512, (2 * reps + 4) * prefix_bytes * 2 >> 20)
+    # Rack A's segment holds every prefix published (four kinds of reps + 1
+    # prefixes, the pushes of bench_put, the tiny model's), with room to spare:
+    # a store that must evict drops the prefixes published last.
+    seg_a = max(512, (6 * (reps + 1) + 4) * prefix_bytes * 3 // 2 >> 20)
     racks = Racks(["a", "b"], a.logdir, block_bytes=nb, timeout=10.0,
                   segment_mib={"a": seg_a, "b": 0}, batch_blocks=a.batch_blocks)
     try:
@@ -83,16 +91,19 @@ def main():
         fill_seeds = list(range(1000, 1000 + reps + 1))    # the first is a warm-up
         direct_seeds = list(range(2000, 2000 + reps + 1))
         raw_seeds = list(range(4000, 4000 + reps + 1))
-        ra.call("publish_many", seeds=fill_seeds + direct_seeds + raw_seeds, n=B, timeout=600)
+        inplace_seeds = list(range(6000, 6000 + reps + 1))
+        ra.call("publish_many", seeds=fill_seeds + direct_seeds + raw_seeds + inplace_seeds, n=B, timeout=600)
         port = rb.call("sock_listen", nbytes=prefix_bytes)["port"]
         # One prefix of each kind in turn: the machine's load changes over a
         # run, and each ratio compares figures taken side by side.
         fill = dict(remote_s=[], local_s=[], blocks=[], wrong=0)
         direct = dict(remote_s=[], local_s=[], blocks=[], wrong=0)
         raw = dict(remote_s=[], local_s=[], blocks=[], wrong=0, check_s=[], insert_s=[])
+        inplace = dict(remote_s=[], local_s=[], blocks=[], wrong=0)
         sock = dict(s=[])
-        for fs, ds, rs in zip(fill_seeds, direct_seeds, raw_seeds):
+        for fs, ds, rs, ps in zip(fill_seeds, direct_seeds, raw_seeds, inplace_seeds):
             for acc, r in ((fill, rb.call("bench_fetch", seeds=[fs], n=B, how="fill", timeout=600)),
+                           (inplace, rb.call("bench_fetch", seeds=[ps], n=B, how="inplace", timeout=600)),
                            (direct, rb.call("bench_fetch", seeds=[ds], n=B, how="direct", timeout=600)),
                            (raw, rb.call("bench_fetch", seeds=[rs], n=B, how="raw", timeout=600)),
                            (sock, ra.call("sock_send", host=racks.net.addr["b"], port=port, nbytes=prefix_bytes,
@@ -131,7 +142,11 @@ def main():
     def ms(times):
         return statistics.median(times[1:]) * 1e3
 
-    full = all(n == B for n in fill["blocks"] + direct["blocks"] + raw["blocks"] + tiny["blocks"])
+    kinds = dict(fill=fill, direct=direct, raw=raw, tiny=tiny, in_place=inplace)
+    short = {k: v["blocks"] for k, v in kinds.items() if any(n != B for n in v["blocks"])}
+    if short:
+        print(f"remote bench: prefixes not fetched whole ({B} blocks each): {short}", file=sys.stderr)
+    full = not short
     out = {
         f"remote.fill_b{B}.gbps": gbps(fill["remote_s"]),
         f"remote.direct_b{B}.gbps": gbps(direct["remote_s"]),
@@ -141,7 +156,9 @@ def main():
         "remote.publish_on_us": statistics.median(put["on_s"][1:]) * 1e6,
         "remote.publish_off_us": statistics.median(put["off_s"][1:]) * 1e6,
         f"remote.push_b{B}.gbps": gbps(put["push_s"]),
-        "remote.wrong_blocks": fill["wrong"] + direct["wrong"] + raw["wrong"] + tiny["wrong"],
+        "remote.wrong_blocks": fill["wrong"] + direct["wrong"] + raw["wrong"] + tiny["wrong"] + inplace["wrong"],
+        f"remote.in_place_b{B}.gbps": gbps(inplace["remote_s"]),
+        f"remote.in_place_local_b{B}.gbps": gbps(inplace["local_s"]),
         f"remote.fill_b{B}_ms": ms(fill["remote_s"]),
         "remote.recompute_tiny_ms": ms(prefill["s"]),
         "remote.fill_tiny_ms": ms(tiny["remote_s"]),
@@ -161,6 +178,8 @@ def main():
     out["remote.mooncake_get_vs_socket"] = out[f"remote.mooncake_get_b{B}.gbps"] / out[f"remote.socket_b{B}.gbps"]
     out["remote.no_staging_bound_vs_socket"] = (out[f"remote.no_staging_bound_b{B}.gbps"] /
                                                 out[f"remote.socket_b{B}.gbps"])
+    out["remote.in_place_vs_socket"] = out[f"remote.in_place_b{B}.gbps"] / out[f"remote.socket_b{B}.gbps"]
+    out["remote.in_place_vs_fill"] = out[f"remote.in_place_b{B}.gbps"] / out[f"remote.fill_b{B}.gbps"]
     out["remote.recompute_vs_fill_tiny"] = out["remote.recompute_tiny_ms"] / out["remote.fill_tiny_ms"]
     out["remote.fill_vs_mooncake_get"] = out[f"remote.fill_b{B}.gbps"] / out[f"remote.mooncake_get_b{B}.gbps"]
     res = {}

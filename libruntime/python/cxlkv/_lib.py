@@ -133,6 +133,9 @@ _PROTOS = {
     "cxlkv_kv_fetch": (_I, [_P, _BLKP, _CHP, _SZ], True),
     "cxlkv_kv_unpin": (_I, [_P, _BLKP], True),
     "cxlkv_kv_stats": (_I, [_P, C.POINTER(KvStats)], True),
+    # reserved blocks written in place (docs/remote.md "Straight from the pool")
+    "cxlkv_kv_reserved_addrs": (_I, [_P, _BLKP, _SZ, C.POINTER(_P), _I32P], False),
+    "cxlkv_kv_flush_in_place": (_I, [_P, _BLKP, _SZ, _I32P], False),
     # the node's remote tier counters in the pool (docs/remote.md "Counters")
     "cxlkv_kv_remote_count": (_I, [_P, C.c_char_p, _U64], False),
     # batch interface (docs/coherence.md "PrefixIndex batch interface")

@@ -30,6 +30,7 @@ is made, so the package works without it.
 import atexit
 import collections
 import concurrent.futures as cf
+import ctypes as C
 import dataclasses
 import logging
 import os
@@ -99,8 +100,15 @@ def _header_into(view, key, length, payload_sum):
 def check_block(obj, key, got_bytes):
     """Why the object ``obj`` (a uint8 array: header then payload, of which
     ``got_bytes`` were received) is not block ``key``, or None if it is."""
+    return check_parts(obj[:HEADER_BYTES], obj.ctypes.data + HEADER_BYTES, key, got_bytes)
+
+
+def check_parts(hdr, payload_addr, key, got_bytes):
+    """check_block of an object received in two places: its header ``hdr``
+    (a uint8 array) and its payload at address ``payload_addr``."""
     if got_bytes < HEADER_BYTES:
         return f"{got_bytes} bytes, shorter than the {HEADER_BYTES}-byte block header"
+    obj = hdr
     magic, hbytes, ver, lo, hi, length, psum, hsum, _ = _HDR.unpack(obj[:HEADER_BYTES].tobytes())
     if magic != MAGIC:
         return "no cxlkv block header (another writer's object, or damaged)"
@@ -112,7 +120,7 @@ def check_block(obj, key, got_bytes):
         return f"block header names key {hi:016x}{lo:016x}"
     if length != got_bytes - HEADER_BYTES:
         return f"block header says {length} payload bytes, {got_bytes - HEADER_BYTES} arrived"
-    if psum != checksum64((obj.ctypes.data + HEADER_BYTES, length)):
+    if psum != checksum64((payload_addr, length)):
         return "payload checksum mismatch"
     return None
 
@@ -636,6 +644,10 @@ class RemoteTier:
     def _fetch_batch(self, store, keys, first, names):
         """Fetch names (the blocks keys[first:first+len(names)]) and publish
         them into the pool; returns how many leading ones are there now."""
+        if self.in_place:
+            n = self._fetch_batch_in_place(store, keys, first, names)
+            if n is not None:
+                return n
         base, slot, good, length = self._get_verified(keys, first, names)
         if not good:
             return 0
@@ -649,6 +661,100 @@ class RemoteTier:
         self._count("remote_hit_blocks", ok)
         self._count("remote_hit_bytes", ok * length)
         return ok
+
+    # ---- straight into the pool (docs/remote.md "Straight from the pool") ---------
+    in_place = False  # fill lands payloads in reserved pool blocks (measured, not the default)
+
+    def _pool_registered(self):
+        """Register this process's mapping of the pool with Mooncake once, so
+        that a get may land bytes anywhere in it."""
+        reg = getattr(self, "_pool_reg", None)
+        if reg is not None and reg is self._client:
+            return True
+        rc = self._client.register_buffer(self.pool.base, self.pool.size)
+        if rc != 0:
+            log.warning("cxlkv remote tier: registering the pool mapping with Mooncake: %s", mc_error(rc))
+            return False
+        self._pool_reg = self._client
+        return True
+
+    def _fetch_batch_in_place(self, store, keys, first, names):
+        """_fetch_batch with no staging copy: the blocks are reserved in the
+        pool, each object's payload lands at its reserved block (its header
+        in a small registered buffer), then each is checked; the good leading
+        ones are flushed (cxlkv_kv_flush_in_place, rule 3) and published,
+        the others aborted.  None when it cannot be done here (the caller
+        takes the staging path)."""
+        L = _lib.lib()
+        length = self._slot_payload
+        if not length or not _lib.has("cxlkv_kv_flush_in_place") or not self._pool_registered():
+            return None
+        cnt = len(names)
+        hdr = self._call("header buffer", self._staging_for, "fetch", cnt, 0)  # before anything is reserved
+        ks = np.ascontiguousarray(keys[first:first + cnt], dtype=np.uint64)
+        par = np.ascontiguousarray(keys[first - 1:first], dtype=np.uint64) if first > 0 else None
+        blocks = (_lib.KvBlock * cnt)()
+        st = np.zeros(cnt, np.int32)
+        with store._lock:
+            L.cxlkv_kv_reserve_chain(store.handle, par.ctypes.data_as(_lib._KEYP) if par is not None else None,
+                                     ks.ctypes.data_as(_lib._KEYP), cnt, length, blocks, st.ctypes.data_as(_lib._I32P))
+        lead = 0
+        while lead < cnt and st[lead] == _lib.RESERVED:
+            lead += 1
+        addrs = (C.c_void_p * max(lead, 1))()
+        if lead:
+            with store._lock:
+                L.cxlkv_kv_reserved_addrs(store.handle, blocks, lead, addrs, st.ctypes.data_as(_lib._I32P))
+            while lead and any(st[:lead] != 0):
+                lead = int(np.argmax(st[:lead] != 0))
+        good = 0
+        if lead:
+            base = hdr.ctypes.data
+            try:
+                r = self._call(f"get of {lead} blocks into the pool", self._client.batch_get_into_multi_buffers,
+                               names[:lead], [[base + i * HEADER_BYTES, addrs[i]] for i in range(lead)],
+                               [[HEADER_BYTES, length]] * lead)
+            except RemoteUnavailable:
+                # A late get may still write into the reserved blocks: they
+                # are aborted on the worker thread, after it returns (the
+                # worker runs one call at a time), never before.
+                def abort_late(blocks=blocks, n=cnt):
+                    with store._lock:
+                        if store._h:
+                            L.cxlkv_kv_abort_many(store.handle, blocks, n, None)
+                self._worker.submit(abort_late)
+                raise
+            for i in range(lead):
+                got = r[i]
+                if got < 0:
+                    self._fetch_failed("remote_errors")
+                    if got in _MASTER_DOWN:
+                        self._down(f"get: {mc_error(got)}")
+                    break
+                why = check_parts(hdr[i * HEADER_BYTES:(i + 1) * HEADER_BYTES], addrs[i], ks[i], got)
+                if why is not None:
+                    self._fetch_failed("remote_refused_blocks")
+                    self._refused(names[i], why)
+                    break
+                good += 1
+        pst = np.zeros(cnt, np.int32)
+        with store._lock:
+            if good:
+                L.cxlkv_kv_flush_in_place(store.handle, blocks, good, pst.ctypes.data_as(_lib._I32P))
+                L.cxlkv_kv_publish_many(store.handle, blocks, good, pst.ctypes.data_as(_lib._I32P))
+            rest = [i for i in range(good, cnt) if blocks[i].status == _lib.RESERVED]
+            if rest:  # not landed, refused, or after them: back to the pool (children first: reversed order)
+                tail = (_lib.KvBlock * len(rest))(*[blocks[i] for i in rest])
+                L.cxlkv_kv_abort_many(store.handle, tail, len(rest), None)
+        ok = 0
+        while ok < good and pst[ok] == 0:
+            ok += 1
+        self._count("remote_hit_blocks", ok)
+        self._count("remote_hit_bytes", ok * length)
+        self.in_place_blocks += ok
+        return ok
+
+    in_place_blocks = 0  # blocks that came in that way (tests, benchmarks)
 
     def fetch_into(self, keys, buffers):
         """The other way to serve a remote hit, kept to measure it against
