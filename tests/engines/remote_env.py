@@ -218,6 +218,21 @@ def pool_remote_counters(uri):
     return json.loads(cxlkvctl_stats(uri, "--json"))["total"]["remote"]
 
 
+def set_capacity(uri, blocks):
+    """Bound a pool's memory tier to ``blocks`` blocks (the pool-wide policy,
+    docs/eviction.md "What is evicted first"), before any worker attaches:
+    ``cxlkvctl kv --mem-capacity`` sets it as it attaches (the block its
+    ``rm`` then names is not there, so that command itself fails), and
+    ``index stats`` says whether it took."""
+    subprocess.run([tool_path("cxlkvctl"), "--pool", uri, "kv", "rm", "--mem-capacity", str(blocks),
+                    "cxlkv-capacity-probe"], capture_output=True, text=True, timeout=120)
+    r = subprocess.run([tool_path("cxlkvctl"), "--pool", uri, "--json", "index", "stats"], capture_output=True,
+                       text=True, timeout=120)
+    got = json.loads(r.stdout)["max_blocks"] if r.returncode == 0 else None
+    if got != blocks:
+        raise RuntimeError(f"capacity of {uri}: index stats says max_blocks {got}, not {blocks}: {r.stderr.strip()}")
+
+
 def format_pool(uri, index_entries=0):
     """A fresh pool of 8 nodes at ``uri`` (``cxlkvctl format --force``)."""
     cmd = [tool_path("cxlkvctl"), "--pool", uri, "format", "--max-nodes", "8", "--force"]
@@ -232,12 +247,14 @@ class RackProc:
     """One rack's host process (remote_rack.py) and its command channel."""
 
     def __init__(self, name, net, master, logdir, namespace, block_bytes=64 << 10, timeout=1.0, segment_mib=256,
-                 index_entries=0, remote=True, pool_mib=512, batch_blocks=64):
+                 index_entries=0, remote=True, pool_mib=512, batch_blocks=64, capacity_blocks=0):
         self.name = name
         self.pool = f"shm:cxlkv-remote-{name}-{os.getpid()}:{pool_mib << 20}"
         self.errlog = open(os.path.join(logdir, f"rack-{name}.log"), "a")
         format_pool(self.pool, index_entries)
         self.cxlkvd = Cxlkvd(name, net, self.pool, logdir)
+        if capacity_blocks:  # a pool too small for the workload: it evicts (docs/eviction.md)
+            set_capacity(self.pool, capacity_blocks)
         env = dict(os.environ)
         cmd = net.prefix(name) + [sys.executable, os.path.join(HERE, "remote_rack.py"), "--name", name,
                                   "--pool", self.pool, "--master", master.rpc, "--metadata", master.metadata,

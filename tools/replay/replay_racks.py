@@ -2,7 +2,8 @@
 # SPDX-License-Identifier: MIT
 """Replay a Mooncake-format trace across racks: token hit ratio per tier.
 
-    replay_racks.py --trace FILE --racks N [--requests 3000] [--results FILE]
+    replay_racks.py --trace FILE --racks N [--requests 3000] [--capacity-blocks C]
+                    [--results FILE]
 
 Three set-ups serve the same requests, each request on rack i % N
 (requests go out in rounds, one chunk per rack at a time, the racks working
@@ -13,8 +14,12 @@ at once):
   remote     N racks, N pools sharing one Mooncake Store (cxlkv.remote)
 
 and report the share of prompt tokens that were local pool hits, remote
-hits and misses.  Every pool holds the whole workload (no eviction), so the
-figures measure sharing alone.  The racks are real: each its own shm pool
+hits and misses.  By default every pool holds the whole workload (no
+eviction), so the figures measure sharing alone; --capacity-blocks C bounds
+the pools to the same total capacity, C blocks for the shared pool and C / N
+for each rack's (the pool-wide memory-tier bound: they evict, docs/eviction.md),
+while the Mooncake Store keeps what its segments hold (--segment-mib per
+rack).  The racks are real: each its own shm pool
 and process (tests/engines/remote_env.py), in network namespaces where this
 process may make them, with a real mooncake_master.  The C++ cxlkv-replay
 has no --racks: Mooncake has no C interface to drive from it.
@@ -54,8 +59,9 @@ def load(path, limit):
 def run(names, reqs, remote, args, logdir):
     distinct = len({h for hs, _ in reqs for h in hs})
     entries = 1 << max(distinct * 2, 1024).bit_length()
+    cap = args.capacity_blocks // len(names) if args.capacity_blocks else 0
     racks = Racks(names, logdir, block_bytes=1024, timeout=5.0, segment_mib=args.segment_mib,
-                  index_entries=entries, remote=remote, pool_mib=args.pool_mib)
+                  index_entries=entries, remote=remote, pool_mib=args.pool_mib, capacity_blocks=cap)
     tot = dict(local=0, remote=0, miss=0)
     try:
         n = len(names)
@@ -89,6 +95,8 @@ def main():
     ap.add_argument("--chunk", type=int, default=10, help="requests per rack per round")
     ap.add_argument("--pool-mib", type=int, default=512)
     ap.add_argument("--segment-mib", type=int, default=256)
+    ap.add_argument("--capacity-blocks", type=int, default=0,
+                    help="total pool capacity in blocks, split over the racks (0: every pool holds everything)")
     ap.add_argument("--results", help="merge replay_racks.* into this JSON file")
     ap.add_argument("--logdir", default=f"/tmp/cxlkv-replay-racks-{os.getpid()}")
     a = ap.parse_args()
@@ -120,6 +128,8 @@ def main():
               f"push dropped {p['push_dropped_blocks']}", file=sys.stderr)
         out.update({f"replay_racks.r{n}.pool.{k}": v for k, v in p.items()})
     out["replay_racks.requests"] = len(reqs)
+    out["replay_racks.capacity_blocks"] = a.capacity_blocks
+    out["replay_racks.distinct_blocks"] = len({h for hs, _ in reqs for h in hs})
     out["replay_racks.netns"] = int(shared["mode"] == "netns+veth")
     out["replay_racks.seconds"] = time.monotonic() - t0
     if a.results:
