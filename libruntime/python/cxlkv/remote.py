@@ -314,7 +314,13 @@ class RemoteTier:
         # are added through it (_count).
         from .kv import KvStore  # noqa: PLC0415 -- kv imports this module
         self._reader = KvStore(pool, node, remote=False)
-        self._pool_counts = _lib.has("cxlkv_kv_remote_count")
+        # Counting never waits for the handle's lock (the pusher holds it
+        # through a pool read, and counts come from the engine's put and
+        # lookup): cxlkv_kv_remote_count is safe beside the handle's other
+        # calls (cxlkv.h); this lock only keeps close() from closing the
+        # handle under a count.
+        self._ctr_lock = threading.Lock()
+        self._ctr_h = self._reader._h.value if _lib.has("cxlkv_kv_remote_count") else None
         self.hostname = ""
         # Connect now (bounded); a master that is not there yet leaves the
         # tier degraded, and the probes connect later.
@@ -341,12 +347,10 @@ class RemoteTier:
             self.counters[name] += v
         if self.metrics is not None:
             self.metrics.inc_remote(name, v)
-        if v and name in POOL_COUNTERS and self._pool_counts:
-            r = self._reader
-            if r is not None:
-                with r._lock:  # one thread at a time on the handle (cxlkv.h); closed: not counted
-                    if r._h:
-                        r._lib.cxlkv_kv_remote_count(r._h, name[len("remote_"):].encode(), int(v))
+        if v and name in POOL_COUNTERS and self._ctr_h:
+            with self._ctr_lock:
+                if self._ctr_h:  # None once closed: later counts reach the process's metrics only
+                    _lib.lib().cxlkv_kv_remote_count(self._ctr_h, name[len("remote_"):].encode(), int(v))
 
     def _fetch_failed(self, name, v=1):
         """Count ``name`` (an error, a timeout, refused blocks) on the lookup path."""
@@ -859,8 +863,10 @@ class RemoteTier:
         if dropped:
             self._count("remote_push_dropped_blocks", dropped)
         self._pusher.join(timeout)
+        with self._ctr_lock:
+            self._ctr_h = None
         if self._reader is not None:
-            self._reader.close()  # later counts reach the process's metrics only
+            self._reader.close()
         client = self._client
         self._client = None
         if client is not None:
