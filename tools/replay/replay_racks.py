@@ -24,7 +24,8 @@ and process (tests/engines/remote_env.py), in network namespaces where this
 process may make them, with a real mooncake_master.  The C++ cxlkv-replay
 has no --racks: Mooncake has no C interface to drive from it.
 
-Blocks are 1 KiB (the bytes do not change a hit ratio); a trace block is
+Blocks are 1 KiB by default (the bytes do not change a hit ratio, only
+how many blocks the store's segments hold: --block-bytes); a trace block is
 --block-tokens tokens (Mooncake traces: 512).
 """
 import argparse
@@ -60,7 +61,7 @@ def run(names, reqs, remote, args, logdir):
     distinct = len({h for hs, _ in reqs for h in hs})
     entries = 1 << max(distinct * 2, 1024).bit_length()
     cap = args.capacity_blocks // len(names) if args.capacity_blocks else 0
-    racks = Racks(names, logdir, block_bytes=1024, timeout=5.0, segment_mib=args.segment_mib,
+    racks = Racks(names, logdir, block_bytes=args.block_bytes, timeout=5.0, segment_mib=args.segment_mib,
                   index_entries=entries, remote=remote, pool_mib=args.pool_mib, capacity_blocks=cap)
     tot = dict(local=0, remote=0, miss=0)
     try:
@@ -94,7 +95,9 @@ def main():
     ap.add_argument("--block-tokens", type=int, default=512)
     ap.add_argument("--chunk", type=int, default=10, help="requests per rack per round")
     ap.add_argument("--pool-mib", type=int, default=512)
-    ap.add_argument("--segment-mib", type=int, default=256)
+    ap.add_argument("--segment-mib", type=int, default=256,
+                    help="memory each rack lends the store (Mooncake takes at least 16)")
+    ap.add_argument("--block-bytes", type=int, default=1024)
     ap.add_argument("--capacity-blocks", type=int, default=0,
                     help="total pool capacity in blocks, split over the racks (0: every pool holds everything)")
     ap.add_argument("--results", help="merge replay_racks.* into this JSON file")
@@ -129,6 +132,8 @@ def main():
         out.update({f"replay_racks.r{n}.pool.{k}": v for k, v in p.items()})
     out["replay_racks.requests"] = len(reqs)
     out["replay_racks.capacity_blocks"] = a.capacity_blocks
+    out["replay_racks.block_bytes"] = a.block_bytes
+    out["replay_racks.segment_mib"] = a.segment_mib
     out["replay_racks.distinct_blocks"] = len({h for hs, _ in reqs for h in hs})
     out["replay_racks.netns"] = int(shared["mode"] == "netns+veth")
     out["replay_racks.seconds"] = time.monotonic() - t0
