@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "pnm/pnm_internal.hpp"
-#include "unit/pnm_test_support.hpp"
+#include "support/pnm_test_support.hpp"
 
 using namespace cxlkv;
 using namespace cxlkv::pnm;
