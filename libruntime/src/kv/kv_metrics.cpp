@@ -50,7 +50,7 @@ const MetricDesc kSsd[CXLKV_SSD_COUNT] = {
      "SSD tier reads that failed or were refused by the block header or checksum (clean misses)"},
     {"cxlkv_ssd_full_total", "counter", "Demotions refused for lack of space on the node's SSD tier"},
 };
-// Indexed by enum cxlkv_index_remote_counter (uapi/cxlkv_index.h); docs/remote.md "Counters".
+// Indexed by enum cxlkv_index_remote_counter (cxlkv/format/index_format.h); docs/remote.md "Counters".
 const MetricDesc kRemote[CXLKV_REMOTE_COUNT] = {
     {"cxlkv_remote_hit_blocks_total", "counter",
      "Blocks the node's remote tier fetched, checked and put into the pool (remote hits)"},

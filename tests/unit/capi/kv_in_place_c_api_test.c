@@ -17,7 +17,7 @@
 
 #include "cxlkv/cxlkv.h"
 
-#include "c_check.h"
+#include "support/c_check.h"
 
 #define MiB (1024ull * 1024ull)
 #define POOL_SIZE (64 * MiB)

@@ -11,7 +11,7 @@
 #include <thread>
 
 #include "cxlkv/metrics.hpp"
-#include "unit/index_sim_pool.hpp"
+#include "support/index_sim_pool.hpp"
 
 using namespace cxlkv;
 using namespace cxlkv::test;
