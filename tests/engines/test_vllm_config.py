@@ -171,3 +171,45 @@ def test_mla_cache_round_trips_and_kv_sharing_layers_are_stored_once(env):
 def test_a_cache_that_does_not_split_into_blocks_is_refused_naming_the_layer():
     with pytest.raises(ValueError, match="model.layers.0.attn"):
         cv.paged_kv_of({"model.layers.0.attn": torch.zeros(4, 2, 24, 128)}, BS)
+
+
+def test_a_worker_saves_a_prefix_it_saw_in_the_pool_once_and_puts_a_chain_whole_when_its_parent_is_gone(env):
+    """Requests sharing a prefix each save it; the worker sends the index
+    only the blocks past what its saves already found or put in the pool
+    (one block copied, none looked up again), and a chain whose remembered
+    parent is no longer cached (evicted) goes again whole: the pool ends up
+    with every block, byte for byte."""
+    spec = _attn()
+    views = _views(spec, "LBHNC", seed=5)
+    c = cv.CxlkvConnector(_vllm_config(env.uri), KVConnectorRole.WORKER, _kvcc(spec))
+    try:
+        c.register_kv_caches(views)
+        h = [bytes([i]) * 32 for i in range(8)]
+
+        def save(*transfers):
+            c._meta = cv.CxlkvConnectorMetadata(saves=list(transfers))
+            c.wait_for_save()
+            return c.metrics.counter("cxlkv_client_store_bytes_total"), c.metrics.counter(
+                "cxlkv_client_stored_blocks_total")
+
+        block = cv.paged_kv_of(views, BS).block_bytes
+        b1, s1 = save(cv._Transfer("r1", h[:3], [0, 1, 2]))
+        assert (b1, s1) == (3 * block, 3)
+        # r2 shares r1's three blocks and adds one: only that one reaches the index.
+        b2, s2 = save(cv._Transfer("r2", h[:4], [0, 1, 2, 3]))
+        assert (b2 - b1, s2 - s1) == (block, 1)
+        # A remembered block the pool no longer has (as if evicted): the
+        # trimmed chain's put finds no parent, and the chain goes whole.
+        ghost = cxlkv.keys_from_hashes([b"\xee" * 32], c._ns)[0]
+        c._in_pool[ghost.tobytes()] = None
+        b3, s3 = save(cv._Transfer("r3", [b"\xee" * 32, h[5]], [4, 5]))
+        assert (b3 - b2, s3 - s2) == (2 * block, 2)
+        keys = cxlkv.keys_from_hashes(h[:4] + [b"\xee" * 32, h[5]], c._ns)
+        kv = env.store(3)
+        other = _views(spec, "LBHNC", seed=9)
+        assert cxlkv.get_ok(kv.get(keys, cv.paged_kv_of(other, BS), [0, 1, 2, 3, 4, 5])).all()
+        for name in views:
+            for b in range(6):
+                assert torch.equal(_logical_block(views[name], b), _logical_block(other[name], b)), (name, b)
+    finally:
+        c.shutdown()

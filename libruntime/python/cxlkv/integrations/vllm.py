@@ -60,6 +60,7 @@ finds them by the same block hashes, loads them and releases the lease.
 vLLM is imported lazily: ``CxlkvConnector`` (a module attribute built on first
 access) subclasses the real ``KVConnectorBase_V1``.
 """
+import collections
 import dataclasses
 import hashlib
 import logging
@@ -206,6 +207,11 @@ class CxlkvConnectorImpl:
             self._load_errors = set()
             self._meta = None
             self._moved = False
+            # Keys this worker's saves found or put in the pool (bounded,
+            # oldest forgotten first): requests sharing a prefix each save
+            # it, and a block already there would cost an index call for
+            # no copy (_trim_known).
+            self._in_pool = collections.OrderedDict()
 
     # ---- helpers ---------------------------------------------------------------
     def _namespace(self, tp_rank, pp_rank):
@@ -464,8 +470,11 @@ class CxlkvConnectorImpl:
                 nblocks = len(keys) - len(with_parent)
                 pkeys = iter(keys[nblocks:])
                 parents = [next(pkeys) if t.parent is not None else None for t in saves]
-                self.store.put_chains(keys[:nblocks], [len(t.hashes) for t in saves], parents, self.kv,
-                                      [b for t in saves for b in t.block_ids], gpu=self.gpu)
+                chains, at = [], 0
+                for t, par in zip(saves, parents):
+                    chains.append((keys[at:at + len(t.hashes)], par, list(t.block_ids)))
+                    at += len(t.hashes)
+                self._put_chains(self._trim_known(chains), chains)
             except Exception as e:  # noqa: BLE001 -- a save that fails is a later miss, never wrong KV
                 self._failed("save", e)
             self.metrics.inc("cxlkv_client_adapter_save_seconds_total", time.perf_counter() - t0)
@@ -473,6 +482,50 @@ class CxlkvConnectorImpl:
         if self._moved:
             self._moved = False
             self._write_metrics()
+
+    _IN_POOL_MAX = 1 << 16
+
+    def _trim_known(self, chains):
+        """Each chain without its leading blocks this worker already saw in
+        the pool (then a child of the last of them): only blocks that may
+        need a copy go to the index.  A block evicted since makes the
+        trimmed chain's first put fail for want of its parent (-ENOENT),
+        and _put_chains puts that chain again whole."""
+        out = []
+        for keys, par, ids in chains:
+            skip = 0
+            while skip < len(keys) and keys[skip].tobytes() in self._in_pool:
+                skip += 1
+            out.append((keys[skip:], keys[skip - 1] if skip else par, ids[skip:]))
+        return out
+
+    def _put_chains(self, trimmed, whole):
+        """One put_chains of the step's (trimmed) chains; chains refused for
+        a parent no longer cached go again whole; keys put or found are
+        remembered."""
+        import errno
+        todo = [(c, w) for c, w in zip(trimmed, whole) if len(c[0])]
+        for attempt in (0, 1):
+            if not todo:
+                return
+            keys = np.concatenate([c[0] for c, _ in todo])
+            status = self.store.put_chains(keys, [len(c[0]) for c, _ in todo], [c[1] for c, _ in todo], self.kv,
+                                           [b for c, _ in todo for b in c[2]], gpu=self.gpu)
+            ok = cxlkv.put_ok(status)
+            for k in keys[ok]:
+                self._in_pool[k.tobytes()] = None
+                self._in_pool.move_to_end(k.tobytes())
+            while len(self._in_pool) > self._IN_POOL_MAX:
+                self._in_pool.popitem(last=False)
+            again, at = [], 0
+            for c, w in todo:
+                first = int(status[at])
+                at += len(c[0])
+                if attempt == 0 and first == -errno.ENOENT and len(c[0]) < len(w[0]):
+                    for k in w[0][: len(w[0]) - len(c[0])]:
+                        self._in_pool.pop(k.tobytes(), None)
+                    again.append((w, w))
+            todo = again
 
     def get_finished(self, finished_req_ids):
         """Transfers finish inside their step: nothing is pending across steps."""
