@@ -274,6 +274,18 @@ class KvStore {
   // is in the pool (flushed / DMA complete, rule 3/5), else -errno.  Publishes
   // the reserved blocks before the first one not written, parents first, and
   // aborts the rest; fills status[i] as put_chain does and returns its count.
+  // Reserved blocks written in place by another writer (a transfer engine
+  // receiving into a registered mapping of the pool; docs/remote.md
+  // "Straight from the pool").  reserved_extent: where reservation r's
+  // payload lies in this process's mapping (0 and *at), or why not:
+  // -EXDEV not one extent of memory (interleaved, or not in memory),
+  // -ENODEV no such device, -EUCLEAN outside the device's kv carve, the
+  // handle's status for one not RESERVED.  flush_in_place: once the
+  // payloads are written with ordinary stores, writes their lines back and
+  // fences (docs/coherence.md rule 3), after which publish_many may publish
+  // them; status[i] as reserved_extent, returns how many were flushed.
+  int32_t reserved_extent(const KvReservation& r, std::byte** at) const;
+  size_t flush_in_place(std::span<const KvReservation> rs, std::span<int32_t> status);
   Result<size_t> settle_chain(const BlockKey* parent, std::span<const BlockKey> keys,
                               std::span<const KvReservation> rs, std::span<const int32_t> written,
                               std::span<int32_t> status);

@@ -126,23 +126,6 @@ int batch_result(const Result<size_t>& r, KvStore& s) {
   return static_cast<int>(r.value());
 }
 
-// A reserved memory block's payload in this process's mapping (docs/remote.md
-// "Straight from the pool"): 0 and *dev, *at; or the code why not.
-int32_t in_place_extent(KvStore& s, const cxlkv_kv_block& b, const PoolDevice** dev, std::byte** at) {
-  if (b.status != CXLKV_KV_RESERVED) return int32_t(b.status);
-  if (b.loc_tier != CXLKV_TIER_MEM || b.loc_dev == CXLKV_LOC_DEV_INTERLEAVED) return -EXDEV;
-  const auto& devs = s.devices();
-  if (b.loc_dev >= devs.size()) return -ENODEV;
-  const PoolDevice& d = devs[b.loc_dev];
-  // docs/integrity.md "Checked metadata": only bytes of the device's kv carve are handed out.
-  const uint64_t lo = d.payload_hi ? d.payload_lo : 0, hi = d.payload_hi ? d.payload_hi : d.size;
-  if (b.loc_off < lo || b.loc_off > hi || b.length > hi - b.loc_off) return -EUCLEAN;
-  if (d.region) d.region->prepare(b.loc_off, b.length);  // map_on_use: before anyone writes it
-  *dev = &d;
-  *at = d.base + b.loc_off;
-  return 0;
-}
-
 int bad(const char* fn, const char* what) { return capi::set_error(-EINVAL, std::string(fn) + ": " + what); }
 
 template <class Handle, class Conv, class Op>
@@ -431,9 +414,8 @@ int cxlkv_kv_reserved_addrs(struct cxlkv_kv* kv, const struct cxlkv_kv_block* bl
     KvStore& s = kv->session->store();
     int done = 0;
     for (size_t i = 0; i < n; i++) {
-      const PoolDevice* d = nullptr;
       std::byte* at = nullptr;
-      st.p[i] = in_place_extent(s, blocks[i], &d, &at);
+      st.p[i] = s.reserved_extent(res_of(&blocks[i]), &at);
       addrs[i] = st.p[i] == 0 ? at : nullptr;
       done += st.p[i] == 0;
     }
@@ -446,24 +428,11 @@ int cxlkv_kv_flush_in_place(struct cxlkv_kv* kv, const struct cxlkv_kv_block* bl
   return capi::guarded(__func__, [&] {
     if (int e = check_batch(__func__, kv, blocks, n, false, nullptr, nullptr)) return e;
     StatusOut st(status, n);
-    KvStore& s = kv->session->store();
-    std::vector<const PoolDevice*> fenced;
-    int done = 0;
-    for (size_t i = 0; i < n; i++) {
-      const PoolDevice* d = nullptr;
-      std::byte* at = nullptr;
-      st.p[i] = in_place_extent(s, blocks[i], &d, &at);
-      if (st.p[i]) continue;
-      // rule 3: the payload, written with ordinary stores, is written back
-      // (the bulk flush, ordered by the fence below) before its entry is
-      // published.
-      d->domain->flush_bulk(at, blocks[i].length);
-      if (std::find(fenced.begin(), fenced.end(), d) == fenced.end()) fenced.push_back(d);
-      done++;
-    }
-    for (const PoolDevice* d : fenced) d->domain->fence();  // rule 3: before publish_many stores the entries
+    std::vector<KvReservation> rs(n);
+    for (size_t i = 0; i < n; i++) rs[i] = res_of(&blocks[i]);
+    const size_t done = kv->session->store().flush_in_place(rs, st.span(n));
     capi::clear_error();
-    return done;
+    return int(done);
   });
 }
 

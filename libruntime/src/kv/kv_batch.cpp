@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "cxlkv/kv.hpp"
+#include "cxlkv/region.hpp"
 #include "index/prefix_index.hpp"
 #include "util/log.hpp"
 
@@ -710,6 +711,38 @@ Result<size_t> KvStore::put_chains(std::span<const BlockKey> parents, std::span<
   }
   block_error_ = first_error;
   return ok;
+}
+
+int32_t KvStore::reserved_extent(const KvReservation& r, std::byte** at) const {
+  if (r.status != 0) return int32_t(r.status);
+  if (r.loc_tier != CXLKV_TIER_MEM || r.loc_dev == CXLKV_LOC_DEV_INTERLEAVED) return -EXDEV;
+  if (r.loc_dev >= deps_.devices.size()) return -ENODEV;
+  const PoolDevice& d = deps_.devices[r.loc_dev];
+  // docs/integrity.md "Checked metadata": only bytes of the device's kv carve are handed out.
+  const uint64_t lo = d.payload_hi ? d.payload_lo : 0, hi = d.payload_hi ? d.payload_hi : d.size;
+  if (r.loc_off < lo || r.loc_off > hi || r.length > hi - r.loc_off) return -EUCLEAN;
+  if (d.region) d.region->prepare(r.loc_off, r.length);  // map_on_use: before anyone writes it
+  *at = d.base + r.loc_off;
+  return 0;
+}
+
+size_t KvStore::flush_in_place(std::span<const KvReservation> rs, std::span<int32_t> status) {
+  std::vector<MemoryDomain*> fenced;
+  size_t done = 0;
+  for (size_t i = 0; i < rs.size() && i < status.size(); i++) {
+    std::byte* at = nullptr;
+    status[i] = reserved_extent(rs[i], &at);
+    if (status[i]) continue;
+    MemoryDomain* d = deps_.devices[rs[i].loc_dev].domain;
+    // rule 3: the payload, written with ordinary stores, is written back
+    // (the bulk flush, ordered by the fence below) before its entry is
+    // published.
+    d->flush_bulk(at, rs[i].length);
+    if (std::find(fenced.begin(), fenced.end(), d) == fenced.end()) fenced.push_back(d);
+    done++;
+  }
+  for (MemoryDomain* d : fenced) d->fence();  // rule 3: before publish_many stores the entries
+  return done;
 }
 
 Result<size_t> KvStore::settle_chain(const BlockKey* parent, std::span<const BlockKey> keys,

@@ -461,3 +461,87 @@ TEST(KvBatch, PutChainsOfTwoNodesAtOnceArePublishedAndReadByTheOther) {
   std::string first;
   EXPECT_EQ(a->index().audit_lists(&first), 0u) << first;
 }
+
+namespace {
+
+// A node's payload domain whose flushes do nothing (a writer that skipped
+// rule 3's write-back): what it stored stays in its cache.
+class NoFlush final : public MemoryDomain {
+ public:
+  explicit NoFlush(MemoryDomain& d) : d_(d) {}
+  DomainMode mode() const override { return d_.mode(); }
+  std::string describe() const override { return "no flush over " + d_.describe(); }
+  void load(void* a, const void* b, size_t n) override { d_.load(a, b, n); }
+  void store(void* a, const void* b, size_t n) override { d_.store(a, b, n); }
+  void store_nt(void* a, const void* b, size_t n) override { d_.store_nt(a, b, n); }
+  void flush(const void*, size_t) override {}
+  void flush_bulk(const void*, size_t) override {}
+  void invalidate(const void* p, size_t n) override { d_.invalidate(p, n); }
+  void fence() override { d_.fence(); }
+  void copy_to_pool(void* a, const void* b, size_t n) override { d_.copy_to_pool(a, b, n); }
+  void copy_from_pool(void* a, const void* b, size_t n) override { d_.copy_from_pool(a, b, n); }
+  void publish_line(void* dst, const void* src) override { d_.publish_line(dst, src); }
+
+ private:
+  MemoryDomain& d_;
+};
+
+// Reserve a chain on `w`, write each payload in place with ordinary stores
+// through `writer` (a transfer engine receiving into the pool mapping),
+// flush_in_place, publish; then does node 1 read every block's bytes?
+bool in_place_round_trip(SimPool& p, KvStore& w, MemoryDomain& writer, KvStore& reader, uint64_t tag) {
+  auto c = chain(tag, 4);
+  std::vector<KvReservation> rs(c.size());
+  std::vector<int32_t> st(c.size(), 99);
+  EXPECT_EQ(w.reserve_chain(nullptr, c, 4096, rs, st).value(), c.size());
+  std::vector<std::byte> buf(4096);
+  for (const KvReservation& r : rs) {
+    std::byte* at = nullptr;
+    EXPECT_EQ(w.reserved_extent(r, &at), 0);
+    if (!at) return false;
+    fill_block(r.key, buf.data(), buf.size());
+    writer.store(at, buf.data(), buf.size());  // ordinary stores, as a socket read into the address does
+  }
+  EXPECT_EQ(w.flush_in_place(rs, st), c.size());
+  EXPECT_EQ(w.publish_many(rs, st).value(), c.size()) << w.last_block_error();
+  (void)p;
+  bool all = true;
+  for (const BlockKey& k : c) all = fetch_ok(reader, k) && all;
+  return all;
+}
+
+}  // namespace
+
+// Blocks written in place (docs/remote.md "Straight from the pool"): the
+// payload a writer stored into a reserved block's address reaches another
+// node once flush_in_place wrote it back (rule 3); with the flush removed,
+// the other node reads what memory held before, so the test catches a
+// missing write-back.  An extent is handed out only for a RESERVED memory
+// block inside the kv carve.
+TEST(KvBatch, BlocksWrittenInPlaceReachAnotherNodeOnlyThroughTheirFlush) {
+  SimPool p(2);
+  auto a = p.store(0), b = p.store(1);
+  EXPECT_TRUE(in_place_round_trip(p, *a, p.sim.node(0), *b, 700));
+
+  NoFlush broken(p.sim.node(0));
+  auto nf = SimPool::make(p.deps(0, &p.sim.node(0), &broken));
+  ASSERT_TRUE(nf);
+  EXPECT_FALSE(in_place_round_trip(p, *nf, p.sim.node(0), *b, 701))
+      << "node 1 read in-place bytes that were never written back";
+
+  KvReservation r;
+  r.status = uint32_t(kBlockExists);
+  std::byte* at = nullptr;
+  EXPECT_EQ(a->reserved_extent(r, &at), int32_t(kBlockExists));
+  r.status = 0;
+  r.loc_tier = CXLKV_TIER_MEM;
+  r.loc_dev = 7;
+  EXPECT_EQ(a->reserved_extent(r, &at), -ENODEV);
+  r.loc_dev = 0;
+  r.loc_off = kPoolBytes - 100;
+  r.length = 4096;
+  EXPECT_EQ(a->reserved_extent(r, &at), -EUCLEAN);
+  r.loc_dev = CXLKV_LOC_DEV_INTERLEAVED;
+  EXPECT_EQ(a->reserved_extent(r, &at), -EXDEV);
+  EXPECT_EQ(at, nullptr);
+}
