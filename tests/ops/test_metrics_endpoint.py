@@ -334,5 +334,5 @@ def test_grafana_dashboard_names_only_exported_families(pool, daemon):
             used.add(n)
     # The dashboard covers every area the issue names.
     for area in ("hit_blocks", "miss_blocks", "evictions", "lease", "lock_wait", "alloc_", "tier", "ssd_",
-                 "_seconds_bucket"):
+                 "remote_", "_seconds_bucket"):
         assert any(area in e for e in exprs), f"no panel shows {area}"
