@@ -62,6 +62,7 @@ access) subclasses the real ``KVConnectorBase_V1``.
 """
 import collections
 import dataclasses
+import errno
 import hashlib
 import logging
 import time
@@ -503,7 +504,6 @@ class CxlkvConnectorImpl:
         """One put_chains of the step's (trimmed) chains; chains refused for
         a parent no longer cached go again whole; keys put or found are
         remembered."""
-        import errno
         todo = [(c, w) for c, w in zip(trimmed, whole) if len(c[0])]
         for attempt in (0, 1):
             if not todo:
