@@ -190,6 +190,10 @@ CXLKV_STATIC_ASSERT(sizeof(struct cxlkv_lock_slot) == 64, "lock slot is one line
  * after writing its own owner record; else it writes IDLE and asks anew.
  * The manager, before it takes a kept grant from a dead node, reads the
  * slot again and keeps the grant with the node if its owner changed.
+ * A node judged dead by heartbeat may only have been paused: it re-enters
+ * no kept grant while its last beat is older than half the liveness limit,
+ * and its first beat after such a lapse gives up every kept grant (IDLE)
+ * before it is alive again (docs/locks.md "Heartbeat lapses").
  * A grant written for a fresh request has flags 0, or CONTENDED when other
  * nodes wait as well: then the holder's release writes IDLE, and the lock
  * goes round-robin without a revocation round.  (Version 1 of this protocol

@@ -49,6 +49,20 @@
  *                  itself held is skipped, keeps the grant at release and
  *                  the other node waits for ever (invalid end state)
  *
+ *   BROKEN_LAPSE   (with LAPSES) a node resumed after a heartbeat lapse
+ *                  re-enters the grant it kept, which the manager gave to
+ *                  another node meanwhile (two holders inside: assertion)
+ *
+ * LAPSES: a node may pause (at most once, outside its critical section)
+ * for longer than the liveness limit: its heartbeat lapses and the manager,
+ * on another host, judges it dead until it beats again, passing over its
+ * kept grant and its request.  Its watcher is paused too.  When it resumes,
+ * either its heartbeat runs first -- it gives up the kept grant (IDLE) or
+ * flags it when the node-local mutex is busy, then beats -- or a process
+ * runs first and finds the beat old: the sticky fast path refuses the kept
+ * grant and asks anew (docs/locks.md "Heartbeat lapses").  The waiter's
+ * periodic re-ring of its doorbell is folded into the beat.
+ *
  * PROC_DEATHS: a process of a node may die (at most once) while its node
  * lives on (another process of the node beats and runs the watcher): the
  * manager, on another host, still judges the node alive; the dead process
@@ -105,6 +119,17 @@ bool revoke[N];       /* set by the watcher when the mutex was busy */
 bool bumped[N];       /* the doorbell counter `revokes` moved since the watcher last looked */
 bool lmu_dead[N];     /* the node-local mutex's owner died (robust: EOWNERDEAD for the next taker) */
 byte pdeaths = 0;     /* processes of live nodes that died (PROC_DEATHS) */
+bool lapsed[N];       /* its heartbeat lapsed: judged dead by the manager until it beats (LAPSES) */
+byte lapses = 0;
+
+/* A node runs (its watcher acts) while alive and not paused past its heartbeat. */
+#define RUNS(n) (alive[n] && !lapsed[n])
+/* The sticky fast path trusts a kept grant only while the node's last beat is recent. */
+#ifdef BROKEN_LAPSE
+#define FRESH(n) true
+#else
+#define FRESH(n) (!lapsed[n])
+#endif
 
 #define W(stmt) atomic { stmt; dirty = true }
 
@@ -124,12 +149,18 @@ proctype node(byte me) {
   bool cont = false;   /* CONTENDED flag of the grant this node got */
   do
   :: r < ROUNDS ->
+#ifdef LAPSES
+       if
+       :: atomic { lapses < 1 && !lmu[me] -> lapses++; lapsed[me] = true; dirty = true }   /* paused past the limit */
+       :: true
+       fi;
+#endif
        /* local tier, then the sticky fast path: node-local memory only */
        atomic {
          !lmu[me] -> lmu[me] = true;
          if
-         :: phase[me] == P_CACHED && !revoke[me] -> phase[me] = P_HELD; goto cs
-         :: phase[me] == P_CACHED && revoke[me] ->   /* answer, then ask anew */
+         :: phase[me] == P_CACHED && !revoke[me] && FRESH(me) -> phase[me] = P_HELD; goto cs
+         :: phase[me] == P_CACHED && (revoke[me] || !FRESH(me)) ->   /* answer, then ask anew */
               req_state[me] = IDLE; revoke[me] = false; phase[me] = P_IDLE; dirty = true
          :: phase[me] != P_CACHED -> skip
          fi
@@ -186,7 +217,7 @@ proctype watcher(byte me) {   /* WATCHER_LEVEL: level-triggered abstraction */
   byte t;
 end_idle:
   do
-  :: atomic { alive[me] && grant_node == me && grant_revoked && grant_ticket == ltk[me] &&
+  :: atomic { RUNS(me) && grant_node == me && grant_revoked && grant_ticket == ltk[me] &&
               (phase[me] == P_CACHED || phase[me] == P_HELD) && !revoke[me] -> t = grant_ticket };
 #ifdef BROKEN_ACK
        /* broken: release in the pool, leave the node-local phase CACHED */
@@ -214,7 +245,7 @@ proctype watcher(byte me) {
   bool pending = false;
 end_idle:
   do
-  :: atomic { alive[me] && bumped[me] ->   /* the counter moved: one sweep */
+  :: atomic { RUNS(me) && bumped[me] ->   /* the counter moved: one sweep */
        bumped[me] = false;
        if
        :: grant_node == me && grant_revoked && grant_ticket == ltk[me] &&
@@ -227,26 +258,26 @@ end_idle:
        :: else
        fi }
 #ifdef BROKEN_ACK
-  :: atomic { alive[me] && pending -> pending = false };
+  :: atomic { RUNS(me) && pending -> pending = false };
        /* broken: release in the pool, leave the node-local phase CACHED */
        W(req_state[me] = IDLE)
 #else
        /* under the node-local mutex (taken and given back in one step: no
         * other party of the node can look in between) */
-  :: atomic { alive[me] && pending && !lmu[me] ->
+  :: atomic { RUNS(me) && pending && !lmu[me] ->
        if
        :: ltk[me] == t && phase[me] == P_CACHED -> req_state[me] = IDLE; phase[me] = P_IDLE; revoke[me] = false; dirty = true
        :: else
        fi;
        pending = false }
-  :: atomic { alive[me] && pending && lmu[me] && lmu_dead[me] ->
+  :: atomic { RUNS(me) && pending && lmu[me] && lmu_dead[me] ->
        /* its owner died (EOWNERDEAD): release for the dead holder, recover the mutex */
        if
        :: phase[me] != P_IDLE -> req_state[me] = IDLE; phase[me] = P_IDLE; dirty = true
        :: else
        fi;
        revoke[me] = false; lmu_dead[me] = false; lmu[me] = false; pending = false }
-  :: atomic { alive[me] && pending && lmu[me] && !lmu_dead[me] ->   /* busy: the release answers */
+  :: atomic { RUNS(me) && pending && lmu[me] && !lmu_dead[me] ->   /* busy: the release answers */
        if
        :: grant_contended -> pending = false   /* a CONTENDED grant's release writes IDLE */
        :: !grant_contended && ltk[me] == t -> revoke[me] = true
@@ -259,12 +290,37 @@ end_idle:
 
 #endif
 
+#ifdef LAPSES
+/* The node's heartbeat thread, resuming after a lapse: kept grants are
+ * given up (or flagged while in use) before the beat makes the node alive. */
+proctype heartbeat(byte me) {
+end_hb:
+  do
+  :: atomic { lapsed[me] ->
+#ifndef BROKEN_LAPSE
+       if
+       :: !lmu[me] && phase[me] == P_CACHED -> req_state[me] = IDLE; phase[me] = P_IDLE; revoke[me] = false
+       :: lmu[me] && (phase[me] == P_CACHED || phase[me] == P_HELD) -> revoke[me] = true
+       :: else
+       fi;
+#endif
+       if :: phase[me] == P_REQ -> doorbell[me] = true :: else fi;   /* the waiter's re-ring */
+       lapsed[me] = false; dirty = true }
+  :: done == N -> break
+  od
+}
+#endif
+
 init {
   byte i;
   atomic {
     i = 0;
     do
+#ifdef LAPSES
+    :: i < N -> alive[i] = true; run node(i); run watcher(i); run heartbeat(i); i++
+#else
     :: i < N -> alive[i] = true; run node(i); run watcher(i); i++
+#endif
     :: else -> break
     od
   }
@@ -274,7 +330,7 @@ init {
 #ifdef BROKEN_DEAD
 #define LIVE(n) true
 #else
-#define LIVE(n) alive[n]
+#define LIVE(n) (alive[n] && !lapsed[n])
 #endif
 
 active proctype manager() {

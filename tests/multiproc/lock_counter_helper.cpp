@@ -6,6 +6,11 @@
 //   lock_counter_helper URI NODE hold           take the lock, print "held", sleep forever
 //   lock_counter_helper URI NODE mgrhold        also host the pool's lock manager (lease 300 ms)
 //   lock_counter_helper URI NODE idle           attach, print "attached", sleep forever
+//   lock_counter_helper URI NODE inside         take the lock again and again (keeping the grant
+//                                               between turns), each time check that nobody else
+//                                               is inside (word 1 of the kv carve is 0), mark it
+//                                               2 while inside; "looping" after the first turn;
+//                                               exit 3 at once when another holder's mark is seen
 // Exit 0 ok, 1 error, 4 lock acquired by recovery (EOWNERDEAD) at least once.
 // With CXLKV_HELPER_OWN_PIDNS=1 the helper runs in a pid namespace of its
 // own (another host as far as liveness can tell: this_host_id differs):
@@ -59,6 +64,31 @@ int work(int argc, char** argv) {
     std::printf("attached\n");
     std::fflush(stdout);
     for (;;) pause();
+  }
+  if (args->mode == "inside") {
+    // Word 1: who is inside (0 nobody, 1 the test's node, 2 this helper).
+    for (long turn = 0;; turn++) {
+      auto g = cxlkv::LockGuard::take_for(lock, 30s, {counter, 64});
+      if (!g) {
+        std::fprintf(stderr, "helper node %u: %s\n", args->node, g.error().message().c_str());
+        return 1;
+      }
+      const uint64_t mark = d.read(counter + 1);  // the guard invalidated the line (rule 4)
+      if (mark != 0) {
+        std::printf("TWO HOLDERS: mark %llu found inside\n", static_cast<unsigned long long>(mark));
+        std::fflush(stdout);
+        return 3;
+      }
+      d.write(counter + 1, uint64_t{2});
+      usleep(200);
+      d.write(counter + 1, uint64_t{0});  // the guard flushes it before release (rule 3)
+      (void)g.value().release();
+      if (turn == 0) {
+        std::printf("looping\n");
+        std::fflush(stdout);
+      }
+      usleep(2000);
+    }
   }
   const bool hold = args->mode == "hold" || mgr;
   const long iters = hold ? 1 : std::atol(args->mode.c_str());

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <fcntl.h>
+#include <poll.h>
 #include <sys/mman.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -186,6 +187,57 @@ TEST(LockMultiproc, HolderKilledOnAnotherHostWhileItsNodeLivesIsReleasedByItsNod
   // dead holder itself: had the manager judged node 1 dead, this were 2.
   EXPECT_EQ(st.dead_holders, 1u);
   EXPECT_EQ(p.counter(), 1u + 1u + 5u);
+}
+
+TEST(LockMultiproc, ANodeOfAnotherHostPausedPastItsHeartbeatDoesNotReenterTheGrantItKept) {
+  // Node 3 runs on another host (its own pid namespace) and takes the lock
+  // again and again, keeping the grant between turns (sticky).  Paused
+  // (SIGSTOP) past kNodeStaleMs, it is judged dead and its kept grant goes
+  // to node 1.  Resumed while node 1 is inside, it must not re-enter on
+  // node-local memory: its heartbeat lapsed, so its kept grants are given up
+  // and asked for anew (docs/locks.md "Heartbeat lapses").
+  Pool p("lapse");
+  auto mgr = LockManager::create(*p.region);
+  ASSERT_TRUE(mgr.ok()) << mgr.error().message();
+  mgr.value()->start();
+  OtherHost h3({helper(), p.uri, "3", "inside"});
+  ASSERT_GT(h3.worker, 0);
+  ASSERT_EQ(read_line(h3.fd), "looping");
+  ASSERT_EQ(kill(h3.worker, SIGSTOP), 0);
+  std::this_thread::sleep_for(std::chrono::milliseconds(kNodeStaleMs + 500));  // its heartbeat is stale
+
+  NodeOptions no;
+  no.node = 1;
+  auto n1 = NodeContext::attach(*p.region, no);
+  ASSERT_TRUE(n1.ok()) << n1.error().message();
+  TwoTierLock l1(*n1.value(), CXLKV_LOCK_FIRST_USER);
+  auto kv = p.region->carve(CXLKV_CARVE_KV).value();
+  auto* mark = p.region->at<uint64_t>(kv.offset) + 1;
+  MemoryDomain& d = p.region->domain();
+  {
+    auto g = LockGuard::take_for(l1, 10s, {mark - 1, 64});
+    ASSERT_TRUE(g.ok()) << g.error().message();
+    d.write(mark, uint64_t{1});
+    d.flush(mark, sizeof *mark);  // rule 3: node 3 reads the mark while we are inside
+    d.fence();
+    ASSERT_EQ(kill(h3.worker, SIGCONT), 0);
+    std::this_thread::sleep_for(1500ms);  // node 3 runs: it must wait for us
+    EXPECT_EQ(d.read_fresh(mark), 1u) << "node 3 went inside while node 1 was";
+    d.write(mark, uint64_t{0});  // the guard flushes it before release (rule 3)
+  }
+  // Node 3 gets the lock after us and goes on; "TWO HOLDERS" would be its last word.
+  std::this_thread::sleep_for(500ms);
+  pollfd pf{h3.fd, POLLIN, 0};
+  std::string said;
+  while (poll(&pf, 1, 0) == 1 && (pf.revents & POLLIN)) {
+    const std::string l = read_line(h3.fd);
+    if (l.empty()) break;
+    said += l + "\n";
+  }
+  EXPECT_EQ(said.find("TWO HOLDERS"), std::string::npos) << said;
+  int st = 0;
+  EXPECT_EQ(waitpid(h3.wrapper, &st, WNOHANG), 0) << "node 3 exited: " << said;
+  mgr.value()->stop();
 }
 
 TEST(LockMultiproc, KilledWaiterIsSkippedAndTheNextWaiterGetsTheLock) {

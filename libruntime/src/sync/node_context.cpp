@@ -50,6 +50,14 @@ Result<std::unique_ptr<NodeContext>> NodeContext::attach(Region& region, MemoryD
   if (opts.node >= ctrl->max_nodes())
     return Error(-EINVAL, "pool " + region.uri() + ": node " + std::to_string(opts.node) +
                               " out of range (max_nodes " + std::to_string(ctrl->max_nodes()) + ")");
+  // A beat period of a quarter of the liveness limit or more would leave
+  // the node judged dead between beats, and every beat a lapse
+  // (docs/locks.md "Heartbeat lapses").
+  if (opts.heartbeat && opts.heartbeat_ms >= kNodeStaleMs / 4)
+    return Error(-EINVAL, "pool " + region.uri() + ": node " + std::to_string(opts.node) + ": heartbeat period " +
+                              std::to_string(opts.heartbeat_ms) + " ms is not below " +
+                              std::to_string(kNodeStaleMs / 4) + " ms (a quarter of the " +
+                              std::to_string(kNodeStaleMs) + " ms after which another host judges a node dead)");
   auto heap_bytes = alloc::node_heap_local_bytes(region, domain);
   if (!heap_bytes) return heap_bytes.error();
   std::unique_ptr<NodeContext> nc(new NodeContext(region, domain, opts.node, ctrl.value()));
@@ -116,6 +124,10 @@ NodeContext::~NodeContext() {
 }
 
 void NodeContext::beat() {
+  // docs/locks.md "Heartbeat lapses": kept grants of a node that was silent
+  // long enough to be judged dead are given up before it is alive again.
+  NodeLocalHeader* lh = local_ ? local_->hdr : nullptr;
+  if (lh && region_.kind() != BackendKind::dev) sync::end_lapse(*this, beats_ == 0);
   cxlkv_node_entry e{};
   e.heartbeat = ++beats_ + (incarnation_ & 0xffffffff00000000ull);
   e.heartbeat_ns = realtime_ns();
@@ -131,6 +143,11 @@ void NodeContext::beat() {
   // rule 1: the entry is also written by operators (evict): whole line, NT.
   domain_.publish_line(ctrl_.node_entry(node_), &e);
   domain_.fence();
+  // After the beat is in the pool (the fence above); release: after
+  // end_lapse's flags (sync/watcher.hpp heartbeat_lapsed).
+  // Only a process that beats periodically stamps it: a node none of whose
+  // processes beat has no lapse to detect (its stamp stays 0).
+  if (lh && heartbeat_ms_) __atomic_store_n(&lh->beat_mono_ns, sync::beat_clock_ns(), __ATOMIC_RELEASE);
 }
 
 std::vector<NodeStatus> list_nodes(const Region& region, MemoryDomain& d) {

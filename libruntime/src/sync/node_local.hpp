@@ -97,6 +97,12 @@ struct alignas(64) NodeLocalHeader {
   uint32_t mgr_wake;
   uint32_t mgr_sleeping;
   uint64_t waker_ns;
+  // CLOCK_MONOTONIC_COARSE time of this node's last heartbeat, stored
+  // (release) after the beat is in the pool; zero while no process of the
+  // node beats, and in files of older versions.  A kept grant is not
+  // trusted while it is older than kBeatLapseNs (docs/locks.md "Heartbeat
+  // lapses"; sync/watcher.hpp).
+  uint64_t beat_mono_ns;
 };
 
 static_assert(sizeof(NodeLocalHeader) <= 4096, "a lock manager maps the first page (sync/watcher.hpp)");

@@ -72,4 +72,12 @@ bool break_ask_remote();
 void set_break_kept_grant_check(bool on);
 bool break_kept_grant_check();
 
+// When set, a node whose heartbeat lapsed (docs/locks.md "Heartbeat
+// lapses") neither gives up its kept grants before it beats again nor
+// refuses them on the sticky fast path: resumed after the manager judged it
+// dead, it re-enters a grant the manager has given to another node
+// (the BROKEN_LAPSE variant of tests/model/global_lock.pml).
+void set_break_lapse_check(bool on);
+bool break_lapse_check();
+
 }  // namespace cxlkv::sync::testing

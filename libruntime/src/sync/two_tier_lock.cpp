@@ -75,6 +75,9 @@ std::atomic<bool> g_break_kept_grant_check{false};
 }
 void set_break_kept_grant_check(bool on) { g_break_kept_grant_check.store(on); }
 bool break_kept_grant_check() { return g_break_kept_grant_check.load(std::memory_order_relaxed); }
+std::atomic<bool> g_break_lapse_check{false};
+void set_break_lapse_check(bool on) { g_break_lapse_check.store(on); }
+bool break_lapse_check() { return g_break_lapse_check.load(std::memory_order_relaxed); }
 void set_manager_on_another_host(bool on) { g_manager_on_another_host.store(on); }
 bool manager_on_another_host() { return g_manager_on_another_host.load(std::memory_order_relaxed); }
 void set_break_ask_remote(bool on) { g_break_ask_remote.store(on); }
@@ -324,17 +327,23 @@ Result<Acquired> TwoTierLock::acquire(std::chrono::nanoseconds timeout, bool bou
   // `cached` phase under this same mutex.  Kept by another process: only
   // while that process lives (kept_grant_is_ours).
   if (e.phase == LockPhase::cached) {
+    // The beat before the flag (docs/locks.md "Heartbeat lapses"): a beat
+    // after a lapse is stored after the flags it set (sync::end_lapse).
+    const bool lapsed = sync::heartbeat_lapsed(node_);
     const bool revoked = __atomic_load_n(&e.revoke, __ATOMIC_ACQUIRE) != 0;
     const uint32_t keeper = e.holder_pid;
-    if (!revoked && kept_grant_is_ours(node_, id_, e, me)) {
+    if (!lapsed && !revoked && kept_grant_is_ours(node_, id_, e, me)) {
       e.phase = LockPhase::held;
       return how;
     }
-    // Revoked while kept (the watcher could not take this mutex then), or
-    // kept by a process that died (the manager may have given it to another
-    // node): release it here -- the acknowledgement the manager waits for,
-    // harmless if it moved on -- then ask anew.
-    if (!revoked)
+    // Revoked while kept (the watcher could not take this mutex then), kept
+    // across a heartbeat lapse, or kept by a process that died (the manager
+    // may have given it to another node): release it here -- the
+    // acknowledgement the manager waits for, harmless if it moved on --
+    // then ask anew.
+    if (lapsed)
+      log().info("{}: the node's heartbeat lapsed; its kept grant is asked for anew", lock_name(node_, id_));
+    else if (!revoked)
       log().info("{}: the grant kept by pid {} (gone) is asked for anew", lock_name(node_, id_), keeper);
     d.write_nt<__u64>(&slot->request, request_word(e.ticket, CXLKV_SLOT_IDLE));  // rule 1
     d.fence();  // rule 3
@@ -494,8 +503,9 @@ Result<Acquired> acquire_set(NodeContext& n, std::span<const uint32_t> want,
     if (!lr) return withdraw(lr.error());
     if (lr.value() == Acquired::recovered) how = Acquired::recovered;
     LocalLockEntry& e = n.local().locks[id];
-    if (ids.empty() && e.phase == LockPhase::cached && __atomic_load_n(&e.revoke, __ATOMIC_ACQUIRE) == 0 &&
-        kept_grant_is_ours(n, id, e, me)) {
+    // The beat before the flag, as in TwoTierLock::acquire.
+    if (ids.empty() && e.phase == LockPhase::cached && !sync::heartbeat_lapsed(n) &&
+        __atomic_load_n(&e.revoke, __ATOMIC_ACQUIRE) == 0 && kept_grant_is_ours(n, id, e, me)) {
       // The sticky fast path (TwoTierLock::acquire): still this node's grant.
       e.phase = LockPhase::held;
       held.push_back(id);

@@ -130,6 +130,67 @@ void release_kept_grants(NodeContext& n) {
   }
 }
 
+uint64_t beat_clock_ns() {
+  timespec ts;
+  clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
+  return uint64_t(ts.tv_sec) * 1000000000ull + uint64_t(ts.tv_nsec);
+}
+
+bool heartbeat_lapsed(const NodeContext& n) {
+  if (testing::break_lapse_check()) return false;
+  // acquire: pairs with end_lapse's flags, stored before the beat (release).
+  const uint64_t at = __atomic_load_n(&n.local().hdr->beat_mono_ns, __ATOMIC_ACQUIRE);
+  return at != 0 && beat_clock_ns() - at > kBeatLapseNs;
+}
+
+void end_lapse(NodeContext& n, bool attaching) {
+  const uint64_t at = __atomic_load_n(&n.local().hdr->beat_mono_ns, __ATOMIC_ACQUIRE);
+  const uint64_t now = beat_clock_ns();
+  if (at == 0 || now - at <= kBeatLapseNs || testing::break_lapse_check()) return;
+  MemoryDomain& d = n.domain();
+  uint32_t given = 0, flagged = 0;
+  for (uint32_t l = 0; l < n.control().max_locks(); l++) {
+    LocalLockEntry& e = n.local().locks[l];
+    const LockPhase ph = __atomic_load_n(&e.phase, __ATOMIC_RELAXED);
+    if (ph != LockPhase::cached && ph != LockPhase::held) continue;
+    auto r = robust_mutex_trylock(&e.mu, "node-local lock");
+    if (!r) {
+      // In use (a process inside, or on the fast path right now): its
+      // release writes IDLE, its fast path asks anew.  release: before the beat.
+      __atomic_store_n(&e.revoke, 1u, __ATOMIC_RELEASE);
+      flagged++;
+      continue;
+    }
+    if (r.value() == LockOutcome::owner_died) {
+      // Its holder died inside: release for it, as the watcher does.
+      if (e.phase != LockPhase::idle && e.phase != LockPhase::orphaned) {
+        d.write_nt<__u64>(&n.control().slot(l, n.node())->request, idle_word(e.ticket));  // rule 1
+        d.fence();                                                                       // rule 3
+        e.phase = LockPhase::orphaned;
+        given++;
+      }
+      robust_mutex_consistent(&e.mu);
+    } else if (e.phase == LockPhase::cached) {
+      // rule 1: NT, as every release; rule 3: visible before the phase lets
+      // this node ask anew.
+      d.write_nt<__u64>(&n.control().slot(l, n.node())->request, idle_word(e.ticket));
+      d.fence();
+      e.phase = LockPhase::idle;
+      __atomic_store_n(&e.revoke, 0u, __ATOMIC_RELEASE);
+      given++;
+    }
+    robust_mutex_unlock(&e.mu);
+  }
+  const uint64_t ms = (now - at) / 1000000;
+  if (attaching)
+    log().info("pool {}: node {}: last beat {} ms ago; {} kept grant(s) given up, {} in use flagged",
+               n.region().uri(), n.node(), ms, given, flagged);
+  else
+    log().warn("pool {}: node {}: heartbeat lapsed ({} ms since the last beat; another host judges a node dead "
+               "after {} ms): {} kept lock grant(s) given up and {} in use flagged before beating again",
+               n.region().uri(), n.node(), ms, kNodeStaleMs, given, flagged);
+}
+
 void run_watcher(NodeContext& n, const std::atomic<bool>& stop) {
   NodeLocalHeader* h = n.local().hdr;
   // Election: one watcher per node; a waiting candidate takes over when the

@@ -55,6 +55,30 @@ constexpr std::chrono::milliseconds kWatcherResweep{20};
 // Run the watcher candidate of `node` until `stop` (NodeContext's thread).
 void run_watcher(NodeContext& node, const std::atomic<bool>& stop);
 
+// Heartbeat lapses (docs/locks.md "Heartbeat lapses"): a node of another
+// host is judged dead once its heartbeat is kNodeStaleMs old, and the
+// manager then gives the grants it keeps to others.  A node paused that
+// long (SIGSTOP, a stopped VM, a stall) must not re-enter them when it
+// resumes: a kept grant is trusted only while the node's last beat is
+// younger than kBeatLapseNs (half of kNodeStaleMs: the manager's verdict
+// waits twice as long, which covers clock drift between the hosts), and a
+// beat that follows a lapse first gives up every kept grant.
+constexpr uint64_t kBeatLapseNs = uint64_t(kNodeStaleMs / 2) * 1000000;
+// The clock of NodeLocalHeader::beat_mono_ns (CLOCK_MONOTONIC_COARSE: a
+// few ns from the vDSO, 1-4 ms resolution).
+uint64_t beat_clock_ns();
+// Whether this node's last beat is older than kBeatLapseNs (false while no
+// process of it beats).  Read before the lock's revoke flag (acquire),
+// in the opposite order to end_lapse's stores.
+bool heartbeat_lapsed(const NodeContext& node);
+// Called by NodeContext::beat before it publishes a beat: when the node's
+// previous beat is older than kBeatLapseNs, give up every kept grant (slot
+// IDLE, as a revocation's answer) and flag every one in use (its release
+// or fast path gives it up), so none is re-entered after the beat makes
+// the node alive again.  `attaching`: the first beat of this process (a
+// successor finding its predecessor's old beat: logged at info level).
+void end_lapse(NodeContext& node, bool attaching);
+
 // Give back every grant this node keeps but nobody uses (phase `cached`),
 // as a revocation's answer would: called when a process detaches, so a
 // grant is never kept by a node with no watcher left to answer for it

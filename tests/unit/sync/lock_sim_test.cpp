@@ -15,6 +15,7 @@
 #include "support/lock_test_pool.hpp"
 #include "sync/node_local.hpp"
 #include "sync/testing.hpp"
+#include "sync/watcher.hpp"
 
 namespace cxlkv {
 namespace {
@@ -640,6 +641,63 @@ TEST(LockSim, ReenteringAKeptGrantWithoutAskingWhetherItsKeeperLivesIsCaught) {
   sync::testing::set_break_kept_grant_check(false);
   EXPECT_TRUE(plain) << "the broken check was not caught (TwoTierLock)";
   EXPECT_TRUE(set) << "the broken check was not caught (LockSet)";
+}
+
+}  // namespace
+}  // namespace cxlkv
+
+namespace cxlkv {
+namespace {
+
+// docs/locks.md "Heartbeat lapses": node 0 keeps a grant, then its last
+// beat is made older than kBeatLapseNs (a pause as another host's manager
+// would see it: long enough to be judged dead and have its kept grants
+// given away).  Its next acquisition must go through the manager, not the
+// sticky fast path; and the beat that ends the lapse gives the kept grant
+// back (slot IDLE, seen by another node's fresh read) before the node is
+// alive again.  Returns whether the acquisition re-entered on the kept grant.
+bool kept_grant_reentered_across_a_lapse(const char* name) {
+  TestPool p(name);
+  p.simulate(2, 0.02, 5);
+  auto& a = p.attach(0);  // no heartbeat thread: the test stamps and beats by hand
+  auto mgr = start_manager(p, 1);
+  TwoTierLock l(a, kLock);
+  EXPECT_TRUE(l.lock().ok());
+  EXPECT_TRUE(l.unlock().ok());
+  EXPECT_EQ(a.local().locks[kLock].phase, LockPhase::cached) << "the grant was not kept: nothing to test";
+  NodeLocalHeader& h = *a.local().hdr;
+  __atomic_store_n(&h.beat_mono_ns, sync::beat_clock_ns() - 2 * sync::kBeatLapseNs, __ATOMIC_RELEASE);
+
+  const uint64_t grants = mgr->stats().grants;
+  auto g = l.try_lock_for(2s);
+  EXPECT_TRUE(g.ok()) << (g.ok() ? "" : g.error().message());
+  if (g.ok()) {
+    EXPECT_TRUE(l.unlock().ok());
+  }
+  const bool reentered = mgr->stats().grants == grants;
+
+  // The release kept the new grant; the beat after the lapse gives it back.
+  if (!sync::testing::break_lapse_check()) {
+    EXPECT_EQ(a.local().locks[kLock].phase, LockPhase::cached);
+    a.beat();
+    EXPECT_EQ(a.local().locks[kLock].phase, LockPhase::idle) << "the beat after a lapse kept the grant";
+    const uint64_t req = p.domain(1).read_fresh(&a.control().slot(kLock, 0)->request);
+    EXPECT_EQ(req & CXLKV_SLOT_STATE_MASK, uint64_t{CXLKV_SLOT_IDLE}) << "the given-up grant is not IDLE in the pool";
+  }
+  mgr->stop();
+  return reentered;
+}
+
+TEST(LockSim, AKeptGrantIsNotReenteredAcrossAHeartbeatLapse) {
+  EXPECT_FALSE(kept_grant_reentered_across_a_lapse("lock-sim-lapse"))
+      << "node 0 re-entered its kept grant after its heartbeat lapsed";
+}
+
+TEST(LockSim, ReenteringAKeptGrantAcrossAHeartbeatLapseIsCaught) {
+  sync::testing::set_break_lapse_check(true);
+  const bool reentered = kept_grant_reentered_across_a_lapse("lock-sim-lapse-broken");
+  sync::testing::set_break_lapse_check(false);
+  EXPECT_TRUE(reentered) << "the broken lapse check was not caught";
 }
 
 }  // namespace
