@@ -73,6 +73,13 @@ bool with_remote() {
   return e && std::string(e) == "1";
 }
 
+// One kill in CXLKV_FULL_POOL_REMOTE_EVERY (default 8) is the remote writer's.
+uint32_t remote_every() {
+  const char* e = std::getenv("CXLKV_FULL_POOL_REMOTE_EVERY");
+  const uint32_t n = e && *e ? static_cast<uint32_t>(std::strtoul(e, nullptr, 10)) : 0;
+  return n ? n : 8;
+}
+
 // Every acknowledged block must read back; CXLKV_FULL_POOL_STRICT=0 only
 // reports the count (for a look at other figures of a run that lost some).
 bool strict() {
@@ -136,6 +143,7 @@ struct Writer {
   uint32_t node = 0;
   bool remote = false;
   pid_t pid = -1, worker = -1;
+  uint64_t gen = 0;  // restarts so far (an ack names the generation that made it)
   int fd = -1;
   std::string partial;
 };
@@ -183,6 +191,7 @@ TEST(KvFullPool, WritersKilledAtRandomLeaveThePoolWritableAndSound) {
                               std::to_string(rng()), std::to_string(kBytes), std::to_string(kFamilies)},
                              &w.fd);
     ASSERT_GT(w.pid, 0);
+    w.gen++;
     w.partial.clear();
     w.worker = w.pid;
     if (w.remote) {
@@ -236,8 +245,13 @@ TEST(KvFullPool, WritersKilledAtRandomLeaveThePoolWritableAndSound) {
   struct Ack {
     uint64_t consumer = 0, leased_ms = 0;
     std::vector<BlockKey> keys;
+    const Writer* from = nullptr;  // who acknowledged it (diagnostics of a lost block)
+    uint32_t node = 0;
+    bool remote = false;
+    uint64_t gen = 0;
   };
   std::deque<Ack> todo;  // acknowledged, not yet read back
+  const Writer* parsing = nullptr;
   auto parse = [&](const std::string& line) {
     std::istringstream in(line);
     std::string tag;
@@ -249,6 +263,12 @@ TEST(KvFullPool, WritersKilledAtRandomLeaveThePoolWritableAndSound) {
       while (in >> hex) {
         BlockKey k;
         if (parse_key(hex, &k)) a.keys.push_back(k);
+      }
+      if (parsing) {
+        a.from = parsing;
+        a.node = parsing->node;
+        a.remote = parsing->remote;
+        a.gen = parsing->gen;
       }
       acked += a.keys.size();
       for (const BlockKey& k : a.keys) outstanding[k.lo ^ k.hi]++;
@@ -275,7 +295,9 @@ TEST(KvFullPool, WritersKilledAtRandomLeaveThePoolWritableAndSound) {
     }
     size_t at;
     while ((at = w.partial.find('\n')) != std::string::npos) {
+      parsing = &w;
       parse(w.partial.substr(0, at));
+      parsing = nullptr;
       w.partial.erase(0, at + 1);
     }
   };
@@ -303,7 +325,11 @@ TEST(KvFullPool, WritersKilledAtRandomLeaveThePoolWritableAndSound) {
           lost++;
           if (first_lost.empty())
             first_lost = to_hex(k) + ": status " + std::to_string(st) + " " +
-                         (g ? p.kv().last_block_error() : g.error().message());
+                         (g ? p.kv().last_block_error() : g.error().message()) + " (acknowledged by " +
+                         (a.remote ? "the remote" : "a local") + " writer of node " + std::to_string(a.node) +
+                         ", generation " + std::to_string(a.gen) + "; its writer now at generation " +
+                         std::to_string(a.from ? a.from->gen : 0) + " on node " +
+                         std::to_string(a.from ? a.from->node : 0) + ")";
           continue;
         }
         (verify(k, got.data(), got.size()) ? verified : wrong)++;
@@ -361,9 +387,9 @@ TEST(KvFullPool, WritersKilledAtRandomLeaveThePoolWritableAndSound) {
     consume();
     const auto now = steady_clock::now();
     if (now >= next_kill) {
-      // The other host's writer one kill in eight: its death is seen only
+      // The other host's writer one kill in remote_every(): its death is seen only
       // after kNodeStaleMs, and what it held (stripe locks) waits that long.
-      Writer& w = ws[with_remote() && rng() % 8 == 0 ? kWriters : rng() % kWriters];
+      Writer& w = ws[with_remote() && rng() % remote_every() == 0 ? kWriters : rng() % kWriters];
       if (w.remote) remote_killed++;
       stop(w);
       drain(w);
