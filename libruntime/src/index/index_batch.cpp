@@ -92,16 +92,11 @@ void PrefixIndex::prefetch_probes(StripeLockSet& ls, const BlockKey* pkey, std::
   }
 }
 
-size_t PrefixIndex::reserve_locked(StripeLockSet& ls, const BlockKey* pkey, std::span<const BlockKey> keys, size_t from,
-                                   uint64_t bytes, std::span<Reservation> out, std::span<int32_t> status,
-                                   std::vector<uint32_t>* parents, bool* need_reclaim,
-                                   std::vector<std::pair<uint32_t, BlockKey>>* pinned,
-                                   const PoolView& view, bool through_busy) {
-  auto fail = [&](size_t i, int32_t code, std::string msg) {
-    status[i] = code;
-    block_error(code, std::move(msg));
-    return i;
-  };
+// One reserve_locked call in named steps.  The call's arguments, its
+// payload stash and the slot its next block links under (`prev`) live here;
+// each step either lets the call go on or ends it at block i, with
+// status[i] set (by fail(), or the BUSY block's kBlockBusy).
+struct PrefixIndex::ReserveCall {
   // Payload of this call's new blocks, taken before its first entry write:
   // the allocator's lock is an atomic read-modify-write, which waits for the
   // call's pending NT entry writes as a fence does (one wait per call, not
@@ -113,167 +108,254 @@ size_t PrefixIndex::reserve_locked(StripeLockSet& ls, const BlockKey* pkey, std:
     ~Stash() {
       for (size_t i = next; i < locs.size(); i++) space->free(locs[i]);
     }
-  } stash{space_, {}, 0};
-  {
+  };
+  // What one try at a block leads to: try it again (something was evicted
+  // or reclaimed), go on to the next block, or end the call at this one.
+  enum class Step { retry, next, stop };
+
+  PrefixIndex& ix;
+  StripeLockSet& ls;
+  std::span<const BlockKey> keys;
+  uint64_t bytes;
+  std::span<Reservation> out;
+  std::span<int32_t> status;
+  std::vector<uint32_t>* parents;
+  bool* need_reclaim;
+  std::vector<std::pair<uint32_t, BlockKey>>* pinned;
+  const PoolView& view;
+  bool through_busy;
+  Stash stash;
+  uint32_t prev = kNo;         // the slot of the block above the current one
+  uint32_t now = 0;            // the recency stamp of every block the call reserves
+  bool parent_linked = false;  // our children count on `prev` is raised (per block)
+
+  ReserveCall(PrefixIndex& ix_, StripeLockSet& ls_, std::span<const BlockKey> keys_, uint64_t bytes_,
+              std::span<Reservation> out_, std::span<int32_t> status_, std::vector<uint32_t>* parents_,
+              bool* need_reclaim_, std::vector<std::pair<uint32_t, BlockKey>>* pinned_, const PoolView& view_,
+              bool through_busy_)
+      : ix(ix_), ls(ls_), keys(keys_), bytes(bytes_), out(out_), status(status_), parents(parents_),
+        need_reclaim(need_reclaim_), pinned(pinned_), view(view_), through_busy(through_busy_),
+        stash{ix_.space_, {}, 0} {}
+
+  size_t fail(size_t i, int32_t code, std::string msg) {
+    status[i] = code;
+    ix.block_error(code, std::move(msg));
+    return i;
+  }
+
+  // The stash: one payload block for each key from `from` on that its probe
+  // does not find.  false: a failure that asking again per block would not
+  // cure, reported at `from` before any entry is written.
+  bool take_payload(size_t from) {
     size_t fresh = 0;
     for (size_t i = from; i < keys.size(); i++)
-      if (probe(keys[i], nullptr, nullptr) == kNo) fresh++;  // the lines of the set's sweep
+      if (ix.probe(keys[i], nullptr, nullptr) == kNo) fresh++;  // the lines of the set's sweep
     stash.locs.reserve(fresh);
     for (size_t i = 0; i < fresh; i++) {
-      auto l = space_->alloc(bytes);
+      auto l = ix.space_->alloc(bytes);
       // A lock out of reach (-ETIMEDOUT: no lock manager) is not cured by
       // asking again per block: fail now, before any entry is written.
-      if (!l && l.error().code() != -ENOSPC && l.error().code() != -EFBIG)
-        return fail(from, l.error().code(), l.error().message());
+      if (!l && l.error().code() != -ENOSPC && l.error().code() != -EFBIG) {
+        fail(from, l.error().code(), l.error().message());
+        return false;
+      }
       if (!l) break;  // full: the blocks that get no stash allocate (and evict) one by one below
       stash.locs.push_back(l.value());
     }
+    return true;
   }
-  uint32_t prev = kNo;
-  if (pkey) {
+
+  // The chain's parent, when the call has one, is READY or WRITING: `prev`.
+  bool find_parent(const BlockKey* pkey, size_t from) {
+    if (!pkey) return true;
     cxlkv_index_entry pe;
-    uint32_t ps = probe(*pkey, &pe, nullptr);
-    if (ps == kNo || (pe.state != CXLKV_ENTRY_READY && pe.state != CXLKV_ENTRY_WRITING))
-      return fail(from, -ENOENT, "index: parent block " + to_hex(*pkey) + " is not cached");
+    const uint32_t ps = ix.probe(*pkey, &pe, nullptr);
+    if (ps == kNo || (pe.state != CXLKV_ENTRY_READY && pe.state != CXLKV_ENTRY_WRITING)) {
+      fail(from, -ENOENT, "index: parent block " + to_hex(*pkey) + " is not cached");
+      return false;
+    }
     prev = ps;
+    return true;
   }
-  // One clock read per call: the recency stamp of every block it reserves
-  // (milliseconds; a clock_gettime per block cost more than the stamp is worth).
-  const uint32_t now = now_ms();
-  for (size_t i = from; i < keys.size(); i++) {
-    const BlockKey& key = keys[i];
-    const uint32_t s = stripe_of(key);
-    bool parent_linked = false;  // our children count on `prev` is raised
-    auto undo = [&] {
-      if (parent_linked) child_dropped(ls, prev);
-    };
-    // Out of space: the caller evicts outside this set and retries below
-    // `prev`.  A READY parent is pinned so that this eviction cannot take
-    // it; a WRITING one (this call's own block, or a busy one) is never a
-    // victim.  The count goes back down here, under the set: carried across
-    // the unlock, a count that only this process's memory accounts for
-    // stayed raised when the process died before the next round, and the
-    // parent was never evicted again (prefix_index.hpp "Children counts").
-    // A pin is the node's and goes with a dead process (node pins, liveness).
-    auto keep = [&] {
-      if (!parent_linked) return;
-      const bool mine = std::any_of(pinned->begin(), pinned->end(), [&](const auto& p) { return p.first == prev; });
-      if (!mine && read_entry(prev).state == CXLKV_ENTRY_READY && pin_locked(ls, prev)) {
-        const cxlkv_index_entry pe = read_entry(prev);
-        pinned->emplace_back(prev, BlockKey{pe.key_lo, pe.key_hi});
-      }
-      child_dropped(ls, prev);
-    };
+
+  void undo() {
+    if (parent_linked) ix.child_dropped(ls, prev);
+  }
+
+  // Out of space: the caller evicts outside this set and retries below
+  // `prev`.  A READY parent is pinned so that this eviction cannot take
+  // it; a WRITING one (this call's own block, or a busy one) is never a
+  // victim.  The count goes back down here, under the set: carried across
+  // the unlock, a count that only this process's memory accounts for
+  // stayed raised when the process died before the next round, and the
+  // parent was never evicted again (prefix_index.hpp "Children counts").
+  // A pin is the node's and goes with a dead process (node pins, liveness).
+  void keep() {
+    if (!parent_linked) return;
+    const bool mine = std::any_of(pinned->begin(), pinned->end(), [&](const auto& p) { return p.first == prev; });
+    if (!mine && ix.read_entry(prev).state == CXLKV_ENTRY_READY && ix.pin_locked(ls, prev)) {
+      const cxlkv_index_entry pe = ix.read_entry(prev);
+      pinned->emplace_back(prev, BlockKey{pe.key_lo, pe.key_hi});
+    }
+    ix.child_dropped(ls, prev);
+  }
+
+  // keys[i] reserved, found, or the call ends at it.  false: it ends.
+  bool reserve_one(size_t i) {
+    parent_linked = false;
     for (int attempt = 0;; attempt++) {
       cxlkv_index_entry e;
       uint32_t free_slot = kNo;
       bool ghost = false;
-      const uint32_t slot = probe(key, &e, &free_slot, &ghost);
-      if (slot != kNo) {
-        if (e.state == CXLKV_ENTRY_EVICTING) {  // a dead evictor's leftover: finish it
-          remove_locked(ls, slot, e, /*reclaim=*/true, parents);
-          continue;
-        }
-        if (e.state == CXLKV_ENTRY_WRITING && writer_dead(e)) {
-          // The writer died mid-write: nothing was visible; reclaim it.
-          if (e.children == 0 && attempt < 8) {
-            remove_locked(ls, slot, e, /*reclaim=*/true, parents);
-            continue;
-          }
-          *need_reclaim = true;  // its chain continues below: unwound after unlocking
-          undo();
-          return fail(i, -EAGAIN, "index: block " + to_hex(key) + " was being written by dead node " +
-                                      std::to_string(e.owner_node) + " with blocks below it; reclaiming, retry");
-        }
-        undo();
-        out[i] = Reservation{e.state == CXLKV_ENTRY_READY ? ReserveStatus::exists_ready : ReserveStatus::busy, slot,
-                             loc_of(e), e.version};
-        if (e.state != CXLKV_ENTRY_READY) {
-          status[i] = kBlockBusy;  // never written twice
-          if (!through_busy) return i;
-          prev = slot;  // its writer publishes it; the blocks below go on from it
-          break;
-        }
-        status[i] = kBlockExists;
-        prev = slot;
-        break;
-      }
-      // A new block.  Raise the parent's children count first: from here on
-      // the parent is not a leaf, so no eviction (ours included) takes it.
-      if (prev != kNo && !parent_linked) {
-        child_added(ls, prev);
-        parent_linked = true;
-      }
-      if (attempt > 64) {
-        undo();
-        return fail(i, -ENOSPC, "index: no space for block " + to_hex(key) + " after 64 evictions");
-      }
-      if (over_capacity(view, &ls, 1, bytes)) {
-        auto ev = evict_global(parents, &ls);
-        if (ev && ev.value()) continue;
-        keep();
-        return fail(i, -ENOSPC, "index: no space for block " + to_hex(key) + ": the pool is at its capacity of " +
-                                    std::to_string(cfg_.max_blocks) + " blocks / " + std::to_string(cfg_.max_bytes) +
-                                    " bytes and every block is pinned, leased, being written or has cached children");
-      }
-      if (free_slot == kNo) {
-        auto ev = evict_locked(ls, s, parents);
-        if (ev && ev.value()) continue;
-        keep();
-        return fail(i, -ENOSPC, "index: no space for block " + to_hex(key) + ": stripe " + std::to_string(s) +
-                                    " has no free slot and every block in it is pinned, leased, being written or "
-                                    "has cached children");
-      }
-      Result<BlockLocation> loc = stash.next < stash.locs.size() ? Result<BlockLocation>(stash.locs[stash.next++])
-                                                                 : space_->alloc(bytes);
-      if (!loc) {
-        if (loc.error().code() == -ENOSPC) {
-          log().debug("index: evicting for space: {}", loc.error().message());
-          auto ev = evict_global(parents, &ls);
-          if (ev && ev.value()) continue;
-          keep();
-        } else {
-          undo();
-        }
-        return fail(i, loc.error().code(),
-                    loc.error().code() == -ENOSPC
-                        ? "index: no space for block " + to_hex(key) + " (" + std::to_string(bytes) +
-                              " bytes): payload space is full and every block is pinned, leased, being written or "
-                              "has cached children (" + loc.error().message() + ")"
-                        : loc.error().message());
-      }
-      cxlkv_index_entry old = read_entry(free_slot);
-      cxlkv_index_entry ne{};
-      ne.version = old.version;
-      ne.key_lo = key.lo;
-      ne.key_hi = key.hi;
-      ne.loc_off = loc->offset;
-      ne.loc_len = loc->length;
-      ne.loc_dev = loc->device;
-      ne.loc_tier = loc->tier;
-      ne.state = CXLKV_ENTRY_WRITING;
-      ne.owner_node = static_cast<uint8_t>(node_);
-      ne.owner_inc = inc_lo_;
-      ne.parent_slot = prev;
-      ne.lru_ms = now;
-      ls.mark(s);
-      space_->claim(loc.value(), free_slot);  // the block's owner record, before the entry names it
-      const uint32_t ver = write_entry(free_slot, ne);
-      cxlkv_index_ext x{};  // not listed (WRITING), no lease
-      if (ghost) x.linked = CXLKV_EXT_REUSED;  // evicted before and back: one more trip (index_evict.cpp)
-      x.lru_prev = x.lru_next = kNo;
-      x.lease_node = CXLKV_LEASE_NODE_ANY;
-      write_ext(free_slot, x);
-      cxlkv_index_stripe& st = ls.st(s);
-      if (old.state == CXLKV_ENTRY_TOMBSTONE && st.tombstones) st.tombstones--;
-      st.used_blocks++;
-      st.used_bytes += loc->length;
-      out[i] = Reservation{ReserveStatus::reserved, free_slot, loc.value(), ver};
-      status[i] = kBlockReserved;
-      prev = free_slot;
-      break;
+      const uint32_t slot = ix.probe(keys[i], &e, &free_slot, &ghost);
+      Step step = slot != kNo ? settle_found(i, slot, e, attempt) : room_for_new(i, free_slot, attempt);
+      if (step == Step::retry) continue;
+      if (slot == kNo && step == Step::next) step = write_new(i, free_slot, ghost);
+      if (step == Step::retry) continue;
+      return step == Step::next;
     }
   }
+
+  // keys[i] has an entry at `slot`: a leftover of a dead process is cleared
+  // (retry), a READY block exists, a WRITING one is busy.
+  Step settle_found(size_t i, uint32_t slot, const cxlkv_index_entry& e, int attempt) {
+    if (e.state == CXLKV_ENTRY_EVICTING) {  // a dead evictor's leftover: finish it
+      ix.remove_locked(ls, slot, e, /*reclaim=*/true, parents);
+      return Step::retry;
+    }
+    if (e.state == CXLKV_ENTRY_WRITING && ix.writer_dead(e)) {
+      // The writer died mid-write: nothing was visible; reclaim it.
+      if (e.children == 0 && attempt < 8) {
+        ix.remove_locked(ls, slot, e, /*reclaim=*/true, parents);
+        return Step::retry;
+      }
+      *need_reclaim = true;  // its chain continues below: unwound after unlocking
+      undo();
+      fail(i, -EAGAIN, "index: block " + to_hex(keys[i]) + " was being written by dead node " +
+                           std::to_string(e.owner_node) + " with blocks below it; reclaiming, retry");
+      return Step::stop;
+    }
+    undo();
+    out[i] = Reservation{e.state == CXLKV_ENTRY_READY ? ReserveStatus::exists_ready : ReserveStatus::busy, slot,
+                         loc_of(e), e.version};
+    if (e.state != CXLKV_ENTRY_READY) {
+      status[i] = kBlockBusy;  // never written twice
+      if (!through_busy) return Step::stop;
+      prev = slot;  // its writer publishes it; the blocks below go on from it
+      return Step::next;
+    }
+    status[i] = kBlockExists;
+    prev = slot;
+    return Step::next;
+  }
+
+  // keys[i] is new: its parent is linked, and room is made when the pool is
+  // at its capacity or the stripe has no free slot.  next: write it at
+  // free_slot.
+  Step room_for_new(size_t i, uint32_t free_slot, int attempt) {
+    const BlockKey& key = keys[i];
+    // Raise the parent's children count first: from here on the parent is
+    // not a leaf, so no eviction (ours included) takes it.
+    if (prev != kNo && !parent_linked) {
+      ix.child_added(ls, prev);
+      parent_linked = true;
+    }
+    if (attempt > 64) {
+      undo();
+      fail(i, -ENOSPC, "index: no space for block " + to_hex(key) + " after 64 evictions");
+      return Step::stop;
+    }
+    if (ix.over_capacity(view, &ls, 1, bytes)) {
+      auto ev = ix.evict_global(parents, &ls);
+      if (ev && ev.value()) return Step::retry;
+      keep();
+      fail(i, -ENOSPC, "index: no space for block " + to_hex(key) + ": the pool is at its capacity of " +
+                           std::to_string(ix.cfg_.max_blocks) + " blocks / " + std::to_string(ix.cfg_.max_bytes) +
+                           " bytes and every block is pinned, leased, being written or has cached children");
+      return Step::stop;
+    }
+    if (free_slot == kNo) {
+      const uint32_t s = ix.stripe_of(key);
+      auto ev = ix.evict_locked(ls, s, parents);
+      if (ev && ev.value()) return Step::retry;
+      keep();
+      fail(i, -ENOSPC, "index: no space for block " + to_hex(key) + ": stripe " + std::to_string(s) +
+                           " has no free slot and every block in it is pinned, leased, being written or "
+                           "has cached children");
+      return Step::stop;
+    }
+    return Step::next;
+  }
+
+  // keys[i]'s payload (from the stash, else allocated: a full payload space
+  // evicts and retries) and its WRITING entry at free_slot.
+  Step write_new(size_t i, uint32_t free_slot, bool ghost) {
+    const BlockKey& key = keys[i];
+    Result<BlockLocation> loc = stash.next < stash.locs.size() ? Result<BlockLocation>(stash.locs[stash.next++])
+                                                               : ix.space_->alloc(bytes);
+    if (!loc) {
+      if (loc.error().code() == -ENOSPC) {
+        log().debug("index: evicting for space: {}", loc.error().message());
+        auto ev = ix.evict_global(parents, &ls);
+        if (ev && ev.value()) return Step::retry;
+        keep();
+      } else {
+        undo();
+      }
+      fail(i, loc.error().code(),
+           loc.error().code() == -ENOSPC
+               ? "index: no space for block " + to_hex(key) + " (" + std::to_string(bytes) +
+                     " bytes): payload space is full and every block is pinned, leased, being written or "
+                     "has cached children (" + loc.error().message() + ")"
+               : loc.error().message());
+      return Step::stop;
+    }
+    const uint32_t s = ix.stripe_of(key);
+    cxlkv_index_entry old = ix.read_entry(free_slot);
+    cxlkv_index_entry ne{};
+    ne.version = old.version;
+    ne.key_lo = key.lo;
+    ne.key_hi = key.hi;
+    ne.loc_off = loc->offset;
+    ne.loc_len = loc->length;
+    ne.loc_dev = loc->device;
+    ne.loc_tier = loc->tier;
+    ne.state = CXLKV_ENTRY_WRITING;
+    ne.owner_node = static_cast<uint8_t>(ix.node_);
+    ne.owner_inc = ix.inc_lo_;
+    ne.parent_slot = prev;
+    ne.lru_ms = now;
+    ls.mark(s);
+    ix.space_->claim(loc.value(), free_slot);  // the block's owner record, before the entry names it
+    const uint32_t ver = ix.write_entry(free_slot, ne);
+    cxlkv_index_ext x{};  // not listed (WRITING), no lease
+    if (ghost) x.linked = CXLKV_EXT_REUSED;  // evicted before and back: one more trip (index_evict.cpp)
+    x.lru_prev = x.lru_next = kNo;
+    x.lease_node = CXLKV_LEASE_NODE_ANY;
+    ix.write_ext(free_slot, x);
+    cxlkv_index_stripe& st = ls.st(s);
+    if (old.state == CXLKV_ENTRY_TOMBSTONE && st.tombstones) st.tombstones--;
+    st.used_blocks++;
+    st.used_bytes += loc->length;
+    out[i] = Reservation{ReserveStatus::reserved, free_slot, loc.value(), ver};
+    status[i] = kBlockReserved;
+    prev = free_slot;
+    return Step::next;
+  }
+};
+
+size_t PrefixIndex::reserve_locked(StripeLockSet& ls, const BlockKey* pkey, std::span<const BlockKey> keys, size_t from,
+                                   uint64_t bytes, std::span<Reservation> out, std::span<int32_t> status,
+                                   std::vector<uint32_t>* parents, bool* need_reclaim,
+                                   std::vector<std::pair<uint32_t, BlockKey>>* pinned,
+                                   const PoolView& view, bool through_busy) {
+  ReserveCall call(*this, ls, keys, bytes, out, status, parents, need_reclaim, pinned, view, through_busy);
+  if (!call.take_payload(from) || !call.find_parent(pkey, from)) return from;
+  // One clock read per call: the recency stamp of every block it reserves
+  // (milliseconds; a clock_gettime per block cost more than the stamp is worth).
+  call.now = now_ms();
+  for (size_t i = from; i < keys.size(); i++)
+    if (!call.reserve_one(i)) return i;
   return keys.size();
 }
 

@@ -631,7 +631,8 @@ class PrefixIndex final : public IndexBatchOps {
 
   // ---- batch internals (index_batch.cpp) -------------------------------------
   // Reserve keys[from..) under the held set; returns index of the first block
-  // not settled or keys.size().
+  // not settled or keys.size().  Its steps are ReserveCall's.
+  struct ReserveCall;
   size_t reserve_locked(StripeLockSet& ls, const BlockKey* pkey, std::span<const BlockKey> keys, size_t from,
                         uint64_t bytes, std::span<Reservation> out, std::span<int32_t> status,
                         std::vector<uint32_t>* parents, bool* need_reclaim,
