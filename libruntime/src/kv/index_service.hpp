@@ -117,7 +117,6 @@ class IndexServiceClient final : public IndexBatchOps {
   }
   const char* mode() const override { return "service"; }
   std::string block_message(const char* op, const BlockKey& key, int32_t code) const override;
-  RpcClient& rpc() { return *rpc_; }
 
  private:
   Result<size_t> reserve_rpc(const BlockKey* parent, std::span<const BlockKey> keys, uint64_t bytes,
