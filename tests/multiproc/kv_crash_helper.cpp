@@ -27,6 +27,7 @@
 #include "cxlkv/region.hpp"
 #include "cxlkv/sync.hpp"
 #include "index/prefix_index.hpp"
+#include "kv/store_index.hpp"
 
 using namespace cxlkv;
 
@@ -118,7 +119,7 @@ int main(int argc, char** argv) {
           for (size_t i = 0; i < kN; i++) ids[i] = 1000 + r * kN + i;
           auto keys = keys_from_ids(ids);
           for (size_t i = kN; i-- > 0;)
-            if (auto rm = kv.index().remove(keys[i]); !rm)
+            if (auto rm = store_index(kv).remove(keys[i]); !rm)
               return std::fprintf(stderr, "remove of chain %llu block %zu failed: %s\n", (unsigned long long)r, i,
                                   rm.error().message().c_str()),
                      1;

@@ -20,6 +20,7 @@
 #include "cxlkv/region.hpp"
 #include "cxlkv/sync.hpp"
 #include "index/prefix_index.hpp"
+#include "kv/store_index.hpp"
 #include "pool/format.hpp"
 #include "support/proc_util.hpp"
 
@@ -89,7 +90,7 @@ TEST(KvCrash, WriterKilledMidPublishLeavesNoVisibleBlockAndIsReclaimed) {
   ASSERT_TRUE(put(p.kv(), keys[0], nullptr, std::byte{1}));
   Child w = start({p.uri, "2", "writer", to_hex(keys[0]), to_hex(keys[1]), to_hex(keys[2])});
   ASSERT_GT(w.pid, 0) << "helper did not get into position";
-  EXPECT_EQ(p.kv().index().find_state(keys[1]), uint32_t(CXLKV_ENTRY_WRITING));
+  EXPECT_EQ(store_index(p.kv()).find_state(keys[1]), uint32_t(CXLKV_ENTRY_WRITING));
   kill9(w);
   EXPECT_EQ(p.kv().lookup(keys), 1u) << "the half-written blocks are never visible";
   EXPECT_FALSE(p.kv().wait_ready(keys[1], std::chrono::milliseconds(2000)));
@@ -114,13 +115,13 @@ TEST(KvCrash, ReaderKilledHoldingAPinDoesNotBlockEviction) {
   ASSERT_TRUE(put(p.kv(), keys[0], nullptr, std::byte{9}));
   Child r = start({p.uri, "3", "reader", to_hex(keys[0])});
   ASSERT_GT(r.pid, 0) << "helper did not get into position";
-  const uint32_t stripe = p.kv().index().stripe_of(keys[0]);
-  auto ev = p.kv().index().evict_one(stripe);
+  const uint32_t stripe = store_index(p.kv()).stripe_of(keys[0]);
+  auto ev = store_index(p.kv()).evict_one(stripe);
   ASSERT_TRUE(ev.ok());
   EXPECT_FALSE(ev.value()) << "a live reader's pin protects the block";
   EXPECT_EQ(p.kv().lookup(keys), 1u);
   kill9(r);
-  ev = p.kv().index().evict_one(stripe);
+  ev = store_index(p.kv()).evict_one(stripe);
   ASSERT_TRUE(ev.ok());
   EXPECT_TRUE(ev.value()) << "the dead reader's pin is ignored";
   EXPECT_EQ(p.kv().lookup(keys), 0u);
@@ -144,11 +145,12 @@ TEST(KvCrash, BatchWriterKilledMidBatchLeavesNothingBehind) {
   Child w = start({p.uri, "2", "batch-writer", to_hex(root[0])});
   ASSERT_GT(w.pid, 0) << "helper did not get into position";
   auto done = helper_chain(0), broken = helper_chain(1);
-  EXPECT_EQ(p.kv().index().usage().by_state[CXLKV_ENTRY_WRITING], 32u);
+  EXPECT_EQ(store_index(p.kv()).usage().by_state[CXLKV_ENTRY_WRITING], 32u);
   kill9(w);
   EXPECT_EQ(p.kv().lookup(broken), 0u) << "a half-written batch is never visible";
   ASSERT_TRUE(p.kv().reclaim_dead().ok());
-  EXPECT_EQ(p.kv().index().usage().by_state[CXLKV_ENTRY_WRITING], 0u) << "the dead writer's reservations are reclaimed";
+  EXPECT_EQ(store_index(p.kv()).usage().by_state[CXLKV_ENTRY_WRITING], 0u)
+      << "the dead writer's reservations are reclaimed";
 
   std::vector<std::vector<std::byte>> bufs(32, std::vector<std::byte>(4096));
   std::vector<Chunk> chunks;
@@ -182,14 +184,14 @@ TEST(KvCrash, BatchReaderKilledHoldingPinsDoesNotBlockEviction) {
   for (auto& k : keys) args.push_back(to_hex(k));
   Child r = start(args);
   ASSERT_GT(r.pid, 0) << "helper did not get into position";
-  const uint32_t leaf_stripe = p.kv().index().stripe_of(keys.back());
-  auto ev = p.kv().index().evict_one(leaf_stripe);
+  const uint32_t leaf_stripe = store_index(p.kv()).stripe_of(keys.back());
+  auto ev = store_index(p.kv()).evict_one(leaf_stripe);
   ASSERT_TRUE(ev.ok());
   EXPECT_EQ(p.kv().lookup(keys), keys.size()) << "a live reader's pins protect its blocks";
   kill9(r);
   // Evict leaves first until nothing is left (prefix-closed: a few passes).
   for (int pass = 0; pass < 16 && p.kv().lookup(keys) > 0; pass++)
-    for (auto& k : keys) ASSERT_TRUE(p.kv().index().evict_one(p.kv().index().stripe_of(k)).ok());
+    for (auto& k : keys) ASSERT_TRUE(store_index(p.kv()).evict_one(store_index(p.kv()).stripe_of(k)).ok());
   EXPECT_EQ(p.kv().lookup(keys), 0u) << "the dead reader's pins are ignored";
 }
 
@@ -221,13 +223,14 @@ TEST(KvCrash, WriterKilledInsidePutChainLeaksNothing) {
   ASSERT_GT(w.pid, 0) << "helper did not put its first chain";
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
   while (left_writing == 0 && std::chrono::steady_clock::now() < deadline) {
-    while (p.kv().index().usage().by_state[CXLKV_ENTRY_WRITING] == 0 && std::chrono::steady_clock::now() < deadline)
+    while (store_index(p.kv()).usage().by_state[CXLKV_ENTRY_WRITING] == 0 &&
+           std::chrono::steady_clock::now() < deadline)
       std::this_thread::yield();
     kill(w.pid, SIGSTOP);
     int ws = 0;
     ASSERT_EQ(waitpid(w.pid, &ws, WUNTRACED), w.pid);
     ASSERT_TRUE(WIFSTOPPED(ws)) << "the writer must be stopped, not gone";
-    left_writing = p.kv().index().usage().by_state[CXLKV_ENTRY_WRITING];
+    left_writing = store_index(p.kv()).usage().by_state[CXLKV_ENTRY_WRITING];
     if (left_writing == 0) kill(w.pid, SIGCONT);
   }
   // The chain being put when the writer stops: the one holding reservations
@@ -238,7 +241,7 @@ TEST(KvCrash, WriterKilledInsidePutChainLeaksNothing) {
   uint64_t inflight = 0;
   auto reserving = [&](uint64_t c) {
     for (const BlockKey& k : chain_keys(c))
-      if (p.kv().index().find_state(k) == CXLKV_ENTRY_WRITING) return true;
+      if (store_index(p.kv()).find_state(k) == CXLKV_ENTRY_WRITING) return true;
     return false;
   };
   while (left_writing > 0 && inflight < kChains && !reserving(inflight)) inflight++;
@@ -285,7 +288,7 @@ TEST(KvCrash, WriterKilledInsidePutChainLeaksNothing) {
     for (size_t i = 0; i < kN; i++) ASSERT_EQ(bufs[i][0], std::byte(static_cast<uint8_t>(c * kN + i))) << i;
   }
   EXPECT_GE(broken, 1u) << "a chain was being put when the writer died";
-  IndexUsage u = p.kv().index().usage();
+  IndexUsage u = store_index(p.kv()).usage();
   EXPECT_EQ(u.by_state[CXLKV_ENTRY_WRITING], 0u) << "no reservation is left";
   EXPECT_EQ(ca.free_chunks(), free0 - u.by_state[CXLKV_ENTRY_READY])
       << "every chunk is free or holds a published block: the dead writer's reserved space came back";

@@ -39,6 +39,7 @@
 #include "cxlkv/sync.hpp"
 #include "index/index_check.hpp"
 #include "index/prefix_index.hpp"
+#include "kv/store_index.hpp"
 #include "multiproc/full_pool_common.hpp"
 #include "pool/format.hpp"
 #include "support/proc_util.hpp"
@@ -154,7 +155,7 @@ using Leftover = std::tuple<int, uint32_t, uint64_t, uint64_t, uint32_t, uint32_
 
 std::set<Leftover> leftovers(Pool& p, std::string* first) {
   std::set<Leftover> out;
-  PrefixIndex& ix = p.kv().index();
+  PrefixIndex& ix = store_index(p.kv());
   const uint64_t slots = ix.usage().slots;
   for (uint32_t i = 0; i < slots; i++) {
     IndexEntryView v = ix.entry(i);
@@ -339,8 +340,8 @@ TEST(KvFullPool, WritersKilledAtRandomLeaveThePoolWritableAndSound) {
       std::vector<IndexEntryView> before;
       for (const BlockKey& k : keys) {
         uint32_t slot = CXLKV_INDEX_NO_SLOT;
-        (void)p.kv().index().find_state(k, &slot);
-        before.push_back(slot == CXLKV_INDEX_NO_SLOT ? IndexEntryView{} : p.kv().index().entry(slot));
+        (void)store_index(p.kv()).find_state(k, &slot);
+        before.push_back(slot == CXLKV_INDEX_NO_SLOT ? IndexEntryView{} : store_index(p.kv()).entry(slot));
       }
       auto rel = p.kv().lease_release(keys, a.consumer, rs);
       for (const BlockKey& k : keys) outstanding[k.lo ^ k.hi]--;
@@ -438,9 +439,9 @@ TEST(KvFullPool, WritersKilledAtRandomLeaveThePoolWritableAndSound) {
   ASSERT_GT(fresh, 0);
   const int fresh_rc = proc_util::wait_within(fresh, seconds(60), "the fresh writer");
   close(fresh_fd);
-  const uint64_t repairs = p.kv().index().counters().stale_counts_fixed + p.kv().index().counters().drops_settled +
-                           p.kv().index().counters().dead_writes_reclaimed;
-  IndexUsage u = p.kv().index().usage();
+  const IndexCounters ctr = store_index(p.kv()).counters();
+  const uint64_t repairs = ctr.stale_counts_fixed + ctr.drops_settled + ctr.dead_writes_reclaimed;
+  IndexUsage u = store_index(p.kv()).usage();
 
   const std::vector<std::pair<const char*, std::string>> figures = {
       {"seconds", std::to_string(run_s)},

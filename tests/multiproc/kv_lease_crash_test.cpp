@@ -27,6 +27,7 @@
 #include "cxlkv/region.hpp"
 #include "cxlkv/sync.hpp"
 #include "index/prefix_index.hpp"
+#include "kv/store_index.hpp"
 #include "pool/format.hpp"
 #include "support/proc_util.hpp"
 
@@ -201,7 +202,7 @@ TEST(KvLeaseCrash, DecodeWorkerKilledHoldingLeasesFreesItsBlocksAndPrefillProgre
   EXPECT_TRUE(put_root(kv, fresh[1]));
   EXPECT_TRUE(put_root(kv, fresh[2]));
   EXPECT_EQ(kv.lookup(std::span(fresh).first(1)), 1u);
-  IndexUsage u = kv.index().usage();
+  IndexUsage u = store_index(kv).usage();
   EXPECT_GE(u.lease_dead, 3u) << "each evicted block's lease is counted as ended by its consumer node's death";
   EXPECT_EQ(u.used_blocks, 6u) << "capacity held";
   // The decode (restarted elsewhere) releasing what survived learns why.
@@ -228,7 +229,7 @@ TEST(KvLeaseCrash, ProducerKilledAfterPublishingForAConsumerLeavesItReadable) {
   kill9(prefill, "prefill (node 2)");
 
   for (int i = 0; i < 8; i++) {
-    auto ev = kv.index().evict_any();
+    auto ev = store_index(kv).evict_any();
     ASSERT_TRUE(ev.ok());
     EXPECT_FALSE(ev.value()) << "the chain is leased to a live consumer: nothing to evict";
   }

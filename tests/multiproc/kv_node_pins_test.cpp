@@ -31,6 +31,7 @@
 #include "cxlkv/region.hpp"
 #include "cxlkv/sync.hpp"
 #include "index/prefix_index.hpp"
+#include "kv/store_index.hpp"
 #include "pool/format.hpp"
 
 using namespace cxlkv;
@@ -250,11 +251,11 @@ struct KvNodePins : ::testing::Test {
     shm_unlink(("/" + name).c_str());
   }
   KvStore& kv() { return s2->store(); }
-  bool cached(uint32_t i) { return kv().index().find_ready(key_of(i)) != CXLKV_INDEX_NO_SLOT; }
+  bool cached(uint32_t i) { return store_index(kv()).find_ready(key_of(i)) != CXLKV_INDEX_NO_SLOT; }
   // Node 2 evicts what it can; the blocks still cached afterwards.
   std::vector<bool> evict_all() {
     for (int n = 0; n < 8; n++) {
-      auto r = kv().index().evict_any();
+      auto r = store_index(kv()).evict_any();
       EXPECT_TRUE(r.ok()) << r.error().message();
       if (!r.ok() || !r.value()) break;
     }

@@ -25,6 +25,7 @@
 #include "cxlkv/region.hpp"
 #include "cxlkv/sync.hpp"
 #include "index/prefix_index.hpp"
+#include "kv/store_index.hpp"
 #include "pool/format.hpp"
 
 using namespace cxlkv;
@@ -230,12 +231,12 @@ TEST(KvPause, ResumedWriterGetsEstaleAndThePublishedBlockStaysExact) {
   if (w->skipped) GTEST_SKIP() << "no pid namespace for a second 'host' (needs root)";
   ASSERT_GT(w->pid, 0);
   ASSERT_FALSE(loc.empty());
-  EXPECT_EQ(p.kv().index().find_state(k), uint32_t(CXLKV_ENTRY_WRITING));
+  EXPECT_EQ(store_index(p.kv()).find_state(k), uint32_t(CXLKV_ENTRY_WRITING));
   p.pause_until_dead(*w, 2);
 
   // The dead writer's reservation is reclaimed by this node's reserve.
   p.put(k, std::byte{0xBB});
-  EXPECT_EQ(p.kv().index().find_state(k), uint32_t(CXLKV_ENTRY_READY));
+  EXPECT_EQ(store_index(p.kv()).find_state(k), uint32_t(CXLKV_ENTRY_READY));
 
   ASSERT_EQ(kill(w->pid, SIGCONT), 0);
   w->send("write");
@@ -259,12 +260,12 @@ TEST(KvPause, ResumedReaderFetchFailsAndReturnsNoBytes) {
   if (r->skipped) GTEST_SKIP() << "no pid namespace for a second 'host' (needs root)";
   ASSERT_GT(r->pid, 0);
   ASSERT_EQ(loc, std::to_string(first_loc));
-  auto ev = p.kv().index().evict_one(p.kv().index().stripe_of(k));
+  auto ev = store_index(p.kv()).evict_one(store_index(p.kv()).stripe_of(k));
   ASSERT_TRUE(ev.ok());
   EXPECT_FALSE(ev.value()) << "a live reader's pin protects the block";
 
   p.pause_until_dead(*r, 3);
-  ev = p.kv().index().evict_one(p.kv().index().stripe_of(k));
+  ev = store_index(p.kv()).evict_one(store_index(p.kv()).stripe_of(k));
   ASSERT_TRUE(ev.ok());
   ASSERT_TRUE(ev.value()) << "the dead reader's pin no longer protects the block";
   EXPECT_EQ(p.put(other, std::byte{0x22}), first_loc) << "the space is reused (first fit)";

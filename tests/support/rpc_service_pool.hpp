@@ -12,6 +12,7 @@
 
 #include "cxlkv/kv.hpp"
 #include "kv/index_service.hpp"
+#include "kv/store_index.hpp"
 #include "support/rpc_test_pool.hpp"
 
 namespace cxlkv::rpctest {
@@ -41,7 +42,7 @@ struct ModePool {
     server_session = std::move(s.value());
     RpcServerOptions so;
     so.spin_rounds = 200;  // a loaded 2-core machine: yield soon
-    auto svc = IndexService::create(sn, server_session->store().index(), so);
+    auto svc = IndexService::create(sn, store_index(server_session->store()), so);
     if (!svc) throw std::runtime_error(svc.error().message());
     service = std::move(svc.value());
     service->server().start();

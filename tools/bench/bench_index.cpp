@@ -17,6 +17,7 @@
 
 #include "bench.hpp"
 #include "kv_bench_support.hpp"
+#include "kv/store_index.hpp"
 
 namespace {
 
@@ -37,7 +38,7 @@ void bench_eviction(bench::Results& res) {
     return;
   }
   cxlkv::KvStore& kv = *p.kv;
-  cxlkv::PrefixIndex& ix = kv.index();
+  cxlkv::PrefixIndex& ix = store_index(kv);
   auto put_roots = [&](uint64_t base, size_t n) {
     size_t ok = 0;
     for (size_t i = 0; i < n; i++) {
@@ -89,13 +90,13 @@ void bench_index(bench::Results& res) {
   std::vector<double> tb, tl;
   for (int i = 0; i < nbin; i++) {
     auto t0 = clk::now();
-    size_t n = kv.index().longest_prefix(chain);
+    size_t n = store_index(kv).longest_prefix(chain);
     tb.push_back(std::chrono::duration<double, std::micro>(clk::now() - t0).count());
     if (n != 6000) std::fprintf(stderr, "bench index: binary search found %zu\n", n);
   }
   for (int i = 0; i < nlin; i++) {
     auto t0 = clk::now();
-    size_t n = kv.index().longest_prefix_linear(chain);
+    size_t n = store_index(kv).longest_prefix_linear(chain);
     tl.push_back(std::chrono::duration<double, std::micro>(clk::now() - t0).count());
     if (n != 6000) std::fprintf(stderr, "bench index: linear scan found %zu\n", n);
   }
@@ -121,7 +122,7 @@ void bench_index(bench::Results& res) {
   const size_t nlook = nins * 4;
   t0 = clk::now();
   size_t found = 0;
-  for (size_t i = 0; i < nlook; i++) found += kv.index().find_ready(roots[rng() % ok]) != CXLKV_INDEX_NO_SLOT;
+  for (size_t i = 0; i < nlook; i++) found += store_index(kv).find_ready(roots[rng() % ok]) != CXLKV_INDEX_NO_SLOT;
   sec = std::chrono::duration<double>(clk::now() - t0).count();
   res.set("index.lookup_mops", double(nlook) / sec / 1e6);
   if (found != nlook) std::fprintf(stderr, "bench index: %zu of %zu lookups missed\n", nlook - found, nlook);

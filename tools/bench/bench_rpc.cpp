@@ -51,6 +51,7 @@
 #include "bench.hpp"
 #include "cxlkv/rpc.hpp"
 #include "cxlkv/sync.hpp"
+#include "kv/store_index.hpp"
 #include "pool/format.hpp"
 #include "util/clock.hpp"
 
@@ -535,7 +536,7 @@ namespace {
   cxlkv::RpcServerOptions o;
   o.spin_rounds = 4096;
   o.yield_rounds = 1u << 30;
-  auto s = cxlkv::IndexService::create(*n.value(), kv.value()->store().index(), o);
+  auto s = cxlkv::IndexService::create(*n.value(), store_index(kv.value()->store()), o);
   if (!s) {
     std::fprintf(stderr, "bench rpc: index service: %s\n", s.error().message().c_str());
     _exit(5);
@@ -643,7 +644,7 @@ void bench_index_service(bench::Results& res) {
     auto cl = cxlkv::IndexServiceClient::connect(*n.value());
     if (kv && cl) {
       for (int k = 0; k < 3; k++) {
-        double lock_ns = per_block_ns(kv.value()->store().index(), batches[k], rounds[k], 100 + k);
+        double lock_ns = per_block_ns(store_index(kv.value()->store()), batches[k], rounds[k], 100 + k);
         double svc_ns = per_block_ns(*cl.value(), batches[k], rounds[k], 200 + k);
         std::string b = std::to_string(batches[k]);
         res.set("rpc.index_lock_ns_per_block_b" + b, lock_ns);

@@ -26,6 +26,7 @@
 #include "cxlkv/tier.hpp"
 #include "index/index_check.hpp"
 #include "index/prefix_index.hpp"
+#include "kv/store_index.hpp"
 #include "tier/ssd_payload_tier.hpp"
 #include "cxlkv/format/index_format.h"
 
@@ -364,7 +365,7 @@ int kv_rm(Context& ctx, const Args& args) {
   int st;
   auto n = KvNode::open(ctx, args, &st);
   if (!n) return st;
-  auto r = n->kv().index().remove(key);
+  auto r = store_index(n->kv()).remove(key);
   if (!r) return fail(r.error().message());
   if (ctx.json) std::printf("{\"key\": \"%s\", \"removed\": true}\n", to_hex(key).c_str());
   else std::printf("%s  removed\n", to_hex(key).c_str());

@@ -20,6 +20,7 @@
 #include "cxlkv/sync.hpp"
 #include "cxlkv/tier.hpp"
 #include "index/prefix_index.hpp"
+#include "kv/store_index.hpp"
 #include "pool_open.hpp"
 #include "tier/ssd_payload_tier.hpp"
 #include "util/clock.hpp"
@@ -701,9 +702,9 @@ int run_worker(const Config& c) {
   }
   WorkerCounters& wc = co.workers[c.node];
   kv.flush_stats();
-  wc.demotions = kv.index().counters().demotions;
-  wc.promotions = kv.index().counters().promotions;
-  wc.lease_expiries = kv.index().counters().lease_expiries;
+  wc.demotions = store_index(kv).counters().demotions;
+  wc.promotions = store_index(kv).counters().promotions;
+  wc.lease_expiries = store_index(kv).counters().lease_expiries;
   wc.done = 1;
   munmap(m, coord_bytes(reqs.size()));
   return 0;

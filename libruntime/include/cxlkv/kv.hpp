@@ -313,7 +313,6 @@ class KvStore {
   bool wait_ready(const BlockKey& key, std::chrono::milliseconds timeout);
 
   Result<uint64_t> reclaim_dead();
-  PrefixIndex& index() { return *index_; }
   // "locks" (this process takes the index's stripe locks) or "service".
   const char* index_mode() const;
   const KvStats& stats() const { return stats_; }
@@ -329,6 +328,9 @@ class KvStore {
   const std::vector<PoolDevice>& devices() const { return deps_.devices; }
 
  private:
+  // The index is private to the library: reached through kv/store_index.hpp
+  // (store_index()), never through this header.
+  friend class KvStoreInternals;
   KvStore() = default;
   Result<void> payload_io(const BlockLocation& loc, std::span<const Chunk> chunks, bool write);
   void promote(const KvPin& p, const BlockLocation& from, std::span<const Chunk> chunks);  // SSD -> memory on a hit

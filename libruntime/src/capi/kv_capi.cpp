@@ -13,6 +13,7 @@
 #include "cxlkv/region.hpp"
 #include "cxlkv/sync.hpp"
 #include "index/prefix_index.hpp"
+#include "kv/store_index.hpp"
 
 using namespace cxlkv;
 
@@ -451,7 +452,7 @@ int cxlkv_kv_stats(struct cxlkv_kv* kv, struct cxlkv_kv_stats* out) {
   return capi::guarded(__func__, [&] {
     if (!kv || !out || out->size < sizeof(size_t)) return bad(__func__, "kv and out (with size) are required");
     KvStats st = kv->session->store().stats();
-    auto& ix = kv->session->store().index();
+    auto& ix = store_index(kv->session->store());
     struct cxlkv_kv_stats s{};
     s.size = sizeof s;
     s.lookups = st.counters[CXLKV_CTR_LOOKUPS];

@@ -26,6 +26,7 @@
 #include "index/prefix_index.hpp"
 #include "kv/interleave.hpp"
 #include "cxlkv/format/index_format.h"
+#include "kv/store_index.hpp"
 #include "util/log.hpp"
 
 namespace cxlkv::gpu {
@@ -70,7 +71,7 @@ Result<PoolResolver> KvGpu::mem_resolver(const Loc& loc, const BlockKey& key) co
   if (loc.tier != CXLKV_TIER_MEM)
     return Error(-EINVAL, what_block(key) + " is on tier " + std::to_string(loc.tier) + ", not pool memory");
   if (loc.dev == CXLKV_LOC_DEV_INTERLEAVED) {
-    const cxlkv_index_config& cfg = store_.index().config();
+    const cxlkv_index_config& cfg = store_index(store_).config();
     auto set = std::make_shared<InterleaveSet>(cfg.interleave_stripe, cfg.ndevices ? cfg.ndevices : 1, cfg.weights);
     const uint64_t ext = set->extent(loc.len);
     std::vector<GpuPool*> pools(set->devices());

@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "cxlkv/sync.hpp"
+#include "kv/store_index.hpp"
 #include "util/log.hpp"
 
 namespace cxlkv {
@@ -358,7 +359,7 @@ Result<std::unique_ptr<IndexServiceHost>> IndexServiceHost::start(Region& pool, 
   auto kv = open_kv_session(pool, *h->node_, ko);
   if (!kv) return kv.error();
   h->session_ = std::move(kv.value());
-  auto svc = IndexService::create(*h->node_, h->session_->store().index());
+  auto svc = IndexService::create(*h->node_, store_index(h->session_->store()));
   if (!svc) return svc.error();
   h->service_ = std::move(svc.value());
   h->service_->server().start();

@@ -28,6 +28,7 @@
 #include "index/node_pins.hpp"
 #include "index/prefix_index.hpp"
 #include "kv/index_service.hpp"
+#include "kv/store_index.hpp"
 #include "sync/node_local.hpp"
 #include "util/lock_timeout.hpp"
 #include "util/log.hpp"
@@ -564,10 +565,10 @@ Result<std::unique_ptr<KvSession>> open_kv_session(Region& pool, NodeContext& no
   auto pins = NodePins::open(node.local().pins, "node " + std::to_string(node.node()) + "'s pin table (/dev/shm/" +
                                                     node.local_shm_name() + ")");
   if (!pins) return pins.error();
-  CXLKV_TRY(s->store_->index().set_node_pins(std::move(pins.value())));
+  CXLKV_TRY(store_index(*s->store_).set_node_pins(std::move(pins.value())));
   if (auto period = drain_period(); period.count())
-    s->drainer = std::make_unique<Drainer>(*s->heap, period, &s->store_->index(),
-                                           s->service ? nullptr : &s->store_->index());
+    s->drainer = std::make_unique<Drainer>(*s->heap, period, &store_index(*s->store_),
+                                           s->service ? nullptr : &store_index(*s->store_));
   return std::unique_ptr<KvSession>(std::move(s));
 }
 

@@ -22,6 +22,7 @@
 #include "cxlkv/alloc.hpp"
 #include "cxlkv/kv.hpp"
 #include "index/prefix_index.hpp"
+#include "kv/store_index.hpp"
 #include "support/lock_test_pool.hpp"
 #include "pool/format.hpp"
 
@@ -118,8 +119,8 @@ std::optional<BlockKey> put_over_chunk(KvStore& kv, ChunkAllocator& ca, uint64_t
     std::vector<int32_t> st(1, 99);
     auto n = kv.put_chain(nullptr, {&k, 1}, kBig, {&ch, 1}, n1, st);
     if (!n || n.value() != 1) return std::nullopt;
-    const uint32_t slot = kv.index().find_ready(k);
-    if (slot != CXLKV_INDEX_NO_SLOT && ca.chunk_of(kv.index().entry(slot).loc.offset) == c) return k;
+    const uint32_t slot = store_index(kv).find_ready(k);
+    if (slot != CXLKV_INDEX_NO_SLOT && ca.chunk_of(store_index(kv).entry(slot).loc.offset) == c) return k;
   }
   return std::nullopt;
 }
@@ -188,9 +189,9 @@ TEST(AllocIntegrity, AZeroedBitmapWithAMatchingChecksumNeverServesOverwrittenByt
   for (uint64_t i = 0; i < 8; i++) ASSERT_TRUE(p.put(key_of(400 + i), kSmall, std::byte(0x60 + i)).ok());
   auto chunks = ChunkAllocator::open(*p.node);
   ASSERT_TRUE(chunks.ok());
-  const uint32_t slot0 = p.kv().index().find_ready(key_of(400));
+  const uint32_t slot0 = store_index(p.kv()).find_ready(key_of(400));
   ASSERT_NE(slot0, CXLKV_INDEX_NO_SLOT);
-  const uint64_t c = chunks->chunk_of(p.kv().index().entry(slot0).loc.offset);
+  const uint64_t c = chunks->chunk_of(store_index(p.kv()).entry(slot0).loc.offset);
   zero_bitmap_with_its_checksum(*chunks, p.region->domain());
   ASSERT_TRUE(chunks->check_bitmap().ok()) << "the forged bitmap should add up to its checksum";
 
@@ -255,9 +256,9 @@ TEST(AllocIntegrity, AFetchSeesItsSpaceHandedOutAgainByAnotherNodeUnderNonCohere
     }
     auto chunks = ChunkAllocator::open(*ctx[1]);
     ASSERT_TRUE(chunks.ok());
-    const uint32_t slot0 = s[1]->store().index().find_ready(key_of(500));
+    const uint32_t slot0 = store_index(s[1]->store()).find_ready(key_of(500));
     ASSERT_NE(slot0, CXLKV_INDEX_NO_SLOT);
-    const uint64_t c = chunks->chunk_of(s[1]->store().index().entry(slot0).loc.offset);
+    const uint64_t c = chunks->chunk_of(store_index(s[1]->store()).entry(slot0).loc.offset);
     zero_bitmap_with_its_checksum(*chunks, p.domain(1));
     auto over = put_over_chunk(s[1]->store(), *chunks, c, 950);
     ASSERT_TRUE(over.has_value()) << "no new block was placed over chunk " << c;

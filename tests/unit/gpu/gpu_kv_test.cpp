@@ -17,6 +17,7 @@
 #include "cxlkv/layout.hpp"
 #include "gpu/reference_backend.hpp"
 #include "index/prefix_index.hpp"
+#include "kv/store_index.hpp"
 #include "support/kv_test_support.hpp"
 
 using namespace cxlkv;
@@ -204,8 +205,8 @@ TEST(GpuKv, FetchOfAMissingBlockFailsAndReleasesItsPins) {
   EXPECT_NE(std::string::npos, f.error().message().find(to_hex(keys[1])));
   EXPECT_EQ(before, d.block(1)) << "a failed fetch wrote GPU memory";
   uint32_t slot = 0;
-  ASSERT_EQ(static_cast<uint32_t>(CXLKV_ENTRY_READY), kv->index().find_state(keys[0], &slot));
-  EXPECT_EQ(0u, kv->index().entry(slot).pin_mask) << "the pin of the block that was found was not released";
+  ASSERT_EQ(static_cast<uint32_t>(CXLKV_ENTRY_READY), store_index(*kv).find_state(keys[0], &slot));
+  EXPECT_EQ(0u, store_index(*kv).entry(slot).pin_mask) << "the pin of the block that was found was not released";
 }
 
 TEST(GpuKv, ABlockOnADeviceWithoutAGpuPoolIsRefusedAndNotLeftReserved) {

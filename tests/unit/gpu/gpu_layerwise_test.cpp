@@ -19,6 +19,7 @@
 #include "cxlkv/kv.hpp"
 #include "gpu/reference_backend.hpp"
 #include "index/prefix_index.hpp"
+#include "kv/store_index.hpp"
 #include "support/kv_test_support.hpp"
 
 using namespace cxlkv;
@@ -269,8 +270,8 @@ TEST(GpuLayerwise, ALoadDeliversLayerGroupsInOrderEachFollowedByItsEvent) {
   // The pins are gone: every block can be evicted again.
   for (auto& k : keys) {
     uint32_t slot = 0;
-    ASSERT_EQ(static_cast<uint32_t>(CXLKV_ENTRY_READY), f.stores[1]->index().find_state(k, &slot));
-    EXPECT_EQ(0u, f.stores[1]->index().entry(slot).pin_mask);
+    ASSERT_EQ(static_cast<uint32_t>(CXLKV_ENTRY_READY), store_index(*f.stores[1]).find_state(k, &slot));
+    EXPECT_EQ(0u, store_index(*f.stores[1]).entry(slot).pin_mask);
   }
 }
 

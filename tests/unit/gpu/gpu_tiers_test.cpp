@@ -18,6 +18,7 @@
 #include "cxlkv/tier.hpp"
 #include "gpu/reference_backend.hpp"
 #include "index/prefix_index.hpp"
+#include "kv/store_index.hpp"
 #include "tier/ssd_payload_tier.hpp"
 #include "support/kv_test_support.hpp"
 #include "support/tier_test_support.hpp"
@@ -149,7 +150,7 @@ struct SsdStore {
   }
   uint8_t tier_of(const BlockKey& k) {
     BlockLocation loc;
-    EXPECT_NE(kv->index().find_ready(k, &loc), CXLKV_INDEX_NO_SLOT);
+    EXPECT_NE(store_index(*kv).find_ready(k, &loc), CXLKV_INDEX_NO_SLOT);
     return loc.tier;
   }
   tier_test::ScratchDir dir;
@@ -203,8 +204,8 @@ TEST(GpuTiers, SsdBlocksComeThroughTheStagingRingByteForByte) {
   EXPECT_EQ(reads_before + 8, t.tier->stats().reads) << "the SSD blocks were read from the SSD tier";
   for (auto& k : keys) {
     uint32_t slot = 0;
-    ASSERT_EQ(static_cast<uint32_t>(CXLKV_ENTRY_READY), t.kv->index().find_state(k, &slot));
-    EXPECT_EQ(0u, t.kv->index().entry(slot).pin_mask) << "a pin was left behind";
+    ASSERT_EQ(static_cast<uint32_t>(CXLKV_ENTRY_READY), store_index(*t.kv).find_state(k, &slot));
+    EXPECT_EQ(0u, store_index(*t.kv).entry(slot).pin_mask) << "a pin was left behind";
   }
 }
 
@@ -297,7 +298,7 @@ TEST(GpuTiers, InterleavedBlocksGoThroughTheirStripeMapByteForByte) {
   ASSERT_EQ(5u, r.value());
   for (auto& k : keys) {
     BlockLocation loc;
-    ASSERT_NE(t.kv->index().find_ready(k, &loc), CXLKV_INDEX_NO_SLOT);
+    ASSERT_NE(store_index(*t.kv).find_ready(k, &loc), CXLKV_INDEX_NO_SLOT);
     EXPECT_EQ(CXLKV_LOC_DEV_INTERLEAVED, loc.device);
   }
   EXPECT_EQ(1u, g_gpu.copies) << "all stripes of all blocks on both devices in one launch";

@@ -8,6 +8,7 @@
 #include <map>
 
 #include "index/index_check.hpp"
+#include "kv/store_index.hpp"
 #include "support/index_sim_pool.hpp"
 
 using namespace cxlkv;
@@ -57,26 +58,26 @@ TEST(IndexBatch, ReserveChainReservesNewBlocksAndReportsCachedOnes) {
   auto c = chain(101, 6);
   for (size_t i = 0; i < 3; i++) ASSERT_TRUE(put(*a, c, i).ok());
   Batch bt(6);
-  auto n = b->index().reserve_chain(nullptr, c, 4096, bt.res, bt.status);
+  auto n = store_index(*b).reserve_chain(nullptr, c, 4096, bt.res, bt.status);
   ASSERT_TRUE(n.ok()) << n.error().message();
   EXPECT_EQ(n.value(), 6u);
   EXPECT_EQ(bt.status, (std::vector<int32_t>{kBlockExists, kBlockExists, kBlockExists, kBlockReserved,
                                              kBlockReserved, kBlockReserved}));
   for (size_t i = 0; i < 6; i++) {
     EXPECT_NE(bt.res[i].slot, CXLKV_INDEX_NO_SLOT) << i;
-    EXPECT_TRUE(b->index().still_valid(bt.res[i].slot, c[i],
+    EXPECT_TRUE(store_index(*b).still_valid(bt.res[i].slot, c[i],
                                        i < 3 ? CXLKV_ENTRY_READY : CXLKV_ENTRY_WRITING, bt.res[i].version))
         << "the version handed out is the entry's version, block " << i;
   }
   EXPECT_EQ(a->lookup(c), 3u) << "reserved blocks are invisible";
   bt.slots_from_res();
   std::vector<int32_t> ps(3, 99);
-  auto pub = b->index().publish_many(std::span(bt.slots).subspan(3), std::span(c).subspan(3), ps);
+  auto pub = store_index(*b).publish_many(std::span(bt.slots).subspan(3), std::span(c).subspan(3), ps);
   ASSERT_TRUE(pub.ok());
   EXPECT_EQ(pub.value(), 3u) << "a chain given parent first publishes in one call";
   EXPECT_EQ(ps, (std::vector<int32_t>(3, kBlockReserved)));
   EXPECT_EQ(a->lookup(c), 6u);
-  EXPECT_FALSE(b->index().still_valid(bt.res[3].slot, c[3], CXLKV_ENTRY_WRITING, bt.res[3].version))
+  EXPECT_FALSE(store_index(*b).still_valid(bt.res[3].slot, c[3], CXLKV_ENTRY_WRITING, bt.res[3].version))
       << "publishing changed the entry: the reservation is settled";
 }
 
@@ -89,11 +90,11 @@ TEST(IndexBatch, ReserveChainStopsAtABusyBlockAndKeepsWhatItHolds) {
   auto other = b->reserve(c[2], &c[1], 4096);  // node 1 is writing block 2
   ASSERT_TRUE(other.ok() && other->reserved());
   Batch bt(5);
-  auto n = a->index().reserve_chain(nullptr, c, 4096, bt.res, bt.status);
+  auto n = store_index(*a).reserve_chain(nullptr, c, 4096, bt.res, bt.status);
   ASSERT_TRUE(n.ok());
   EXPECT_EQ(n.value(), 2u);
   EXPECT_EQ(bt.status, (std::vector<int32_t>{kBlockExists, kBlockExists, kBlockBusy, -ECANCELED, -ECANCELED}));
-  EXPECT_EQ(a->index().find_state(c[3]), uint32_t(CXLKV_ENTRY_EMPTY)) << "nothing attempted after the busy block";
+  EXPECT_EQ(store_index(*a).find_state(c[3]), uint32_t(CXLKV_ENTRY_EMPTY)) << "nothing attempted after the busy block";
 }
 
 // With through_busy a block another node is writing does not end
@@ -108,29 +109,29 @@ TEST(IndexBatch, ReserveChainThroughABusyBlockReservesBelowItAndPublishesAfterIt
   auto other = b->reserve(c[1], &c[0], 4096);  // node 1 is writing block 1
   ASSERT_TRUE(other.ok() && other->reserved());
   Batch bt(5);
-  auto n = a->index().reserve_chain(nullptr, c, 4096, bt.res, bt.status, /*through_busy=*/true);
+  auto n = store_index(*a).reserve_chain(nullptr, c, 4096, bt.res, bt.status, /*through_busy=*/true);
   ASSERT_TRUE(n.ok());
   EXPECT_EQ(n.value(), 1u) << "leading RESERVED / EXISTS blocks: the count stops at the BUSY one";
   EXPECT_EQ(bt.status, (std::vector<int32_t>{kBlockExists, kBlockBusy, kBlockReserved, kBlockReserved, kBlockReserved}));
-  EXPECT_EQ(bt.res[1].slot, a->index().entry(bt.res[2].slot).parent_slot) << "block 2 hangs below the BUSY block";
+  EXPECT_EQ(bt.res[1].slot, store_index(*a).entry(bt.res[2].slot).parent_slot) << "block 2 hangs below the BUSY block";
   std::vector<uint32_t> slots{bt.res[2].slot, bt.res[3].slot, bt.res[4].slot};
   std::vector<BlockKey> keys{c[2], c[3], c[4]};
   std::vector<int32_t> st(3);
-  auto pub = a->index().publish_many(slots, keys, st);
+  auto pub = store_index(*a).publish_many(slots, keys, st);
   ASSERT_TRUE(pub.ok());
   EXPECT_EQ(st[0], -EAGAIN) << "its parent is not published yet";
-  EXPECT_EQ(a->index().find_ready(c[2]), CXLKV_INDEX_NO_SLOT);
+  EXPECT_EQ(store_index(*a).find_ready(c[2]), CXLKV_INDEX_NO_SLOT);
   // Its writer cannot abort it while our blocks hang below it.
   std::vector<int32_t> ast(1);
   std::vector<uint32_t> oslot{other->slot};
   std::vector<BlockKey> okey{c[1]};
-  ASSERT_TRUE(b->index().abort_many(oslot, okey, ast).ok());
+  ASSERT_TRUE(store_index(*b).abort_many(oslot, okey, ast).ok());
   EXPECT_EQ(ast[0], -EBUSY);
-  ASSERT_TRUE(b->index().publish(other->slot, c[1]).ok());
-  pub = a->index().publish_many(slots, keys, st);
+  ASSERT_TRUE(store_index(*b).publish(other->slot, c[1]).ok());
+  pub = store_index(*a).publish_many(slots, keys, st);
   ASSERT_TRUE(pub.ok());
   EXPECT_EQ(pub.value(), 3u);
-  EXPECT_EQ(a->index().longest_prefix(c), 5u);
+  EXPECT_EQ(store_index(*a).longest_prefix(c), 5u);
 }
 
 TEST(IndexBatch, ReserveChainThroughABusyBlockWhoseWriterDiedGetsEOWNERDEADAtPublish) {
@@ -140,17 +141,17 @@ TEST(IndexBatch, ReserveChainThroughABusyBlockWhoseWriterDiedGetsEOWNERDEADAtPub
   auto other = b->reserve(c[0], nullptr, 4096);  // node 1 is writing the root
   ASSERT_TRUE(other.ok() && other->reserved());
   Batch bt(3);
-  ASSERT_TRUE(a->index().reserve_chain(nullptr, c, 4096, bt.res, bt.status, true).ok());
+  ASSERT_TRUE(store_index(*a).reserve_chain(nullptr, c, 4096, bt.res, bt.status, true).ok());
   EXPECT_EQ(bt.status, (std::vector<int32_t>{kBlockBusy, kBlockReserved, kBlockReserved}));
   p.live.kill(1);
   std::vector<uint32_t> slots{bt.res[1].slot, bt.res[2].slot};
   std::vector<BlockKey> keys{c[1], c[2]};
   std::vector<int32_t> st(2);
-  ASSERT_TRUE(a->index().publish_many(slots, keys, st).ok());
+  ASSERT_TRUE(store_index(*a).publish_many(slots, keys, st).ok());
   EXPECT_EQ(st[0], -EOWNERDEAD);
-  ASSERT_TRUE(a->index().abort_many(slots, keys, st).ok());
+  ASSERT_TRUE(store_index(*a).abort_many(slots, keys, st).ok());
   EXPECT_EQ(st, (std::vector<int32_t>{kBlockReserved, kBlockReserved})) << "ours abort cleanly, children first";
-  ASSERT_TRUE(a->index().reclaim_dead().ok());
+  ASSERT_TRUE(store_index(*a).reclaim_dead().ok());
   EXPECT_EQ(p.space.in_use(), 0u) << "nothing left: the dead writer's root reclaimed once our blocks went";
 }
 
@@ -159,7 +160,7 @@ TEST(IndexBatch, ReserveChainBelowAnUncachedParentFailsWithENOENT) {
   auto a = p.store(0);
   auto c = chain(103, 3);
   Batch bt(2);
-  auto n = a->index().reserve_chain(&c[0], std::span(c).subspan(1), 4096, bt.res, bt.status);
+  auto n = store_index(*a).reserve_chain(&c[0], std::span(c).subspan(1), 4096, bt.res, bt.status);
   ASSERT_TRUE(n.ok());
   EXPECT_EQ(n.value(), 0u);
   EXPECT_EQ(bt.status, (std::vector<int32_t>{-ENOENT, -ECANCELED}));
@@ -171,9 +172,9 @@ TEST(IndexBatch, ReserveChainRefusesBadArguments) {
   auto a = p.store(0);
   auto c = chain(104, 3);
   Batch bt(3), small(2);
-  EXPECT_EQ(a->index().reserve_chain(nullptr, c, 4096, small.res, bt.status).error().code(), -EINVAL);
-  EXPECT_EQ(a->index().reserve_chain(nullptr, c, 4096, bt.res, small.status).error().code(), -EINVAL);
-  auto z = a->index().reserve_chain(nullptr, c, 0, bt.res, bt.status);
+  EXPECT_EQ(store_index(*a).reserve_chain(nullptr, c, 4096, small.res, bt.status).error().code(), -EINVAL);
+  EXPECT_EQ(store_index(*a).reserve_chain(nullptr, c, 4096, bt.res, small.status).error().code(), -EINVAL);
+  auto z = store_index(*a).reserve_chain(nullptr, c, 0, bt.res, bt.status);
   EXPECT_TRUE(!z.ok() || z.value() == 0u);
   EXPECT_EQ(p.space.in_use(), 0u);
 }
@@ -183,21 +184,21 @@ TEST(IndexBatch, PublishManyRefusesAChildBeforeItsParentPerBlock) {
   auto a = p.store(0);
   auto c = chain(105, 2);
   Batch bt(2);
-  ASSERT_EQ(a->index().reserve_chain(nullptr, c, 64, bt.res, bt.status).value(), 2u);
+  ASSERT_EQ(store_index(*a).reserve_chain(nullptr, c, 64, bt.res, bt.status).value(), 2u);
   std::vector<uint32_t> slots{bt.res[1].slot, bt.res[0].slot};
   std::vector<BlockKey> keys{c[1], c[0]};
   std::vector<int32_t> st(2, 99);
-  auto n = a->index().publish_many(slots, keys, st);
+  auto n = store_index(*a).publish_many(slots, keys, st);
   ASSERT_TRUE(n.ok());
   EXPECT_EQ(n.value(), 1u);
   EXPECT_EQ(st[0], -EAGAIN) << "child given before its parent";
   EXPECT_EQ(st[1], kBlockReserved);
-  EXPECT_EQ(a->index().publish_many(std::span(slots).first(1), std::span(keys).first(1), st).value(), 1u);
+  EXPECT_EQ(store_index(*a).publish_many(std::span(slots).first(1), std::span(keys).first(1), st).value(), 1u);
   EXPECT_EQ(a->lookup(c), 2u);
   // Publishing again, or a slot of another key, is refused per block.
   std::vector<uint32_t> bad{bt.res[0].slot, 3u};
   std::vector<BlockKey> bk{c[0], c[1]};
-  EXPECT_EQ(a->index().publish_many(bad, bk, st).value(), 0u);
+  EXPECT_EQ(store_index(*a).publish_many(bad, bk, st).value(), 0u);
   EXPECT_EQ(st[0], -ESTALE);
   EXPECT_EQ(st[1], -ESTALE);
 }
@@ -208,24 +209,24 @@ TEST(IndexBatch, PinManyReportsMissesAndUnpinManyReleases) {
   auto c = chain(106, 4);
   for (size_t i = 0; i < 3; i++) ASSERT_TRUE(put(*a, c, i).ok());
   Batch bt(4);
-  auto n = b->index().pin_many(c, bt.pins, bt.status);
+  auto n = store_index(*b).pin_many(c, bt.pins, bt.status);
   ASSERT_TRUE(n.ok());
   EXPECT_EQ(n.value(), 3u);
   EXPECT_EQ(bt.status, (std::vector<int32_t>{0, 0, 0, kBlockMiss}));
   for (size_t i = 0; i < 3; i++) {
-    EXPECT_TRUE(b->index().still_valid(bt.pins[i].slot, c[i], CXLKV_ENTRY_READY, bt.pins[i].version));
-    EXPECT_EQ(b->index().entry(bt.pins[i].slot).pin_mask, 2u) << "node 1's pin bit";
+    EXPECT_TRUE(store_index(*b).still_valid(bt.pins[i].slot, c[i], CXLKV_ENTRY_READY, bt.pins[i].version));
+    EXPECT_EQ(store_index(*b).entry(bt.pins[i].slot).pin_mask, 2u) << "node 1's pin bit";
   }
   // Another node's pin does not invalidate ours (only identity changes do).
   Batch bt2(3);
-  ASSERT_EQ(a->index().pin_many(std::span(c).first(3), bt2.pins, bt2.status).value(), 3u);
-  EXPECT_TRUE(b->index().still_valid(bt.pins[0].slot, c[0], CXLKV_ENTRY_READY, bt.pins[0].version));
+  ASSERT_EQ(store_index(*a).pin_many(std::span(c).first(3), bt2.pins, bt2.status).value(), 3u);
+  EXPECT_TRUE(store_index(*b).still_valid(bt.pins[0].slot, c[0], CXLKV_ENTRY_READY, bt.pins[0].version));
   bt.slots_from_pins();
   std::vector<int32_t> us(3, 99);
-  EXPECT_EQ(b->index().unpin_many(std::span(bt.slots).first(3), std::span(c).first(3), us).value(), 3u);
+  EXPECT_EQ(store_index(*b).unpin_many(std::span(bt.slots).first(3), std::span(c).first(3), us).value(), 3u);
   EXPECT_EQ(us, (std::vector<int32_t>(3, 0)));
-  EXPECT_EQ(b->index().entry(bt.pins[0].slot).pin_mask, 1u) << "only node 0's pin is left";
-  EXPECT_EQ(b->index().unpin_many(std::span(bt.slots).first(1), std::span(c).first(1), us).value(), 0u)
+  EXPECT_EQ(store_index(*b).entry(bt.pins[0].slot).pin_mask, 1u) << "only node 0's pin is left";
+  EXPECT_EQ(store_index(*b).unpin_many(std::span(bt.slots).first(1), std::span(c).first(1), us).value(), 0u)
       << "unpinning twice is refused";
   EXPECT_EQ(us[0], -EINVAL);
 }
@@ -235,16 +236,16 @@ TEST(IndexBatch, AbortManyOfAChainGivenParentFirstFreesEverything) {
   auto a = p.store(0);
   auto c = chain(107, 4);
   Batch bt(4);
-  ASSERT_EQ(a->index().reserve_chain(nullptr, c, 4096, bt.res, bt.status).value(), 4u);
+  ASSERT_EQ(store_index(*a).reserve_chain(nullptr, c, 4096, bt.res, bt.status).value(), 4u);
   EXPECT_EQ(p.space.in_use(), 4u);
   bt.slots_from_res();
   std::vector<int32_t> st(4, 99);
-  auto n = a->index().abort_many(bt.slots, c, st);
+  auto n = store_index(*a).abort_many(bt.slots, c, st);
   ASSERT_TRUE(n.ok());
   EXPECT_EQ(n.value(), 4u);
   EXPECT_EQ(st, (std::vector<int32_t>(4, 0)));
   EXPECT_EQ(p.space.in_use(), 0u);
-  EXPECT_EQ(a->index().find_state(c[0]), uint32_t(CXLKV_ENTRY_EMPTY));
+  EXPECT_EQ(store_index(*a).find_state(c[0]), uint32_t(CXLKV_ENTRY_EMPTY));
 }
 
 TEST(IndexBatch, StillValidFailsOnceTheBlockIsEvictedAndTheSlotReused) {
@@ -256,12 +257,12 @@ TEST(IndexBatch, StillValidFailsOnceTheBlockIsEvictedAndTheSlotReused) {
   auto x = chain(108, 1), y = chain(109, 1);
   ASSERT_TRUE(put(*a, x, 0).ok());
   Batch bt(1);
-  ASSERT_EQ(a->index().pin_many(x, bt.pins, bt.status).value(), 1u);
+  ASSERT_EQ(store_index(*a).pin_many(x, bt.pins, bt.status).value(), 1u);
   PinnedBlock old = bt.pins[0];
   bt.slots_from_pins();
-  ASSERT_EQ(a->index().unpin_many(bt.slots, x, bt.status).value(), 1u);
+  ASSERT_EQ(store_index(*a).unpin_many(bt.slots, x, bt.status).value(), 1u);
   ASSERT_TRUE(put(*a, y, 0).ok());  // evicts x
-  EXPECT_FALSE(a->index().still_valid(old.slot, x[0], CXLKV_ENTRY_READY, old.version));
+  EXPECT_FALSE(store_index(*a).still_valid(old.slot, x[0], CXLKV_ENTRY_READY, old.version));
 }
 
 // Fencing at publish (docs/integrity.md "Fencing: handles carry the entry version"): the KV store's put_chain checks its
@@ -274,12 +275,12 @@ TEST(IndexBatch, PublishManyOfReservationsRefusesAChangedVersionOrLocation) {
   auto a = p.store(0);
   auto c = chain(111, 3);
   Batch bt(3);
-  ASSERT_EQ(a->index().reserve_chain(nullptr, c, 4096, bt.res, bt.status).value(), 3u);
+  ASSERT_EQ(store_index(*a).reserve_chain(nullptr, c, 4096, bt.res, bt.status).value(), 3u);
   std::vector<Reservation> stale = bt.res;
   stale[0].version++;             // reserved again since
   stale[1].loc.offset += 4096;    // reserved again, elsewhere
   std::vector<int32_t> st(3, 99);
-  auto n = a->index().publish_many(std::span<const Reservation>(stale), c, st);
+  auto n = store_index(*a).publish_many(std::span<const Reservation>(stale), c, st);
   ASSERT_TRUE(n.ok()) << n.error().message();
   EXPECT_EQ(n.value(), 0u);
   EXPECT_EQ(st[0], -ESTALE);
@@ -288,9 +289,9 @@ TEST(IndexBatch, PublishManyOfReservationsRefusesAChangedVersionOrLocation) {
   EXPECT_NE(PrefixIndex::last_block_message().find("changed since it was reserved"), std::string::npos)
       << PrefixIndex::last_block_message();
   EXPECT_EQ(a->lookup(c), 0u) << "nothing of the stale handles became visible";
-  EXPECT_FALSE(a->index().publish_many(std::span<const Reservation>(bt.res).first(2), c, st).ok())
+  EXPECT_FALSE(store_index(*a).publish_many(std::span<const Reservation>(bt.res).first(2), c, st).ok())
       << "one reservation per key";
-  n = a->index().publish_many(std::span<const Reservation>(bt.res), c, st);
+  n = store_index(*a).publish_many(std::span<const Reservation>(bt.res), c, st);
   ASSERT_TRUE(n.ok()) << n.error().message();
   EXPECT_EQ(n.value(), 3u);
   EXPECT_EQ(st, (std::vector<int32_t>(3, kBlockReserved)));
@@ -304,17 +305,17 @@ TEST(IndexBatch, CallerDyingMidBatchLeaksNothing) {
   auto a = p.store(0), b = p.store(1);
   auto c = chain(110, 6);
   Batch bt(6);
-  ASSERT_EQ(a->index().reserve_chain(nullptr, c, 4096, bt.res, bt.status).value(), 6u);
+  ASSERT_EQ(store_index(*a).reserve_chain(nullptr, c, 4096, bt.res, bt.status).value(), 6u);
   bt.slots_from_res();
   std::vector<int32_t> st(2, 99);
-  ASSERT_EQ(a->index().publish_many(std::span(bt.slots).first(2), std::span(c).first(2), st).value(), 2u);
+  ASSERT_EQ(store_index(*a).publish_many(std::span(bt.slots).first(2), std::span(c).first(2), st).value(), 2u);
   p.sim.drop_all(0);
   p.live.kill(0);  // dies with 4 blocks WRITING
   EXPECT_EQ(b->lookup(c), 2u);
   Batch bb(6);
   size_t got = 0;
   for (int attempt = 0; attempt < 4 && got < 6; attempt++) {
-    auto n = b->index().reserve_chain(nullptr, c, 4096, bb.res, bb.status);
+    auto n = store_index(*b).reserve_chain(nullptr, c, 4096, bb.res, bb.status);
     ASSERT_TRUE(n.ok());
     got = n.value();
   }
@@ -325,7 +326,7 @@ TEST(IndexBatch, CallerDyingMidBatchLeaksNothing) {
   EXPECT_EQ(p.space.in_use(), 6u) << "the dead writer's 4 payloads were freed, 4 new ones taken";
   bb.slots_from_res();
   std::vector<int32_t> ps(4, 99);
-  EXPECT_EQ(b->index().publish_many(std::span(bb.slots).subspan(2), std::span(c).subspan(2), ps).value(), 4u);
+  EXPECT_EQ(store_index(*b).publish_many(std::span(bb.slots).subspan(2), std::span(c).subspan(2), ps).value(), 4u);
   EXPECT_EQ(b->lookup(c), 6u);
   EXPECT_EQ(p.space.double_frees, 0u);
 }
@@ -337,7 +338,7 @@ TEST(IndexBatch, EachStripeLockIsTakenOncePerCall) {
   d.locks = &counting;
   auto kv = KvStore::create(std::move(d));
   ASSERT_TRUE(kv.ok());
-  PrefixIndex& ix = (*kv)->index();
+  PrefixIndex& ix = store_index(*(*kv));
   auto c = chain(111, 64);  // 64 blocks over 8 stripes
   Batch bt(64);
   ASSERT_EQ(ix.reserve_chain(nullptr, c, 256, bt.res, bt.status).value(), 64u);
@@ -391,7 +392,7 @@ TEST(IndexBatch, PutChainIntoAFullPoolEvictsAsManyOlderBlocksAsItNeeds) {
     EXPECT_EQ(a->lookup(keys), kN) << "chain " << c;
     EXPECT_TRUE(fetch_ok(*a, keys[kN - 1], kBytes)) << "chain " << c;
   }
-  EXPECT_EQ(a->index().usage().by_state[CXLKV_ENTRY_WRITING], 0u);
+  EXPECT_EQ(store_index(*a).usage().by_state[CXLKV_ENTRY_WRITING], 0u);
 }
 
 namespace {
@@ -463,7 +464,7 @@ TEST(IndexBatch, WriterDyingAtAnyLockOfAReserveIntoAFullPoolLeavesNoStaleChildCo
     dying.die_at = die_at;
     bool threw = false;
     try {
-      (void)a->index().reserve_chain(&parent, keys, kBytes, bt.res, bt.status);
+      (void)store_index(*a).reserve_chain(&parent, keys, kBytes, bt.res, bt.status);
     } catch (const Died&) {
       threw = true;
     }
@@ -477,10 +478,10 @@ TEST(IndexBatch, WriterDyingAtAnyLockOfAReserveIntoAFullPoolLeavesNoStaleChildCo
     // pinned, not counted, and a child removed while its parent's stripe
     // was not held is a pending drop (prefix_index.hpp "Children counts").
     for (uint32_t state : {CXLKV_ENTRY_WRITING, CXLKV_ENTRY_READY, CXLKV_ENTRY_EVICTING})
-      EXPECT_EQ(child_count_mismatches(b->index(), state), "")
+      EXPECT_EQ(child_count_mismatches(store_index(*b), state), "")
           << "writer died at lock call " << die_at << ", before any repair";
     ASSERT_TRUE(b->reclaim_dead().ok());
-    const std::string bad = child_count_mismatches(b->index(), CXLKV_ENTRY_WRITING);
+    const std::string bad = child_count_mismatches(store_index(*b), CXLKV_ENTRY_WRITING);
     if (!bad.empty()) stale++;
     EXPECT_EQ(bad, "") << "writer died at lock call " << die_at;
     // The audit of cxlkvctl kv check, on node 1's view: it names exactly
@@ -496,10 +497,10 @@ TEST(IndexBatch, WriterDyingAtAnyLockOfAReserveIntoAFullPoolLeavesNoStaleChildCo
         if (m.state == state)
           audited += " slot " + std::to_string(m.slot) + " (state " + std::to_string(m.state) + "): count " +
                      std::to_string(m.stored) + ", children " + std::to_string(m.found) + ";";
-      EXPECT_EQ(audited, child_count_mismatches(b->index(), state)) << "writer died at lock call " << die_at;
+      EXPECT_EQ(audited, child_count_mismatches(store_index(*b), state)) << "writer died at lock call " << die_at;
       if (state == CXLKV_ENTRY_READY && !audited.empty()) ready_stale++;
     }
-    EXPECT_EQ(b->index().usage().by_state[CXLKV_ENTRY_WRITING], 0u) << "writer died at lock call " << die_at;
+    EXPECT_EQ(store_index(*b).usage().by_state[CXLKV_ENTRY_WRITING], 0u) << "writer died at lock call " << die_at;
     if (b->lookup(chain(606, kN)) == kN) {  // the parent survived: the chain goes under it again
       auto again = put_chain(*b, &parent, keys);
       ASSERT_TRUE(again.ok()) << again.error().message();

@@ -8,6 +8,7 @@
 #include <random>
 #include <thread>
 
+#include "kv/store_index.hpp"
 #include "support/index_sim_pool.hpp"
 
 using namespace cxlkv;
@@ -44,22 +45,22 @@ void tick() { std::this_thread::sleep_for(std::chrono::milliseconds(3)); }
 TEST(IndexEvict, CapacityIsPoolWideNotSplitOverStripes) {
   SimPool p(1, 0.0, opts(8, 64, 20));
   auto a = p.store(0);
-  auto keys = roots_in_stripe(a->index(), 3, 21, 1000);
+  auto keys = roots_in_stripe(store_index(*a), 3, 21, 1000);
   for (size_t i = 0; i < 20; i++) ASSERT_TRUE(put1(*a, keys[i]).ok()) << i;
-  EXPECT_EQ(a->index().counters().evictions, 0u) << "20 blocks fit a 20-block pool even all in one stripe";
-  EXPECT_EQ(a->index().usage().used_blocks, 20u);
+  EXPECT_EQ(store_index(*a).counters().evictions, 0u) << "20 blocks fit a 20-block pool even all in one stripe";
+  EXPECT_EQ(store_index(*a).usage().used_blocks, 20u);
   ASSERT_TRUE(put1(*a, keys[20]).ok());
-  EXPECT_EQ(a->index().counters().evictions, 1u);
-  EXPECT_EQ(a->index().usage().used_blocks, 20u);
-  EXPECT_EQ(a->index().audit_lists(), 0u);
+  EXPECT_EQ(store_index(*a).counters().evictions, 1u);
+  EXPECT_EQ(store_index(*a).usage().used_blocks, 20u);
+  EXPECT_EQ(store_index(*a).audit_lists(), 0u);
 }
 
 TEST(IndexEvict, VictimIsTheLeastRecentlyUsedLeafOfTheWholePool) {
   SimPool p(2, 0.0, opts(8, 64, 3));
   auto a = p.store(0), b = p.store(1);
-  auto x = roots_in_stripe(a->index(), 1, 1, 10)[0];
-  auto y = roots_in_stripe(a->index(), 5, 1, 10)[0];
-  auto z = roots_in_stripe(a->index(), 6, 1, 10)[0];
+  auto x = roots_in_stripe(store_index(*a), 1, 1, 10)[0];
+  auto y = roots_in_stripe(store_index(*a), 5, 1, 10)[0];
+  auto z = roots_in_stripe(store_index(*a), 6, 1, 10)[0];
   ASSERT_TRUE(put1(*a, x).ok());
   tick();
   ASSERT_TRUE(put1(*b, y).ok());
@@ -68,13 +69,13 @@ TEST(IndexEvict, VictimIsTheLeastRecentlyUsedLeafOfTheWholePool) {
   tick();
   ASSERT_TRUE(fetch_ok(*b, x)) << "another node uses x: y is now the oldest";
   tick();
-  auto w = roots_in_stripe(a->index(), 1, 2, 10)[1];  // lands in x's stripe, not y's
+  auto w = roots_in_stripe(store_index(*a), 1, 2, 10)[1];  // lands in x's stripe, not y's
   ASSERT_TRUE(put1(*a, w).ok());
   EXPECT_EQ(a->lookup(std::span(&x, 1)), 1u);
   EXPECT_EQ(a->lookup(std::span(&y, 1)), 0u) << "the oldest block pool-wide went, in another stripe";
   EXPECT_EQ(a->lookup(std::span(&z, 1)), 1u);
-  EXPECT_GE(a->index().counters().second_chances, 1u) << "x was a tail used since it was linked";
-  EXPECT_EQ(a->index().audit_lists(), 0u);
+  EXPECT_GE(store_index(*a).counters().second_chances, 1u) << "x was a tail used since it was linked";
+  EXPECT_EQ(store_index(*a).audit_lists(), 0u);
 }
 
 TEST(IndexEvict, AColdSubtreeGoesLeafFirstBeforeAWarmBlock) {
@@ -96,7 +97,7 @@ TEST(IndexEvict, AColdSubtreeGoesLeafFirstBeforeAWarmBlock) {
     EXPECT_EQ(a->lookup(warm), 1u) << "the warm block stays";
   }
   EXPECT_EQ(a->lookup(fresh), 4u);
-  EXPECT_EQ(a->index().audit_lists(), 0u);
+  EXPECT_EQ(store_index(*a).audit_lists(), 0u);
 }
 
 TEST(IndexEvict, ReserveEvictsWhileAnythingUnpinnedRemainsThenRefuses) {
@@ -118,7 +119,7 @@ TEST(IndexEvict, ReserveEvictsWhileAnythingUnpinnedRemainsThenRefuses) {
   EXPECT_NE(r.error().message().find("capacity"), std::string::npos) << r.error().message();
   for (auto& pin : pins) ASSERT_TRUE(a->unpin(pin).ok());
   EXPECT_TRUE(put1(*a, more[0]).ok());
-  EXPECT_EQ(a->index().audit_lists(), 0u);
+  EXPECT_EQ(store_index(*a).audit_lists(), 0u);
 }
 
 TEST(IndexEvict, ChainMeetingAFullCacheStopsCleanlyAndKeepsWhatItHolds) {
@@ -130,42 +131,42 @@ TEST(IndexEvict, ChainMeetingAFullCacheStopsCleanlyAndKeepsWhatItHolds) {
   auto c = chain(71, 8);
   std::vector<Reservation> res(8);
   std::vector<int32_t> st(8, 99);
-  auto n = a->index().reserve_chain(nullptr, c, 4096, res, st);
+  auto n = store_index(*a).reserve_chain(nullptr, c, 4096, res, st);
   ASSERT_TRUE(n.ok());
   EXPECT_EQ(n.value(), 5u) << "the old chain is evicted for it, then the pool is full of our own WRITING blocks";
   for (size_t i = 0; i < 5; i++) EXPECT_EQ(st[i], kBlockReserved) << i;
   EXPECT_EQ(st[5], -ENOSPC);
   EXPECT_EQ(st[6], -ECANCELED);
   EXPECT_EQ(a->lookup(old), 0u);
-  for (size_t i = 0; i < 5; i++) EXPECT_EQ(a->index().find_state(c[i]), uint32_t(CXLKV_ENTRY_WRITING)) << i;
+  for (size_t i = 0; i < 5; i++) EXPECT_EQ(store_index(*a).find_state(c[i]), uint32_t(CXLKV_ENTRY_WRITING)) << i;
   // The caller publishes what it holds and continues the chain later.
   std::vector<uint32_t> slots;
   for (size_t i = 0; i < 5; i++) slots.push_back(res[i].slot);
-  ASSERT_EQ(a->index().publish_many(slots, std::span(c).first(5), st).value(), 5u);
+  ASSERT_EQ(store_index(*a).publish_many(slots, std::span(c).first(5), st).value(), 5u);
   EXPECT_EQ(a->lookup(c), 5u);
   EXPECT_EQ(p.space.in_use(), 5u);
-  EXPECT_EQ(a->index().audit_lists(), 0u);
+  EXPECT_EQ(store_index(*a).audit_lists(), 0u);
 }
 
 TEST(IndexEvict, AVictimCostsAFewEntryReadsHoweverLargeTheTable) {
   SimPool p(1, 0.0, opts(8, 1024, 64));
   auto a = p.store(0);
   for (uint64_t i = 0; i < 400; i++) ASSERT_TRUE(put1(*a, chain(1000 + i, 1)[0], 64).ok()) << i;
-  IndexCounters c = a->index().counters();
+  IndexCounters c = store_index(*a).counters();
   ASSERT_EQ(c.evictions, 400u - 64u);
   EXPECT_EQ(c.scan_evictions, 0u) << "every victim came from a list";
   double per = double(c.victim_reads) / double(c.evictions);
   EXPECT_LE(per, 6.0) << "entry reads per eviction in a table of 8192 slots";
-  EXPECT_EQ(a->index().audit_lists(), 0u);
+  EXPECT_EQ(store_index(*a).audit_lists(), 0u);
 }
 
 TEST(IndexEvict, AStripeLeftDirtyByADeadHolderIsRebuilt) {
   SimPool p(2, 0.0, opts(2, 64, 0));
   auto a = p.store(0), b = p.store(1);
-  auto keys = roots_in_stripe(a->index(), 0, 6, 2000);
+  auto keys = roots_in_stripe(store_index(*a), 0, 6, 2000);
   for (auto& k : keys) ASSERT_TRUE(put1(*a, k).ok());
   // A holder died after marking the stripe and scrambling its list and counters.
-  auto* st = reinterpret_cast<cxlkv_index_stripe*>(p.pool.mem + a->index().header().stripe_off);
+  auto* st = reinterpret_cast<cxlkv_index_stripe*>(p.pool.mem + store_index(*a).header().stripe_off);
   cxlkv_index_stripe bad{};
   bad.list_dirty = 1;
   bad.lru_head = 7;
@@ -173,11 +174,11 @@ TEST(IndexEvict, AStripeLeftDirtyByADeadHolderIsRebuilt) {
   bad.used_blocks = 99;
   p.sim.node(0).publish_line(st, &bad);
   p.sim.node(0).fence();
-  EXPECT_GT(b->index().audit_lists(), 0u);
-  ASSERT_TRUE(b->index().evict_one(0).ok());
-  EXPECT_EQ(b->index().counters().list_repairs, 1u);
-  EXPECT_EQ(b->index().audit_lists(), 0u);
-  EXPECT_EQ(b->index().usage().used_blocks, 5u) << "counters recounted from the entries, one evicted";
+  EXPECT_GT(store_index(*b).audit_lists(), 0u);
+  ASSERT_TRUE(store_index(*b).evict_one(0).ok());
+  EXPECT_EQ(store_index(*b).counters().list_repairs, 1u);
+  EXPECT_EQ(store_index(*b).audit_lists(), 0u);
+  EXPECT_EQ(store_index(*b).usage().used_blocks, 5u) << "counters recounted from the entries, one evicted";
 }
 
 // Four nodes, random cache-line evictions, a small pool-wide capacity,
@@ -209,7 +210,7 @@ TEST(IndexEvict, ListsStayConsistentUnderNonCoherentSimWithRandomEvictions) {
         std::vector<Reservation> res(c.size() - have);
         std::vector<int32_t> st(c.size() - have);
         const BlockKey* parent = have ? &c[have - 1] : nullptr;
-        auto r = kv->index().reserve_chain(parent, std::span(c).subspan(have), 1024, res, st);
+        auto r = store_index(*kv).reserve_chain(parent, std::span(c).subspan(have), 1024, res, st);
         if (!r) bad++;
         std::vector<uint32_t> slots;
         std::vector<BlockKey> keys;
@@ -232,7 +233,7 @@ TEST(IndexEvict, ListsStayConsistentUnderNonCoherentSimWithRandomEvictions) {
         }
         std::vector<int32_t> ps(slots.size());
         for (int k = 0; k < 200 && !slots.empty(); k++) {
-          auto pn = kv->index().publish_many(slots, keys, ps);
+          auto pn = store_index(*kv).publish_many(slots, keys, ps);
           if (!pn) break;
           published += pn.value();
           std::vector<uint32_t> s2;
@@ -245,11 +246,11 @@ TEST(IndexEvict, ListsStayConsistentUnderNonCoherentSimWithRandomEvictions) {
         }
         if (!slots.empty()) {
           std::vector<int32_t> as(slots.size());
-          (void)kv->index().abort_many(slots, keys, as);
+          (void)store_index(*kv).abort_many(slots, keys, as);
         }
         for (auto& pin : held)
           if (!kv->unpin(pin)) bad++;
-        if (rng() % 6 == 0) (void)kv->index().evict_any();
+        if (rng() % 6 == 0) (void)store_index(*kv).evict_any();
       }
     });
   }
@@ -260,8 +261,8 @@ TEST(IndexEvict, ListsStayConsistentUnderNonCoherentSimWithRandomEvictions) {
   EXPECT_EQ(p.space.double_frees, 0u);
   auto kv = p.store(0);
   std::string why;
-  EXPECT_EQ(kv->index().audit_lists(&why), 0u) << why;
-  IndexUsage u = kv->index().usage();
+  EXPECT_EQ(store_index(*kv).audit_lists(&why), 0u) << why;
+  IndexUsage u = store_index(*kv).usage();
   EXPECT_EQ(u.used_blocks, u.by_state[CXLKV_ENTRY_READY] + u.by_state[CXLKV_ENTRY_WRITING]);
   EXPECT_EQ(p.space.in_use(), u.used_blocks);
   EXPECT_LE(u.used_blocks, 40u);
@@ -279,12 +280,12 @@ TEST(IndexEvict, SimulatorCatchesListLinksWrittenWithoutNonTemporalStores) {
   ASSERT_TRUE(a.ok());
   for (uint64_t i = 0; i < 4; i++) ASSERT_TRUE(put1(**a, chain(80 + i, 1)[0]).ok());
   auto b = p.store(1);
-  EXPECT_GT(b->index().audit_lists(), 0u) << "node 1 sees list ends whose records never left node 0's cache";
+  EXPECT_GT(store_index(*b).audit_lists(), 0u) << "node 1 sees list ends whose records never left node 0's cache";
   // The correct protocol on the same simulator: consistent for every node.
   SimPool q(2, 0.0, opts(1, 64, 0));
   auto a2 = q.store(0), b2 = q.store(1);
   for (uint64_t i = 0; i < 4; i++) ASSERT_TRUE(put1(*a2, chain(80 + i, 1)[0]).ok());
-  EXPECT_EQ(b2->index().audit_lists(), 0u);
+  EXPECT_EQ(store_index(*b2).audit_lists(), 0u);
 }
 
 // A reserve that must evict costs a few more fences and
@@ -295,33 +296,33 @@ TEST(IndexEvict, AReserveThatEvictsCostsAFewFencesMoreThanOneThatDoesNot) {
   auto a = p.store(0);
   auto cost = [&](uint64_t first, int n) {
     SimCounters c0 = p.sim.counters(0);
-    for (int i = 0; i < n; i++) EXPECT_TRUE(a->index().reserve(chain(first + i, 1)[0], nullptr, 4096).ok());
+    for (int i = 0; i < n; i++) EXPECT_TRUE(store_index(*a).reserve(chain(first + i, 1)[0], nullptr, 4096).ok());
     SimCounters c1 = p.sim.counters(0);
     return std::pair<double, double>{double(c1.fences - c0.fences) / n, double(c1.loads - c0.loads) / n};
   };
   auto [f_plain, l_plain] = cost(5000, 50);  // 50 of 100: no eviction
   // Publish them (reserved blocks are not evictable), then fill up.
   for (uint32_t s = 0; s < 48 * 64; s++) {
-    IndexEntryView v = a->index().entry(s);
+    IndexEntryView v = store_index(*a).entry(s);
     if (v.state == CXLKV_ENTRY_WRITING) {
-      ASSERT_TRUE(a->index().publish(s, v.key).ok());
+      ASSERT_TRUE(store_index(*a).publish(s, v.key).ok());
     }
   }
   for (uint64_t i = 0; i < 50; i++) {
-    auto r = a->index().reserve(chain(6000 + i, 1)[0], nullptr, 4096);
+    auto r = store_index(*a).reserve(chain(6000 + i, 1)[0], nullptr, 4096);
     ASSERT_TRUE(r.ok());
-    ASSERT_TRUE(a->index().publish(r->slot, chain(6000 + i, 1)[0]).ok());
+    ASSERT_TRUE(store_index(*a).publish(r->slot, chain(6000 + i, 1)[0]).ok());
   }
-  const uint64_t ev0 = a->index().counters().evictions;
+  const uint64_t ev0 = store_index(*a).counters().evictions;
   auto [f_evict, l_evict] = cost(7000, 50);
-  EXPECT_EQ(a->index().counters().evictions - ev0, 50u) << "each reserve evicted one block";
+  EXPECT_EQ(store_index(*a).counters().evictions - ev0, 50u) << "each reserve evicted one block";
   RecordProperty("fences_plain", std::to_string(f_plain));
   RecordProperty("fences_evict", std::to_string(f_evict));
   std::printf("reserve: %.1f fences, %.1f loads; evicting reserve: %.1f fences, %.1f loads\n", f_plain, l_plain,
               f_evict, l_evict);
   EXPECT_LE(f_evict, f_plain + 13) << "fences per evicting reserve vs " << f_plain;
   EXPECT_LE(l_evict, l_plain + 12) << "line loads per evicting reserve vs " << l_plain;
-  EXPECT_EQ(a->index().audit_lists(), 0u);
+  EXPECT_EQ(store_index(*a).audit_lists(), 0u);
 }
 
 // Scan resistance (docs/eviction.md "What is evicted first"): an evicted block leaves a ghost (its tombstone
@@ -332,7 +333,7 @@ TEST(IndexEvict, ABlockThatComesBackAfterEvictionOutlivesBlocksSeenOnce) {
   auto a = p.store(0);
   std::vector<BlockKey> k;
   for (uint64_t i = 0; i < 9; i++) k.push_back(chain(3000 + i, 1)[0]);
-  auto cached = [&](size_t i) { return a->index().find_ready(k[i]) != CXLKV_INDEX_NO_SLOT; };
+  auto cached = [&](size_t i) { return store_index(*a).find_ready(k[i]) != CXLKV_INDEX_NO_SLOT; };
   for (size_t i = 0; i < 5; i++) {
     ASSERT_TRUE(put1(*a, k[i]).ok()) << i;
     tick();
@@ -340,14 +341,14 @@ TEST(IndexEvict, ABlockThatComesBackAfterEvictionOutlivesBlocksSeenOnce) {
   ASSERT_FALSE(cached(0)) << "k0, the least recently used, was evicted for k4";
   ASSERT_TRUE(put1(*a, k[0]).ok());  // back: its ghost marks it REUSED
   tick();
-  EXPECT_GT(a->index().usage().tombstones, 0u) << "evictions leave ghosts";
+  EXPECT_GT(store_index(*a).usage().tombstones, 0u) << "evictions leave ghosts";
   for (size_t i = 5; i < 9; i++) {
     ASSERT_TRUE(put1(*a, k[i]).ok()) << i;
     tick();
   }
   EXPECT_TRUE(cached(0)) << "the block that came back is on the hot list";
   EXPECT_FALSE(cached(5)) << "a block seen once went in its place";
-  EXPECT_EQ(a->index().audit_lists(), 0u);
+  EXPECT_EQ(store_index(*a).audit_lists(), 0u);
 }
 
 // A block another request reads (leased again, for a second
@@ -359,7 +360,7 @@ TEST(IndexEvict, ABlockReadByAnotherRequestOutlivesNewerBlocksSeenOnce) {
   auto a = p.store(0);
   std::vector<BlockKey> k;
   for (uint64_t i = 0; i < 7; i++) k.push_back(chain(4000 + i, 1)[0]);
-  auto cached = [&](size_t i) { return a->index().find_ready(k[i]) != CXLKV_INDEX_NO_SLOT; };
+  auto cached = [&](size_t i) { return store_index(*a).find_ready(k[i]) != CXLKV_INDEX_NO_SLOT; };
   auto lease_and_release = [&](size_t i, uint64_t consumer) {
     int32_t st = -1;
     ASSERT_EQ(a->lease(std::span(&k[i], 1), consumer, KvStore::kLeaseNodeAny, 60000, std::span(&st, 1)).value(), 1u);
@@ -380,5 +381,5 @@ TEST(IndexEvict, ABlockReadByAnotherRequestOutlivesNewerBlocksSeenOnce) {
   EXPECT_TRUE(cached(0)) << "the reused block stays, though older than k1..k3";
   for (size_t i = 1; i < 4; i++) EXPECT_FALSE(cached(i)) << "k" << i << ", seen once, went first";
   for (size_t i = 4; i < 7; i++) EXPECT_TRUE(cached(i)) << i;
-  EXPECT_EQ(a->index().audit_lists(), 0u);
+  EXPECT_EQ(store_index(*a).audit_lists(), 0u);
 }

@@ -22,6 +22,7 @@
 #include "cxlkv/kv.hpp"
 #include "cxlkv/sync.hpp"
 #include "index/index_check.hpp"
+#include "kv/store_index.hpp"
 #include "pool/format.hpp"
 #include "support/index_sim_pool.hpp"
 #include "cxlkv/format/alloc_format.h"
@@ -148,9 +149,9 @@ TEST(IndexIntegrity, ADamagedLineIsRememberedAndNeverRetriedForEver) {
   auto a = p.store(0);
   auto c = chain(8, 4);
   for (size_t i = 0; i < 4; i++) ASSERT_TRUE(put(*a, c, i).ok());
-  const uint32_t slot = a->index().find_ready(c[1]);
+  const uint32_t slot = store_index(*a).find_ready(c[1]);
   ASSERT_NE(slot, CXLKV_INDEX_NO_SLOT);
-  auto* e = reinterpret_cast<std::byte*>(p.pool.mem + a->index().header().entry_off + slot * 64ull);
+  auto* e = reinterpret_cast<std::byte*>(p.pool.mem + store_index(*a).header().entry_off + slot * 64ull);
   std::byte saved[64];
   std::memcpy(saved, e, 64);
   uint8_t bad = static_cast<uint8_t>(saved[20]) ^ 0x5a;
@@ -161,7 +162,7 @@ TEST(IndexIntegrity, ADamagedLineIsRememberedAndNeverRetriedForEver) {
   for (int i = 0; i < 1000; i++) ASSERT_EQ(a->lookup(c), 1u) << "the chain ends before the damaged block";
   const auto took = std::chrono::steady_clock::now() - t0;
   EXPECT_LT(took, std::chrono::seconds(2)) << "a damaged line is re-read without bound";
-  EXPECT_EQ(a->index().damaged_lines(), 1u) << "remembered once, not reported on every read";
+  EXPECT_EQ(store_index(*a).damaged_lines(), 1u) << "remembered once, not reported on every read";
   EXPECT_FALSE(fetch_ok(*a, c[1])) << "never served";
   EXPECT_TRUE(fetch_ok(*a, c[0]));
 
@@ -186,9 +187,10 @@ TEST(IndexIntegrity, AnEntryNamingBytesOutsideTheKvCarveIsNeverRead) {
   ASSERT_TRUE(r.ok() && r->reserved());
   ASSERT_TRUE(kv.write(*r, {&ch, 1}).ok());
   ASSERT_TRUE(kv.publish(*r).ok());
-  const uint32_t slot = kv.index().find_ready(keys[0]);
+  const uint32_t slot = store_index(kv).find_ready(keys[0]);
   ASSERT_NE(slot, CXLKV_INDEX_NO_SLOT);
-  auto* line = reinterpret_cast<cxlkv_index_entry*>(p.index_carve() + kv.index().header().entry_off + slot * 64ull);
+  auto* line =
+      reinterpret_cast<cxlkv_index_entry*>(p.index_carve() + store_index(kv).header().entry_off + slot * 64ull);
   MemoryDomain& d = p.region->domain();
   for (uint64_t forged : {uint64_t{0}, p.region->carve(CXLKV_CARVE_INDEX)->offset, p.region->size() - 1024}) {
     cxlkv_index_entry e = d.read_fresh(line);
@@ -244,8 +246,8 @@ TEST(IndexIntegrity, TheAuditNamesEntriesOutsideTheKvCarveOrOverlappingAnother) 
 
   MemoryDomain& d = p.region->domain();
   auto line = [&](const BlockKey& k) {
-    return reinterpret_cast<cxlkv_index_entry*>(p.index_carve() + kv.index().header().entry_off +
-                                                kv.index().find_ready(k) * 64ull);
+    return reinterpret_cast<cxlkv_index_entry*>(p.index_carve() + store_index(kv).header().entry_off +
+                                                store_index(kv).find_ready(k) * 64ull);
   };
   const cxlkv_index_entry a = d.read_fresh(line(keys[0]));
   cxlkv_index_entry b = d.read_fresh(line(keys[1]));
@@ -307,17 +309,18 @@ TEST(IndexIntegrity, AnEntryOverlappingAnotherBlockIsRefusedAtPinAndNeverServed)
     return true;
   };
   MemoryDomain& d = p.region->domain();
-  const uint32_t slot_a = kv.index().find_ready(keys[0]), slot_b = kv.index().find_ready(keys[1]);
+  const uint32_t slot_a = store_index(kv).find_ready(keys[0]), slot_b = store_index(kv).find_ready(keys[1]);
   ASSERT_NE(slot_a, CXLKV_INDEX_NO_SLOT);
   ASSERT_NE(slot_b, CXLKV_INDEX_NO_SLOT);
   auto line = [&](uint32_t slot) {
-    return reinterpret_cast<cxlkv_index_entry*>(p.index_carve() + kv.index().header().entry_off + slot * 64ull);
+    return reinterpret_cast<cxlkv_index_entry*>(p.index_carve() + store_index(kv).header().entry_off +
+                                                 slot * 64ull);
   };
   const cxlkv_index_entry a = d.read_fresh(line(slot_a));
   const cxlkv_index_entry b_good = d.read_fresh(line(slot_b));
   ASSERT_TRUE(reads_as(keys[1], pattern(1)));  // sound: every block is served
 
-  const uint64_t refusals0 = kv.index().counters().overlap_refusals;
+  const uint64_t refusals0 = store_index(kv).counters().overlap_refusals;
   struct Forge {
     const char* what;
     uint64_t off;
@@ -365,7 +368,7 @@ TEST(IndexIntegrity, AnEntryOverlappingAnotherBlockIsRefusedAtPinAndNeverServed)
     EXPECT_TRUE(reads_as(keys[0], pattern(0)));
     EXPECT_TRUE(reads_as(keys[2], pattern(2)));
   }
-  EXPECT_EQ(kv.index().counters().overlap_refusals - refusals0, uint64_t(refused));
+  EXPECT_EQ(store_index(kv).counters().overlap_refusals - refusals0, uint64_t(refused));
 
   // Removing the forged entry leaks its named space rather than freeing block A's.
   {
@@ -375,7 +378,7 @@ TEST(IndexIntegrity, AnEntryOverlappingAnotherBlockIsRefusedAtPinAndNeverServed)
     d.publish_line(line(slot_b), &b);
     d.fence();
   }
-  ASSERT_TRUE(kv.index().remove(keys[1]).ok());
+  ASSERT_TRUE(store_index(kv).remove(keys[1]).ok());
   std::vector<uint64_t> more_ids;
   for (uint64_t i = 0; i < 64; i++) more_ids.push_back(5000 + i);
   auto more = keys_from_ids(more_ids);
@@ -429,7 +432,8 @@ TEST(IndexIntegrity, AnEntryMovedInsideItsOwnGranuleIsRefusedAtPinNamingTheBlock
     ASSERT_TRUE(kv.publish(*r).ok());
   }
   auto line = [&](uint32_t slot) {
-    return reinterpret_cast<cxlkv_index_entry*>(p.index_carve() + kv.index().header().entry_off + slot * 64ull);
+    return reinterpret_cast<cxlkv_index_entry*>(p.index_carve() + store_index(kv).header().entry_off +
+                                                 slot * 64ull);
   };
   auto get = [&](size_t i, std::vector<std::byte>& got) {
     got.assign(sizes[i], std::byte{0x5A});
@@ -440,9 +444,9 @@ TEST(IndexIntegrity, AnEntryMovedInsideItsOwnGranuleIsRefusedAtPinNamingTheBlock
     return g.ok() ? st[0] : g.error().code();
   };
   int refused = 0;
-  const uint64_t refusals0 = kv.index().counters().overlap_refusals;
+  const uint64_t refusals0 = store_index(kv).counters().overlap_refusals;
   for (size_t i : {size_t{0}, size_t{3}, size_t{4}}) {
-    const uint32_t slot = kv.index().find_ready(keys[i]);
+    const uint32_t slot = store_index(kv).find_ready(keys[i]);
     ASSERT_NE(slot, CXLKV_INDEX_NO_SLOT);
     const cxlkv_index_entry good = d.read_fresh(line(slot));
     const uint64_t room = 1023 - good.loc_off % CXLKV_OWNER_GRANULE;  // shifts that stay in the granule
@@ -471,7 +475,7 @@ TEST(IndexIntegrity, AnEntryMovedInsideItsOwnGranuleIsRefusedAtPinNamingTheBlock
     ASSERT_EQ(get(i, got), 0) << kv.last_block_error();
     for (size_t j = 0; j < got.size(); j++) ASSERT_EQ(got[j], pattern(i, j)) << "block " << i << " byte " << j;
   }
-  EXPECT_EQ(kv.index().counters().overlap_refusals - refusals0, uint64_t(refused));
+  EXPECT_EQ(store_index(kv).counters().overlap_refusals - refusals0, uint64_t(refused));
 }
 
 }  // namespace cxlkv
@@ -496,8 +500,8 @@ void publish_chain(KvStore& kv, const std::vector<BlockKey>& keys) {
 // line with its check recomputed, published through the pool's domain.
 cxlkv_index_entry* forge_children(ShmKv& p, KvStore& kv, const BlockKey& key, uint32_t children) {
   MemoryDomain& d = p.region->domain();
-  auto* line = reinterpret_cast<cxlkv_index_entry*>(p.index_carve() + kv.index().header().entry_off +
-                                                    kv.index().find_ready(key) * 64ull);
+  auto* line = reinterpret_cast<cxlkv_index_entry*>(p.index_carve() + store_index(kv).header().entry_off +
+                                                    store_index(kv).find_ready(key) * 64ull);
   cxlkv_index_entry e = d.read_fresh(line);
   e.children = children;
   e.check = cxlkv_index_entry_check(&e);
@@ -527,7 +531,7 @@ TEST(IndexIntegrity, TheChildCountAuditNamesABlockWhoseCountNoChildAccountsFor) 
   ASSERT_EQ(found->children_mismatches(), 1u);
   EXPECT_EQ(found->problems(), 1u);
   const ChildCountMismatch& m = found->child_counts[0];
-  EXPECT_EQ(m.slot, kv.index().find_ready(keys[1]));
+  EXPECT_EQ(m.slot, store_index(kv).find_ready(keys[1]));
   EXPECT_EQ(m.key, keys[1]);
   EXPECT_EQ(m.state, uint32_t{CXLKV_ENTRY_READY});
   EXPECT_EQ(m.stored, 2u);
@@ -589,8 +593,8 @@ namespace {
 uint32_t leave_stale_count(ShmKv& p, KvStore& kv, const std::vector<BlockKey>& keys) {
   publish_chain(kv, keys);
   forge_children(p, kv, keys[0], 2);
-  EXPECT_TRUE(kv.index().remove(keys[1]).ok());
-  return kv.index().find_ready(keys[0]);
+  EXPECT_TRUE(store_index(kv).remove(keys[1]).ok());
+  return store_index(kv).find_ready(keys[0]);
 }
 
 // The node's processes stop: its session closes, it detaches, and (this
@@ -624,7 +628,7 @@ TEST(IndexIntegrity, TheOfflineRepairSetsAStaleCountToTheChildrenFoundAndTheBloc
   ASSERT_TRUE(p.open().ok());
   auto keys = keys_from_ids(std::vector<uint64_t>{1601, 1602});
   const uint32_t slot = leave_stale_count(p, p.session->store(), keys);
-  PrefixIndex& ix = p.session->store().index();
+  PrefixIndex& ix = store_index(p.session->store());
   ASSERT_NE(slot, CXLKV_INDEX_NO_SLOT);
   ASSERT_EQ(ix.entry(slot).children, 1u);
   ASSERT_FALSE(ix.entry(slot).linked);
@@ -665,7 +669,7 @@ TEST(IndexIntegrity, TheOfflineRepairSetsAStaleCountToTheChildrenFoundAndTheBloc
   EXPECT_TRUE(again->repaired.empty()) << "a sound pool has nothing to repair";
 
   ASSERT_NO_FATAL_FAILURE(attach_again(p));
-  PrefixIndex& back = p.session->store().index();
+  PrefixIndex& back = store_index(p.session->store());
   std::string first;
   EXPECT_EQ(back.audit_lists(&first), 0u) << first;
   EXPECT_EQ(back.entry(slot).children, 0u);
@@ -684,7 +688,7 @@ TEST(IndexIntegrity, TheOfflineRepairRaisesACountBelowItsChildren) {
   auto keys = keys_from_ids(std::vector<uint64_t>{1701, 1702});
   publish_chain(p.session->store(), keys);
   forge_children(p, p.session->store(), keys[0], 0);
-  const uint32_t slot = p.session->store().index().find_ready(keys[0]);
+  const uint32_t slot = store_index(p.session->store()).find_ready(keys[0]);
   ASSERT_NO_FATAL_FAILURE(stop_the_node(p));
   auto rep = index_repair_child_counts(*p.region, p.region->domain());
   ASSERT_TRUE(rep.ok()) << rep.error().message();
@@ -693,7 +697,7 @@ TEST(IndexIntegrity, TheOfflineRepairRaisesACountBelowItsChildren) {
   EXPECT_EQ(rep->repaired[0].was.found, 1u);
   EXPECT_FALSE(rep->repaired[0].listed);
   ASSERT_NO_FATAL_FAILURE(attach_again(p));
-  PrefixIndex& ix = p.session->store().index();
+  PrefixIndex& ix = store_index(p.session->store());
   EXPECT_EQ(ix.entry(slot).children, 1u);
   std::string first;
   EXPECT_EQ(ix.audit_lists(&first), 0u) << first;

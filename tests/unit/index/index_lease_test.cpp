@@ -8,6 +8,7 @@
 #include <random>
 #include <thread>
 
+#include "kv/store_index.hpp"
 #include "support/index_sim_pool.hpp"
 
 using namespace cxlkv;
@@ -50,7 +51,7 @@ TEST(IndexLease, ALeasedBlockIsNotEvictedUntilItsConsumerReleasesIt) {
   ASSERT_TRUE(put1(*prod, chain(4, 1)[0]).ok());
   ASSERT_TRUE(put1(*prod, chain(5, 1)[0]).ok());
   EXPECT_FALSE(cached(*cons, x)) << "released: evictable again";
-  EXPECT_EQ(prod->index().usage().lease_expiries, 0u);
+  EXPECT_EQ(store_index(*prod).usage().lease_expiries, 0u);
 }
 
 TEST(IndexLease, AnExpiredLeaseStopsProtectingAndIsCounted) {
@@ -64,7 +65,7 @@ TEST(IndexLease, AnExpiredLeaseStopsProtectingAndIsCounted) {
   std::this_thread::sleep_for(std::chrono::milliseconds(30));
   ASSERT_TRUE(put1(*prod, chain(11, 1)[0]).ok());
   EXPECT_FALSE(cached(*cons, x));
-  IndexUsage u = prod->index().usage();
+  IndexUsage u = store_index(*prod).usage();
   EXPECT_EQ(u.lease_expiries, 1u);
   EXPECT_EQ(u.lease_dead, 0u);
 }
@@ -80,7 +81,7 @@ TEST(IndexLease, TheConsumerNodesDeathEndsItsLeases) {
   p.live.kill(1);
   ASSERT_TRUE(put1(*prod, chain(21, 1)[0]).ok()) << "the dead consumer's lease no longer holds x";
   EXPECT_FALSE(cached(*prod, x));
-  IndexUsage u = prod->index().usage();
+  IndexUsage u = store_index(*prod).usage();
   EXPECT_EQ(u.lease_expiries, 1u);
   EXPECT_EQ(u.lease_dead, 1u);
 }
@@ -96,7 +97,7 @@ TEST(IndexLease, ReleaseChecksTheConsumerAndSeveralConsumersShareALease) {
   EXPECT_EQ(prod->lease(ks, 100, 1, 60000, st).value(), 3u);
   EXPECT_EQ(st, (std::vector<int32_t>{0, 0, 0, kKvMiss}));
   EXPECT_EQ(prod->lease(std::span(k).first(1), 200, 2, 60000, st).value(), 1u);
-  auto views = prod->index().leases();
+  auto views = store_index(*prod).leases();
   ASSERT_EQ(views.size(), 3u);
   for (auto& v : views) {
     EXPECT_EQ(v.consumer, 100u);
@@ -110,7 +111,7 @@ TEST(IndexLease, ReleaseChecksTheConsumerAndSeveralConsumersShareALease) {
   EXPECT_NE(c2->last_block_error().find("not leased to consumer 200"), std::string::npos) << c2->last_block_error();
   EXPECT_EQ(c1->lease_release(std::span(k).first(3), 100, st).value(), 3u);
   EXPECT_EQ(c2->lease_release(std::span(k).first(1), 200, st).value(), 1u);
-  EXPECT_TRUE(prod->index().leases().empty());
+  EXPECT_TRUE(store_index(*prod).leases().empty());
   EXPECT_EQ(c1->lease_release(std::span(k).first(1), 100, st).value(), 0u);
   EXPECT_EQ(st[0], -ENOENT) << "released twice";
   EXPECT_FALSE(prod->lease(std::span(k).first(1), 1, 1, 0, st).ok()) << "ttl 0 refused";
@@ -127,8 +128,8 @@ TEST(IndexLease, ReleasingAnExpiredLeaseSaysSo) {
   std::this_thread::sleep_for(std::chrono::milliseconds(20));
   EXPECT_EQ(cons->lease_release(std::span(&x, 1), 5, std::span(&st, 1)).value(), 0u);
   EXPECT_EQ(st, -ETIMEDOUT);
-  EXPECT_EQ(prod->index().usage().lease_expiries, 1u);
-  EXPECT_TRUE(prod->index().leases().empty());
+  EXPECT_EQ(store_index(*prod).usage().lease_expiries, 1u);
+  EXPECT_TRUE(store_index(*prod).leases().empty());
 }
 
 // Producer publishes and leases for a consumer while another node floods a
@@ -171,5 +172,5 @@ TEST(IndexLease, LeasedHandoffSurvivesPressureUnderNonCoherentSim) {
   flood.join();
   EXPECT_EQ(bad.load(), 0u);
   EXPECT_GT(handed.load(), 3u);
-  EXPECT_EQ(prod->index().audit_lists(), 0u);
+  EXPECT_EQ(store_index(*prod).audit_lists(), 0u);
 }

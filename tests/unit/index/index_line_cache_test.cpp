@@ -7,6 +7,7 @@
 // node changed it stays stale until the node invalidates it.
 #include <gtest/gtest.h>
 
+#include "kv/store_index.hpp"
 #include "support/index_sim_pool.hpp"
 
 using namespace cxlkv;
@@ -27,12 +28,12 @@ struct StaleLine {
   int32_t pin_status() {
     std::vector<PinnedBlock> out(1);
     std::vector<int32_t> st(1, 99);
-    auto n = b->index().pin_many(c, out, st);
+    auto n = store_index(*b).pin_many(c, out, st);
     EXPECT_TRUE(n.ok());
     if (st[0] == kBlockReserved) {
       std::vector<uint32_t> slots{out[0].slot};
       std::vector<int32_t> ust(1);
-      EXPECT_TRUE(b->index().unpin_many(slots, c, ust).ok());
+      EXPECT_TRUE(store_index(*b).unpin_many(slots, c, ust).ok());
     }
     return st[0];
   }
@@ -53,24 +54,24 @@ TEST(IndexLineCache, TheCopyDiesWithTheHoldAndWritesReachOtherNodes) {
   // each call are fenced once, at its release; the other node sees them all.
   std::vector<Reservation> res(3);
   std::vector<int32_t> st(3, 99);
-  auto n = a->index().reserve_chain(nullptr, c, 4096, res, st);
+  auto n = store_index(*a).reserve_chain(nullptr, c, 4096, res, st);
   ASSERT_TRUE(n.ok() && n.value() == 3u);
   std::vector<uint32_t> slots{res[0].slot, res[1].slot, res[2].slot};
-  auto pub = a->index().publish_many(slots, c, st);
+  auto pub = store_index(*a).publish_many(slots, c, st);
   ASSERT_TRUE(pub.ok() && pub.value() == 3u);
   EXPECT_EQ(b->lookup(c), 3u);
-  for (uint32_t sl : slots) EXPECT_EQ(b->index().entry(sl).state, uint32_t(CXLKV_ENTRY_READY));
+  for (uint32_t sl : slots) EXPECT_EQ(store_index(*b).entry(sl).state, uint32_t(CXLKV_ENTRY_READY));
   // Node 1 pins block 2 (its set caches the line READY), unpins; node 0
   // removes the block; node 1's next call reads memory again: a miss.
   std::vector<PinnedBlock> pins(1);
   std::vector<int32_t> ps(1, 99);
-  ASSERT_TRUE(b->index().pin_many(std::span(c).subspan(2), pins, ps).ok());
+  ASSERT_TRUE(store_index(*b).pin_many(std::span(c).subspan(2), pins, ps).ok());
   ASSERT_EQ(ps[0], kBlockReserved);
   std::vector<uint32_t> ps_slots{pins[0].slot};
-  ASSERT_TRUE(b->index().unpin_many(ps_slots, std::span(c).subspan(2), ps).ok());
-  ASSERT_TRUE(a->index().remove(c[2]).ok());
+  ASSERT_TRUE(store_index(*b).unpin_many(ps_slots, std::span(c).subspan(2), ps).ok());
+  ASSERT_TRUE(store_index(*a).remove(c[2]).ok());
   ps[0] = 99;
-  ASSERT_TRUE(b->index().pin_many(std::span(c).subspan(2), pins, ps).ok());
+  ASSERT_TRUE(store_index(*b).pin_many(std::span(c).subspan(2), pins, ps).ok());
   EXPECT_EQ(ps[0], kBlockMiss) << "a cached line never outlives the hold that read it";
   EXPECT_EQ(b->lookup(c), 2u);
 }
@@ -84,7 +85,7 @@ TEST(IndexLineCache, TheCopyDiesWithTheHoldAndWritesReachOtherNodes) {
 TEST(IndexLineCache, ProbesPastTheFirstSweepReadTheirLinesFreshInTheNextSweeps) {
   SimPool p(2, 0.05);  // random evictions
   auto a = p.store(0), b = p.store(1);
-  const uint32_t ns = a->index().header().nstripes, ss = a->index().header().stripe_slots;
+  const uint32_t ns = store_index(*a).header().nstripes, ss = store_index(*a).header().stripe_slots;
   auto key = [&](uint64_t j, uint32_t stripe, uint32_t home) {
     return BlockKey{home + uint64_t(ss) * (j + 1), stripe + uint64_t(ns) * (j + 1)};
   };
@@ -105,15 +106,15 @@ TEST(IndexLineCache, ProbesPastTheFirstSweepReadTheirLinesFreshInTheNextSweeps) 
   }
   std::vector<Reservation> res(mine.size());
   std::vector<int32_t> st(mine.size(), 99);
-  auto n = b->index().reserve_chain(nullptr, mine, 4096, res, st);
+  auto n = store_index(*b).reserve_chain(nullptr, mine, 4096, res, st);
   ASSERT_TRUE(n.ok()) << n.error().message();
   ASSERT_EQ(n.value(), mine.size());
   std::vector<uint32_t> slots;
   for (auto& r : res) slots.push_back(r.slot);
-  auto pub = b->index().publish_many(slots, mine, st);
+  auto pub = store_index(*b).publish_many(slots, mine, st);
   ASSERT_TRUE(pub.ok() && pub.value() == mine.size());
   for (auto& k : theirs) EXPECT_EQ(a->lookup(k), 1u) << "node 0's block " << to_hex(k[0]) << " was overwritten";
   EXPECT_EQ(a->lookup(mine), mine.size());
   std::string problem;
-  EXPECT_EQ(a->index().audit_lists(&problem), 0u) << problem;
+  EXPECT_EQ(store_index(*a).audit_lists(&problem), 0u) << problem;
 }

@@ -15,6 +15,7 @@
 #include <set>
 
 #include "index/node_pins.hpp"
+#include "kv/store_index.hpp"
 #include "sync/node_local.hpp"
 #include "sync/robust_mutex.hpp"
 #include "support/index_sim_pool.hpp"
@@ -46,16 +47,16 @@ std::unique_ptr<KvStore> store_with_pins(SimPool& pool, uint32_t node, Section& 
   auto kv = pool.store(node);
   if (!kv) return kv;
   auto np = sec.open();
-  EXPECT_TRUE(kv->index().set_node_pins(std::move(np)).ok());
+  EXPECT_TRUE(store_index(*kv).set_node_pins(std::move(np)).ok());
   return kv;
 }
 
-bool cached(KvStore& kv, const BlockKey& k) { return kv.index().find_ready(k) != CXLKV_INDEX_NO_SLOT; }
+bool cached(KvStore& kv, const BlockKey& k) { return store_index(kv).find_ready(k) != CXLKV_INDEX_NO_SLOT; }
 
 // Node 2 evicts whatever it can (bounded).
 void evict_all(KvStore& kv) {
   for (int i = 0; i < 64; i++) {
-    auto r = kv.index().evict_any();
+    auto r = store_index(kv).evict_any();
     ASSERT_TRUE(r.ok()) << r.error().message();
     if (!r.value()) return;
   }
@@ -126,7 +127,7 @@ TEST(IndexNodePinsSim, AClosedStoresPinsAreDroppedByTheNodesOtherIndex) {
   auto pb = b->pin(keys[1]);           // B: block 1 too
   ASSERT_TRUE(pb.ok());
   a.reset();  // closed with a pin left: its record is gone, not free
-  ASSERT_TRUE(b->index().reclaim_node_pins().ok());
+  ASSERT_TRUE(store_index(*b).reclaim_node_pins().ok());
   evict_all(*c);
   EXPECT_TRUE(cached(*c, keys[1])) << "B's own pin must survive A's reclaim";
   ASSERT_TRUE(b->unpin(*pb).ok());

@@ -12,6 +12,7 @@
 #include <thread>
 
 #include "index/index_check.hpp"
+#include "kv/store_index.hpp"
 #include "support/index_sim_pool.hpp"
 
 using namespace cxlkv;
@@ -39,7 +40,7 @@ size_t put_chain(KvStore& kv, const std::vector<BlockKey>& c, std::atomic<uint64
   std::vector<Reservation> res(c.size() - have);
   std::vector<int32_t> st(c.size() - have);
   const BlockKey* parent = have ? &c[have - 1] : nullptr;
-  auto r = kv.index().reserve_chain(parent, std::span(c).subspan(have), kBytes, res, st);
+  auto r = store_index(kv).reserve_chain(parent, std::span(c).subspan(have), kBytes, res, st);
   if (!r) return 0;
   std::vector<uint32_t> slots;
   std::vector<BlockKey> keys;
@@ -63,7 +64,7 @@ size_t put_chain(KvStore& kv, const std::vector<BlockKey>& c, std::atomic<uint64
   size_t published = 0;
   std::vector<int32_t> ps(slots.size());
   for (int k = 0; k < 200 && !slots.empty(); k++) {
-    auto pn = kv.index().publish_many(slots, keys, ps);
+    auto pn = store_index(kv).publish_many(slots, keys, ps);
     if (!pn) break;
     published += pn.value();
     std::vector<uint32_t> s2;
@@ -76,7 +77,7 @@ size_t put_chain(KvStore& kv, const std::vector<BlockKey>& c, std::atomic<uint64
   }
   if (!slots.empty()) {
     std::vector<int32_t> as(slots.size());
-    (void)kv.index().abort_many(slots, keys, as);
+    (void)store_index(kv).abort_many(slots, keys, as);
   }
   return published;
 }
@@ -167,7 +168,7 @@ TEST(IndexRepair, OnlineRepairWhileNodesWorkLeavesNothingOfKilledWritersUnderNon
           if (!kv->unpin(*pin)) bad++;
         }
         published += put_chain(*kv, c, bad);
-        if (rng() % 5 == 0) (void)kv->index().evict_any();
+        if (rng() % 5 == 0) (void)store_index(*kv).evict_any();
       }
     });
   }
@@ -185,7 +186,7 @@ TEST(IndexRepair, OnlineRepairWhileNodesWorkLeavesNothingOfKilledWritersUnderNon
       try {
         for (int it = 0; it < 20 && !stop.load(); it++) {
           (void)put_chain(*kv, chain(100 + rng() % 24, 2 + rng() % 6), bad);
-          if (rng() % 3 == 0) (void)kv->index().evict_any();
+          if (rng() % 3 == 0) (void)store_index(*kv).evict_any();
         }
       } catch (const Died&) {
         deaths++;
@@ -201,11 +202,11 @@ TEST(IndexRepair, OnlineRepairWhileNodesWorkLeavesNothingOfKilledWritersUnderNon
   th.emplace_back([&] {  // node 3: the online repair, all along, and the invariants between its runs
     auto kv = p.store(3);
     while (!stop.load()) {
-      auto r = kv->index().repair_index();
+      auto r = store_index(*kv).repair_index();
       if (!r) bad++;
       else repaired += r->total();
       std::string why;
-      const uint64_t u = undercounts(p, kv->index().header(), &why);
+      const uint64_t u = undercounts(p, store_index(*kv).header(), &why);
       if (u && under.fetch_add(u) == 0) first_under = why;
       checks++;
       std::this_thread::sleep_for(std::chrono::milliseconds(2));
@@ -218,17 +219,17 @@ TEST(IndexRepair, OnlineRepairWhileNodesWorkLeavesNothingOfKilledWritersUnderNon
   p.live.kill(0);
 
   auto kv = p.store(3);
-  auto last = kv->index().repair_index();
+  auto last = store_index(*kv).repair_index();
   ASSERT_TRUE(last.ok()) << last.error().message();
   repaired += last->total();
   auto stale = index_child_count_snapshot(p.sim.node(3), p.pool.mem, kIndexBytes, "sim pool: index carve: ");
   ASSERT_TRUE(stale.ok()) << stale.error().message();
-  IndexUsage u = kv->index().usage();
+  IndexUsage u = store_index(*kv).usage();
   std::string why;
-  const uint64_t list_problems = kv->index().audit_lists(&why);
+  const uint64_t list_problems = store_index(*kv).audit_lists(&why);
   uint64_t verified = 0, wrong = 0;
   for (uint32_t i = 0; i < u.slots; i++) {
-    IndexEntryView v = kv->index().entry(i);
+    IndexEntryView v = store_index(*kv).entry(i);
     if (v.state != CXLKV_ENTRY_READY) continue;
     if (fetch_ok(*kv, v.key, kBytes)) verified++;
     else wrong++;
@@ -241,7 +242,7 @@ TEST(IndexRepair, OnlineRepairWhileNodesWorkLeavesNothingOfKilledWritersUnderNon
               "stale counts %zu, pending drops %llu, WRITING left %llu, invariant checks %llu, undercounts %llu\n",
               (unsigned long long)deaths.load(), (unsigned long long)repaired.load(),
               (unsigned long long)published.load(), (unsigned long long)hits.load(), (unsigned long long)verified,
-              (unsigned long long)wrong, stale->size(), (unsigned long long)count_pending(kv->index()),
+              (unsigned long long)wrong, stale->size(), (unsigned long long)count_pending(store_index(*kv)),
               (unsigned long long)u.by_state[CXLKV_ENTRY_WRITING], (unsigned long long)checks.load(),
               (unsigned long long)under.load());
   EXPECT_EQ(bad.load(), 0u);
@@ -251,7 +252,7 @@ TEST(IndexRepair, OnlineRepairWhileNodesWorkLeavesNothingOfKilledWritersUnderNon
   EXPECT_GT(repaired.load(), 0u) << "the dead writers left nothing to repair";
   EXPECT_GT(published.load(), 50u);
   EXPECT_EQ(describe(*stale), "");
-  EXPECT_EQ(count_pending(kv->index()), 0u);
+  EXPECT_EQ(count_pending(store_index(*kv)), 0u);
   EXPECT_EQ(u.by_state[CXLKV_ENTRY_WRITING], 0u);
   EXPECT_EQ(u.by_state[CXLKV_ENTRY_EVICTING], 0u);
   EXPECT_EQ(list_problems, 0u) << why;
@@ -274,7 +275,7 @@ TEST(IndexRepair, AKilledRemoversPendingDropIsSettledOnline) {
   std::vector<BlockKey> c;
   for (uint64_t id = 1; c.empty(); id++) {
     auto k = chain(id, 2);
-    if (b->index().stripe_of(k[0]) != b->index().stripe_of(k[1])) c = k;
+    if (store_index(*b).stripe_of(k[0]) != store_index(*b).stripe_of(k[1])) c = k;
   }
   for (size_t i = 0; i < 2; i++) ASSERT_TRUE(put(*b, c, i, kBytes).ok());
   // A second child of the parent, away from the first one's stripe: it
@@ -282,12 +283,12 @@ TEST(IndexRepair, AKilledRemoversPendingDropIsSettledOnline) {
   std::vector<BlockKey> c2 = {c[0]};
   for (uint64_t id = 5000; c2.size() < 2; id++) {
     const BlockKey k = chain(id, 1)[0];
-    if (b->index().stripe_of(k) != b->index().stripe_of(c[1])) c2.push_back(k);
+    if (store_index(*b).stripe_of(k) != store_index(*b).stripe_of(c[1])) c2.push_back(k);
   }
   ASSERT_TRUE(put(*b, c2, 1, kBytes).ok());
   uint32_t cs = 0, ps = 0;
-  ASSERT_EQ(b->index().find_state(c[1], &cs), CXLKV_ENTRY_READY);
-  ASSERT_EQ(b->index().find_state(c[0], &ps), CXLKV_ENTRY_READY);
+  ASSERT_EQ(store_index(*b).find_state(c[1], &cs), CXLKV_ENTRY_READY);
+  ASSERT_EQ(store_index(*b).find_state(c[0], &ps), CXLKV_ENTRY_READY);
   // Node 0 evicts the child and dies at its next lock call: drop_children's.
   DyingLocks dying(p.locks);
   KvDeps d = p.deps(0);
@@ -297,7 +298,7 @@ TEST(IndexRepair, AKilledRemoversPendingDropIsSettledOnline) {
   dying.die_at = 2;
   bool died = false;
   try {
-    (void)a->index().evict_one(b->index().stripe_of(c[1]));
+    (void)store_index(*a).evict_one(store_index(*b).stripe_of(c[1]));
   } catch (const Died&) {
     died = true;
   }
@@ -305,7 +306,7 @@ TEST(IndexRepair, AKilledRemoversPendingDropIsSettledOnline) {
   dying.recover();
   p.sim.drop_all(0);
   p.live.kill(0);
-  IndexEntryView child = b->index().entry(cs), parent = b->index().entry(ps);
+  IndexEntryView child = store_index(*b).entry(cs), parent = store_index(*b).entry(ps);
   EXPECT_EQ(child.state, static_cast<uint32_t>(CXLKV_ENTRY_TOMBSTONE));
   EXPECT_EQ(child.parent_slot, ps) << "the removed child keeps naming its parent until the drop";
   EXPECT_EQ(parent.children, 2u);
@@ -313,24 +314,24 @@ TEST(IndexRepair, AKilledRemoversPendingDropIsSettledOnline) {
   ASSERT_TRUE(audit.ok());
   EXPECT_EQ(describe(*audit), "") << "a pending drop accounts for the count";
   // The slot is not reused while the drop is pending.
-  auto rep = p.store(2)->index().repair_index();
+  auto rep = store_index(*p.store(2)).repair_index();
   ASSERT_TRUE(rep.ok()) << rep.error().message();
   EXPECT_EQ(rep->drops_settled, 1u);
   EXPECT_EQ(rep->counts_fixed, 0u) << "the pending drop accounts for the count: the settle alone makes it right";
-  EXPECT_EQ(b->index().entry(cs).parent_slot, CXLKV_INDEX_NO_SLOT);
-  EXPECT_EQ(b->index().entry(ps).children, 1u) << "the pending drop counted once: the second child remains";
+  EXPECT_EQ(store_index(*b).entry(cs).parent_slot, CXLKV_INDEX_NO_SLOT);
+  EXPECT_EQ(store_index(*b).entry(ps).children, 1u) << "the pending drop counted once: the second child remains";
   std::string why;
-  EXPECT_EQ(b->index().audit_lists(&why), 0u) << why;
+  EXPECT_EQ(store_index(*b).audit_lists(&why), 0u) << why;
   audit = index_child_count_snapshot(p.sim.node(2), p.pool.mem, kIndexBytes, "sim pool: index carve: ");
   ASSERT_TRUE(audit.ok());
   EXPECT_EQ(describe(*audit), "");
   // The second child goes, then the parent, a leaf again.
   uint32_t c2s = 0;
-  ASSERT_EQ(b->index().find_state(c2[1], &c2s), CXLKV_ENTRY_READY);
-  ASSERT_TRUE(b->index().remove(c2[1]).ok());
-  EXPECT_EQ(b->index().entry(ps).children, 0u);
-  ASSERT_TRUE(b->index().remove(c[0]).ok()) << "the parent is a leaf again";
-  EXPECT_EQ(b->index().find_state(c[0]), static_cast<uint32_t>(CXLKV_ENTRY_EMPTY));
+  ASSERT_EQ(store_index(*b).find_state(c2[1], &c2s), CXLKV_ENTRY_READY);
+  ASSERT_TRUE(store_index(*b).remove(c2[1]).ok());
+  EXPECT_EQ(store_index(*b).entry(ps).children, 0u);
+  ASSERT_TRUE(store_index(*b).remove(c[0]).ok()) << "the parent is a leaf again";
+  EXPECT_EQ(store_index(*b).find_state(c[0]), static_cast<uint32_t>(CXLKV_ENTRY_EMPTY));
 }
 
 // A count raised by a holder killed inside its critical section (its
@@ -362,14 +363,14 @@ TEST(IndexRepair, SimulatorCatchesARepairPublishedWithoutNonTemporalStores) {
     auto b = p.store(1);
     auto c = chain(7, 2);
     for (size_t i = 0; i < 2; i++) ASSERT_TRUE(put(*b, c, i, kBytes).ok());
-    ASSERT_NO_FATAL_FAILURE(raise_count(p, b->index(), c[0], 0));
+    ASSERT_NO_FATAL_FAILURE(raise_count(p, store_index(*b), c[0], 0));
     auto stale = index_child_count_snapshot(p.sim.node(2), p.pool.mem, kIndexBytes, "sim: ");
     ASSERT_TRUE(stale.ok());
     ASSERT_EQ(stale->size(), 1u) << "the raised count is seen";
     BrokenStores plain(p.sim.node(0), /*plain_nt=*/true, /*plain_publish=*/true);
     auto a = SimPool::make(p.deps(0, broken ? &plain : nullptr));
     ASSERT_TRUE(a);
-    auto rep = a->index().repair_index();
+    auto rep = store_index(*a).repair_index();
     ASSERT_TRUE(rep.ok()) << rep.error().message();
     EXPECT_EQ(rep->counts_fixed, 1u);
     auto after = index_child_count_snapshot(p.sim.node(2), p.pool.mem, kIndexBytes, "sim: ");

@@ -10,6 +10,7 @@
 #include "coherence/noncoherent_sim.hpp"
 #include "cxlkv/kv.hpp"
 #include "index/prefix_index.hpp"
+#include "kv/store_index.hpp"
 #include "support/index_sim_pool.hpp"
 
 using namespace cxlkv;
@@ -49,12 +50,12 @@ TEST(PrefixIndex, BinarySearchProbesLogarithmicallyMany) {
   auto a = p.store(0);
   auto c = chain(3, 1024);
   for (size_t i = 0; i < 700; i++) ASSERT_TRUE(put(*a, c, i, 64).ok()) << i;
-  uint64_t before = a->index().probes();
-  EXPECT_EQ(a->index().longest_prefix(c), 700u);
-  uint64_t binary = a->index().probes() - before;
-  before = a->index().probes();
-  EXPECT_EQ(a->index().longest_prefix_linear(c), 700u);
-  uint64_t linear = a->index().probes() - before;
+  uint64_t before = store_index(*a).probes();
+  EXPECT_EQ(store_index(*a).longest_prefix(c), 700u);
+  uint64_t binary = store_index(*a).probes() - before;
+  before = store_index(*a).probes();
+  EXPECT_EQ(store_index(*a).longest_prefix_linear(c), 700u);
+  uint64_t linear = store_index(*a).probes() - before;
   EXPECT_LE(binary, 11u * 4) << "about log2(1024) lookups of a few probes each";
   EXPECT_GE(linear, 700u);
 }
@@ -139,10 +140,10 @@ TEST(PrefixIndex, DamagedEntryLineIsSkippedNotTrusted) {
   auto a = p.store(0);
   auto c = chain(8, 1);
   ASSERT_TRUE(put(*a, c, 0).ok());
-  uint32_t slot = a->index().find_ready(c[0]);
+  uint32_t slot = store_index(*a).find_ready(c[0]);
   ASSERT_NE(slot, CXLKV_INDEX_NO_SLOT);
   // Corrupt one byte of the entry behind the protocol's back.
-  auto* e = reinterpret_cast<cxlkv_index_entry*>(p.pool.mem + a->index().header().entry_off + slot * 64ull);
+  auto* e = reinterpret_cast<cxlkv_index_entry*>(p.pool.mem + store_index(*a).header().entry_off + slot * 64ull);
   uint8_t bad = 0x5a;
   p.sim.node(0).store_nt(reinterpret_cast<std::byte*>(e) + 20, &bad, 1);
   EXPECT_EQ(a->lookup(c), 0u) << "a line whose checksum fails is not a hit";
@@ -168,7 +169,7 @@ TEST(PrefixIndex, EvictionTakesOnlyUnpinnedLeaves) {
   ASSERT_TRUE(put(*a, d, 0).ok());
   EXPECT_EQ(a->lookup(c), 3u) << "the leaf went, the prefix stays";
   EXPECT_TRUE(fetch_ok(*a, c[2]));
-  EXPECT_EQ(a->index().counters().evictions, 1u);
+  EXPECT_EQ(store_index(*a).counters().evictions, 1u);
 }
 
 TEST(PrefixIndex, LeastRecentlyUsedLeafIsEvictedFirst) {
@@ -302,7 +303,7 @@ TEST(PrefixIndex, ConcurrentNodesUnderNonCoherentSimReadOnlyCompleteBlocks) {
           }
           published++;
         }
-        if (rng() % 8 == 0) (void)kv->index().evict_one(rng() % 8);
+        if (rng() % 8 == 0) (void)store_index(*kv).evict_one(rng() % 8);
       }
     });
   }
@@ -313,7 +314,7 @@ TEST(PrefixIndex, ConcurrentNodesUnderNonCoherentSimReadOnlyCompleteBlocks) {
   EXPECT_EQ(p.space.double_frees, 0u);
   // Accounting matches the table.
   auto kv = p.store(0);
-  IndexUsage u = kv->index().usage();
+  IndexUsage u = store_index(*kv).usage();
   EXPECT_EQ(u.used_blocks, u.by_state[CXLKV_ENTRY_READY] + u.by_state[CXLKV_ENTRY_WRITING]);
   EXPECT_EQ(p.space.in_use(), u.used_blocks);
   EXPECT_LE(u.used_blocks, 48u);

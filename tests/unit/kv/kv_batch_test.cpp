@@ -10,6 +10,7 @@
 #include <thread>
 
 #include "index/index_check.hpp"
+#include "kv/store_index.hpp"
 #include "support/index_sim_pool.hpp"
 
 using namespace cxlkv;
@@ -125,7 +126,7 @@ TEST(KvBatch, FetchManyRefusesStalePinsPerBlockAndReadsTheRest) {
   ASSERT_EQ(a->pin_many(blk.keys, pins, blk.status).value(), 8u);
   std::vector<int32_t> st(4, 99);
   lose_pins(p, *b, 0);
-  for (size_t i = 0; i < 4; i++) ASSERT_TRUE(b->index().remove(blk.keys[i]).ok()) << i;
+  for (size_t i = 0; i < 4; i++) ASSERT_TRUE(store_index(*b).remove(blk.keys[i]).ok()) << i;
   blk.clear();
   auto n = a->fetch_many(pins, blk.chunks, blk.nchunks, blk.status);
   ASSERT_TRUE(n.ok());
@@ -156,7 +157,7 @@ TEST(KvBatch, SimulatorCatchesAHandleCheckWithoutInvalidation) {
   ASSERT_EQ(a->pin_many(blk.keys, pins, blk.status).value(), 4u);
   lose_pins(p, *b, 0);
   for (size_t i = 0; i < 4; i++) EXPECT_EQ(a->lookup(std::span(blk.keys).subspan(i, 1)), 1u);  // caches the lines
-  for (auto& k : blk.keys) ASSERT_TRUE(b->index().remove(k).ok());
+  for (auto& k : blk.keys) ASSERT_TRUE(store_index(*b).remove(k).ok());
   h.skip_index_invalidate = true;
   auto n = a->fetch_many(pins, blk.chunks, blk.nchunks, blk.status);
   ASSERT_TRUE(n.ok());
@@ -303,18 +304,18 @@ TEST(KvBatch, UnpinRefusesAForgedPinHandleAndKeepsTheRealPin) {
     EXPECT_EQ(st[0], -EINVAL);
     EXPECT_NE(a->last_block_error().find("kv: unpin of block " + to_hex(real.key)), std::string::npos)
         << a->last_block_error();
-    EXPECT_TRUE(a->index().entry(real.slot).pin_mask & 1u) << "the forged unpin dropped the real pin";
-    auto rm = b->index().remove(real.key);
+    EXPECT_TRUE(store_index(*a).entry(real.slot).pin_mask & 1u) << "the forged unpin dropped the real pin";
+    auto rm = store_index(*b).remove(real.key);
     ASSERT_FALSE(rm.ok()) << "a pinned block was removed";
     EXPECT_EQ(rm.error().code(), -EBUSY);
   }
   std::vector<int32_t> st(2, 99);
   EXPECT_EQ(a->unpin_many(pins, st).value(), 2u) << a->last_block_error();
-  EXPECT_EQ(a->index().entry(real.slot).pin_mask & 1u, 0u);
+  EXPECT_EQ(store_index(*a).entry(real.slot).pin_mask & 1u, 0u);
   EXPECT_EQ(a->unpin_many(pins, st).value(), 0u) << "a second unpin of the same handles went through";
   EXPECT_EQ(st[0], -EINVAL);
   EXPECT_EQ(st[1], -EINVAL);
-  EXPECT_TRUE(b->index().remove(real.key).ok());
+  EXPECT_TRUE(store_index(*b).remove(real.key).ok());
 }
 
 // A pin handle is valid only until its own unpin: with two pins of one
@@ -350,7 +351,7 @@ TEST(KvBatch, APinHandleDiesWithItsUnpinAndAHandleReadFromTheIndexIsNoPin) {
   EXPECT_TRUE(blk.holds(0));
 
   // From the index alone: the entry's slot, key, location and version.
-  const IndexEntryView e = b->index().entry(second[0].slot);
+  const IndexEntryView e = store_index(*b).entry(second[0].slot);
   KvPin made;
   made.key = e.key;
   made.slot = second[0].slot;
@@ -367,7 +368,7 @@ TEST(KvBatch, APinHandleDiesWithItsUnpinAndAHandleReadFromTheIndexIsNoPin) {
   EXPECT_NE(b->last_block_error().find("never taken by this store"), std::string::npos) << b->last_block_error();
   EXPECT_FALSE(blk.holds(0));
   ASSERT_EQ(a->unpin_many(second, st).value(), 1u);
-  EXPECT_EQ(a->index().entry(second[0].slot).pin_mask & 1u, 0u);
+  EXPECT_EQ(store_index(*a).entry(second[0].slot).pin_mask & 1u, 0u);
 }
 
 namespace {
@@ -444,12 +445,12 @@ TEST(KvBatch, PutChainsOfTwoNodesAtOnceArePublishedAndReadByTheOther) {
       // The chain below the first chain's last block names it as parent;
       // the roots name none.
       uint32_t a_last = CXLKV_INDEX_NO_SLOT, b_first = CXLKV_INDEX_NO_SLOT, c_first = CXLKV_INDEX_NO_SLOT;
-      (void)other.index().find_state(s.keys[4], &a_last);
-      (void)other.index().find_state(s.keys[5], &b_first);
-      (void)other.index().find_state(s.keys[8], &c_first);
+      (void)store_index(other).find_state(s.keys[4], &a_last);
+      (void)store_index(other).find_state(s.keys[5], &b_first);
+      (void)store_index(other).find_state(s.keys[8], &c_first);
       ASSERT_NE(b_first, CXLKV_INDEX_NO_SLOT);
-      EXPECT_EQ(other.index().entry(b_first).parent_slot, a_last) << "node " << n << " round " << r;
-      EXPECT_EQ(other.index().entry(c_first).parent_slot, CXLKV_INDEX_NO_SLOT);
+      EXPECT_EQ(store_index(other).entry(b_first).parent_slot, a_last) << "node " << n << " round " << r;
+      EXPECT_EQ(store_index(other).entry(c_first).parent_slot, CXLKV_INDEX_NO_SLOT);
       auto again = s.put(n ? *b : *a);
       ASSERT_TRUE(again.ok()) << again.error().message();
       EXPECT_EQ(again.value(), s.keys.size());
@@ -459,7 +460,7 @@ TEST(KvBatch, PutChainsOfTwoNodesAtOnceArePublishedAndReadByTheOther) {
   ASSERT_TRUE(counts.ok()) << counts.error().message();
   EXPECT_TRUE(counts->empty()) << describe_child_count_mismatch(counts->front());
   std::string first;
-  EXPECT_EQ(a->index().audit_lists(&first), 0u) << first;
+  EXPECT_EQ(store_index(*a).audit_lists(&first), 0u) << first;
 }
 
 namespace {

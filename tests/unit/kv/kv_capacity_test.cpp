@@ -11,6 +11,7 @@
 #include <chrono>
 #include <thread>
 
+#include "kv/store_index.hpp"
 #include "support/index_sim_pool.hpp"
 
 using namespace cxlkv;
@@ -99,7 +100,7 @@ TEST(KvCapacity, BoundSetAfterTheStoreOpenedIsObeyed) {
   std::this_thread::sleep_for(kAfterRefresh);
   for (uint64_t id = 200; id < 210; id++) ASSERT_TRUE(put(*a, chain(id, 1), 0).ok()) << id;
   EXPECT_LE(cached(*a, 100, 2) + cached(*a, 200, 10), 4u) << "the pool holds at most the bound set after open";
-  EXPECT_GE(a->index().counters().evictions, 8u);
+  EXPECT_GE(store_index(*a).counters().evictions, 8u);
 }
 
 TEST(KvCapacity, BoundRaisedWhileTheStoreRunsIsObeyed) {
@@ -141,5 +142,5 @@ TEST(KvCapacity, BoundReadWithoutInvalidationIsCaught) {
   for (uint64_t id = 200; id < 210; id++) ASSERT_TRUE(put(*a, chain(id, 1), 0).ok()) << id;
   EXPECT_GT(stale.skipped, at_open) << "the store re-reads the config line after attach";
   EXPECT_EQ(cached(*a, 100, 2) + cached(*a, 200, 10), 12u) << "a stale bound (none) keeps every block";
-  EXPECT_EQ(a->index().counters().evictions, 0u);
+  EXPECT_EQ(store_index(*a).counters().evictions, 0u);
 }

@@ -14,6 +14,7 @@
 
 #include "cxlkv/kv.hpp"
 #include "kv/index_service.hpp"
+#include "kv/store_index.hpp"
 #include "support/rpc_test_pool.hpp"
 
 namespace cxlkv {
@@ -64,14 +65,14 @@ class IndexModes : public ::testing::TestWithParam<Mode> {
       auto s = open_kv_session(*pool->region, client_node, locks);
       ASSERT_TRUE(s) << s.error().message();
       session = std::move(s.value());
-      ops.direct = &session->store().index();
+      ops.direct = &store_index(session->store());
     } else {
       auto s = open_kv_session(*pool->region, server_node, locks);
       ASSERT_TRUE(s) << s.error().message();
       session = std::move(s.value());
       RpcServerOptions so;
       so.spin_rounds = 200;
-      auto svc = IndexService::create(server_node, session->store().index(), so);
+      auto svc = IndexService::create(server_node, store_index(session->store()), so);
       ASSERT_TRUE(svc) << svc.error().message();
       service = std::move(svc.value());
       service->server().start();

@@ -20,6 +20,7 @@
 #include "cxlkv/metrics.hpp"
 #include "index/prefix_index.hpp"
 #include "kv/index_service.hpp"
+#include "kv/store_index.hpp"
 #include "support/rpc_service_pool.hpp"
 
 namespace cxlkv {
@@ -157,9 +158,9 @@ TEST_P(KvModes, AForgedEntryNamingAnotherBlocksSpaceIsRefusedWithTheCauseNamed) 
   MemoryDomain& d = region.domain();
   std::byte* ix = region.at(region.carve(CXLKV_CARVE_INDEX)->offset);
   auto line = [&](uint32_t slot) {
-    return reinterpret_cast<cxlkv_index_entry*>(ix + b->index().header().entry_off + slot * 64ull);
+    return reinterpret_cast<cxlkv_index_entry*>(ix + store_index(*b).header().entry_off + slot * 64ull);
   };
-  const uint32_t sa = b->index().find_ready(keys[0]), sb = b->index().find_ready(keys[1]);
+  const uint32_t sa = store_index(*b).find_ready(keys[0]), sb = store_index(*b).find_ready(keys[1]);
   ASSERT_NE(sa, CXLKV_INDEX_NO_SLOT);
   ASSERT_NE(sb, CXLKV_INDEX_NO_SLOT);
   cxlkv_index_entry e = d.read_fresh(line(sb));
@@ -250,7 +251,7 @@ TEST_P(KvModes, AFetchNeedsAPinTheCallerHoldsAndAForgedUnpinKeepsTheRealPin) {
   std::vector<int32_t> st(1, 99);
   ASSERT_TRUE(a->put_chain(nullptr, keys, bytes.size(), {&c, 1}, nch, st));
   ASSERT_EQ(st[0], kKvReserved);
-  PrefixIndex& ix = a->index();  // lock-free reads; remove() takes the stripe locks itself
+  PrefixIndex& ix = store_index(*a);  // lock-free reads; remove() takes the stripe locks itself
   const uint32_t slot = ix.find_ready(keys[0]);
   ASSERT_NE(slot, CXLKV_INDEX_NO_SLOT);
   const IndexEntryView e = ix.entry(slot);
@@ -490,7 +491,7 @@ TEST(KvIndexServiceClients, AClientThatDetachesLeavesNoReservationOrPinBehind) {
   mp.start_service();
   KvStore& stays = mp.store(2, KvIndexMode::service);
   const BlockKey done = put_one(stays, 9);
-  PrefixIndex& ix = mp.server_session->store().index();
+  PrefixIndex& ix = store_index(mp.server_session->store());
 
   auto keys = chain(10, 3);
   std::vector<KvReservation> rs(3);
@@ -563,7 +564,7 @@ TEST(KvIndexServiceClients, AKilledClientProcessLosesItsHoldsAndALiveClientsPinO
   ModePool mp("kvm-kill");
   mp.start_service();
   KvStore& live = mp.store(2, KvIndexMode::service);
-  PrefixIndex& ix = mp.server_session->store().index();
+  PrefixIndex& ix = store_index(mp.server_session->store());
   const BlockKey shared = put_one(live, 9), only_dead = put_one(live, 11);
   const auto before = ix.usage();
 
@@ -639,7 +640,7 @@ TEST(KvIndexServiceClients, ARingClaimedAnewReleasesTheOldClaimsHoldsNotTheNewOn
   mp.start_service();
   KvStore& stays = mp.store(2, KvIndexMode::service);  // ring 0
   const BlockKey shared = put_one(stays, 9);
-  PrefixIndex& ix = mp.server_session->store().index();
+  PrefixIndex& ix = store_index(mp.server_session->store());
   auto old_keys = chain(20, 2), new_keys = chain(21, 2);
   std::vector<KvReservation> old_rs(2), new_rs(2);
   std::vector<int32_t> st(2, 99);

@@ -14,16 +14,17 @@
 #include "cxlkv/kv.hpp"
 #include "index/prefix_index.hpp"
 #include "kv/index_service.hpp"
+#include "kv/store_index.hpp"
 #include "support/rpc_service_pool.hpp"
 
 namespace cxlkv {
 namespace {
 
-bool cached(KvStore& kv, const BlockKey& k) { return kv.index().find_ready(k) != CXLKV_INDEX_NO_SLOT; }
+bool cached(KvStore& kv, const BlockKey& k) { return store_index(kv).find_ready(k) != CXLKV_INDEX_NO_SLOT; }
 
 void evict_all(KvStore& kv) {
   for (int i = 0; i < 64; i++) {
-    auto r = kv.index().evict_any();
+    auto r = store_index(kv).evict_any();
     ASSERT_TRUE(r.ok()) << r.error().message();
     if (!r.value()) return;
   }

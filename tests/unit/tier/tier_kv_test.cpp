@@ -10,6 +10,7 @@
 #include "cxlkv/metrics.hpp"
 #include "cxlkv/tier.hpp"
 #include "index/prefix_index.hpp"
+#include "kv/store_index.hpp"
 #include "tier/fault_injector.hpp"
 #include "tier/ssd_payload_tier.hpp"
 #include "support/tier_test_support.hpp"
@@ -136,7 +137,7 @@ struct TieredStore {
   }
   uint8_t tier_of(const BlockKey& k) {
     BlockLocation loc;
-    EXPECT_NE(kv->index().find_ready(k, &loc), CXLKV_INDEX_NO_SLOT);
+    EXPECT_NE(store_index(*kv).find_ready(k, &loc), CXLKV_INDEX_NO_SLOT);
     return loc.tier;
   }
 
@@ -190,8 +191,8 @@ TEST(TierKv, BlocksEvictedFromMemoryAreDemotedAndStayCachedByteExact) {
   // Memory holds 4 blocks, yet the whole chain is still cached: 8 live on SSD.
   EXPECT_EQ(t.kv->lookup(c), 12u);
   EXPECT_EQ(t.kv->lookup_linear(c), 12u);
-  EXPECT_EQ(t.kv->index().counters().demotions, 8u);
-  EXPECT_EQ(t.kv->index().counters().evictions, 0u);
+  EXPECT_EQ(store_index(*t.kv).counters().demotions, 8u);
+  EXPECT_EQ(store_index(*t.kv).counters().evictions, 0u);
   EXPECT_EQ(t.space.used(), 4u);
   size_t on_ssd = 0;
   for (auto& k : c) {
@@ -215,7 +216,7 @@ TEST(TierKv, HitOnTheSsdTierPromotesTheBlockBackToMemory) {
   ASSERT_TRUE(r) << r.error().message();
   EXPECT_EQ(r.value(), CXLKV_TIER_SSD);     // this read came from SSD ...
   EXPECT_EQ(t.tier_of(k), CXLKV_TIER_MEM);  // ... and moved the block to memory
-  EXPECT_EQ(t.kv->index().counters().promotions, 1u);
+  EXPECT_EQ(store_index(*t.kv).counters().promotions, 1u);
   EXPECT_EQ(t.tier->stats().released, 1u);  // its SSD extent was given back
   r = t.get(k);
   ASSERT_TRUE(r) << r.error().message();
@@ -236,7 +237,7 @@ TEST(TierKv, PromotionWaitsWhileAnotherPinIsHeld) {
   ASSERT_TRUE(r) << r.error().message();
   EXPECT_EQ(t.tier_of(k), CXLKV_TIER_SSD);  // not moved under the other reader
   ASSERT_TRUE(t.kv->unpin(*other).ok());
-  EXPECT_EQ(t.kv->index().counters().promotions, 0u);
+  EXPECT_EQ(store_index(*t.kv).counters().promotions, 0u);
   EXPECT_EQ(t.space.used(), 4u);  // the promotion's memory was given back
 }
 
@@ -266,7 +267,7 @@ TEST(TierKv, FullSsdTierFallsBackToEvictionAndEverythingCachedStaysReadable) {
     ASSERT_TRUE(t.put(chains.back(), 0).ok()) << "chain " << id;
   }
   EXPECT_GT(t.tier->stats().full, 0u);            // the tier filled up ...
-  EXPECT_GT(t.kv->index().counters().evictions, 0u);  // ... and eviction took over
+  EXPECT_GT(store_index(*t.kv).counters().evictions, 0u);  // ... and eviction took over
   size_t cached = 0;
   for (auto& c : chains) {
     if (t.kv->lookup(c) == 0) continue;
@@ -324,7 +325,7 @@ TEST(TierKv, PrefixClosureHoldsAcrossTiersUnderRandomWork) {
     }
     if (step % 10 == 0) t.space.set_limit(4 + static_cast<uint32_t>(rng() % 6));
   }
-  EXPECT_GT(t.kv->index().counters().demotions, 0u);
+  EXPECT_GT(store_index(*t.kv).counters().demotions, 0u);
   EXPECT_EQ(t.ssd->lost_blocks(), 0u);
 }
 
@@ -358,16 +359,16 @@ TEST(TierKv, IndexBlockCapacityLimitsMemoryOnlyAndDemotionRelievesIt) {
   auto c = chain(7, 12);
   for (size_t i = 0; i < c.size(); i++) ASSERT_TRUE(t.put(c, i).ok()) << "block " << i;
   EXPECT_EQ(t.kv->lookup(c), 12u);
-  EXPECT_EQ(t.kv->index().counters().demotions, 8u);
-  EXPECT_EQ(t.kv->index().counters().evictions, 0u);
-  EXPECT_EQ(t.kv->index().usage().used_blocks, 4u);  // memory-tier blocks
+  EXPECT_EQ(store_index(*t.kv).counters().demotions, 8u);
+  EXPECT_EQ(store_index(*t.kv).counters().evictions, 0u);
+  EXPECT_EQ(store_index(*t.kv).usage().used_blocks, 4u);  // memory-tier blocks
   EXPECT_EQ(t.space.used(), 4u);
   // Memory is at its capacity: a hit on SSD is served but not promoted.
   const BlockKey k = t.some_block_on_ssd(c);
   auto r = t.get(k);
   ASSERT_TRUE(r) << r.error().message();
   EXPECT_EQ(t.tier_of(k), CXLKV_TIER_SSD);
-  EXPECT_EQ(t.kv->index().counters().promotions, 0u);
+  EXPECT_EQ(store_index(*t.kv).counters().promotions, 0u);
   EXPECT_EQ(t.space.used(), 4u);
 }
 
@@ -386,7 +387,7 @@ size_t on_ssd(TieredStore& t, const std::vector<std::vector<BlockKey>>& cs) {
   size_t n = 0;
   for (auto& c : cs) {
     BlockLocation loc;
-    if (t.kv->index().find_ready(c[0], &loc) != CXLKV_INDEX_NO_SLOT && loc.tier == CXLKV_TIER_SSD) n++;
+    if (store_index(*t.kv).find_ready(c[0], &loc) != CXLKV_INDEX_NO_SLOT && loc.tier == CXLKV_TIER_SSD) n++;
   }
   return n;
 }
@@ -455,7 +456,7 @@ TEST(TierKv, TruncatingTheSsdFileMidRunMakesEveryAffectedBlockACleanMiss) {
     auto a = put_chains(t, 1000, 40);
     ASSERT_GE(on_ssd(t, a), 38u);
     BlockLocation mid;
-    ASSERT_NE(t.kv->index().find_ready(a[20][0], &mid), CXLKV_INDEX_NO_SLOT);
+    ASSERT_NE(store_index(*t.kv).find_ready(a[20][0], &mid), CXLKV_INDEX_NO_SLOT);
     ASSERT_EQ(mid.tier, CXLKV_TIER_SSD);
     const std::string f = t.dir.file("ssd0");
     ASSERT_EQ(truncate(f.c_str(), static_cast<off_t>(mid.offset * 512)), 0);
@@ -480,7 +481,7 @@ TEST(TierKv, ADamagedPayloadByteIsACleanMissNeverTheDamagedBytes) {
   REQUIRE_STORE(t);
   auto a = put_chains(t, 1000, 4);
   BlockLocation loc;
-  ASSERT_NE(t.kv->index().find_ready(a[0][0], &loc), CXLKV_INDEX_NO_SLOT);
+  ASSERT_NE(store_index(*t.kv).find_ready(a[0][0], &loc), CXLKV_INDEX_NO_SLOT);
   ASSERT_EQ(loc.tier, CXLKV_TIER_SSD);
   int fd = ::open(t.dir.file("ssd0").c_str(), O_RDWR);
   ASSERT_GE(fd, 0);
@@ -536,7 +537,7 @@ TEST(TierKv, DemotionsOneBlockAtATimeSplitInProportionToDeviceBandwidth) {
   size_t per_dev[2] = {0, 0};
   for (auto& c : a) {
     BlockLocation loc;
-    ASSERT_NE(t.kv->index().find_ready(c[0], &loc), CXLKV_INDEX_NO_SLOT);
+    ASSERT_NE(store_index(*t.kv).find_ready(c[0], &loc), CXLKV_INDEX_NO_SLOT);
     if (loc.tier == CXLKV_TIER_SSD) per_dev[loc.device]++;
   }
   EXPECT_EQ(per_dev[0], 20u);  // not 30/0
@@ -584,7 +585,7 @@ TEST(TierKv, GetManyOfADamagedSsdBlockIsAMissAndTheOthersAreServed) {
   std::vector<BlockKey> keys;
   for (auto& c : a) keys.push_back(c[0]);
   BlockLocation loc;
-  ASSERT_NE(t.kv->index().find_ready(keys[0], &loc), CXLKV_INDEX_NO_SLOT);
+  ASSERT_NE(store_index(*t.kv).find_ready(keys[0], &loc), CXLKV_INDEX_NO_SLOT);
   ASSERT_EQ(loc.tier, CXLKV_TIER_SSD);
   int fd = ::open(t.dir.file("ssd0").c_str(), O_RDWR);
   ASSERT_GE(fd, 0);
