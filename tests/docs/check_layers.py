@@ -15,7 +15,9 @@ one of our files) and fails, naming file:line, on
   not know each other, so no two folders can include each other);
 - a library or cuda/ file that includes anything under tools/;
 - a tool that includes a header under libruntime/src/ or cuda/ outside
-  the documented set;
+  the documented set, or an entry of the set that no tool includes (the
+  set only shrinks: a stale entry would let a tool take the header again
+  unnoticed);
 - an include that resolves to no file (so a misspelt path cannot hide an
   upward include), except the generated public headers.
 
@@ -164,6 +166,7 @@ def check(root):
         if not (os.path.isfile(os.path.join(root, SRC, entry)) or
                 (entry.startswith("cuda/") and os.path.isfile(os.path.join(root, entry)))):
             errors.append(f"{DOC}: tools-internal header {entry} names no file under {SRC} or cuda/")
+    used = set()  # entries of the tools' set that some tool includes
     for rel in sources(root):
         src_layer = layer_of(rel)
         try:
@@ -197,6 +200,7 @@ def check(root):
                 if sub.replace(os.sep, "/") not in internal:
                     errors.append(f"{where}: tools may include only public headers and the "
                                   f"tools-internal set of {DOC}")
+                used.add(sub.replace(os.sep, "/"))
                 continue
             if tgt_layer == "tools":
                 errors.append(f"{where}: the library includes a tool's header")
@@ -210,6 +214,8 @@ def check(root):
             elif rank[tgt_layer] == rank[src_layer] and tgt_layer != src_layer:
                 errors.append(f"{where}: {src_layer} and {tgt_layer} share a line of the ```layers block "
                               f"and must not include each other (order in {DOC} \"The include rule\")")
+    for entry in sorted(internal - used):
+        errors.append(f"{DOC}: tools-internal header {entry} is included by no tool: drop it from the set")
     return errors
 
 
@@ -294,6 +300,19 @@ def self_test():
             else:
                 print(f"self-test: caught {errs[0]}")
             os.unlink(full)
+        # An entry of the tools' set that no tool includes.
+        doc = os.path.join(tmp, DOC)
+        text = open(doc, encoding="utf-8").read()
+        with open(doc, "w", encoding="utf-8") as f:
+            f.write(text.replace("```tools-internal\n", f"```tools-internal\n{private}  # planted\n", 1))
+        errs = check(tmp)
+        if len(errs) != 1 or "included by no tool" not in errs[0] or private not in errs[0]:
+            print(f"self-test: planting {private} in the tools-internal set gave {errs}", file=sys.stderr)
+            failed += 1
+        else:
+            print(f"self-test: caught {errs[0]}")
+        with open(doc, "w", encoding="utf-8") as f:
+            f.write(text)
     return 1 if failed else 0
 
 

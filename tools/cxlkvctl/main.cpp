@@ -9,7 +9,6 @@
 #include "pool_fault.hpp"
 #include "pool_open.hpp"
 #include "cxlkv/version.h"
-#include "region/backend.hpp"
 
 namespace cxlkvctl {
 

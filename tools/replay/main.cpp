@@ -26,7 +26,6 @@
 #include "index/prefix_index.hpp"
 #include "pool/format.hpp"
 #include "pool_open.hpp"
-#include "region/backend.hpp"
 #include "huge_tmpfs.hpp"
 #include "replay.hpp"
 #include "svg_chart.hpp"

@@ -28,7 +28,11 @@ namespace cxlkv {
 
 namespace region {
 class Backend;  // libruntime/src/region/backend.hpp
-}
+// The size syntax of pool URIs (shm:NAME:SIZE), public so that the tools'
+// size options read sizes the same way: "4096", "64K", "256M", "4G", "1T"
+// (powers of 1024, decimal digits); false on anything else or overflow.
+bool parse_size(std::string_view text, uint64_t* out);
+}  // namespace region
 
 enum class BackendKind { shm, file, dax, dev, mem };  // mem: Region::open_memory (tests)
 const char* to_string(BackendKind k);

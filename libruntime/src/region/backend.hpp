@@ -31,10 +31,6 @@ struct PoolUri {
 // Errors (-EINVAL) say what is wrong with the text.
 Result<PoolUri> parse_pool_uri(std::string_view uri);
 
-// Parse "4096", "64K", "256M", "4G", "1T" (powers of 1024, decimal digits);
-// false on anything else or overflow.
-bool parse_size(std::string_view text, uint64_t* out);
-
 struct BackendOpenOptions {
   // Create the device if missing / resize it to `size` (shm:, file: only;
   // used by Region::format).  0 keeps the existing size.  A created or
