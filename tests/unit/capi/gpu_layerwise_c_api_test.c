@@ -16,6 +16,7 @@
 #include "cxlkv/cxlkv.h"
 
 #include "support/c_check.h"
+#include "support/c_pool.h"
 
 #define MiB (1024ull * 1024ull)
 #define POOL_SIZE (64 * MiB)
@@ -67,14 +68,10 @@ static int zero_block(int d)
 
 int main(void)
 {
-	char name[96], uri[128], path[128];
-	struct cxlkv_format_opts fo;
-	struct cxlkv_lock_manager_opts mo;
-	struct cxlkv_kv_opts ko;
+	struct c_pool p;
 	struct cxlkv_gpu_opts go;
-	struct cxlkv_pool *pool = NULL;
-	struct cxlkv_lock_manager *mgr = NULL;
-	struct cxlkv_kv *kv = NULL;
+	struct cxlkv_pool *pool;
+	struct cxlkv_kv *kv;
 	struct cxlkv_gpu *gpu = NULL;
 	struct cxlkv_gpu_layout sl, dl;
 	struct cxlkv_gpu_load *load = NULL;
@@ -95,25 +92,10 @@ int main(void)
 	layout_over(&sl, src_ptrs);
 	layout_over(&dl, dst_ptrs);
 
-	snprintf(name, sizeof(name), "cxlkv-gpu-layerwise-test-%d", (int)getpid());
-	snprintf(uri, sizeof(uri), "shm:%s:%llu", name, (unsigned long long)POOL_SIZE);
-	snprintf(path, sizeof(path), "/dev/shm/%s", name);
-	memset(&fo, 0, sizeof(fo));
-	fo.size = sizeof(fo);
-	fo.max_nodes = 4;
-	CHECK(cxlkv_pool_format(uri, &fo) == 0);
-	CHECK(cxlkv_pool_open(uri, &pool) == 0);
-	if (!pool) {
-		unlink(path);
+	if (c_pool_open(&p, "cxlkv-gpu-layerwise-test", POOL_SIZE, C_POOL_KV) != 0)
 		return 1;
-	}
-	memset(&mo, 0, sizeof(mo));
-	mo.size = sizeof(mo);
-	CHECK(cxlkv_lock_manager_start(pool, &mo, &mgr) == 0);
-	memset(&ko, 0, sizeof(ko));
-	ko.size = sizeof(ko);
-	ko.node = 1;
-	CHECK(cxlkv_kv_open(pool, &ko, &kv) == 0);
+	pool = p.pool;
+	kv = p.kv;
 	memset(&go, 0, sizeof(go));
 	go.size = sizeof(go);
 	go.flags = CXLKV_GPU_F_CPU_REFERENCE;
@@ -185,11 +167,7 @@ int main(void)
 		CHECK_ERR(cxlkv_gpu_save_layer(NULL, 0, NULL), -EINVAL);
 	}
 	cxlkv_gpu_close(gpu);
-	cxlkv_kv_close(kv);
-	cxlkv_lock_manager_stop(mgr);
-	cxlkv_node_remove_local(pool, 1); /* the node-local file this test created */
-	cxlkv_pool_close(pool);
-	unlink(path);
+	c_pool_close(&p);
 	if (failures) {
 		fprintf(stderr, "gpu_layerwise_c_api_test: %d check(s) failed\n", failures);
 		return 1;

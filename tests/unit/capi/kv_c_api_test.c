@@ -15,6 +15,7 @@
 #include "cxlkv/cxlkv_rpc.h"
 
 #include "support/c_check.h"
+#include "support/c_pool.h"
 
 #define MiB (1024ull * 1024ull)
 #define POOL_SIZE (64 * MiB)
@@ -278,43 +279,19 @@ static void test_free_of_kv_block(struct cxlkv_pool *pool, struct cxlkv_kv *kv, 
 
 int main(void)
 {
-	char name[96], uri[128], path[128];
-	struct cxlkv_format_opts fo;
-	struct cxlkv_lock_manager_opts mo;
-	struct cxlkv_kv_opts ko;
-	struct cxlkv_pool *pool = NULL;
-	struct cxlkv_lock_manager *mgr = NULL;
-	struct cxlkv_kv *kv = NULL;
-	struct cxlkv_index_service *svc = NULL;
+	struct c_pool p;
+	struct cxlkv_pool *pool;
+	struct cxlkv_kv *kv;
 	struct cxlkv_kv_key keys[8];
 	uint32_t tokens[NTOKENS];
 
-	snprintf(name, sizeof(name), "cxlkv-kv-c-api-test-%d", (int)getpid());
-	snprintf(uri, sizeof(uri), "shm:%s:%llu", name, (unsigned long long)POOL_SIZE);
-	snprintf(path, sizeof(path), "/dev/shm/%s", name);
-	memset(&fo, 0, sizeof(fo));
-	fo.size = sizeof(fo);
-	fo.max_nodes = 4;
-	if (getenv("CXLKV_TEST_INDEX_SERVICE"))
-		fo.flags |= CXLKV_FORMAT_F_INDEX_SERVICE;
-	CHECK(cxlkv_pool_format(uri, &fo) == 0);
-	CHECK(cxlkv_pool_open(uri, &pool) == 0);
-	if (!pool) {
-		unlink(path);
-		return 1;
-	}
-	memset(&mo, 0, sizeof(mo));
-	mo.size = sizeof(mo);
-	CHECK(cxlkv_lock_manager_start(pool, &mo, &mgr) == 0);
 	/* The same test in index-service mode (docs/rpc.md "The index service"; CTest's *_service_c run
 	 * sets CXLKV_TEST_INDEX_SERVICE and CXLKV_INDEX_MODE=service): a service
 	 * on node 3 owns the index, this store's calls go through it. */
-	if (getenv("CXLKV_TEST_INDEX_SERVICE"))
-		CHECK(cxlkv_index_service_start(pool, 3, &svc) == 0 && svc != NULL);
-	memset(&ko, 0, sizeof(ko));
-	ko.size = sizeof(ko);
-	ko.node = 1;
-	CHECK(cxlkv_kv_open(pool, &ko, &kv) == 0 && kv != NULL);
+	if (c_pool_open(&p, "cxlkv-kv-c-api-test", POOL_SIZE, C_POOL_KV | C_POOL_INDEX_SERVICE_FROM_ENV) != 0)
+		return 1;
+	pool = p.pool;
+	kv = p.kv;
 
 	for (int i = 0; i < NTOKENS; i++)
 		tokens[i] = (uint32_t)(1000 + i * 7);
@@ -324,14 +301,7 @@ int main(void)
 		test_bad_input(pool, kv, keys);
 		test_free_of_kv_block(pool, kv, keys);
 	}
-	cxlkv_kv_close(kv);
-	cxlkv_index_service_stop(svc);
-	if (svc)
-		cxlkv_node_remove_local(pool, 3);
-	cxlkv_lock_manager_stop(mgr);
-	cxlkv_node_remove_local(pool, 1); /* the node-local file this test created */
-	cxlkv_pool_close(pool);
-	unlink(path);
+	c_pool_close(&p);
 	if (failures) {
 		fprintf(stderr, "kv_c_api_test: %d check(s) failed\n", failures);
 		return 1;

@@ -15,6 +15,7 @@
 #include "cxlkv/cxlkv.h"
 
 #include "support/c_check.h"
+#include "support/c_pool.h"
 
 #define MiB (1024ull * 1024ull)
 #define POOL_SIZE (64 * MiB)
@@ -66,14 +67,10 @@ static int zero_block(int d)
 
 int main(void)
 {
-	char name[96], uri[128], path[128];
-	struct cxlkv_format_opts fo;
-	struct cxlkv_lock_manager_opts mo;
-	struct cxlkv_kv_opts ko;
+	struct c_pool p;
 	struct cxlkv_gpu_opts go;
-	struct cxlkv_pool *pool = NULL;
-	struct cxlkv_lock_manager *mgr = NULL;
-	struct cxlkv_kv *kv = NULL;
+	struct cxlkv_pool *pool;
+	struct cxlkv_kv *kv;
 	struct cxlkv_gpu *gpu = NULL, *other = NULL;
 	struct cxlkv_gpu_layout sl, dl;
 	struct cxlkv_kv_key keys[4] = {{1, 9}, {2, 9}, {3, 9}, {4, 9}};
@@ -93,25 +90,10 @@ int main(void)
 	layout_over(&dl, dst_ptrs);
 	CHECK(cxlkv_gpu_layout_block_bytes(&sl) == (uint64_t)NT * TBLOCK);
 
-	snprintf(name, sizeof(name), "cxlkv-kv-gpu-batch-test-%d", (int)getpid());
-	snprintf(uri, sizeof(uri), "shm:%s:%llu", name, (unsigned long long)POOL_SIZE);
-	snprintf(path, sizeof(path), "/dev/shm/%s", name);
-	memset(&fo, 0, sizeof(fo));
-	fo.size = sizeof(fo);
-	fo.max_nodes = 4;
-	CHECK(cxlkv_pool_format(uri, &fo) == 0);
-	CHECK(cxlkv_pool_open(uri, &pool) == 0);
-	if (!pool) {
-		unlink(path);
+	if (c_pool_open(&p, "cxlkv-kv-gpu-batch-test", POOL_SIZE, C_POOL_KV) != 0)
 		return 1;
-	}
-	memset(&mo, 0, sizeof(mo));
-	mo.size = sizeof(mo);
-	CHECK(cxlkv_lock_manager_start(pool, &mo, &mgr) == 0);
-	memset(&ko, 0, sizeof(ko));
-	ko.size = sizeof(ko);
-	ko.node = 1;
-	CHECK(cxlkv_kv_open(pool, &ko, &kv) == 0);
+	pool = p.pool;
+	kv = p.kv;
 	memset(&go, 0, sizeof(go));
 	go.size = sizeof(go);
 	go.flags = CXLKV_GPU_F_CPU_REFERENCE;
@@ -151,11 +133,7 @@ int main(void)
 	}
 	cxlkv_gpu_close(other);
 	cxlkv_gpu_close(gpu);
-	cxlkv_kv_close(kv);
-	cxlkv_lock_manager_stop(mgr);
-	cxlkv_node_remove_local(pool, 1); /* the node-local file this test created */
-	cxlkv_pool_close(pool);
-	unlink(path);
+	c_pool_close(&p);
 	if (failures) {
 		fprintf(stderr, "kv_gpu_batch_c_api_test: %d check(s) failed\n", failures);
 		return 1;

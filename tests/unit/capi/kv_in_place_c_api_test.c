@@ -18,6 +18,7 @@
 #include "cxlkv/cxlkv.h"
 
 #include "support/c_check.h"
+#include "support/c_pool.h"
 
 #define MiB (1024ull * 1024ull)
 #define POOL_SIZE (64 * MiB)
@@ -28,37 +29,18 @@ static unsigned char want[N][BLOCK];
 
 int main(void)
 {
-	char name[96], uri[128], path[128];
-	struct cxlkv_format_opts fo;
-	struct cxlkv_lock_manager_opts mo;
-	struct cxlkv_kv_opts ko;
-	struct cxlkv_pool *pool = NULL;
-	struct cxlkv_lock_manager *mgr = NULL;
-	struct cxlkv_kv *kv = NULL;
+	struct c_pool p;
+	struct cxlkv_pool *pool;
+	struct cxlkv_kv *kv;
 	struct cxlkv_kv_key keys[N];
 	struct cxlkv_kv_block blocks[N];
 	void *addrs[N];
 	int32_t st[N];
 
-	snprintf(name, sizeof(name), "cxlkv-kv-in-place-c-api-test-%d", (int)getpid());
-	snprintf(uri, sizeof(uri), "shm:%s:%llu", name, (unsigned long long)POOL_SIZE);
-	snprintf(path, sizeof(path), "/dev/shm/%s", name);
-	memset(&fo, 0, sizeof(fo));
-	fo.size = sizeof(fo);
-	fo.max_nodes = 4;
-	CHECK(cxlkv_pool_format(uri, &fo) == 0);
-	CHECK(cxlkv_pool_open(uri, &pool) == 0);
-	if (!pool) {
-		unlink(path);
+	if (c_pool_open(&p, "cxlkv-kv-in-place-c-api-test", POOL_SIZE, C_POOL_KV) != 0)
 		return 1;
-	}
-	memset(&mo, 0, sizeof(mo));
-	mo.size = sizeof(mo);
-	CHECK(cxlkv_lock_manager_start(pool, &mo, &mgr) == 0);
-	memset(&ko, 0, sizeof(ko));
-	ko.size = sizeof(ko);
-	ko.node = 1;
-	CHECK(cxlkv_kv_open(pool, &ko, &kv) == 0 && kv != NULL);
+	pool = p.pool;
+	kv = p.kv;
 	for (int b = 0; b < N; b++) {
 		keys[b].lo = 0x1000 + (uint64_t)b;
 		keys[b].hi = 0xabcdef;
@@ -126,11 +108,7 @@ int main(void)
 		}
 	}
 
-	cxlkv_kv_close(kv);
-	cxlkv_lock_manager_stop(mgr);
-	cxlkv_node_remove_local(pool, 1);
-	cxlkv_pool_close(pool);
-	unlink(path);
+	c_pool_close(&p);
 	if (failures)
 		fprintf(stderr, "%d check(s) failed\n", failures);
 	return failures ? 1 : 0;

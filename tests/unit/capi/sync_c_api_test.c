@@ -14,6 +14,7 @@
 #include "cxlkv/cxlkv.h"
 
 #include "support/c_check.h"
+#include "support/c_pool.h"
 
 #define MiB (1024ull * 1024ull)
 #define POOL_SIZE (64 * MiB)
@@ -238,31 +239,20 @@ static void test_bad_input(struct cxlkv_pool *pool, struct cxlkv_node *a)
 
 int main(void)
 {
-	char name[96], uri[128], path[128];
-	struct cxlkv_format_opts fo;
+	struct c_pool p;
+	struct cxlkv_pool *pool;
 	struct cxlkv_lock_manager_opts mo;
-	struct cxlkv_pool *pool = NULL;
-	struct cxlkv_lock_manager *mgr = NULL, *mgr2 = NULL;
+	struct cxlkv_lock_manager *mgr2 = NULL;
 	struct cxlkv_node *a, *b;
 
-	snprintf(name, sizeof(name), "cxlkv-sync-c-api-test-%d", (int)getpid());
-	snprintf(uri, sizeof(uri), "shm:%s:%llu", name, (unsigned long long)POOL_SIZE);
-	snprintf(path, sizeof(path), "/dev/shm/%s", name);
-	memset(&fo, 0, sizeof(fo));
-	fo.size = sizeof(fo);
-	fo.max_nodes = 4;
-	CHECK(cxlkv_pool_format(uri, &fo) == 0);
-	CHECK(cxlkv_pool_open(uri, &pool) == 0);
-	if (!pool) {
-		unlink(path);
+	/* The pool and its lock manager on node 0; no KV handle. */
+	if (c_pool_open(&p, "cxlkv-sync-c-api-test", POOL_SIZE, 0) != 0)
 		return 1;
-	}
-
+	pool = p.pool;
+	/* One manager per pool: a second one is refused while the lease is held. */
 	memset(&mo, 0, sizeof(mo));
 	mo.size = sizeof(mo);
 	mo.node = 0;
-	CHECK(cxlkv_lock_manager_start(pool, &mo, &mgr) == 0 && mgr != NULL);
-	/* One manager per pool: a second one is refused while the lease is held. */
 	CHECK_ERR(cxlkv_lock_manager_start(pool, &mo, &mgr2), -EBUSY);
 
 	a = attach(pool, 0);
@@ -275,13 +265,12 @@ int main(void)
 	}
 	cxlkv_node_detach(b);
 	cxlkv_node_detach(a);
-	cxlkv_lock_manager_stop(mgr);
+	c_pool_stop(&p);
 	/* Remove what this program created; a second removal finds nothing and is fine. */
 	CHECK(cxlkv_node_remove_local(pool, 0) == 0);
 	CHECK(cxlkv_node_remove_local(pool, 1) == 0);
 	CHECK(cxlkv_node_remove_local(pool, 1) == 0);
-	cxlkv_pool_close(pool);
-	unlink(path);
+	c_pool_close(&p);
 	if (failures) {
 		fprintf(stderr, "sync_c_api_test: %d check(s) failed\n", failures);
 		return 1;
