@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "index/prefix_index.hpp"
+#include "support/pool_fixture.hpp"  // AlignedPool
 
 namespace cxlkv::test {
 
@@ -106,17 +107,6 @@ class RangeSpace final : public PayloadSpace {
  private:
   std::mutex mu_;
   std::map<uint64_t, uint64_t> free_, used_;
-};
-
-// 64-byte aligned zeroed memory standing in for a pool.
-struct AlignedPool {
-  explicit AlignedPool(size_t n) : bytes(n) {
-    mem = static_cast<std::byte*>(std::aligned_alloc(4096, n));
-    std::memset(mem, 0, n);
-  }
-  ~AlignedPool() { std::free(mem); }
-  std::byte* mem;
-  size_t bytes;
 };
 
 // Deterministic payload bytes of a block: what a test writes and expects.

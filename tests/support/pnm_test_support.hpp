@@ -19,19 +19,17 @@
 #include "cxlkv/pnm.hpp"
 #include "cxlkv/region.hpp"
 #include "pnm/dtype.hpp"
+#include "support/pool_fixture.hpp"  // AlignedPool
 
 namespace cxlkv::pnm::test {
 
-struct FreeDeleter {
-  void operator()(void* p) const { std::free(p); }
-};
-
 // A pool of `bytes` in memory; host(i) is a Region over it through node i of
 // a NonCoherentSim (or, with sim == false, through a coherent host domain).
+// One Region per host, not one ShmPool: a near-memory context is opened
+// through the Region of the host that uses it.
 struct SharedPool {
   SharedPool(uint64_t bytes, uint32_t hosts, double evict, bool use_sim = true, double prefetch = 0.0)
-      : bytes(bytes), mem(std::aligned_alloc(4096, bytes)) {
-    std::memset(mem.get(), 0, bytes);
+      : bytes(bytes), mem(bytes) {
     name = "pnmtest" + std::to_string(getpid()) + "-" + std::to_string(counter()++);
     if (use_sim) {
       NonCoherentSimOptions so;
@@ -39,14 +37,14 @@ struct SharedPool {
       so.evict_probability = evict;
       so.seed = 11;
       so.prefetch_probability = prefetch;
-      sim = std::make_unique<NonCoherentSim>(mem.get(), bytes, so);
+      sim = std::make_unique<NonCoherentSim>(base(), bytes, so);
     }
     for (uint32_t i = 0; i < hosts; i++) {
       OpenOptions oo;
       if (sim) oo.use_domain = &sim->node(i);
       else oo.domain.mode = DomainMode::coherent;
-      auto r = i == 0 ? Region::format_memory(name, mem.get(), bytes, FormatOptions{}, oo)
-                      : Region::open_memory(name, mem.get(), bytes, oo);
+      auto r = i == 0 ? Region::format_memory(name, base(), bytes, FormatOptions{}, oo)
+                      : Region::open_memory(name, base(), bytes, oo);
       EXPECT_TRUE(r.ok()) << r.error().message();
       regions.push_back(std::move(r).value());
     }
@@ -56,8 +54,9 @@ struct SharedPool {
     return c;
   }
   Region& host(uint32_t i) { return *regions.at(i); }
+  void* base() const { return mem.mem; }  // the pool's first byte
   uint64_t bytes;
-  std::unique_ptr<void, FreeDeleter> mem;
+  cxlkv::test::AlignedPool mem;
   std::string name;
   std::unique_ptr<NonCoherentSim> sim;
   std::vector<std::unique_ptr<Region>> regions;

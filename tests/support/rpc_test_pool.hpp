@@ -18,55 +18,19 @@
 #include <string>
 #include <vector>
 
-#include "coherence/noncoherent_sim.hpp"
 #include "cxlkv/rpc.hpp"
-#include "cxlkv/sync.hpp"
-#include "pool/format.hpp"
+#include "support/pool_fixture.hpp"
+#include "support/proc_util.hpp"
 
 namespace cxlkv::rpctest {
 
-struct RpcPool {
+// The shared ShmPool (support/pool_fixture.hpp) with, unless a test names
+// other carves, the rpc carve the RPC tests put their rings in (2 MiB), for
+// 8 nodes.
+struct RpcPool : test::ShmPool {
   explicit RpcPool(const std::string& tag, uint64_t size = 64ull << 20,
-                   std::vector<std::pair<std::string, uint64_t>> carves = {{CXLKV_CARVE_RPC, 2ull << 20}}) {
-    name = "cxlkv-test-" + tag + "-" + std::to_string(getpid());
-    uri = "shm:" + name + ":" + std::to_string(size >> 20) + "M";
-    PoolFormatOptions o;
-    o.max_nodes = 8;
-    o.max_locks = CXLKV_MIN_LOCKS;
-    o.force = true;
-    o.extra_carves = std::move(carves);
-    auto r = format_pool(uri, o);
-    if (!r) throw std::runtime_error(r.error().message());
-    region = std::move(r.value());
-  }
-  ~RpcPool() {
-    nodes.clear();
-    for (auto& n : local_names) NodeContext::unlink_local(n);
-    region.reset();
-    sim.reset();
-    ::shm_unlink(("/" + name).c_str());
-  }
-  void simulate(uint32_t n, NonCoherentSimOptions o) {
-    o.nodes = n;
-    sim = std::make_unique<NonCoherentSim>(region->base(), region->size(), o);
-  }
-  MemoryDomain& domain(uint32_t i) { return sim ? sim->node(i) : region->domain(); }
-  NodeContext& attach(uint32_t node, bool heartbeat = false) {
-    NodeOptions o;
-    o.node = node;
-    o.heartbeat = heartbeat;
-    o.heartbeat_ms = 20;
-    auto r = NodeContext::attach(*region, domain(node), o);
-    if (!r) throw std::runtime_error(r.error().message());
-    local_names.push_back(r.value()->local_shm_name());
-    nodes.push_back(std::move(r.value()));
-    return *nodes.back();
-  }
-  std::string name, uri;
-  std::unique_ptr<Region> region;
-  std::unique_ptr<NonCoherentSim> sim;
-  std::vector<std::unique_ptr<NodeContext>> nodes;
-  std::vector<std::string> local_names;
+                   std::vector<std::pair<std::string, uint64_t>> carves = {{CXLKV_CARVE_RPC, 2ull << 20}})
+      : ShmPool(tag, size, 8, std::move(carves)) {}
 };
 
 // A client in a real separate process: forked before the test starts any
@@ -121,9 +85,7 @@ struct ForkedClient {
   }
   // kill -9 and reap (a zombie would still look alive by /proc).
   void kill9() {
-    if (pid <= 0) return;
-    kill(pid, SIGKILL);
-    waitpid(pid, nullptr, 0);
+    if (pid > 0) proc_util::kill_and_reap(pid);
     pid = -1;
   }
   pid_t pid = -1;
@@ -158,9 +120,7 @@ struct IndexServiceDaemon {
   }
   // kill -9 and reap.
   void kill9() {
-    if (pid <= 0) return;
-    kill(pid, SIGKILL);
-    waitpid(pid, nullptr, 0);
+    if (pid > 0) proc_util::kill_and_reap(pid);
     pid = -1;
   }
   pid_t pid = -1;

@@ -362,7 +362,7 @@ TEST(PnmDigestKinds, ACarveOfLayoutVersion2IsRefusedNamingBothVersions) {
   }
   auto carve = pool.host(0).carve(CXLKV_CARVE_PNM);
   ASSERT_TRUE(carve.ok());
-  auto* h = reinterpret_cast<cxlkv_pnm_header*>(static_cast<unsigned char*>(pool.mem.get()) + carve->offset);
+  auto* h = reinterpret_cast<cxlkv_pnm_header*>(static_cast<unsigned char*>(pool.base()) + carve->offset);
   ASSERT_EQ(3u, h->version);
   h->version = 2;
   h->checksum = cxlkv_pnm_header_checksum(h);

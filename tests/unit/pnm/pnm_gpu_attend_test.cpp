@@ -148,9 +148,9 @@ TEST(PnmGpuAttend, AHybridStepOnAGpuLibraryLaunchesTheKernelAndEqualsTheCpuStand
   Fixture f(4);
   f.add(300);
   Override ov(&g_fake_pnm);
-  auto fake = gpu::GpuPool::open(gpu::CudaLibrary::from_table(&gpu::reference_ops(), "fake-gpu"), f.pool.mem.get(),
+  auto fake = gpu::GpuPool::open(gpu::CudaLibrary::from_table(&gpu::reference_ops(), "fake-gpu"), f.pool.base(),
                                  f.pool.bytes);
-  auto ref = gpu::GpuPool::open(gpu::CudaLibrary::cpu_reference(), f.pool.mem.get(), f.pool.bytes);
+  auto ref = gpu::GpuPool::open(gpu::CudaLibrary::cpu_reference(), f.pool.base(), f.pool.bytes);
   ASSERT_TRUE(fake.ok() && ref.ok());
   ASSERT_FALSE((*fake)->library().is_reference());
   auto hg = HybridRequest::create(*f.w, **fake, 5);
@@ -183,7 +183,7 @@ TEST(PnmGpuAttend, AHybridStepOnAGpuLibraryLaunchesTheKernelAndEqualsTheCpuStand
 TEST(PnmGpuAttend, ALibraryBuiltBeforeTheKernelOrAFailingLaunchIsRefusedByName) {
   Fixture f(5);
   f.add(200);
-  auto fake = gpu::GpuPool::open(gpu::CudaLibrary::from_table(&gpu::reference_ops(), "fake-gpu"), f.pool.mem.get(),
+  auto fake = gpu::GpuPool::open(gpu::CudaLibrary::from_table(&gpu::reference_ops(), "fake-gpu"), f.pool.base(),
                                  f.pool.bytes);
   ASSERT_TRUE(fake.ok());
   auto h = HybridRequest::create(*f.w, **fake, 4);

@@ -93,7 +93,7 @@ TEST(PnmGpuAppend, PagesAndGpuDigestsReachAnotherHostLikeACpuAppend) {
   ASSERT_TRUE(ws.ok() && rs.ok());
   const Geometry g{2, 2, 24, Dtype::bf16, 16, 256};
   auto lib = gpu::CudaLibrary::cpu_reference();
-  auto gp = gpu::GpuPool::open(lib, pool.mem.get(), pool.bytes);
+  auto gp = gpu::GpuPool::open(lib, pool.base(), pool.bytes);
   ASSERT_TRUE(gp.ok()) << gp.error().message();
   auto from_gpu = (*ws)->create(1, g);
   auto from_cpu = (*ws)->create(2, g);

@@ -136,7 +136,7 @@ double max_diff(const Partial& a, const Partial& b) {
 TEST(PnmHybrid, StepsMergeGpuAndNearMemoryPartsIntoAttentionOverTheSelection) {
   HybridFixture f(300, 2);
   auto lib = gpu::CudaLibrary::cpu_reference();
-  auto gp = gpu::GpuPool::open(lib, f.pool.mem.get(), f.pool.bytes);
+  auto gp = gpu::GpuPool::open(lib, f.pool.base(), f.pool.bytes);
   ASSERT_TRUE(gp.ok()) << gp.error().message();
   auto hy = HybridRequest::create(*f.r, **gp, 6);
   ASSERT_TRUE(hy.ok()) << hy.error().message();
@@ -182,7 +182,7 @@ TEST(PnmHybrid, GpuAndNearMemoryPartsMergeIntoAFloat64AttentionOverTheirUnion) {
   // selection -- computed from what was appended, over decode steps that
   // append, evict and recall.
   HybridFixture f(260, 4);
-  auto gp = gpu::GpuPool::open(gpu::CudaLibrary::cpu_reference(), f.pool.mem.get(), f.pool.bytes);
+  auto gp = gpu::GpuPool::open(gpu::CudaLibrary::cpu_reference(), f.pool.base(), f.pool.bytes);
   ASSERT_TRUE(gp.ok()) << gp.error().message();
   auto hy = HybridRequest::create(*f.r, **gp, 4);
   ASSERT_TRUE(hy.ok()) << hy.error().message();
@@ -207,7 +207,7 @@ TEST(PnmHybrid, GpuAndNearMemoryPartsMergeIntoAFloat64AttentionOverTheirUnion) {
 
 TEST(PnmHybrid, AutoSteadySetIsSizedFromTheMeasuredOverlapOfSuccessiveSelections) {
   HybridFixture f(300, 3);
-  auto gp = gpu::GpuPool::open(gpu::CudaLibrary::cpu_reference(), f.pool.mem.get(), f.pool.bytes);
+  auto gp = gpu::GpuPool::open(gpu::CudaLibrary::cpu_reference(), f.pool.base(), f.pool.bytes);
   ASSERT_TRUE(gp.ok()) << gp.error().message();
   auto hy = HybridRequest::create(*f.r, **gp, 10, true);
   ASSERT_TRUE(hy.ok()) << hy.error().message();

@@ -247,7 +247,7 @@ TEST(PnmMetrics, HybridStepsCountTheirRecalls) {
   ASSERT_TRUE(c.ok());
   std::mt19937_64 rng(8);
   append_random(**c, 100, rng);
-  auto gp = gpu::GpuPool::open(gpu::CudaLibrary::cpu_reference(), pool.mem.get(), pool.bytes);
+  auto gp = gpu::GpuPool::open(gpu::CudaLibrary::cpu_reference(), pool.base(), pool.bytes);
   ASSERT_TRUE(gp.ok()) << gp.error().message();
   auto h = HybridRequest::create(**c, **gp, 2);
   ASSERT_TRUE(h.ok()) << h.error().message();

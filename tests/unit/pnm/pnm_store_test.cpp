@@ -369,7 +369,7 @@ struct Damaged {
   }
   template <class T>
   T* at(uint64_t off) {
-    return reinterpret_cast<T*>(static_cast<unsigned char*>(pool.mem.get()) + off);
+    return reinterpret_cast<T*>(static_cast<unsigned char*>(pool.base()) + off);
   }
   uint64_t* page_entry(uint32_t p) { return at<uint64_t>(slot->ctx.page_table_off + 8ull * p); }
   // One decode step over everything published, as a near-memory engine runs it.
