@@ -13,118 +13,125 @@ void attend_rows(Isa isa, Dtype dtype, const void* k, const void* v, uint32_t nt
                  uint32_t nq, float scale, float* m, float* l, float* acc) {
   if (ntok == 0) return;
   const auto& kn = detail::kernels(isa);
-  float s[256];
-  for (uint32_t t0 = 0; t0 < ntok; t0 += 256) {
-    const uint32_t n = std::min<uint32_t>(256, ntok - t0);
-    const auto* kk = static_cast<const unsigned char*>(k) + size_t(t0) * dim * dtype_size(dtype);
-    const auto* vv = static_cast<const unsigned char*>(v) + size_t(t0) * dim * dtype_size(dtype);
-    for (uint32_t h = 0; h < nq; h++) {
-      kn.dot_rows(dtype, kk, n, dim, q + size_t(h) * dim, s);
-      float mx = m[h];
-      for (uint32_t i = 0; i < n; i++) mx = std::max(mx, s[i] * scale);
-      // Online softmax: rescale what was summed so far to the new maximum.
-      const float c = std::isinf(m[h]) ? 0.f : std::exp(m[h] - mx);
-      float* a = acc + size_t(h) * dim;
-      if (c != 1.f)
-        for (uint32_t d = 0; d < dim; d++) a[d] *= c;
-      float sum = 0;
-      for (uint32_t i = 0; i < n; i++) {
-        s[i] = std::exp(s[i] * scale - mx);
-        sum += s[i];
-      }
-      kn.axpy_rows(dtype, vv, n, dim, s, a);
-      l[h] = l[h] * c + sum;
-      m[h] = mx;
-    }
+  thread_local std::vector<float> qs, w;
+  qs.resize(size_t(nq) * dim);
+  for (size_t i = 0; i < qs.size(); i++) qs[i] = q[i] * scale;
+  w.resize(size_t(nq) * detail::kAttendRows);
+  const size_t row = size_t(dim) * dtype_size(dtype);
+  for (uint32_t t0 = 0; t0 < ntok; t0 += detail::kAttendRows) {
+    const uint32_t n = std::min(detail::kAttendRows, ntok - t0);
+    kn.attend_rows(true, dtype, static_cast<const unsigned char*>(k) + t0 * row, n, dim, qs.data(), nq, m, l, acc,
+                   w.data(), detail::kAttendRows);
+    kn.attend_rows(false, dtype, static_cast<const unsigned char*>(v) + t0 * row, n, dim, nullptr, nq, nullptr,
+                   nullptr, acc, w.data(), detail::kAttendRows);
   }
 }
 
 namespace detail {
 
-// Two passes over the selected pages of one (layer, KV head) for the whole
-// query-head group (docs/near-memory.md#attention-at-the-read-bound): every
-// score first (each key row read and converted once for all the group's
-// heads), one maximum and one vectorized exp per head, then every value
-// row once; rows are read in place where the domain is coherent (rule 4
-// holds trivially), else staged a page at a time (invalidate, fence,
-// load).  Exact softmax: the same sums as the online form, without its
-// per-page rescaling.
-Result<void> attend_head(const Context& ctx, const uint64_t* table, std::span<const uint32_t> pages, uint32_t L,
-                         uint32_t h, const float* q, uint32_t group, uint64_t ntokens, float scale, Isa isa,
-                         float* acc, float* lse) {
+// The selected pages of KV heads [h0, h0 + nh) of one layer for their
+// query-head groups, in one pass (docs/near-memory.md#attention-at-the-read-bound):
+// page by page, the key rows of every head that selected the page, then
+// their value rows, through the online softmax.  A page holds a layer's
+// heads' key rows side by side and then their value rows, so where the
+// heads selected the same page (most pages, at a budget that is a good
+// share of the context) each is one stretch read in order; each head's
+// rows of its next page are prefetched as these are used.  Rows are read
+// in place where the domain is coherent (rule 4 holds trivially), else
+// staged a page at a time (invalidate, fence, load).
+Result<void> attend_heads(const Context& ctx, const uint64_t* table, const std::span<const uint32_t>* pages,
+                          uint32_t L, uint32_t h0, uint32_t nh, const float* q, uint32_t group, uint64_t ntokens,
+                          float scale, Isa isa, float* out, float* lse) {
   const Geometry& g = ctx.geometry();
   const auto& kn = kernels(isa);
   const uint32_t dim = g.head_dim;
-  const size_t rows = size_t(g.page_tokens) * dim * dtype_size(g.dtype);
-  thread_local std::vector<unsigned char> kb, vb;
-  thread_local std::vector<float> qs, s;
-  kb.resize(rows);
-  vb.resize(rows);
+  const size_t row = size_t(dim) * dtype_size(g.dtype);
+  const uint32_t nq = nh * group;
+  constexpr uint32_t ld = kAttendRows;
+  thread_local std::vector<unsigned char> staged;
+  thread_local std::vector<float> qs, m, l, w;
+  qs.resize(size_t(nq) * dim);
+  for (size_t i = 0; i < qs.size(); i++) qs[i] = q[i] * scale;  // scores come out scaled
+  m.assign(nq, -INFINITY);
+  l.assign(nq, 0.f);
+  w.resize(size_t(nq) * ld);
+  staged.resize(2 * size_t(nh) * g.page_tokens * row);
+  std::fill(out, out + size_t(nq) * dim, 0.f);
   auto page_ntok = [&](uint32_t p) {
     return static_cast<uint32_t>(std::min<uint64_t>(g.page_tokens, ntokens - uint64_t(p) * g.page_tokens));
   };
-  size_t total = 0;
-  for (uint32_t p : pages) total += page_ntok(p);
-  std::fill(acc, acc + size_t(group) * dim, 0.f);
-  if (total == 0) {
-    std::fill(lse, lse + group, -INFINITY);
-    return {};
-  }
-  // The scale folded into the queries: scores come out scaled.
-  qs.resize(size_t(group) * dim);
-  for (size_t i = 0; i < qs.size(); i++) qs[i] = q[i] * scale;
-  s.resize(size_t(group) * total);
-  auto rows_of = [&](uint64_t page_off, uint32_t kv, uint32_t ntok, std::vector<unsigned char>& buf)
-      -> Result<const void*> {
-    if (const void* in_place = ctx.rows_in_place(page_off, L, kv, h)) return in_place;
-    CXLKV_TRY(ctx.read_rows(page_off, L, kv, h, ntok, buf.data()));
-    return static_cast<const void*>(buf.data());
-  };
-  // A page's rows of one (layer, head) are page_tokens x head_dim elements
-  // in one place and the next page's a page (every layer and head) away:
-  // the hardware prefetcher stops at each 4 KiB page, so the rows two pages
-  // ahead are prefetched (in place only; staged rows are copied anyway).
-  constexpr size_t kAhead = 2;
-  auto prefetch = [&](size_t j, uint32_t kv) {
-    if (j >= pages.size()) return;
-    const auto* r = static_cast<const char*>(ctx.rows_in_place(table[pages[j]], L, kv, h));
+  // A head's next selected page is a whole page (every layer and head)
+  // away, past where the hardware prefetcher follows.
+  auto prefetch = [&](uint32_t i, size_t j, uint32_t kv) {
+    if (j >= pages[i].size()) return;
+    const uint32_t p = pages[i][j];
+    const auto* r = static_cast<const char*>(ctx.rows_in_place(table[p], L, kv, h0 + i));
     if (!r) return;
-    for (size_t o = 0; o < size_t(page_ntok(pages[j])) * dim * dtype_size(g.dtype); o += 64)
-      __builtin_prefetch(r + o);
+    for (size_t o = 0; o < page_ntok(p) * row; o += 64) __builtin_prefetch(r + o);
   };
-  size_t pos = 0;
-  for (size_t j = 0; j < kAhead; j++) prefetch(j, 0);
-  for (size_t j = 0; j < pages.size(); j++) {
-    const uint32_t p = pages[j];
-    prefetch(j + kAhead, 0);
+  // The pages in order over every head (a merge of the heads' lists;
+  // each head's list is taken in its own order, sorted or not): at each
+  // step the lowest page any head is at, for the heads at that page.
+  std::vector<size_t> at(nh, 0);
+  std::vector<const unsigned char*> rows(2 * size_t(nh));
+  for (uint32_t i = 0; i < nh; i++) prefetch(i, 0, 0);
+  for (;;) {
+    uint32_t p = UINT32_MAX;
+    for (uint32_t i = 0; i < nh; i++)
+      if (at[i] < pages[i].size()) p = std::min(p, pages[i][at[i]]);
+    if (p == UINT32_MAX) break;
     const uint32_t ntok = page_ntok(p);
-    auto k = rows_of(table[p], 0, ntok, kb);
-    if (!k.ok()) return k.error();
-    kn.rows_heads(true, g.dtype, *k, ntok, dim, qs.data(), total, group, s.data() + pos);
-    pos += ntok;
+    // Rows of the heads at page p: in place, or staged (K and V of each,
+    // so that the value pass finds them).
+    for (uint32_t i = 0; i < nh; i++) {
+      rows[2 * i] = rows[2 * i + 1] = nullptr;
+      if (at[i] >= pages[i].size() || pages[i][at[i]] != p) continue;
+      for (uint32_t kv = 0; kv < 2; kv++) {
+        rows[2 * i + kv] = static_cast<const unsigned char*>(ctx.rows_in_place(table[p], L, kv, h0 + i));
+        if (rows[2 * i + kv]) continue;
+        unsigned char* buf = staged.data() + (2 * size_t(i) + kv) * g.page_tokens * row;
+        CXLKV_TRY(ctx.read_rows(table[p], L, kv, h0 + i, ntok, buf));
+        rows[2 * i + kv] = buf;
+      }
+    }
+    // Keys of every head at the page, then their values: the page's
+    // stretch of this layer in order.
+    for (uint32_t kv = 0; kv < 2; kv++)
+      for (uint32_t i = 0; i < nh; i++) {
+        if (!rows[2 * i + kv]) continue;
+        prefetch(i, at[i] + 1, kv);
+        const size_t q0 = size_t(i) * group;
+        for (uint32_t t0 = 0; t0 < ntok; t0 += ld) {
+          // Pages longer than the kernel takes at a time: their value rows
+          // follow each piece's key rows.
+          const uint32_t n = std::min(ld, ntok - t0);
+          if (ntok > ld || kv == 0)
+            kn.attend_rows(true, g.dtype, rows[2 * i] + t0 * row, n, dim, qs.data() + q0 * dim, group,
+                           m.data() + q0, l.data() + q0, out + q0 * dim, w.data() + q0 * ld, ld);
+          if (ntok > ld || kv == 1)
+            kn.attend_rows(false, g.dtype, rows[2 * i + 1] + t0 * row, n, dim, nullptr, group, nullptr, nullptr,
+                           out + q0 * dim, w.data() + q0 * ld, ld);
+        }
+        if (ntok > ld && kv == 0) rows[2 * i + 1] = nullptr;  // done with both
+      }
+    for (uint32_t i = 0; i < nh; i++)
+      if (rows[2 * i]) at[i]++;
   }
-  std::vector<float> m(group), l(group);
-  for (uint32_t j = 0; j < group; j++) {
-    float* sj = s.data() + size_t(j) * total;
-    m[j] = *std::max_element(sj, sj + total);
-    l[j] = kn.exp_sum(sj, static_cast<uint32_t>(total), m[j], sj);
-  }
-  pos = 0;
-  for (size_t j = 0; j < kAhead; j++) prefetch(j, 1);
-  for (size_t j = 0; j < pages.size(); j++) {
-    const uint32_t p = pages[j];
-    prefetch(j + kAhead, 1);
-    const uint32_t ntok = page_ntok(p);
-    auto v = rows_of(table[p], 1, ntok, vb);
-    if (!v.ok()) return v.error();
-    kn.rows_heads(false, g.dtype, *v, ntok, dim, s.data() + pos, total, group, acc);
-    pos += ntok;
-  }
-  for (uint32_t j = 0; j < group; j++) {
-    for (uint32_t d = 0; d < dim; d++) acc[size_t(j) * dim + d] /= l[j];
-    lse[j] = m[j] + std::log(l[j]);
+  for (uint32_t j = 0; j < nq; j++) {
+    if (l[j] > 0) {
+      for (uint32_t d = 0; d < dim; d++) out[size_t(j) * dim + d] /= l[j];
+      lse[j] = m[j] + std::log(l[j]);
+    } else {
+      lse[j] = -INFINITY;  // no tokens: the empty partial, merge's identity
+    }
   }
   return {};
+}
+
+Result<void> attend_head(const Context& ctx, const uint64_t* table, std::span<const uint32_t> pages, uint32_t L,
+                         uint32_t h, const float* q, uint32_t group, uint64_t ntokens, float scale, Isa isa,
+                         float* acc, float* lse) {
+  return attend_heads(ctx, table, &pages, L, h, 1, q, group, ntokens, scale, isa, acc, lse);
 }
 
 }  // namespace detail
@@ -158,13 +165,14 @@ Result<Partial> attend(const Context& ctx, std::span<const float> queries, uint3
     all.resize(np);
     for (uint32_t p = 0; p < np; p++) all[p] = p;
   }
-  for (uint32_t L = 0; L < g.layers; L++)
-    for (uint32_t h = 0; h < g.kv_heads; h++) {
-      const size_t qh0 = size_t(L) * q_heads + size_t(h) * group;
-      CXLKV_TRY(detail::attend_head(ctx, table.data(), sel ? sel->at(L, h) : all, L, h,
-                                    queries.data() + qh0 * g.head_dim, group, ntokens, scale, isa,
-                                    out.out.data() + qh0 * g.head_dim, out.lse.data() + qh0));
-    }
+  std::vector<std::span<const uint32_t>> heads(g.kv_heads);
+  for (uint32_t L = 0; L < g.layers; L++) {
+    for (uint32_t h = 0; h < g.kv_heads; h++) heads[h] = sel ? std::span<const uint32_t>(sel->at(L, h)) : all;
+    const size_t qh0 = size_t(L) * q_heads;
+    CXLKV_TRY(detail::attend_heads(ctx, table.data(), heads.data(), L, 0, g.kv_heads,
+                                   queries.data() + qh0 * g.head_dim, group, ntokens, scale, isa,
+                                   out.out.data() + qh0 * g.head_dim, out.lse.data() + qh0));
+  }
   return out;
 }
 

@@ -223,12 +223,22 @@ StepResult run_step(Engine& eng, const StepRequest& req, Isa isa) {
   r.partial.out.assign(size_t(g.layers) * req.q_heads * g.head_dim, 0.f);
   r.partial.lse.assign(size_t(g.layers) * req.q_heads, -INFINITY);
   const float scale = 1.f / std::sqrt(float(g.head_dim));
-  eng.parallel_for(pairs, [&](uint32_t i) {
-    const uint32_t l = i / g.kv_heads, h = i % g.kv_heads;
-    const size_t qh0 = size_t(l) * req.q_heads + size_t(h) * group;
-    auto a = detail::attend_head(ctx, table.data(), r.selection.pages[i], l, h,
-                                 req.queries.data() + qh0 * g.head_dim, group, ntokens, scale, isa,
-                                 r.partial.out.data() + qh0 * g.head_dim, r.partial.lse.data() + qh0);
+  // Work items of a layer's KV heads together (attend_heads reads a page's
+  // stretch of the layer in order): whole layers, or, where the engine has
+  // more threads than a quarter of the layers, layers split into blocks of
+  // heads so that every thread has items to take.
+  const uint32_t blocks = std::min<uint32_t>(g.kv_heads, (4 * eng.threads() + g.layers - 1) / g.layers);
+  const uint32_t per_block = (g.kv_heads + blocks - 1) / blocks;
+  const uint32_t nblocks = (g.kv_heads + per_block - 1) / per_block;
+  std::vector<std::span<const uint32_t>> spans(pairs);
+  for (uint32_t i = 0; i < pairs; i++) spans[i] = r.selection.pages[i];
+  eng.parallel_for(g.layers * nblocks, [&](uint32_t item) {
+    const uint32_t l = item / nblocks, h0 = item % nblocks * per_block;
+    const uint32_t nh = std::min(per_block, g.kv_heads - h0), i = l * g.kv_heads + h0;
+    const size_t qh0 = size_t(l) * req.q_heads + size_t(h0) * group;
+    auto a = detail::attend_heads(ctx, table.data(), spans.data() + i, l, h0, nh,
+                                  req.queries.data() + qh0 * g.head_dim, group, ntokens, scale, isa,
+                                  r.partial.out.data() + qh0 * g.head_dim, r.partial.lse.data() + qh0);
     if (!a.ok()) {
       errs[i] = a.error();
       failed[i] = 1;

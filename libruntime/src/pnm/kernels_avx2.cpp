@@ -20,7 +20,7 @@ namespace {
 struct Avx2 {
   using F = __m256;
   using I = __m256i;
-  static constexpr uint32_t kF = 8, kI = 16, kHeadChunk = 4;
+  static constexpr uint32_t kF = 8, kI = 16, kHeadChunk = 4, kAcc = 8;
 
   CXLKV_PNM_TARGET static F zero() { return _mm256_setzero_ps(); }
   CXLKV_PNM_TARGET static F set1(float x) { return _mm256_set1_ps(x); }

@@ -25,7 +25,7 @@ namespace {
 struct Avx512 {
   using F = __m512;
   using I = __m512i;
-  static constexpr uint32_t kF = 16, kI = 32, kHeadChunk = 8;
+  static constexpr uint32_t kF = 16, kI = 32, kHeadChunk = 8, kAcc = 16;
 
   CXLKV_PNM_TARGET static F zero() { return _mm512_setzero_ps(); }
   CXLKV_PNM_TARGET static F set1(float x) { return _mm512_set1_ps(x); }

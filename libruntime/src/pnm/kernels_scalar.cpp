@@ -26,7 +26,7 @@ namespace {
 struct Scalar {
   using F = float;
   using I = int16_t;
-  static constexpr uint32_t kF = 1, kI = 1, kHeadChunk = 1;
+  static constexpr uint32_t kF = 1, kI = 1, kHeadChunk = 1, kAcc = 1;
 
   static F zero() { return 0; }
   static F set1(float x) { return x; }

@@ -20,6 +20,9 @@
 //   I key16(I): the order map of bf16 / fp16 bits on each lane (order_key)
 //   kHeadChunk: query heads scored together against one digest (their
 //     accumulators stay in registers)
+//   kAcc: float vectors an attention kernel keeps as accumulators (rows x
+//     heads of scores, or value blocks x heads), the rest of the registers
+//     holding its operands
 // Dimensions that are not a multiple of the lane count finish with a scalar
 // tail.
 //
@@ -227,33 +230,6 @@ CXLKV_PNM_TARGET void score_q8_kernel(const void* rows, uint32_t np, uint32_t di
   score_rows<V>(Q8Rows{dim}, rows, np, dim, q, nq, mode, out);
 }
 
-template <class V>
-CXLKV_PNM_TARGET void dot_kernel(Dtype t, const void* k, uint32_t ntok, uint32_t dim, const float* q, float* out) {
-  const size_t es = dtype_size(t);
-  const uint32_t vd = dim / V::kF * V::kF;
-  for (uint32_t i = 0; i < ntok; i++) {
-    const auto* r = static_cast<const unsigned char*>(k) + size_t(i) * dim * es;
-    typename V::F acc = V::zero();
-    for (uint32_t d = 0; d < vd; d += V::kF) acc = V::fmadd(V::load(q + d), V::load_elems(t, r, d), acc);
-    float s = V::hsum(acc);
-    for (uint32_t d = vd; d < dim; d++) s += q[d] * load_elem(t, r, d);
-    out[i] = s;
-  }
-}
-
-template <class V>
-CXLKV_PNM_TARGET void axpy_kernel(Dtype t, const void* v, uint32_t ntok, uint32_t dim, const float* w, float* acc) {
-  const size_t es = dtype_size(t);
-  const uint32_t vd = dim / V::kF * V::kF;
-  for (uint32_t i = 0; i < ntok; i++) {
-    const auto* r = static_cast<const unsigned char*>(v) + size_t(i) * dim * es;
-    const typename V::F wv = V::set1(w[i]);
-    for (uint32_t d = 0; d < vd; d += V::kF)
-      V::store(acc + d, V::fmadd(wv, V::load_elems(t, r, d), V::load(acc + d)));
-    for (uint32_t d = vd; d < dim; d++) acc[d] += w[i] * load_elem(t, r, d);
-  }
-}
-
 // ---- attention over a head group (docs/near-memory.md#attention-at-the-read-bound)
 
 // exp(x) on V::kF lanes for x <= 0 (scores minus their maximum): Cephes'
@@ -292,94 +268,179 @@ CXLKV_PNM_TARGET float exp_sum_kernel(const float* x, uint32_t n, float m, float
   return s;
 }
 
-// out[h * ld + i] = q_h . k_i for NH heads q [NH][dim] and ntok rows of K:
-// each key element converted once for all the group's heads.
 // Bytes of an element of T, a constant (dtype_size is an out-of-line call).
 template <Dtype T>
 constexpr size_t elem_bytes() {
   return T == Dtype::f32 ? 4 : 2;
 }
 
-template <class V, Dtype T, uint32_t NH>
-CXLKV_PNM_TARGET void dot_heads(const void* k, uint32_t ntok, uint32_t dim, const float* q, float* out, size_t ld) {
+// Rows of a page scored together: with NH heads, R rows keep R x NH
+// accumulators in registers (V::kAcc of them), so that each query vector
+// loaded serves R rows and each key vector converted serves NH heads.
+template <class V, uint32_t NH>
+constexpr uint32_t score_rows_per_block() {
+  return V::kAcc / NH > 0 ? V::kAcc / NH : 1;
+}
+
+// s[h * ld + i] = q_h . k_i for R rows of K from row i0 and NH heads q
+// [NH][dim] (already scaled): R x NH accumulators, each key element read
+// and converted once for every head of the group.
+template <class V, Dtype T, uint32_t NH, uint32_t R>
+CXLKV_PNM_TARGET __attribute__((always_inline)) inline void score_block(const unsigned char* k, uint32_t i0, uint32_t dim, const float* q, float* s,
+                                         uint32_t ld) {
   using F = typename V::F;
   const uint32_t vd = dim / V::kF * V::kF;
-  for (uint32_t i = 0; i < ntok; i++) {
-    const auto* r = static_cast<const unsigned char*>(k) + size_t(i) * dim * elem_bytes<T>();
-    F a[NH];
-    for (uint32_t h = 0; h < NH; h++) a[h] = V::zero();
-    for (uint32_t d = 0; d < vd; d += V::kF) {
-      const F kk = V::load_elems(T, r, d);
-      for (uint32_t h = 0; h < NH; h++) a[h] = V::fmadd(V::load(q + size_t(h) * dim + d), kk, a[h]);
+  const size_t rb = size_t(dim) * elem_bytes<T>();
+  F a[R][NH];
+#pragma GCC unroll 16
+  for (uint32_t r = 0; r < R; r++)
+#pragma GCC unroll 16
+    for (uint32_t h = 0; h < NH; h++) a[r][h] = V::zero();
+  for (uint32_t d = 0; d < vd; d += V::kF) {
+    F qq[NH];
+#pragma GCC unroll 16
+    for (uint32_t h = 0; h < NH; h++) qq[h] = V::load(q + size_t(h) * dim + d);
+#pragma GCC unroll 16
+    for (uint32_t r = 0; r < R; r++) {
+      const F kk = V::load_elems(T, k + (i0 + r) * rb, d);
+#pragma GCC unroll 16
+      for (uint32_t h = 0; h < NH; h++) a[r][h] = V::fmadd(qq[h], kk, a[r][h]);
     }
-    float s[NH];
-    V::hsums(a, NH, s);
+  }
+#pragma GCC unroll 16
+  for (uint32_t r = 0; r < R; r++) {
+    float x[NH];
+    V::hsums(a[r], NH, x);
+    const unsigned char* row = k + (i0 + r) * rb;
     for (uint32_t h = 0; h < NH; h++) {
-      for (uint32_t d = vd; d < dim; d++) s[h] += q[size_t(h) * dim + d] * load_elem(T, r, d);
-      out[h * ld + i] = s[h];
+      for (uint32_t d = vd; d < dim; d++) x[h] += q[size_t(h) * dim + d] * load_elem(T, row, d);
+      s[h * ld + i0 + r] = x[h];
     }
   }
 }
 
-// acc[h][d] += sum_i w[h * ld + i] v_i[d] for NH heads: a block of each
-// head's accumulator stays in registers over the rows (a page of rows is in
-// L1), each value element converted once for all heads.
-template <class V, Dtype T, uint32_t NH>
-CXLKV_PNM_TARGET void axpy_heads(const void* v, uint32_t ntok, uint32_t dim, const float* w, size_t ld, float* acc) {
+// Value vectors accumulated together per row: B blocks of V::kF elements
+// for NH heads stay in registers over the rows (B x NH of them).
+template <class V, uint32_t NH>
+constexpr uint32_t value_blocks() {
+  return V::kAcc / NH > 0 ? V::kAcc / NH : 1;
+}
+
+// acc[h][d0 + j] += sum_i w[h * ld + i] v_i[d0 + j], j < NB x V::kF, for NH
+// heads over n rows: NB vectors of each head's accumulator stay in
+// registers over the rows (a page of rows is in L1), each value element
+// converted once for all heads.
+template <class V, Dtype T, uint32_t NH, uint32_t NB>
+CXLKV_PNM_TARGET __attribute__((always_inline)) inline void value_block(const unsigned char* v, uint32_t n, uint32_t dim, uint32_t d0,
+                                         const float* w, uint32_t ld, float* acc) {
   using F = typename V::F;
-  const uint32_t vd = dim / V::kF * V::kF;
   const size_t rb = size_t(dim) * elem_bytes<T>();
-  for (uint32_t d = 0; d < vd; d += V::kF) {
-    F a[NH];
-    for (uint32_t h = 0; h < NH; h++) a[h] = V::load(acc + size_t(h) * dim + d);
-    for (uint32_t i = 0; i < ntok; i++) {
-      const F vv = V::load_elems(T, static_cast<const unsigned char*>(v) + i * rb, d);
-      for (uint32_t h = 0; h < NH; h++) a[h] = V::fmadd(V::set1(w[h * ld + i]), vv, a[h]);
+  F a[NH][NB];
+#pragma GCC unroll 16
+  for (uint32_t h = 0; h < NH; h++)
+#pragma GCC unroll 16
+    for (uint32_t b = 0; b < NB; b++) a[h][b] = V::load(acc + size_t(h) * dim + d0 + b * V::kF);
+  for (uint32_t i = 0; i < n; i++) {
+    F x[NB];
+#pragma GCC unroll 16
+    for (uint32_t b = 0; b < NB; b++) x[b] = V::load_elems(T, v + i * rb, d0 + b * V::kF);
+#pragma GCC unroll 16
+    for (uint32_t h = 0; h < NH; h++) {
+      const F wv = V::set1(w[h * ld + i]);
+#pragma GCC unroll 16
+      for (uint32_t b = 0; b < NB; b++) a[h][b] = V::fmadd(wv, x[b], a[h][b]);
     }
-    for (uint32_t h = 0; h < NH; h++) V::store(acc + size_t(h) * dim + d, a[h]);
   }
-  for (uint32_t d = vd; d < dim; d++)
-    for (uint32_t i = 0; i < ntok; i++) {
-      const float x = load_elem(T, static_cast<const unsigned char*>(v) + i * rb, d);
+#pragma GCC unroll 16
+  for (uint32_t h = 0; h < NH; h++)
+#pragma GCC unroll 16
+    for (uint32_t b = 0; b < NB; b++) V::store(acc + size_t(h) * dim + d0 + b * V::kF, a[h][b]);
+}
+
+// acc[h][d] += sum_i w[h * ld + i] v_i[d] for NH heads over n rows, in
+// blocks of value_blocks() vectors, then single vectors, then a scalar tail.
+template <class V, Dtype T, uint32_t NH>
+CXLKV_PNM_TARGET inline void accumulate_values(const unsigned char* v, uint32_t n, uint32_t dim, const float* w,
+                                               uint32_t ld, float* acc) {
+  constexpr uint32_t B = value_blocks<V, NH>();
+  const uint32_t vd = dim / V::kF * V::kF;
+  uint32_t d = 0;
+  for (; d + B * V::kF <= vd; d += B * V::kF) value_block<V, T, NH, B>(v, n, dim, d, w, ld, acc);
+  for (; d < vd; d += V::kF) value_block<V, T, NH, 1>(v, n, dim, d, w, ld, acc);
+  const size_t rb = size_t(dim) * elem_bytes<T>();
+  for (; d < dim; d++)
+    for (uint32_t i = 0; i < n; i++) {
+      const float x = load_elem(T, v + i * rb, d);
       for (uint32_t h = 0; h < NH; h++) acc[size_t(h) * dim + d] += w[h * ld + i] * x;
     }
 }
 
-// The two above for nq heads in chunks of at most kHeadChunk, NH a
-// compile-time constant in each (counting down to the chunk's size).
-template <class V, Dtype T, uint32_t NH = V::kHeadChunk>
-CXLKV_PNM_TARGET void heads_chunk(bool dot, const void* rows, uint32_t ntok, uint32_t dim, const float* x, size_t ld,
-                                  uint32_t nh, float* io) {
-  if constexpr (NH > 1) {
-    if (nh < NH) return heads_chunk<V, T, NH - 1>(dot, rows, ntok, dim, x, ld, nh, io);
+// One page's key rows for NH query heads of the online softmax
+// (docs/near-memory.md#attention-at-the-read-bound): the scores of n <=
+// kAttendRows rows (q already scaled), each head's running maximum m and
+// sum l and its accumulator acc [NH][dim] brought up to the new maximum
+// (acc rescaled only when it moved), and the rows' weights exp(score - m)
+// left in w [NH][ld] for the value rows.
+template <class V, Dtype T, uint32_t NH>
+CXLKV_PNM_TARGET void attend_scores_heads(const void* kp, uint32_t n, uint32_t dim, const float* q, float* m,
+                                          float* l, float* acc, float* w, uint32_t ld) {
+  constexpr uint32_t R = score_rows_per_block<V, NH>();
+  const auto* k = static_cast<const unsigned char*>(kp);
+  uint32_t i = 0;
+  for (; i + R <= n; i += R) score_block<V, T, NH, R>(k, i, dim, q, w, ld);
+  for (; i < n; i++) score_block<V, T, NH, 1>(k, i, dim, q, w, ld);
+  for (uint32_t h = 0; h < NH; h++) {
+    float* sh = w + h * ld;
+    float mx = m[h];
+    for (uint32_t j = 0; j < n; j++) mx = std::max(mx, sh[j]);
+    // The sums so far, rescaled to the new maximum (nothing yet: c = 0;
+    // most pages leave the maximum where it was: c = 1, no exp).
+    const float c = std::isinf(m[h]) ? 0.f : mx == m[h] ? 1.f : std::exp(m[h] - mx);
+    const float sum = exp_sum_kernel<V>(sh, n, mx, sh);
+    if (c != 1.f) {
+      float* a = acc + size_t(h) * dim;
+      const typename V::F cv = V::set1(c);
+      const uint32_t vd = dim / V::kF * V::kF;
+      for (uint32_t d = 0; d < vd; d += V::kF) V::store(a + d, V::mul(cv, V::load(a + d)));
+      for (uint32_t d = vd; d < dim; d++) a[d] *= c;
+    }
+    l[h] = l[h] * c + sum;
+    m[h] = mx;
   }
-  if (dot)
-    dot_heads<V, T, NH>(rows, ntok, dim, x, io, ld);
+}
+
+// The above and accumulate_values for nq heads in chunks of at most
+// kHeadChunk, NH a compile-time constant in each (counting down to the
+// chunk's size).
+template <class V, Dtype T, uint32_t NH = V::kHeadChunk>
+CXLKV_PNM_TARGET void attend_chunk(bool keys, const void* rows, uint32_t n, uint32_t dim, const float* q,
+                                   uint32_t nh, float* m, float* l, float* acc, float* w, uint32_t ld) {
+  if constexpr (NH > 1) {
+    if (nh < NH) return attend_chunk<V, T, NH - 1>(keys, rows, n, dim, q, nh, m, l, acc, w, ld);
+  }
+  if (keys)
+    attend_scores_heads<V, T, NH>(rows, n, dim, q, m, l, acc, w, ld);
   else
-    axpy_heads<V, T, NH>(rows, ntok, dim, x, ld, io);
+    accumulate_values<V, T, NH>(static_cast<const unsigned char*>(rows), n, dim, w, ld, acc);
 }
 
 template <class V, Dtype T>
-CXLKV_PNM_TARGET void heads_all(bool dot, const void* rows, uint32_t ntok, uint32_t dim, const float* x, size_t ld,
-                                uint32_t nq, float* io) {
-  for (uint32_t h0 = 0; h0 < nq; h0 += V::kHeadChunk) {
-    const uint32_t nh = std::min(V::kHeadChunk, nq - h0);
-    // dot: x = queries [nq][dim], io = scores [nq][ld]; axpy: x = weights
-    // [nq][ld], io = accumulators [nq][dim].
-    if (dot)
-      heads_chunk<V, T>(true, rows, ntok, dim, x + size_t(h0) * dim, ld, nh, io + h0 * ld);
-    else
-      heads_chunk<V, T>(false, rows, ntok, dim, x + h0 * ld, ld, nh, io + size_t(h0) * dim);
-  }
+CXLKV_PNM_TARGET void attend_all(bool keys, const void* rows, uint32_t n, uint32_t dim, const float* q, uint32_t nq,
+                                 float* m, float* l, float* acc, float* w, uint32_t ld) {
+  for (uint32_t h0 = 0; h0 < nq; h0 += V::kHeadChunk)
+    attend_chunk<V, T>(keys, rows, n, dim, keys ? q + size_t(h0) * dim : nullptr, std::min(V::kHeadChunk, nq - h0),
+                       m + h0, l + h0, acc + size_t(h0) * dim, w + h0 * ld, ld);
 }
 
 template <class V>
-CXLKV_PNM_TARGET void rows_heads_kernel(bool dot, Dtype t, const void* rows, uint32_t ntok, uint32_t dim,
-                                        const float* x, size_t ld, uint32_t nq, float* io) {
+CXLKV_PNM_TARGET void attend_rows_kernel(bool keys, Dtype t, const void* rows, uint32_t n, uint32_t dim,
+                                         const float* q, uint32_t nq, float* m, float* l, float* acc, float* w,
+                                         uint32_t ld) {
+  if (n == 0) return;
   switch (t) {
-    case Dtype::f32: return heads_all<V, Dtype::f32>(dot, rows, ntok, dim, x, ld, nq, io);
-    case Dtype::bf16: return heads_all<V, Dtype::bf16>(dot, rows, ntok, dim, x, ld, nq, io);
-    case Dtype::f16: return heads_all<V, Dtype::f16>(dot, rows, ntok, dim, x, ld, nq, io);
+    case Dtype::f32: return attend_all<V, Dtype::f32>(keys, rows, n, dim, q, nq, m, l, acc, w, ld);
+    case Dtype::bf16: return attend_all<V, Dtype::bf16>(keys, rows, n, dim, q, nq, m, l, acc, w, ld);
+    case Dtype::f16: return attend_all<V, Dtype::f16>(keys, rows, n, dim, q, nq, m, l, acc, w, ld);
   }
 }
 
@@ -402,8 +463,7 @@ CXLKV_PNM_TARGET void minmax16_kernel(const int16_t* rows, uint32_t ntok, uint32
 // The function table of V's instruction set.
 template <class V>
 constexpr Kernels kernel_table() {
-  return {score_kernel<V>, dot_kernel<V>, axpy_kernel<V>, minmax16_kernel<V>, score_q8_kernel<V>, rows_heads_kernel<V>,
-          exp_sum_kernel<V>};
+  return {score_kernel<V>, minmax16_kernel<V>, score_q8_kernel<V>, attend_rows_kernel<V>, exp_sum_kernel<V>};
 }
 
 }  // namespace

@@ -32,23 +32,28 @@ struct Kernels {
   // out[p] = max over nq heads of score(q_h, digest p); digests [np][2][dim].
   void (*score)(Dtype t, const void* dig, uint32_t np, uint32_t dim, const float* q, uint32_t nq,
                 ScoreMode mode, float* out);
-  // out[t] = q . k_t for ntok rows [ntok][dim].
-  void (*dot_rows)(Dtype t, const void* k, uint32_t ntok, uint32_t dim, const float* q, float* out);
-  // acc[d] += sum_t w[t] v_t[d].
-  void (*axpy_rows)(Dtype t, const void* v, uint32_t ntok, uint32_t dim, const float* w, float* acc);
   // Element-wise min / max of 16-bit keys (order-mapped bf16 / fp16, see digest.cpp).
   void (*minmax16)(const int16_t* rows, uint32_t ntok, uint32_t dim, int16_t* mn, int16_t* mx);
   // score over q8 digest rows (struct cxlkv_pnm_q8_row + int8 [2][dim] each).
   void (*score_q8)(const void* rows, uint32_t np, uint32_t dim, const float* q, uint32_t nq, ScoreMode mode,
                    float* out);
-  // Every head of a group over ntok rows at once.  dot: io[h * ld + i] =
-  // x_h . row_i (x: queries [nq][dim]); else io[h][d] += sum_i x[h * ld +
-  // i] row_i[d] (x: weights, io: accumulators [nq][dim]).
-  void (*rows_heads)(bool dot, Dtype t, const void* rows, uint32_t ntok, uint32_t dim, const float* x, size_t ld,
-                     uint32_t nq, float* io);
+  // A query-head group's online softmax over n <= kAttendRows rows of a
+  // page ([n][dim] of t), in two calls so that a caller can read a page's
+  // key rows of several heads and then their value rows, each stretch in
+  // order (docs/near-memory.md#attention-at-the-read-bound).  keys: the
+  // rows' scores against q [nq][dim] (already scaled), each head's running
+  // maximum m [nq] and sum l [nq] and its unnormalized output acc [nq][dim]
+  // rescaled to the new maximum, the rows' weights left in w [nq][ld];
+  // values (q, m, l unused): acc += w x the value rows.  m = -inf, l = 0,
+  // acc = 0 before the first rows; the output is acc / l, the log-sum-exp
+  // m + log l.
+  void (*attend_rows)(bool keys, Dtype t, const void* rows, uint32_t n, uint32_t dim, const float* q, uint32_t nq,
+                      float* m, float* l, float* acc, float* w, uint32_t ld);
   // out[i] = exp(x[i] - m) (x[i] <= m), returning the sum.
   float (*exp_sum)(const float* x, uint32_t n, float m, float* out);
 };
+// The most rows Kernels::attend_rows takes at a time.
+constexpr uint32_t kAttendRows = 32;
 const Kernels& kernels(Isa isa);
 extern const Kernels kScalarKernels;
 const Kernels& avx2_kernels();
@@ -61,8 +66,14 @@ Result<std::vector<uint32_t>> select_head(const Context& ctx, const float* q, ui
                                           uint32_t head, uint64_t ntokens, const SelectOptions& o, Isa isa,
                                           std::vector<float>* scores_out = nullptr,
                                           uint64_t* bytes_read = nullptr);
-// Attention of the group's query heads over `pages` (page table `table`):
-// out [group][head_dim], lse [group].
+// Attention of KV heads [h0, h0 + nh) of one layer, each over its own
+// selected pages pages[i] (page table `table`), for their query-head
+// groups q [nh * group][head_dim]: out [nh * group][head_dim], lse [nh *
+// group].
+Result<void> attend_heads(const Context& ctx, const uint64_t* table, const std::span<const uint32_t>* pages,
+                          uint32_t layer, uint32_t h0, uint32_t nh, const float* q, uint32_t group, uint64_t ntokens,
+                          float scale, Isa isa, float* out, float* lse);
+// The same for one KV head: out [group][head_dim], lse [group].
 Result<void> attend_head(const Context& ctx, const uint64_t* table, std::span<const uint32_t> pages, uint32_t layer,
                          uint32_t head, const float* q, uint32_t group, uint64_t ntokens, float scale, Isa isa,
                          float* out, float* lse);
