@@ -91,6 +91,7 @@ def test_q8_two_level_context_attends_over_its_selection_and_reads_fewer_digest_
             w = ws.create(rid, L, H, D, max_tokens=1024, dtype="f32", digest=kind, group_pages=groups)
             w.append(k, v)
         flat, two = rs.find(21), rs.find(22)
+        assert (flat.digest, flat.group_pages, two.digest, two.group_pages) == ("minmax", 1, "q8", 4)
         q = rng.standard_normal((L, QH, D)).astype(np.float32)
         _, _, stats = two.attend(q, token_budget=64, refine_pages=8)
         sel = two.select(q, token_budget=64)
@@ -106,6 +107,11 @@ def test_q8_two_level_context_attends_over_its_selection_and_reads_fewer_digest_
         assert "group_pages 3" in str(e.value)
         with pytest.raises(ValueError):
             ws.create(24, L, H, D, max_tokens=1024, digest="int4")
+        # group_pages=0 (the default): the store's choice, two levels of 16
+        # from 4096 pages of capacity; 1: one level at any size.
+        assert ws.create(25, L, H, D, max_tokens=4096 * 16).group_pages == 16
+        assert ws.create(26, L, H, D, max_tokens=4096 * 16, group_pages=1).group_pages == 1
+        assert ws.create(27, L, H, D, max_tokens=4095 * 16).group_pages == 1
 
 
 def test_planted_needles_keep_most_attention_mass_with_a_small_budget(pool):

@@ -36,7 +36,9 @@
 // quality figure above is today's min/max digests; the same with suffix
 // _q8 (int8 min/max, a scale per row), _minmax_g16 and _q8_g16 (two levels:
 // a group digest per 16 pages scored first, then the best groups' pages),
-// each with pnm.select_bytes_<size>[_kind]: the digest bytes one step reads.
+// each with pnm.select_bytes_<size>[_kind]: the digest bytes one step reads;
+// pnm.select_ms_{128k,1m}_default: the kind a context made with the default
+// geometry gets at those sizes (group size pnm.select_default_group_pages).
 // Selection contexts hold digests of pages that sit in untouched memory of a
 // sparse (MAP_NORESERVE) pool: scoring reads digests only.  The pool is read
 // through a coherent domain (as a near-memory processor sees its own memory);
@@ -174,11 +176,11 @@ void bench_digest(bench::Results& res, double& read_gbps) {
 // A digest kind as the benchmarks name it.
 struct Kind {
   DigestKind digest = DigestKind::minmax;
-  uint32_t group_pages = 0;
+  uint32_t group_pages = 1;  // Geometry::group_pages: 1 one level (today's), else pages a group
   std::string suffix() const {
     std::string s;
-    if (digest != DigestKind::minmax || group_pages) s = std::string("_") + to_string(digest);
-    if (group_pages) s += "_g" + std::to_string(group_pages);
+    if (digest != DigestKind::minmax || group_pages > 1) s = std::string("_") + to_string(digest);
+    if (group_pages > 1) s += "_g" + std::to_string(group_pages);
     return s;
   }
   std::string name() const { return suffix().empty() ? "minmax (today)" : suffix().substr(1); }
@@ -197,10 +199,9 @@ SelectRun bench_select(uint32_t layers, uint64_t tokens, bool flush_too, const K
   g.digest = kind.digest;
   g.group_pages = kind.group_pages;
   const uint32_t np = uint32_t(tokens / 16), q_heads = 32;
-  const uint32_t ng = kind.group_pages ? (np + kind.group_pages - 1) / kind.group_pages : 0;
   const uint64_t page_bytes = uint64_t(layers) * 2 * 8 * 16 * 128 * 2;
   const uint64_t dig_bytes = uint64_t(layers) * 8 * np * 2 * 128 * 2;
-  const uint64_t area = uint64_t(layers) * 8 * (np + ng) * row_bytes(kind);
+  const uint64_t area = digest_area_bytes(g);
   const uint64_t carve = (area + uint64_t(np) * 8 + (8ull << 20) + (2ull << 20) - 1) & ~((2ull << 20) - 1);
   const uint64_t pages_off = (4ull << 20) + carve;
   Sparse mem(pages_off + uint64_t(np) * page_bytes + (2ull << 20));
@@ -397,7 +398,7 @@ std::vector<Quality> attention_quality(const Kind& kind, const std::vector<uint6
 
 // Today's digests first, then the kinds that read fewer bytes.
 std::vector<Kind> kinds() {
-  return {{DigestKind::minmax, 0}, {DigestKind::q8, 0}, {DigestKind::minmax, 16}, {DigestKind::q8, 16}};
+  return {{DigestKind::minmax, 1}, {DigestKind::q8, 1}, {DigestKind::minmax, 16}, {DigestKind::q8, 16}};
 }
 
 // One kind's selection at 128K tokens and at 1M tokens (all 32 layers when
@@ -419,6 +420,20 @@ void bench_select_kind(bench::Results& res, const Kind& kind, double read_gbps) 
   res.set("pnm.select_1m_layers" + kind.suffix(), layers);
   std::printf("pnm: select 1M tokens (%u layers), %s: %.1f ms, %.1f MiB read per step (today's bound %.1f ms)\n",
               layers, kind.name().c_str(), s1m.ms, double(s1m.read_bytes) / double(1 << 20), bound1m);
+  // What a context made with the default geometry (group_pages 0: the
+  // store's choice, docs/near-memory.md#digest-kinds) gets at these sizes.
+  Geometry dflt = llama(32, 1024 * 1024);
+  dflt.group_pages = 0;
+  const uint32_t chosen = effective_group_pages(dflt);
+  dflt.max_tokens = 128 * 1024;
+  if (effective_group_pages(dflt) != chosen) fail("default group size differs between 128K and 1M tokens");
+  if (kind.digest == dflt.digest && kind.group_pages == (chosen ? chosen : 1)) {
+    res.set("pnm.select_ms_128k_default", s128.ms);
+    res.set("pnm.select_ms_1m_default", s1m.ms);
+    res.set("pnm.select_bytes_1m_default", double(s1m.read_bytes));
+    res.set("pnm.select_default_group_pages", chosen);
+    std::printf("pnm: the default geometry at 128K and 1M tokens is %s\n", kind.name().c_str());
+  }
 }
 
 void run_pnm(bench::Results& res) {

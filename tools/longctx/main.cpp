@@ -62,7 +62,8 @@ const char* kUsage =
     "  --digest KIND       page digests: minmax (the KV element type, default) or q8 (int8\n"
     "                      with a scale per row, rounded outward: about half the bytes)\n"
     "  --groups N          two-level digests: a group digest per N pages (a power of two)\n"
-    "                      scored first, then only the best groups' page digests\n"
+    "                      scored first, then only the best groups' page digests; 1: one\n"
+    "                      level. Default: the store's choice (16 from 4096 pages on)\n"
     "  --refine N          pages whose digests a two-level step reads (default\n"
     "                      max(4 x budget pages, 512))\n"
     "  --steps N           decode steps (default 8); each appends --append tokens first\n"
@@ -152,7 +153,7 @@ Args parse(int argc, char** argv) {
     else if (f == "--hybrid") a.hybrid = u32(1, 1u << 20);
     else if (f == "--coarse") a.coarse = true;
     else if (f == "--hybrid-auto") a.hybrid_auto = true;
-    else if (f == "--groups") a.groups = u32(2, 1024);
+    else if (f == "--groups") a.groups = u32(1, 1024);
     else if (f == "--refine") a.refine = u32(1, 1u << 30);
     else if (f == "--digest") {
       const std::string k = val();
@@ -205,10 +206,8 @@ static int run(int argc, char** argv) {
   Geometry g{a.layers, a.kv_heads, a.head_dim, a.dtype, a.page_tokens, max_tokens, a.digest, a.groups};
   const uint64_t pages = (max_tokens + a.page_tokens - 1) / a.page_tokens;
   const uint64_t page_bytes = uint64_t(a.layers) * 2 * a.kv_heads * a.page_tokens * a.head_dim * dtype_size(a.dtype);
-  const uint64_t row_bytes =
-      a.digest == DigestKind::q8 ? 8 + 2ull * a.head_dim : 2ull * a.head_dim * dtype_size(a.dtype);
-  const uint64_t rows = pages + (a.groups ? (pages + a.groups - 1) / a.groups : 0);
-  const uint64_t digest_bytes = uint64_t(a.layers) * a.kv_heads * rows * row_bytes;
+  const uint64_t digest_bytes = digest_area_bytes(g);
+  const uint32_t groups = effective_group_pages(g);  // what the context is made with (0: one level)
   const uint64_t carve = ((pages * (page_bytes + 8) + digest_bytes + (16ull << 20)) + (2ull << 20) - 1) & ~((2ull << 20) - 1);
 
   // The pool: the given one, or a fresh shm pool with room for the carve.
@@ -302,7 +301,7 @@ static int run(int argc, char** argv) {
                 "built in %.0f ms; append %.0f ms (%s of K+V: %.2f GB/s with digests), %zu needles, pool %s\n",
                 (unsigned long long)a.tokens, a.layers, a.kv_heads, a.q_heads, a.head_dim, to_string(a.dtype),
                 a.page_tokens, to_string(a.digest),
-                a.groups ? (", two levels: a group digest per " + std::to_string(a.groups) + " pages").c_str() : "",
+                groups ? (", two levels: a group digest per " + std::to_string(groups) + " pages").c_str() : "",
                 build_ms, append_ms, human(kv_total).c_str(), kv_total / append_ms / 1e6, ns.needles.size(),
                 uri.c_str());
 
@@ -390,7 +389,7 @@ static int run(int argc, char** argv) {
                   "\"hybrid_recalled\": %u, \"hybrid_recall_bytes\": %llu, \"hybrid_overlap\": %llu, "
                   "\"hybrid_steady\": %llu}\n",
                   s, (unsigned long long)r.ntokens, r.select_ms, r.attend_ms, total, to_string(a.digest),
-                  a.groups ? ("_g" + std::to_string(a.groups)).c_str() : "", (unsigned long long)r.digest_bytes,
+                  groups ? ("_g" + std::to_string(groups)).c_str() : "", (unsigned long long)r.digest_bytes,
                   (unsigned long long)r.link_bytes_near, (unsigned long long)r.link_bytes_selected,
                   (unsigned long long)r.link_bytes_all, std::isnan(mass) ? "null" : std::to_string(mass).c_str(),
                   std::isnan(needle_frac) ? "null" : std::to_string(needle_frac).c_str(), hy_ms, hs.recalled,

@@ -59,7 +59,9 @@ struct cxlkv_pnm_geometry {
 	/* Digest kind (docs/near-memory.md#digest-kinds); a caller whose size
 	 * ends before these gets minmax, one level. */
 	uint32_t digest;              /* CXLKV_PNM_DIGEST_MINMAX_ROWS | CXLKV_PNM_DIGEST_Q8_ROWS */
-	uint32_t group_pages;         /* 0: one level; else pages per group digest (a power of two) */
+	uint32_t group_pages;         /* pages per group digest (a power of two); 1: one level;
+	                               * 0: two levels of 16 from 4096 pages of capacity, else one;
+	                               * cxlkv_pnm_geometry_of gives the size made (1: one level) */
 };
 
 #define CXLKV_PNM_DIGEST_MINMAX_ROWS 0u /* min and max in the KV element type */

@@ -67,10 +67,24 @@ struct Geometry {
   uint64_t max_tokens = 0;  // capacity: page table and digests are sized for it
   DigestKind digest = DigestKind::minmax;
   // Two-level digests: pages per group digest (a power of two, 2..1024),
-  // scored first so that only the best groups' page digests are read; 0:
-  // one level (docs/near-memory.md#digest-kinds).
+  // scored first so that only the best groups' page digests are read; 1:
+  // one level; 0: chosen when the context is made, kAutoGroupPages for a
+  // capacity of at least kAutoGroupMinPages pages, else one level
+  // (docs/near-memory.md#digest-kinds).  A made context's geometry() holds
+  // the choice, 0 for one level.
   uint32_t group_pages = 0;
 };
+
+// The automatic choice of Geometry::group_pages: two levels pay (fewer
+// digest bytes a step) once a context has many more pages than a step
+// refines (SelectOptions::refine_pages, 512 at the default budget).
+inline constexpr uint32_t kAutoGroupPages = 16;
+inline constexpr uint64_t kAutoGroupMinPages = 4096;
+// The group size a context of geometry g is made with (0: one level).
+uint32_t effective_group_pages(const Geometry& g);
+// Bytes of the digest rows (page rows, then group rows) a context of
+// geometry g takes in its store's carve.
+uint64_t digest_area_bytes(const Geometry& g);
 
 struct StoreOptions {
   // Carve made on first use (later opens read the geometry from its header).

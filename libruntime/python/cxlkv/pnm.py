@@ -182,6 +182,9 @@ class Context:
         self.layers, self.kv_heads, self.head_dim = g.layers, g.kv_heads, g.head_dim
         self.dtype = {v: k for k, v in DTYPES.items()}[g.dtype]
         self.page_tokens, self.max_tokens = g.page_tokens, g.max_tokens
+        # What the context was made with: group_pages 1 is one level.
+        self.digest = {v: k for k, v in DIGESTS.items()}[g.digest]
+        self.group_pages = g.group_pages
 
     def append(self, k, v):
         """Append tokens: k, v are [layers][kv_heads][n][head_dim]; published on return."""
@@ -290,7 +293,10 @@ class PnmStore:
         """A new context of ``request_id`` (up to ``max_tokens`` tokens) in this
         writer's partition: a :class:`Context` to append K/V to.  ``digest``:
         "minmax" or "q8" page digests; ``group_pages``: two-level digests, a
-        group digest per that many pages (docs/near-memory.md#digest-kinds)."""
+        group digest per that many pages (a power of two), 1 for one level, 0
+        to let the store choose: 16 for a ``max_tokens`` of 4096 pages or
+        more, else one level (docs/near-memory.md#digest-kinds); the context's
+        ``group_pages`` says what it was made with."""
         if dtype not in DTYPES:
             raise ValueError(f"cxlkv.pnm: dtype {dtype!r} is not one of {sorted(DTYPES)}")
         if digest not in DIGESTS:

@@ -96,6 +96,8 @@ int cxlkv_pnm_create(struct cxlkv_pnm_store* st, uint64_t request_id, const stru
     if (CXLKV_OPT_HAS(g, group_pages)) {  // the digest kind: create() checks both
       geo.digest = static_cast<pnm::DigestKind>(g->digest);
       geo.group_pages = g->group_pages;
+    } else {
+      geo.group_pages = 1;  // a caller older than the digest kinds gets what it got then: one level
     }
     auto c = st->st->create(request_id, geo);
     if (!c.ok()) return set_error(c.error());
@@ -139,7 +141,7 @@ int cxlkv_pnm_geometry_of(const struct cxlkv_pnm_context* ctx, struct cxlkv_pnm_
     g->max_tokens = x.max_tokens;
     if (CXLKV_OPT_HAS(g, group_pages)) {
       g->digest = static_cast<uint32_t>(x.digest);
-      g->group_pages = x.group_pages;
+      g->group_pages = x.group_pages ? x.group_pages : 1;  // 1: one level (0 would ask for a choice)
     }
     return 0;
   });

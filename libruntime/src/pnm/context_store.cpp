@@ -48,6 +48,27 @@ const char* to_string(DigestKind k) {
   return "unknown";
 }
 
+uint32_t effective_group_pages(const Geometry& g) {
+  if (g.group_pages == 1) return 0;
+  if (g.group_pages) return g.group_pages;
+  if (g.page_tokens == 0) return 0;
+  const uint64_t pages = (g.max_tokens + g.page_tokens - 1) / g.page_tokens;
+  return pages >= kAutoGroupMinPages ? kAutoGroupPages : 0;
+}
+
+uint64_t digest_area_bytes(const Geometry& g) {
+  cxlkv_pnm_ctx c{};
+  c.layers = static_cast<uint16_t>(g.layers);
+  c.kv_heads = static_cast<uint16_t>(g.kv_heads);
+  c.head_dim = static_cast<uint16_t>(g.head_dim);
+  c.dtype = static_cast<uint32_t>(g.dtype);
+  c.max_pages = g.page_tokens ? static_cast<uint32_t>((g.max_tokens + g.page_tokens - 1) / g.page_tokens) : 0;
+  c.digest = static_cast<uint8_t>(g.digest);
+  const uint32_t gp = effective_group_pages(g);
+  c.group_log2 = gp ? static_cast<uint8_t>(__builtin_ctz(gp)) : 0;
+  return cxlkv_pnm_digest_area_bytes(&c);
+}
+
 namespace {
 
 constexpr uint64_t kAlign = 64;
@@ -365,9 +386,10 @@ Result<void> ContextStore::write_part() {
   return {};
 }
 
-Result<std::unique_ptr<Context>> ContextStore::create(uint64_t request_id, const Geometry& g) {
+Result<std::unique_ptr<Context>> ContextStore::create(uint64_t request_id, const Geometry& given) {
   const std::string C = "pool " + region_->uri() + ": pnm context " + std::to_string(request_id) + ": ";
   if (!opts_.writer) return Error(-EPERM, C + "store opened read-only");
+  Geometry g = given;
   if (g.layers == 0 || g.kv_heads == 0 || g.head_dim == 0 || g.page_tokens == 0 || g.max_tokens == 0 ||
       g.layers > 0xffff || g.kv_heads > 0xffff || g.head_dim > 0xffff || g.page_tokens > 0xffff ||
       static_cast<uint32_t>(g.dtype) > CXLKV_PNM_DTYPE_MAX)
@@ -379,10 +401,14 @@ Result<std::unique_ptr<Context>> ContextStore::create(uint64_t request_id, const
   if (max_pages > 0xffffffffull) return Error(-EINVAL, C + "max_tokens too large");
   if (static_cast<uint32_t>(g.digest) > CXLKV_PNM_DIGEST_MAX)
     return Error(-EINVAL, C + "digest kind " + std::to_string(static_cast<uint32_t>(g.digest)) + " unknown");
-  if (g.group_pages != 0 && (g.group_pages < 2 || (g.group_pages & (g.group_pages - 1)) ||
-                             g.group_pages > (1u << CXLKV_PNM_GROUP_LOG2_MAX)))
-    return Error(-EINVAL, C + "group_pages " + std::to_string(g.group_pages) + " (0, or a power of two 2.." +
+  if (given.group_pages > 1 && ((given.group_pages & (given.group_pages - 1)) ||
+                                given.group_pages > (1u << CXLKV_PNM_GROUP_LOG2_MAX)))
+    return Error(-EINVAL, C + "group_pages " + std::to_string(given.group_pages) +
+                              " (0: chosen, 1: one level, or a power of two 2.." +
                               std::to_string(1u << CXLKV_PNM_GROUP_LOG2_MAX) + ")");
+  // The group size is settled here: the context's geometry says what it was
+  // made with (docs/near-memory.md#digest-kinds).
+  g.group_pages = effective_group_pages(given);
   MemoryDomain& d = region_->domain();
 
   int free_slot = -1;

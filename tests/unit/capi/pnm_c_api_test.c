@@ -8,6 +8,7 @@
  */
 #include <errno.h>
 #include <math.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -94,6 +95,7 @@ int main(void)
 	got.size = sizeof got;
 	CHECK(cxlkv_pnm_geometry_of(r, &got) == 0);
 	CHECK(got.page_tokens == 16 && got.head_dim == D && got.max_tokens == 256);
+	CHECK(got.digest == CXLKV_PNM_DIGEST_MINMAX_ROWS && got.group_pages == 1); /* 16 pages: one level */
 
 	CHECK(cxlkv_pnm_engine_create(2, -1, &eng) == 0);
 	memset(&st, 0, sizeof st);
@@ -158,6 +160,28 @@ int main(void)
 	CHECK_ERR(cxlkv_pnm_engine_create(1, 99, &eng), -EINVAL);
 	CHECK(strstr(cxlkv_last_error(), "NUMA node 99 does not exist on this host") != NULL);
 	CHECK_ERR(cxlkv_pnm_engine_create(1, -2, &eng), -EINVAL);
+
+	/* group_pages 0 is the store's choice: two levels of 16 from 4096 pages
+	 * of capacity; a caller whose struct ends before the digest kind gets
+	 * one level, as before the kinds existed. */
+	{
+		struct cxlkv_pnm_context *big = NULL;
+		struct cxlkv_pnm_geometry bg = g, bgot;
+
+		bg.max_tokens = 4096 * 16;
+		CHECK(cxlkv_pnm_create(ws, 81, &bg, &big) == 0);
+		memset(&bgot, 0, sizeof bgot);
+		bgot.size = sizeof bgot;
+		CHECK(big && cxlkv_pnm_geometry_of(big, &bgot) == 0 && bgot.group_pages == 16);
+		cxlkv_pnm_context_close(big);
+		CHECK(cxlkv_pnm_destroy(ws, 81) == 0);
+		bg.size = offsetof(struct cxlkv_pnm_geometry, digest);
+		big = NULL;
+		CHECK(cxlkv_pnm_create(ws, 82, &bg, &big) == 0);
+		CHECK(big && cxlkv_pnm_geometry_of(big, &bgot) == 0 && bgot.group_pages == 1);
+		cxlkv_pnm_context_close(big);
+		CHECK(cxlkv_pnm_destroy(ws, 82) == 0);
+	}
 
 	/* Destroy: the reader's handle goes stale. */
 	CHECK(cxlkv_pnm_destroy(ws, 77) == 0);

@@ -341,7 +341,7 @@ TEST(PnmDigestKinds, CreateRefusesAnUnknownKindOrAGroupSizeThatIsNotAPowerOfTwo)
   auto s = ContextStore::open(pool.host(0), store_opts());
   ASSERT_TRUE(s.ok());
   Geometry g{1, 1, 16, Dtype::bf16, 16, 256};
-  for (uint32_t gp : {1u, 3u, 12u, 2048u}) {
+  for (uint32_t gp : {3u, 12u, 2048u}) {
     g.group_pages = gp;
     auto c = (*s)->create(1, g);
     ASSERT_FALSE(c.ok()) << gp;
@@ -352,6 +352,37 @@ TEST(PnmDigestKinds, CreateRefusesAnUnknownKindOrAGroupSizeThatIsNotAPowerOfTwo)
   auto c = (*s)->create(1, g);
   ASSERT_FALSE(c.ok());
   EXPECT_TRUE(has(c.error(), "digest kind 7")) << c.error().message();
+}
+
+TEST(PnmDigestKinds, GroupSizeZeroIsTheStoresChoiceOneIsOneLevelAndAReaderSeesWhatWasMade) {
+  // The choice: two levels of kAutoGroupPages from kAutoGroupMinPages pages
+  // of capacity on, one level below (docs/near-memory.md#digest-kinds).
+  SharedPool pool(32ull << 20, 1, 0.0, false);
+  auto ws = ContextStore::open(pool.host(0), store_opts());
+  auto rs = ContextStore::open(pool.host(0), store_opts(false));
+  ASSERT_TRUE(ws.ok() && rs.ok());
+  const uint64_t big = kAutoGroupMinPages * 4;  // pages of 4 tokens
+  struct Case {
+    uint64_t max_tokens;
+    uint32_t given, made;
+  };
+  const Case cases[] = {{big, 0, kAutoGroupPages}, {big - 4, 0, 0}, {big, 1, 0}, {big, 4, 4}, {64, 0, 0}};
+  uint64_t id = 10;
+  for (const Case& k : cases) {
+    Geometry g{1, 1, 8, Dtype::bf16, 4, k.max_tokens, DigestKind::minmax, k.given};
+    EXPECT_EQ(k.made, effective_group_pages(g)) << k.max_tokens << " / " << k.given;
+    auto c = (*ws)->create(++id, g);
+    ASSERT_TRUE(c.ok()) << c.error().message();
+    EXPECT_EQ(k.made, (*c)->geometry().group_pages) << k.max_tokens << " / " << k.given;
+    auto r = (*rs)->find(id);
+    ASSERT_TRUE(r.ok()) << r.error().message();
+    EXPECT_EQ(k.made, (*r)->geometry().group_pages) << "a reader sees the size the context was made with";
+    EXPECT_EQ(k.made ? (*c)->pages_for(k.max_tokens) / k.made : 0u, (*c)->groups_for(k.max_tokens));
+    // The rows the choice adds fit in the area digest_area_bytes sizes.
+    const uint64_t rows = (k.max_tokens + 3) / 4 + (k.made ? ((k.max_tokens + 3) / 4 + k.made - 1) / k.made : 0);
+    EXPECT_EQ(rows * 2 * 8 * 2, digest_area_bytes(g));
+    ASSERT_TRUE((*ws)->destroy(id).ok());
+  }
 }
 
 TEST(PnmDigestKinds, ACarveOfLayoutVersion2IsRefusedNamingBothVersions) {
