@@ -109,9 +109,9 @@ def test_q8_two_level_context_attends_over_its_selection_and_reads_fewer_digest_
             ws.create(24, L, H, D, max_tokens=1024, digest="int4")
         # group_pages=0 (the default): the store's choice, two levels of 16
         # from 4096 pages of capacity; 1: one level at any size.
-        assert ws.create(25, L, H, D, max_tokens=4096 * 16).group_pages == 16
-        assert ws.create(26, L, H, D, max_tokens=4096 * 16, group_pages=1).group_pages == 1
-        assert ws.create(27, L, H, D, max_tokens=4095 * 16).group_pages == 1
+        assert ws.create(25, 1, 1, 8, max_tokens=4096 * 4, page_tokens=4).group_pages == 16
+        assert ws.create(26, 1, 1, 8, max_tokens=4096 * 4, page_tokens=4, group_pages=1).group_pages == 1
+        assert ws.create(27, 1, 1, 8, max_tokens=4095 * 4, page_tokens=4).group_pages == 1
 
 
 def test_planted_needles_keep_most_attention_mass_with_a_small_budget(pool):

@@ -166,9 +166,16 @@ int main(void)
 	 * one level, as before the kinds existed. */
 	{
 		struct cxlkv_pnm_context *big = NULL;
-		struct cxlkv_pnm_geometry bg = g, bgot;
+		struct cxlkv_pnm_geometry bg, bgot;
 
-		bg.max_tokens = 4096 * 16;
+		memset(&bg, 0, sizeof bg);
+		bg.size = sizeof bg;
+		bg.layers = 1;
+		bg.kv_heads = 1;
+		bg.head_dim = 8;
+		bg.dtype = CXLKV_PNM_DTYPE_F32;
+		bg.page_tokens = 4;
+		bg.max_tokens = 4096 * 4;
 		CHECK(cxlkv_pnm_create(ws, 81, &bg, &big) == 0);
 		memset(&bgot, 0, sizeof bgot);
 		bgot.size = sizeof bgot;
