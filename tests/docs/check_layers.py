@@ -40,6 +40,7 @@ import tempfile
 DOC = os.path.join("docs", "architecture.md")
 SRC = os.path.join("libruntime", "src")
 PUBLIC = os.path.join("libruntime", "include")
+SUPPORT = os.path.join("tests", "support")
 # Public headers that exist only in the build tree (configure_file).
 GENERATED = {"cxlkv/version.h"}
 INCLUDE_RE = re.compile(r'^\s*#\s*include\s+([<"])([^">]+)[">]')
@@ -105,6 +106,8 @@ def resolve(root, src_rel, inc):
     dirs = [os.path.dirname(src_rel)]
     if src_rel.startswith("tools" + os.sep):
         dirs.append(os.path.join("tools", "common"))
+    if src_rel.startswith(os.path.join("tools", "bench") + os.sep):
+        dirs.append("tests")  # "support/...": the test-support folder the benchmarks share
     dirs += [PUBLIC, "", SRC]
     for d in dirs:
         cand = os.path.normpath(os.path.join(d, inc))
@@ -189,6 +192,10 @@ def check(root):
             tgt_layer = layer_of(target)
             if tgt_layer in ("public", "uapi"):
                 continue
+            if target.startswith(SUPPORT + os.sep) and src_layer == "tools":
+                # The benchmarks share the tests' stand-ins (docs/testing.md
+                # "Unit tests and NonCoherentSim").
+                continue
             if os.path.dirname(target) == os.path.dirname(rel):
                 continue
             if src_layer == "tools":
@@ -256,7 +263,7 @@ def self_test():
             plants.append((os.path.join(SRC, a, "planted_peer.cpp"), f"{b}/{h}", "share a line"))
     failed = 0
     with tempfile.TemporaryDirectory() as tmp:
-        for part in ("docs", SRC, PUBLIC, "cuda", "tools", "uapi"):
+        for part in ("docs", SRC, PUBLIC, "cuda", "tools", "uapi", SUPPORT):
             shutil.copytree(os.path.join(root, part), os.path.join(tmp, part),
                             ignore=shutil.ignore_patterns("*.py", "*.json", "*.svg", "grafana", "scripts"))
         if check(tmp):

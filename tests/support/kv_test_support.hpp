@@ -1,8 +1,10 @@
 // SPDX-License-Identifier: MIT
 // In-process stand-ins for the index's dependencies, so index protocol tests
 // can run many simulated nodes (NonCoherentSim domains) in threads of one
-// process: stripe locks as mutexes, a liveness table the test flips, and a
-// first-fit payload space over a range of the simulated pool.
+// process: stripe locks as mutexes, a liveness table the test flips (or
+// everyone alive), and a first-fit payload space over a range of the
+// simulated pool.  The kvstore benchmarks run on the same stand-ins
+// (tools/bench/kv_bench_support.hpp).
 #pragma once
 
 #include <cstdlib>
@@ -18,14 +20,15 @@
 
 namespace cxlkv::test {
 
+// Stripes past n share mutexes (s mod n): coarser, still exclusive.
 class MutexStripeLocks final : public StripeLocks {
  public:
   explicit MutexStripeLocks(uint32_t n = 4096) : mu_(n) {}
   Result<void> lock(uint32_t s) override {
-    mu_.at(s).lock();
+    mu_[s % mu_.size()].lock();
     return {};
   }
-  void unlock(uint32_t s) override { mu_.at(s).unlock(); }
+  void unlock(uint32_t s) override { mu_[s % mu_.size()].unlock(); }
 
  private:
   std::vector<std::mutex> mu_;
@@ -57,13 +60,22 @@ class TableLiveness final : public NodeLiveness {
   std::map<uint32_t, uint32_t> inc_;
 };
 
-// First-fit allocator over [base, base+size) of device 0, 64 B granules.
+// Every node alive, with no lock taken (a benchmark's single process).
+class AllAlive final : public NodeLiveness {
+ public:
+  bool alive(uint32_t, uint32_t) override { return true; }
+  bool node_alive(uint32_t) override { return true; }
+};
+
+// First-fit allocator over [base, base+size) of device 0, in granules of
+// `granule` bytes (64 for the tests; the benchmarks take 4 KiB, a page per
+// block start as the pool's allocator gives).
 class RangeSpace final : public PayloadSpace {
  public:
-  RangeSpace(uint64_t base, uint64_t size) { free_[base] = size; }
+  RangeSpace(uint64_t base, uint64_t size, uint64_t granule = 64) : granule_(granule) { free_[base] = size; }
   Result<BlockLocation> alloc(uint64_t bytes) override {
     std::lock_guard<std::mutex> lk(mu_);
-    uint64_t need = (bytes + 63) / 64 * 64;
+    uint64_t need = (bytes + granule_ - 1) / granule_ * granule_;
     for (auto it = free_.begin(); it != free_.end(); ++it) {
       if (it->second < need) continue;
       uint64_t off = it->first, left = it->second - need;
@@ -105,6 +117,7 @@ class RangeSpace final : public PayloadSpace {
   uint64_t double_frees = 0;
 
  private:
+  uint64_t granule_;
   std::mutex mu_;
   std::map<uint64_t, uint64_t> free_, used_;
 };

@@ -1,12 +1,11 @@
 // SPDX-License-Identifier: MIT
-// In-process stand-ins for the index's cross-host dependencies, for the
-// kvstore benchmarks (one process: mutex stripe locks, everyone alive, a
-// first-fit payload range), and a formatted shm pool to run them on.
+// A formatted shm pool with a KvStore over the tests' in-process stand-ins
+// for the index's cross-host dependencies (tests/support/: one process,
+// mutex stripe locks, everyone alive, a first-fit payload range), for the
+// kvstore benchmarks.
 #pragma once
 
-#include <map>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <vector>
 
@@ -14,69 +13,15 @@
 #include "cxlkv/region.hpp"
 #include "index/prefix_index.hpp"
 #include "pool/format.hpp"
+#include "support/kv_test_support.hpp"
 
 namespace bench {
 
-class LocalLocks final : public cxlkv::StripeLocks {
- public:
-  cxlkv::Result<void> lock(uint32_t s) override {
-    mu_[s % 4096].lock();
-    return {};
-  }
-  void unlock(uint32_t s) override { mu_[s % 4096].unlock(); }
-
- private:
-  std::mutex mu_[4096];
-};
-
-class AllAlive final : public cxlkv::NodeLiveness {
- public:
-  bool alive(uint32_t, uint32_t) override { return true; }
-  bool node_alive(uint32_t) override { return true; }
-};
-
-class RangeSpace final : public cxlkv::PayloadSpace {
- public:
-  RangeSpace(uint64_t base, uint64_t size) { free_[base] = size; }
-  cxlkv::Result<cxlkv::BlockLocation> alloc(uint64_t bytes) override {
-    std::lock_guard<std::mutex> lk(mu_);
-    uint64_t need = (bytes + 4095) / 4096 * 4096;
-    for (auto it = free_.begin(); it != free_.end(); ++it) {
-      if (it->second < need) continue;
-      uint64_t off = it->first, left = it->second - need;
-      free_.erase(it);
-      if (left) free_[off + need] = left;
-      used_[off] = need;
-      return cxlkv::BlockLocation{off, static_cast<uint32_t>(bytes), 0, CXLKV_TIER_MEM};
-    }
-    return cxlkv::Error(-ENOSPC, "bench space full");
-  }
-  void free(const cxlkv::BlockLocation& loc) override {
-    std::lock_guard<std::mutex> lk(mu_);
-    auto it = used_.find(loc.offset);
-    if (it == used_.end()) return;
-    uint64_t off = it->first, len = it->second;
-    used_.erase(it);
-    auto nx = free_.lower_bound(off);
-    if (nx != free_.end() && off + len == nx->first) {
-      len += nx->second;
-      free_.erase(nx);
-    }
-    auto pv = free_.lower_bound(off);
-    if (pv != free_.begin()) {
-      --pv;
-      if (pv->first + pv->second == off) {
-        pv->second += len;
-        return;
-      }
-    }
-    free_[off] = len;
-  }
-
- private:
-  std::mutex mu_;
-  std::map<uint64_t, uint64_t> free_, used_;
-};
+// The stand-ins of the tests (tests/support/kv_test_support.hpp): one
+// process, so mutex stripe locks and everyone alive.
+using LocalLocks = cxlkv::test::MutexStripeLocks;
+using AllAlive = cxlkv::test::AllAlive;
+using RangeSpace = cxlkv::test::RangeSpace;
 
 // A standard-format shm pool (flush-mode domain) with a KvStore over it.
 struct BenchPool {
@@ -120,7 +65,7 @@ struct BenchPool {
       error = pr.error().message();
       return false;
     }
-    space = std::make_unique<RangeSpace>(kc->offset, kc->size);
+    space = std::make_unique<RangeSpace>(kc->offset, kc->size, 4096);
     cxlkv::KvDeps d;
     d.index_domain = &r0.domain();
     d.index_carve = r0.at(ic->offset);
