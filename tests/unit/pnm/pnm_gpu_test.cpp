@@ -137,6 +137,74 @@ TEST(PnmGpuAppend, PagesAndGpuDigestsReachAnotherHostLikeACpuAppend) {
   EXPECT_EQ(-EINVAL, again.error().code());
 }
 
+// Every digest kind (docs/near-memory.md#digest-kinds): pages that come
+// from a GPU get the same page rows, group rows and selection as the same
+// K/V appended on the CPU (the kernel writes min/max rows; the q8 rows and
+// the group rows are made from them when the pages are published).
+TEST(PnmGpuAppend, EveryDigestKindGetsTheRowsAndSelectionOfACpuAppend) {
+  struct Kind {
+    DigestKind digest;
+    uint32_t group_pages;
+  };
+  for (const Kind kind : {Kind{DigestKind::q8, 1}, Kind{DigestKind::q8, 4}, Kind{DigestKind::minmax, 4}}) {
+    SCOPED_TRACE(std::string(to_string(kind.digest)) + " groups " + std::to_string(kind.group_pages));
+    SharedPool pool(32ull << 20, 2, 0.05);
+    StoreOptions so;
+    so.carve_bytes = 8ull << 20;
+    auto ws = ContextStore::open(pool.host(0), so);
+    so.writer = false;
+    auto rs = ContextStore::open(pool.host(1), so);
+    ASSERT_TRUE(ws.ok() && rs.ok());
+    const Geometry g{2, 2, 24, Dtype::bf16, 16, 512, kind.digest, kind.group_pages};
+    auto lib = gpu::CudaLibrary::cpu_reference();
+    auto gp = gpu::GpuPool::open(lib, pool.base(), pool.bytes);
+    ASSERT_TRUE(gp.ok()) << gp.error().message();
+    auto from_gpu = (*ws)->create(1, g);
+    auto from_cpu = (*ws)->create(2, g);
+    ASSERT_TRUE(from_gpu.ok() && from_cpu.ok());
+    std::mt19937_64 rng(5);
+    const uint32_t n1 = 160, n2 = 37;  // ten pages from the GPU, then CPU appends ending in a partial page
+    Tensor k1 = random_tensor(g.dtype, size_t(4) * n1 * 24, rng), v1 = random_tensor(g.dtype, k1.vals.size(), rng);
+    Tensor k2 = random_tensor(g.dtype, size_t(4) * n2 * 24, rng), v2 = random_tensor(g.dtype, k2.vals.size(), rng);
+    auto r = (*from_gpu)->append_gpu(**gp, reinterpret_cast<uint64_t>(k1.bytes.data()),
+                                     reinterpret_cast<uint64_t>(v1.bytes.data()), n1);
+    ASSERT_TRUE(r.ok()) << r.error().message();
+    ASSERT_TRUE((*from_gpu)->append(k2.data(), v2.data(), n2).ok());
+    ASSERT_TRUE((*from_cpu)->append(k1.data(), v1.data(), n1).ok());
+    ASSERT_TRUE((*from_cpu)->append(k2.data(), v2.data(), n2).ok());
+    auto a = (*rs)->find(1);
+    auto b = (*rs)->find(2);
+    ASSERT_TRUE(a.ok() && b.ok());
+    const uint64_t n = n1 + n2;
+    const uint32_t np = (*a)->pages_for(n), ng = (*a)->groups_for(n);
+    EXPECT_EQ(kind.group_pages > 1 ? (np + 3) / 4 : 0u, ng);
+    std::vector<unsigned char> da(np * (*a)->digest_row_bytes()), db(da.size());
+    std::vector<unsigned char> ga(ng * (*a)->digest_row_bytes()), gb(ga.size());
+    for (uint32_t l = 0; l < 2; l++)
+      for (uint32_t h = 0; h < 2; h++) {
+        ASSERT_TRUE((*a)->read_digests(l, h, 0, np, da.data()).ok());
+        ASSERT_TRUE((*b)->read_digests(l, h, 0, np, db.data()).ok());
+        EXPECT_EQ(db, da) << "page rows of layer " << l << " head " << h;
+        if (ng) {
+          ASSERT_TRUE((*a)->read_group_digests(l, h, 0, ng, ga.data()).ok());
+          ASSERT_TRUE((*b)->read_group_digests(l, h, 0, ng, gb.data()).ok());
+          EXPECT_EQ(gb, ga) << "group rows of layer " << l << " head " << h;
+        }
+      }
+    std::vector<float> q(size_t(2) * 4 * 24);
+    std::normal_distribution<float> nd;
+    for (float& x : q) x = nd(rng);
+    SelectOptions o;
+    o.token_budget = 48;
+    o.refine_pages = 8;  // two levels: two groups' pages read, chosen by the group rows
+    auto sa = select_pages(**a, q, 4, n, o);
+    auto sb = select_pages(**b, q, 4, n, o);
+    ASSERT_TRUE(sa.ok() && sb.ok()) << (sa.ok() ? sb.error().message() : sa.error().message());
+    EXPECT_EQ(sb->pages, sa->pages);
+    EXPECT_EQ(sb->digest_bytes, sa->digest_bytes);
+  }
+}
+
 TEST(PnmGpuDigest, TheBuiltLibraryExportsTheKernelAndReportsFailuresByName) {
   auto lib = gpu::CudaLibrary::load();
   if (!lib.ok()) GTEST_SKIP() << lib.error().message();
