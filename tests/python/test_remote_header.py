@@ -1,7 +1,14 @@
 # SPDX-License-Identifier: MIT
 """The remote tier's parts that need no Mooncake (cxlkv.remote): the block
-header check, the configuration, and the tier staying off unless asked.
+header check, the configuration, the tier staying off unless asked, and the
+push's accounting against a stand-in for Mooncake's client (each published
+block pushed, or counted as dropped with its reason; holds given back).
 The tier against a real Mooncake Store: tests/engines/test_remote.py."""
+import ctypes
+import errno
+import threading
+import time
+
 import numpy as np
 import pytest
 
@@ -61,3 +68,105 @@ def test_a_store_has_no_remote_tier_unless_asked(small_env, monkeypatch):
     assert s.remote is None and not any(k.startswith("remote") for k in s.stats())
     m = cxlkv.metrics.Metrics()
     assert "remote" not in m.exposition()
+
+
+class _StandInStore:
+    """What the push calls of Mooncake's client, in memory: ``codes`` gives
+    the put results to answer for an object name, in turn (then 0: stored);
+    ``gate``, while clear, holds every existence check."""
+
+    def __init__(self, codes=None):
+        self.objects = {}
+        self.codes = codes or {}
+        self.gate = threading.Event()
+        self.gate.set()
+
+    def register_buffer(self, addr, n):
+        return 0
+
+    def unregister_buffer(self, addr):
+        return 0
+
+    def batch_is_exist(self, names):
+        self.gate.wait(30)
+        return [1 if n in self.objects else 0 for n in names]
+
+    def batch_put_from(self, names, addrs, sizes):
+        out = []
+        for name, a, n in zip(names, addrs, sizes):
+            seq = self.codes.get(name)
+            rc = seq.pop(0) if seq else 0
+            if rc == 0:
+                self.objects[name] = np.frombuffer(ctypes.string_at(a, n), np.uint8)
+            out.append(rc)
+        return out
+
+    def close(self):
+        pass
+
+
+def _tier(env, fake, **kw):
+    """A tier of env's pool, node 1, joined to ``fake`` instead of a master
+    (its connect finds no master, then the stand-in takes the client's place)."""
+    cfg = remote.RemoteConfig(master="127.0.0.1:9", timeout_s=0.5, retry_s=3600, close_drain_s=0, **kw)
+    t = remote.RemoteTier(env.pool, 1, cfg)
+    t._client = fake
+    t._recovered()
+    return t
+
+
+def test_each_published_block_is_pushed_or_counted_by_why_not(small_env):
+    keys = cxlkv.block_keys(np.arange(6 * 16, dtype=np.int64), 16, extras=b"push-outcomes")
+    fake = _StandInStore()
+    tier = _tier(small_env, fake)
+    names = [tier.name(k) for k in keys]
+    # 0 and 5 stored; 1 refused by a full store once, then stored; 2 refused
+    # twice (dropped: store full); 3 put by another rack meanwhile (present);
+    # 4 a failed transfer (dropped: failed).
+    fake.codes = {names[1]: [remote.MC_NO_AVAILABLE_HANDLE], names[2]: [remote.MC_NO_AVAILABLE_HANDLE] * 2,
+                  names[3]: [remote.MC_ALREADY_EXISTS], names[4]: [-800]}
+    store = small_env.store(1, remote=tier)
+    pay = [np.full(4096, i, np.uint8) for i in range(6)]
+    assert cxlkv.put_ok(store.put(keys, pay)).all()
+    assert tier.flush(20)
+    st = tier.stats()
+    got = {k: st[k] for k in ("remote_pushed_blocks", "remote_push_retried_blocks", "remote_push_store_full_blocks",
+                              "remote_push_present_blocks", "remote_push_failed_blocks", "remote_push_evicted_blocks",
+                              "remote_push_queue_full_blocks", "remote_push_dropped_blocks", "remote_errors")}
+    assert got == dict(remote_pushed_blocks=3, remote_push_retried_blocks=2, remote_push_store_full_blocks=1,
+                       remote_push_present_blocks=1, remote_push_failed_blocks=1, remote_push_evicted_blocks=0,
+                       remote_push_queue_full_blocks=0, remote_push_dropped_blocks=2, remote_errors=1), got
+    assert sorted(fake.objects) == sorted(names[i] for i in (0, 1, 5))
+    for i in (0, 1, 5):  # each object carries our header and the block's bytes
+        o = fake.objects[names[i]]
+        assert remote.check_block(o, keys[i], o.size) is None and (o[remote.HEADER_BYTES:] == i).all()
+    # Every hold was given back: none of the tier's leases is left in the pool.
+    assert st["remote_held_blocks"] == 0 and st["remote_hold_peak_blocks"] == 6
+    assert (store.lease_release(keys, tier._consumer) == -errno.ENOENT).all()
+    tier.close()
+
+
+def test_blocks_past_a_full_queue_are_counted_as_queue_full_and_held_ones_stay_held(small_env):
+    keys = cxlkv.block_keys(np.arange(10 * 16, dtype=np.int64), 16, extras=b"queue-full")
+    fake = _StandInStore()
+    fake.gate.clear()  # the store does not answer yet: the pusher waits in its first call
+    tier = _tier(small_env, fake, queue_blocks=4, batch_blocks=2)
+    store = small_env.store(1, remote=tier)
+    pay = [np.full(4096, i, np.uint8) for i in range(10)]
+    store.put(keys[:2], pay[:2])
+    end = time.monotonic() + 10
+    while not (tier._pushing and tier.stats()["remote_held_blocks"] == 2) and time.monotonic() < end:
+        time.sleep(0.01)
+    store.put(keys[2:], pay[2:], parent=keys[1])  # 8 more: room for 4 in the queue
+    end = time.monotonic() + 10
+    while tier.stats()["remote_held_blocks"] < 6 and time.monotonic() < end:
+        time.sleep(0.01)
+    st = tier.stats()
+    assert st["remote_push_queue_full_blocks"] == 4 and st["remote_push_dropped_blocks"] == 4, st
+    assert st["remote_held_blocks"] == 6  # the two in flight and the four queued, each held in the pool
+    fake.gate.set()
+    assert tier.flush(20)
+    st = tier.stats()
+    assert st["remote_pushed_blocks"] == 6 and st["remote_held_blocks"] == 0, st
+    assert sorted(fake.objects) == sorted(tier.name(k) for k in keys[:6])
+    tier.close()

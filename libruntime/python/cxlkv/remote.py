@@ -5,9 +5,12 @@ engine), below each rack's pool.  Off unless configured; see docs/remote.md
 for the operator's view.
 
 * Publish: a block a :class:`cxlkv.KvStore` publishes is queued here; a
-  background thread reads a batch of them back from the pool (its own KV
-  handle, so the engine's handle is never taken) and puts them into Mooncake
-  under the same key.  The local publish only appends keys to a bounded queue.
+  background thread leases it in the pool at once (a handoff lease to this
+  tier, so the pool does not evict it before its push: docs/remote.md
+  "Holding a block until its push"), and another reads a batch of held
+  blocks back from the pool (its own KV handle, so the engine's handle is
+  never taken), puts them into Mooncake under the same key and releases
+  their leases.  The local publish only appends keys to a bounded queue.
 * Lookup: when the pool holds fewer leading blocks than asked, the rest of
   the prefix is asked of Mooncake with one batched existence check; the
   leading hits are fetched into a registered staging buffer, verified, and
@@ -63,12 +66,15 @@ assert _HDR.size == HEADER_BYTES
 
 # Mooncake's status codes this module tells apart (its Python calls return
 # them as negative ints).  Anything else is reported by number.
+MC_NO_AVAILABLE_HANDLE = -200  # no segment has room for the object: the store is full
 MC_NOT_FOUND = -704
+MC_ALREADY_EXISTS = -705
 MC_RPC_FAIL = -900
 MC_RPC_TIMEOUT = -901
 MC_INVALID_PARAMS = -600
 _MC_NAMES = {MC_NOT_FOUND: "object not found", MC_RPC_FAIL: "RPC to the master failed",
-             MC_RPC_TIMEOUT: "RPC to the master timed out", MC_INVALID_PARAMS: "invalid parameters"}
+             MC_RPC_TIMEOUT: "RPC to the master timed out", MC_INVALID_PARAMS: "invalid parameters",
+             MC_NO_AVAILABLE_HANDLE: "no room in the store", MC_ALREADY_EXISTS: "object already exists"}
 # Codes that say the master (not one object or one peer) is unreachable.
 _MASTER_DOWN = {MC_RPC_FAIL, MC_RPC_TIMEOUT}
 
@@ -135,7 +141,8 @@ _ENV = {  # RemoteConfig field: environment variable
     "batch_blocks": "CXLKV_REMOTE_BATCH_BLOCKS", "queue_blocks": "CXLKV_REMOTE_QUEUE_BLOCKS",
     "max_fetch_blocks": "CXLKV_REMOTE_MAX_FETCH_BLOCKS", "block_bytes": "CXLKV_REMOTE_BLOCK_BYTES",
     "publish": "CXLKV_REMOTE_PUBLISH", "fetch": "CXLKV_REMOTE_FETCH",
-    "close_drain_s": "CXLKV_REMOTE_CLOSE_DRAIN_S",
+    "close_drain_s": "CXLKV_REMOTE_CLOSE_DRAIN_S", "hold_blocks": "CXLKV_REMOTE_HOLD_BLOCKS",
+    "hold_ttl_s": "CXLKV_REMOTE_HOLD_TTL_S",
 }
 
 
@@ -162,7 +169,11 @@ class RemoteConfig:
     ``fetch``: each direction can be turned off.  ``close_drain_s``: how long
     closing the tier (or the process exiting) waits for queued pushes while
     the store answers; what is left then is dropped and counted (the blocks
-    stay in the local pool)."""
+    stay in the local pool).  ``hold_blocks``: the most queued blocks held
+    in the pool (leased to this tier, so not evicted) until their push; 0
+    holds none; held blocks count against the pool's capacity, so keep it
+    well below it.  ``hold_ttl_s``: a hold ends by itself after this long
+    (a push later than that may find its block evicted)."""
 
     master: str
     metadata_server: str = ""
@@ -181,6 +192,8 @@ class RemoteConfig:
     publish: bool = True
     fetch: bool = True
     close_drain_s: float = 2.0
+    hold_blocks: int = 1024
+    hold_ttl_s: float = 30.0
 
     def __post_init__(self):
         if not isinstance(self.master, str) or ":" not in self.master:
@@ -193,6 +206,10 @@ class RemoteConfig:
             raise ValueError(f"cxlkv: remote tier: segment_bytes {self.segment_bytes} is negative")
         if self.timeout_s <= 0 or self.retry_s <= 0:
             raise ValueError("cxlkv: remote tier: timeout_s and retry_s must be positive")
+        if int(self.hold_blocks) < 0:
+            raise ValueError(f"cxlkv: remote tier: hold_blocks {self.hold_blocks} is negative")
+        if not 0.001 <= self.hold_ttl_s <= (1 << 30) / 1000:  # a lease's time to live (docs/eviction.md)
+            raise ValueError(f"cxlkv: remote tier: hold_ttl_s {self.hold_ttl_s} is not 0.001 .. 1073741.824")
         if self.close_drain_s < 0:
             raise ValueError(f"cxlkv: remote tier: close_drain_s {self.close_drain_s} is negative")
         if "/" in self.namespace:
@@ -268,8 +285,20 @@ COUNTERS = {
     "remote_pushed_blocks": "Blocks put into the remote tier",
     "remote_pushed_bytes": "Payload bytes of those blocks",
     "remote_push_present_blocks": "Published blocks the remote tier held already (not sent again)",
-    "remote_push_dropped_blocks": "Published blocks not pushed (queue full, evicted from the pool, or a failed put)",
+    "remote_push_dropped_blocks": "Published blocks not pushed (the sum of the four remote_push_*_blocks reasons below)",
+    "remote_push_evicted_blocks": "Published blocks not pushed: evicted from the pool before their push read them",
+    "remote_push_store_full_blocks": "Published blocks not pushed: refused by a full store (after one retry)",
+    "remote_push_queue_full_blocks": "Published blocks not pushed: the push queue was full",
+    "remote_push_failed_blocks": "Published blocks not pushed: the tier degraded, a failed put or read, or closing",
+    "remote_push_retried_blocks": "Pushes refused by a full store and tried once more",
 }
+# Why a published block was not pushed: the counter of each reason (their
+# sum is remote_push_dropped_blocks, the pool's push_dropped_blocks).  The
+# pool's node stats have no field to spare for them (docs/on-pool-format.md:
+# the remote counters fill the record's last line), so the split lives here,
+# in KvStore.stats() and the client metrics.
+_DROP_REASONS = {"evicted": "remote_push_evicted_blocks", "store_full": "remote_push_store_full_blocks",
+                 "queue_full": "remote_push_queue_full_blocks", "failed": "remote_push_failed_blocks"}
 # The counters the node's stats in the pool also carry (docs/remote.md
 # "Counters"): each adds to the pool's counter of the same name without
 # "remote_" (cxlkv_kv_remote_count), which `cxlkvctl stats`, cxlkvd's
@@ -307,11 +336,25 @@ class RemoteTier:
         self._staging = None                # fetch staging: (array, registered client)
         self._pstaging = None               # push staging
         self._worker = cf.ThreadPoolExecutor(1, thread_name_prefix="cxlkv-remote-call")
+        # The push pipeline (docs/remote.md "Holding a block until its
+        # push"), entries (key lo, key hi, payload bytes, held, tries):
+        # _queue: published, not held yet; _ready: held (or not holdable),
+        # waiting for the pusher; _retry: refused by a full store once,
+        # (due time, entry).  One condition guards all three.
         self._queue = collections.deque()
+        self._ready = collections.deque()
+        self._retry = collections.deque()
         self._qcv = threading.Condition()
-        # The tier's own KV handle of this node: the pusher reads published
-        # blocks back through it, and the node's remote counters in the pool
-        # are added through it (_count).
+        self._held_keys = set()             # keys this tier leases now: each leased once, released once
+        self.hold_blocks = int(config.hold_blocks)
+        self.hold_peak = 0                  # the most blocks held at once (stats: remote_hold_peak_blocks)
+        # The consumer id of this tier's leases: its own, so that releasing
+        # them never ends a lease an engine holds for its decode.
+        self._consumer = int.from_bytes(os.urandom(8), "little") | 1
+        # The tier's own KV handle of this node: the holder leases published
+        # blocks through it, the pusher reads them back and releases the
+        # leases through it, and the node's remote counters in the pool are
+        # added through it (_count).
         from .kv import KvStore  # noqa: PLC0415 -- kv imports this module
         self._reader = KvStore(pool, node, remote=False)
         # Counting never waits for the handle's lock (the pusher holds it
@@ -330,6 +373,8 @@ class RemoteTier:
                 fut.result(timeout=max(config.timeout_s, 5.0))
             except Exception as e:  # noqa: BLE001 -- degraded, reported by _connect / below
                 self._down(f"connect: {type(e).__name__}: {e}" if str(e) else "connect: no answer in time")
+        self._holder = threading.Thread(target=self._hold_loop, name="cxlkv-remote-hold", daemon=True)
+        self._holder.start()
         self._pusher = threading.Thread(target=self._push_loop, name="cxlkv-remote-push", daemon=True)
         self._pusher.start()
         pool._adopt(self)
@@ -384,10 +429,15 @@ class RemoteTier:
             self.metrics.set_remote_up(True)
 
     def stats(self):
-        """The tier's counters (dict) and its state (``remote_up``)."""
+        """The tier's counters (dict), its state (``remote_up``), the blocks
+        it holds in the pool for their push now (``remote_held_blocks``) and
+        the most it held at once (``remote_hold_peak_blocks``)."""
         with self._lock:
             d = dict(self.counters)
         d["remote_up"] = int(self._up)
+        with self._qcv:
+            d["remote_held_blocks"] = len(self._held_keys)
+            d["remote_hold_peak_blocks"] = self.hold_peak
         return d
 
     # ---- the worker -------------------------------------------------------------
@@ -497,91 +547,216 @@ class RemoteTier:
             return
         ks = as_keys(keys)[ok]
         with self._qcv:
-            room = self.cfg.queue_blocks - len(self._queue)
+            room = self.cfg.queue_blocks - len(self._queue) - len(self._ready) - len(self._retry)
             if room < len(ks):
-                self._count("remote_push_dropped_blocks", len(ks) - max(room, 0))
+                self._dropped("queue_full", len(ks) - max(room, 0))
                 ks = ks[:max(room, 0)]
             for k in ks:
-                self._queue.append((int(k[0]), int(k[1]), int(nbytes)))
-            self._qcv.notify()
+                self._queue.append((int(k[0]), int(k[1]), int(nbytes), False, 0))
+            self._qcv.notify_all()
+
+    def _dropped(self, reason, n):
+        """Count ``n`` published blocks not pushed, and why (_DROP_REASONS)."""
+        if n:
+            self._count("remote_push_dropped_blocks", n)
+            self._count(_DROP_REASONS[reason], n)
 
     def flush(self, timeout=30.0):
         """Wait until every queued block was pushed or dropped (tests, benchmarks)."""
         end = time.monotonic() + timeout
         with self._qcv:
-            while (self._queue or self._pushing) and time.monotonic() < end:
+            while self._waiting() and time.monotonic() < end:
                 self._qcv.wait(0.05)
-            return not self._queue and not self._pushing
+            return not self._waiting()
+
+    def _waiting(self):
+        # caller holds _qcv
+        return bool(self._queue or self._ready or self._retry or self._pushing or self._holding)
 
     _pushing = False
+    _holding = False
+
+    # Holding a block until its push (docs/remote.md): a handoff lease to
+    # this tier (docs/eviction.md "Handoff leases"), taken as soon as the
+    # block is queued.  Eviction skips a leased block; the lease ends when
+    # the pusher releases it, after hold_ttl_s, or when this node dies
+    # (docs/coherence.md "Liveness"), so a process that dies or hangs never
+    # keeps a block for ever.  A lease on a block nobody read since its
+    # publish marks the tier's read as the handoff, not a reuse, so the
+    # push does not move the block to the pool's hot list.
+    def _hold_loop(self):
+        while True:
+            with self._qcv:
+                while not self._closed and not (self._queue and self._hold_room() > 0):
+                    # With blocks queued, look again now and then: the tier
+                    # going degraded (no holds) does not notify.
+                    self._qcv.wait(0.5 if self._queue else None)
+                if self._closed:
+                    return
+                take = min(len(self._queue), self._hold_room())
+                batch = [self._queue.popleft() for _ in range(take)]
+                # Each key is leased once: a key queued again while held
+                # rides on the hold it has (released by the entry that took it).
+                fresh = []
+                if self.hold_blocks and self._up:
+                    for i, e in enumerate(batch):
+                        if (e[0], e[1]) not in self._held_keys:
+                            self._held_keys.add((e[0], e[1]))
+                            fresh.append(i)
+                self._holding = True
+            st = None
+            if fresh:
+                try:
+                    ks = np.array([(batch[i][0], batch[i][1]) for i in fresh], dtype=np.uint64)
+                    st = self._reader.lease(ks, self._consumer, self.node, int(self.cfg.hold_ttl_s * 1000))
+                except Exception as e:  # noqa: BLE001 -- not held: the push still tries the pool
+                    log.debug("cxlkv remote tier: holding %d blocks for their push: %s", len(fresh), e)
+            with self._qcv:
+                gone = 0
+                for j, i in enumerate(fresh):
+                    lo, hi, nb, _, tries = batch[i]
+                    if st is not None and st[j] == _lib.RESERVED:
+                        batch[i] = (lo, hi, nb, True, tries)
+                        continue
+                    self._held_keys.discard((lo, hi))
+                    if st is not None and st[j] == _lib.MISS:
+                        batch[i] = None  # evicted already: nothing left to push
+                        gone += 1
+                self._ready.extend(e for e in batch if e is not None)
+                self.hold_peak = max(self.hold_peak, len(self._held_keys))
+                self._holding = False
+                self._qcv.notify_all()
+            self._dropped("evicted", gone)
+
+    def _hold_room(self):
+        """How many queued blocks the holder may take now (caller holds _qcv):
+        up to hold_blocks held at once; without holds (0, or degraded,
+        where the push drops them anyway) every queued block passes."""
+        if not self.hold_blocks or not self._up:
+            return len(self._queue)
+        return self.hold_blocks - len(self._held_keys)
 
     def _push_loop(self):
         while True:
             with self._qcv:
-                while not self._queue and not self._closed:
-                    self._qcv.wait()
+                while not self._closed:
+                    now = time.monotonic()
+                    if self._ready or (self._retry and self._retry[0][0] <= now):
+                        break
+                    self._qcv.wait(self._retry[0][0] - now if self._retry else None)
                 if self._closed:
                     return
-                nbytes = self._queue[0][2]
+                # Retries that are due first, then the held blocks, in order.
+                src = self._retry if self._retry and self._retry[0][0] <= time.monotonic() else None
+                head = src[0][1] if src is not None else self._ready[0]
+                nbytes = head[2]
                 batch = []
-                while self._queue and len(batch) < self.cfg.batch_blocks and self._queue[0][2] == nbytes:
-                    batch.append(self._queue.popleft())
+                if src is not None:
+                    while src and len(batch) < self.cfg.batch_blocks and src[0][1][2] == nbytes and \
+                            src[0][0] <= time.monotonic():
+                        batch.append(src.popleft()[1])
+                else:
+                    while self._ready and len(batch) < self.cfg.batch_blocks and self._ready[0][2] == nbytes:
+                        batch.append(self._ready.popleft())
                 self._pushing = True
+            out = ["failed"] * len(batch)
             try:
-                self._push(batch, nbytes)
+                self._push(batch, nbytes, out)
             except Exception as e:  # noqa: BLE001 -- a background thread must not die
                 self._count("remote_errors")
-                self._count("remote_push_dropped_blocks", len(batch))
                 log.debug("cxlkv remote tier: push of %d blocks failed: %s", len(batch), e)
             finally:
-                with self._qcv:
-                    self._pushing = False
-                    self._qcv.notify_all()
+                self._settle(batch, nbytes, out)
 
-    def _push(self, batch, nbytes):
+    def _settle(self, batch, nbytes, out):
+        """Count each block of a push by its outcome, queue the ones a full
+        store refused for one retry (still held), and release the holds of
+        the others."""
+        n = collections.Counter(out)
+        if n["pushed"]:
+            self._count("remote_pushed_blocks", n["pushed"])
+            self._count("remote_pushed_bytes", n["pushed"] * nbytes)
+        self._count("remote_push_present_blocks", n["present"])
+        for why in ("evicted", "store_full", "failed"):
+            self._dropped(why, n[why])
+        self._count("remote_push_retried_blocks", n["retry"])
+        done = [e for e, o in zip(batch, out) if o != "retry" and e[3]]
+        if done:
+            try:
+                self._reader.lease_release(np.array([(e[0], e[1]) for e in done], dtype=np.uint64), self._consumer)
+            except Exception as e:  # noqa: BLE001 -- the holds end by their ttl (or with this node)
+                log.debug("cxlkv remote tier: releasing %d holds: %s", len(done), e)
+        with self._qcv:
+            for e in done:
+                self._held_keys.discard((e[0], e[1]))
+            due = time.monotonic() + self._retry_delay
+            for e, o in zip(batch, out):
+                if o == "retry":
+                    self._retry.append((due, (e[0], e[1], e[2], e[3], e[4] + 1)))
+            self._pushing = False
+            self._qcv.notify_all()
+
+    # A full store makes room by evicting (Mooncake's master does it in the
+    # background): a block it refused is tried once more after this long.
+    _retry_delay = 0.2
+
+    def _push(self, batch, nbytes, out):
+        """Push ``batch`` (entries of one payload size); ``out[i]`` is set to
+        the outcome of entry i: pushed, present (the store had it), evicted
+        (gone from the pool), retry / store_full (a full store refused it),
+        failed (left as is)."""
         if self._client is None or not self._up:
             # Degraded: not pushed (a later publish of the same prefix will be).
-            self._count("remote_push_dropped_blocks", len(batch))
             self._maybe_probe()
             return
         from .layout import RawChunks  # noqa: PLC0415
         c = self._client
-        keys = np.array([(lo, hi) for lo, hi, _ in batch], dtype=np.uint64)
+        keys = np.array([(e[0], e[1]) for e in batch], dtype=np.uint64)
         names = [self.name(k) for k in keys]
         t0 = time.monotonic()
         have = c.batch_is_exist(names)
         if any(h in _MASTER_DOWN for h in have):
             self._down(f"existence check before a push: {mc_error(min(have))}")
-            self._count("remote_push_dropped_blocks", len(batch))
             return
-        todo = [i for i, h in enumerate(have) if h != 1]
-        self._count("remote_push_present_blocks", len(batch) - len(todo))
+        todo = []
+        for i, h in enumerate(have):
+            if h == 1:
+                out[i] = "present"
+            else:
+                todo.append(i)
         if not todo:
             return
-        keys = keys[todo]
-        names = [names[i] for i in todo]
         slot = HEADER_BYTES + nbytes
-        buf = self._staging_for("push", len(keys), nbytes)
+        buf = self._staging_for("push", len(todo), nbytes)
         base = buf.ctypes.data
-        src = RawChunks([base + i * slot + HEADER_BYTES for i in range(len(keys))], nbytes, 1)
-        st = self._reader.get(keys, src)
-        got = [i for i in range(len(keys)) if st[i] == _lib.RESERVED]
-        self._count("remote_push_dropped_blocks", len(keys) - len(got))  # evicted since their publish
-        for i in got:
-            off = i * slot
-            _header_into(buf[off:off + HEADER_BYTES], keys[i], nbytes,
+        src = RawChunks([base + j * slot + HEADER_BYTES for j in range(len(todo))], nbytes, 1)
+        st = self._reader.get(keys[todo], src)
+        got = []
+        for j, i in enumerate(todo):
+            if st[j] == _lib.RESERVED:
+                got.append(j)
+            elif st[j] == _lib.MISS:
+                out[i] = "evicted"  # gone from the pool since its publish (not held, or its hold ended)
+        for j in got:
+            off = j * slot
+            _header_into(buf[off:off + HEADER_BYTES], keys[todo[j]], nbytes,
                          checksum64((base + off + HEADER_BYTES, nbytes)))
         if not got:
             return
-        r = c.batch_put_from([names[i] for i in got], [base + i * slot for i in got], [slot] * len(got))
-        done = sum(1 for x in r if x == 0)
-        if done:
-            self._count("remote_pushed_blocks", done)
-            self._count("remote_pushed_bytes", done * nbytes)
-        failed = [x for x in r if x != 0]
+        r = c.batch_put_from([names[todo[j]] for j in got], [base + j * slot for j in got], [slot] * len(got))
+        failed = []
+        for j, x in zip(got, r):
+            i = todo[j]
+            if x == 0:
+                out[i] = "pushed"
+            elif x == MC_ALREADY_EXISTS:  # another rack put it since the existence check
+                out[i] = "present"
+            elif x == MC_NO_AVAILABLE_HANDLE:
+                out[i] = "retry" if batch[i][4] == 0 else "store_full"
+            else:
+                failed.append(x)
         if failed:
             self._count("remote_errors")
-            self._count("remote_push_dropped_blocks", len(failed))
             if any(x in _MASTER_DOWN for x in failed):
                 self._down(f"put of {len(got)} blocks: {mc_error(failed[0])}")
         if time.monotonic() - t0 > 10 * self.cfg.timeout_s:
@@ -857,12 +1032,26 @@ class RemoteTier:
             self.flush(min(self.cfg.close_drain_s, timeout))
         self._closed = True
         with self._qcv:
-            dropped = len(self._queue)
-            self._queue.clear()
             self._qcv.notify_all()
-        if dropped:
-            self._count("remote_push_dropped_blocks", dropped)
+        # The holder and the pusher stop at their next look; what they leave
+        # queued (a batch on its way settles itself) is dropped and counted.
+        self._holder.join(timeout)
         self._pusher.join(timeout)
+        with self._qcv:
+            left = list(self._queue) + list(self._ready) + [e for _, e in self._retry]
+            self._queue.clear()
+            self._ready.clear()
+            self._retry.clear()
+        self._dropped("failed", len(left))
+        held = [e for e in left if e[3]]
+        if held:  # given back now rather than at their ttl
+            try:
+                self._reader.lease_release(np.array([(e[0], e[1]) for e in held], dtype=np.uint64), self._consumer)
+            except Exception as e:  # noqa: BLE001 -- closing: they end by their ttl
+                log.debug("cxlkv remote tier: releasing %d holds at close: %s", len(held), e)
+            with self._qcv:
+                for e in held:
+                    self._held_keys.discard((e[0], e[1]))
         with self._ctr_lock:
             self._ctr_h = None
         if self._reader is not None:
