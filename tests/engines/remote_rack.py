@@ -56,7 +56,8 @@ class Rack:
         cfg = False if a.no_remote else remote.RemoteConfig(
             master=a.master, metadata_server=a.metadata, local_hostname=a.host, segment_bytes=a.segment_mib << 20,
             buffer_bytes=32 << 20, namespace=a.namespace, timeout_s=a.timeout, retry_s=0.5,
-            batch_blocks=a.batch_blocks, block_bytes=a.block_bytes)
+            batch_blocks=a.batch_blocks, block_bytes=a.block_bytes,
+            **({"hold_blocks": a.hold_blocks} if a.hold_blocks >= 0 else {}))
         self.metrics = cxlkv.metrics.Metrics(labels={"rack": a.name})
         self.store = cxlkv.KvStore(self.pool, 1, metrics=self.metrics, block_tokens=16, remote=cfg)
         self.tier = self.store.remote or _NoTier()
@@ -93,6 +94,64 @@ class Rack:
         digest = hashlib.sha256(b"".join(b.tobytes() for b in bufs[:read])).hexdigest()
         return dict(local_before=local0, hit=hit, read=read, wrong=wrong, lookup_s=lookup_s,
                     local_after=self.store.lookup(keys, remote=False), sha256=digest)
+
+    def publish_burst(self, seeds, n):
+        """Publish the prefixes ``seeds`` (n blocks each) one put each, as
+        fast as the local path goes; nothing waits for the push."""
+        ok = 0
+        for s_ in seeds:
+            ok += self.publish(s_, n, flush=False)["ok"]
+        return dict(ok=ok)
+
+    def fill(self, first_seed, chains, n):
+        """Eviction pressure: ``chains`` prefixes of n blocks from
+        ``first_seed`` on, published by a store of another node of this
+        rack's pool that has no remote tier (they are never pushed)."""
+        if getattr(self, "_filler", None) is None:
+            self._filler = cxlkv.KvStore(self.pool, 2, remote=False)
+        ok = 0
+        for s_ in range(first_seed, first_seed + chains):
+            ok += int(cxlkv.put_ok(self._filler.put(chain(s_, n), [block(s_, i, self.nbytes)
+                                                                  for i in range(n)])).sum())
+        return dict(ok=ok)
+
+    def slow_store(self, put_s):
+        """Every put of the tier into the store (a batch) takes ``put_s``
+        seconds longer from now on: a store slower than the publishes."""
+        real = getattr(self.tier._client, "_real", self.tier._client)
+
+        class Slow:
+            _real = real
+
+            def __getattr__(self, name):
+                return getattr(real, name)
+
+            def batch_put_from(self, *args):
+                time.sleep(put_s)
+                return real.batch_put_from(*args)
+        new = Slow() if put_s else real
+        # The tier's registered buffers name the client they belong to.
+        for attr in ("_staging", "_pstaging"):
+            cur = getattr(self.tier, attr)
+            if cur is not None and cur[1] is self.tier._client:
+                setattr(self.tier, attr, (cur[0], new))
+        self.tier._client = new
+        return {}
+
+    def flush(self, timeout=60):
+        """Wait for the tier's queued pushes (pushed or dropped)."""
+        return dict(flushed=self.tier.flush(timeout))
+
+    def set_hold(self, hold_blocks):
+        """The most blocks the tier holds in the pool for their push."""
+        self.tier.hold_blocks = hold_blocks
+        return {}
+
+    def in_store(self, seeds, n):
+        """How many blocks of the prefixes ``seeds`` the store holds."""
+        c = getattr(self.tier._client, "_real", self.tier._client)
+        names = [self.tier.name(k) for s_ in seeds for k in chain(s_, n)]
+        return dict(held=sum(1 for x in c.batch_is_exist(names) if x == 1), asked=len(names))
 
     def expected_sha256(self, seed, n):
         return dict(sha256=hashlib.sha256(b"".join(block(seed, i, self.nbytes).tobytes()
@@ -348,6 +407,8 @@ class Rack:
                     exposition=self.metrics.exposition(), pool_exposition=cxlkv.metrics.pool_exposition(self.pool))
 
     def close(self):
+        if getattr(self, "_filler", None) is not None:
+            self._filler.close()
         self.store.close()
         self.tier.close()
         for node in range(8):
@@ -369,6 +430,7 @@ def main():
     ap.add_argument("--timeout", type=float, default=1.0)
     ap.add_argument("--batch-blocks", type=int, default=64)
     ap.add_argument("--no-remote", action="store_true")
+    ap.add_argument("--hold-blocks", type=int, default=-1, help="the tier's hold_blocks (default: its own)")
     a = ap.parse_args()
     logging.basicConfig(level=os.environ.get("CXLKV_REMOTE_RACK_LOG", "WARNING"), stream=sys.stderr,
                         format=f"rack {a.name}: %(levelname)s %(name)s: %(message)s")

@@ -219,3 +219,74 @@ def test_peer_killed(racks):
     assert _wait_up(b, 52)
     r = b.call("fetch", seed=51, n=N)
     assert (r["hit"], r["wrong"]) == (N, 0), f"{r} {_remote_stats(a)} {_remote_stats(b)}"
+
+
+# ---- a small pool that evicts, a slow store: docs/remote.md "Holding a block until its push"
+SMALL_CAP = 256  # the small pool's capacity in blocks
+SMALL_N = 8      # blocks per prefix
+BURST = 15       # prefixes per burst: 120 blocks
+
+
+@pytest.fixture(scope="module")
+def small_rack():
+    """One rack whose pool holds 256 blocks of 4 KiB, pushing 8 blocks a put."""
+    r = Racks(["p"], os.path.join(OUT, "small"), block_bytes=4096, batch_blocks=8, capacity_blocks=SMALL_CAP,
+              timeout=TIMEOUT)
+    yield r["p"]
+    r.close()
+
+
+def _burst_then_pressure(p, first_seed, filler_seed):
+    """A burst of 120 published blocks, half a second for the tier to take
+    them in, then 512 blocks of another node that are never pushed (twice
+    the pool's capacity: every block that can go, goes), then the push
+    drained.  The tier's counters before and after, and how many of the
+    burst's blocks the store holds."""
+    before = p.call("stats")["stats"]
+    pool_before = _pool_remote(p)
+    seeds = list(range(first_seed, first_seed + BURST))
+    assert p.call("publish_burst", seeds=seeds, n=SMALL_N)["ok"] == BURST * SMALL_N
+    time.sleep(0.5)
+    # The holds never make the pool refuse a local publish.
+    assert p.call("fill", first_seed=filler_seed, chains=2 * SMALL_CAP // SMALL_N, n=SMALL_N)["ok"] == 2 * SMALL_CAP
+    assert p.call("flush", timeout=120)["flushed"]
+    after = p.call("stats")["stats"]
+    pool_after = _pool_remote(p)
+    d = {k: after[k] - before[k] for k in after if k.startswith("remote_push") or k == "remote_pushed_blocks"}
+    dpool = {k: pool_after[k] - pool_before[k] for k in pool_after}
+    return d, dpool, p.call("in_store", seeds=seeds, n=SMALL_N)["held"]
+
+
+def test_every_published_block_reaches_a_slow_store_though_its_small_pool_evicts_it(small_rack):
+    p = small_rack
+    p.call("slow_store", put_s=0.25)  # 15 puts of 8 blocks: some 4 s, while the pool turns over twice
+    try:
+        d, dpool, in_store = _burst_then_pressure(p, 1000, 5000)
+    finally:
+        p.call("slow_store", put_s=0)
+    assert in_store == BURST * SMALL_N, (in_store, d)
+    assert d["remote_pushed_blocks"] == BURST * SMALL_N and d["remote_push_dropped_blocks"] == 0, d
+    assert (dpool["pushed_blocks"], dpool["push_dropped_blocks"]) == (BURST * SMALL_N, 0), dpool
+    assert p.call("stats")["stats"]["remote_held_blocks"] == 0  # every hold given back
+
+
+def test_a_block_evicted_before_its_push_is_counted_as_evicted(small_rack):
+    # The tier holds 8 blocks at a time: the rest of the burst waits in the
+    # queue unheld, and the pressure evicts most of it.  Every block of the
+    # burst is then in the store or counted as evicted, and nothing else.
+    p = small_rack
+    p.call("set_hold", hold_blocks=8)
+    p.call("slow_store", put_s=0.25)
+    try:
+        d, dpool, in_store = _burst_then_pressure(p, 2000, 7000)
+    finally:
+        p.call("slow_store", put_s=0)
+        p.call("set_hold", hold_blocks=1024)
+    assert d["remote_push_evicted_blocks"] > 0, d
+    assert in_store + d["remote_push_evicted_blocks"] == BURST * SMALL_N, (in_store, d)
+    assert d["remote_pushed_blocks"] == in_store, d
+    assert d["remote_push_dropped_blocks"] == d["remote_push_evicted_blocks"], d
+    assert d["remote_push_store_full_blocks"] == d["remote_push_queue_full_blocks"] == 0, d
+    assert d["remote_push_failed_blocks"] == 0, d
+    # The pool's counter has the total, without the reason (no field to spare).
+    assert dpool["push_dropped_blocks"] == d["remote_push_dropped_blocks"], dpool
