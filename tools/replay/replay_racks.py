@@ -3,7 +3,7 @@
 """Replay a Mooncake-format trace across racks: token hit ratio per tier.
 
     replay_racks.py --trace FILE --racks N [--requests 3000] [--capacity-blocks C]
-                    [--results FILE]
+                    [--hold-blocks H] [--results FILE]
 
 Three set-ups serve the same requests, each request on rack i % N
 (requests go out in rounds, one chunk per rack at a time, the racks working
@@ -19,7 +19,9 @@ eviction), so the figures measure sharing alone; --capacity-blocks C bounds
 the pools to the same total capacity, C blocks for the shared pool and C / N
 for each rack's (the pool-wide memory-tier bound: they evict, docs/eviction.md),
 while the Mooncake Store keeps what its segments hold (--segment-mib per
-rack).  The racks are real: each its own shm pool
+rack); --hold-blocks sets how many published blocks each rack's tier holds
+in its pool until their push (docs/remote.md "Holding a block until its
+push"; 0 holds none).  The racks are real: each its own shm pool
 and process (tests/engines/remote_env.py), in network namespaces where this
 process may make them, with a real mooncake_master.  The C++ cxlkv-replay
 has no --racks: Mooncake has no C interface to drive from it.
@@ -62,7 +64,8 @@ def run(names, reqs, remote, args, logdir):
     entries = 1 << max(distinct * 2, 1024).bit_length()
     cap = args.capacity_blocks // len(names) if args.capacity_blocks else 0
     racks = Racks(names, logdir, block_bytes=args.block_bytes, timeout=5.0, segment_mib=args.segment_mib,
-                  index_entries=entries, remote=remote, pool_mib=args.pool_mib, capacity_blocks=cap)
+                  index_entries=entries, remote=remote, pool_mib=args.pool_mib, capacity_blocks=cap,
+                  hold_blocks=args.hold_blocks if remote else None)
     tot = dict(local=0, remote=0, miss=0)
     try:
         n = len(names)
@@ -74,6 +77,9 @@ def run(names, reqs, remote, args, logdir):
                 r = racks[name].reply(600)
                 for k in tot:
                     tot[k] += r[k]
+        # Every push queued before the figures are taken has ended (pushed or dropped).
+        for name in names:
+            racks[name].call("flush", timeout=300)
         stats = {name: {k: v for k, v in racks[name].call("stats")["stats"].items() if k.startswith("remote")}
                  for name in names}
         pools = {k: 0 for k in POOL_COUNTERS}
@@ -100,6 +106,9 @@ def main():
     ap.add_argument("--block-bytes", type=int, default=1024)
     ap.add_argument("--capacity-blocks", type=int, default=0,
                     help="total pool capacity in blocks, split over the racks (0: every pool holds everything)")
+    ap.add_argument("--hold-blocks", type=int, default=None,
+                    help="the tiers' hold_blocks (blocks held in the pool until their push; 0: none; default: "
+                         "the tier's own)")
     ap.add_argument("--results", help="merge replay_racks.* into this JSON file")
     ap.add_argument("--logdir", default=f"/tmp/cxlkv-replay-racks-{os.getpid()}")
     a = ap.parse_args()
@@ -130,10 +139,22 @@ def main():
               f"degraded {p['degraded']}; pushed {p['pushed_blocks']} blocks ({p['pushed_bytes'] / 1e6:.1f} MB), "
               f"push dropped {p['push_dropped_blocks']}", file=sys.stderr)
         out.update({f"replay_racks.r{n}.pool.{k}": v for k, v in p.items()})
+        # Why blocks were not pushed: the tiers' own split of push_dropped_blocks
+        # (the pool's node stats have no field to spare for it: docs/remote.md "Counters").
+        why = {k: sum(s.get(f"remote_push_{k}_blocks", 0) for s in rem["tier"].values())
+               for k in ("evicted", "store_full", "queue_full", "failed", "retried", "present")}
+        peak = max(s.get("remote_hold_peak_blocks", 0) for s in rem["tier"].values())
+        print(f"{n} racks, push dropped by reason: evicted before the push {why['evicted']}, refused by a full store "
+              f"{why['store_full']} (after {why['retried']} retries), queue full {why['queue_full']}, failed "
+              f"{why['failed']}; already in the store {why['present']}; most blocks held at once {peak}",
+              file=sys.stderr)
+        out.update({f"replay_racks.r{n}.push_{k}_blocks": v for k, v in why.items()})
+        out[f"replay_racks.r{n}.hold_peak_blocks"] = peak
     out["replay_racks.requests"] = len(reqs)
     out["replay_racks.capacity_blocks"] = a.capacity_blocks
     out["replay_racks.block_bytes"] = a.block_bytes
     out["replay_racks.segment_mib"] = a.segment_mib
+    out["replay_racks.hold_blocks"] = a.hold_blocks if a.hold_blocks is not None else -1
     out["replay_racks.distinct_blocks"] = len({h for hs, _ in reqs for h in hs})
     out["replay_racks.netns"] = int(shared["mode"] == "netns+veth")
     out["replay_racks.seconds"] = time.monotonic() - t0
