@@ -170,3 +170,46 @@ def test_blocks_past_a_full_queue_are_counted_as_queue_full_and_held_ones_stay_h
     assert st["remote_pushed_blocks"] == 6 and st["remote_held_blocks"] == 0, st
     assert sorted(fake.objects) == sorted(tier.name(k) for k in keys[:6])
     tier.close()
+
+
+def _hold_then_hang(uri, keys, q):
+    """In another process: a tier of node 1 holds ``keys`` for a push that
+    never ends (its store never answers), says its consumer id, then waits
+    to be killed."""
+    pool = cxlkv.Pool(uri)
+    fake = _StandInStore()
+    fake.gate.clear()
+    cfg = remote.RemoteConfig(master="127.0.0.1:9", timeout_s=0.5, retry_s=3600, close_drain_s=0, hold_ttl_s=600)
+    tier = remote.RemoteTier(pool, 1, cfg)
+    tier._client = fake
+    tier._recovered()
+    store = cxlkv.KvStore(pool, 1, remote=tier)
+    store.put(keys, [np.full(4096, i, np.uint8) for i in range(len(keys))])
+    end = time.monotonic() + 30
+    while tier.stats()["remote_held_blocks"] < len(keys) and time.monotonic() < end:
+        time.sleep(0.01)
+    q.put((tier._consumer, tier.stats()["remote_held_blocks"]))
+    time.sleep(600)
+
+
+def test_holds_of_a_process_killed_mid_push_end_with_it(env):
+    # docs/remote.md "Holding a block until its push": a hold is a lease for
+    # the tier's node, so it ends when that node dies (docs/coherence.md
+    # "Liveness"), long before its time to live (600 s here).
+    import multiprocessing as mp
+    import os
+    import signal
+    keys = cxlkv.block_keys(np.arange(8 * 16, dtype=np.int64), 16, extras=b"killed-holder")
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    p = ctx.Process(target=_hold_then_hang, args=(env.uri, keys, q))
+    p.start()
+    try:
+        consumer, held = q.get(timeout=120)
+    finally:
+        os.kill(p.pid, signal.SIGKILL)
+        p.join(30)
+    assert held == len(keys)
+    other = env.store(2, remote=False)
+    st = other.lease_release(keys, consumer)
+    assert (st == -errno.ETIMEDOUT).all(), st  # ended, by its node's death (a live hold answers 0)
