@@ -387,15 +387,20 @@ class RemoteTier:
         """Whether lookups ask Mooncake (False while degraded)."""
         return self._up
 
-    def _count(self, name, v=1):
+    def _count(self, name, v=1, also=None):
+        """Add ``v`` to counter ``name`` (and to ``also`` in the same step,
+        so that stats() never sees one without the other)."""
+        names = (name,) if also is None else (name, also)
         with self._lock:
-            self.counters[name] += v
-        if self.metrics is not None:
-            self.metrics.inc_remote(name, v)
-        if v and name in POOL_COUNTERS and self._ctr_h:
-            with self._ctr_lock:
-                if self._ctr_h:  # None once closed: later counts reach the process's metrics only
-                    _lib.lib().cxlkv_kv_remote_count(self._ctr_h, name[len("remote_"):].encode(), int(v))
+            for n in names:
+                self.counters[n] += v
+        for n in names:
+            if self.metrics is not None:
+                self.metrics.inc_remote(n, v)
+            if v and n in POOL_COUNTERS and self._ctr_h:
+                with self._ctr_lock:
+                    if self._ctr_h:  # None once closed: later counts reach the process's metrics only
+                        _lib.lib().cxlkv_kv_remote_count(self._ctr_h, n[len("remote_"):].encode(), int(v))
 
     def _fetch_failed(self, name, v=1):
         """Count ``name`` (an error, a timeout, refused blocks) on the lookup path."""
@@ -558,8 +563,7 @@ class RemoteTier:
     def _dropped(self, reason, n):
         """Count ``n`` published blocks not pushed, and why (_DROP_REASONS)."""
         if n:
-            self._count("remote_push_dropped_blocks", n)
-            self._count(_DROP_REASONS[reason], n)
+            self._count("remote_push_dropped_blocks", n, also=_DROP_REASONS[reason])
 
     def flush(self, timeout=30.0):
         """Wait until every queued block was pushed or dropped (tests, benchmarks)."""
@@ -624,9 +628,11 @@ class RemoteTier:
                         gone += 1
                 self._ready.extend(e for e in batch if e is not None)
                 self.hold_peak = max(self.hold_peak, len(self._held_keys))
+                # Counted before the batch stops being in hand, so that a
+                # flush() that returns has every block counted.
+                self._dropped("evicted", gone)
                 self._holding = False
                 self._qcv.notify_all()
-            self._dropped("evicted", gone)
 
     def _hold_room(self):
         """How many queued blocks the holder may take now (caller holds _qcv):
