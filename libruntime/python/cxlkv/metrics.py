@@ -169,6 +169,12 @@ class Metrics:
                         f"{name}{{{lab}}} {v}" if lab else f"{name} {v}"]
         return "\n".join(out) + "\n"
 
+    def counters_total(self):
+        """The sum of every counter: it moves whenever one does (for a writer
+        that rewrites its textfile only after a change)."""
+        with self._lock:
+            return sum(self.counters.values())
+
     def write_textfile(self, path):
         """Write :meth:`exposition` to ``path`` whole (a temporary file renamed
         over it), for a Prometheus node exporter's textfile collector or a

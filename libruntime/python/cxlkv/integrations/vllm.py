@@ -239,6 +239,24 @@ class CxlkvConnectorImpl:
         if n & (n - 1) == 0:
             log.warning("%s%s", msg, f" ({n} times)" if n > 1 else "")
 
+    # The scheduler's counters (lookups, remote hits) reach its textfile
+    # while it runs, not only at shutdown: vLLM kills an engine core whose
+    # shutdown outlasts its grace period.  A step writes the file when they
+    # changed, at most every _METRICS_EVERY_S (a few writes a second at
+    # most, each a small file renamed over the last).
+    _METRICS_EVERY_S = 0.05
+
+    def _write_metrics_every(self):
+        if not self._textfile:
+            return
+        now = time.monotonic()
+        if now - getattr(self, "_metrics_at", -1e9) < self._METRICS_EVERY_S:
+            return
+        total = self.metrics.counters_total()
+        if total != getattr(self, "_metrics_total", None):
+            self._metrics_at, self._metrics_total = now, total
+            self._write_metrics()
+
     def _write_metrics(self):
         if self._textfile:
             try:
@@ -338,6 +356,7 @@ class CxlkvConnectorImpl:
         meta = CxlkvConnectorMetadata(loads=self._loads)
         self._loads = []
         self._steps += 1
+        self._write_metrics_every()
         # Loads planned load_pin_steps plans ago have run: their pins go.
         if self._load_pins:
             self._unpin_loads(before_step=self._steps - self.load_pin_steps + 1)
