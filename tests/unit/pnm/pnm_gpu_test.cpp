@@ -83,57 +83,92 @@ TEST(PnmGpuDigest, KernelEqualsItsReferenceOnAGpu) {
   }
 }
 
+namespace {
+
+// Two contexts of geometry g on a two-host NonCoherentSim pool: context 1
+// gets n1 tokens through append_gpu (the stand-in library, whose "device"
+// memory is host memory) and then n2 on the CPU, context 2 the same K/V all
+// on the CPU; a and b are host 1's read handles of the two.
+struct GpuCpuPair {
+  GpuCpuPair(const Geometry& g, uint32_t n1, uint32_t n2, uint64_t seed)
+      : pool(32ull << 20, 2, 0.05), n(n1 + n2), error(setup(g, n1, n2, seed)) {}
+  // "" or what failed.
+  std::string setup(const Geometry& g, uint32_t n1, uint32_t n2, uint64_t seed) {
+    StoreOptions so;
+    so.carve_bytes = 8ull << 20;
+    auto w = ContextStore::open(pool.host(0), so);
+    so.writer = false;
+    auto r = ContextStore::open(pool.host(1), so);
+    if (!w.ok() || !r.ok()) return "stores";
+    ws = std::move(*w);
+    rs = std::move(*r);
+    auto lib = gpu::CudaLibrary::cpu_reference();
+    auto g_or = gpu::GpuPool::open(lib, pool.base(), pool.bytes);
+    if (!g_or.ok()) return g_or.error().message();
+    gp = std::move(*g_or);
+    auto from_gpu = ws->create(1, g);
+    auto from_cpu = ws->create(2, g);
+    if (!from_gpu.ok() || !from_cpu.ok()) return "create";
+    gw = std::move(*from_gpu);
+    cw = std::move(*from_cpu);
+    std::mt19937_64 rng(seed);
+    const size_t lh = size_t(g.layers) * g.kv_heads;
+    k1 = random_tensor(g.dtype, lh * n1 * g.head_dim, rng);
+    v1 = random_tensor(g.dtype, k1.vals.size(), rng);
+    Tensor k2 = random_tensor(g.dtype, lh * n2 * g.head_dim, rng), v2 = random_tensor(g.dtype, k2.vals.size(), rng);
+    auto ga = gw->append_gpu(*gp, reinterpret_cast<uint64_t>(k1.bytes.data()),
+                             reinterpret_cast<uint64_t>(v1.bytes.data()), n1);
+    if (!ga.ok()) return ga.error().message();
+    if (!gw->append(k2.data(), v2.data(), n2).ok() || !cw->append(k1.data(), v1.data(), n1).ok() ||
+        !cw->append(k2.data(), v2.data(), n2).ok())
+      return "CPU append";
+    auto fa = rs->find(1);
+    auto fb = rs->find(2);
+    if (!fa.ok() || !fb.ok()) return "find";
+    a = std::move(*fa);
+    b = std::move(*fb);
+    return "";
+  }
+  SharedPool pool;
+  uint64_t n;
+  std::unique_ptr<ContextStore> ws, rs;
+  std::unique_ptr<gpu::GpuPool> gp;
+  std::unique_ptr<Context> gw, cw, a, b;
+  Tensor k1, v1;
+  std::string error;  // last: setup() fills the members above first
+};
+
+}  // namespace
+
 TEST(PnmGpuAppend, PagesAndGpuDigestsReachAnotherHostLikeACpuAppend) {
-  SharedPool pool(32ull << 20, 2, 0.05);
-  StoreOptions so;
-  so.carve_bytes = 8ull << 20;
-  auto ws = ContextStore::open(pool.host(0), so);
-  so.writer = false;
-  auto rs = ContextStore::open(pool.host(1), so);
-  ASSERT_TRUE(ws.ok() && rs.ok());
   const Geometry g{2, 2, 24, Dtype::bf16, 16, 256};
-  auto lib = gpu::CudaLibrary::cpu_reference();
-  auto gp = gpu::GpuPool::open(lib, pool.base(), pool.bytes);
-  ASSERT_TRUE(gp.ok()) << gp.error().message();
-  auto from_gpu = (*ws)->create(1, g);
-  auto from_cpu = (*ws)->create(2, g);
-  ASSERT_TRUE(from_gpu.ok() && from_cpu.ok());
-  std::mt19937_64 rng(3);
   const uint32_t n1 = 40, n2 = 9;  // a GPU batch ending in a partial page, then CPU appends
-  Tensor k1 = random_tensor(g.dtype, size_t(4) * n1 * 24, rng), v1 = random_tensor(g.dtype, k1.vals.size(), rng);
-  Tensor k2 = random_tensor(g.dtype, size_t(4) * n2 * 24, rng), v2 = random_tensor(g.dtype, k2.vals.size(), rng);
-  // "Device" memory of the stand-in library is host memory.
-  auto r = (*from_gpu)->append_gpu(**gp, reinterpret_cast<uint64_t>(k1.bytes.data()),
-                                   reinterpret_cast<uint64_t>(v1.bytes.data()), n1);
-  ASSERT_TRUE(r.ok()) << r.error().message();
-  ASSERT_TRUE((*from_gpu)->append(k2.data(), v2.data(), n2).ok());
-  ASSERT_TRUE((*from_cpu)->append(k1.data(), v1.data(), n1).ok());
-  ASSERT_TRUE((*from_cpu)->append(k2.data(), v2.data(), n2).ok());
-  auto a = (*rs)->find(1);
-  auto b = (*rs)->find(2);
-  ASSERT_TRUE(a.ok() && b.ok());
-  ASSERT_EQ(uint64_t(n1 + n2), (*a)->tokens());
-  const uint32_t np = (*a)->pages_for(n1 + n2);
+  GpuCpuPair t(g, n1, n2, 3);
+  ASSERT_TRUE(t.error.empty()) << t.error;
+  auto& a = t.a;
+  auto& b = t.b;
+  ASSERT_EQ(uint64_t(n1 + n2), a->tokens());
+  const uint32_t np = a->pages_for(n1 + n2);
   std::vector<uint64_t> ta(np), tb(np);
-  ASSERT_TRUE((*a)->read_page_table(0, np, ta.data()).ok());
-  ASSERT_TRUE((*b)->read_page_table(0, np, tb.data()).ok());
+  ASSERT_TRUE(a->read_page_table(0, np, ta.data()).ok());
+  ASSERT_TRUE(b->read_page_table(0, np, tb.data()).ok());
   std::vector<unsigned char> da(np * 2 * 24 * 2), db(da.size()), ra(16 * 24 * 2), rb(ra.size());
   for (uint32_t l = 0; l < 2; l++)
     for (uint32_t h = 0; h < 2; h++) {
-      ASSERT_TRUE((*a)->read_digests(l, h, 0, np, da.data()).ok());
-      ASSERT_TRUE((*b)->read_digests(l, h, 0, np, db.data()).ok());
+      ASSERT_TRUE(a->read_digests(l, h, 0, np, da.data()).ok());
+      ASSERT_TRUE(b->read_digests(l, h, 0, np, db.data()).ok());
       EXPECT_EQ(db, da) << "layer " << l << " head " << h;
       for (uint32_t p = 0; p < np; p++)
         for (uint32_t kv = 0; kv < 2; kv++) {
           const uint32_t nt = std::min<uint32_t>(16, n1 + n2 - p * 16);
-          ASSERT_TRUE((*a)->read_rows(ta[p], l, kv, h, nt, ra.data()).ok());
-          ASSERT_TRUE((*b)->read_rows(tb[p], l, kv, h, nt, rb.data()).ok());
+          ASSERT_TRUE(a->read_rows(ta[p], l, kv, h, nt, ra.data()).ok());
+          ASSERT_TRUE(b->read_rows(tb[p], l, kv, h, nt, rb.data()).ok());
           EXPECT_EQ(0, std::memcmp(ra.data(), rb.data(), nt * 48)) << "page " << p;
         }
     }
   // Only at a page boundary.
-  auto again = (*from_gpu)->append_gpu(**gp, reinterpret_cast<uint64_t>(k1.bytes.data()),
-                                       reinterpret_cast<uint64_t>(v1.bytes.data()), 16);
+  auto again = t.gw->append_gpu(*t.gp, reinterpret_cast<uint64_t>(t.k1.bytes.data()),
+                                reinterpret_cast<uint64_t>(t.v1.bytes.data()), 16);
   EXPECT_EQ(-EINVAL, again.error().code());
 }
 
@@ -148,57 +183,36 @@ TEST(PnmGpuAppend, EveryDigestKindGetsTheRowsAndSelectionOfACpuAppend) {
   };
   for (const Kind kind : {Kind{DigestKind::q8, 1}, Kind{DigestKind::q8, 4}, Kind{DigestKind::minmax, 4}}) {
     SCOPED_TRACE(std::string(to_string(kind.digest)) + " groups " + std::to_string(kind.group_pages));
-    SharedPool pool(32ull << 20, 2, 0.05);
-    StoreOptions so;
-    so.carve_bytes = 8ull << 20;
-    auto ws = ContextStore::open(pool.host(0), so);
-    so.writer = false;
-    auto rs = ContextStore::open(pool.host(1), so);
-    ASSERT_TRUE(ws.ok() && rs.ok());
     const Geometry g{2, 2, 24, Dtype::bf16, 16, 512, kind.digest, kind.group_pages};
-    auto lib = gpu::CudaLibrary::cpu_reference();
-    auto gp = gpu::GpuPool::open(lib, pool.base(), pool.bytes);
-    ASSERT_TRUE(gp.ok()) << gp.error().message();
-    auto from_gpu = (*ws)->create(1, g);
-    auto from_cpu = (*ws)->create(2, g);
-    ASSERT_TRUE(from_gpu.ok() && from_cpu.ok());
-    std::mt19937_64 rng(5);
-    const uint32_t n1 = 160, n2 = 37;  // ten pages from the GPU, then CPU appends ending in a partial page
-    Tensor k1 = random_tensor(g.dtype, size_t(4) * n1 * 24, rng), v1 = random_tensor(g.dtype, k1.vals.size(), rng);
-    Tensor k2 = random_tensor(g.dtype, size_t(4) * n2 * 24, rng), v2 = random_tensor(g.dtype, k2.vals.size(), rng);
-    auto r = (*from_gpu)->append_gpu(**gp, reinterpret_cast<uint64_t>(k1.bytes.data()),
-                                     reinterpret_cast<uint64_t>(v1.bytes.data()), n1);
-    ASSERT_TRUE(r.ok()) << r.error().message();
-    ASSERT_TRUE((*from_gpu)->append(k2.data(), v2.data(), n2).ok());
-    ASSERT_TRUE((*from_cpu)->append(k1.data(), v1.data(), n1).ok());
-    ASSERT_TRUE((*from_cpu)->append(k2.data(), v2.data(), n2).ok());
-    auto a = (*rs)->find(1);
-    auto b = (*rs)->find(2);
-    ASSERT_TRUE(a.ok() && b.ok());
-    const uint64_t n = n1 + n2;
-    const uint32_t np = (*a)->pages_for(n), ng = (*a)->groups_for(n);
+    // Ten pages from the GPU, then CPU appends ending in a partial page.
+    GpuCpuPair t(g, 160, 37, 5);
+    ASSERT_TRUE(t.error.empty()) << t.error;
+    auto& a = t.a;
+    auto& b = t.b;
+    const uint32_t np = a->pages_for(t.n), ng = a->groups_for(t.n);
     EXPECT_EQ(kind.group_pages > 1 ? (np + 3) / 4 : 0u, ng);
-    std::vector<unsigned char> da(np * (*a)->digest_row_bytes()), db(da.size());
-    std::vector<unsigned char> ga(ng * (*a)->digest_row_bytes()), gb(ga.size());
+    std::vector<unsigned char> da(np * a->digest_row_bytes()), db(da.size());
+    std::vector<unsigned char> ga(ng * a->digest_row_bytes()), gb(ga.size());
     for (uint32_t l = 0; l < 2; l++)
       for (uint32_t h = 0; h < 2; h++) {
-        ASSERT_TRUE((*a)->read_digests(l, h, 0, np, da.data()).ok());
-        ASSERT_TRUE((*b)->read_digests(l, h, 0, np, db.data()).ok());
+        ASSERT_TRUE(a->read_digests(l, h, 0, np, da.data()).ok());
+        ASSERT_TRUE(b->read_digests(l, h, 0, np, db.data()).ok());
         EXPECT_EQ(db, da) << "page rows of layer " << l << " head " << h;
         if (ng) {
-          ASSERT_TRUE((*a)->read_group_digests(l, h, 0, ng, ga.data()).ok());
-          ASSERT_TRUE((*b)->read_group_digests(l, h, 0, ng, gb.data()).ok());
+          ASSERT_TRUE(a->read_group_digests(l, h, 0, ng, ga.data()).ok());
+          ASSERT_TRUE(b->read_group_digests(l, h, 0, ng, gb.data()).ok());
           EXPECT_EQ(gb, ga) << "group rows of layer " << l << " head " << h;
         }
       }
-    std::vector<float> q(size_t(2) * 4 * 24);
+    std::mt19937_64 rng(6);
     std::normal_distribution<float> nd;
+    std::vector<float> q(size_t(2) * 4 * 24);
     for (float& x : q) x = nd(rng);
     SelectOptions o;
     o.token_budget = 48;
     o.refine_pages = 8;  // two levels: two groups' pages read, chosen by the group rows
-    auto sa = select_pages(**a, q, 4, n, o);
-    auto sb = select_pages(**b, q, 4, n, o);
+    auto sa = select_pages(*a, q, 4, t.n, o);
+    auto sb = select_pages(*b, q, 4, t.n, o);
     ASSERT_TRUE(sa.ok() && sb.ok()) << (sa.ok() ? sb.error().message() : sa.error().message());
     EXPECT_EQ(sb->pages, sa->pages);
     EXPECT_EQ(sb->digest_bytes, sa->digest_bytes);
