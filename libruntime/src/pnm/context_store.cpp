@@ -366,9 +366,10 @@ void ContextStore::stats(cxlkv_pnm_part_stats* out) const {
 Result<uint64_t> ContextStore::heap_alloc(uint64_t bytes) {
   bytes = align_up(bytes, kAlign);
   if (bytes > heap_end_ - heap_next_)
-    return Error(-ENOSPC, "pool " + region_->uri() + ": pnm partition " + std::to_string(opts_.partition) +
-                              ": " + std::to_string(bytes) + " bytes asked, " +
-                              std::to_string(heap_end_ - heap_next_) + " left");
+    // Every caller's message names the pool and the context first.
+    return Error(-ENOSPC, "pnm partition " + std::to_string(opts_.partition) + " is full: " +
+                              std::to_string(bytes) + " bytes asked, " + std::to_string(heap_end_ - heap_next_) +
+                              " left");
   const uint64_t off = part_off(opts_.partition) + heap_next_;
   heap_next_ += bytes;
   return off;
