@@ -120,9 +120,14 @@ def test_plain_lmcache_shares_one_servers_l1_between_two_engines(model, tmp_path
     L1 hits and its outputs equal the oracle's."""
     with lmcache_server(tmp_path, "server", chunk_size=CHUNK) as srv:
         a = _engine(tmp_path, "a", model, srv)
-        assert srv.metric(HIT) == 0, "engine A hit in an empty LMCache"
+        # A's own prompts can hit only the prefix they share, and only when
+        # vLLM scheduled one of them after another's store (timing): in an
+        # empty server nothing else is there to hit.
+        before = [srv.metric(m) for m in (HIT, HIT_L1, HIT_L2)]
+        shared = 2 * CHUNK
+        assert before[0] in [k * shared for k in range(len(PROMPTS))], f"engine A hit {before[0]} tokens"
         b = _engine(tmp_path, "b", model, srv)
-        hit, l1, l2 = (srv.metric(m) for m in (HIT, HIT_L1, HIT_L2))
+        hit, l1, l2 = (srv.metric(m) - x for m, x in zip((HIT, HIT_L1, HIT_L2), before))
     same_outputs(a["rounds"][0], oracle["rounds"][0], what="engine A")
     same_outputs(b["rounds"][0], oracle["rounds"][1], what="engine B (loads from the server's L1)")
-    assert hit == l1 == FULL * len(PROMPTS) and l2 == 0, f"hit {hit} (L1 {l1}, L2 {l2})"
+    assert hit == l1 == FULL * len(PROMPTS) and l2 == 0, f"B's hits {hit} (L1 {l1}, L2 {l2})"
