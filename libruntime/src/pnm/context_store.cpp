@@ -56,16 +56,29 @@ uint32_t effective_group_pages(const Geometry& g) {
   return pages >= kAutoGroupMinPages ? kAutoGroupPages : 0;
 }
 
-uint64_t digest_area_bytes(const Geometry& g) {
+namespace {
+
+// The layout fields of a descriptor for geometry g with its group size
+// settled (group_pages: 0 one level): one mapping for create() and for
+// digest_area_bytes().
+cxlkv_pnm_ctx layout_of(const Geometry& g, uint32_t group_pages) {
   cxlkv_pnm_ctx c{};
   c.layers = static_cast<uint16_t>(g.layers);
   c.kv_heads = static_cast<uint16_t>(g.kv_heads);
   c.head_dim = static_cast<uint16_t>(g.head_dim);
+  c.page_tokens = static_cast<uint16_t>(g.page_tokens);
   c.dtype = static_cast<uint32_t>(g.dtype);
   c.max_pages = g.page_tokens ? static_cast<uint32_t>((g.max_tokens + g.page_tokens - 1) / g.page_tokens) : 0;
+  c.page_bytes = cxlkv_pnm_page_bytes(&c);
   c.digest = static_cast<uint8_t>(g.digest);
-  const uint32_t gp = effective_group_pages(g);
-  c.group_log2 = gp ? static_cast<uint8_t>(__builtin_ctz(gp)) : 0;
+  c.group_log2 = group_pages ? static_cast<uint8_t>(__builtin_ctz(group_pages)) : 0;
+  return c;
+}
+
+}  // namespace
+
+uint64_t digest_area_bytes(const Geometry& g) {
+  const cxlkv_pnm_ctx c = layout_of(g, effective_group_pages(g));
   return cxlkv_pnm_digest_area_bytes(&c);
 }
 
@@ -423,18 +436,9 @@ Result<std::unique_ptr<Context>> ContextStore::create(uint64_t request_id, const
     return Error(-ENOSPC, C + "partition " + std::to_string(opts_.partition) + " has no free slot (" +
                               std::to_string(slots_) + " in use)");
 
-  cxlkv_pnm_ctx c{};
+  cxlkv_pnm_ctx c = layout_of(g, g.group_pages);  // g.group_pages is settled above
   c.request_id = request_id;
   c.state = CXLKV_PNM_LIVE;
-  c.layers = static_cast<uint16_t>(g.layers);
-  c.kv_heads = static_cast<uint16_t>(g.kv_heads);
-  c.head_dim = static_cast<uint16_t>(g.head_dim);
-  c.page_tokens = static_cast<uint16_t>(g.page_tokens);
-  c.dtype = static_cast<uint32_t>(g.dtype);
-  c.max_pages = static_cast<uint32_t>(max_pages);
-  c.page_bytes = cxlkv_pnm_page_bytes(&c);
-  c.digest = static_cast<uint8_t>(g.digest);
-  c.group_log2 = g.group_pages ? static_cast<uint8_t>(__builtin_ctz(g.group_pages)) : 0;
   const uint64_t saved_next = heap_next_;
   auto pt = heap_alloc(max_pages * 8);
   if (!pt.ok()) return Error(-ENOSPC, C + pt.error().message());
