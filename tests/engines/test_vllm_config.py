@@ -168,6 +168,51 @@ def test_mla_cache_round_trips_and_kv_sharing_layers_are_stored_once(env):
         assert torch.equal(x[0], y[1]) and torch.equal(x[5], y[2])
 
 
+def test_the_raw_baseline_times_the_same_blocks_and_leaves_the_engines_kv_alone(env):
+    """kv_connector_extra_config raw_baseline (a benchmark's baseline): the
+    raw copies of a step's saved and loaded blocks are counted beside the
+    connector's, the loaded blocks hold the pool's bytes (the raw reads go
+    to a mirror, never to the engine's blocks), the saves publish as
+    without it, the saves skip blocks the worker just loaded, and its
+    scratch pool is gone after shutdown."""
+    spec = _attn()
+    views = _views(spec, "LBHNC", seed=11)
+    vc = _vllm_config(env.uri)
+    vc.kv_transfer_config.kv_connector_extra_config["raw_baseline"] = True
+    c = cv.CxlkvConnector(vc, KVConnectorRole.WORKER, _kvcc(spec))
+    try:
+        c.register_kv_caches(views)
+        scratch = c._raw.path
+        assert os.path.exists(scratch)
+        h = [bytes([0x40 + i]) * 32 for i in range(6)]
+        for step in range(2):  # raw copies before the save on one step, after it on the next
+            c._meta = cv.CxlkvConnectorMetadata(saves=[cv._Transfer("r", h[3 * step:3 * step + 3],
+                                                                     [3 * step, 3 * step + 1, 3 * step + 2],
+                                                                     h[2] if step else None)])
+            c.wait_for_save()
+        m = c.metrics
+        assert m.counter("cxlkv_client_stored_blocks_total") == 6
+        assert m.counter("cxlkv_client_raw_save_blocks_total") == 6 and m.counter("cxlkv_client_raw_save_seconds_total") > 0
+        # Load them into another cache's blocks: the pool's bytes land there.
+        other = _views(spec, "LBHNC", seed=12)
+        c.register_kv_caches(other)
+        c.bind_connector_metadata(cv.CxlkvConnectorMetadata(loads=[cv._Transfer("q", h, [5, 4, 3, 2, 1, 0])]))
+        c.start_load_kv(None)
+        c._meta = None
+        assert m.counter("cxlkv_client_loaded_blocks_total") == 6
+        assert m.counter("cxlkv_client_raw_load_blocks_total") == 6 and m.counter("cxlkv_client_raw_load_seconds_total") > 0
+        for name in views:
+            for a, b in zip(range(6), [5, 4, 3, 2, 1, 0]):
+                assert torch.equal(_logical_block(views[name], a), _logical_block(other[name], b)), (name, a)
+        # A block just loaded is known to be in the pool: a save of it sends nothing.
+        c._meta = cv.CxlkvConnectorMetadata(saves=[cv._Transfer("q", h, [5, 4, 3, 2, 1, 0])])
+        c.wait_for_save()
+        assert m.counter("cxlkv_client_stored_blocks_total") == 6 and m.counter("cxlkv_client_raw_save_blocks_total") == 6
+    finally:
+        c.shutdown()
+    assert not os.path.exists(scratch)
+
+
 def test_a_cache_that_does_not_split_into_blocks_is_refused_naming_the_layer():
     with pytest.raises(ValueError, match="model.layers.0.attn"):
         cv.paged_kv_of({"model.layers.0.attn": torch.zeros(4, 2, 24, 128)}, BS)
@@ -200,8 +245,7 @@ def test_a_worker_saves_a_prefix_it_saw_in_the_pool_once_and_puts_a_chain_whole_
         assert (b2 - b1, s2 - s1) == (block, 1)
         # A remembered block the pool no longer has (as if evicted): the
         # trimmed chain's put finds no parent, and the chain goes whole.
-        ghost = cxlkv.keys_from_hashes([b"\xee" * 32], c._ns)[0]
-        c._in_pool[ghost.tobytes()] = None
+        c._in_pool[b"\xee" * 32] = None
         b3, s3 = save(cv._Transfer("r3", [b"\xee" * 32, h[5]], [4, 5]))
         assert (b3 - b2, s3 - s2) == (2 * block, 2)
         keys = cxlkv.keys_from_hashes(h[:4] + [b"\xee" * 32, h[5]], c._ns)

@@ -12,14 +12,19 @@ in order; the last drops vLLM's own prefix cache first), ``ready_file``
 (written when the engine is up), ``go_file`` (waited for before the first
 round), ``hold_file`` (after OUT is written, the engine stays up until this
 file exists, at most ``hold_s`` seconds: work the connector does in the
-background, such as the remote tier's push, goes on meanwhile).
+background, such as the remote tier's push, goes on meanwhile),
+``snapshot_glob`` (files matching it, e.g. the connector's metrics
+textfiles, are copied to ``FILE.roundI`` after round I: a benchmark takes
+the counters of the rounds after a warm-up one as differences).
 
 OUT: per round the greedy tokens and their log-probabilities of every
 prompt, the round's wall time and (one_by_one) each request's time to first
 token; the engine's start-up time; vLLM's preemption count.
 """
+import glob
 import json
 import os
+import shutil
 import sys
 import time
 
@@ -92,6 +97,10 @@ def main(spec_path, out_path):
         else:
             results = llm.generate(prompts, sp, use_tqdm=False)
         out["round_s"].append(time.perf_counter() - t)
+        if spec.get("snapshot_glob"):
+            for path in glob.glob(spec["snapshot_glob"]):
+                if ".round" not in os.path.basename(path):
+                    shutil.copyfile(path, f"{path}.round{len(out['round_s']) - 1}")
         out["ttft_s"].append(ttft)
         out["rounds"].append([dict(tokens=list(r.outputs[0].token_ids),
                                    logprobs=[lp[tok].logprob for lp, tok in zip(r.outputs[0].logprobs,

@@ -135,6 +135,45 @@ def test_put_chains_puts_every_chain_of_a_step_in_one_call(env):
     assert len(kv.put_chains(keys[:0], [], [], [])) == 0
 
 
+@pytest.mark.parametrize("src_name", ["vllm", "sglang"])
+def test_engine_step_calls_put_and_get_by_the_engines_hashes(env, src_name):
+    """put_engine_chains / get_engine (one C call each: keys from the
+    engine's hashes, chunk lists from the layout) store what put_chains of
+    keys_from_hashes stores, under the same keys, and read it back into any
+    layout; hashes of every kind, None parents, bad ids refused."""
+    layers, blocks, tokens, heads, head = 2, 6, 8, 2, 16  # _read_block's 6 blocks
+    ref, lay = _layouts(layers, blocks, tokens, heads, head, torch.float32)
+    kv = env.store()
+    src = lay[src_name][0]
+    hs = [b"h0", b"h1", b"h2", 7, "h4"]  # bytes, an int, a str: the encodings of keys_from_hashes
+    st = kv.put_engine_chains(b"ns", hs, [3, 2], [None, b"h1"], src, [5, 1, 4, 0, 2])
+    assert list(st) == [cxlkv.RESERVED] * 5
+    keys = cxlkv.keys_from_hashes(hs, b"ns")
+    assert kv.lookup(keys[:2]) == 2 and kv.lookup(np.concatenate([keys[:2], keys[3:]])) == 4  # 7 below h1
+    assert list(kv.put_engine_chains(b"ns", hs[:3], [3], [None], src, [5, 1, 4])) == [cxlkv.EXISTS] * 3
+    for name, (dst, raw) in _layouts(layers, blocks, tokens, heads, head, torch.float32)[1].items():
+        for t in (raw if isinstance(raw, (list, tuple)) else [raw]):
+            for x in (t if isinstance(t, list) else [t]):
+                x.zero_()
+        st = kv.get_engine(b"ns", hs + [b"not cached"], dst, [0, 1, 2, 3, 4, 5])
+        assert list(st) == [cxlkv.RESERVED] * 5 + [cxlkv.MISS], name
+        for d, s in zip(range(5), [5, 1, 4, 0, 2]):
+            assert torch.equal(_read_block(name, raw, d, layers), ref[s]), (name, d)
+    # The same keys as the key-based calls: a get by key finds them.
+    out = _layouts(layers, blocks, tokens, heads, head, torch.float32)[1][src_name][0]
+    assert cxlkv.get_ok(kv.get(keys, out, [5, 4, 3, 2, 1])).all()
+    assert (kv.get_engine(b"other ns", hs[:1], out, [0]) == cxlkv.MISS).all()
+    with pytest.raises(cxlkv.CxlkvError, match="out of range"):
+        kv.get_engine(b"ns", hs[:1], out, [blocks])
+    with pytest.raises(ValueError, match="block ids"):
+        kv.put_engine_chains(b"ns", hs[:2], [2], [None], src, [0])
+    with pytest.raises(ValueError, match="parents"):
+        kv.put_engine_chains(b"ns", hs[:2], [2], [None, None], src, [0, 1])
+    with pytest.raises(cxlkv.CxlkvError, match="chain lengths"):
+        kv.put_engine_chains(b"ns", hs[:2], [3], [None], src, [0, 1])
+    assert len(kv.get_engine(b"ns", [], out, [])) == 0
+
+
 def test_put_get_numpy_buffers_and_statuses(env):
     kv = env.store()
     keys = cxlkv.block_keys(np.arange(8 * 16), 16)

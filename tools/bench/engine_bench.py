@@ -20,8 +20,9 @@ serves them again: only an external cache can help B).
                     [--arms LIST] [--connector-only]
 
 ``--connector-only`` runs just what the connector figures below need: engines
-A and B of the cxlkv arm's two_engines scope and the raw copies (minutes, not
-the whole group).
+A (saves every prompt) and B (loads them) for the tiny and the wide model,
+with the connector's ``raw_baseline`` on, and the raw copies alone (minutes,
+not the whole group).
 
 The trace (default ../shared/traces/synthetic_trace.jsonl beside the
 repository, CXLKV_TRACE) is read, not copied: requests that share their first
@@ -39,8 +40,14 @@ Merges into the results file (one flat JSON object), per ARM and SCOPE
                                       the connector's whole load / save calls per block
   engine.raw.scatter_read_us_per_block, engine.raw.gather_write_us_per_block
                                       cxlkv_scatter_read / cxlkv_gather_write of the same
-                                      blocks (same geometry, chunk lists) in the same run
+                                      blocks (their chunk lists, one call a block) timed in
+                                      the engine process beside each load / save (the
+                                      connector's raw_baseline option)
   engine.cxlkv.load_vs_raw, engine.cxlkv.save_vs_raw   (target <= 1.5)
+  engine.raw_alone.*, engine.cxlkv.{load,save}_vs_raw_alone
+                                      the raw copies of as many blocks of the same geometry
+                                      timed alone in the bench process (best of 5, warm), and
+                                      the connector against them
   engine.cxlkv.block_bytes            the tiny model's KV block (2 layers, 2 KV heads of 64: 64 KiB)
   engine.wide.*                       the same connector figures and raw copies for the same
                                       model with a KV block as large as a real model's (4
@@ -148,32 +155,54 @@ def run_arm(work, model, arm, scope, prompts, uri, nodes):
 
 def connector_engines(work, model, prompts, uri, nodes, tag="two_engines", kv_cache_bytes=256 << 20):
     """Engines A (saves every prompt) and B (loads them, one request at a
-    time) of the cxlkv arm's two_engines scope, as run_arm runs them: the
-    connector's own figures come from their metrics files."""
+    time), each after a warm-up round of other prompts (the measured
+    prompts' tokens reversed: the same sharing, other blocks), so that the
+    figures are a running engine's, not its first calls' (a process's
+    first stripe-lock grants and pool mappings, docs/locks.md "Two tiers
+    and sticky grants").  The connector's own figures come from their
+    metrics files, the counters after the warm-up round less those after
+    it (``.round0`` snapshots)."""
     kw = dict(max_model_len=2048, kv_cache_bytes=kv_cache_bytes, max_num_seqs=8)
+    warm = [list(reversed(p)) for p in prompts]
 
     def engine_spec(rounds, node):
-        return spec(model, rounds, connector(uri, node, metrics_textfile=os.path.join(
+        s = spec(model, rounds, connector(uri, node, raw_baseline=True, metrics_textfile=os.path.join(
             work, f"{tag}-{node}-{{role}}-{{rank}}.prom")), prefix_caching=False, **kw)
-    run_engine(work, f"cxlkv-{tag}-A", engine_spec([dict(prompts=prompts, max_tokens=8)], nodes[0]))
-    run_engine(work, f"cxlkv-{tag}-B", engine_spec([dict(prompts=prompts, max_tokens=8, one_by_one=True)],
-                                                   nodes[1]))
+        s["snapshot_glob"] = os.path.join(work, f"{tag}-{node}-*.prom")
+        return s
+    run_engine(work, f"cxlkv-{tag}-A", engine_spec([dict(prompts=warm, max_tokens=8),
+                                                     dict(prompts=prompts, max_tokens=8)], nodes[0]))
+    run_engine(work, f"cxlkv-{tag}-B", engine_spec([dict(prompts=warm, max_tokens=8, one_by_one=True),
+                                                     dict(prompts=prompts, max_tokens=8, one_by_one=True)],
+                                                    nodes[1]))
+
+
+def _counters_after_warmup(path):
+    """The counters of the metrics textfile ``path`` less those of its
+    ``.round0`` snapshot (taken after the warm-up round)."""
+    end, warm = cxlkv.metrics.read_textfile(path), cxlkv.metrics.read_textfile(path + ".round0")
+    return {k: v - warm.get(k, 0) for k, v in end.items()}
 
 
 def connector_figures(work, tag, nodes, geometry, prefix):
     """The connector's load / save time per block (engine B's loads, engine
-    A's saves of ``tag``) beside the raw copies of as many blocks of the same
-    geometry, measured now: ``prefix``.* figures."""
-    load = cxlkv.metrics.read_textfile(os.path.join(work, f"{tag}-{nodes[1]}-worker-tp0pp0.prom"))
-    save = cxlkv.metrics.read_textfile(os.path.join(work, f"{tag}-{nodes[0]}-worker-tp0pp0.prom"))
+    A's saves of ``tag``, after their warm-up rounds) beside the raw copies of the same blocks timed in
+    the same engine process beside each call (the connector's
+    ``raw_baseline``: same threads, same moment; the ratios of the target),
+    and beside raw copies of as many blocks of the same geometry measured
+    alone in this process afterwards (best of 5, warm: ``raw_alone``).
+    ``prefix``.* figures."""
+    load = _counters_after_warmup(os.path.join(work, f"{tag}-{nodes[1]}-worker-tp0pp0.prom"))
+    save = _counters_after_warmup(os.path.join(work, f"{tag}-{nodes[0]}-worker-tp0pp0.prom"))
     loaded = load["cxlkv_client_loaded_blocks_total"]
     block_bytes = load["cxlkv_client_load_bytes_total"] / loaded if loaded else 0
     # Blocks A wrote (not those it found in the pool already, which cost no
     # copy): the save time is per block copied.
     saved = save["cxlkv_client_store_bytes_total"] / block_bytes if block_bytes else 0
-    if not loaded or not saved:
-        raise SystemExit(f"engine bench: {tag}: engine B loaded {loaded} blocks, engine A wrote {saved}: "
-                         "no connector figures (see the engines' logs above)")
+    raw_l, raw_s = load["cxlkv_client_raw_load_blocks_total"], save["cxlkv_client_raw_save_blocks_total"]
+    if not loaded or not saved or not raw_l or not raw_s:
+        raise SystemExit(f"engine bench: {tag}: engine B loaded {loaded} blocks ({raw_l} raw), engine A wrote "
+                         f"{saved} ({raw_s} raw): no connector figures (see the engines' logs above)")
     w_us, r_us, raw_block_bytes = raw_copy_us_per_block(int(max(loaded, saved)), **geometry)
     if raw_block_bytes != block_bytes:
         raise SystemExit(f"engine bench: {tag}: the engines moved blocks of {block_bytes} bytes, the raw copy "
@@ -181,10 +210,14 @@ def connector_figures(work, tag, nodes, geometry, prefix):
     res = {}
     res[f"{prefix}.cxlkv.load_us_per_block"] = round(load["cxlkv_client_adapter_load_seconds_total"] / loaded * 1e6, 3)
     res[f"{prefix}.cxlkv.save_us_per_block"] = round(save["cxlkv_client_adapter_save_seconds_total"] / saved * 1e6, 3)
-    res[f"{prefix}.raw.scatter_read_us_per_block"] = round(r_us, 3)
-    res[f"{prefix}.raw.gather_write_us_per_block"] = round(w_us, 3)
-    res[f"{prefix}.cxlkv.load_vs_raw"] = round(res[f"{prefix}.cxlkv.load_us_per_block"] / r_us, 3)
-    res[f"{prefix}.cxlkv.save_vs_raw"] = round(res[f"{prefix}.cxlkv.save_us_per_block"] / w_us, 3)
+    res[f"{prefix}.raw.scatter_read_us_per_block"] = round(load["cxlkv_client_raw_load_seconds_total"] / raw_l * 1e6, 3)
+    res[f"{prefix}.raw.gather_write_us_per_block"] = round(save["cxlkv_client_raw_save_seconds_total"] / raw_s * 1e6, 3)
+    res[f"{prefix}.raw_alone.scatter_read_us_per_block"] = round(r_us, 3)
+    res[f"{prefix}.raw_alone.gather_write_us_per_block"] = round(w_us, 3)
+    for op, raw in (("load", "scatter_read"), ("save", "gather_write")):
+        mine = res[f"{prefix}.cxlkv.{op}_us_per_block"]
+        res[f"{prefix}.cxlkv.{op}_vs_raw"] = round(mine / res[f"{prefix}.raw.{raw}_us_per_block"], 3)
+        res[f"{prefix}.cxlkv.{op}_vs_raw_alone"] = round(mine / res[f"{prefix}.raw_alone.{raw}_us_per_block"], 3)
     res[f"{prefix}.cxlkv.loaded_blocks"] = loaded
     res[f"{prefix}.cxlkv.written_blocks"] = saved
     res[f"{prefix}.cxlkv.block_bytes"] = block_bytes
@@ -258,14 +291,18 @@ def main():
     model = make_tiny_llama(os.path.join(work, "tiny-llama"))
     arms = args.arms.split(",")
     if args.connector_only:
-        env = PoolEnv("engine-bench-cxlkv", size=1 << 30)
-        try:
-            print("engine bench: connector only (two_engines cxlkv A and B) ...", file=sys.stderr, flush=True)
-            connector_engines(work, model, prompts, env.uri, (2, 3))
-        finally:
-            env.close()
         arms = ["cxlkv"]
     if "cxlkv" in arms:
+        # The connector's own figures come from engines of their own, with
+        # the raw baseline beside each call: the arms below time TTFT and
+        # throughput without it.
+        env = PoolEnv("engine-bench-connector", size=1 << 30)
+        try:
+            print("engine bench: connector (tiny A and B, raw baseline beside) ...", file=sys.stderr, flush=True)
+            connector_engines(work, model, prompts, env.uri, (2, 3), tag="tiny")
+        finally:
+            env.close()
+        res.update(connector_figures(work, "tiny", (2, 3), TINY, "engine"))
         wide = make_tiny_llama(os.path.join(work, "tiny-llama-wide"), **WIDE)
         env = PoolEnv("engine-bench-wide", size=2 << 30)
         try:
@@ -288,9 +325,6 @@ def main():
         for stat in ("p50", "mean"):
             res[f"engine.two_engines.cxlkv_ttft_{stat}_vs_lmcache"] = round(
                 res[f"engine.two_engines.cxlkv.ttft_ms_{stat}"] / res[f"engine.two_engines.lmcache.ttft_ms_{stat}"], 3)
-    if "cxlkv" in arms:
-        # The connector's own time: engine B of two_engines (loads), engine A (saves).
-        res.update(connector_figures(work, "two_engines", (2, 3), TINY, "engine"))
     res["engine.requests"] = len(prompts)
     os.makedirs(os.path.dirname(args.results), exist_ok=True)
     old = {}

@@ -435,6 +435,38 @@ int cxlkv_kv_put_chains(struct cxlkv_kv *kv, const struct cxlkv_kv_key *parents,
 int cxlkv_kv_get_many(struct cxlkv_kv *kv, const struct cxlkv_kv_key *keys, size_t n,
 		      const struct cxlkv_chunk *chunks, const uint32_t *nchunks, int32_t *status);
 
+/* ---- KV store batches straight from an engine's step ---------------------
+ * An engine step's saves or loads in one call, from what the engine has at
+ * hand: its own block hashes and block ids.  The keys are those of
+ * cxlkv_kv_engine_keys (namespace ns, items encoded as there) and the chunk
+ * lists those of the engine's paged cache, built from `paged` (docs/engines.md
+ * "One call a step"): every chunk list a caller would otherwise build per
+ * call, and every key it would hash, cost more than a small block's copy. */
+struct cxlkv_paged_chunks {       /* where engine block b lies, in pool order */
+	size_t          size;     /* sizeof(struct cxlkv_paged_chunks) */
+	size_t          nchunks;  /* chunks per block */
+	const uint64_t *addr;     /* chunk i of block 0 */
+	const int64_t  *stride;   /* bytes from block b's chunk i to block b+1's */
+	const uint64_t *len;      /* bytes of chunk i */
+	uint64_t        num_blocks;   /* block ids are 0 .. num_blocks-1 */
+};
+/* Hashes of n blocks and the parents of nchains chains, one after the other
+ * in `items` (n + nchains items, lengths in item_lens): chain j is the next
+ * chain_lens[j] blocks, a child of parent item j, or a root where that item
+ * is empty (length 0).  Block i is engine block block_ids[i].  Puts as
+ * cxlkv_kv_put_chains; keys_out (may be NULL) gets the n blocks' keys.
+ * -EINVAL (nothing done) for lengths that do not add up, a block id out of
+ * range or a malformed `paged`. */
+int cxlkv_kv_engine_put_chains(struct cxlkv_kv *kv, const struct cxlkv_paged_chunks *paged, const void *ns,
+			       size_t ns_len, const void *items, size_t items_len, const uint32_t *item_lens,
+			       size_t n, const uint32_t *chain_lens, size_t nchains, const uint64_t *block_ids,
+			       int32_t *status, struct cxlkv_kv_key *keys_out);
+/* Reads the blocks of n hashes (items, item_lens as above, no parents)
+ * into engine blocks block_ids, as cxlkv_kv_get_many. */
+int cxlkv_kv_engine_get_many(struct cxlkv_kv *kv, const struct cxlkv_paged_chunks *paged, const void *ns,
+			     size_t ns_len, const void *items, size_t items_len, const uint32_t *item_lens,
+			     size_t n, const uint64_t *block_ids, int32_t *status);
+
 /* ---- KV store batches with GPU tensors ---------------------------------------
  * Blocks of a paged GPU layout by key, one call per batch: GPU block
  * block_ids[i] <-> key keys[i], one kernel launch per pool device.  `gpu`

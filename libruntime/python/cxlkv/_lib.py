@@ -42,6 +42,12 @@ class Chunk(C.Structure):
     _fields_ = [("addr", C.c_void_p), ("len", C.c_size_t)]
 
 
+class PagedChunks(C.Structure):
+    """struct cxlkv_paged_chunks: engine block b's chunk i at addr[i] + b * stride[i]."""
+    _fields_ = [("size", C.c_size_t), ("nchunks", C.c_size_t), ("addr", C.c_void_p), ("stride", C.c_void_p),
+                ("len", C.c_void_p), ("num_blocks", C.c_uint64)]
+
+
 class FormatOpts(C.Structure):
     _fields_ = [("size", C.c_size_t), ("pool_size", C.c_uint64), ("max_nodes", C.c_uint32),
                 ("flags", C.c_uint32), ("max_locks", C.c_uint32), ("reserved", C.c_uint32),

@@ -186,6 +186,22 @@ def _encode_all(hashes):
     return b"".join(enc), np.fromiter(map(len, enc), dtype=np.uint32, count=len(enc))
 
 
+def encode_items(hashes, parents=()):
+    """(items, lengths) of ``hashes`` and then ``parents`` for the engine-step
+    calls (``cxlkv_kv_engine_put_chains``): a parent None is an empty item
+    (a root)."""
+    if all(type(h) is bytes for h in hashes) and all(p is None or type(p) is bytes for p in parents):
+        n = len(hashes)
+        lens = np.empty(n + len(parents), dtype=np.uint32)
+        lens[:n] = np.fromiter(map(len, hashes), dtype=np.uint32, count=n)
+        lens[:n] += 1
+        lens[n:] = [len(p) + 1 if p is not None else 0 for p in parents]
+        head = b"b" + b"b".join(hashes) if n else b""
+        return head + b"".join(b"b" + p for p in parents if p is not None), lens
+    enc = [_encode_hash(h) for h in hashes] + [_encode_hash(p) if p is not None else b"" for p in parents]
+    return b"".join(enc), np.fromiter(map(len, enc), dtype=np.uint32, count=len(enc))
+
+
 _engine_keys_fn = None
 
 

@@ -18,7 +18,7 @@ import weakref
 import numpy as np
 
 from . import _lib
-from .keys import as_keys, empty as empty_keys
+from .keys import as_keys, empty as empty_keys, encode_items, keys_from_hashes
 from .layout import PagedKV, RawChunks, buffer_chunks
 
 RESERVED, EXISTS, BUSY, MISS, CANCELED = _lib.RESERVED, _lib.EXISTS, _lib.BUSY, _lib.MISS, _lib.CANCELED
@@ -175,6 +175,15 @@ class KvStore:
         self._put_chains.argtypes = [vp, vp, vp, sz, vp, sz, C.c_uint64, vp, vp, vp]
         self._get_many = self._lib["cxlkv_kv_get_many"]
         self._get_many.restype, self._get_many.argtypes = C.c_int, [vp, vp, sz, vp, vp, vp]
+        # The engine-step calls give the GIL up (CDLL) like the other copies:
+        # a step's copy may take milliseconds, and an engine process has
+        # Python threads of its own (vLLM's engine core I/O threads).
+        self._engine_put = self._lib["cxlkv_kv_engine_put_chains"]
+        self._engine_put.restype = C.c_int
+        self._engine_put.argtypes = [vp, vp, C.c_char_p, sz, C.c_char_p, sz, vp, sz, vp, sz, vp, vp, vp]
+        self._engine_get = self._lib["cxlkv_kv_engine_get_many"]
+        self._engine_get.restype = C.c_int
+        self._engine_get.argtypes = [vp, vp, C.c_char_p, sz, C.c_char_p, sz, vp, sz, vp, vp]
         self.metrics = metrics
         self.block_tokens = block_tokens
         self.remote = None
@@ -365,6 +374,74 @@ class KvStore:
         if self.remote is not None:
             # As put(): keys only, the tier's thread reads the blocks back.
             self.remote.publish(k, status, nbytes)
+        return status
+
+    # ---- an engine step -----------------------------------------------------
+    def put_engine_chains(self, namespace, hashes, chain_lens, parents, kv, block_ids, gpu=None, stream=None):
+        """:meth:`put_chains` from an engine's own block hashes (keys as
+        :func:`cxlkv.keys_from_hashes` in ``namespace``; ``parents`` hashes
+        or None) into the :class:`PagedKV` ``kv``'s blocks ``block_ids``.  A
+        CPU ``kv``: one C call hashes, builds the chunk lists and puts
+        (``cxlkv_kv_engine_put_chains``, docs/engines.md "One call a step");
+        a CUDA one goes through :meth:`put_chains`.  Returns the status array."""
+        n = len(hashes)
+        if kv.is_cuda or gpu is not None:
+            ns = bytes(namespace)
+            keys = keys_from_hashes(hashes, ns)
+            pk = keys_from_hashes([p for p in parents if p is not None], ns)
+            at = iter(pk)
+            return self.put_chains(keys, chain_lens, [next(at) if p is not None else None for p in parents], kv,
+                                   block_ids, gpu=gpu, stream=stream)
+        lens = np.ascontiguousarray(chain_lens, dtype=np.uint32).reshape(-1)
+        if len(parents) != lens.size:
+            raise ValueError(f"cxlkv: {lens.size} chains but {len(parents)} parents")
+        if len(block_ids) != n:
+            raise ValueError(f"cxlkv: {n} hashes but {len(block_ids)} block ids")
+        status = np.zeros(n, dtype=np.int32)
+        if n == 0:
+            return status
+        items, ilens = encode_items(hashes, parents)
+        ids = np.asarray(block_ids, dtype=np.uint64)
+        keys = empty_keys(n) if self.remote is not None else None
+        ns = bytes(namespace)
+        t0 = time.perf_counter()
+        with self._lock:
+            rc = self._engine_put(self.handle, C.addressof(kv.paged_chunks()), ns, len(ns), items, len(items),
+                                  ilens.ctypes.data, n, lens.ctypes.data, lens.size, ids.ctypes.data,
+                                  status.ctypes.data, keys.ctypes.data if keys is not None else None)
+        self._settle(rc, n, f"pool {self.pool.uri}: the KV store of node {self.node}")
+        if self.metrics:
+            self.metrics.observe_store(int((status == RESERVED).sum()) * kv.block_bytes, int(put_ok(status).sum()),
+                                       time.perf_counter() - t0)
+        if keys is not None:
+            self.remote.publish(keys, status, kv.block_bytes)  # as put(): the tier's thread reads the blocks back
+        return status
+
+    def get_engine(self, namespace, hashes, kv, block_ids, gpu=None, stream=None):
+        """:meth:`get` of an engine's own block hashes (keys as
+        :func:`cxlkv.keys_from_hashes` in ``namespace``) into the
+        :class:`PagedKV` ``kv``'s blocks ``block_ids``: for a CPU ``kv`` one C
+        call (``cxlkv_kv_engine_get_many``).  Returns the status array."""
+        n = len(hashes)
+        if kv.is_cuda or gpu is not None:
+            return self.get(keys_from_hashes(hashes, bytes(namespace)), kv, block_ids, gpu=gpu, stream=stream)
+        if len(block_ids) != n:
+            raise ValueError(f"cxlkv: {n} hashes but {len(block_ids)} block ids")
+        status = np.zeros(n, dtype=np.int32)
+        if n == 0:
+            return status
+        if not kv.writable:
+            raise ValueError("cxlkv: the PagedKV is read-only (a read-only array or buffer); a get writes into it")
+        items, ilens = encode_items(hashes)
+        ids = np.asarray(block_ids, dtype=np.uint64)
+        ns = bytes(namespace)
+        t0 = time.perf_counter()
+        with self._lock:
+            rc = self._engine_get(self.handle, C.addressof(kv.paged_chunks()), ns, len(ns), items, len(items),
+                                  ilens.ctypes.data, n, ids.ctypes.data, status.ctypes.data)
+        self._settle(rc, n, f"pool {self.pool.uri}: the KV store of node {self.node}")
+        if self.metrics:
+            self.metrics.observe_load(int(get_ok(status).sum()) * kv.block_bytes, time.perf_counter() - t0)
         return status
 
     def get(self, keys, dst, block_ids=None, gpu=None, stream=None):

@@ -110,6 +110,7 @@ class PagedKV:
         # Chunk lists of recent block-id lists (engines reuse their block ids):
         # (chunks, counts, chunks address, counts address), read-only.
         self._chunk_cache = {}
+        self._paged = None  # paged_chunks(), made on first use
 
     _CHUNK_CACHE_MAX = 256
 
@@ -198,6 +199,17 @@ class PagedKV:
             self._chunk_cache.pop(next(iter(self._chunk_cache)))  # the oldest entry
         self._chunk_cache[key] = out
         return out
+
+    def paged_chunks(self):
+        """The ``struct cxlkv_paged_chunks`` of this layout (CPU): the per-block
+        template the engine-step calls build chunk lists from in C."""
+        if self._paged is None:
+            arrays = (np.ascontiguousarray(self._offs).view(np.uint64), np.ascontiguousarray(self._strides),
+                      np.ascontiguousarray(self._lens))
+            st = _lib.PagedChunks(C.sizeof(_lib.PagedChunks), self.chunks_per_block, arrays[0].ctypes.data,
+                                  arrays[1].ctypes.data, arrays[2].ctypes.data, self.num_blocks)
+            self._paged = (st, arrays)
+        return self._paged[0]
 
     def block_id_array(self, block_ids):
         """``block_ids`` as a uint64 array for the GPU calls: integers in

@@ -68,6 +68,12 @@ class Metrics:
         "cxlkv_client_load_failed_blocks_total": "Blocks an engine adapter could not load (the engine recomputes them)",
         "cxlkv_client_adapter_load_seconds_total": "Seconds an engine adapter spent in its load calls (keys, pins, copies)",
         "cxlkv_client_adapter_save_seconds_total": "Seconds an engine adapter spent in its save calls (keys, copies, publish)",
+        "cxlkv_client_raw_load_seconds_total":
+            "Seconds the raw scatter-reads of an adapter's loaded blocks took beside them (adapter option raw_baseline)",
+        "cxlkv_client_raw_load_blocks_total": "Blocks the raw_baseline option copied beside an adapter's loads",
+        "cxlkv_client_raw_save_seconds_total":
+            "Seconds the raw gather-writes of an adapter's saved blocks took beside them (adapter option raw_baseline)",
+        "cxlkv_client_raw_save_blocks_total": "Blocks the raw_baseline option copied beside an adapter's saves",
     }
     # The remote tier's counters (cxlkv.remote.COUNTERS), one per name there:
     # remote_hit_blocks -> cxlkv_client_remote_hit_blocks_total.

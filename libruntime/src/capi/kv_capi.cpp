@@ -127,7 +127,7 @@ int batch_result(const Result<size_t>& r, KvStore& s) {
   return static_cast<int>(r.value());
 }
 
-int bad(const char* fn, const char* what) { return capi::set_error(-EINVAL, std::string(fn) + ": " + what); }
+int bad(const char* fn, const std::string& what) { return capi::set_error(-EINVAL, std::string(fn) + ": " + what); }
 
 template <class Handle, class Conv, class Op>
 int handle_batch(const char* fn, cxlkv_kv* kv, const cxlkv_kv_block* blocks, size_t n, int32_t* status, Conv conv,
@@ -139,6 +139,53 @@ int handle_batch(const char* fn, cxlkv_kv* kv, const cxlkv_kv_block* blocks, siz
   KvStore& s = kv->session->store();
   return batch_result(op(s, std::span<const Handle>(hs), st.span(n)), s);
 }
+// One engine step's keys and chunk lists (cxlkv_kv_engine_put_chains /
+// _get_many): the keys from the engine's hashes, the chunks from its paged
+// cache's per-block template.  Each returns 0 or the -EINVAL to return.  A
+// thread keeps one (step()), so a step's call reuses the last one's arrays.
+struct EngineStep {
+  std::vector<BlockKey> keys;
+  std::vector<Chunk> ch;
+  std::vector<uint32_t> counts;
+  uint64_t bytes = 0;
+
+  int hash(const char* fn, const void* ns, size_t ns_len, const void* items, size_t items_len,
+           const uint32_t* item_lens, size_t nitems) {
+    if ((!ns && ns_len) || (!items && items_len) || (nitems && !item_lens)) return bad(fn, "null buffer");
+    auto r = engine_keys({static_cast<const std::byte*>(ns), ns_len}, {static_cast<const std::byte*>(items), items_len},
+                         {item_lens, nitems});
+    if (!r) return capi::set_error(r.error().code(), std::string(fn) + ": " + r.error().message());
+    keys = std::move(r.value());
+    return 0;
+  }
+
+  int chunks(const char* fn, const cxlkv_paged_chunks* p, const uint64_t* ids, size_t n) {
+    bytes = 0;
+    if (!n) return 0;
+    if (!p) return bad(fn, "paged is required");
+    if (p->size < sizeof *p) return bad(fn, "paged.size " + std::to_string(p->size) + " is too small");
+    if (!p->nchunks || p->nchunks > UINT32_MAX || !p->addr || !p->stride || !p->len)
+      return bad(fn, "paged has " + std::to_string(p->nchunks) + " chunks a block or a null array");
+    for (size_t i = 0; i < p->nchunks; i++) bytes += p->len[i];
+    ch.resize(n * p->nchunks);
+    counts.assign(n, static_cast<uint32_t>(p->nchunks));
+    Chunk* c = ch.data();
+    for (size_t b = 0; b < n; b++) {
+      if (ids[b] >= p->num_blocks)
+        return bad(fn, "block id " + std::to_string(ids[b]) + " out of range 0.." + std::to_string(p->num_blocks - 1));
+      const int64_t at = static_cast<int64_t>(ids[b]);
+      for (size_t i = 0; i < p->nchunks; i++, c++)
+        *c = Chunk{reinterpret_cast<void*>(p->addr[i] + static_cast<uint64_t>(at * p->stride[i])), p->len[i]};
+    }
+    return 0;
+  }
+};
+
+EngineStep& step() {
+  thread_local EngineStep s;
+  return s;
+}
+
 }  // namespace
 
 extern "C" {
@@ -403,6 +450,51 @@ int cxlkv_kv_get_many(struct cxlkv_kv* kv, const struct cxlkv_kv_key* keys, size
     KvStore& s = kv->session->store();
     size_t nc = n ? total_chunks(nchunks, n) : 0;
     return batch_result(s.get_many(k, {chunks, nc}, {nchunks, n}, st.span(n)), s);
+  });
+}
+
+int cxlkv_kv_engine_put_chains(struct cxlkv_kv* kv, const struct cxlkv_paged_chunks* paged, const void* ns,
+                               size_t ns_len, const void* items, size_t items_len, const uint32_t* item_lens,
+                               size_t n, const uint32_t* chain_lens, size_t nchains, const uint64_t* block_ids,
+                               int32_t* status, struct cxlkv_kv_key* keys_out) {
+  return capi::guarded(__func__, [&] {
+    if (int e = check_batch(__func__, kv, block_ids, n, false, nullptr, nullptr)) return e;
+    if (nchains && !chain_lens) return bad(__func__, "chain_lens is required");
+    if (nchains > INT_MAX) return bad(__func__, "more than INT_MAX chains");
+    uint64_t sum = 0;
+    for (size_t j = 0; j < nchains; j++) sum += chain_lens[j];
+    if (sum != n)
+      return bad(__func__, "chain lengths add up to " + std::to_string(sum) + " blocks, " + std::to_string(n) +
+                               " hashes given");
+    EngineStep& step = ::step();
+    if (int e = step.hash(__func__, ns, ns_len, items, items_len, item_lens, n + nchains)) return e;
+    if (int e = step.chunks(__func__, paged, block_ids, n)) return e;
+    // Parent item j is the key of its hash, or a root (the all-zero key) where
+    // the item is empty: an encoded hash is never empty (its tag byte).
+    std::vector<BlockKey> parents(nchains);
+    for (size_t j = 0; j < nchains; j++)
+      if (item_lens[n + j]) parents[j] = step.keys[n + j];
+    std::span<const BlockKey> k(step.keys.data(), n);
+    if (keys_out)
+      for (size_t i = 0; i < n; i++) keys_out[i] = cxlkv_kv_key{k[i].lo, k[i].hi};
+    StatusOut st(status, n);
+    KvStore& s = kv->session->store();
+    return batch_result(s.put_chains(parents, {chain_lens, nchains}, k, step.bytes, step.ch, step.counts, st.span(n)),
+                        s);
+  });
+}
+
+int cxlkv_kv_engine_get_many(struct cxlkv_kv* kv, const struct cxlkv_paged_chunks* paged, const void* ns,
+                             size_t ns_len, const void* items, size_t items_len, const uint32_t* item_lens,
+                             size_t n, const uint64_t* block_ids, int32_t* status) {
+  return capi::guarded(__func__, [&] {
+    if (int e = check_batch(__func__, kv, block_ids, n, false, nullptr, nullptr)) return e;
+    EngineStep& step = ::step();
+    if (int e = step.hash(__func__, ns, ns_len, items, items_len, item_lens, n)) return e;
+    if (int e = step.chunks(__func__, paged, block_ids, n)) return e;
+    StatusOut st(status, n);
+    KvStore& s = kv->session->store();
+    return batch_result(s.get_many(step.keys, step.ch, step.counts, st.span(n)), s);
   });
 }
 

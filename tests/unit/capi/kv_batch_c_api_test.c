@@ -513,6 +513,76 @@ static void test_put_chains(struct cxlkv_kv *kv)
 	CHECK(cxlkv_kv_put_chains(kv, NULL, NULL, 0, NULL, 0, BLOCK_BYTES, NULL, NULL, NULL) == 0);
 }
 
+/* The engine-step calls (docs/engines.md "One call a step"): keys from the
+ * engine's hashes as cxlkv_kv_engine_keys makes them, chunk lists from the
+ * paged template (block b's chunk i at addr[i] + b * stride[i]), a chain
+ * below a parent given by its hash, an empty parent item a root; bad
+ * templates, block ids and lengths refuse the whole call. */
+static void engine_item(unsigned char *at, int id)
+{
+	at[0] = 'b';
+	memcpy(at + 1, "hash", 4);
+	at[5] = (unsigned char)id;
+}
+
+static void test_engine_step(struct cxlkv_kv *kv)
+{
+	static unsigned char k2[NKEYS][HALF], v2[NKEYS][HALF];
+	uint64_t in_addr[2] = {(uint64_t)(uintptr_t)kbuf[0], (uint64_t)(uintptr_t)vbuf[0]};
+	uint64_t out_addr[2] = {(uint64_t)(uintptr_t)k2[0], (uint64_t)(uintptr_t)v2[0]};
+	int64_t stride[2] = {HALF, HALF};
+	uint64_t len[2] = {HALF, HALF};
+	struct cxlkv_paged_chunks in = {sizeof(in), 2, in_addr, stride, len, NKEYS};
+	struct cxlkv_paged_chunks out = {sizeof(out), 2, out_addr, stride, len, NKEYS};
+	/* Blocks h70..h73: chain 1 = h70 h71 h72 (a root), chain 2 = h73 below h71. */
+	unsigned char items[6 * 6];
+	uint32_t item_lens[6] = {6, 6, 6, 6, 0, 6}, chain_lens[2] = {3, 1}, bad_lens[2] = {3, 2};
+	uint64_t ids[4] = {4, 5, 6, 7}, back[5] = {0, 1, 2, 3, 7}, bad_ids[4] = {4, 5, 6, NKEYS};
+	struct cxlkv_kv_key keys[4], expect[4], chain[3];
+	int32_t st[5];
+
+	for (int i = 0; i < 4; i++)
+		engine_item(items + 6 * i, 70 + i);
+	engine_item(items + 24, 71); /* chain 2's parent; chain 1's item is empty */
+	CHECK(cxlkv_kv_engine_keys("ns", 2, items, 24, item_lens, 4, expect) == 4);
+	CHECK(cxlkv_kv_engine_put_chains(kv, &in, "ns", 2, items, 30, item_lens, 4, chain_lens, 2, ids, st, keys) == 4);
+	CHECK(st[0] == 0 && st[1] == 0 && st[2] == 0 && st[3] == 0);
+	for (int i = 0; i < 4; i++)
+		CHECK(keys[i].lo == expect[i].lo && keys[i].hi == expect[i].hi);
+	chain[0] = expect[0];
+	chain[1] = expect[1];
+	chain[2] = expect[3];
+	CHECK(cxlkv_kv_lookup(kv, chain, 3) == 3); /* h73 is h71's child */
+	/* Read back into other buffers, engine blocks 0..3; a fifth hash is not cached. */
+	engine_item(items + 24, 99);
+	memset(k2, 0, sizeof(k2));
+	memset(v2, 0, sizeof(v2));
+	uint32_t get_lens[5] = {6, 6, 6, 6, 6};
+	CHECK(cxlkv_kv_engine_get_many(kv, &out, "ns", 2, items, 30, get_lens, 5, back, st) == 4);
+	CHECK(st[0] == 0 && st[1] == 0 && st[2] == 0 && st[3] == 0 && st[4] == CXLKV_KV_MISS);
+	for (int b = 0; b < 4; b++)
+		CHECK(memcmp(k2[b], kbuf[4 + b], HALF) == 0 && memcmp(v2[b], vbuf[4 + b], HALF) == 0);
+	/* Another namespace: other keys, nothing found. */
+	CHECK(cxlkv_kv_engine_get_many(kv, &out, "other", 5, items, 24, get_lens, 4, back, st) == 0);
+	CHECK(st[0] == CXLKV_KV_MISS);
+	/* Refused, nothing done: a block id out of range, lengths that do not add up, bad templates. */
+	engine_item(items + 24, 71);
+	CHECK(cxlkv_kv_engine_put_chains(kv, &in, "ns", 2, items, 30, item_lens, 4, chain_lens, 2, bad_ids, st, NULL) ==
+	      -EINVAL);
+	CHECK(strstr(cxlkv_last_error(), "out of range") != NULL);
+	CHECK(cxlkv_kv_engine_put_chains(kv, &in, "ns", 2, items, 30, item_lens, 4, bad_lens, 2, ids, st, NULL) == -EINVAL);
+	CHECK(strstr(cxlkv_last_error(), "chain lengths") != NULL);
+	CHECK(cxlkv_kv_engine_put_chains(kv, &in, "ns", 2, items, 29, item_lens, 4, chain_lens, 2, ids, st, NULL) == -EINVAL);
+	CHECK(cxlkv_kv_engine_get_many(kv, NULL, "ns", 2, items, 24, get_lens, 4, back, st) == -EINVAL);
+	CHECK(strstr(cxlkv_last_error(), "paged") != NULL);
+	struct cxlkv_paged_chunks small = out, none = out;
+	small.size = 8;
+	none.nchunks = 0;
+	CHECK(cxlkv_kv_engine_get_many(kv, &small, "ns", 2, items, 24, get_lens, 4, back, st) == -EINVAL);
+	CHECK(cxlkv_kv_engine_get_many(kv, &none, "ns", 2, items, 24, get_lens, 4, back, st) == -EINVAL);
+	CHECK(cxlkv_kv_engine_get_many(kv, &out, "ns", 2, NULL, 0, NULL, 0, NULL, NULL) == 0);
+}
+
 /* cxlkv_kv_engine_keys: the keys of cxlkv.keys_from_hashes (BLAKE2b-128,
  * personal "cxlkv-ekey-v1"); the expected values are Python hashlib's. */
 static void test_engine_keys(void)
@@ -572,6 +642,7 @@ int main(void)
 		test_stats_latencies(kv);
 		test_put_chains(kv);
 		test_put_chain_nospc(kv);
+		test_engine_step(kv);
 	}
 	test_engine_keys();
 	c_pool_close(&p);

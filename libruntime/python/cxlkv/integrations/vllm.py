@@ -61,10 +61,13 @@ vLLM is imported lazily: ``CxlkvConnector`` (a module attribute built on first
 access) subclasses the real ``KVConnectorBase_V1``.
 """
 import collections
+import ctypes as C
 import dataclasses
 import errno
 import hashlib
+import itertools
 import logging
+import os
 import time
 import zlib
 
@@ -185,6 +188,8 @@ class CxlkvConnectorImpl:
         if self.load_pin_steps < 1:
             raise ValueError(f"cxlkv: load_pin_steps {self.load_pin_steps} is not at least 1")
         self._textfile = cfg.get("metrics_textfile")
+        self._raw_baseline_on = bool(cfg.get("raw_baseline", False))
+        self._raw = None
         self.pool = cxlkv.Pool(cfg["pool"])
         self.node = int(cfg.get("node", 1))
         self.metrics = cxlkv.metrics.Metrics(labels={"engine": "vllm", "role": self._role_name.lower()})
@@ -208,10 +213,10 @@ class CxlkvConnectorImpl:
             self._load_errors = set()
             self._meta = None
             self._moved = False
-            # Keys this worker's saves found or put in the pool (bounded,
-            # oldest forgotten first): requests sharing a prefix each save
+            # Hashes of blocks this worker's saves found or put in the pool
+            # or its loads read (bounded, oldest forgotten first): requests sharing a prefix each save
             # it, and a block already there would cost an index call for
-            # no copy (_trim_known).
+            # no copy (_save_step).
             self._in_pool = collections.OrderedDict()
 
     # ---- helpers ---------------------------------------------------------------
@@ -433,6 +438,11 @@ class CxlkvConnectorImpl:
     def register_kv_caches(self, kv_caches):
         """vLLM's per-layer ``[B, H, N, C]`` views (see the module docstring)."""
         self.kv = paged_kv_of(kv_caches, self.block_size)
+        if self._raw is not None:
+            self._raw.close()
+            self._raw = None
+        if self._raw_baseline_on and not self.kv.is_cuda:
+            self._raw = _RawBaseline(self.kv, f"{self._rank}-{os.getpid()}")
         if self.kv.is_cuda:
             self.kv.gpu_layout()  # refuses, naming why, a layout the GPU path cannot copy
             first = next(iter(kv_caches.values()))
@@ -448,8 +458,9 @@ class CxlkvConnectorImpl:
         t0 = time.perf_counter()
         ids = [b for t in meta.loads for b in t.block_ids]
         try:
-            keys = cxlkv.keys_from_hashes([h for t in meta.loads for h in t.hashes], self._ns)
-            status = self.store.get(keys, self.kv, ids, gpu=self.gpu)
+            # One C call hashes, builds the chunk lists and reads (docs/engines.md "One call a step").
+            status = self.store.get_engine(self._ns, [h for t in meta.loads for h in t.hashes], self.kv, ids,
+                                           gpu=self.gpu)
             ok = cxlkv.get_ok(status)
         except Exception as e:  # noqa: BLE001 -- every block of the step is recomputed instead
             self._failed("load", e)
@@ -459,9 +470,15 @@ class CxlkvConnectorImpl:
             torch.cuda.current_stream().synchronize()  # the blocks are in place before attention reads them
         if not ok.all():
             self._load_errors.update(int(b) for b, f in zip(ids, ok) if not f)
+        # A block just loaded is in the pool: the request's saves skip it as
+        # they skip what earlier saves put (_save_step).
+        if self.kv_role != "kv_consumer":
+            self._remember(itertools.compress((h for t in meta.loads for h in t.hashes), ok))
         self.metrics.inc("cxlkv_client_loaded_blocks_total", int(ok.sum()))
         self.metrics.inc("cxlkv_client_load_failed_blocks_total", int((~ok).sum()))
         self.metrics.inc("cxlkv_client_adapter_load_seconds_total", time.perf_counter() - t0)
+        if self._raw is not None:
+            self._raw.load([b for b, f in zip(ids, ok) if f], self.metrics)
         self._moved = True
 
     def wait_for_layer_load(self, layer_name):
@@ -480,24 +497,24 @@ class CxlkvConnectorImpl:
             if self.kv.is_cuda:
                 import torch
                 torch.cuda.current_stream().synchronize()  # the step's KV is written before the DMA reads it
-            # Every request's chain in one call, keys (and parents) hashed in
-            # one call: a decode step fills one block per request, and a
-            # call per request cost more than the copy of its block.
-            saves = meta.saves
-            with_parent = [t.parent for t in saves if t.parent is not None]
+            # Every request's chain in one C call that hashes, builds the
+            # chunk lists and puts (docs/engines.md "One call a step"): a
+            # decode step fills one block per request, and Python per block
+            # or per request cost more than the copy of a small block.
+            raw_ids = None
+            if self._raw is not None:
+                raw_ids = [b for t in meta.saves for h, b in zip(t.hashes, t.block_ids) if h not in self._in_pool]
+                if self._raw.before_save():
+                    self._raw.save(raw_ids, self.metrics)
+                    raw_ids = None
+                t0 = time.perf_counter()
             try:
-                keys = cxlkv.keys_from_hashes([h for t in saves for h in t.hashes] + with_parent, self._ns)
-                nblocks = len(keys) - len(with_parent)
-                pkeys = iter(keys[nblocks:])
-                parents = [next(pkeys) if t.parent is not None else None for t in saves]
-                chains, at = [], 0
-                for t, par in zip(saves, parents):
-                    chains.append((keys[at:at + len(t.hashes)], par, list(t.block_ids)))
-                    at += len(t.hashes)
-                self._put_chains(self._trim_known(chains), chains)
+                self._save_step(meta.saves)
             except Exception as e:  # noqa: BLE001 -- a save that fails is a later miss, never wrong KV
                 self._failed("save", e)
             self.metrics.inc("cxlkv_client_adapter_save_seconds_total", time.perf_counter() - t0)
+            if raw_ids is not None:
+                self._raw.save(raw_ids, self.metrics)
             self._moved = True
         if self._moved:
             self._moved = False
@@ -505,45 +522,49 @@ class CxlkvConnectorImpl:
 
     _IN_POOL_MAX = 1 << 16
 
-    def _trim_known(self, chains):
-        """Each chain without its leading blocks this worker already saw in
-        the pool (then a child of the last of them): only blocks that may
-        need a copy go to the index.  A block evicted since makes the
-        trimmed chain's first put fail for want of its parent (-ENOENT),
-        and _put_chains puts that chain again whole."""
-        out = []
-        for keys, par, ids in chains:
-            skip = 0
-            while skip < len(keys) and keys[skip].tobytes() in self._in_pool:
-                skip += 1
-            out.append((keys[skip:], keys[skip - 1] if skip else par, ids[skip:]))
-        return out
+    def _remember(self, hashes):
+        """Note blocks known to be in the pool (bounded, oldest forgotten first)."""
+        seen = self._in_pool
+        for h in hashes:
+            seen[h] = None
+            seen.move_to_end(h)
+        while len(seen) > self._IN_POOL_MAX:
+            seen.popitem(last=False)
 
-    def _put_chains(self, trimmed, whole):
-        """One put_chains of the step's (trimmed) chains; chains refused for
-        a parent no longer cached go again whole; keys put or found are
-        remembered."""
-        todo = [(c, w) for c, w in zip(trimmed, whole) if len(c[0])]
+    def _save_step(self, saves):
+        """Put the step's chains, each without its leading blocks this worker
+        already saw in the pool or an earlier chain of the step puts (then a
+        child of the last of them): only blocks that may need a copy go to
+        the index.  A block evicted since
+        makes the trimmed chain's first put fail for want of its parent
+        (-ENOENT), and that chain goes again whole.  Blocks put or found are
+        remembered by their hash (the worker's namespace is fixed)."""
+        seen = self._in_pool
+        todo, this_step = [], set()
+        for t in saves:
+            # Blocks an earlier chain of this call puts count as seen: the
+            # chains go in order, so this one starts below them.
+            hs, skip = t.hashes, 0
+            while skip < len(hs) and (hs[skip] in seen or hs[skip] in this_step):
+                skip += 1
+            if skip < len(hs):
+                todo.append((hs[skip:], hs[skip - 1] if skip else t.parent, t.block_ids[skip:], t))
+                this_step.update(hs[skip:])
         for attempt in (0, 1):
             if not todo:
                 return
-            keys = np.concatenate([c[0] for c, _ in todo])
-            status = self.store.put_chains(keys, [len(c[0]) for c, _ in todo], [c[1] for c, _ in todo], self.kv,
-                                           [b for c, _ in todo for b in c[2]], gpu=self.gpu)
-            ok = cxlkv.put_ok(status)
-            for k in keys[ok]:
-                self._in_pool[k.tobytes()] = None
-                self._in_pool.move_to_end(k.tobytes())
-            while len(self._in_pool) > self._IN_POOL_MAX:
-                self._in_pool.popitem(last=False)
+            hashes = [h for c in todo for h in c[0]]
+            status = self.store.put_engine_chains(self._ns, hashes, [len(c[0]) for c in todo], [c[1] for c in todo],
+                                                  self.kv, [b for c in todo for b in c[2]], gpu=self.gpu)
+            self._remember(itertools.compress(hashes, cxlkv.put_ok(status)))
             again, at = [], 0
-            for c, w in todo:
+            for hs, _par, _ids, t in todo:
                 first = int(status[at])
-                at += len(c[0])
-                if attempt == 0 and first == -errno.ENOENT and len(c[0]) < len(w[0]):
-                    for k in w[0][: len(w[0]) - len(c[0])]:
-                        self._in_pool.pop(k.tobytes(), None)
-                    again.append((w, w))
+                at += len(hs)
+                if attempt == 0 and first == -errno.ENOENT and len(hs) < len(t.hashes):
+                    for h in t.hashes[: len(t.hashes) - len(hs)]:
+                        seen.pop(h, None)
+                    again.append((t.hashes, t.parent, t.block_ids, t))
             todo = again
 
     def get_finished(self, finished_req_ids):
@@ -572,6 +593,9 @@ class CxlkvConnectorImpl:
             self.gpu = None
         if getattr(self, "_load_pins", None):
             self._unpin_loads()
+        if getattr(self, "_raw", None) is not None:
+            self._raw.close()
+            self._raw = None
         if getattr(self, "store", None) is not None:
             self._write_metrics()
             self.store.close()
@@ -590,6 +614,112 @@ class CxlkvConnectorImpl:
 
     def _get_connector_metadata(self):
         return getattr(self, "_connector_metadata", None)
+
+
+class _RawBaseline:
+    """The raw copy of a worker's loads and saves, timed in the engine
+    process beside them (``kv_connector_extra_config`` ``raw_baseline``: a
+    benchmark's baseline, docs/benchmarks.md "Serving engines"): the same
+    engine blocks' chunk lists, one ``cxlkv_gather_write`` /
+    ``cxlkv_scatter_read`` a block, into and out of a scratch pool of this
+    process's own, under the same threads and caches as the connector.
+    Saves read the engine's blocks (no harm to them), before the connector's
+    save on one step and after it on the next, so that neither always finds
+    them in cache; loads run after the connector's and write a mirror of the
+    engine's cache (never the engine's blocks, which hold the loaded KV)."""
+
+    RING = 256  # scratch pool blocks, reused in turn
+
+    def __init__(self, kv, tag):
+        self.kv = kv
+        bb = kv.block_bytes
+        self.ring = max(1, min(self.RING, kv.num_blocks))
+        name = f"cxlkv-raw-baseline-{tag}"
+        self.path = f"/dev/shm/{name}"
+        size = self.ring * bb + (128 << 20)  # the ring and the pool's own carves
+        self.uri = f"shm:{name}:{-(-size // (2 << 20)) * (2 << 20)}"  # a multiple of 2 MiB
+        cxlkv.Pool.format(self.uri, force=True)
+        self.pool = cxlkv.Pool(self.uri)
+        carve = next(c for c in self.pool.carves() if c["name"] == "kv")
+        self.ring = min(self.ring, carve["size"] // bb)
+        self.base = carve["offset"]
+        lib = cxlkv._lib.lib()
+        self._write, self._read = lib.cxlkv_gather_write, lib.cxlkv_scatter_read
+        for f in (self._write, self._read):
+            f.restype, f.argtypes = C.c_int, [C.c_void_p, C.c_uint64, C.c_void_p, C.c_size_t]
+        # The mirror: a copy of every address range the engine's blocks
+        # span (a layer's tensor each, wherever the engine allocated them),
+        # touched now so that no first-touch fault lands in a timed copy.
+        offs = kv._offs.astype(np.int64)
+        reach = (kv.num_blocks - 1) * kv._strides
+        lo = np.minimum(offs, offs + reach)
+        hi = np.maximum(offs, offs + reach) + kv._lens.astype(np.int64)
+        order = np.argsort(lo)
+        segs = []  # [lo, hi, chunk indices]
+        for i in order:
+            if segs and lo[i] <= segs[-1][1]:
+                segs[-1][1] = max(segs[-1][1], int(hi[i]))
+                segs[-1][2].append(i)
+            else:
+                segs.append([int(lo[i]), int(hi[i]), [i]])
+        # Allocated as the engine allocates its cache (a torch CPU tensor),
+        # so that both get the same pages (transparent huge pages or not).
+        import torch  # noqa: PLC0415 -- vLLM's own dependency
+        self.mirrors = [torch.ones(h - l, dtype=torch.uint8) for l, h, _ in segs]
+        self.shift = np.zeros(kv.chunks_per_block, dtype=np.int64)  # mirror address - engine address, per chunk
+        for (l, _h, idx), m in zip(segs, self.mirrors):
+            self.shift[idx] = m.data_ptr() - l
+        self.at = 0
+        self.steps = 0
+        # Map the whole ring now (the pool maps its pages on first use): the
+        # timed copies take no page-table faults the connector's pool, long
+        # in use, does not take either.
+        ch, _ = kv.chunks([0])
+        for i in range(self.ring):
+            self._write(self.pool.handle, self.base + i * bb, ch.ctypes.data, len(ch))
+
+    def before_save(self):
+        self.steps += 1
+        return self.steps % 2 == 0
+
+    def _copy(self, fn, ids, shift, metrics, what):
+        if not ids:
+            return
+        per = []
+        for b in ids:
+            ch, _ = self.kv.chunks([b])
+            if shift is not None:
+                ch = ch.copy()
+                ch["addr"] = (ch["addr"].astype(np.int64) + shift).astype(np.uint64)
+            per.append(ch)
+        h, bb = self.pool.handle, self.kv.block_bytes
+        t0 = time.perf_counter()
+        for ch in per:
+            rc = fn(h, self.base + (self.at % self.ring) * bb, ch.ctypes.data, len(ch))
+            self.at += 1
+            if rc != 0:
+                raise cxlkv.CxlkvError(rc, f"raw baseline copy of {self.uri}", cxlkv.last_error())
+        metrics.inc(f"cxlkv_client_raw_{what}_seconds_total", time.perf_counter() - t0)
+        metrics.inc(f"cxlkv_client_raw_{what}_blocks_total", len(ids))
+
+    def save(self, ids, metrics):
+        self._guarded(self._write, ids, None, metrics, "save")
+
+    def load(self, ids, metrics):
+        self._guarded(self._read, ids, self.shift, metrics, "load")
+
+    def _guarded(self, *args):
+        try:
+            self._copy(*args)
+        except Exception as e:  # noqa: BLE001 -- a benchmark's baseline never stops the engine
+            log.warning("cxlkv connector: raw baseline copy failed: %s: %s", type(e).__name__, e)
+
+    def close(self):
+        self.pool.close()
+        try:
+            os.unlink(self.path)
+        except FileNotFoundError:
+            pass
 
 
 def paged_kv_of(kv_caches, block_size):
