@@ -455,8 +455,11 @@ class CxlkvConnectorImpl:
         self._meta = meta
         if meta is None or not meta.loads or self.kv is None:
             return
-        t0 = time.perf_counter()
         ids = [b for t in meta.loads for b in t.block_ids]
+        raw_first = self._raw is not None and self._raw.first("load")
+        if raw_first:
+            self._raw.load(ids, self.metrics)
+        t0 = time.perf_counter()
         try:
             # One C call hashes, builds the chunk lists and reads (docs/engines.md "One call a step").
             status = self.store.get_engine(self._ns, [h for t in meta.loads for h in t.hashes], self.kv, ids,
@@ -477,7 +480,7 @@ class CxlkvConnectorImpl:
         self.metrics.inc("cxlkv_client_loaded_blocks_total", int(ok.sum()))
         self.metrics.inc("cxlkv_client_load_failed_blocks_total", int((~ok).sum()))
         self.metrics.inc("cxlkv_client_adapter_load_seconds_total", time.perf_counter() - t0)
-        if self._raw is not None:
+        if self._raw is not None and not raw_first:
             self._raw.load([b for b, f in zip(ids, ok) if f], self.metrics)
         self._moved = True
 
@@ -504,7 +507,7 @@ class CxlkvConnectorImpl:
             raw_ids = None
             if self._raw is not None:
                 raw_ids = [b for t in meta.saves for h, b in zip(t.hashes, t.block_ids) if h not in self._in_pool]
-                if self._raw.before_save():
+                if self._raw.first("save"):
                     self._raw.save(raw_ids, self.metrics)
                     raw_ids = None
                 t0 = time.perf_counter()
@@ -623,10 +626,11 @@ class _RawBaseline:
     engine blocks' chunk lists, one ``cxlkv_gather_write`` /
     ``cxlkv_scatter_read`` a block, into and out of a scratch pool of this
     process's own, under the same threads and caches as the connector.
-    Saves read the engine's blocks (no harm to them), before the connector's
-    save on one step and after it on the next, so that neither always finds
-    them in cache; loads run after the connector's and write a mirror of the
-    engine's cache (never the engine's blocks, which hold the loaded KV)."""
+    Saves read the engine's blocks (no harm to them); loads write a mirror
+    of the engine's cache (never the engine's blocks, which hold the loaded
+    KV).  Both go before the connector's call on one step and after it on
+    the next, so that neither always meets the caches, or the engine's
+    other threads, the other one left."""
 
     RING = 256  # scratch pool blocks, reused in turn
 
@@ -670,7 +674,7 @@ class _RawBaseline:
         for (l, _h, idx), m in zip(segs, self.mirrors):
             self.shift[idx] = m.data_ptr() - l
         self.at = 0
-        self.steps = 0
+        self.steps = {}
         # Map the whole ring now (the pool maps its pages on first use): the
         # timed copies take no page-table faults the connector's pool, long
         # in use, does not take either.
@@ -678,9 +682,11 @@ class _RawBaseline:
         for i in range(self.ring):
             self._write(self.pool.handle, self.base + i * bb, ch.ctypes.data, len(ch))
 
-    def before_save(self):
-        self.steps += 1
-        return self.steps % 2 == 0
+    def first(self, what):
+        """Whether this step's raw copies of ``what`` go before the
+        connector's call (every other step)."""
+        self.steps[what] = self.steps.get(what, 0) + 1
+        return self.steps[what] % 2 == 0
 
     def _copy(self, fn, ids, shift, metrics, what):
         if not ids:
