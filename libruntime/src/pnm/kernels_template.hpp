@@ -274,6 +274,19 @@ constexpr size_t elem_bytes() {
   return T == Dtype::f32 ? 4 : 2;
 }
 
+// Lines of memory to be used later, prefetched a few at a time while the
+// kernel works (docs/near-memory.md#attention-at-the-read-bound): a burst
+// of prefetches fills the core's miss buffers and stalls the work behind
+// it, while a few per block of work keep the reads in flight under the
+// multiply-adds.
+struct Ahead {
+  const char* p = nullptr;
+  uint32_t lines = 0;
+  inline void issue(uint32_t count) {
+    for (uint32_t i = 0; i < count && lines > 0; i++, lines--, p += 64) __builtin_prefetch(p);
+  }
+};
+
 // Rows of a page scored together: with NH heads, R rows keep R x NH
 // accumulators in registers (V::kAcc of them), so that each query vector
 // loaded serves R rows and each key vector converted serves NH heads.
@@ -287,7 +300,7 @@ constexpr uint32_t score_rows_per_block() {
 // and converted once for every head of the group.
 template <class V, Dtype T, uint32_t NH, uint32_t R>
 CXLKV_PNM_TARGET __attribute__((always_inline)) inline void score_block(const unsigned char* k, uint32_t i0, uint32_t dim, const float* q, float* s,
-                                         uint32_t ld) {
+                                         uint32_t ld, Ahead& ahead, uint32_t per_step) {
   using F = typename V::F;
   const uint32_t vd = dim / V::kF * V::kF;
   const size_t rb = size_t(dim) * elem_bytes<T>();
@@ -297,6 +310,7 @@ CXLKV_PNM_TARGET __attribute__((always_inline)) inline void score_block(const un
 #pragma GCC unroll 16
     for (uint32_t h = 0; h < NH; h++) a[r][h] = V::zero();
   for (uint32_t d = 0; d < vd; d += V::kF) {
+    ahead.issue(per_step);
     F qq[NH];
 #pragma GCC unroll 16
     for (uint32_t h = 0; h < NH; h++) qq[h] = V::load(q + size_t(h) * dim + d);
@@ -332,7 +346,7 @@ constexpr uint32_t value_blocks() {
 // converted once for all heads.
 template <class V, Dtype T, uint32_t NH, uint32_t NB>
 CXLKV_PNM_TARGET __attribute__((always_inline)) inline void value_block(const unsigned char* v, uint32_t n, uint32_t dim, uint32_t d0,
-                                         const float* w, uint32_t ld, float* acc) {
+                                         const float* w, uint32_t ld, float* acc, Ahead& ahead, uint32_t per_step) {
   using F = typename V::F;
   const size_t rb = size_t(dim) * elem_bytes<T>();
   F a[NH][NB];
@@ -341,6 +355,7 @@ CXLKV_PNM_TARGET __attribute__((always_inline)) inline void value_block(const un
 #pragma GCC unroll 16
     for (uint32_t b = 0; b < NB; b++) a[h][b] = V::load(acc + size_t(h) * dim + d0 + b * V::kF);
   for (uint32_t i = 0; i < n; i++) {
+    ahead.issue(per_step);
     F x[NB];
 #pragma GCC unroll 16
     for (uint32_t b = 0; b < NB; b++) x[b] = V::load_elems(T, v + i * rb, d0 + b * V::kF);
@@ -361,12 +376,16 @@ CXLKV_PNM_TARGET __attribute__((always_inline)) inline void value_block(const un
 // blocks of value_blocks() vectors, then single vectors, then a scalar tail.
 template <class V, Dtype T, uint32_t NH>
 CXLKV_PNM_TARGET inline void accumulate_values(const unsigned char* v, uint32_t n, uint32_t dim, const float* w,
-                                               uint32_t ld, float* acc) {
+                                               uint32_t ld, float* acc, Ahead& ahead) {
   constexpr uint32_t B = value_blocks<V, NH>();
   const uint32_t vd = dim / V::kF * V::kF;
+  // Rows x blocks steps share the lines to prefetch.
+  const uint32_t steps = n * std::max<uint32_t>(1, vd / (B * V::kF));
+  const uint32_t per = (ahead.lines + steps - 1) / steps;
   uint32_t d = 0;
-  for (; d + B * V::kF <= vd; d += B * V::kF) value_block<V, T, NH, B>(v, n, dim, d, w, ld, acc);
-  for (; d < vd; d += V::kF) value_block<V, T, NH, 1>(v, n, dim, d, w, ld, acc);
+  for (; d + B * V::kF <= vd; d += B * V::kF) value_block<V, T, NH, B>(v, n, dim, d, w, ld, acc, ahead, per);
+  for (; d < vd; d += V::kF) value_block<V, T, NH, 1>(v, n, dim, d, w, ld, acc, ahead, per);
+  ahead.issue(ahead.lines);
   const size_t rb = size_t(dim) * elem_bytes<T>();
   for (; d < dim; d++)
     for (uint32_t i = 0; i < n; i++) {
@@ -383,12 +402,15 @@ CXLKV_PNM_TARGET inline void accumulate_values(const unsigned char* v, uint32_t 
 // left in w [NH][ld] for the value rows.
 template <class V, Dtype T, uint32_t NH>
 CXLKV_PNM_TARGET void attend_scores_heads(const void* kp, uint32_t n, uint32_t dim, const float* q, float* m,
-                                          float* l, float* acc, float* w, uint32_t ld) {
+                                          float* l, float* acc, float* w, uint32_t ld, Ahead& ahead) {
   constexpr uint32_t R = score_rows_per_block<V, NH>();
   const auto* k = static_cast<const unsigned char*>(kp);
+  const uint32_t steps = std::max<uint32_t>(1, (n / R + n % R) * (dim / V::kF));
+  const uint32_t per = (ahead.lines + steps - 1) / steps;
   uint32_t i = 0;
-  for (; i + R <= n; i += R) score_block<V, T, NH, R>(k, i, dim, q, w, ld);
-  for (; i < n; i++) score_block<V, T, NH, 1>(k, i, dim, q, w, ld);
+  for (; i + R <= n; i += R) score_block<V, T, NH, R>(k, i, dim, q, w, ld, ahead, per);
+  for (; i < n; i++) score_block<V, T, NH, 1>(k, i, dim, q, w, ld, ahead, per);
+  ahead.issue(ahead.lines);
   for (uint32_t h = 0; h < NH; h++) {
     float* sh = w + h * ld;
     float mx = m[h];
@@ -414,33 +436,34 @@ CXLKV_PNM_TARGET void attend_scores_heads(const void* kp, uint32_t n, uint32_t d
 // chunk's size).
 template <class V, Dtype T, uint32_t NH = V::kHeadChunk>
 CXLKV_PNM_TARGET void attend_chunk(bool keys, const void* rows, uint32_t n, uint32_t dim, const float* q,
-                                   uint32_t nh, float* m, float* l, float* acc, float* w, uint32_t ld) {
+                                   uint32_t nh, float* m, float* l, float* acc, float* w, uint32_t ld, Ahead& ahead) {
   if constexpr (NH > 1) {
-    if (nh < NH) return attend_chunk<V, T, NH - 1>(keys, rows, n, dim, q, nh, m, l, acc, w, ld);
+    if (nh < NH) return attend_chunk<V, T, NH - 1>(keys, rows, n, dim, q, nh, m, l, acc, w, ld, ahead);
   }
   if (keys)
-    attend_scores_heads<V, T, NH>(rows, n, dim, q, m, l, acc, w, ld);
+    attend_scores_heads<V, T, NH>(rows, n, dim, q, m, l, acc, w, ld, ahead);
   else
-    accumulate_values<V, T, NH>(static_cast<const unsigned char*>(rows), n, dim, w, ld, acc);
+    accumulate_values<V, T, NH>(static_cast<const unsigned char*>(rows), n, dim, w, ld, acc, ahead);
 }
 
 template <class V, Dtype T>
 CXLKV_PNM_TARGET void attend_all(bool keys, const void* rows, uint32_t n, uint32_t dim, const float* q, uint32_t nq,
-                                 float* m, float* l, float* acc, float* w, uint32_t ld) {
+                                 float* m, float* l, float* acc, float* w, uint32_t ld, Ahead& ahead) {
   for (uint32_t h0 = 0; h0 < nq; h0 += V::kHeadChunk)
     attend_chunk<V, T>(keys, rows, n, dim, keys ? q + size_t(h0) * dim : nullptr, std::min(V::kHeadChunk, nq - h0),
-                       m + h0, l + h0, acc + size_t(h0) * dim, w + h0 * ld, ld);
+                       m + h0, l + h0, acc + size_t(h0) * dim, w + h0 * ld, ld, ahead);
 }
 
 template <class V>
 CXLKV_PNM_TARGET void attend_rows_kernel(bool keys, Dtype t, const void* rows, uint32_t n, uint32_t dim,
                                          const float* q, uint32_t nq, float* m, float* l, float* acc, float* w,
-                                         uint32_t ld) {
-  if (n == 0) return;
+                                         uint32_t ld, const void* next, uint32_t next_bytes) {
+  Ahead ahead{static_cast<const char*>(next), next ? (next_bytes + 63) / 64 : 0};
+  if (n == 0) return ahead.issue(ahead.lines);
   switch (t) {
-    case Dtype::f32: return attend_all<V, Dtype::f32>(keys, rows, n, dim, q, nq, m, l, acc, w, ld);
-    case Dtype::bf16: return attend_all<V, Dtype::bf16>(keys, rows, n, dim, q, nq, m, l, acc, w, ld);
-    case Dtype::f16: return attend_all<V, Dtype::f16>(keys, rows, n, dim, q, nq, m, l, acc, w, ld);
+    case Dtype::f32: return attend_all<V, Dtype::f32>(keys, rows, n, dim, q, nq, m, l, acc, w, ld, ahead);
+    case Dtype::bf16: return attend_all<V, Dtype::bf16>(keys, rows, n, dim, q, nq, m, l, acc, w, ld, ahead);
+    case Dtype::f16: return attend_all<V, Dtype::f16>(keys, rows, n, dim, q, nq, m, l, acc, w, ld, ahead);
   }
 }
 
