@@ -10,9 +10,11 @@
 //   F zero(), set1(float), load(const float*); store(float*, F)
 //   F load_elems(Dtype, const void* base, uint32_t i): V::kF elements of
 //     base from element i, as floats
-//   F add(F, F), mul(F, F), max(F, F), fmadd(F a, F b, F c) (a * b + c)
+//   F add(F, F), mul(F, F), max(F, F), min(F, F), fmadd(F a, F b, F c) (a * b + c)
 //   float hsum(F): the sum of the lanes; hsums(const F* a, n, float* out):
-//     out[h] = hsum(a[h]) for h < n <= kHeadChunk, several at once
+//     out[h] = hsum(a[h]) for h < n <= kHeadChunk, several at once;
+//     F reduce(const F* a): lane j = hsum(a[j]) for the V::kF vectors a
+//   F tile(const float* x, n): lane j = x[j % n] (n divides V::kF)
 //   F load_i8(const int8_t*): V::kF int8 elements as floats (q8 digests)
 //   F round(F): to the nearest integer; F pow2i(F n): 2^n for integer n in
 //     [-126, 127] (the exponential of the attention kernels)
@@ -295,6 +297,26 @@ constexpr uint32_t score_rows_per_block() {
   return V::kAcc / NH > 0 ? V::kAcc / NH : 1;
 }
 
+// Whether a block's R x NH scores fill one vector (V::kAcc == V::kF and
+// NH divides it: 1, 2, 4, 8 heads on AVX-512): then a block's sums are
+// reduced to one vector at once (V::reduce) and the online softmax runs on
+// whole vectors, lane r * NH + h the score of row r for head h; other
+// group sizes take a horizontal sum per (row, head).
+template <class V, uint32_t NH>
+constexpr bool packed_scores() {
+  return score_rows_per_block<V, NH>() * NH == V::kF;
+}
+
+// Where the keys call leaves row i's weight for head h in w, for the
+// values call: [row][head] when packed, else [head][ld].
+template <class V, uint32_t NH>
+inline uint32_t weight_index(uint32_t i, uint32_t h, uint32_t ld) {
+  if constexpr (packed_scores<V, NH>())
+    return i * NH + h;
+  else
+    return h * ld + i;
+}
+
 // s[h * ld + i] = q_h . k_i for R rows of K from row i0 and NH heads q
 // [NH][dim] (already scaled): R x NH accumulators, each key element read
 // and converted once for every head of the group.
@@ -361,7 +383,7 @@ CXLKV_PNM_TARGET __attribute__((always_inline)) inline void value_block(const un
     for (uint32_t b = 0; b < NB; b++) x[b] = V::load_elems(T, v + i * rb, d0 + b * V::kF);
 #pragma GCC unroll 16
     for (uint32_t h = 0; h < NH; h++) {
-      const F wv = V::set1(w[h * ld + i]);
+      const F wv = V::set1(w[weight_index<V, NH>(i, h, ld)]);
 #pragma GCC unroll 16
       for (uint32_t b = 0; b < NB; b++) a[h][b] = V::fmadd(wv, x[b], a[h][b]);
     }
@@ -390,7 +412,7 @@ CXLKV_PNM_TARGET inline void accumulate_values(const unsigned char* v, uint32_t 
   for (; d < dim; d++)
     for (uint32_t i = 0; i < n; i++) {
       const float x = load_elem(T, v + i * rb, d);
-      for (uint32_t h = 0; h < NH; h++) acc[size_t(h) * dim + d] += w[h * ld + i] * x;
+      for (uint32_t h = 0; h < NH; h++) acc[size_t(h) * dim + d] += w[weight_index<V, NH>(i, h, ld)] * x;
     }
 }
 
@@ -399,7 +421,8 @@ CXLKV_PNM_TARGET inline void accumulate_values(const unsigned char* v, uint32_t 
 // kAttendRows rows (q already scaled), each head's running maximum m and
 // sum l and its accumulator acc [NH][dim] brought up to the new maximum
 // (acc rescaled only when it moved), and the rows' weights exp(score - m)
-// left in w [NH][ld] for the value rows.
+// left in w [NH][ld] for the value rows (group sizes that are not packed,
+// packed_scores: attend_scores_packed).
 template <class V, Dtype T, uint32_t NH>
 CXLKV_PNM_TARGET void attend_scores_heads(const void* kp, uint32_t n, uint32_t dim, const float* q, float* m,
                                           float* l, float* acc, float* w, uint32_t ld, Ahead& ahead) {
@@ -431,6 +454,107 @@ CXLKV_PNM_TARGET void attend_scores_heads(const void* kp, uint32_t n, uint32_t d
   }
 }
 
+// The scores of rows [i0, i0 + R) (the last row repeated past n) for NH
+// heads, lane r * NH + h the score of row i0 + r for head h: R x NH
+// accumulators over the dimension, reduced to one vector at once.
+template <class V, Dtype T, uint32_t NH, uint32_t R>
+CXLKV_PNM_TARGET __attribute__((always_inline)) inline typename V::F score_vector(
+    const unsigned char* k, uint32_t i0, uint32_t n, uint32_t dim, const float* q, Ahead& ahead, uint32_t per_step) {
+  using F = typename V::F;
+  const uint32_t vd = dim / V::kF * V::kF;
+  const size_t rb = size_t(dim) * elem_bytes<T>();
+  const unsigned char* row[R];
+#pragma GCC unroll 16
+  for (uint32_t r = 0; r < R; r++) row[r] = k + std::min(i0 + r, n - 1) * rb;
+  F a[R * NH];
+#pragma GCC unroll 16
+  for (uint32_t j = 0; j < R * NH; j++) a[j] = V::zero();
+  for (uint32_t d = 0; d < vd; d += V::kF) {
+    ahead.issue(per_step);
+    F qq[NH];
+#pragma GCC unroll 16
+    for (uint32_t h = 0; h < NH; h++) qq[h] = V::load(q + size_t(h) * dim + d);
+#pragma GCC unroll 16
+    for (uint32_t r = 0; r < R; r++) {
+      const F kk = V::load_elems(T, row[r], d);
+#pragma GCC unroll 16
+      for (uint32_t h = 0; h < NH; h++) a[r * NH + h] = V::fmadd(qq[h], kk, a[r * NH + h]);
+    }
+  }
+  F s = V::reduce(a);
+  if (vd < dim) {  // a dimension that is not a multiple of the lanes
+    alignas(64) float t[V::kF];
+    V::store(t, s);
+    for (uint32_t r = 0; r < R; r++)
+      for (uint32_t h = 0; h < NH; h++)
+        for (uint32_t d = vd; d < dim; d++) t[r * NH + h] += q[size_t(h) * dim + d] * load_elem(T, row[r], d);
+    s = V::load(t);
+  }
+  return s;
+}
+
+// attend_scores_heads for a packed group (packed_scores): the blocks'
+// score vectors, each head's new maximum from their lane-wise maximum, the
+// weights exp(score - maximum) a vector at a time, and each head's sum
+// from their lane-wise sum; lanes of rows past n are -inf before the
+// maximum and 0 after the exponential.  The weights are left in w [n][NH].
+template <class V, Dtype T, uint32_t NH>
+CXLKV_PNM_TARGET void attend_scores_packed(const void* kp, uint32_t n, uint32_t dim, const float* q, float* m,
+                                           float* l, float* acc, float* w, Ahead& ahead) {
+  using F = typename V::F;
+  constexpr uint32_t R = V::kF / NH;
+  const auto* k = static_cast<const unsigned char*>(kp);
+  const uint32_t nb = (n + R - 1) / R, tail = n - (nb - 1) * R;  // rows of the last block
+  const uint32_t steps = std::max<uint32_t>(1, nb * (dim / V::kF));
+  const uint32_t per = (ahead.lines + steps - 1) / steps;
+  alignas(64) float t[V::kF], keep[V::kF];
+  if (tail < R)
+    for (uint32_t j = 0; j < V::kF; j++) keep[j] = j / NH < tail ? 1.f : 0.f;
+  F mx = V::set1(-INFINITY);
+  for (uint32_t b = 0; b < nb; b++) {
+    F s = score_vector<V, T, NH, R>(k, b * R, n, dim, q, ahead, per);
+    if (b + 1 == nb && tail < R) {  // the repeated rows: -inf, below every score
+      for (uint32_t j = 0; j < V::kF; j++) t[j] = keep[j] > 0.f ? INFINITY : -INFINITY;
+      s = V::min(s, V::load(t));
+    }
+    V::store(w + b * V::kF, s);
+    mx = V::max(mx, s);
+  }
+  ahead.issue(ahead.lines);
+  V::store(t, mx);
+  float mnew[NH], c[NH];
+  for (uint32_t h = 0; h < NH; h++) {
+    float x = m[h];
+    for (uint32_t r = 0; r < R; r++) x = std::max(x, t[r * NH + h]);
+    mnew[h] = x;
+    // The sums so far, rescaled to the new maximum (nothing yet: c = 0;
+    // most pages leave the maximum where it was: c = 1, no exp).
+    c[h] = std::isinf(m[h]) ? 0.f : x == m[h] ? 1.f : std::exp(m[h] - x);
+  }
+  const F neg = V::mul(V::tile(mnew, NH), V::set1(-1.f));
+  F sum = V::zero();
+  for (uint32_t b = 0; b < nb; b++) {
+    F e = vexp<V>(V::add(V::load(w + b * V::kF), neg));
+    if (b + 1 == nb && tail < R) e = V::mul(e, V::load(keep));
+    V::store(w + b * V::kF, e);
+    sum = V::add(sum, e);
+  }
+  V::store(t, sum);
+  for (uint32_t h = 0; h < NH; h++) {
+    float sh = 0.f;
+    for (uint32_t r = 0; r < R; r++) sh += t[r * NH + h];
+    if (c[h] != 1.f) {
+      float* a = acc + size_t(h) * dim;
+      const F cv = V::set1(c[h]);
+      const uint32_t vd = dim / V::kF * V::kF;
+      for (uint32_t d = 0; d < vd; d += V::kF) V::store(a + d, V::mul(cv, V::load(a + d)));
+      for (uint32_t d = vd; d < dim; d++) a[d] *= c[h];
+    }
+    l[h] = l[h] * c[h] + sh;
+    m[h] = mnew[h];
+  }
+}
+
 // The above and accumulate_values for nq heads in chunks of at most
 // kHeadChunk, NH a compile-time constant in each (counting down to the
 // chunk's size).
@@ -440,8 +564,12 @@ CXLKV_PNM_TARGET void attend_chunk(bool keys, const void* rows, uint32_t n, uint
   if constexpr (NH > 1) {
     if (nh < NH) return attend_chunk<V, T, NH - 1>(keys, rows, n, dim, q, nh, m, l, acc, w, ld, ahead);
   }
-  if (keys)
-    attend_scores_heads<V, T, NH>(rows, n, dim, q, m, l, acc, w, ld, ahead);
+  if (keys) {
+    if constexpr (packed_scores<V, NH>())
+      attend_scores_packed<V, T, NH>(rows, n, dim, q, m, l, acc, w, ahead);
+    else
+      attend_scores_heads<V, T, NH>(rows, n, dim, q, m, l, acc, w, ld, ahead);
+  }
   else
     accumulate_values<V, T, NH>(static_cast<const unsigned char*>(rows), n, dim, w, ld, acc, ahead);
 }

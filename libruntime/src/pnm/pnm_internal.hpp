@@ -43,8 +43,9 @@ struct Kernels {
   // order (docs/near-memory.md#attention-at-the-read-bound).  keys: the
   // rows' scores against q [nq][dim] (already scaled), each head's running
   // maximum m [nq] and sum l [nq] and its unnormalized output acc [nq][dim]
-  // rescaled to the new maximum, the rows' weights left in w [nq][ld];
-  // values (q, m, l unused): acc += w x the value rows.  m = -inf, l = 0,
+  // rescaled to the new maximum, the rows' weights left in w (nq x ld
+  // floats, ld >= kAttendRows, laid out as the kernel chooses for its
+  // values call); values (q, m, l unused): acc += w x the value rows.  m = -inf, l = 0,
   // acc = 0 before the first rows; the output is acc / l, the log-sum-exp
   // m + log l.  next_bytes at next (nullptr: none) are prefetched a few
   // lines at a time while the rows are used: the rows a caller uses a
