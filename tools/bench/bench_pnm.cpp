@@ -19,12 +19,20 @@
 //                              scaling over layers
 //   pnm.attention_ms_budget2048  attention of one step over the 2048-token budget,
 //                              all 32 layers, real bf16 KV (a 2560-token context),
-//                              one engine thread; bound: the selected K/V read at
-//                              pnm.attention_read_memcpy_gbps (one thread's memcpy
-//                              read rate, measured beside each of the 5 steps);
-//                              _scattered_read: those rows memcpy'd where they lie;
-//                              pnm.attention_cpu_ms_budget2048 (_bound): the same
-//                              attention and memcpy in the thread's CPU time
+//                              one engine thread, the pool on 4 KiB pages; bound: the
+//                              selected K/V read at pnm.attention_read_memcpy_gbps
+//                              (one thread's memcpy read of 128 MiB of the same
+//                              pool mapping in 32 KiB pieces, beside each of the 5
+//                              steps; pnm.attention_private_read_memcpy_gbps: the
+//                              same read of a private buffer, the bound's source
+//                              before); _scattered_read: those rows memcpy'd where
+//                              they lie; pnm.attention_cpu_ms_budget2048 (_bound):
+//                              the same attention and memcpy in the thread's CPU
+//                              time; _2m (_bound, pnm.attention_2m_read_memcpy_gbps):
+//                              the pool on 2 MiB pages (MADV_HUGEPAGE;
+//                              pnm.attention_2m_huge_share of the K/V got them);
+//                              _2threads: two engine threads, bound read by two
+//                              threads at once (pnm.attention_2threads_read_memcpy_gbps)
 //   pnm.bytes_over_link_ratio  bytes to the GPU per step with near-memory
 //                              attention / recalling the selected pages
 //                              (_all_128k, _all_1m: / recalling every page)
@@ -55,6 +63,7 @@
 #include <memory>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "bench.hpp"
@@ -98,17 +107,23 @@ struct Sparse {
   void* p;
 };
 
-// MemAvailable of /proc/meminfo in bytes (0 when it cannot be read).
-uint64_t mem_available_bytes() {
-  FILE* f = std::fopen("/proc/meminfo", "r");
+// A "Name: N kB" field of a /proc file in bytes (0 when it cannot be read).
+uint64_t proc_kb_field(const char* path, const char* name) {
+  FILE* f = std::fopen(path, "r");
   if (!f) return 0;
+  const std::string fmt = std::string(name) + ": %llu kB";
   char line[256];
   unsigned long long kib = 0;
   while (std::fgets(line, sizeof line, f))
-    if (std::sscanf(line, "MemAvailable: %llu kB", &kib) == 1) break;
+    if (std::sscanf(line, fmt.c_str(), &kib) == 1) break;
   std::fclose(f);
   return uint64_t(kib) * 1024;
 }
+
+uint64_t mem_available_bytes() { return proc_kb_field("/proc/meminfo", "MemAvailable"); }
+
+// This process's anonymous memory on transparent 2 MiB pages.
+uint64_t anon_huge_bytes() { return proc_kb_field("/proc/self/smaps_rollup", "AnonHugePages"); }
 
 [[noreturn]] void fail(const std::string& m) {
   std::fprintf(stderr, "bench pnm: %s\n", m.c_str());
@@ -252,16 +267,52 @@ SelectRun bench_select(uint32_t layers, uint64_t tokens, bool flush_too, const K
 
 struct AttnRun {
   double ms = 0, scattered_ms = 0, read_gbps = 0;
-  double cpu_ms = 0, cpu_read_gbps = 0;  // the same in this thread's CPU time
+  double private_read_gbps = 0;  // the same read of a private buffer (the bound before it read the pool)
+  double cpu_ms = 0, cpu_read_gbps = 0;  // the same in this thread's CPU time (one engine thread)
   uint64_t kv_bytes = 0, near = 0, selected = 0;
+  double huge_share = 0;  // of the context's K/V, on 2 MiB pages
 };
 
-AttnRun bench_attention() {
+// 128 MiB of the pool read in 32 KiB pieces (the method of
+// read_gbps_of) from the context's first pages where they lie: the same
+// mapping and page size the step reads.  With several threads each reads
+// its share of the pages at once, as the engine's threads share a step.
+double pool_read_gbps(const Region& region, const std::vector<uint64_t>& table, uint64_t page_bytes,
+                      uint32_t threads) {
+  const uint64_t pages = (128ull << 20) / page_bytes;
+  if (table.size() < pages) fail("attention bench: fewer than 128 MiB of pages to read");
+  auto read = [&](uint32_t t) {
+    std::vector<unsigned char> dst(32 << 10);
+    for (uint64_t p = t; p < pages; p += threads) {
+      const auto* src = reinterpret_cast<const unsigned char*>(region.at(table[p]));
+      for (uint64_t o = 0; o < page_bytes; o += dst.size()) std::memcpy(dst.data(), src + o, dst.size());
+    }
+    asm volatile("" ::"r"(dst.data()) : "memory");
+  };
+  std::vector<double> v;
+  for (int r = 0; r < 3; r++) {
+    auto t0 = Clock::now();
+    std::vector<std::thread> others;
+    for (uint32_t t = 1; t < threads; t++) others.emplace_back(read, t);
+    read(0);
+    for (auto& t : others) t.join();
+    v.push_back(double(pages * page_bytes) / secs(t0) / 1e9);
+  }
+  return median(v);
+}
+
+// One step's attention, 5 steps, each beside its bound's read rate.  The
+// pool is anonymous memory on 4 KiB pages, or (huge_pages) on 2 MiB pages
+// where the kernel gives them (MADV_HUGEPAGE; huge_share says how much it
+// gave), as device-dax maps a CXL pool.
+AttnRun bench_attention(bool huge_pages, uint32_t threads) {
   const uint64_t tokens = 2560;
   const Geometry g = llama(32, tokens);
   const uint32_t q_heads = 32;
   const uint64_t kv = tokens * 32 * 8 * 128 * 2 * 2;
   Sparse mem(kv + (64ull << 20));
+  if (huge_pages) (void)madvise(mem.p, mem.bytes, MADV_HUGEPAGE);
+  const uint64_t huge0 = anon_huge_bytes();
   auto region = memory_pool(mem, DomainMode::coherent, true);
   StoreOptions so;
   so.carve_bytes = (kv + (32ull << 20)) & ~((2ull << 20) - 1);
@@ -275,19 +326,27 @@ AttnRun bench_attention() {
     ns.make_kv(t, 256, k, v);
     if (auto r = ctx->append(k.data(), v.data(), 256); !r.ok()) fail(r.error().message());
   }
-  Engine eng({1, -1});
-  std::vector<double> ms, scattered, gbps, cpu_ms, cpu_gbps;
   AttnRun out;
-  // The bound's memcpy read rate is measured beside each step (not minutes
+  out.huge_share = std::min(1.0, double(anon_huge_bytes() - std::min(anon_huge_bytes(), huge0)) / double(kv));
+  std::vector<uint64_t> table(ctx->pages_for(tokens));
+  if (auto t = ctx->read_page_table(0, uint32_t(table.size()), table.data()); !t.ok()) fail(t.error().message());
+  Engine eng({threads, -1});
+  std::vector<double> ms, scattered, gbps, cpu_ms, cpu_gbps, private_gbps;
+  // A private buffer on 4 KiB pages, read as the bound reads the pool.
+  std::vector<unsigned char> priv(threads == 1 && !huge_pages ? 128ull << 20 : 0);
+  for (size_t i = 0; i < priv.size(); i += 4096) priv[i] = static_cast<unsigned char>(i >> 12);
+  // The bound's read rate is measured beside each step (not minutes
   // earlier with the digest build): on a shared machine the rate moves
   // with the other work, and the ratio is only meaningful against a rate
   // from the same moment.
-  std::vector<unsigned char> src(128ull << 20);
-  for (size_t i = 0; i < src.size(); i += 4096) src[i] = static_cast<unsigned char>(i >> 12);
   for (int r = 0; r < 5; r++) {
+    // A private buffer read the same way, beside the pool's read: whether
+    // the pool's pages read as fast as other memory (on 4 KiB pages they
+    // have not: docs/near-memory.md "Attention at the read bound").
+    if (!priv.empty()) private_gbps.push_back(read_gbps_of(priv));
     const double c0 = thread_cpu_secs();
-    gbps.push_back(read_gbps_of(src));
-    cpu_gbps.push_back(3 * double(src.size()) / (thread_cpu_secs() - c0) / 1e9);
+    gbps.push_back(pool_read_gbps(*region, table, ctx->page_bytes(), threads));
+    cpu_gbps.push_back(3 * double(128ull << 20) / (thread_cpu_secs() - c0) / 1e9);
     const std::vector<float> q = ns.queries(r);
     StepRequest rq;
     rq.ctx = ctx.get();
@@ -298,19 +357,18 @@ AttnRun bench_attention() {
     StepResult res = eng.step(rq);
     if (!res.status.ok()) fail(res.status.error().message());
     ms.push_back(res.attend_ms);
+    out.kv_bytes = res.kv_bytes;
+    out.near = res.link_bytes_near;
+    out.selected = res.link_bytes_selected;
+    if (threads != 1) continue;
     // The same attention (the step's selection) in CPU time: the engine
     // has one thread, this one.
     const double c1 = thread_cpu_secs();
     auto part = attend(*ctx, q, q_heads, tokens, &res.selection);
     cpu_ms.push_back((thread_cpu_secs() - c1) * 1e3);
     if (!part.ok()) fail(part.error().message());
-    out.kv_bytes = res.kv_bytes;
-    out.near = res.link_bytes_near;
-    out.selected = res.link_bytes_selected;
     // The same rows memcpy'd where they lie (a page's rows of one head, a
     // page apart): the read alone in the step's own access pattern.
-    std::vector<uint64_t> table(ctx->pages_for(tokens));
-    if (auto t = ctx->read_page_table(0, uint32_t(table.size()), table.data()); !t.ok()) fail(t.error().message());
     std::vector<unsigned char> dst(16 * 128 * 2);
     auto t0 = Clock::now();
     for (uint32_t l = 0; l < g.layers; l++)
@@ -325,10 +383,13 @@ AttnRun bench_attention() {
     scattered.push_back(secs(t0) * 1e3);
   }
   out.ms = median(ms);
-  out.scattered_ms = median(scattered);
   out.read_gbps = median(gbps);
-  out.cpu_ms = median(cpu_ms);
-  out.cpu_read_gbps = median(cpu_gbps);
+  if (threads == 1) {
+    out.scattered_ms = median(scattered);
+    if (!private_gbps.empty()) out.private_read_gbps = median(private_gbps);
+    out.cpu_ms = median(cpu_ms);
+    out.cpu_read_gbps = median(cpu_gbps);
+  }
   return out;
 }
 
@@ -500,23 +561,41 @@ void run_pnm(bench::Results& res) {
   for (const Kind& kind : kinds())
     if (!kind.suffix().empty()) bench_select_kind(res, kind, read_gbps);
 
-  AttnRun at = bench_attention();
+  AttnRun at = bench_attention(false, 1);
   const double abound = double(at.kv_bytes) / (at.read_gbps * 1e9) * 1e3;
   res.set("pnm.attention_read_memcpy_gbps", at.read_gbps);
+  res.set("pnm.attention_private_read_memcpy_gbps", at.private_read_gbps);
   const double cbound = double(at.kv_bytes) / (at.cpu_read_gbps * 1e9) * 1e3;
   res.set("pnm.attention_cpu_ms_budget2048", at.cpu_ms);
   res.set("pnm.attention_cpu_ms_budget2048_bound", cbound);
   res.set("pnm.attention_ms_budget2048", at.ms);
   res.set("pnm.attention_ms_budget2048_bound", abound);
   res.set("pnm.attention_ms_budget2048_scattered_read", at.scattered_ms);
-  std::printf("pnm: the same in CPU time: %.1f ms, bound %.1f ms (%.2fx)\n", at.cpu_ms, cbound, at.cpu_ms / cbound);
+  std::printf("pnm: the same in CPU time: %.1f ms, bound %.1f ms (%.2fx); a private buffer read at %.1f GB/s "
+              "beside the pool's %.1f GB/s\n",
+              at.cpu_ms, cbound, at.cpu_ms / cbound, at.private_read_gbps, at.read_gbps);
+  // The pool on 2 MiB pages, and two engine threads against two threads'
+  // read rate: each beside its own bound.
+  auto variant = [&](const std::string& sfx, const AttnRun& a, const char* what) {
+    const double b = double(a.kv_bytes) / (a.read_gbps * 1e9) * 1e3;
+    res.set("pnm.attention_ms_budget2048" + sfx, a.ms);
+    res.set("pnm.attention_ms_budget2048" + sfx + "_bound", b);
+    res.set("pnm.attention" + sfx + "_read_memcpy_gbps", a.read_gbps);
+    std::printf("pnm: attention over 2048 tokens x 32 layers, %s: %.1f ms (bound %.1f ms at %.1f GB/s, %.2fx)\n",
+                what, a.ms, b, a.read_gbps, a.ms / b);
+  };
+  const AttnRun at2m = bench_attention(true, 1);
+  variant("_2m", at2m, "pool on 2 MiB pages");
+  res.set("pnm.attention_2m_huge_share", at2m.huge_share);
+  std::printf("pnm: %.0f%% of that pool's K/V was on 2 MiB pages\n", 100 * at2m.huge_share);
+  variant("_2threads", bench_attention(false, 2), "two engine threads, bound read by two threads");
   // Link bytes per step: near-memory attention moves queries + output + lse;
   // recalling moves the selected pages' K and V, or every page's.
   const double all128 = 128.0 * 1024 * 32 * 8 * 128 * 2 * 2, all1m = all128 * 8;
   res.set("pnm.bytes_over_link_ratio", double(at.near) / double(at.selected));
   res.set("pnm.bytes_over_link_ratio_all_128k", double(at.near) / all128);
   res.set("pnm.bytes_over_link_ratio_all_1m", double(at.near) / all1m);
-  std::printf("pnm: attention over 2048 tokens x 32 layers: %.1f ms (bound %.1f ms at %.1f GB/s measured beside it, "
+  std::printf("pnm: attention over 2048 tokens x 32 layers: %.1f ms (bound %.1f ms at %.1f GB/s read from the same pool beside it, "
               "%.2fx; the same rows memcpy'd where they lie %.1f ms); link bytes %llu near vs %llu selected pages\n",
               at.ms, abound, at.read_gbps, at.ms / abound, at.scattered_ms, (unsigned long long)at.near, (unsigned long long)at.selected);
 

@@ -21,9 +21,9 @@ void attend_rows(Isa isa, Dtype dtype, const void* k, const void* v, uint32_t nt
   for (uint32_t t0 = 0; t0 < ntok; t0 += detail::kAttendRows) {
     const uint32_t n = std::min(detail::kAttendRows, ntok - t0);
     kn.attend_rows(true, dtype, static_cast<const unsigned char*>(k) + t0 * row, n, dim, qs.data(), nq, m, l, acc,
-                   w.data(), detail::kAttendRows);
+                   w.data(), detail::kAttendRows, nullptr, 0);
     kn.attend_rows(false, dtype, static_cast<const unsigned char*>(v) + t0 * row, n, dim, nullptr, nq, nullptr,
-                   nullptr, acc, w.data(), detail::kAttendRows);
+                   nullptr, acc, w.data(), detail::kAttendRows, nullptr, 0);
   }
 }
 
@@ -35,8 +35,10 @@ namespace detail {
 // their value rows, through the online softmax.  A page holds a layer's
 // heads' key rows side by side and then their value rows, so where the
 // heads selected the same page (most pages, at a budget that is a good
-// share of the context) each is one stretch read in order; each head's
-// rows of its next page are prefetched as these are used.  Rows are read
+// share of the context) each is one stretch read in order; the rows used
+// a few uses later are prefetched, spread over the kernel's work on these
+// (the next rows of a head are a whole page, every layer and head, away,
+// past where the hardware prefetcher follows).  Rows are read
 // in place where the domain is coherent (rule 4 holds trivially), else
 // staged a page at a time (invalidate, fence, load).
 Result<void> attend_heads(const Context& ctx, const uint64_t* table, const std::span<const uint32_t>* pages,
@@ -60,62 +62,98 @@ Result<void> attend_heads(const Context& ctx, const uint64_t* table, const std::
   auto page_ntok = [&](uint32_t p) {
     return static_cast<uint32_t>(std::min<uint64_t>(g.page_tokens, ntokens - uint64_t(p) * g.page_tokens));
   };
-  // A head's next selected page is a whole page (every layer and head)
-  // away, past where the hardware prefetcher follows.
-  auto prefetch = [&](uint32_t i, size_t j, uint32_t kv) {
-    if (j >= pages[i].size()) return;
-    const uint32_t p = pages[i][j];
-    const auto* r = static_cast<const char*>(ctx.rows_in_place(table[p], L, kv, h0 + i));
-    if (!r) return;
-    for (size_t o = 0; o < page_ntok(p) * row; o += 64) __builtin_prefetch(r + o);
+  // The rows in the order they are used: the pages in order over every
+  // head (a merge of the heads' lists; each head's list is taken in its own
+  // order, sorted or not: at each step the lowest page any head is at),
+  // and at each page the key rows of the heads there, then their value rows.
+  struct Use {
+    uint32_t page, head, kv;
   };
-  // The pages in order over every head (a merge of the heads' lists;
-  // each head's list is taken in its own order, sorted or not): at each
-  // step the lowest page any head is at, for the heads at that page.
-  std::vector<size_t> at(nh, 0);
+  thread_local std::vector<Use> uses;
+  uses.clear();
+  {
+    std::vector<size_t> at(nh, 0);
+    for (;;) {
+      uint32_t p = UINT32_MAX;
+      for (uint32_t i = 0; i < nh; i++)
+        if (at[i] < pages[i].size()) p = std::min(p, pages[i][at[i]]);
+      if (p == UINT32_MAX) break;
+      const size_t first = uses.size();
+      for (uint32_t i = 0; i < nh; i++)
+        if (at[i] < pages[i].size() && pages[i][at[i]] == p) {
+          uses.push_back({p, i, 0});
+          at[i]++;
+        }
+      const size_t keys = uses.size();
+      for (size_t u = first; u < keys; u++) uses.push_back({p, uses[u].head, 1});
+    }
+  }
+  // The rows used `ahead` uses from now (8: 32 KiB of bf16 rows of 16
+  // tokens, about a microsecond of work) are prefetched while these are
+  // used, a few lines per block of the kernel's work: a burst per page
+  // (what this did before) fills the core's miss buffers and stalls the
+  // work behind it.  The layer's first uses go in one burst.
+  //
+  // A use's rows are a 4 KiB page of the pool of their own (16 tokens of
+  // 128 bf16 elements; every layer and head lie between a head's rows of
+  // two pages), so on a pool of 4 KiB pages each use is a TLB miss; the first line of the rows
+  // `walk` uses from now is prefetched early, so that its page walk is
+  // done before its lines are (a prefetch that waits on a walk waited
+  // as long as the lines themselves: 15 ms -> 12.5 ms a step of the
+  // bench on 4 KiB pages, little change on 2 MiB pages).
+  constexpr size_t ahead = 8, walk = 32;
+  auto in_place = [&](size_t u) {
+    return static_cast<const unsigned char*>(ctx.rows_in_place(table[uses[u].page], L, uses[u].kv, h0 + uses[u].head));
+  };
+  for (size_t u = 0; u < std::min<size_t>(walk, uses.size()); u++)
+    if (const unsigned char* r = in_place(u))
+      for (size_t o = 0; o < (u < ahead ? page_ntok(uses[u].page) * row : 1); o += 64) __builtin_prefetch(r + o);
   std::vector<const unsigned char*> rows(2 * size_t(nh));
-  for (uint32_t i = 0; i < nh; i++) prefetch(i, 0, 0);
-  for (;;) {
-    uint32_t p = UINT32_MAX;
-    for (uint32_t i = 0; i < nh; i++)
-      if (at[i] < pages[i].size()) p = std::min(p, pages[i][at[i]]);
-    if (p == UINT32_MAX) break;
-    const uint32_t ntok = page_ntok(p);
+  for (size_t u0 = 0; u0 < uses.size();) {
+    const uint32_t p = uses[u0].page, ntok = page_ntok(p);
+    size_t u1 = u0;
+    while (u1 < uses.size() && uses[u1].page == p) u1++;
     // Rows of the heads at page p: in place, or staged (K and V of each,
     // so that the value pass finds them).
-    for (uint32_t i = 0; i < nh; i++) {
-      rows[2 * i] = rows[2 * i + 1] = nullptr;
-      if (at[i] >= pages[i].size() || pages[i][at[i]] != p) continue;
-      for (uint32_t kv = 0; kv < 2; kv++) {
-        rows[2 * i + kv] = static_cast<const unsigned char*>(ctx.rows_in_place(table[p], L, kv, h0 + i));
-        if (rows[2 * i + kv]) continue;
-        unsigned char* buf = staged.data() + (2 * size_t(i) + kv) * g.page_tokens * row;
-        CXLKV_TRY(ctx.read_rows(table[p], L, kv, h0 + i, ntok, buf));
-        rows[2 * i + kv] = buf;
-      }
+    for (size_t u = u0; u < u1; u++) {
+      const uint32_t i = uses[u].head, kv = uses[u].kv;
+      rows[2 * i + kv] = in_place(u);
+      if (rows[2 * i + kv]) continue;
+      unsigned char* buf = staged.data() + (2 * size_t(i) + kv) * g.page_tokens * row;
+      CXLKV_TRY(ctx.read_rows(table[p], L, kv, h0 + i, ntok, buf));
+      rows[2 * i + kv] = buf;
     }
-    // Keys of every head at the page, then their values: the page's
-    // stretch of this layer in order.
-    for (uint32_t kv = 0; kv < 2; kv++)
-      for (uint32_t i = 0; i < nh; i++) {
-        if (!rows[2 * i + kv]) continue;
-        prefetch(i, at[i] + 1, kv);
-        const size_t q0 = size_t(i) * group;
-        for (uint32_t t0 = 0; t0 < ntok; t0 += ld) {
-          // Pages longer than the kernel takes at a time: their value rows
-          // follow each piece's key rows.
-          const uint32_t n = std::min(ld, ntok - t0);
-          if (ntok > ld || kv == 0)
-            kn.attend_rows(true, g.dtype, rows[2 * i] + t0 * row, n, dim, qs.data() + q0 * dim, group,
-                           m.data() + q0, l.data() + q0, out + q0 * dim, w.data() + q0 * ld, ld);
-          if (ntok > ld || kv == 1)
-            kn.attend_rows(false, g.dtype, rows[2 * i + 1] + t0 * row, n, dim, nullptr, group, nullptr, nullptr,
-                           out + q0 * dim, w.data() + q0 * ld, ld);
-        }
-        if (ntok > ld && kv == 0) rows[2 * i + 1] = nullptr;  // done with both
+    for (size_t u = u0; u < u1; u++) {
+      const uint32_t i = uses[u].head, kv = uses[u].kv;
+      const unsigned char* next = nullptr;
+      uint32_t next_bytes = 0;
+      if (u + walk < uses.size())
+        if (const unsigned char* f = in_place(u + walk)) __builtin_prefetch(f);
+      if (u + ahead < uses.size() && (next = in_place(u + ahead)))
+        next_bytes = uint32_t(page_ntok(uses[u + ahead].page) * row);
+      const size_t q0 = size_t(i) * group;
+      if (ntok <= ld) {
+        if (kv == 0)
+          kn.attend_rows(true, g.dtype, rows[2 * i], ntok, dim, qs.data() + q0 * dim, group, m.data() + q0,
+                         l.data() + q0, out + q0 * dim, w.data() + q0 * ld, ld, next, next_bytes);
+        else
+          kn.attend_rows(false, g.dtype, rows[2 * i + 1], ntok, dim, nullptr, group, nullptr, nullptr,
+                         out + q0 * dim, w.data() + q0 * ld, ld, next, next_bytes);
+        continue;
       }
-    for (uint32_t i = 0; i < nh; i++)
-      if (rows[2 * i]) at[i]++;
+      // Pages longer than the kernel takes at a time: their value rows
+      // follow each piece's key rows, all at the head's key use.
+      if (kv == 0)
+        for (uint32_t t0 = 0; t0 < ntok; t0 += ld) {
+          const uint32_t n = std::min(ld, ntok - t0);
+          kn.attend_rows(true, g.dtype, rows[2 * i] + t0 * row, n, dim, qs.data() + q0 * dim, group, m.data() + q0,
+                         l.data() + q0, out + q0 * dim, w.data() + q0 * ld, ld, nullptr, 0);
+          kn.attend_rows(false, g.dtype, rows[2 * i + 1] + t0 * row, n, dim, nullptr, group, nullptr, nullptr,
+                         out + q0 * dim, w.data() + q0 * ld, ld, nullptr, 0);
+        }
+      for (uint32_t o = 0; o < next_bytes; o += 64) __builtin_prefetch(next + o);
+    }
+    u0 = u1;
   }
   for (uint32_t j = 0; j < nq; j++) {
     if (l[j] > 0) {

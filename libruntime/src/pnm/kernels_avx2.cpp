@@ -43,6 +43,7 @@ struct Avx2 {
   CXLKV_PNM_TARGET static F add(F a, F b) { return _mm256_add_ps(a, b); }
   CXLKV_PNM_TARGET static F mul(F a, F b) { return _mm256_mul_ps(a, b); }
   CXLKV_PNM_TARGET static F max(F a, F b) { return _mm256_max_ps(a, b); }
+  CXLKV_PNM_TARGET static F min(F a, F b) { return _mm256_min_ps(a, b); }
   CXLKV_PNM_TARGET static F fmadd(F a, F b, F c) { return _mm256_fmadd_ps(a, b, c); }
   CXLKV_PNM_TARGET static float hsum(F v) {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -58,6 +59,26 @@ struct Avx2 {
     return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
   }
   CXLKV_PNM_TARGET static void hsums(const F* a, uint32_t n, float* out) { hsums256(a, n, out); }
+  // Eight sums at once: each level adds the halves of pairs of vectors
+  // (128-bit halves, then pairs of lanes twice).  The tree leaves the sum
+  // of its input 2j + b in lane 4b + j, so a[4b + j] goes in at 2j + b.
+  CXLKV_PNM_TARGET static F reduce(const F* a) {
+    F c[4], e[2];
+#pragma GCC unroll 8
+    for (uint32_t i = 0; i < 4; i++) {
+      const F x = a[4 * ((2 * i) % 2) + (2 * i) / 2], y = a[4 * ((2 * i + 1) % 2) + (2 * i + 1) / 2];
+      c[i] = _mm256_add_ps(_mm256_permute2f128_ps(x, y, 0x20), _mm256_permute2f128_ps(x, y, 0x31));
+    }
+#pragma GCC unroll 8
+    for (uint32_t i = 0; i < 2; i++)
+      e[i] = _mm256_add_ps(_mm256_unpacklo_ps(c[2 * i], c[2 * i + 1]), _mm256_unpackhi_ps(c[2 * i], c[2 * i + 1]));
+    return _mm256_add_ps(_mm256_shuffle_ps(e[0], e[1], 0x44), _mm256_shuffle_ps(e[0], e[1], 0xee));
+  }
+  CXLKV_PNM_TARGET static F tile(const float* x, uint32_t n) {
+    const __m256i idx = _mm256_and_si256(_mm256_set_epi32(7, 6, 5, 4, 3, 2, 1, 0), _mm256_set1_epi32(int(n - 1)));
+    const __m256i lanes = _mm256_cmpgt_epi32(_mm256_set1_epi32(int(n)), _mm256_set_epi32(7, 6, 5, 4, 3, 2, 1, 0));
+    return _mm256_permutevar8x32_ps(_mm256_maskload_ps(x, lanes), idx);
+  }
 
   CXLKV_PNM_TARGET static I load16(const int16_t* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
   CXLKV_PNM_TARGET static void store16(int16_t* p, I v) { _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), v); }

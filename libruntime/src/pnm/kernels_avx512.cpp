@@ -48,6 +48,7 @@ struct Avx512 {
   CXLKV_PNM_TARGET static F add(F a, F b) { return _mm512_add_ps(a, b); }
   CXLKV_PNM_TARGET static F mul(F a, F b) { return _mm512_mul_ps(a, b); }
   CXLKV_PNM_TARGET static F max(F a, F b) { return _mm512_max_ps(a, b); }
+  CXLKV_PNM_TARGET static F min(F a, F b) { return _mm512_min_ps(a, b); }
   CXLKV_PNM_TARGET static F fmadd(F a, F b, F c) { return _mm512_fmadd_ps(a, b, c); }
   CXLKV_PNM_TARGET static float hsum(F v) { return _mm512_reduce_add_ps(v); }
   CXLKV_PNM_TARGET static F round(F x) { return _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
@@ -65,6 +66,31 @@ struct Avx512 {
       y[h] = _mm256_add_ps(_mm512_castps512_ps256(a[h]),
                            _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a[h]), 1)));
     hsums256(y, n, out);
+  }
+  // Sixteen sums at once: each level adds the halves of pairs of vectors
+  // (256-bit, then 128-bit blocks, then pairs of lanes), 45 instructions
+  // for 16 sums.  The tree leaves the sum of its input 4j + b in lane
+  // 4b + j, so a[4b + j] goes in at 4j + b.
+  CXLKV_PNM_TARGET static F reduce(const F* a) {
+    F c[8], d[4], e[2];
+#pragma GCC unroll 8
+    for (uint32_t i = 0; i < 8; i++) {
+      const F x = a[4 * ((2 * i) % 4) + (2 * i) / 4], y = a[4 * ((2 * i + 1) % 4) + (2 * i + 1) / 4];
+      c[i] = _mm512_add_ps(_mm512_shuffle_f32x4(x, y, 0x44), _mm512_shuffle_f32x4(x, y, 0xee));
+    }
+#pragma GCC unroll 8
+    for (uint32_t i = 0; i < 4; i++)
+      d[i] = _mm512_add_ps(_mm512_shuffle_f32x4(c[2 * i], c[2 * i + 1], 0x88),
+                           _mm512_shuffle_f32x4(c[2 * i], c[2 * i + 1], 0xdd));
+#pragma GCC unroll 8
+    for (uint32_t i = 0; i < 2; i++)
+      e[i] = _mm512_add_ps(_mm512_unpacklo_ps(d[2 * i], d[2 * i + 1]), _mm512_unpackhi_ps(d[2 * i], d[2 * i + 1]));
+    return _mm512_add_ps(_mm512_shuffle_ps(e[0], e[1], 0x44), _mm512_shuffle_ps(e[0], e[1], 0xee));
+  }
+  CXLKV_PNM_TARGET static F tile(const float* x, uint32_t n) {
+    const __m512i lane = _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
+    const __m512i idx = _mm512_and_si512(lane, _mm512_set1_epi32(int(n - 1)));
+    return _mm512_permutexvar_ps(idx, _mm512_maskz_loadu_ps(__mmask16((1u << n) - 1), x));
   }
 
   CXLKV_PNM_TARGET static I load16(const int16_t* p) { return _mm512_loadu_si512(p); }

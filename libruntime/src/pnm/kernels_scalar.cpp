@@ -36,6 +36,7 @@ struct Scalar {
   static F add(F a, F b) { return a + b; }
   static F mul(F a, F b) { return a * b; }
   static F max(F a, F b) { return std::max(a, b); }
+  static F min(F a, F b) { return std::min(a, b); }
   static F fmadd(F a, F b, F c) { return a * b + c; }
   static float hsum(F v) { return v; }
   static F round(F x) { return std::nearbyint(x); }
@@ -44,6 +45,8 @@ struct Scalar {
   static void hsums(const F* a, uint32_t n, float* out) {
     for (uint32_t h = 0; h < n; h++) out[h] = a[h];
   }
+  static F reduce(const F* a) { return a[0]; }
+  static F tile(const float* x, uint32_t) { return x[0]; }
 
   static I load16(const int16_t* p) { return *p; }
   static void store16(int16_t* p, I v) { *p = v; }

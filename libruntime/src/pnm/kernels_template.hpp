@@ -10,9 +10,11 @@
 //   F zero(), set1(float), load(const float*); store(float*, F)
 //   F load_elems(Dtype, const void* base, uint32_t i): V::kF elements of
 //     base from element i, as floats
-//   F add(F, F), mul(F, F), max(F, F), fmadd(F a, F b, F c) (a * b + c)
+//   F add(F, F), mul(F, F), max(F, F), min(F, F), fmadd(F a, F b, F c) (a * b + c)
 //   float hsum(F): the sum of the lanes; hsums(const F* a, n, float* out):
-//     out[h] = hsum(a[h]) for h < n <= kHeadChunk, several at once
+//     out[h] = hsum(a[h]) for h < n <= kHeadChunk, several at once;
+//     F reduce(const F* a): lane j = hsum(a[j]) for the V::kF vectors a
+//   F tile(const float* x, n): lane j = x[j % n] (n divides V::kF)
 //   F load_i8(const int8_t*): V::kF int8 elements as floats (q8 digests)
 //   F round(F): to the nearest integer; F pow2i(F n): 2^n for integer n in
 //     [-126, 127] (the exponential of the attention kernels)
@@ -274,6 +276,19 @@ constexpr size_t elem_bytes() {
   return T == Dtype::f32 ? 4 : 2;
 }
 
+// Lines of memory to be used later, prefetched a few at a time while the
+// kernel works (docs/near-memory.md#attention-at-the-read-bound): a burst
+// of prefetches fills the core's miss buffers and stalls the work behind
+// it, while a few per block of work keep the reads in flight under the
+// multiply-adds.
+struct Ahead {
+  const char* p = nullptr;
+  uint32_t lines = 0;
+  inline void issue(uint32_t count) {
+    for (uint32_t i = 0; i < count && lines > 0; i++, lines--, p += 64) __builtin_prefetch(p);
+  }
+};
+
 // Rows of a page scored together: with NH heads, R rows keep R x NH
 // accumulators in registers (V::kAcc of them), so that each query vector
 // loaded serves R rows and each key vector converted serves NH heads.
@@ -282,12 +297,32 @@ constexpr uint32_t score_rows_per_block() {
   return V::kAcc / NH > 0 ? V::kAcc / NH : 1;
 }
 
+// Whether a block's R x NH scores fill one vector (V::kAcc == V::kF and
+// NH divides it: 1, 2, 4, 8 heads on AVX-512): then a block's sums are
+// reduced to one vector at once (V::reduce) and the online softmax runs on
+// whole vectors, lane r * NH + h the score of row r for head h; other
+// group sizes take a horizontal sum per (row, head).
+template <class V, uint32_t NH>
+constexpr bool packed_scores() {
+  return score_rows_per_block<V, NH>() * NH == V::kF;
+}
+
+// Where the keys call leaves row i's weight for head h in w, for the
+// values call: [row][head] when packed, else [head][ld].
+template <class V, uint32_t NH>
+inline uint32_t weight_index(uint32_t i, uint32_t h, uint32_t ld) {
+  if constexpr (packed_scores<V, NH>())
+    return i * NH + h;
+  else
+    return h * ld + i;
+}
+
 // s[h * ld + i] = q_h . k_i for R rows of K from row i0 and NH heads q
 // [NH][dim] (already scaled): R x NH accumulators, each key element read
 // and converted once for every head of the group.
 template <class V, Dtype T, uint32_t NH, uint32_t R>
 CXLKV_PNM_TARGET __attribute__((always_inline)) inline void score_block(const unsigned char* k, uint32_t i0, uint32_t dim, const float* q, float* s,
-                                         uint32_t ld) {
+                                         uint32_t ld, Ahead& ahead, uint32_t per_step) {
   using F = typename V::F;
   const uint32_t vd = dim / V::kF * V::kF;
   const size_t rb = size_t(dim) * elem_bytes<T>();
@@ -297,6 +332,7 @@ CXLKV_PNM_TARGET __attribute__((always_inline)) inline void score_block(const un
 #pragma GCC unroll 16
     for (uint32_t h = 0; h < NH; h++) a[r][h] = V::zero();
   for (uint32_t d = 0; d < vd; d += V::kF) {
+    ahead.issue(per_step);
     F qq[NH];
 #pragma GCC unroll 16
     for (uint32_t h = 0; h < NH; h++) qq[h] = V::load(q + size_t(h) * dim + d);
@@ -332,7 +368,7 @@ constexpr uint32_t value_blocks() {
 // converted once for all heads.
 template <class V, Dtype T, uint32_t NH, uint32_t NB>
 CXLKV_PNM_TARGET __attribute__((always_inline)) inline void value_block(const unsigned char* v, uint32_t n, uint32_t dim, uint32_t d0,
-                                         const float* w, uint32_t ld, float* acc) {
+                                         const float* w, uint32_t ld, float* acc, Ahead& ahead, uint32_t per_step) {
   using F = typename V::F;
   const size_t rb = size_t(dim) * elem_bytes<T>();
   F a[NH][NB];
@@ -341,12 +377,13 @@ CXLKV_PNM_TARGET __attribute__((always_inline)) inline void value_block(const un
 #pragma GCC unroll 16
     for (uint32_t b = 0; b < NB; b++) a[h][b] = V::load(acc + size_t(h) * dim + d0 + b * V::kF);
   for (uint32_t i = 0; i < n; i++) {
+    ahead.issue(per_step);
     F x[NB];
 #pragma GCC unroll 16
     for (uint32_t b = 0; b < NB; b++) x[b] = V::load_elems(T, v + i * rb, d0 + b * V::kF);
 #pragma GCC unroll 16
     for (uint32_t h = 0; h < NH; h++) {
-      const F wv = V::set1(w[h * ld + i]);
+      const F wv = V::set1(w[weight_index<V, NH>(i, h, ld)]);
 #pragma GCC unroll 16
       for (uint32_t b = 0; b < NB; b++) a[h][b] = V::fmadd(wv, x[b], a[h][b]);
     }
@@ -361,17 +398,21 @@ CXLKV_PNM_TARGET __attribute__((always_inline)) inline void value_block(const un
 // blocks of value_blocks() vectors, then single vectors, then a scalar tail.
 template <class V, Dtype T, uint32_t NH>
 CXLKV_PNM_TARGET inline void accumulate_values(const unsigned char* v, uint32_t n, uint32_t dim, const float* w,
-                                               uint32_t ld, float* acc) {
+                                               uint32_t ld, float* acc, Ahead& ahead) {
   constexpr uint32_t B = value_blocks<V, NH>();
   const uint32_t vd = dim / V::kF * V::kF;
+  // Rows x blocks steps share the lines to prefetch.
+  const uint32_t steps = n * std::max<uint32_t>(1, vd / (B * V::kF));
+  const uint32_t per = (ahead.lines + steps - 1) / steps;
   uint32_t d = 0;
-  for (; d + B * V::kF <= vd; d += B * V::kF) value_block<V, T, NH, B>(v, n, dim, d, w, ld, acc);
-  for (; d < vd; d += V::kF) value_block<V, T, NH, 1>(v, n, dim, d, w, ld, acc);
+  for (; d + B * V::kF <= vd; d += B * V::kF) value_block<V, T, NH, B>(v, n, dim, d, w, ld, acc, ahead, per);
+  for (; d < vd; d += V::kF) value_block<V, T, NH, 1>(v, n, dim, d, w, ld, acc, ahead, per);
+  ahead.issue(ahead.lines);
   const size_t rb = size_t(dim) * elem_bytes<T>();
   for (; d < dim; d++)
     for (uint32_t i = 0; i < n; i++) {
       const float x = load_elem(T, v + i * rb, d);
-      for (uint32_t h = 0; h < NH; h++) acc[size_t(h) * dim + d] += w[h * ld + i] * x;
+      for (uint32_t h = 0; h < NH; h++) acc[size_t(h) * dim + d] += w[weight_index<V, NH>(i, h, ld)] * x;
     }
 }
 
@@ -380,15 +421,19 @@ CXLKV_PNM_TARGET inline void accumulate_values(const unsigned char* v, uint32_t 
 // kAttendRows rows (q already scaled), each head's running maximum m and
 // sum l and its accumulator acc [NH][dim] brought up to the new maximum
 // (acc rescaled only when it moved), and the rows' weights exp(score - m)
-// left in w [NH][ld] for the value rows.
+// left in w [NH][ld] for the value rows (group sizes that are not packed,
+// packed_scores: attend_scores_packed).
 template <class V, Dtype T, uint32_t NH>
 CXLKV_PNM_TARGET void attend_scores_heads(const void* kp, uint32_t n, uint32_t dim, const float* q, float* m,
-                                          float* l, float* acc, float* w, uint32_t ld) {
+                                          float* l, float* acc, float* w, uint32_t ld, Ahead& ahead) {
   constexpr uint32_t R = score_rows_per_block<V, NH>();
   const auto* k = static_cast<const unsigned char*>(kp);
+  const uint32_t steps = std::max<uint32_t>(1, (n / R + n % R) * (dim / V::kF));
+  const uint32_t per = (ahead.lines + steps - 1) / steps;
   uint32_t i = 0;
-  for (; i + R <= n; i += R) score_block<V, T, NH, R>(k, i, dim, q, w, ld);
-  for (; i < n; i++) score_block<V, T, NH, 1>(k, i, dim, q, w, ld);
+  for (; i + R <= n; i += R) score_block<V, T, NH, R>(k, i, dim, q, w, ld, ahead, per);
+  for (; i < n; i++) score_block<V, T, NH, 1>(k, i, dim, q, w, ld, ahead, per);
+  ahead.issue(ahead.lines);
   for (uint32_t h = 0; h < NH; h++) {
     float* sh = w + h * ld;
     float mx = m[h];
@@ -409,38 +454,144 @@ CXLKV_PNM_TARGET void attend_scores_heads(const void* kp, uint32_t n, uint32_t d
   }
 }
 
+// The scores of rows [i0, i0 + R) (the last row repeated past n) for NH
+// heads, lane r * NH + h the score of row i0 + r for head h: R x NH
+// accumulators over the dimension, reduced to one vector at once.
+template <class V, Dtype T, uint32_t NH, uint32_t R>
+CXLKV_PNM_TARGET __attribute__((always_inline)) inline typename V::F score_vector(
+    const unsigned char* k, uint32_t i0, uint32_t n, uint32_t dim, const float* q, Ahead& ahead, uint32_t per_step) {
+  using F = typename V::F;
+  const uint32_t vd = dim / V::kF * V::kF;
+  const size_t rb = size_t(dim) * elem_bytes<T>();
+  const unsigned char* row[R];
+#pragma GCC unroll 16
+  for (uint32_t r = 0; r < R; r++) row[r] = k + std::min(i0 + r, n - 1) * rb;
+  F a[R * NH];
+#pragma GCC unroll 16
+  for (uint32_t j = 0; j < R * NH; j++) a[j] = V::zero();
+  for (uint32_t d = 0; d < vd; d += V::kF) {
+    ahead.issue(per_step);
+    F qq[NH];
+#pragma GCC unroll 16
+    for (uint32_t h = 0; h < NH; h++) qq[h] = V::load(q + size_t(h) * dim + d);
+#pragma GCC unroll 16
+    for (uint32_t r = 0; r < R; r++) {
+      const F kk = V::load_elems(T, row[r], d);
+#pragma GCC unroll 16
+      for (uint32_t h = 0; h < NH; h++) a[r * NH + h] = V::fmadd(qq[h], kk, a[r * NH + h]);
+    }
+  }
+  F s = V::reduce(a);
+  if (vd < dim) {  // a dimension that is not a multiple of the lanes
+    alignas(64) float t[V::kF];
+    V::store(t, s);
+    for (uint32_t r = 0; r < R; r++)
+      for (uint32_t h = 0; h < NH; h++)
+        for (uint32_t d = vd; d < dim; d++) t[r * NH + h] += q[size_t(h) * dim + d] * load_elem(T, row[r], d);
+    s = V::load(t);
+  }
+  return s;
+}
+
+// attend_scores_heads for a packed group (packed_scores): the blocks'
+// score vectors, each head's new maximum from their lane-wise maximum, the
+// weights exp(score - maximum) a vector at a time, and each head's sum
+// from their lane-wise sum; lanes of rows past n are -inf before the
+// maximum and 0 after the exponential.  The weights are left in w [n][NH].
+template <class V, Dtype T, uint32_t NH>
+CXLKV_PNM_TARGET void attend_scores_packed(const void* kp, uint32_t n, uint32_t dim, const float* q, float* m,
+                                           float* l, float* acc, float* w, Ahead& ahead) {
+  using F = typename V::F;
+  constexpr uint32_t R = V::kF / NH;
+  const auto* k = static_cast<const unsigned char*>(kp);
+  const uint32_t nb = (n + R - 1) / R, tail = n - (nb - 1) * R;  // rows of the last block
+  const uint32_t steps = std::max<uint32_t>(1, nb * (dim / V::kF));
+  const uint32_t per = (ahead.lines + steps - 1) / steps;
+  alignas(64) float t[V::kF], keep[V::kF];
+  if (tail < R)
+    for (uint32_t j = 0; j < V::kF; j++) keep[j] = j / NH < tail ? 1.f : 0.f;
+  F mx = V::set1(-INFINITY);
+  for (uint32_t b = 0; b < nb; b++) {
+    F s = score_vector<V, T, NH, R>(k, b * R, n, dim, q, ahead, per);
+    if (b + 1 == nb && tail < R) {  // the repeated rows: -inf, below every score
+      for (uint32_t j = 0; j < V::kF; j++) t[j] = keep[j] > 0.f ? INFINITY : -INFINITY;
+      s = V::min(s, V::load(t));
+    }
+    V::store(w + b * V::kF, s);
+    mx = V::max(mx, s);
+  }
+  ahead.issue(ahead.lines);
+  V::store(t, mx);
+  float mnew[NH], c[NH];
+  for (uint32_t h = 0; h < NH; h++) {
+    float x = m[h];
+    for (uint32_t r = 0; r < R; r++) x = std::max(x, t[r * NH + h]);
+    mnew[h] = x;
+    // The sums so far, rescaled to the new maximum (nothing yet: c = 0;
+    // most pages leave the maximum where it was: c = 1, no exp).
+    c[h] = std::isinf(m[h]) ? 0.f : x == m[h] ? 1.f : std::exp(m[h] - x);
+  }
+  const F neg = V::mul(V::tile(mnew, NH), V::set1(-1.f));
+  F sum = V::zero();
+  for (uint32_t b = 0; b < nb; b++) {
+    F e = vexp<V>(V::add(V::load(w + b * V::kF), neg));
+    if (b + 1 == nb && tail < R) e = V::mul(e, V::load(keep));
+    V::store(w + b * V::kF, e);
+    sum = V::add(sum, e);
+  }
+  V::store(t, sum);
+  for (uint32_t h = 0; h < NH; h++) {
+    float sh = 0.f;
+    for (uint32_t r = 0; r < R; r++) sh += t[r * NH + h];
+    if (c[h] != 1.f) {
+      float* a = acc + size_t(h) * dim;
+      const F cv = V::set1(c[h]);
+      const uint32_t vd = dim / V::kF * V::kF;
+      for (uint32_t d = 0; d < vd; d += V::kF) V::store(a + d, V::mul(cv, V::load(a + d)));
+      for (uint32_t d = vd; d < dim; d++) a[d] *= c[h];
+    }
+    l[h] = l[h] * c[h] + sh;
+    m[h] = mnew[h];
+  }
+}
+
 // The above and accumulate_values for nq heads in chunks of at most
 // kHeadChunk, NH a compile-time constant in each (counting down to the
 // chunk's size).
 template <class V, Dtype T, uint32_t NH = V::kHeadChunk>
 CXLKV_PNM_TARGET void attend_chunk(bool keys, const void* rows, uint32_t n, uint32_t dim, const float* q,
-                                   uint32_t nh, float* m, float* l, float* acc, float* w, uint32_t ld) {
+                                   uint32_t nh, float* m, float* l, float* acc, float* w, uint32_t ld, Ahead& ahead) {
   if constexpr (NH > 1) {
-    if (nh < NH) return attend_chunk<V, T, NH - 1>(keys, rows, n, dim, q, nh, m, l, acc, w, ld);
+    if (nh < NH) return attend_chunk<V, T, NH - 1>(keys, rows, n, dim, q, nh, m, l, acc, w, ld, ahead);
   }
-  if (keys)
-    attend_scores_heads<V, T, NH>(rows, n, dim, q, m, l, acc, w, ld);
+  if (keys) {
+    if constexpr (packed_scores<V, NH>())
+      attend_scores_packed<V, T, NH>(rows, n, dim, q, m, l, acc, w, ahead);
+    else
+      attend_scores_heads<V, T, NH>(rows, n, dim, q, m, l, acc, w, ld, ahead);
+  }
   else
-    accumulate_values<V, T, NH>(static_cast<const unsigned char*>(rows), n, dim, w, ld, acc);
+    accumulate_values<V, T, NH>(static_cast<const unsigned char*>(rows), n, dim, w, ld, acc, ahead);
 }
 
 template <class V, Dtype T>
 CXLKV_PNM_TARGET void attend_all(bool keys, const void* rows, uint32_t n, uint32_t dim, const float* q, uint32_t nq,
-                                 float* m, float* l, float* acc, float* w, uint32_t ld) {
+                                 float* m, float* l, float* acc, float* w, uint32_t ld, Ahead& ahead) {
   for (uint32_t h0 = 0; h0 < nq; h0 += V::kHeadChunk)
     attend_chunk<V, T>(keys, rows, n, dim, keys ? q + size_t(h0) * dim : nullptr, std::min(V::kHeadChunk, nq - h0),
-                       m + h0, l + h0, acc + size_t(h0) * dim, w + h0 * ld, ld);
+                       m + h0, l + h0, acc + size_t(h0) * dim, w + h0 * ld, ld, ahead);
 }
 
 template <class V>
 CXLKV_PNM_TARGET void attend_rows_kernel(bool keys, Dtype t, const void* rows, uint32_t n, uint32_t dim,
                                          const float* q, uint32_t nq, float* m, float* l, float* acc, float* w,
-                                         uint32_t ld) {
-  if (n == 0) return;
+                                         uint32_t ld, const void* next, uint32_t next_bytes) {
+  Ahead ahead{static_cast<const char*>(next), next ? (next_bytes + 63) / 64 : 0};
+  if (n == 0) return ahead.issue(ahead.lines);
   switch (t) {
-    case Dtype::f32: return attend_all<V, Dtype::f32>(keys, rows, n, dim, q, nq, m, l, acc, w, ld);
-    case Dtype::bf16: return attend_all<V, Dtype::bf16>(keys, rows, n, dim, q, nq, m, l, acc, w, ld);
-    case Dtype::f16: return attend_all<V, Dtype::f16>(keys, rows, n, dim, q, nq, m, l, acc, w, ld);
+    case Dtype::f32: return attend_all<V, Dtype::f32>(keys, rows, n, dim, q, nq, m, l, acc, w, ld, ahead);
+    case Dtype::bf16: return attend_all<V, Dtype::bf16>(keys, rows, n, dim, q, nq, m, l, acc, w, ld, ahead);
+    case Dtype::f16: return attend_all<V, Dtype::f16>(keys, rows, n, dim, q, nq, m, l, acc, w, ld, ahead);
   }
 }
 

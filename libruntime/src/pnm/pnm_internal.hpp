@@ -43,12 +43,16 @@ struct Kernels {
   // order (docs/near-memory.md#attention-at-the-read-bound).  keys: the
   // rows' scores against q [nq][dim] (already scaled), each head's running
   // maximum m [nq] and sum l [nq] and its unnormalized output acc [nq][dim]
-  // rescaled to the new maximum, the rows' weights left in w [nq][ld];
-  // values (q, m, l unused): acc += w x the value rows.  m = -inf, l = 0,
+  // rescaled to the new maximum, the rows' weights left in w (nq x ld
+  // floats, ld >= kAttendRows, laid out as the kernel chooses for its
+  // values call); values (q, m, l unused): acc += w x the value rows.  m = -inf, l = 0,
   // acc = 0 before the first rows; the output is acc / l, the log-sum-exp
-  // m + log l.
+  // m + log l.  next_bytes at next (nullptr: none) are prefetched a few
+  // lines at a time while the rows are used: the rows a caller uses a
+  // little later (docs/near-memory.md#attention-at-the-read-bound).
   void (*attend_rows)(bool keys, Dtype t, const void* rows, uint32_t n, uint32_t dim, const float* q, uint32_t nq,
-                      float* m, float* l, float* acc, float* w, uint32_t ld);
+                      float* m, float* l, float* acc, float* w, uint32_t ld, const void* next,
+                      uint32_t next_bytes);
   // out[i] = exp(x[i] - m) (x[i] <= m), returning the sum.
   float (*exp_sum)(const float* x, uint32_t n, float m, float* out);
 };

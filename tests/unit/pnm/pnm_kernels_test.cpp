@@ -57,9 +57,9 @@ TEST(PnmKernels, PageByPageOnlineSoftmaxOfAGroupEqualsAFloat64ReferencePerHead) 
             for (uint32_t a = 0; a < n; a += detail::kAttendRows) {
               const uint32_t c = std::min(detail::kAttendRows, n - a);
               kn.attend_rows(true, t, k.bytes.data() + size_t(t0 + a) * dim * es, c, dim, q.data(), nq, m.data(),
-                             l.data(), acc.data(), w.data(), ld);
+                             l.data(), acc.data(), w.data(), ld, nullptr, 0);
               kn.attend_rows(false, t, v.bytes.data() + size_t(t0 + a) * dim * es, c, dim, nullptr, nq, nullptr,
-                             nullptr, acc.data(), w.data(), ld);
+                             nullptr, acc.data(), w.data(), ld, nullptr, 0);
             }
             t0 += n;
           }
