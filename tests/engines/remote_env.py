@@ -116,8 +116,11 @@ class Master:
     """A mooncake_master with its HTTP metadata server; restartable on the
     same ports (a restarted master knows no objects: clients join again)."""
 
-    def __init__(self, addr, logdir):
+    def __init__(self, addr, logdir, extra_args=()):
+        """``extra_args``: more mooncake_master flags (e.g. its eviction
+        settings, ``-eviction_high_watermark_ratio=0.98``)."""
         self.addr = addr
+        self.extra_args = list(extra_args)
         self.rpc_port, self.http_port, self.metrics_port = _free_port(), _free_port(), _free_port()
         self.log = os.path.join(logdir, "mooncake_master.log")
         self.proc = None
@@ -136,7 +139,7 @@ class Master:
             self.proc = subprocess.Popen(
                 [mooncake_master_path(), f"-rpc_port={self.rpc_port}", "-enable_http_metadata_server=true",
                  f"-http_metadata_server_port={self.http_port}", f"-metrics_port={self.metrics_port}",
-                 "-client_ttl=3", "-default_kv_lease_ttl=500", "-logtostderr=true"],
+                 "-client_ttl=3", "-default_kv_lease_ttl=500", "-logtostderr=true"] + self.extra_args,
                 stdout=log, stderr=subprocess.STDOUT)
         end = time.monotonic() + 20
         while time.monotonic() < end:
@@ -337,9 +340,10 @@ class RackProc:
 class Racks:
     """Master + racks (names) on their network."""
 
-    def __init__(self, names, logdir, segment_mib=256, **rack_kw):
+    def __init__(self, names, logdir, segment_mib=256, master_args=(), **rack_kw):
         """``segment_mib``: the memory each rack's client lends the store
-        (an int, or {rack: MiB}; 0 lends none)."""
+        (an int, or {rack: MiB}; 0 lends none); ``master_args``: more
+        mooncake_master flags."""
         os.makedirs(logdir, exist_ok=True)
         self.segment_mib = segment_mib if isinstance(segment_mib, dict) else {n: segment_mib for n in names}
         self.logdir = logdir
@@ -349,7 +353,7 @@ class Racks:
         self.namespace = f"t{os.getpid()}"
         self.racks = {}
         try:
-            self.master = Master(self.net.master_addr, logdir)
+            self.master = Master(self.net.master_addr, logdir, master_args)
             for n in names:
                 self.racks[n] = RackProc(n, self.net, self.master, logdir, self.namespace,
                                          segment_mib=self.segment_mib[n], **rack_kw)

@@ -63,7 +63,8 @@ def run(names, reqs, remote, args, logdir):
     distinct = len({h for hs, _ in reqs for h in hs})
     entries = 1 << max(distinct * 2, 1024).bit_length()
     cap = args.capacity_blocks // len(names) if args.capacity_blocks else 0
-    racks = Racks(names, logdir, block_bytes=args.block_bytes, timeout=5.0, segment_mib=args.segment_mib,
+    racks = Racks(names, logdir, master_args=args.master_args.split(), block_bytes=args.block_bytes, timeout=5.0,
+                  segment_mib=args.segment_mib,
                   index_entries=entries, remote=remote, pool_mib=args.pool_mib, capacity_blocks=cap,
                   hold_blocks=args.hold_blocks if remote else None)
     tot = dict(local=0, remote=0, miss=0)
@@ -109,6 +110,9 @@ def main():
     ap.add_argument("--hold-blocks", type=int, default=None,
                     help="the tiers' hold_blocks (blocks held in the pool until their push; 0: none; default: "
                          "the tier's own)")
+    ap.add_argument("--master-args", default="",
+                    help="more mooncake_master flags, space-separated (e.g. its eviction settings: "
+                         "'-eviction_high_watermark_ratio=0.98 -eviction_ratio=0.02')")
     ap.add_argument("--results", help="merge replay_racks.* into this JSON file")
     ap.add_argument("--logdir", default=f"/tmp/cxlkv-replay-racks-{os.getpid()}")
     a = ap.parse_args()
