@@ -50,6 +50,34 @@ class CallCounter:
             setattr(self.L, n, self.orig[n])
 
 
+def test_engine_hash_calls_take_the_gpu_path_with_a_gpu(env):
+    """put_engine_chains / get_engine given a cxlkv.Gpu go through the GPU
+    batch calls (the reference backend here), under the same keys as the
+    CPU path's engine calls: a block put through one reads back through
+    the other, a chain below a parent hash included."""
+    layers, blocks, bt, heads, head = 2, 6, 8, 2, 16
+    g = torch.Generator().manual_seed(4)
+    ref = torch.randn(blocks, layers, 2, bt, heads, head, generator=g).to(torch.bfloat16)
+    src = cxlkv.PagedKV.block_first(ref.clone())
+    hs = [b"g0", b"g1", b"g2"]
+    with cxlkv.Gpu(env.pool, reference=True) as gpu:
+        kv = env.store()
+        with CallCounter(["cxlkv_kv_gpu_put_chain", "cxlkv_kv_gpu_get_many"]) as cc:
+            st = kv.put_engine_chains(b"ns", hs, [2, 1], [None, b"g1"], src, [3, 1, 5], gpu=gpu)
+            assert list(st) == [cxlkv.RESERVED] * 3
+            out = torch.zeros_like(ref)
+            st = kv.get_engine(b"ns", hs, cxlkv.PagedKV.block_first(out), [0, 1, 2], gpu=gpu)
+            assert list(st) == [cxlkv.RESERVED] * 3
+        assert cc.calls["cxlkv_kv_gpu_put_chain"] == 2 and cc.calls["cxlkv_kv_gpu_get_many"] == 1
+        for d, s_ in zip([0, 1, 2], [3, 1, 5]):
+            assert torch.equal(out[d], ref[s_]), d
+        back = torch.zeros_like(ref)  # and through the CPU path's engine call
+        assert cxlkv.get_ok(kv.get_engine(b"ns", hs, cxlkv.PagedKV.block_first(back), [5, 4, 3])).all()
+        assert torch.equal(back[3], ref[5]) and torch.equal(back[5], ref[3])
+        keys = cxlkv.keys_from_hashes(hs, b"ns")
+        assert kv.lookup(keys[[0, 1, 2]]) == 3  # g2 is g1's child
+
+
 @pytest.mark.parametrize("layout", ["vllm", "block_first"])
 def test_reference_backend_moves_paged_blocks_like_the_cpu_path(env, layout):
     layers, blocks, bt, heads, head = 2, 6, 8, 2, 16
