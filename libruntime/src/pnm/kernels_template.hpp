@@ -317,20 +317,17 @@ inline uint32_t weight_index(uint32_t i, uint32_t h, uint32_t ld) {
     return h * ld + i;
 }
 
-// s[h * ld + i] = q_h . k_i for R rows of K from row i0 and NH heads q
-// [NH][dim] (already scaled): R x NH accumulators, each key element read
-// and converted once for every head of the group.
+// a[r * NH + h] = q_h . row_r over the vector part of the dimension (vd
+// elements) for R rows and NH heads q [NH][dim] (already scaled): R x NH
+// accumulators, each key element read and converted once for every head of
+// the group.  score_block and score_vector reduce them their own ways.
 template <class V, Dtype T, uint32_t NH, uint32_t R>
-CXLKV_PNM_TARGET __attribute__((always_inline)) inline void score_block(const unsigned char* k, uint32_t i0, uint32_t dim, const float* q, float* s,
-                                         uint32_t ld, Ahead& ahead, uint32_t per_step) {
+CXLKV_PNM_TARGET __attribute__((always_inline)) inline void dot_rows(const unsigned char* const* row, uint32_t vd,
+                                                                     uint32_t dim, const float* q, typename V::F* a,
+                                                                     Ahead& ahead, uint32_t per_step) {
   using F = typename V::F;
-  const uint32_t vd = dim / V::kF * V::kF;
-  const size_t rb = size_t(dim) * elem_bytes<T>();
-  F a[R][NH];
 #pragma GCC unroll 16
-  for (uint32_t r = 0; r < R; r++)
-#pragma GCC unroll 16
-    for (uint32_t h = 0; h < NH; h++) a[r][h] = V::zero();
+  for (uint32_t j = 0; j < R * NH; j++) a[j] = V::zero();
   for (uint32_t d = 0; d < vd; d += V::kF) {
     ahead.issue(per_step);
     F qq[NH];
@@ -338,18 +335,32 @@ CXLKV_PNM_TARGET __attribute__((always_inline)) inline void score_block(const un
     for (uint32_t h = 0; h < NH; h++) qq[h] = V::load(q + size_t(h) * dim + d);
 #pragma GCC unroll 16
     for (uint32_t r = 0; r < R; r++) {
-      const F kk = V::load_elems(T, k + (i0 + r) * rb, d);
+      const F kk = V::load_elems(T, row[r], d);
 #pragma GCC unroll 16
-      for (uint32_t h = 0; h < NH; h++) a[r][h] = V::fmadd(qq[h], kk, a[r][h]);
+      for (uint32_t h = 0; h < NH; h++) a[r * NH + h] = V::fmadd(qq[h], kk, a[r * NH + h]);
     }
   }
+}
+
+// s[h * ld + i] = q_h . k_i for R rows of K from row i0 and NH heads q
+// [NH][dim] (already scaled), a horizontal sum per (row, head).
+template <class V, Dtype T, uint32_t NH, uint32_t R>
+CXLKV_PNM_TARGET __attribute__((always_inline)) inline void score_block(const unsigned char* k, uint32_t i0, uint32_t dim, const float* q, float* s,
+                                         uint32_t ld, Ahead& ahead, uint32_t per_step) {
+  using F = typename V::F;
+  const uint32_t vd = dim / V::kF * V::kF;
+  const size_t rb = size_t(dim) * elem_bytes<T>();
+  const unsigned char* row[R];
+#pragma GCC unroll 16
+  for (uint32_t r = 0; r < R; r++) row[r] = k + (i0 + r) * rb;
+  F a[R * NH];
+  dot_rows<V, T, NH, R>(row, vd, dim, q, a, ahead, per_step);
 #pragma GCC unroll 16
   for (uint32_t r = 0; r < R; r++) {
     float x[NH];
-    V::hsums(a[r], NH, x);
-    const unsigned char* row = k + (i0 + r) * rb;
+    V::hsums(a + r * NH, NH, x);
     for (uint32_t h = 0; h < NH; h++) {
-      for (uint32_t d = vd; d < dim; d++) x[h] += q[size_t(h) * dim + d] * load_elem(T, row, d);
+      for (uint32_t d = vd; d < dim; d++) x[h] += q[size_t(h) * dim + d] * load_elem(T, row[r], d);
       s[h * ld + i0 + r] = x[h];
     }
   }
@@ -467,20 +478,7 @@ CXLKV_PNM_TARGET __attribute__((always_inline)) inline typename V::F score_vecto
 #pragma GCC unroll 16
   for (uint32_t r = 0; r < R; r++) row[r] = k + std::min(i0 + r, n - 1) * rb;
   F a[R * NH];
-#pragma GCC unroll 16
-  for (uint32_t j = 0; j < R * NH; j++) a[j] = V::zero();
-  for (uint32_t d = 0; d < vd; d += V::kF) {
-    ahead.issue(per_step);
-    F qq[NH];
-#pragma GCC unroll 16
-    for (uint32_t h = 0; h < NH; h++) qq[h] = V::load(q + size_t(h) * dim + d);
-#pragma GCC unroll 16
-    for (uint32_t r = 0; r < R; r++) {
-      const F kk = V::load_elems(T, row[r], d);
-#pragma GCC unroll 16
-      for (uint32_t h = 0; h < NH; h++) a[r * NH + h] = V::fmadd(qq[h], kk, a[r * NH + h]);
-    }
-  }
+  dot_rows<V, T, NH, R>(row, vd, dim, q, a, ahead, per_step);
   F s = V::reduce(a);
   if (vd < dim) {  // a dimension that is not a multiple of the lanes
     alignas(64) float t[V::kF];
