@@ -158,8 +158,8 @@ def connector_engines(work, model, prompts, uri, nodes, tag="two_engines", kv_ca
     time), each after a warm-up round of other prompts (the measured
     prompts' tokens reversed: the same sharing, other blocks), so that the
     figures are a running engine's, not its first calls' (a process's
-    first stripe-lock grants and pool mappings, docs/locks.md "Two tiers
-    and sticky grants").  The connector's own figures come from their
+    first stripe-lock grants, docs/locks.md "Two tiers and sticky
+    grants").  The connector's own figures come from their
     metrics files, the counters after the warm-up round less those after
     it (``.round0`` snapshots)."""
     kw = dict(max_model_len=2048, kv_cache_bytes=kv_cache_bytes, max_num_seqs=8)
