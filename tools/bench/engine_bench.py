@@ -56,7 +56,6 @@ Merges into the results file (one flat JSON object), per ARM and SCOPE
                                       costs weigh per block as they do in a real engine
 """
 import argparse
-import ctypes as C
 import json
 import os
 import random
@@ -249,8 +248,6 @@ def raw_copy_us_per_block(nblocks, layers, kv_heads, head_dim, reps=5):
     env = PoolEnv("engine-bench-raw", size=64 << 20 if kv.block_bytes * nb < (32 << 20) else 1 << 30)
     try:
         lib = cxlkv._lib.lib()
-        lib.cxlkv_gather_write.argtypes = [C.c_void_p, C.c_uint64, C.c_void_p, C.c_size_t]
-        lib.cxlkv_scatter_read.argtypes = [C.c_void_p, C.c_uint64, C.c_void_p, C.c_size_t]
         base = next(c["offset"] for c in env.pool.carves() if c["name"] == "kv")
         per = []
         for i in range(nb):

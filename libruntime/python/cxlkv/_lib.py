@@ -154,6 +154,9 @@ _PROTOS = {
     "cxlkv_kv_unpin_many": (_I, [_P, _BLKP, _SZ, _I32P], True),
     "cxlkv_kv_put_chain": (_I, [_P, _KEYP, _KEYP, _SZ, _U64, _CHP, _U32P, _I32P], True),
     "cxlkv_kv_get_many": (_I, [_P, _KEYP, _SZ, _CHP, _U32P, _I32P], True),
+    # raw copies between chunk lists (given as addresses) and a pool offset
+    "cxlkv_gather_write": (_I, [_P, _U64, _P, _SZ], True),
+    "cxlkv_scatter_read": (_I, [_P, _U64, _P, _SZ], True),
     "cxlkv_kv_gpu_put_chain": (_I, [_P, _P, _LAYP, _KEYP, _KEYP, _U64P, _SZ, _P, _I32P], True),
     "cxlkv_kv_gpu_get_many": (_I, [_P, _P, _LAYP, _KEYP, _U64P, _SZ, _P, _I32P], True),
     # handoff leases

@@ -59,6 +59,12 @@ def put_ok(status):
     return (status == RESERVED) | (status == EXISTS)
 
 
+def _require_writable(kv):
+    """ValueError unless a get may write into the PagedKV ``kv``."""
+    if not kv.writable:
+        raise ValueError("cxlkv: the PagedKV is read-only (a read-only array or buffer); a get writes into it")
+
+
 def get_ok(status):
     """Blocks of a get that were read."""
     return status == RESERVED
@@ -264,8 +270,8 @@ class KvStore:
         """(arrays to keep alive, chunks address, counts address, bytes per
         block).  ``writable``: the call writes into ``src`` (a get)."""
         if isinstance(src, PagedKV):
-            if writable and not src.writable:
-                raise ValueError("cxlkv: the PagedKV is read-only (a read-only array or buffer); a get writes into it")
+            if writable:
+                _require_writable(src)
             if block_ids is None:
                 raise ValueError("cxlkv: a PagedKV transfer needs block_ids (one per key)")
             if len(block_ids) != len(keys):
@@ -277,8 +283,8 @@ class KvStore:
 
     def _chunks(self, src, keys, block_ids, writable=False):
         if isinstance(src, PagedKV):
-            if writable and not src.writable:
-                raise ValueError("cxlkv: the PagedKV is read-only (a read-only array or buffer); a get writes into it")
+            if writable:
+                _require_writable(src)
             if block_ids is None:
                 raise ValueError("cxlkv: a PagedKV transfer needs block_ids (one per key)")
             if len(block_ids) != len(keys):
@@ -430,8 +436,7 @@ class KvStore:
         status = np.zeros(n, dtype=np.int32)
         if n == 0:
             return status
-        if not kv.writable:
-            raise ValueError("cxlkv: the PagedKV is read-only (a read-only array or buffer); a get writes into it")
+        _require_writable(kv)
         items, ilens = encode_items(hashes)
         ids = np.asarray(block_ids, dtype=np.uint64)
         ns = bytes(namespace)

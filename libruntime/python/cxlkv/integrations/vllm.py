@@ -61,7 +61,6 @@ vLLM is imported lazily: ``CxlkvConnector`` (a module attribute built on first
 access) subclasses the real ``KVConnectorBase_V1``.
 """
 import collections
-import ctypes as C
 import dataclasses
 import errno
 import hashlib
@@ -649,8 +648,6 @@ class _RawBaseline:
         self.base = carve["offset"]
         lib = cxlkv._lib.lib()
         self._write, self._read = lib.cxlkv_gather_write, lib.cxlkv_scatter_read
-        for f in (self._write, self._read):
-            f.restype, f.argtypes = C.c_int, [C.c_void_p, C.c_uint64, C.c_void_p, C.c_size_t]
         # The mirror: a copy of every address range the engine's blocks
         # span (a layer's tensor each, wherever the engine allocated them),
         # touched now so that no first-touch fault lands in a timed copy.
