@@ -189,6 +189,11 @@ struct KvDeps {
   // Where reserve / publish / abort / pin / unpin go (the index
   // service's client); nullptr: this store's own index (lock-based).
   IndexBatchOps* index_backend = nullptr;
+  // get_many finds the blocks whose stripe lock another node keeps without
+  // that lock and without a pin, and checks after the copy that they did
+  // not change (docs/coherence.md "Optimistic reads"); false: every get
+  // pins under the stripe locks.
+  bool optimistic_reads = true;
 };
 
 class KvStore {
@@ -350,8 +355,10 @@ class KvStore {
   static uint64_t held_key(uint32_t slot, uint16_t tag) { return uint64_t(slot) << 16 | tag; }
   std::unordered_map<uint64_t, HeldPin> held_pins_;
   uint16_t last_pin_tag_ = 0;
+  // `pinned` (get_many): the index's read_many instead of pin_many;
+  // pinned[i] = 0 for a block found without a pin (optimistic read).
   Result<size_t> pin_blocks(std::span<const BlockKey> keys, std::span<KvPin> out, std::span<int32_t> status,
-                            bool held);
+                            bool held, std::span<uint8_t> pinned = {});
   Result<size_t> unpin_blocks(std::span<const KvPin> pins, std::span<int32_t> status, bool held);
   // 0 when `p` is a pin this store holds, field for field; else the code
   // (`not_held` when it holds no pin of that slot and tag) and *why.
@@ -375,8 +382,11 @@ class KvStore {
                               std::span<const uint32_t> nchunks, std::span<int32_t> status, bool made_here,
                               bool post_check = true);
   Result<size_t> publish_blocks(std::span<const KvReservation> rs, std::span<int32_t> status, PublishCheck how);
+  // `pinned` (get_many): pinned[i] = 0 marks a block read optimistically;
+  // a change seen after its copy makes it a miss, not an error.
   Result<size_t> fetch_blocks(std::span<const KvPin> pins, std::span<const Chunk> chunks,
-                              std::span<const uint32_t> nchunks, std::span<int32_t> status, bool made_here);
+                              std::span<const uint32_t> nchunks, std::span<int32_t> status, bool made_here,
+                              std::span<const uint8_t> pinned = {});
   Result<size_t> settle_blocks(const BlockKey* parent, std::span<const BlockKey> keys,
                                std::span<const KvReservation> rs, std::span<const int32_t> written,
                                std::span<int32_t> status, PublishCheck how);

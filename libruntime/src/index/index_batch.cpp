@@ -24,8 +24,6 @@ namespace {
 constexpr uint32_t kNo = CXLKV_INDEX_NO_SLOT;
 constexpr int kReserveRounds = 8;
 
-BlockLocation loc_of(const cxlkv_index_entry& e) { return BlockLocation{e.loc_off, e.loc_len, e.loc_dev, e.loc_tier}; }
-
 // Probes of a sparse table end within a line or two of the home slot: the
 // lines a call reads in the StripeLockSet's one sweep (stripe_lock_set.hpp "Line cache").
 constexpr uint32_t kPrefetchProbe = 2;

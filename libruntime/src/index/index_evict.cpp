@@ -464,6 +464,10 @@ bool PrefixIndex::demote_locked(StripeLockSet& ls, uint32_t slot, cxlkv_index_en
   e.loc_dev = to->device;
   e.loc_tier = to->tier;
   write_entry(slot, e);  // rule 3: the SSD copy is complete (DMA done) before the entry names it
+  // rule 3: the moved entry is in memory before its old space can be handed
+  // out again: an optimistic reader of the memory copy (docs/coherence.md
+  // "Optimistic reads") then sees the move in its check after the copy.
+  d_->fence();
   space_->free(mem);
   cxlkv_index_stripe& st = ls.st(stripe);
   st.used_blocks -= std::min<uint64_t>(st.used_blocks, 1);  // capacity counts memory-tier blocks

@@ -5,6 +5,7 @@
 #include <cstdint>
 
 #include "cxlkv/format/index_format.h"
+#include "index/prefix_index.hpp"
 #include "util/clock.hpp"
 
 namespace cxlkv {
@@ -20,6 +21,7 @@ inline cxlkv_index_entry damaged_entry() {
   return bad;
 }
 
+inline BlockLocation loc_of(const cxlkv_index_entry& e) { return BlockLocation{e.loc_off, e.loc_len, e.loc_dev, e.loc_tier}; }
 inline bool is_pow2(uint64_t v) { return v && !(v & (v - 1)); }
 inline uint64_t align_up(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
 inline bool live_index_state(uint8_t s) {

@@ -93,6 +93,12 @@ class StripeLocks {
   virtual void unlock_many(std::span<const uint32_t> stripes) {
     for (size_t i = stripes.size(); i-- > 0;) unlock(stripes[i]);
   }
+  // A hint: taking `stripe` now is cheap (no cross-host round trip).  Locks
+  // of one process (tests, the offline repair) always are; the two-tier
+  // locks are while this node keeps the stripe's grant (TwoTierLock::kept).
+  // The index's reads choose their path by it (docs/coherence.md
+  // "Optimistic reads"); correctness never depends on it.
+  virtual bool cheap(uint32_t /*stripe*/) const { return true; }
 };
 
 // Is the process that attached as (node, incarnation) still alive?
@@ -298,6 +304,17 @@ class IndexBatchOps {
                                   std::span<int32_t> status) = 0;
   virtual Result<size_t> unpin_many(std::span<const uint32_t> slots, std::span<const BlockKey> keys,
                                     std::span<int32_t> status) = 0;
+  // The lookups of a get whose pins never leave the call (docs/coherence.md
+  // "Optimistic reads"): as pin_many, pinned[i] = 1.  With `optimistic`, a
+  // key whose stripe is not cheap to lock may instead be found by a
+  // lock-free fresh probe and left unpinned (pinned[i] = 0): the caller
+  // must check after its copy that the entry is unchanged and discard the
+  // bytes otherwise.  This default pins every key.
+  virtual Result<size_t> read_many(std::span<const BlockKey> keys, std::span<PinnedBlock> out,
+                                   std::span<int32_t> status, std::span<uint8_t> pinned, bool optimistic);
+  // Writes the recency the optimistic reads owe (pending for `min_age_ms`
+  // or more; 0: all now).  Nothing where reads are never optimistic.
+  virtual void settle_reads(uint32_t /*min_age_ms*/) {}
   // Take and drop the locks of `keys` ahead of several calls on them;
   // nothing where the locks are not this process's to take (the index
   // service takes its own).
@@ -462,6 +479,10 @@ class PrefixIndex final : public IndexBatchOps {
                           std::span<int32_t> status) override;
   Result<size_t> unpin_many(std::span<const uint32_t> slots, std::span<const BlockKey> keys,
                             std::span<int32_t> status) override;
+  Result<size_t> read_many(std::span<const BlockKey> keys, std::span<PinnedBlock> out, std::span<int32_t> status,
+                           std::span<uint8_t> pinned, bool optimistic) override;
+  void settle_reads(uint32_t min_age_ms) override;
+  size_t reads_owed() const;  // recency stamps not yet written (tests)
   void reservation_owner(uint32_t* node, uint32_t* incarnation) const override {
     *node = node_;
     *incarnation = inc_lo_;
@@ -696,6 +717,17 @@ class PrefixIndex final : public IndexBatchOps {
   std::unique_ptr<NodePins> node_pins_;  // the node's pins by process (nullptr: this index is its node's only pinner)
   std::atomic<uint32_t> evict_hand_{0};
   std::vector<uint32_t> stripe_hands_;  // fallback scan: where the next window of a stripe starts
+  // Optimistic reads (index_read.cpp): the recency stamps they owe, written
+  // by settle_reads under the stripe locks.
+  struct OwedRead {
+    uint32_t slot;
+    uint32_t version;
+    uint32_t ms;
+    BlockKey key;
+  };
+  mutable std::mutex owed_mu_;
+  std::vector<OwedRead> owed_;
+  uint32_t owed_since_ms_ = 0;  // now_ms() of the oldest owed stamp
 };
 
 }  // namespace cxlkv

@@ -34,6 +34,10 @@ namespace {
 
 // How long put_chain waits for a parent that another node is writing.
 constexpr auto kParentWait = std::chrono::milliseconds(5000);
+// Recency stamps owed by optimistic reads are written once the oldest is
+// this old (docs/coherence.md "Optimistic reads"): a reader whose stripes
+// another node keeps asks for them about four times a second, not per get.
+constexpr uint32_t kSettleReadsMs = 250;
 
 int32_t as_status(uint32_t handle_status) { return static_cast<int32_t>(handle_status); }
 uint32_t as_handle(int32_t status) { return static_cast<uint32_t>(status); }
@@ -142,6 +146,7 @@ struct KvStore::HandleCheck {
   uint32_t version = 0;
   uint32_t state = 0;  // the entry state the handle expects
   bool owned = false;  // a reservation: this node's incarnation must own it
+  bool optimistic = false;  // read without a pin: a change is a miss (docs/coherence.md "Optimistic reads")
   int32_t code = 0;    // the check's outcome: 0 or -errno
 };
 
@@ -183,6 +188,14 @@ void KvStore::check_handles(const char* op, std::vector<HandleCheck>& hs, bool a
       note_block_error(Error(code, std::string("kv: ") + op + " of block " + to_hex(h.key) + ": " + why));
     };
     h.code = 0;
+    if (h.optimistic) {
+      // Found without a pin: evicted, moved or replaced since is a miss
+      // (the bytes read are discarded), as if the lookup had come later.
+      if (e.key != h.key || e.state != h.state || e.version != h.version || e.loc.offset != h.loc.offset ||
+          e.loc.length != h.loc.length || e.loc.device != h.loc.device || e.loc.tier != h.loc.tier)
+        h.code = kKvMiss;
+      continue;
+    }
     if (h.slot >= nslots) {
       fail(-EINVAL, "slot " + std::to_string(h.slot) + " is out of range (not a handle of this pool)");
       continue;
@@ -234,6 +247,17 @@ void KvStore::check_space(const char* op, std::vector<HandleCheck>& hs) {
   for (size_t j = 0; j < at.size(); j++) {
     if (out[j].ok) continue;
     HandleCheck& h = hs[at[j]];
+    if (h.optimistic) {
+      // Found without a pin: the block may have been evicted and its space
+      // handed out since its entry passed; an entry changed now says so (a
+      // miss), an unchanged one is damage as below.
+      std::vector<HandleCheck> again{h};
+      check_handles(op, again, true);
+      if (again[0].code) {
+        h.code = again[0].code;
+        continue;
+      }
+    }
     h.code = out[j].code;
     count(CXLKV_CTR_ERRORS);
     note_block_error(Error(h.code, std::string("kv: ") + op + " of block " + to_hex(h.key) + " (slot " +
@@ -407,7 +431,7 @@ Result<size_t> KvStore::pin_many(std::span<const BlockKey> keys, std::span<KvPin
 // handle, no pool line read.  get_many's pins never leave the call and skip
 // it (held = false).
 Result<size_t> KvStore::pin_blocks(std::span<const BlockKey> keys, std::span<KvPin> out, std::span<int32_t> status,
-                                   bool held) {
+                                   bool held, std::span<uint8_t> pinned) {
   const size_t n = keys.size();
   if (out.size() < n)
     return Error(-EINVAL, "kv: pin_many: " + std::to_string(n) + " keys but room for " + std::to_string(out.size()) +
@@ -415,7 +439,8 @@ Result<size_t> KvStore::pin_blocks(std::span<const BlockKey> keys, std::span<KvP
   CXLKV_TRY(check_batch("pin_many", n, status.size(), {}, nullptr));
   std::vector<PinnedBlock> ix(n);
   auto t0 = std::chrono::steady_clock::now();
-  auto good = ops_->pin_many(keys, ix, status);
+  auto good = pinned.empty() ? ops_->pin_many(keys, ix, status)
+                             : ops_->read_many(keys, ix, status, pinned, deps_.optimistic_reads);
   record(CXLKV_LAT_PIN, t0, n);
   if (!good) return good.error();
   for (size_t i = 0; i < n; i++) {
@@ -496,7 +521,8 @@ Result<size_t> KvStore::fetch_many(std::span<const KvPin> pins, std::span<const 
 }
 
 Result<size_t> KvStore::fetch_blocks(std::span<const KvPin> pins, std::span<const Chunk> chunks,
-                                     std::span<const uint32_t> nchunks, std::span<int32_t> status, bool made_here) {
+                                     std::span<const uint32_t> nchunks, std::span<int32_t> status, bool made_here,
+                                     std::span<const uint8_t> pinned) {
   CXLKV_TRY(check_batch("fetch_many", pins.size(), status.size(), chunks, &nchunks));
   const auto t0 = std::chrono::steady_clock::now();
   ChunkCursor cur(chunks, nchunks);
@@ -510,6 +536,7 @@ Result<size_t> KvStore::fetch_blocks(std::span<const KvPin> pins, std::span<cons
       continue;
     }
     hs.push_back(HandleCheck{i, pins[i].slot, pins[i].key, loc_of(pins[i]), pins[i].version, CXLKV_ENTRY_READY, false});
+    hs.back().optimistic = !pinned.empty() && !pinned[i];
   }
   // Before the copy: a forged or stale pin is never read from.
   if (!made_here) {
@@ -829,15 +856,29 @@ Result<size_t> KvStore::get_many(std::span<const BlockKey> keys, std::span<const
   auto keep_error = [&] {
     if (first_error.empty()) first_error = block_error_;
   };
-  CXLKV_TRY(pin_blocks(keys, pins, status, false));
+  // pinned[i] = 0: found without a pin (docs/coherence.md "Optimistic
+  // reads"), checked after the copy like every block of the call.
+  std::vector<uint8_t> pinned(n, 1);
+  CXLKV_TRY(pin_blocks(keys, pins, status, false, pinned));
   keep_error();
   // The pins are this call's own: no check before the copy, one after it.
-  CXLKV_TRY(fetch_blocks(pins, chunks, nchunks, status, true));
+  CXLKV_TRY(fetch_blocks(pins, chunks, nchunks, status, true, pinned));
   keep_error();
   // Pins are dropped after the copies (never before: the block could be
   // evicted and reused under the copy).
-  CXLKV_TRY(unpin_blocks(pins, st, false));
+  std::vector<KvPin> held;
+  std::vector<size_t> held_at;
+  held.reserve(n);
+  held_at.reserve(n);
+  for (size_t i = 0; i < n; i++)
+    if (pinned[i] && pins[i].pinned()) {
+      held.push_back(pins[i]);
+      held_at.push_back(i);
+    }
+  std::vector<int32_t> hst(held.size());
+  CXLKV_TRY(unpin_blocks(held, hst, false));
   keep_error();
+  for (size_t j = 0; j < held.size(); j++) st[held_at[j]] = hst[j];
   size_t ok = 0;
   for (size_t i = 0; i < n; i++) {
     if (status[i] == 0 && pins[i].pinned() && st[i] != 0) status[i] = st[i];
@@ -845,6 +886,8 @@ Result<size_t> KvStore::get_many(std::span<const BlockKey> keys, std::span<const
   }
   block_error_ = first_error;
   if (n) record(CXLKV_LAT_GET, t0);  // the whole fetch of this request
+  // The recency the optimistic reads owe, a batch now and then (not per call).
+  ops_->settle_reads(kSettleReadsMs);
   return ok;
 }
 

@@ -68,6 +68,7 @@ class TwoTierStripeLocks final : public StripeLocks {
     return {};  // Acquired::recovered: as for lock()
   }
   void unlock_many(std::span<const uint32_t>) override { (void)thread_set().unlock(); }
+  bool cheap(uint32_t s) const override { return s < locks_.size() && locks_[s]->kept(); }
 
  private:
   bool bounded() const { return !lock_wait_unbounded(timeout_); }

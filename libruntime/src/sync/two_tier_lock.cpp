@@ -423,6 +423,13 @@ Result<Acquired> TwoTierLock::acquire(std::chrono::nanoseconds timeout, bool bou
   return how;
 }
 
+bool TwoTierLock::kept() const {
+  if (id_ >= node_.control().max_locks()) return false;
+  const LocalLockEntry& e = node_.local().locks[id_];
+  const auto phase = static_cast<LockPhase>(__atomic_load_n(reinterpret_cast<const uint32_t*>(&e.phase), __ATOMIC_RELAXED));
+  return (phase == LockPhase::cached || phase == LockPhase::held) && __atomic_load_n(&e.revoke, __ATOMIC_RELAXED) == 0;
+}
+
 Result<void> TwoTierLock::unlock() {
   LocalLockEntry& e = node_.local().locks[id_ < node_.control().max_locks() ? id_ : 0];
   if (id_ >= node_.control().max_locks() || e.phase != LockPhase::held || e.holder_pid != self_pid())

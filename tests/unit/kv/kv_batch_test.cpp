@@ -37,6 +37,11 @@ class HookedDomain final : public MemoryDomain {
   void flush_bulk(const void* p, size_t n) override { d_.flush_bulk(p, n); }
   void invalidate(const void* p, size_t n) override {
     if (skip_index_invalidate && in_index(p)) return;
+    if (on_payload_read && !in_index(p)) {  // a payload read invalidates first (rule 6)
+      auto f = std::move(on_payload_read);
+      on_payload_read = nullptr;
+      f();
+    }
     d_.invalidate(p, n);
   }
   void fence() override { d_.fence(); }
@@ -49,6 +54,7 @@ class HookedDomain final : public MemoryDomain {
 
   bool skip_index_invalidate = false;
   std::function<void()> on_payload_write;
+  std::function<void()> on_payload_read;  // once, before the first payload read's invalidation
 
  private:
   bool in_index(const void* p) const {
@@ -69,6 +75,24 @@ class HookedDomain final : public MemoryDomain {
 std::unique_ptr<KvStore> hooked_store(SimPool& p, HookedDomain& h, uint32_t node) {
   return SimPool::make(p.deps(node, &h));
 }
+
+// The pool's stripe locks as a node sees them while another node keeps
+// every grant: never cheap to take, so a get's lookups go without them
+// (docs/coherence.md "Optimistic reads").  Counts the locks taken.
+class OtherNodesLocks final : public StripeLocks {
+ public:
+  explicit OtherNodesLocks(StripeLocks& inner) : inner_(inner) {}
+  Result<void> lock(uint32_t s) override {
+    taken++;
+    return inner_.lock(s);
+  }
+  void unlock(uint32_t s) override { inner_.unlock(s); }
+  bool cheap(uint32_t) const override { return false; }
+  int taken = 0;
+
+ private:
+  StripeLocks& inner_;
+};
 
 // n root blocks (one-block chains) and their payloads.
 struct Blocks {
@@ -545,4 +569,130 @@ TEST(KvBatch, BlocksWrittenInPlaceReachAnotherNodeOnlyThroughTheirFlush) {
   r.loc_dev = CXLKV_LOC_DEV_INTERLEAVED;
   EXPECT_EQ(a->reserved_extent(r, &at), -EXDEV);
   EXPECT_EQ(at, nullptr);
+}
+
+// A get of blocks whose stripes another node keeps takes no stripe lock and
+// no pin: it reads the blocks byte for byte and owes their recency, which
+// settle_reads writes later under the locks without changing the entries'
+// versions (docs/coherence.md "Optimistic reads").
+TEST(KvBatch, AGetOfBlocksWhoseStripesAnotherNodeKeepsTakesNoLockAndNoPin) {
+  SimPool p(2, 0.02);
+  OtherNodesLocks locks(p.locks);
+  KvDeps d = p.deps(0);
+  d.locks = &locks;
+  auto a = SimPool::make(d);
+  auto b = p.store(1);
+  Blocks blk(8, 500);
+  put_each(*b, blk);
+  PrefixIndex& ix = store_index(*a);
+  std::vector<uint32_t> slots(8);
+  std::vector<IndexEntryView> before(8), after(8);
+  for (size_t i = 0; i < 8; i++) ASSERT_EQ(ix.find_state(blk.keys[i], &slots[i]), uint32_t(CXLKV_ENTRY_READY));
+  ix.entries_fresh(slots, before);
+  std::this_thread::sleep_for(std::chrono::milliseconds(5));  // recency is kept in ms
+  blk.clear();
+  auto n = a->get_many(blk.keys, blk.chunks, blk.nchunks, blk.status);
+  ASSERT_TRUE(n.ok());
+  EXPECT_EQ(n.value(), 8u) << a->last_block_error();
+  for (size_t i = 0; i < 8; i++) {
+    EXPECT_EQ(blk.status[i], 0) << i;
+    EXPECT_TRUE(blk.holds(i)) << i;
+  }
+  EXPECT_EQ(locks.taken, 0) << "a get of blocks whose stripes another node keeps asks for no stripe lock";
+  EXPECT_EQ(ix.reads_owed(), 8u);
+  ix.entries_fresh(slots, after);
+  for (size_t i = 0; i < 8; i++) {
+    EXPECT_EQ(after[i].pin_mask, 0u) << "no pin: " << i;
+    EXPECT_EQ(after[i].lru_ms, before[i].lru_ms) << "the recency is owed, not written yet: " << i;
+  }
+  ix.settle_reads(0);
+  EXPECT_GT(locks.taken, 0) << "the owed recency is written under the stripe locks";
+  EXPECT_EQ(ix.reads_owed(), 0u);
+  ix.entries_fresh(slots, after);
+  for (size_t i = 0; i < 8; i++) {
+    EXPECT_GT(after[i].lru_ms, before[i].lru_ms) << "the read's recency stamp: " << i;
+    EXPECT_EQ(after[i].version, before[i].version) << "a stamp is not a change of the block: " << i;
+  }
+  // With the option off the same get pins under the locks, as before.
+  KvDeps off = p.deps(0);
+  off.locks = &locks;
+  off.optimistic_reads = false;
+  auto c = SimPool::make(off);
+  const int taken = locks.taken;
+  n = c->get_many(blk.keys, blk.chunks, blk.nchunks, blk.status);
+  ASSERT_TRUE(n.ok());
+  EXPECT_EQ(n.value(), 8u);
+  EXPECT_GT(locks.taken, taken);
+  EXPECT_EQ(store_index(*c).reads_owed(), 0u);
+}
+
+// Another node evicts a block that a reader found without a pin, and a new
+// block takes its space, while the reader copies it: the reader's check
+// after the copy sees the entry changed and reports a miss (no error, no
+// bytes served).  Without the invalidation in that check (a broken rule 4)
+// the reader trusts the entry line it cached at the lookup and serves the
+// new block's bytes as the old block's: the simulator catches it.
+TEST(KvBatch, AnOptimisticReadOfABlockEvictedAndReusedUnderItsCopyIsAMiss) {
+  for (bool broken : {false, true}) {
+    SCOPED_TRACE(broken ? "check after the copy without invalidation" : "rule 4 kept");
+    SimPool p(2, 0.0);
+    HookedDomain h(p.sim.node(0), p.pool.mem, kIndexBytes);
+    OtherNodesLocks locks(p.locks);
+    KvDeps d = p.deps(0, &h);
+    d.locks = &locks;
+    auto a = SimPool::make(d);
+    auto b = p.store(1);
+    Blocks blk(1, 600), other(1, 700);
+    put_each(*b, blk);
+    bool reused = false;
+    h.on_payload_read = [&] {
+      ASSERT_TRUE(store_index(*b).remove(blk.keys[0]).ok());
+      put_each(*b, other);  // first fit: the evicted block's space
+      reused = true;
+      h.skip_index_invalidate = broken;
+    };
+    blk.clear();
+    auto n = a->get_many(blk.keys, blk.chunks, blk.nchunks, blk.status);
+    ASSERT_TRUE(n.ok());
+    ASSERT_TRUE(reused);
+    EXPECT_EQ(blk.bufs[0], other.bufs[0]) << "the copy read the new block's bytes (the race the check must see)";
+    if (!broken) {
+      EXPECT_EQ(n.value(), 0u);
+      EXPECT_EQ(blk.status[0], kKvMiss) << "a block that changed under an optimistic read is a miss";
+      EXPECT_EQ(a->last_block_error(), "") << "a race, not an error";
+    } else {
+      EXPECT_EQ(blk.status[0], 0) << "without the invalidation the stale line passes: wrong bytes served";
+    }
+  }
+}
+
+// The eviction side of the same protocol: the evictor fences its EVICTING
+// line before the space goes back (rule 3).  An evictor whose entry writes
+// stay in its cache (a broken rule 1/3) lets the reader's check read the old
+// READY line from memory and serve the new block's bytes: caught.
+TEST(KvBatch, AnEvictionWhoseEntryWriteNeverReachesMemoryServesWrongBytesToAnOptimisticRead) {
+  for (bool broken : {false, true}) {
+    SCOPED_TRACE(broken ? "evictor's entry writes stay in its cache" : "rule 1/3 kept");
+    SimPool p(3, 0.0);
+    HookedDomain h(p.sim.node(0), p.pool.mem, kIndexBytes);
+    OtherNodesLocks locks(p.locks);
+    KvDeps d = p.deps(0, &h);
+    d.locks = &locks;
+    auto a = SimPool::make(d);
+    BrokenStores bs(p.sim.node(1), false, broken);
+    auto b = SimPool::make(p.deps(1, &bs, &p.sim.node(1)));
+    auto w = p.store(2);  // the writer that reuses the space, on a host of its own (sound stores)
+    Blocks blk(1, 800), other(1, 900);
+    put_each(*w, blk);
+    h.on_payload_read = [&] {
+      ASSERT_TRUE(store_index(*b).remove(blk.keys[0]).ok());
+      put_each(*w, other);
+    };
+    blk.clear();
+    auto n = a->get_many(blk.keys, blk.chunks, blk.nchunks, blk.status);
+    ASSERT_TRUE(n.ok());
+    ASSERT_EQ(blk.bufs[0], other.bufs[0]) << "the space was reused under the copy";
+    if (!broken) EXPECT_EQ(blk.status[0], kKvMiss);
+    else EXPECT_EQ(blk.status[0], 0) << "the removal never reached memory: the old line passes, wrong bytes served";
+  }
 }
