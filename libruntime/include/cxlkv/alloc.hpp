@@ -162,8 +162,9 @@ class NodeHeap {
   // drainer thread calls it each period, so an idle node gives back the
   // space other nodes freed by evicting its blocks.
   Result<uint64_t> drain_if_posted(std::chrono::nanoseconds lock_timeout);
-  // Remote frees posted to node n and not yet drained (one fresh read of
-  // its inbox line; 0 for a node out of range).
+  // Remote frees posted to node n and not yet usable: not yet drained, or
+  // drained into chunks still on their way back to the pool (one fresh read
+  // of its inbox line; 0 for a node out of range).
   uint64_t remote_frees_posted(uint32_t n) const;
   HeapStats stats() const;
   ChunkAllocator& chunks() { return chunks_; }

@@ -14,7 +14,8 @@
 //                 a LARGE run -> back to the global bitmap.
 //   drain:        remote frees -> free bits; a chunk whose blocks are all
 //                 free again goes back to the global bitmap (after the
-//                 REMOTE_FREE lock is released).  The node drains when it
+//                 REMOTE_FREE lock is released; the inbox count keeps its
+//                 frees counted until then).  The node drains when it
 //                 allocates and, while idle, from each kv session's drainer
 //                 thread (drain_if_posted), so space that other nodes free
 //                 by evicting this node's blocks becomes theirs to use.
@@ -436,6 +437,10 @@ Result<uint64_t> drain_locked(NodeHeap& heap, NodeHeap::Impl& I, std::chrono::na
   auto* pend = reinterpret_cast<uint64_t*>(base + h.pending_off + uint64_t(me) * h.pending_stride);
   std::vector<uint32_t> touched;  // chunks that got blocks back: returned once the lock is released
   uint64_t drained = 0;
+  // Frees taken into chunks whose blocks are now all free: those chunks go
+  // back to the pool only after REMOTE_FREE+self is released (ALLOC is taken
+  // alone), so the inbox keeps counting them until they are there.
+  uint64_t returning = 0;
   {
     TwoTierLock lock(node, CXLKV_LOCK_REMOTE_FREE_BASE + me);
     auto g = alloc::take_lock(lock, lock_timeout,
@@ -457,6 +462,7 @@ Result<uint64_t> drain_locked(NodeHeap& heap, NodeHeap::Impl& I, std::chrono::na
         d.invalidate(rbits, rw * 8);  // rule 4
         d.fence();
         uint64_t* fb = I.free_bits(c);
+        uint64_t into_c = 0;
         for (uint32_t k = 0; k < rw; k++) {
           uint64_t w = d.read(&rbits[k]);
           if (!w) continue;
@@ -467,15 +473,22 @@ Result<uint64_t> drain_locked(NodeHeap& heap, NodeHeap::Impl& I, std::chrono::na
           uint32_t cnt = static_cast<uint32_t>(__builtin_popcountll(w));
           lc.free_count += cnt;
           drained += cnt;
+          into_c += cnt;
           I.hdr->stats.bytes_in_use -= uint64_t(cnt) * size_class_bytes(lc.cls);
         }
         if (lc.owned && I.hdr->cur[lc.cls] != c && lc.free_count) partial_push(I, c);
         if (lc.owned && lc.free_count) touched.push_back(c);
+        if (lc.owned && lc.free_count == lc.bump) returning += into_c;
       }
       d.write_nt(&pend[wi], uint64_t{0});  // rule 1
     }
+    // docs/eviction.md "Remote frees": what is left counted is the frees
+    // whose chunks are still on their way back to the pool.  The node that
+    // evicted them waits while the count is up; a count of 0 here, before
+    // the chunks are back, would let it find the pool still full and give up
+    // (evicting one more block for nothing).
     cxlkv_remote_inbox in = d.read_fresh(inbox);
-    in.pending = 0;
+    in.pending = returning;
     d.fence();  // rule 3: bitmaps cleared before the count says so
     d.publish_line(inbox, &in);
     d.fence();
@@ -488,6 +501,24 @@ Result<uint64_t> drain_locked(NodeHeap& heap, NodeHeap::Impl& I, std::chrono::na
     // allocates again.
     if (lc.owned && lc.free_count == lc.bump && I.hdr->cur[lc.cls] == c) I.hdr->cur[lc.cls] = kNoChunk;
     maybe_return_chunk(heap, I, c);
+  }
+  if (returning) {
+    // The chunks are back (or stay this node's, all free, where ALLOC did
+    // not come): the count drops by what they held.  Frees posted since
+    // stay counted.  Without the lock within the bound the count stays up
+    // until the next drain, which sets it again (a waiter waits at most its
+    // bound).
+    TwoTierLock lock(node, CXLKV_LOCK_REMOTE_FREE_BASE + me);
+    auto g = alloc::take_lock(lock, lock_timeout,
+                              "remote-free lock of node " + std::to_string(me) + " (REMOTE_FREE+" +
+                                  std::to_string(me) + "), counting returned chunks");
+    if (!g) return drained;
+    // rule 7: read-modify-write of the count under REMOTE_FREE+self; rule 4: read fresh.
+    cxlkv_remote_inbox in = d.read_fresh(inbox);
+    in.pending -= std::min<uint64_t>(in.pending, returning);
+    d.fence();  // rule 3: the chunks' bitmap words (written under ALLOC) before the count that announces them
+    d.publish_line(inbox, &in);  // rule 1: the whole line, as every writer of the inbox
+    d.fence();  // rule 3: the count is in memory before the lock is released
   }
   return drained;
 }

@@ -22,6 +22,8 @@ namespace cxlkv {
 namespace {
 
 constexpr uint32_t kNo = CXLKV_INDEX_NO_SLOT;
+// Lock-set rounds a reserve into a full pool always gets; more only while
+// evicting still makes room (reserve_chain_once).
 constexpr int kReserveRounds = 8;
 
 // Probes of a sparse table end within a line or two of the home slot: the
@@ -482,7 +484,15 @@ Result<size_t> PrefixIndex::reserve_chain_once(const BlockKey* parent, std::span
       v.clear();
     }
   } pinned{*this, {}};
-  for (int round = 0; round < kReserveRounds && next < m; round++) {
+  // Rounds past kReserveRounds (docs/eviction.md "Remote frees"): space an
+  // eviction frees in another node's chunk comes back as a whole chunk only
+  // once every block of that chunk is gone, and the oldest blocks need not
+  // share chunks, so one block's room may take more evictions than there are
+  // rounds.  A reserve goes on evicting while that still makes room: while
+  // the payload space waits for no node that does not drain, and for at most
+  // as many evictions as the pool held blocks when this call ran out.
+  uint64_t evicted_total = 0, evict_budget = 0;
+  for (int round = 0; next < m; round++) {
     const BlockKey* pkey = next ? &keys[next - 1] : parent;
     std::vector<uint32_t> stripes, lines;
     stripes.reserve(m - next + 1);
@@ -514,6 +524,16 @@ Result<size_t> PrefixIndex::reserve_chain_once(const BlockKey* parent, std::span
     }
     CXLKV_TRY(drop_children(parents, &view));
     if (next >= m || status[next] != -ENOSPC) break;
+    if (round + 1 >= kReserveRounds) {
+      if (round + 1 == kReserveRounds) {  // what the pool held when this call ran out (ours evicted since)
+        uint64_t blocks = 0, used_bytes = 0;
+        pool_used(nullptr, &blocks, &used_bytes);  // one sweep of the stripe lines (rule 4)
+        evict_budget = blocks + evicted_total;
+      }
+      // No more rounds: the last round's -ENOSPC and its message stand, and
+      // no block is evicted for a round that will not come.
+      if (evicted_total >= evict_budget || !space_->evicting_can_help()) break;
+    }
     // Still full under the set: evict anywhere (lists of other stripes, the
     // window scan), then take the set of the remaining blocks again.  Room
     // for every block still to reserve, not one: with the victims outside
@@ -529,8 +549,8 @@ Result<size_t> PrefixIndex::reserve_chain_once(const BlockKey* parent, std::span
       if (!ev || !ev.value()) break;
     }
     if (evicted == 0) break;
+    evicted_total += evicted;
     if (limited) view = pool_view();
-    if (round + 1 == kReserveRounds) break;  // the last round's -ENOSPC and its message stand
     begin_batch();
     status[next] = -ECANCELED;
   }

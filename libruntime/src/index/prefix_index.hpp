@@ -116,6 +116,11 @@ class PayloadSpace {
  public:
   virtual ~PayloadSpace() = default;
   virtual Result<BlockLocation> alloc(uint64_t bytes) = 0;  // -ENOSPC when full
+  // After alloc() failed with -ENOSPC: can evicting more blocks still make
+  // room?  false when the space evictions free is held by a live node that
+  // does not drain it (docs/eviction.md "Remote frees"); a reserve then stops
+  // after its usual rounds instead of evicting that node's blocks for nothing.
+  virtual bool evicting_can_help() { return true; }
   virtual void free(const BlockLocation& loc) = 0;
   // Space of a reservation taken from (node, incarnation low bits) declared
   // dead (docs/integrity.md "Quarantine"): a paused process of that node may still store into it

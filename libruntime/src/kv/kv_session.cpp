@@ -190,6 +190,13 @@ class HeapSpace final : public PayloadSpace {
     }
     return BlockLocation{off.value(), static_cast<uint32_t>(bytes), 0, CXLKV_TIER_MEM};
   }
+  // docs/eviction.md "Remote frees": evicting on makes room unless the space
+  // it frees waits for a live node that let a whole kDrainWait pass undrained.
+  bool evicting_can_help() override {
+    std::vector<uint32_t> stalled;
+    (void)waiting_nodes(&stalled);
+    return stalled.empty();
+  }
   void free(const BlockLocation& loc) override {
     unclaim(loc);
     (void)heap_.free(loc.offset);

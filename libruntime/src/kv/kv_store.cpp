@@ -130,6 +130,7 @@ class InterleavedSpace final : public PayloadSpace {
     l.length = static_cast<uint32_t>(bytes);
     return l;
   }
+  bool evicting_can_help() override { return inner_.evicting_can_help(); }
   void free(const BlockLocation& loc) override {
     BlockLocation l = loc;
     l.device = 0;

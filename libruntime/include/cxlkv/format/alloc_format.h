@@ -125,7 +125,8 @@ CXLKV_STATIC_ASSERT(sizeof(struct cxlkv_chunk_desc) == 8, "chunk desc is one wor
 
 /* Per owner node: how many remote frees wait to be drained (a cheap check). */
 struct cxlkv_remote_inbox {
-	__u64 pending;           /* remote frees posted since the last drain */
+	__u64 pending;           /* remote frees posted since the last drain, plus those
+	                            it drained into chunks it has yet to give back */
 	__u64 posted;            /* total remote frees ever posted (statistics) */
 	__u8  reserved[48];
 };
