@@ -250,7 +250,8 @@ class RackProc:
     """One rack's host process (remote_rack.py) and its command channel."""
 
     def __init__(self, name, net, master, logdir, namespace, block_bytes=64 << 10, timeout=1.0, segment_mib=256,
-                 index_entries=0, remote=True, pool_mib=512, batch_blocks=64, capacity_blocks=0, hold_blocks=None):
+                 index_entries=0, remote=True, pool_mib=512, batch_blocks=64, capacity_blocks=0, hold_blocks=None,
+                 push_min_blocks=None):
         self.name = name
         self.pool = f"shm:cxlkv-remote-{name}-{os.getpid()}:{pool_mib << 20}"
         self.errlog = open(os.path.join(logdir, f"rack-{name}.log"), "a")
@@ -266,6 +267,8 @@ class RackProc:
                                   "--segment-mib", str(segment_mib), "--batch-blocks", str(batch_blocks)]
         if hold_blocks is not None:
             cmd += ["--hold-blocks", str(hold_blocks)]
+        if push_min_blocks is not None:
+            cmd += ["--push-min-blocks", str(push_min_blocks)]
         if not remote:
             cmd.append("--no-remote")
         try:

@@ -57,7 +57,8 @@ class Rack:
             master=a.master, metadata_server=a.metadata, local_hostname=a.host, segment_bytes=a.segment_mib << 20,
             buffer_bytes=32 << 20, namespace=a.namespace, timeout_s=a.timeout, retry_s=0.5,
             batch_blocks=a.batch_blocks, block_bytes=a.block_bytes,
-            **({"hold_blocks": a.hold_blocks} if a.hold_blocks >= 0 else {}))
+            **({"hold_blocks": a.hold_blocks} if a.hold_blocks >= 0 else {}),
+            **({"push_min_blocks": a.push_min_blocks} if a.push_min_blocks >= 0 else {}))
         self.metrics = cxlkv.metrics.Metrics(labels={"rack": a.name})
         self.store = cxlkv.KvStore(self.pool, 1, metrics=self.metrics, block_tokens=16, remote=cfg)
         self.tier = self.store.remote or _NoTier()
@@ -431,6 +432,7 @@ def main():
     ap.add_argument("--batch-blocks", type=int, default=64)
     ap.add_argument("--no-remote", action="store_true")
     ap.add_argument("--hold-blocks", type=int, default=-1, help="the tier's hold_blocks (default: its own)")
+    ap.add_argument("--push-min-blocks", type=int, default=-1, help="the tier's push_min_blocks (default: its own)")
     a = ap.parse_args()
     logging.basicConfig(level=os.environ.get("CXLKV_REMOTE_RACK_LOG", "WARNING"), stream=sys.stderr,
                         format=f"rack {a.name}: %(levelname)s %(name)s: %(message)s")

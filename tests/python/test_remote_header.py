@@ -60,6 +60,11 @@ def test_config_from_env_and_dict():
         remote.RemoteConfig(master="nohost")
     with pytest.raises(ValueError, match="no master"):
         remote.RemoteConfig.from_dict({"protocol": "tcp"})
+    c = remote.RemoteConfig.from_env({"CXLKV_REMOTE_MASTER": "h:1", "CXLKV_REMOTE_PUSH_MIN_BLOCKS": "0",
+                                      "CXLKV_REMOTE_PUSH_PRESSURE_S": "0"})
+    assert c.push_min_blocks == 0 and c.push_pressure_s == 0
+    with pytest.raises(ValueError, match="push_min_blocks"):
+        remote.RemoteConfig(master="h:1", push_min_blocks=-1)
 
 
 def test_a_store_has_no_remote_tier_unless_asked(small_env, monkeypatch):
@@ -213,3 +218,81 @@ def test_holds_of_a_process_killed_mid_push_end_with_it(env):
     other = env.store(2, remote=False)
     st = other.lease_release(keys, consumer)
     assert (st == -errno.ETIMEDOUT).all(), st  # ended, by its node's death (a live hold answers 0)
+
+
+# ---- pushing selectively (docs/remote.md "Pushing selectively") --------------------
+def _pushed_and_kept(tier):
+    assert tier.flush(20)
+    st = tier.stats()
+    return st["remote_pushed_blocks"], st["remote_push_skipped_blocks"], st["remote_push_dropped_blocks"]
+
+
+def test_a_chain_is_kept_back_until_it_reaches_push_min_blocks_then_pushed_root_first(small_env):
+    keys = cxlkv.block_keys(np.arange(8 * 16, dtype=np.int64), 16, extras=b"min-blocks")
+    other = cxlkv.block_keys(np.arange(3 * 16, dtype=np.int64), 16, extras=b"short-chain")
+    fake = _StandInStore()
+    tier = _tier(small_env, fake, push_min_blocks=8, push_pressure_s=0)  # the bound always applies
+    store = small_env.store(1, remote=tier)
+    pay = [np.full(4096, i, np.uint8) for i in range(8)]
+    store.put(keys[:4], pay[:4])
+    store.put(keys[4:7], pay[4:7], parent=keys[3])
+    assert _pushed_and_kept(tier) == (0, 7, 0) and not fake.objects  # 7 blocks: short of 8
+    store.put(other, pay[:3])
+    store.put(keys[7:], pay[7:], parent=keys[6])  # the chain reaches 8 blocks: all of it goes
+    assert _pushed_and_kept(tier) == (8, 10, 0)
+    assert list(fake.objects) == [tier.name(k) for k in keys]  # in chain order, root first
+    for i in range(8):
+        o = fake.objects[tier.name(keys[i])]
+        assert remote.check_block(o, keys[i], o.size) is None and (o[remote.HEADER_BYTES:] == i).all()
+    assert tier.stats()["remote_held_blocks"] == 0
+    tier.close()
+
+
+def test_a_lookup_tells_the_policy_how_deep_a_put_starts(small_env):
+    # The pool holds the first 6 blocks (published by a store without the
+    # tier); a lookup through the tier sees them as the chain's first 6, so
+    # the 3 blocks put below them make a chain of 9 and are pushed.
+    keys = cxlkv.block_keys(np.arange(9 * 16, dtype=np.int64), 16, extras=b"lookup-depth")
+    pay = [np.full(4096, i, np.uint8) for i in range(9)]
+    small_env.store(2, remote=False).put(keys[:6], pay[:6])
+    fake = _StandInStore()
+    tier = _tier(small_env, fake, push_min_blocks=8, push_pressure_s=0)
+    store = small_env.store(1, remote=tier)
+    assert store.lookup(keys) == 6
+    store.put(keys[6:], pay[6:], parent=keys[5])
+    assert _pushed_and_kept(tier) == (3, 0, 0)
+    assert sorted(fake.objects) == sorted(tier.name(k) for k in keys[6:])
+    # Without that lookup the put's parent has no known depth: 3 blocks
+    # below it make a chain of at least 4, kept back.
+    more = cxlkv.block_keys(np.arange(9 * 16, dtype=np.int64), 16, extras=b"no-lookup")
+    small_env.store(2, remote=False).put(more[:6], pay[:6])
+    store.put(more[6:], pay[6:], parent=more[5])
+    assert _pushed_and_kept(tier) == (3, 3, 0)
+    tier.close()
+
+
+def test_the_bound_applies_once_the_store_refused_a_put_as_full(small_env):
+    keys = cxlkv.block_keys(np.arange(6 * 16, dtype=np.int64), 16, extras=b"pressure")
+    fake = _StandInStore()
+    tier = _tier(small_env, fake, push_min_blocks=8)  # while the store was full in the last 300 s
+    store = small_env.store(1, remote=tier)
+    pay = [np.full(4096, i, np.uint8) for i in range(6)]
+    store.put(keys[:2], pay[:2])  # the store has room: a short chain is pushed
+    assert _pushed_and_kept(tier) == (2, 0, 0) and tier.stats()["remote_push_selective"] == 0
+    fake.codes = {tier.name(keys[2]): [remote.MC_NO_AVAILABLE_HANDLE] * 2}
+    store.put(keys[2:3], pay[2:3])  # refused as full, twice: dropped
+    assert _pushed_and_kept(tier) == (2, 0, 1) and tier.stats()["remote_push_selective"] == 1
+    store.put(keys[3:6], pay[3:6])  # a short chain now stays in the pool
+    assert _pushed_and_kept(tier) == (2, 3, 1)
+    assert sorted(fake.objects) == sorted(tier.name(k) for k in keys[:2])
+    tier.close()
+
+
+def test_push_min_blocks_0_pushes_every_block_however_full_the_store(small_env):
+    keys = cxlkv.block_keys(np.arange(3 * 16, dtype=np.int64), 16, extras=b"min-0")
+    fake = _StandInStore()
+    tier = _tier(small_env, fake, push_min_blocks=0, push_pressure_s=0)
+    store = small_env.store(1, remote=tier)
+    store.put(keys, [np.full(4096, i, np.uint8) for i in range(3)])
+    assert _pushed_and_kept(tier) == (3, 0, 0) and tier.stats()["remote_push_selective"] == 0
+    tier.close()

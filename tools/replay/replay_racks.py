@@ -3,7 +3,7 @@
 """Replay a Mooncake-format trace across racks: token hit ratio per tier.
 
     replay_racks.py --trace FILE --racks N [--requests 3000] [--capacity-blocks C]
-                    [--hold-blocks H] [--results FILE]
+                    [--hold-blocks H] [--push-min-blocks M] [--results FILE]
 
 Three set-ups serve the same requests, each request on rack i % N
 (requests go out in rounds, one chunk per rack at a time, the racks working
@@ -21,7 +21,8 @@ for each rack's (the pool-wide memory-tier bound: they evict, docs/eviction.md),
 while the Mooncake Store keeps what its segments hold (--segment-mib per
 rack); --hold-blocks sets how many published blocks each rack's tier holds
 in its pool until their push (docs/remote.md "Holding a block until its
-push"; 0 holds none).  The racks are real: each its own shm pool
+push"; 0 holds none); --push-min-blocks the tiers' push policy (docs/remote.md
+"Pushing selectively"; 0 pushes every block).  The racks are real: each its own shm pool
 and process (tests/engines/remote_env.py), in network namespaces where this
 process may make them, with a real mooncake_master.  The C++ cxlkv-replay
 has no --racks: Mooncake has no C interface to drive from it.
@@ -66,7 +67,8 @@ def run(names, reqs, remote, args, logdir):
     racks = Racks(names, logdir, master_args=args.master_args.split(), block_bytes=args.block_bytes, timeout=5.0,
                   segment_mib=args.segment_mib,
                   index_entries=entries, remote=remote, pool_mib=args.pool_mib, capacity_blocks=cap,
-                  hold_blocks=args.hold_blocks if remote else None)
+                  hold_blocks=args.hold_blocks if remote else None,
+                  push_min_blocks=args.push_min_blocks if remote else None)
     tot = dict(local=0, remote=0, miss=0)
     try:
         n = len(names)
@@ -110,6 +112,9 @@ def main():
     ap.add_argument("--hold-blocks", type=int, default=None,
                     help="the tiers' hold_blocks (blocks held in the pool until their push; 0: none; default: "
                          "the tier's own)")
+    ap.add_argument("--push-min-blocks", type=int, default=None,
+                    help="the tiers' push_min_blocks (push a block once its chain reaches this many blocks while "
+                         "the store is short of room; 0: every block; default: the tier's own)")
     ap.add_argument("--master-args", default="",
                     help="more mooncake_master flags, space-separated (e.g. its eviction settings: "
                          "'-eviction_high_watermark_ratio=0.98 -eviction_ratio=0.02')")
@@ -146,11 +151,12 @@ def main():
         # Why blocks were not pushed: the tiers' own split of push_dropped_blocks
         # (the pool's node stats have no field to spare for it: docs/remote.md "Counters").
         why = {k: sum(s.get(f"remote_push_{k}_blocks", 0) for s in rem["tier"].values())
-               for k in ("evicted", "store_full", "queue_full", "failed", "retried", "present")}
+               for k in ("evicted", "store_full", "queue_full", "failed", "retried", "present", "skipped")}
         peak = max(s.get("remote_hold_peak_blocks", 0) for s in rem["tier"].values())
         print(f"{n} racks, push dropped by reason: evicted before the push {why['evicted']}, refused by a full store "
               f"{why['store_full']} (after {why['retried']} retries), queue full {why['queue_full']}, failed "
-              f"{why['failed']}; already in the store {why['present']}; most blocks held at once {peak}",
+              f"{why['failed']}; already in the store {why['present']}; kept back by the push policy "
+              f"{why['skipped']}; most blocks held at once {peak}",
               file=sys.stderr)
         out.update({f"replay_racks.r{n}.push_{k}_blocks": v for k, v in why.items()})
         out[f"replay_racks.r{n}.hold_peak_blocks"] = peak
@@ -159,6 +165,7 @@ def main():
     out["replay_racks.block_bytes"] = a.block_bytes
     out["replay_racks.segment_mib"] = a.segment_mib
     out["replay_racks.hold_blocks"] = a.hold_blocks if a.hold_blocks is not None else -1
+    out["replay_racks.push_min_blocks"] = a.push_min_blocks if a.push_min_blocks is not None else -1
     out["replay_racks.distinct_blocks"] = len({h for hs, _ in reqs for h in hs})
     out["replay_racks.netns"] = int(shared["mode"] == "netns+veth")
     out["replay_racks.seconds"] = time.monotonic() - t0

@@ -332,7 +332,7 @@ class KvStore:
                                        time.perf_counter() - t0)
         if _remote and self.remote is not None:
             # Keys only: the tier's own thread reads the blocks back from the pool.
-            self.remote.publish(k, status, bytes_)
+            self.remote.publish(k, status, bytes_, parents=(par[0] if par is not None else None,))
         return status
 
     def put_chains(self, keys, chain_lens, parents, src, block_ids=None, gpu=None, stream=None):
@@ -379,7 +379,8 @@ class KvStore:
                                        time.perf_counter() - t0)
         if self.remote is not None:
             # As put(): keys only, the tier's thread reads the blocks back.
-            self.remote.publish(k, status, nbytes)
+            self.remote.publish(k, status, nbytes, parents=[p if p.any() else None for p in par],
+                                chain_lens=lens.tolist())
         return status
 
     # ---- an engine step -----------------------------------------------------
@@ -420,7 +421,13 @@ class KvStore:
             self.metrics.observe_store(int((status == RESERVED).sum()) * kv.block_bytes, int(put_ok(status).sum()),
                                        time.perf_counter() - t0)
         if keys is not None:
-            self.remote.publish(keys, status, kv.block_bytes)  # as put(): the tier's thread reads the blocks back
+            # As put(): the tier's thread reads the blocks back; the chains'
+            # parents for the push policy (docs/remote.md "Pushing selectively").
+            par = [None] * lens.size
+            if self.remote.policy.on:
+                pk = iter(keys_from_hashes([p for p in parents if p is not None], ns))
+                par = [next(pk) if p is not None else None for p in parents]
+            self.remote.publish(keys, status, kv.block_bytes, parents=par, chain_lens=lens.tolist())
         return status
 
     def get_engine(self, namespace, hashes, kv, block_ids, gpu=None, stream=None):

@@ -142,7 +142,8 @@ _ENV = {  # RemoteConfig field: environment variable
     "max_fetch_blocks": "CXLKV_REMOTE_MAX_FETCH_BLOCKS", "block_bytes": "CXLKV_REMOTE_BLOCK_BYTES",
     "publish": "CXLKV_REMOTE_PUBLISH", "fetch": "CXLKV_REMOTE_FETCH",
     "close_drain_s": "CXLKV_REMOTE_CLOSE_DRAIN_S", "hold_blocks": "CXLKV_REMOTE_HOLD_BLOCKS",
-    "hold_ttl_s": "CXLKV_REMOTE_HOLD_TTL_S",
+    "hold_ttl_s": "CXLKV_REMOTE_HOLD_TTL_S", "push_min_blocks": "CXLKV_REMOTE_PUSH_MIN_BLOCKS",
+    "push_pressure_s": "CXLKV_REMOTE_PUSH_PRESSURE_S",
 }
 
 
@@ -173,7 +174,13 @@ class RemoteConfig:
     in the pool (leased to this tier, so not evicted) until their push; 0
     holds none; held blocks count against the pool's capacity, so keep it
     well below it.  ``hold_ttl_s``: a hold ends by itself after this long
-    (a push later than that may find its block evicted)."""
+    (a push later than that may find its block evicted).
+    ``push_min_blocks``: while the store is short of room (it refused a put
+    as full within the last ``push_pressure_s``; 0: always), a published
+    block is pushed only once its chain reaches this many blocks; shorter
+    chains stay in the rack's pool, and their blocks are pushed when a
+    longer chain through them reaches it (docs/remote.md "Pushing
+    selectively"); 0 pushes every block."""
 
     master: str
     metadata_server: str = ""
@@ -194,6 +201,8 @@ class RemoteConfig:
     close_drain_s: float = 2.0
     hold_blocks: int = 1024
     hold_ttl_s: float = 30.0
+    push_min_blocks: int = 56
+    push_pressure_s: float = 300.0
 
     def __post_init__(self):
         if not isinstance(self.master, str) or ":" not in self.master:
@@ -210,6 +219,9 @@ class RemoteConfig:
             raise ValueError(f"cxlkv: remote tier: hold_blocks {self.hold_blocks} is negative")
         if not 0.001 <= self.hold_ttl_s <= (1 << 30) / 1000:  # a lease's time to live (docs/eviction.md)
             raise ValueError(f"cxlkv: remote tier: hold_ttl_s {self.hold_ttl_s} is not 0.001 .. 1073741.824")
+        if int(self.push_min_blocks) < 0 or self.push_pressure_s < 0:
+            raise ValueError(f"cxlkv: remote tier: push_min_blocks {self.push_min_blocks} and push_pressure_s "
+                             f"{self.push_pressure_s} must not be negative")
         if self.close_drain_s < 0:
             raise ValueError(f"cxlkv: remote tier: close_drain_s {self.close_drain_s} is negative")
         if "/" in self.namespace:
@@ -291,6 +303,8 @@ COUNTERS = {
     "remote_push_queue_full_blocks": "Published blocks not pushed: the push queue was full",
     "remote_push_failed_blocks": "Published blocks not pushed: the tier degraded, a failed put or read, or closing",
     "remote_push_retried_blocks": "Pushes refused by a full store and tried once more",
+    "remote_push_skipped_blocks": "Published blocks the push policy kept back at their publish (a chain shorter than "
+                                  "push_min_blocks while the store was short of room; not a drop)",
 }
 # Why a published block was not pushed: the counter of each reason (their
 # sum is remote_push_dropped_blocks, the pool's push_dropped_blocks).  The
@@ -305,6 +319,102 @@ _DROP_REASONS = {"evicted": "remote_push_evicted_blocks", "store_full": "remote_
 # metrics and cxlkv.metrics.pool_exposition show as cxlkv_remote_<name>_total.
 POOL_COUNTERS = ("remote_hit_blocks", "remote_hit_bytes", "remote_miss_blocks", "remote_fetch_failures",
                  "remote_degraded", "remote_pushed_blocks", "remote_pushed_bytes", "remote_push_dropped_blocks")
+
+
+class PushPolicy:
+    """Which published blocks a tier pushes (docs/remote.md "Pushing
+    selectively").  A store smaller than what the racks publish keeps what
+    it was given last; most published blocks are never asked for again, so
+    while the store is short of room (it refused a put as full within the
+    last ``pressure_s``; 0: always) a block is pushed only once its chain
+    reaches ``min_blocks`` blocks: long prompts, the prefixes worth a
+    fetch from another rack, keep the store's room.  A block kept back stays
+    in the rack's pool; a later put that extends its chain to the bound
+    pushes it too, root first.  ``min_blocks`` 0 pushes every block.
+
+    Depths come from the chains the tier sees: a lookup's keys run from
+    their root, a put's from its parent, whose depth is known when this
+    process looked it up or published it (else 0 is assumed: the chain is
+    at least as long as the put)."""
+
+    ENTRIES = 1 << 16  # chains remembered: blocks, the oldest forgotten first
+
+    def __init__(self, min_blocks, pressure_s):
+        self.min_blocks = int(min_blocks)
+        self.pressure_s = float(pressure_s)
+        self.on = self.min_blocks > 1
+        self._full_at = None
+        self._lock = threading.Lock()
+        self._chains = collections.OrderedDict()  # key (lo, hi): [depth, parent key or None, kept back]
+
+    def store_full(self):
+        """The store refused a put for want of room (the pusher)."""
+        self._full_at = time.monotonic()
+
+    def pressed(self):
+        """Whether the bound applies now."""
+        if not self.on:
+            return False
+        if self.pressure_s == 0:
+            return True
+        t = self._full_at
+        return t is not None and time.monotonic() - t < self.pressure_s
+
+    def _note(self, k, depth, parent, kept):
+        e = self._chains.get(k)
+        if e is None:
+            self._chains[k] = [depth, parent, kept]
+            if len(self._chains) > self.ENTRIES:
+                self._chains.popitem(last=False)
+        else:  # seen before: its depth and parent stand; it stays kept back only if it was
+            e[0] = max(e[0], depth)
+            e[2] = e[2] and kept
+            self._chains.move_to_end(k)
+
+    def looked_up(self, keys, have):
+        """A lookup of ``keys`` (from their root) that the pool held ``have``
+        of: the depths of the blocks a put may publish next."""
+        if not self.on:
+            return
+        first = max(have - 1, 0)  # from the last hit: the parent of what is published next
+        prev = None
+        with self._lock:
+            for i, k in enumerate(keys[first:].tolist(), start=first):
+                k = tuple(k)
+                self._note(k, i, prev, False)
+                prev = k
+
+    def admit(self, ks, ok, parent):
+        """One put chain: ``ks`` its keys ((lo, hi) tuples), ``ok`` which are
+        in the pool, ``parent`` the key above the first or None.  Returns the
+        keys to push (blocks kept back before and now reached, root first,
+        then this chain's) and how many of this chain's are kept back."""
+        with self._lock:
+            pe = self._chains.get(parent) if parent is not None else None
+            pd = -1 if parent is None else (pe[0] if pe is not None else 0)
+            push = pd + 1 + len(ks) >= self.min_blocks or not self.pressed()
+            out = []
+            if push:
+                p = parent
+                while p is not None:
+                    e = self._chains.get(p)
+                    if e is None or not e[2]:
+                        break
+                    e[2] = False
+                    out.append(p)
+                    p = e[1]
+                out.reverse()
+            kept = 0
+            prev = parent
+            for i, (k, good) in enumerate(zip(ks, ok)):
+                self._note(k, pd + 1 + i, prev, good and not push)
+                prev = k
+                if good:
+                    if push:
+                        out.append(k)
+                    else:
+                        kept += 1
+            return out, kept
 
 
 class RemoteTier:
@@ -348,6 +458,7 @@ class RemoteTier:
         self._held_keys = set()             # keys this tier leases now: each leased once, released once
         self.hold_blocks = int(config.hold_blocks)
         self.hold_peak = 0                  # the most blocks held at once (stats: remote_hold_peak_blocks)
+        self.policy = PushPolicy(config.push_min_blocks, config.push_pressure_s)
         # The consumer id of this tier's leases: its own, so that releasing
         # them never ends a lease an engine holds for its decode.
         self._consumer = int.from_bytes(os.urandom(8), "little") | 1
@@ -443,6 +554,7 @@ class RemoteTier:
         with self._qcv:
             d["remote_held_blocks"] = len(self._held_keys)
             d["remote_hold_peak_blocks"] = self.hold_peak
+        d["remote_push_selective"] = int(self.policy.pressed())
         return d
 
     # ---- the worker -------------------------------------------------------------
@@ -542,15 +654,32 @@ class RemoteTier:
         return arr
 
     # ---- publish ------------------------------------------------------------------
-    def publish(self, keys, status, nbytes):
+    def publish(self, keys, status, nbytes, parents=(None,), chain_lens=None):
         """Queue the blocks of a put that are in the pool now (status
-        RESERVED or EXISTS) for the background push; returns at once."""
+        RESERVED or EXISTS) for the background push, as the push policy
+        admits them; returns at once.  ``keys`` are chains: ``chain_lens``
+        blocks each (default: one chain), each below its key in
+        ``parents`` (None: a root)."""
         if not self.cfg.publish or self._closed or nbytes <= 0:
             return
         ok = (status == _lib.RESERVED) | (status == _lib.EXISTS)
         if not ok.any():
             return
-        ks = as_keys(keys)[ok]
+        if self.policy.on:
+            kl = [tuple(k) for k in as_keys(keys).tolist()]
+            okl = ok.tolist()
+            ks, kept, at = [], 0, 0
+            for m, par in zip([len(kl)] if chain_lens is None else chain_lens, parents):
+                p = None if par is None else tuple(int(x) for x in as_keys([par])[0])
+                out, kb = self.policy.admit(kl[at:at + m], okl[at:at + m], p)
+                ks += out
+                kept += kb
+                at += m
+            self._count("remote_push_skipped_blocks", kept)
+            if not ks:
+                return
+        else:
+            ks = as_keys(keys)[ok]
         with self._qcv:
             room = self.cfg.queue_blocks - len(self._queue) - len(self._ready) - len(self._retry)
             if room < len(ks):
@@ -759,6 +888,7 @@ class RemoteTier:
                 out[i] = "present"
             elif x == MC_NO_AVAILABLE_HANDLE:
                 out[i] = "retry" if batch[i][4] == 0 else "store_full"
+                self.policy.store_full()
             else:
                 failed.append(x)
         if failed:
@@ -776,6 +906,8 @@ class RemoteTier:
         Returns the new number of leading blocks the pool holds.  Never
         raises for a remote failure (it counts it and returns ``have``)."""
         n = len(keys)
+        if have < n:
+            self.policy.looked_up(keys, have)  # the depths of what a put publishes next
         if not self.cfg.fetch or have >= n or self._closed:
             return have
         if not self._up:
