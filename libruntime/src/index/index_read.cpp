@@ -14,10 +14,9 @@ namespace cxlkv {
 
 namespace {
 
-// Stamps owed for this long are written by the next call that settles;
-// a reader whose stripes another node keeps then asks for them about four
-// times a second, not per call.
-constexpr uint32_t kOwedBatch = 4096;  // or once this many are owed
+// Stamps are written once the oldest is the caller's min_age_ms old (the
+// session's drainer: kv_session.cpp) or once this many are owed.
+constexpr uint32_t kOwedBatch = 4096;
 
 }  // namespace
 

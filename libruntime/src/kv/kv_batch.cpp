@@ -34,10 +34,6 @@ namespace {
 
 // How long put_chain waits for a parent that another node is writing.
 constexpr auto kParentWait = std::chrono::milliseconds(5000);
-// Recency stamps owed by optimistic reads are written once the oldest is
-// this old (docs/coherence.md "Optimistic reads"): a reader whose stripes
-// another node keeps asks for them about four times a second, not per get.
-constexpr uint32_t kSettleReadsMs = 250;
 
 int32_t as_status(uint32_t handle_status) { return static_cast<int32_t>(handle_status); }
 uint32_t as_handle(int32_t status) { return static_cast<uint32_t>(status); }
@@ -886,8 +882,6 @@ Result<size_t> KvStore::get_many(std::span<const BlockKey> keys, std::span<const
   }
   block_error_ = first_error;
   if (n) record(CXLKV_LAT_GET, t0);  // the whole fetch of this request
-  // The recency the optimistic reads owe, a batch now and then (not per call).
-  ops_->settle_reads(kSettleReadsMs);
   return ok;
 }
 

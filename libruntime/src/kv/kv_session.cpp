@@ -426,6 +426,10 @@ constexpr std::chrono::milliseconds kPinReclaimPeriod{200};
 // for another host's).  Its lock-free sweep reads the whole table; only
 // suspects' stripes are locked.
 constexpr std::chrono::milliseconds kIndexRepairPeriod{1000};
+// Recency stamps owed by optimistic reads are written once the oldest is
+// this old: a reader whose stripes another node keeps asks for them about
+// four times a second, not per get.
+constexpr uint32_t kSettleReadsMs = 250;
 
 std::chrono::milliseconds index_repair_period() {
   if (const char* e = std::getenv("CXLKV_INDEX_REPAIR_MS"); e && *e) {
@@ -460,6 +464,10 @@ class Drainer {
               if (auto r = repair->repair_index(); !r)
                 log().debug("kv: online index repair: {}", r.error().message());
             }
+            // The recency stamps the store's optimistic reads owe (docs/coherence.md
+            // "Optimistic reads"): here, never in a get, which must not wait for
+            // the locks it went without (nor for a lock manager that is down).
+            if (index) index->settle_reads(kSettleReadsMs);
             auto r = heap.drain_if_posted(std::chrono::milliseconds(100));  // bounded: the session can close
             if (!r) log().debug("kv: draining remote frees: {}", r.error().message());
             // Frees deferred for a lock out of reach (alloc/node_heap.cpp), once it comes.

@@ -117,7 +117,8 @@ TEST(AllocLockTimeout, APutWhoseAllocatorLockNobodyGrantsFailsInTheBoundAndLeave
   std::vector<Chunk> chunks = {{buf.data(), 4096}, {buf.data() + 4096, 4096}, {buf.data() + 8192, 4096}};
   std::vector<uint32_t> nch(3, 1);
   std::vector<int32_t> st(3);
-  auto miss = kv.get_many(keys, chunks, nch, st);  // takes (and keeps) the keys' stripe grants
+  std::vector<KvPin> pins(3);
+  auto miss = kv.pin_many(keys, pins, st);  // takes (and keeps) the keys' stripe grants (a get would not)
   ASSERT_TRUE(miss.ok()) << why(miss.error());
   ASSERT_EQ(st[0], CXLKV_KV_MISS);
   const uint64_t free_before = p.free_chunks();

@@ -94,6 +94,13 @@ class OtherNodesLocks final : public StripeLocks {
   StripeLocks& inner_;
 };
 
+// Node 0's store reading through `h` while another node keeps every stripe.
+std::unique_ptr<KvStore> optimistic_reader(SimPool& p, HookedDomain& h, OtherNodesLocks& locks) {
+  KvDeps d = p.deps(0, &h);
+  d.locks = &locks;
+  return SimPool::make(d);
+}
+
 // n root blocks (one-block chains) and their payloads.
 struct Blocks {
   explicit Blocks(size_t n, uint64_t tag) : bufs(n, std::vector<std::byte>(4096)), nchunks(n, 1), status(n, 99) {
@@ -638,9 +645,7 @@ TEST(KvBatch, AnOptimisticReadOfABlockEvictedAndReusedUnderItsCopyIsAMiss) {
     SimPool p(2, 0.0);
     HookedDomain h(p.sim.node(0), p.pool.mem, kIndexBytes);
     OtherNodesLocks locks(p.locks);
-    KvDeps d = p.deps(0, &h);
-    d.locks = &locks;
-    auto a = SimPool::make(d);
+    auto a = optimistic_reader(p, h, locks);
     auto b = p.store(1);
     Blocks blk(1, 600), other(1, 700);
     put_each(*b, blk);
@@ -676,9 +681,7 @@ TEST(KvBatch, AnEvictionWhoseEntryWriteNeverReachesMemoryServesWrongBytesToAnOpt
     SimPool p(3, 0.0);
     HookedDomain h(p.sim.node(0), p.pool.mem, kIndexBytes);
     OtherNodesLocks locks(p.locks);
-    KvDeps d = p.deps(0, &h);
-    d.locks = &locks;
-    auto a = SimPool::make(d);
+    auto a = optimistic_reader(p, h, locks);
     BrokenStores bs(p.sim.node(1), false, broken);
     auto b = SimPool::make(p.deps(1, &bs, &p.sim.node(1)));
     auto w = p.store(2);  // the writer that reuses the space, on a host of its own (sound stores)
