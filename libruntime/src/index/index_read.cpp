@@ -17,6 +17,7 @@ namespace {
 // Stamps are written once the oldest is the caller's min_age_ms old (the
 // session's drainer: kv_session.cpp) or once this many are owed.
 constexpr uint32_t kOwedBatch = 4096;
+constexpr size_t kOwedMax = 1 << 16;  // stamps kept at most
 
 }  // namespace
 
@@ -72,7 +73,7 @@ Result<size_t> PrefixIndex::read_many(std::span<const BlockKey> keys, std::span<
     // Not the block the allocator handed out (index_owner.cpp): without the
     // lock that may also be a block evicted and its space reused since the
     // probe, a miss; damage only while the entry still reads the same.
-    if (e.loc_tier == CXLKV_TIER_MEM && !space_->owner_check(loc_of(e), slot).ok) {
+    if (!space_->owner_check(loc_of(e), slot).ok) {
       const cxlkv_index_entry now_e = read_entry_fresh(slot);
       if (now_e.state != CXLKV_ENTRY_READY || now_e.version != e.version || now_e.key_lo != e.key_lo ||
           now_e.key_hi != e.key_hi)
@@ -108,7 +109,10 @@ Result<size_t> PrefixIndex::read_many(std::span<const BlockKey> keys, std::span<
   if (!owe.empty()) {
     std::lock_guard<std::mutex> lk(owed_mu_);
     if (owed_.empty()) owed_since_ms_ = now;
-    owed_.insert(owed_.end(), owe.begin(), owe.end());
+    // Bounded where nothing settles (a store without a drainer): past the
+    // bound the newest stamps are dropped, which costs recency only.
+    const size_t room = owed_.size() < kOwedMax ? kOwedMax - owed_.size() : 0;
+    owed_.insert(owed_.end(), owe.begin(), owe.begin() + std::min(room, owe.size()));
   }
   return good;
 }
