@@ -215,10 +215,11 @@ class TwoTierLock {
   // -ETIMEDOUT if not granted within `timeout` (the request is withdrawn).
   Result<Acquired> try_lock_for(std::chrono::nanoseconds timeout);
   Result<void> unlock();
-  // A hint, read without the local mutex: this node holds the global grant
-  // (kept at its last release, or held now by one of its processes) and no
-  // revocation is pending, so an acquire is local (no manager round trip).
-  // It may change at once; callers only choose a cheaper path by it.
+  // A hint, read without the local mutex: this process kept the global
+  // grant at its last release and no revocation is pending, so an acquire
+  // is the sticky fast path (node-local memory only; no manager round trip,
+  // no check of another keeper).  It may change at once; callers only
+  // choose a cheaper path by it.
   bool kept() const;
   uint32_t id() const { return id_; }
   NodeContext& node() const { return node_; }

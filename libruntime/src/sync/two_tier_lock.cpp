@@ -427,7 +427,11 @@ bool TwoTierLock::kept() const {
   if (id_ >= node_.control().max_locks()) return false;
   const LocalLockEntry& e = node_.local().locks[id_];
   const auto phase = static_cast<LockPhase>(__atomic_load_n(reinterpret_cast<const uint32_t*>(&e.phase), __ATOMIC_RELAXED));
-  return (phase == LockPhase::cached || phase == LockPhase::held) && __atomic_load_n(&e.revoke, __ATOMIC_RELAXED) == 0;
+  // Kept by this very process: the sticky fast path (node-local memory
+  // only).  A grant another process of the node kept costs its keeper's
+  // liveness check and an owner record in the pool (kept_grant_is_ours).
+  return phase == LockPhase::cached && __atomic_load_n(&e.revoke, __ATOMIC_RELAXED) == 0 &&
+         __atomic_load_n(&e.holder_pid, __ATOMIC_RELAXED) == self_pid() && node_.local().kept_here[id_];
 }
 
 Result<void> TwoTierLock::unlock() {

@@ -6,6 +6,8 @@
 #include <atomic>
 #include <chrono>
 #include <cstring>
+#include <sys/wait.h>
+#include <unistd.h>
 #include <thread>
 #include <vector>
 
@@ -200,6 +202,29 @@ TEST(LockSet, AWholeSetIsAskedForInOnePostAndKeptSetsReenterWithoutTheManager) {
   // One post (a re-ring after a second of waiting on a loaded machine at most adds one).
   EXPECT_LE(posts, 2u) << "the set was not asked for in one doorbell post";
   EXPECT_EQ(again, 0u) << "re-entering a kept set went to the manager";
+}
+
+// TwoTierLock::kept, the hint the index's optimistic reads choose by
+// (docs/coherence.md "Optimistic reads"): true only where this process's
+// acquire is the sticky fast path -- not before a grant, not for another
+// process of the node that kept it (its acquire must check that keeper),
+// not once another node took the lock.
+TEST(LockSet, KeptIsTrueOnlyWhereThisProcessReentersOnNodeLocalMemory) {
+  Sim s("lockset-kept", 2);
+  TwoTierLock a(*s.ctx[0], kBase + 7), b(*s.ctx[1], kBase + 7);
+  EXPECT_FALSE(a.kept()) << "no grant yet";
+  ASSERT_TRUE(a.try_lock_for(10s).ok());
+  ASSERT_TRUE(a.unlock().ok());
+  EXPECT_TRUE(a.kept()) << "node 0 keeps the grant this process released";
+  const pid_t child = fork();
+  if (child == 0) _exit(a.kept() ? 1 : 0);  // another process of node 0
+  int st = 0;
+  ASSERT_EQ(waitpid(child, &st, 0), child);
+  EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << "another process of the node reads the grant as kept";
+  ASSERT_TRUE(b.try_lock_for(10s).ok());  // revokes node 0's kept grant
+  ASSERT_TRUE(b.unlock().ok());
+  EXPECT_FALSE(a.kept()) << "node 1 took the lock";
+  EXPECT_TRUE(b.kept());
 }
 
 TEST(LockSet, SetsAndSingleLocksInBurstsUnderEvictionsCountExactly) {
