@@ -65,6 +65,13 @@ def _require_writable(kv):
         raise ValueError("cxlkv: the PagedKV is read-only (a read-only array or buffer); a get writes into it")
 
 
+def _parent_keys(parents, ns):
+    """The keys of an engine step's chain parents (hashes, None for a root)
+    in namespace ``ns``: a key each, None where the parent is None."""
+    at = iter(keys_from_hashes([p for p in parents if p is not None], ns))
+    return [next(at) if p is not None else None for p in parents]
+
+
 def get_ok(status):
     """Blocks of a get that were read."""
     return status == RESERVED
@@ -394,10 +401,7 @@ class KvStore:
         n = len(hashes)
         if kv.is_cuda or gpu is not None:
             ns = bytes(namespace)
-            keys = keys_from_hashes(hashes, ns)
-            pk = keys_from_hashes([p for p in parents if p is not None], ns)
-            at = iter(pk)
-            return self.put_chains(keys, chain_lens, [next(at) if p is not None else None for p in parents], kv,
+            return self.put_chains(keys_from_hashes(hashes, ns), chain_lens, _parent_keys(parents, ns), kv,
                                    block_ids, gpu=gpu, stream=stream)
         lens = np.ascontiguousarray(chain_lens, dtype=np.uint32).reshape(-1)
         if len(parents) != lens.size:
@@ -423,10 +427,7 @@ class KvStore:
         if keys is not None:
             # As put(): the tier's thread reads the blocks back; the chains'
             # parents for the push policy (docs/remote.md "Pushing selectively").
-            par = [None] * lens.size
-            if self.remote.policy.on:
-                pk = iter(keys_from_hashes([p for p in parents if p is not None], ns))
-                par = [next(pk) if p is not None else None for p in parents]
+            par = _parent_keys(parents, ns) if self.remote.policy.on else [None] * lens.size
             self.remote.publish(keys, status, kv.block_bytes, parents=par, chain_lens=lens.tolist())
         return status
 

@@ -184,29 +184,31 @@ void KvStore::check_handles(const char* op, std::vector<HandleCheck>& hs, bool a
       note_block_error(Error(code, std::string("kv: ") + op + " of block " + to_hex(h.key) + ": " + why));
     };
     h.code = 0;
-    if (h.optimistic) {
-      // Found without a pin: evicted, moved or replaced since is a miss
-      // (the bytes read are discarded), as if the lookup had come later.
-      if (e.key != h.key || e.state != h.state || e.version != h.version || e.loc.offset != h.loc.offset ||
-          e.loc.length != h.loc.length || e.loc.device != h.loc.device || e.loc.tier != h.loc.tier)
-        h.code = kKvMiss;
-      continue;
-    }
     if (h.slot >= nslots) {
       fail(-EINVAL, "slot " + std::to_string(h.slot) + " is out of range (not a handle of this pool)");
       continue;
     }
     const char* why = nullptr;
+    bool elsewhere = false;  // same block and version at another location
     if (e.key != h.key) why = "the slot now holds another block";
     else if (e.state != h.state) why = h.state == CXLKV_ENTRY_READY ? "it is no longer cached (evicted or aborted)"
                                                                      : "it is no longer reserved (published, aborted or reclaimed)";
     else if (e.version != h.version) why = "the entry changed since the handle was made (reclaimed and reused)";
     else if (e.loc.offset != h.loc.offset || e.loc.length != h.loc.length || e.loc.device != h.loc.device ||
-             e.loc.tier != h.loc.tier) {
+             e.loc.tier != h.loc.tier)
+      elsewhere = true;
+    else if (h.owned && (e.owner_node != owner_node || e.owner_inc != owner_inc))
+      why = "another node owns the reservation";
+    if (h.optimistic) {
+      // Found without a pin: evicted, moved or replaced since is a miss
+      // (the bytes read are discarded), as if the lookup had come later.
+      if (why || elsewhere) h.code = kKvMiss;
+      continue;
+    }
+    if (elsewhere) {
       fail(-EINVAL, "the handle's location does not match the index entry (forged handle)");
       continue;
-    } else if (h.owned && (e.owner_node != owner_node || e.owner_inc != owner_inc))
-      why = "another node owns the reservation";
+    }
     if (!why) continue;
     if (after_copy)
       why = h.owned ? "the reservation was reclaimed during the write"
