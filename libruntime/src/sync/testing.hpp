@@ -72,6 +72,11 @@ bool break_ask_remote();
 void set_break_kept_grant_check(bool on);
 bool break_kept_grant_check();
 
+// How many verdicts on the keeper of a grant another process of the node
+// kept this process has asked for (a lock set asks once per keeper).
+void count_keeper_check();
+uint64_t keeper_checks();
+
 // When set, a node whose heartbeat lapsed (docs/locks.md "Heartbeat
 // lapses") neither gives up its kept grants before it beats again nor
 // refuses them on the sticky fast path: resumed after the manager judged it

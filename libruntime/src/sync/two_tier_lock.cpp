@@ -76,6 +76,9 @@ std::atomic<bool> g_break_kept_grant_check{false};
 void set_break_kept_grant_check(bool on) { g_break_kept_grant_check.store(on); }
 bool break_kept_grant_check() { return g_break_kept_grant_check.load(std::memory_order_relaxed); }
 std::atomic<bool> g_break_lapse_check{false};
+std::atomic<uint64_t> g_keeper_checks{0};
+void count_keeper_check() { g_keeper_checks.fetch_add(1, std::memory_order_relaxed); }
+uint64_t keeper_checks() { return g_keeper_checks.load(std::memory_order_relaxed); }
 void set_break_lapse_check(bool on) { g_break_lapse_check.store(on); }
 bool break_lapse_check() { return g_break_lapse_check.load(std::memory_order_relaxed); }
 void set_manager_on_another_host(bool on) { g_manager_on_another_host.store(on); }
@@ -162,21 +165,45 @@ void withdraw_after_fast_path(MemoryDomain& d, cxlkv_lock_slot* slot, const Loca
 // keeper's while that keeper lives (pid + start time from the slot's owner
 // record: the liveness rule, docs/coherence.md#liveness); else false, and
 // the caller asks anew.  Either way this process is the slot's owner after.
-bool kept_grant_is_ours(NodeContext& n, uint32_t id, LocalLockEntry& e, uint32_t me) {
-  if (e.holder_pid == me && n.local().kept_here[id]) return true;  // no pool access: the fast path stays fast
+//
+// In two halves, so that a lock set asks about each keeper once
+// (acquire_set): enter_kept writes our owner record and says whose grant it
+// was; the verdict on that keeper comes after a fence.  The order is what
+// makes it safe: a manager that judged the keeper dead reads the slot again
+// before it passes the grant on (lock_manager.cpp), so it never passes a
+// grant whose new owner record was in memory before a verdict that found
+// the keeper alive -- one verdict after all of a set's owner records serves
+// them all.
+struct KeptEntry {
+  bool own = false;            // this process kept it: no verdict needed
+  bool owner_matches = false;  // the slot's owner record still names the keeper
+  uint32_t keeper = 0;
+  uint64_t keeper_start = 0;
+};
+KeptEntry enter_kept(NodeContext& n, uint32_t id, LocalLockEntry& e, uint32_t me) {
+  if (e.holder_pid == me && n.local().kept_here[id]) return {true};  // no pool access: the fast path stays fast
   MemoryDomain& d = n.domain();
   cxlkv_lock_slot* slot = n.control().slot(id, n.node());
   const cxlkv_lock_slot cur = d.read_fresh(slot);  // rule 4: the keeper's owner record
-  const uint32_t keeper = e.holder_pid;
-  // Our owner record before the verdict (rule 1: NT; rule 3: fence): a
-  // manager that judged the keeper dead reads the slot again before it
-  // passes the grant on (lock_manager.cpp), so it never passes a grant
-  // re-entered on a keeper that was alive at our check.
-  write_owner(d, slot, me);
-  d.fence();
+  KeptEntry k{false, cur.owner_pid == e.holder_pid, e.holder_pid, cur.owner_start};
+  write_owner(d, slot, me);  // rule 1: NT; the caller fences before the verdict (rule 3)
   e.holder_pid = me;
+  return k;
+}
+
+// The verdict on a keeper enter_kept named, after the fence that put our
+// owner record in memory.
+bool keeper_lives(const KeptEntry& k) {
+  sync::testing::count_keeper_check();
   if (sync::testing::break_kept_grant_check()) return true;
-  return cur.owner_pid == keeper && process_alive(keeper, cur.owner_start);
+  return k.owner_matches && process_alive(k.keeper, k.keeper_start);
+}
+
+bool kept_grant_is_ours(NodeContext& n, uint32_t id, LocalLockEntry& e, uint32_t me) {
+  const KeptEntry k = enter_kept(n, id, e, me);
+  if (k.own) return true;
+  n.domain().fence();  // rule 3: our owner record is in memory before the verdict
+  return keeper_lives(k);
 }
 
 constexpr uint32_t kSpinPolls = 0;   // see the poll loop in acquire()
@@ -508,31 +535,72 @@ Result<Acquired> acquire_set(NodeContext& n, std::span<const uint32_t> want,
     return err;
   };
 
-  // ---- local tier, ascending; kept grants before the first lock to ask for are entered at once ----
-  for (uint32_t id : want) {
-    auto lr = take_local(n, id, deadline, bounded);
-    if (!lr) return withdraw(lr.error());
-    if (lr.value() == Acquired::recovered) how = Acquired::recovered;
-    LocalLockEntry& e = n.local().locks[id];
-    // The beat before the flag, as in TwoTierLock::acquire.
-    if (ids.empty() && e.phase == LockPhase::cached && !sync::heartbeat_lapsed(n) &&
-        __atomic_load_n(&e.revoke, __ATOMIC_ACQUIRE) == 0 && kept_grant_is_ours(n, id, e, me)) {
-      // The sticky fast path (TwoTierLock::acquire): still this node's grant.
-      e.phase = LockPhase::held;
-      held.push_back(id);
-      continue;
-    }
-    // Ask for it, linked to the set's previous request.  A grant this node
-    // keeps (cached; revoked, kept by a process that died since, or, past
-    // the first request, any) is asked for anew: the newer ticket is its
-    // release (the revocation's answer) and a request at once, so the set
-    // never uses a kept higher lock while it waits for a lower one, nor a
-    // grant the manager may have given another node.
+  // Ask for lock `id` (its node-local mutex held), linked to the set's
+  // previous request.
+  auto ask = [&](uint32_t id) {
     const uint32_t prev = ids.empty() ? 0 : ids.back() + 1;
     const uint64_t prev_ticket = ids.empty() ? 0 : tickets.back();
     tickets.push_back(post_request(n, id, prev, prev_ticket));
     ids.push_back(id);
+  };
+  // Kept grants of other processes of the node entered in the kept prefix,
+  // awaiting the verdict on their keepers (enter_kept): one fence for all
+  // their owner records, then one verdict per keeper, before the set asks
+  // for anything.  From the first whose keeper is gone on, the prefix's
+  // locks are asked for anew in order, as if found there after the first
+  // request (below).
+  std::vector<std::pair<size_t, KeptEntry>> unverified;  // (index in `held`, whose grant)
+  auto verify_prefix = [&] {
+    if (unverified.empty()) return;
+    d.fence();  // rule 3: every owner record is in memory before the verdicts
+    size_t cut = held.size();
+    std::vector<std::pair<const KeptEntry*, bool>> verdicts;  // one per keeper
+    for (const auto& [at, k] : unverified) {
+      auto v = std::find_if(verdicts.begin(), verdicts.end(), [&](const auto& x) {
+        return x.first->keeper == k.keeper && x.first->keeper_start == k.keeper_start;
+      });
+      if (v == verdicts.end()) v = verdicts.insert(verdicts.end(), {&k, keeper_lives(k)});
+      if (!v->second) cut = std::min(cut, at);
+    }
+    for (size_t j = cut; j < held.size(); j++) ask(held[j]);
+    held.resize(cut);
+    unverified.clear();
+  };
+
+  // ---- local tier, ascending; kept grants before the first lock to ask for are entered at once ----
+  for (uint32_t id : want) {
+    auto lr = take_local(n, id, deadline, bounded);
+    if (!lr) {
+      // The caller releases `held` sticky: no grant of a keeper that died
+      // may stay there (asked for, then withdrawn).
+      verify_prefix();
+      return withdraw(lr.error());
+    }
+    if (lr.value() == Acquired::recovered) how = Acquired::recovered;
+    LocalLockEntry& e = n.local().locks[id];
+    // The beat before the flag, as in TwoTierLock::acquire.
+    if (ids.empty() && e.phase == LockPhase::cached && !sync::heartbeat_lapsed(n) &&
+        __atomic_load_n(&e.revoke, __ATOMIC_ACQUIRE) == 0) {
+      // The sticky fast path (TwoTierLock::acquire): still this node's
+      // grant, or another process's awaiting its keeper's verdict.
+      const KeptEntry k = enter_kept(n, id, e, me);
+      if (k.own || k.owner_matches) {
+        if (!k.own) unverified.emplace_back(held.size(), k);
+        e.phase = LockPhase::held;
+        held.push_back(id);
+        continue;
+      }
+    }
+    // Ask for it.  A grant this node keeps (cached; revoked, kept by a
+    // process that died since, or, past the first request, any) is asked
+    // for anew: the newer ticket is its release (the revocation's answer)
+    // and a request at once, so the set never uses a kept higher lock while
+    // it waits for a lower one, nor a grant the manager may have given
+    // another node.
+    if (ids.empty()) verify_prefix();
+    ask(id);
   }
+  if (ids.empty()) verify_prefix();
   if (ids.empty()) return how;  // every lock was kept
   d.fence();  // rule 3: the requests are in memory before the doorbell names them
   ring_all(n, ids);

@@ -227,6 +227,53 @@ TEST(LockSet, KeptIsTrueOnlyWhereThisProcessReentersOnNodeLocalMemory) {
   EXPECT_TRUE(b.kept());
 }
 
+// A set of grants another live process of the node kept is re-entered
+// without the manager, asking about their keeper once (acquire_set: one
+// verdict per keeper after all the owner records; docs/locks.md "Lock
+// sets"), where one lock at a time asked once per grant.
+TEST(LockSet, GrantsAnotherLiveProcessOfTheNodeKeptAreReenteredWithOneVerdictForTheirKeeper) {
+  Sim s("lockset-sibling", 2);
+  std::vector<uint32_t> ids;
+  for (uint32_t k = 0; k < 8; k++) ids.push_back(kBase + 40 + 5 * k);
+  LockSet mine(*s.ctx[0]);
+  ASSERT_TRUE(mine.try_lock_for(ids, 10s).ok());
+  ASSERT_TRUE(mine.unlock().ok());  // node 0 keeps all eight (this process)
+  int go[2], done[2];
+  ASSERT_EQ(pipe(go), 0);
+  ASSERT_EQ(pipe(done), 0);
+  const pid_t sibling = fork();
+  if (sibling == 0) {
+    // Another process of node 0: it re-enters this process's grants and
+    // keeps them, then lives on until the parent has re-entered them again.
+    LockSet theirs(*s.ctx[0]);
+    const uint64_t before = sync::testing::keeper_checks();
+    const bool ok = theirs.try_lock_for(ids, 10s).ok() && theirs.unlock().ok();
+    const char c = ok ? (sync::testing::keeper_checks() - before == 1 ? 'y' : 'c') : 'n';
+    if (write(go[1], &c, 1) != 1) _exit(2);
+    char x;
+    _exit(read(done[0], &x, 1) == 1 ? 0 : 3);
+  }
+  char c = 0;
+  ASSERT_EQ(read(go[0], &c, 1), 1);
+  EXPECT_EQ(c, 'y') << "the sibling's set: 'n' failed, 'c' asked about its keeper more than once";
+  const uint64_t grants = s.mgr->stats().grants;
+  const uint64_t before = sync::testing::keeper_checks();
+  auto r = mine.try_lock_for(ids, 10s);
+  const uint64_t checks = sync::testing::keeper_checks() - before;
+  EXPECT_TRUE(r.ok()) << (r.ok() ? "" : r.error().message());
+  if (r.ok()) {
+    EXPECT_TRUE(mine.unlock().ok());
+  }
+  const char x = 'x';
+  EXPECT_EQ(write(done[1], &x, 1), 1);
+  int st = 0;
+  ASSERT_EQ(waitpid(sibling, &st, 0), sibling);
+  EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << "sibling status " << st;
+  for (int fd : {go[0], go[1], done[0], done[1]}) close(fd);
+  EXPECT_EQ(checks, 1u) << "eight grants of one live keeper: one verdict";
+  EXPECT_EQ(s.mgr->stats().grants, grants) << "grants the node kept went to the manager";
+}
+
 TEST(LockSet, SetsAndSingleLocksInBurstsUnderEvictionsCountExactly) {
   // Three nodes take overlapping sets of 3 of 4 locks in bursts (pauses
   // between bursts: grants are kept, entered again, asked for anew when the
