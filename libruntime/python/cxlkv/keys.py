@@ -26,6 +26,7 @@ uint64, columns (lo, hi), the layout of ``struct cxlkv_kv_key``):
   The C library computes them (``cxlkv_kv_engine_keys``), as it does
   ``block_keys``.
 """
+import array
 import ctypes as C
 
 import numpy as np
@@ -189,17 +190,16 @@ def _encode_all(hashes):
 def encode_items(hashes, parents=()):
     """(items, lengths) of ``hashes`` and then ``parents`` for the engine-step
     calls (``cxlkv_kv_engine_put_chains``): a parent None is an empty item
-    (a root)."""
+    (a root).  The lengths are an ``array.array("I")``: an engine step's
+    few dozen items cost a numpy call more than they cost in Python, and
+    such calls run cold between an engine's forward passes."""
     if all(type(h) is bytes for h in hashes) and all(p is None or type(p) is bytes for p in parents):
-        n = len(hashes)
-        lens = np.empty(n + len(parents), dtype=np.uint32)
-        lens[:n] = np.fromiter(map(len, hashes), dtype=np.uint32, count=n)
-        lens[:n] += 1
-        lens[n:] = [len(p) + 1 if p is not None else 0 for p in parents]
-        head = b"b" + b"b".join(hashes) if n else b""
+        lens = array.array("I", [len(h) + 1 for h in hashes])
+        lens.extend([len(p) + 1 if p is not None else 0 for p in parents])
+        head = b"b" + b"b".join(hashes) if hashes else b""
         return head + b"".join(b"b" + p for p in parents if p is not None), lens
     enc = [_encode_hash(h) for h in hashes] + [_encode_hash(p) if p is not None else b"" for p in parents]
-    return b"".join(enc), np.fromiter(map(len, enc), dtype=np.uint32, count=len(enc))
+    return b"".join(enc), array.array("I", [len(e) for e in enc])
 
 
 _engine_keys_fn = None

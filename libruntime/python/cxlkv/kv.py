@@ -9,6 +9,7 @@ node writes it), ``MISS`` (3: not cached), a negative errno for a failed
 block, ``-ECANCELED`` for a block not attempted after an earlier block of the
 same chain failed.
 """
+import array
 import ctypes as C
 import errno
 import threading
@@ -57,6 +58,20 @@ def _uint(v, bits, what):
 def put_ok(status):
     """Blocks of a put that are in the pool now (written, or already there)."""
     return (status == RESERVED) | (status == EXISTS)
+
+
+def _addr(a):
+    """The address of an ``array.array``'s items."""
+    return a.buffer_info()[0]
+
+
+def _uints(code, values, what):
+    """``values`` as an ``array.array(code)`` of unsigned integers, or
+    ValueError naming ``what``."""
+    try:
+        return array.array(code, values)
+    except (OverflowError, TypeError) as e:
+        raise ValueError(f"cxlkv: {what} must be unsigned integers ({e})") from None
 
 
 def _require_writable(kv):
@@ -163,6 +178,7 @@ class KvStore:
     def __init__(self, pool, node, metrics=None, block_tokens=0, remote=None):
         self.pool = pool
         self.node = node = _uint(node, 32, f"node of a KV store of {pool.uri}")
+        self._what = f"pool {pool.uri}: the KV store of node {node}"  # in the engine calls' errors
         # Serialises the C calls on the handle and close() (one thread at a
         # time per handle: cxlkv.h).  Re-entrant: a Pins released by the
         # garbage collector inside a call of this thread unpins at once.
@@ -403,33 +419,35 @@ class KvStore:
             ns = bytes(namespace)
             return self.put_chains(keys_from_hashes(hashes, ns), chain_lens, _parent_keys(parents, ns), kv,
                                    block_ids, gpu=gpu, stream=stream)
-        lens = np.ascontiguousarray(chain_lens, dtype=np.uint32).reshape(-1)
-        if len(parents) != lens.size:
-            raise ValueError(f"cxlkv: {lens.size} chains but {len(parents)} parents")
+        if len(parents) != len(chain_lens):
+            raise ValueError(f"cxlkv: {len(chain_lens)} chains but {len(parents)} parents")
         if len(block_ids) != n:
             raise ValueError(f"cxlkv: {n} hashes but {len(block_ids)} block ids")
-        status = np.zeros(n, dtype=np.int32)
         if n == 0:
-            return status
+            return np.zeros(0, dtype=np.int32)
+        # array.array, not numpy, for the step's small arrays (encode_items says why).
+        lens = _uints("I", chain_lens, "chain lengths")
         items, ilens = encode_items(hashes, parents)
-        ids = np.asarray(block_ids, dtype=np.uint64)
+        ids = _uints("Q", block_ids, "block ids")
+        status = array.array("i", bytes(4 * n))
         keys = empty_keys(n) if self.remote is not None else None
         ns = bytes(namespace)
         t0 = time.perf_counter()
         with self._lock:
             rc = self._engine_put(self.handle, C.addressof(kv.paged_chunks()), ns, len(ns), items, len(items),
-                                  ilens.ctypes.data, n, lens.ctypes.data, lens.size, ids.ctypes.data,
-                                  status.ctypes.data, keys.ctypes.data if keys is not None else None)
-        self._settle(rc, n, f"pool {self.pool.uri}: the KV store of node {self.node}")
+                                  _addr(ilens), n, _addr(lens), len(lens), _addr(ids), _addr(status),
+                                  keys.ctypes.data if keys is not None else None)
+        self._settle(rc, n, self._what)
         if self.metrics:
-            self.metrics.observe_store(int((status == RESERVED).sum()) * kv.block_bytes, int(put_ok(status).sum()),
-                                       time.perf_counter() - t0)
+            # rc: the blocks in the pool now (written or there already).
+            self.metrics.observe_store(status.count(RESERVED) * kv.block_bytes, rc, time.perf_counter() - t0)
+        out = np.frombuffer(status, dtype=np.int32)
         if keys is not None:
             # As put(): the tier's thread reads the blocks back; the chains'
             # parents for the push policy (docs/remote.md "Pushing selectively").
-            par = _parent_keys(parents, ns) if self.remote.policy.on else [None] * lens.size
-            self.remote.publish(keys, status, kv.block_bytes, parents=par, chain_lens=lens.tolist())
-        return status
+            par = _parent_keys(parents, ns) if self.remote.policy.on else [None] * len(lens)
+            self.remote.publish(keys, out, kv.block_bytes, parents=par, chain_lens=lens.tolist())
+        return out
 
     def get_engine(self, namespace, hashes, kv, block_ids, gpu=None, stream=None):
         """:meth:`get` of an engine's own block hashes (keys as
@@ -441,21 +459,21 @@ class KvStore:
             return self.get(keys_from_hashes(hashes, bytes(namespace)), kv, block_ids, gpu=gpu, stream=stream)
         if len(block_ids) != n:
             raise ValueError(f"cxlkv: {n} hashes but {len(block_ids)} block ids")
-        status = np.zeros(n, dtype=np.int32)
         if n == 0:
-            return status
+            return np.zeros(0, dtype=np.int32)
         _require_writable(kv)
         items, ilens = encode_items(hashes)
-        ids = np.asarray(block_ids, dtype=np.uint64)
+        ids = _uints("Q", block_ids, "block ids")
+        status = array.array("i", bytes(4 * n))
         ns = bytes(namespace)
         t0 = time.perf_counter()
         with self._lock:
             rc = self._engine_get(self.handle, C.addressof(kv.paged_chunks()), ns, len(ns), items, len(items),
-                                  ilens.ctypes.data, n, ids.ctypes.data, status.ctypes.data)
-        self._settle(rc, n, f"pool {self.pool.uri}: the KV store of node {self.node}")
+                                  _addr(ilens), n, _addr(ids), _addr(status))
+        self._settle(rc, n, self._what)
         if self.metrics:
-            self.metrics.observe_load(int(get_ok(status).sum()) * kv.block_bytes, time.perf_counter() - t0)
-        return status
+            self.metrics.observe_load(status.count(RESERVED) * kv.block_bytes, time.perf_counter() - t0)
+        return np.frombuffer(status, dtype=np.int32)
 
     def get(self, keys, dst, block_ids=None, gpu=None, stream=None):
         """Read blocks ``keys`` into ``dst`` (a :class:`PagedKV` with

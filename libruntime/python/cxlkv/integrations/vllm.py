@@ -461,23 +461,25 @@ class CxlkvConnectorImpl:
         t0 = time.perf_counter()
         try:
             # One C call hashes, builds the chunk lists and reads (docs/engines.md "One call a step").
-            status = self.store.get_engine(self._ns, [h for t in meta.loads for h in t.hashes], self.kv, ids,
-                                           gpu=self.gpu)
-            ok = cxlkv.get_ok(status)
+            # Python lists, not numpy, for the step's few dozen statuses: numpy
+            # calls run cold between forward passes (docs/engines.md "One call a step").
+            ok = [s == cxlkv.RESERVED for s in self.store.get_engine(
+                self._ns, [h for t in meta.loads for h in t.hashes], self.kv, ids, gpu=self.gpu).tolist()]
         except Exception as e:  # noqa: BLE001 -- every block of the step is recomputed instead
             self._failed("load", e)
-            ok = np.zeros(len(ids), dtype=bool)
+            ok = [False] * len(ids)
         if self.kv.is_cuda:
             import torch
             torch.cuda.current_stream().synchronize()  # the blocks are in place before attention reads them
-        if not ok.all():
+        loaded = sum(ok)
+        if loaded < len(ok):
             self._load_errors.update(int(b) for b, f in zip(ids, ok) if not f)
         # A block just loaded is in the pool: the request's saves skip it as
         # they skip what earlier saves put (_save_step).
         if self.kv_role != "kv_consumer":
             self._remember(itertools.compress((h for t in meta.loads for h in t.hashes), ok))
-        self.metrics.inc("cxlkv_client_loaded_blocks_total", int(ok.sum()))
-        self.metrics.inc("cxlkv_client_load_failed_blocks_total", int((~ok).sum()))
+        self.metrics.inc("cxlkv_client_loaded_blocks_total", loaded)
+        self.metrics.inc("cxlkv_client_load_failed_blocks_total", len(ok) - loaded)
         self.metrics.inc("cxlkv_client_adapter_load_seconds_total", time.perf_counter() - t0)
         if self._raw is not None and not raw_first:
             self._raw.load([b for b, f in zip(ids, ok) if f], self.metrics)
@@ -558,10 +560,11 @@ class CxlkvConnectorImpl:
             hashes = [h for c in todo for h in c[0]]
             status = self.store.put_engine_chains(self._ns, hashes, [len(c[0]) for c in todo], [c[1] for c in todo],
                                                   self.kv, [b for c in todo for b in c[2]], gpu=self.gpu)
-            self._remember(itertools.compress(hashes, cxlkv.put_ok(status)))
+            st = status.tolist()  # a list, as in start_load_kv
+            self._remember(h for h, s in zip(hashes, st) if s == cxlkv.RESERVED or s == cxlkv.EXISTS)
             again, at = [], 0
             for hs, _par, _ids, t in todo:
-                first = int(status[at])
+                first = st[at]
                 at += len(hs)
                 if attempt == 0 and first == -errno.ENOENT and len(hs) < len(t.hashes):
                     for h in t.hashes[: len(t.hashes) - len(hs)]:
