@@ -221,6 +221,11 @@ class TwoTierLock {
   // no check of another keeper).  It may change at once; callers only
   // choose a cheaper path by it.
   bool kept() const;
+  // A hint, read as kept() is: the node has the global grant (a process of
+  // the node keeps or holds it) and no revocation is pending, so an acquire
+  // needs no round trip through the lock manager (at most the verdict on
+  // another process's keeper, or a wait on this node's holder).
+  bool node_has_grant() const;
   uint32_t id() const { return id_; }
   NodeContext& node() const { return node_; }
 

@@ -365,6 +365,12 @@ void PrefixIndex::lock_ahead(std::span<const BlockKey> keys) {
   for (const BlockKey& k : keys) stripes.push_back(stripe_of(k));
   std::sort(stripes.begin(), stripes.end());
   stripes.erase(std::unique(stripes.begin(), stripes.end()), stripes.end());
+  // Its point is one manager round trip for the stripes the node lacks
+  // instead of one per later call: where the node has every grant already,
+  // taking and dropping them all is pure cost (about 60 us for 30 stripes
+  // inside vLLM's worker).  A hint; a stripe lost since costs the later
+  // call its own round trip, nothing more.
+  if (std::all_of(stripes.begin(), stripes.end(), [&](uint32_t s) { return locks_->node_has(s); })) return;
   // No line is read or written under these locks, so no stripe line is
   // marked and nothing needs a fence before the release (rules 3 and 7
   // concern the changes a holder makes; this holder makes none).

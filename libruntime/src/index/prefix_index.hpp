@@ -99,6 +99,10 @@ class StripeLocks {
   // The index's reads choose their path by it (docs/coherence.md
   // "Optimistic reads"); correctness never depends on it.
   virtual bool cheap(uint32_t /*stripe*/) const { return true; }
+  // A hint: taking `stripe` now needs no lock manager round trip (the node
+  // has its grant: TwoTierLock::node_has_grant).  Locks of one process
+  // always do.  PrefixIndex::lock_ahead skips a batch whose stripes all do.
+  virtual bool node_has(uint32_t /*stripe*/) const { return true; }
 };
 
 // Is the process that attached as (node, incarnation) still alive?

@@ -69,6 +69,7 @@ class TwoTierStripeLocks final : public StripeLocks {
   }
   void unlock_many(std::span<const uint32_t>) override { (void)thread_set().unlock(); }
   bool cheap(uint32_t s) const override { return s < locks_.size() && locks_[s]->kept(); }
+  bool node_has(uint32_t s) const override { return s < locks_.size() && locks_[s]->node_has_grant(); }
 
  private:
   bool bounded() const { return !lock_wait_unbounded(timeout_); }

@@ -461,6 +461,13 @@ bool TwoTierLock::kept() const {
          __atomic_load_n(&e.holder_pid, __ATOMIC_RELAXED) == self_pid() && node_.local().kept_here[id_];
 }
 
+bool TwoTierLock::node_has_grant() const {
+  if (id_ >= node_.control().max_locks()) return false;
+  const LocalLockEntry& e = node_.local().locks[id_];
+  const auto phase = static_cast<LockPhase>(__atomic_load_n(reinterpret_cast<const uint32_t*>(&e.phase), __ATOMIC_RELAXED));
+  return (phase == LockPhase::cached || phase == LockPhase::held) && __atomic_load_n(&e.revoke, __ATOMIC_RELAXED) == 0;
+}
+
 Result<void> TwoTierLock::unlock() {
   LocalLockEntry& e = node_.local().locks[id_ < node_.control().max_locks() ? id_ : 0];
   if (id_ >= node_.control().max_locks() || e.phase != LockPhase::held || e.holder_pid != self_pid())

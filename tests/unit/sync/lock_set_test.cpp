@@ -227,6 +227,30 @@ TEST(LockSet, KeptIsTrueOnlyWhereThisProcessReentersOnNodeLocalMemory) {
   EXPECT_TRUE(b.kept());
 }
 
+// TwoTierLock::node_has_grant, the hint PrefixIndex::lock_ahead skips by:
+// true where any process of the node keeps or holds the grant (no manager
+// round trip to take it), false before a grant and once another node took
+// the lock.
+TEST(LockSet, NodeHasGrantIsTrueForEveryProcessOfTheNodeThatKeepsOrHoldsIt) {
+  Sim s("lockset-node-has", 2);
+  TwoTierLock a(*s.ctx[0], kBase + 9), b(*s.ctx[1], kBase + 9);
+  EXPECT_FALSE(a.node_has_grant()) << "no grant yet";
+  ASSERT_TRUE(a.try_lock_for(10s).ok());
+  EXPECT_TRUE(a.node_has_grant()) << "held by this process";
+  ASSERT_TRUE(a.unlock().ok());
+  EXPECT_TRUE(a.node_has_grant()) << "kept by this process";
+  const pid_t child = fork();
+  if (child == 0) _exit(a.node_has_grant() ? 0 : 1);  // another process of node 0
+  int st = 0;
+  ASSERT_EQ(waitpid(child, &st, 0), child);
+  EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << "another process of the node does not see the node's grant";
+  ASSERT_TRUE(b.try_lock_for(10s).ok());  // revokes node 0's kept grant
+  EXPECT_FALSE(a.node_has_grant()) << "node 1 holds the lock";
+  ASSERT_TRUE(b.unlock().ok());
+  EXPECT_FALSE(a.node_has_grant()) << "node 1 keeps the lock";
+  EXPECT_TRUE(b.node_has_grant());
+}
+
 // A set of grants another live process of the node kept is re-entered
 // without the manager, asking about their keeper once (acquire_set: one
 // verdict per keeper after all the owner records; docs/locks.md "Lock
