@@ -551,23 +551,15 @@ TEST(LockSim, LiveContendedHolderOnAnotherHostIsAskedButKeepsTheLockUntilItsRele
 namespace cxlkv {
 namespace {
 
-// Node 0's only process keeps a grant (sticky, outside its critical
-// section) and is killed.  No watcher answers the manager's revocation and
-// node 0 is dead, so the manager gives the grant to node 1 without node 0's
-// answer (uapi/cxlkv_ctrl.h "Sticky grants").  Node 0's successor process
-// then opens the same node-local memory, which still says `cached`: it must
-// not re-enter while node 1 holds the lock (two holders of one lock: how
-// the full-pool kill test lost leased blocks, stripe locks held twice).
-// The keeper is a forked child that ends with _exit (a kill -9 as far as
-// the pool and the node-local memory can tell); `set`: through a LockSet
-// (acquire_set, the index's path) instead of a TwoTierLock.  Returns
-// whether the successor got in while node 1 held the lock.
-bool successor_enters_while_another_node_holds(const char* name, bool set) {
-  TestPool p(name);
+// Node 0's keeper of `ids` in a forked child: it takes them (through a
+// LockSet, or as one TwoTierLock when `set` is false), keeps their grants
+// at release and ends with _exit (a kill -9 as far as the pool and the
+// node-local memory can tell).  Its own lock manager is stopped (lease
+// given back) before it dies, so that the parent's adopts the kept grants
+// from the grant lines at once.
+void run_killed_keeper(TestPool& p, std::span<const uint32_t> ids, bool set) {
   const pid_t keeper = fork();
   if (keeper == 0) {
-    // Its own lock manager, stopped (lease given back) before it dies, so
-    // that ours adopts the kept grant from the grant line at once.
     auto r = Region::open(p.uri);
     if (!r) _exit(10);
     LockManagerOptions mo;
@@ -579,22 +571,38 @@ bool successor_enters_while_another_node_holds(const char* name, bool set) {
     no.node = 0;
     auto n = NodeContext::attach(*r.value(), no);
     if (!n) _exit(12);
-    uint32_t id = kLock;
     bool ok = false;
     if (set) {
       LockSet s(*n.value());
-      ok = s.lock({&id, 1}).ok() && s.unlock().ok();
+      ok = s.lock(ids).ok() && s.unlock().ok();
     } else {
-      TwoTierLock l(*n.value(), kLock);
+      TwoTierLock l(*n.value(), ids[0]);
       ok = l.lock().ok() && l.unlock().ok();
     }
-    if (n.value()->local().locks[kLock].phase != LockPhase::cached) _exit(13);  // not kept: nothing to test
+    for (uint32_t id : ids)
+      if (n.value()->local().locks[id].phase != LockPhase::cached) _exit(13);  // not kept: nothing to test
     m.value().reset();
-    _exit(ok ? 0 : 14);  // killed: no detach, which would give the kept grant back
+    _exit(ok ? 0 : 14);  // killed: no detach, which would give the kept grants back
   }
   int st = 0;
   EXPECT_EQ(waitpid(keeper, &st, 0), keeper);
   EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << "the keeper failed: status " << st;
+}
+
+// Node 0's only process keeps a grant (sticky, outside its critical
+// section) and is killed.  No watcher answers the manager's revocation and
+// node 0 is dead, so the manager gives the grant to node 1 without node 0's
+// answer (uapi/cxlkv_ctrl.h "Sticky grants").  Node 0's successor process
+// then opens the same node-local memory, which still says `cached`: it must
+// not re-enter while node 1 holds the lock (two holders of one lock: how
+// the full-pool kill test lost leased blocks, stripe locks held twice).
+// The keeper: run_killed_keeper; `set`: through a LockSet (acquire_set,
+// the index's path) instead of a TwoTierLock.  Returns whether the
+// successor got in while node 1 held the lock.
+bool successor_enters_while_another_node_holds(const char* name, bool set) {
+  TestPool p(name);
+  const uint32_t kept[] = {kLock};
+  run_killed_keeper(p, kept, set);
 
   p.simulate(3, 0.02, 21);
   auto mgr = start_manager(p, 2);
@@ -644,29 +652,7 @@ TEST(LockSim, SuccessorOfAKilledKeeperWaitsForTheNodeGivenItsKeptGrantInALockSet
 bool successor_set_enters_below_its_own_kept_grant(const char* name, uint64_t* checks) {
   TestPool p(name);
   const uint32_t ids[] = {kLock, kLock + 1, kLock + 2, kLock + 3};
-  const pid_t keeper = fork();
-  if (keeper == 0) {
-    auto r = Region::open(p.uri);
-    if (!r) _exit(10);
-    LockManagerOptions mo;
-    mo.node = 7;
-    auto m = LockManager::create(*r.value(), mo);
-    if (!m) _exit(11);
-    m.value()->start();
-    NodeOptions no;
-    no.node = 0;
-    auto n = NodeContext::attach(*r.value(), no);
-    if (!n) _exit(12);
-    LockSet s(*n.value());
-    const bool ok = s.lock(std::span(ids).subspan(1)).ok() && s.unlock().ok();
-    for (uint32_t id : std::span(ids).subspan(1))
-      if (n.value()->local().locks[id].phase != LockPhase::cached) _exit(13);  // not kept: nothing to test
-    m.value().reset();
-    _exit(ok ? 0 : 14);  // killed: no detach
-  }
-  int st = 0;
-  EXPECT_EQ(waitpid(keeper, &st, 0), keeper);
-  EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << "the keeper failed: status " << st;
+  run_killed_keeper(p, std::span(ids).subspan(1), true);
 
   p.simulate(3, 0.02, 23);
   auto mgr = start_manager(p, 2);
