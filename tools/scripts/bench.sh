@@ -49,6 +49,13 @@ else
 	CXLKV_BUILD="$B" CXLKV_LIB="$B/libruntime/libcxlkv.so" \
 		"$VENV/bin/python" tools/bench/remote_bench.py --results "$B/bench/results.json" >/dev/null ||
 		echo "bench: remote group failed (see $B/bench/remote/)" >&2
+	# The replay across racks (docs/remote.md "Replay across racks"): 2 and 4
+	# racks sharing one Mooncake Store beside one shared pool of the same
+	# total capacity and beside isolated pools (replay_racks.*).
+	CXLKV_BUILD="$B" CXLKV_LIB="$B/libruntime/libcxlkv.so" \
+		"$VENV/bin/python" tools/replay/replay_racks.py --racks 2 4 --segment-mib 16 --block-bytes 4096 \
+		--capacity-blocks 8192 --logdir "$B/bench/replay_racks" --results "$B/bench/results.json" >/dev/null ||
+		echo "bench: replay across racks failed (see $B/bench/replay_racks/)" >&2
 fi
 # The picture: each metric against its same-run baseline and target.
 "$B/tools/cxlkv-bench" --report-svg "$B/bench/results.json" "$B/bench/report.svg"
