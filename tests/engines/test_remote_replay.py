@@ -1,6 +1,7 @@
 # SPDX-License-Identifier: MIT
-"""The replay across racks (tools/replay/replay_racks.py, docs/remote.md
-"Replay across racks") end to end, small: a Mooncake-format trace written
+"""The replay across racks (``cxlkv-replay --racks``, which runs
+tools/replay/replay_racks.py; docs/remote.md "Replay across racks") end to
+end, small: a Mooncake-format trace written
 here (requests that share prefixes across racks), two racks with a pool
 each and their own processes, a real mooncake_master, over TCP.  The
 figures of a full run are a `make bench` group; this checks that the three
@@ -16,6 +17,12 @@ import sys
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.abspath(os.path.join(HERE, "..", ".."))
 OUT = os.environ.get("CXLKV_REMOTE_LOGDIR", f"/tmp/cxlkv-remote-replay-{os.getpid()}")
+
+
+def _replay():
+    tools = os.environ.get("CXLKV_TEST_TOOLS") or os.path.join(os.environ.get("CXLKV_BUILD", os.path.join(ROOT, "build")),
+                                                              "tools")
+    return os.path.join(tools, "cxlkv-replay")
 
 
 def write_trace(path, requests=120, groups=40, seed=7):
@@ -39,10 +46,12 @@ def test_replay_across_two_racks_orders_shared_remote_and_isolated(tmp_path):
     trace = tmp_path / "trace.jsonl"
     write_trace(trace)
     results = tmp_path / "results.json"
-    p = subprocess.run([sys.executable, os.path.join(ROOT, "tools", "replay", "replay_racks.py"), "--trace",
-                        str(trace), "--racks", "2", "--requests", "120", "--chunk", "5", "--pool-mib", "64",
-                        "--segment-mib", "16", "--results", str(results), "--logdir", OUT],
-                       capture_output=True, text=True, timeout=900)
+    # Through the C++ tool's front door, as an operator runs it: it execs
+    # the Python driver (Mooncake's store has no C interface).
+    env = dict(os.environ, CXLKV_PYTHON=sys.executable)
+    p = subprocess.run([_replay(), "--racks", "2", "--trace", str(trace), "--requests", "120", "--chunk", "5",
+                        "--pool-mib", "64", "--segment-mib", "16", "--results", str(results), "--logdir", OUT],
+                       capture_output=True, text=True, timeout=900, env=env)
     assert p.returncode == 0, f"replay_racks failed ({p.returncode}):\n{p.stderr[-4000:]}"
     r = json.loads(results.read_text())
     assert r["replay_racks.requests"] == 120
@@ -60,3 +69,10 @@ def test_replay_across_two_racks_orders_shared_remote_and_isolated(tmp_path):
     # in the store: the bounds leave room for that.
     assert r["replay_racks.r2.hit_vs_isolated"] > 1.15, r
     assert r["replay_racks.r2.hit_vs_shared"] > 0.8, r
+
+
+def test_racks_without_the_driver_is_a_clear_error():
+    p = subprocess.run([_replay(), "--racks", "2"], capture_output=True, text=True, timeout=60,
+                       env=dict(os.environ, CXLKV_REPLAY_RACKS="/nonexistent/replay_racks.py"))
+    assert p.returncode == 2, p
+    assert "/nonexistent/replay_racks.py is not there" in p.stderr and "CXLKV_REPLAY_RACKS" in p.stderr, p.stderr

@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -85,7 +86,14 @@ const char* kUsage =
     "  --json               print the summary as JSON on stdout\n"
     "  --quiet              no progress line\n"
     "  -h, --help           this text\n"
-    "  --version            print the version\n";
+    "  --version            print the version\n"
+    "\n"
+    "Across racks: cxlkv-replay --racks N [N...] [options] splits the requests over N\n"
+    "pools that share one Mooncake Store and reports the token hit ratio per tier\n"
+    "beside one shared pool and N isolated pools.  Mooncake's store is driven from\n"
+    "Python only, so this runs tools/replay/replay_racks.py of the cxlkv source tree\n"
+    "(or $CXLKV_REPLAY_RACKS) in the engine environment (.venv-engines from `make\n"
+    "deps`, or $CXLKV_PYTHON); its options: cxlkv-replay --racks 2 --help.\n";
 
 struct Summary {
   uint64_t requests = 0, input_tokens = 0, hit_tokens = 0;
@@ -761,7 +769,53 @@ int run_parent(const Config& c, char** argv, int argc) {
 
 }  // namespace replay
 
+namespace replay {
+namespace {
+
+bool executable(const std::string& p) { return !p.empty() && ::access(p.c_str(), X_OK) == 0; }
+
+// --racks: the replay across racks (docs/remote.md "Replay across racks").
+// Racks share through Mooncake Store, whose client is Python only (no C
+// interface to drive from here), so this execs the Python driver of the
+// source tree this binary was built from, with every argument as given.
+int run_racks(int argc, char** argv) {
+  const char* env_script = std::getenv("CXLKV_REPLAY_RACKS");
+  const std::string src = CXLKV_SOURCE_DIR;
+  const std::string script = env_script ? env_script : src + "/tools/replay/replay_racks.py";
+  if (::access(script.c_str(), R_OK) != 0) {
+    std::fprintf(stderr,
+                 "cxlkv-replay: --racks runs the Python driver tools/replay/replay_racks.py of a cxlkv source tree "
+                 "(Mooncake's store has no C interface), and %s is not there (%s); set CXLKV_REPLAY_RACKS to it\n",
+                 script.c_str(), std::strerror(errno));
+    return 2;
+  }
+  const char* env_py = std::getenv("CXLKV_PYTHON");
+  std::string py = env_py ? env_py : src + "/.venv-engines/bin/python";
+  if (!env_py && !executable(py)) py = "python3";  // Mooncake elsewhere on the path; the driver says if not
+  // The driver finds this build's tools and library by CXLKV_BUILD (this
+  // binary is BUILD/tools/cxlkv-replay).
+  char self[4096];
+  const ssize_t n = ::readlink("/proc/self/exe", self, sizeof self - 1);
+  if (n > 0 && !std::getenv("CXLKV_BUILD")) {
+    std::string build(self, static_cast<size_t>(n));
+    for (int up = 0; up < 2; up++) build = build.substr(0, build.rfind('/'));
+    ::setenv("CXLKV_BUILD", build.c_str(), 0);
+  }
+  std::vector<char*> args{const_cast<char*>(py.c_str()), const_cast<char*>(script.c_str())};
+  for (int i = 1; i < argc; i++) args.push_back(argv[i]);
+  args.push_back(nullptr);
+  ::execvp(args[0], args.data());
+  std::fprintf(stderr, "cxlkv-replay: --racks: cannot run %s: %s (set CXLKV_PYTHON to the engine environment's python)\n",
+               py.c_str(), std::strerror(errno));
+  return 2;
+}
+
+}  // namespace
+}  // namespace replay
+
 int main(int argc, char** argv) {
+  for (int i = 1; i < argc; i++)
+    if (std::strcmp(argv[i], "--racks") == 0) return replay::run_racks(argc, argv);
   replay::Config c;
   std::string err;
   if (!replay::parse(argc, argv, &c, &err)) {

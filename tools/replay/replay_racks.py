@@ -24,8 +24,8 @@ in its pool until their push (docs/remote.md "Holding a block until its
 push"; 0 holds none); --push-min-blocks the tiers' push policy (docs/remote.md
 "Pushing selectively"; 0 pushes every block).  The racks are real: each its own shm pool
 and process (tests/engines/remote_env.py), in network namespaces where this
-process may make them, with a real mooncake_master.  The C++ cxlkv-replay
-has no --racks: Mooncake has no C interface to drive from it.
+process may make them, with a real mooncake_master.  `cxlkv-replay --racks`
+runs this driver (Mooncake has no C interface for the C++ tool to drive).
 
 Blocks are 1 KiB by default (the bytes do not change a hit ratio, only
 how many blocks the store's segments hold: --block-bytes); a trace block is
