@@ -76,3 +76,7 @@ def test_racks_without_the_driver_is_a_clear_error():
                        env=dict(os.environ, CXLKV_REPLAY_RACKS="/nonexistent/replay_racks.py"))
     assert p.returncode == 2, p
     assert "/nonexistent/replay_racks.py is not there" in p.stderr and "CXLKV_REPLAY_RACKS" in p.stderr, p.stderr
+    p = subprocess.run([_replay(), "--racks", "2"], capture_output=True, text=True, timeout=60,
+                       env=dict(os.environ, CXLKV_PYTHON="/nonexistent/python"))
+    assert p.returncode == 2, p
+    assert "cannot run /nonexistent/python" in p.stderr and "CXLKV_PYTHON" in p.stderr, p.stderr

@@ -790,8 +790,14 @@ int run_racks(int argc, char** argv) {
     return 2;
   }
   const char* env_py = std::getenv("CXLKV_PYTHON");
-  std::string py = env_py ? env_py : src + "/.venv-engines/bin/python";
-  if (!env_py && !executable(py)) py = "python3";  // Mooncake elsewhere on the path; the driver says if not
+  const std::string py = env_py ? env_py : src + "/.venv-engines/bin/python";
+  if (!env_py && !executable(py)) {
+    std::fprintf(stderr,
+                 "cxlkv-replay: --racks needs the engine environment, which pins Mooncake: no %s (make deps makes it; "
+                 "or set CXLKV_PYTHON to a python that imports mooncake and numpy)\n",
+                 py.c_str());
+    return 2;
+  }
   // The driver finds this build's tools and library by CXLKV_BUILD (this
   // binary is BUILD/tools/cxlkv-replay).
   char self[4096];

@@ -56,7 +56,8 @@ else
 	# has room for about as many blocks as the pools in both.
 	for rb in "2 4096" "4 8192"; do
 		set -- $rb
-		"$B/tools/cxlkv-replay" --racks "$1" --segment-mib 16 --block-bytes "$2" --capacity-blocks 8192 \
+		CXLKV_PYTHON="$VENV/bin/python" CXLKV_LIB="$B/libruntime/libcxlkv.so" \
+			"$B/tools/cxlkv-replay" --racks "$1" --segment-mib 16 --block-bytes "$2" --capacity-blocks 8192 \
 			--logdir "$B/bench/replay_racks" --results "$B/bench/results.json" >/dev/null ||
 			echo "bench: replay across $1 racks failed (see $B/bench/replay_racks/)" >&2
 	done
