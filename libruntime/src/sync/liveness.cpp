@@ -110,7 +110,7 @@ namespace {
 // one that reuses its pid, and is readable once that process has exited.
 // The start time is read from /proc once, when the pidfd is opened; after
 // that a verdict is one poll().  Reading /proc/PID/stat walks every thread
-// of the process: 50-80 us for an engine's many-threaded processes, where
+// of the process: 35-80 us for an engine's many-threaded processes, where
 // a node's processes ask about each other on every lock set.  Per thread,
 // so no lock is held across a fork.
 class Pidfds {
