@@ -14,15 +14,9 @@ import random
 import subprocess
 import sys
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.abspath(os.path.join(HERE, "..", ".."))
+from remote_env import tool_path
+
 OUT = os.environ.get("CXLKV_REMOTE_LOGDIR", f"/tmp/cxlkv-remote-replay-{os.getpid()}")
-
-
-def _replay():
-    tools = os.environ.get("CXLKV_TEST_TOOLS") or os.path.join(os.environ.get("CXLKV_BUILD", os.path.join(ROOT, "build")),
-                                                              "tools")
-    return os.path.join(tools, "cxlkv-replay")
 
 
 def write_trace(path, requests=120, groups=40, seed=7):
@@ -49,8 +43,9 @@ def test_replay_across_two_racks_orders_shared_remote_and_isolated(tmp_path):
     # Through the C++ tool's front door, as an operator runs it: it execs
     # the Python driver (Mooncake's store has no C interface).
     env = dict(os.environ, CXLKV_PYTHON=sys.executable)
-    p = subprocess.run([_replay(), "--racks", "2", "--trace", str(trace), "--requests", "120", "--chunk", "5",
-                        "--pool-mib", "64", "--segment-mib", "16", "--results", str(results), "--logdir", OUT],
+    p = subprocess.run([tool_path("cxlkv-replay"), "--racks", "2", "--trace", str(trace), "--requests", "120",
+                        "--chunk", "5", "--pool-mib", "64", "--segment-mib", "16", "--results", str(results),
+                        "--logdir", OUT],
                        capture_output=True, text=True, timeout=900, env=env)
     assert p.returncode == 0, f"replay_racks failed ({p.returncode}):\n{p.stderr[-4000:]}"
     r = json.loads(results.read_text())
@@ -72,11 +67,11 @@ def test_replay_across_two_racks_orders_shared_remote_and_isolated(tmp_path):
 
 
 def test_racks_without_the_driver_is_a_clear_error():
-    p = subprocess.run([_replay(), "--racks", "2"], capture_output=True, text=True, timeout=60,
+    p = subprocess.run([tool_path("cxlkv-replay"), "--racks", "2"], capture_output=True, text=True, timeout=60,
                        env=dict(os.environ, CXLKV_REPLAY_RACKS="/nonexistent/replay_racks.py"))
     assert p.returncode == 2, p
     assert "/nonexistent/replay_racks.py is not there" in p.stderr and "CXLKV_REPLAY_RACKS" in p.stderr, p.stderr
-    p = subprocess.run([_replay(), "--racks", "2"], capture_output=True, text=True, timeout=60,
+    p = subprocess.run([tool_path("cxlkv-replay"), "--racks", "2"], capture_output=True, text=True, timeout=60,
                        env=dict(os.environ, CXLKV_PYTHON="/nonexistent/python"))
     assert p.returncode == 2, p
     assert "cannot run /nonexistent/python" in p.stderr and "CXLKV_PYTHON" in p.stderr, p.stderr
