@@ -6,12 +6,14 @@
 #include <atomic>
 #include <chrono>
 #include <cstring>
+#include <string>
 #include <sys/wait.h>
 #include <unistd.h>
 #include <thread>
 #include <vector>
 
 #include "support/lock_test_pool.hpp"
+#include "support/proc_util.hpp"
 #include "sync/testing.hpp"
 
 namespace cxlkv {
@@ -241,31 +243,62 @@ TEST(LockSet, KeptIsTrueOnlyWhereThisProcessReentersAndNodeHasGrantWhereAnyProce
 // A set of grants another live process of the node kept is re-entered
 // without the manager, asking about their keeper once (acquire_set: one
 // verdict per keeper after all the owner records; docs/locks.md "Lock
-// sets"), where one lock at a time asked once per grant.
+// sets"), where one lock at a time asked once per grant.  The sibling is
+// forked before the test starts any thread (a fork while the lock
+// manager's thread holds a mutex would leave the child waiting for it
+// forever) and attaches as node 0 on its own once the parent sends it the
+// pool's URI.
 TEST(LockSet, GrantsAnotherLiveProcessOfTheNodeKeptAreReenteredWithOneVerdictForTheirKeeper) {
-  Sim s("lockset-sibling", 2);
   std::vector<uint32_t> ids;
   for (uint32_t k = 0; k < 8; k++) ids.push_back(kBase + 40 + 5 * k);
-  LockSet mine(*s.ctx[0]);
-  ASSERT_TRUE(mine.try_lock_for(ids, 10s).ok());
-  ASSERT_TRUE(mine.unlock().ok());  // node 0 keeps all eight (this process)
-  int go[2], done[2];
-  ASSERT_EQ(pipe(go), 0);
-  ASSERT_EQ(pipe(done), 0);
+  int down[2], up[2];  // parent -> sibling: the URI, then a byte once done; sibling -> parent: its answer
+  ASSERT_EQ(pipe(down), 0);
+  ASSERT_EQ(pipe(up), 0);
   const pid_t sibling = fork();
+  ASSERT_GE(sibling, 0);
   if (sibling == 0) {
-    // Another process of node 0: it re-enters this process's grants and
-    // keeps them, then lives on until the parent has re-entered them again.
-    LockSet theirs(*s.ctx[0]);
+    // Another process of node 0: it re-enters the parent's grants and
+    // keeps them, then lives on until the parent has re-entered them again
+    // (or the parent's end of `down` closes).  'y': one verdict; 'c': more;
+    // 'n': the set failed; no answer: the pool could not be attached.
+    close(down[1]);
+    close(up[0]);
+    std::string uri;
+    char ch;
+    while (read(down[0], &ch, 1) == 1 && ch != '\n') uri += ch;
+    auto r = Region::open(uri);
+    if (!r) _exit(10);
+    NodeOptions no;
+    no.node = 0;
+    auto n = NodeContext::attach(*r.value(), no);
+    if (!n) _exit(11);
+    LockSet theirs(*n.value());
     const uint64_t before = sync::testing::keeper_checks();
     const bool ok = theirs.try_lock_for(ids, 10s).ok() && theirs.unlock().ok();
     const char c = ok ? (sync::testing::keeper_checks() - before == 1 ? 'y' : 'c') : 'n';
-    if (write(go[1], &c, 1) != 1) _exit(2);
-    char x;
-    _exit(read(done[0], &x, 1) == 1 ? 0 : 3);
+    if (write(up[1], &c, 1) != 1) _exit(2);
+    _exit(read(down[0], &ch, 1) == 1 ? 0 : 3);
   }
+  close(down[0]);
+  close(up[1]);
+  // On every way out: the sibling's reads end (end of file), and it is reaped.
+  struct Reap {
+    pid_t pid;
+    int fds[2];
+    ~Reap() {
+      for (int fd : fds) close(fd);
+      proc_util::wait_within(pid, 30s, "the sibling process to exit");
+    }
+  } reap{sibling, {down[1], up[0]}};
+
+  Sim s("lockset-sibling", 2);
+  LockSet mine(*s.ctx[0]);
+  ASSERT_TRUE(mine.try_lock_for(ids, 10s).ok());
+  ASSERT_TRUE(mine.unlock().ok());  // node 0 keeps all eight (this process)
+  const std::string line = s.p.uri + "\n";
+  ASSERT_EQ(write(down[1], line.data(), line.size()), static_cast<ssize_t>(line.size()));
   char c = 0;
-  ASSERT_EQ(read(go[0], &c, 1), 1);
+  ASSERT_EQ(read(up[0], &c, 1), 1) << "the sibling ended without answering";
   EXPECT_EQ(c, 'y') << "the sibling's set: 'n' failed, 'c' asked about its keeper more than once";
   const uint64_t grants = s.mgr->stats().grants;
   const uint64_t before = sync::testing::keeper_checks();
@@ -275,14 +308,10 @@ TEST(LockSet, GrantsAnotherLiveProcessOfTheNodeKeptAreReenteredWithOneVerdictFor
   if (r.ok()) {
     EXPECT_TRUE(mine.unlock().ok());
   }
-  const char x = 'x';
-  EXPECT_EQ(write(done[1], &x, 1), 1);
-  int st = 0;
-  ASSERT_EQ(waitpid(sibling, &st, 0), sibling);
-  EXPECT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0) << "sibling status " << st;
-  for (int fd : {go[0], go[1], done[0], done[1]}) close(fd);
   EXPECT_EQ(checks, 1u) << "eight grants of one live keeper: one verdict";
   EXPECT_EQ(s.mgr->stats().grants, grants) << "grants the node kept went to the manager";
+  const char x = 'x';
+  EXPECT_EQ(write(down[1], &x, 1), 1);
 }
 
 TEST(LockSet, SetsAndSingleLocksInBurstsUnderEvictionsCountExactly) {
