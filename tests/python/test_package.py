@@ -1,6 +1,7 @@
 # SPDX-License-Identifier: MIT
 """The cxlkv package: pools, keys, errors, batched put / get / pin over NumPy
 arrays and PyTorch tensors in every paged layout."""
+import array
 import errno
 import hashlib
 import struct
@@ -172,6 +173,31 @@ def test_engine_step_calls_put_and_get_by_the_engines_hashes(env, src_name):
     with pytest.raises(cxlkv.CxlkvError, match="chain lengths"):
         kv.put_engine_chains(b"ns", hs[:2], [3], [None], src, [0, 1])
     assert len(kv.get_engine(b"ns", [], out, [])) == 0
+
+
+@pytest.mark.parametrize("sizes", [[32] * 5, [32, 8, 32, 1, 16]])
+def test_engine_step_put_of_bytes_hashes_stores_under_keys_from_hashes(env, sizes):
+    """put_engine_step (the adapters' once-a-step put: no numpy on the way)
+    of bytes hashes, all of one length (vLLM's 32: the encoding's fast
+    path) or of several, stores each block under keys_from_hashes's key of
+    its hash, with its parent's link; returns the blocks in the pool and an
+    array.array of statuses."""
+    layers, blocks, tokens, heads, head = 2, 6, 8, 2, 16
+    ref, lay = _layouts(layers, blocks, tokens, heads, head, torch.float32)
+    kv = env.store()
+    src = lay["vllm"][0]
+    hs = [bytes([i + 1]) * n for i, n in enumerate(sizes)]
+    rc, st = kv.put_engine_step(b"ns", hs, [2, 3], [None, hs[1]], src, [5, 1, 4, 0, 2])
+    assert rc == 5 and isinstance(st, array.array) and list(st) == [cxlkv.RESERVED] * 5
+    keys = cxlkv.keys_from_hashes(hs, b"ns")
+    assert kv.lookup(keys) == 5  # the second chain hangs below hs[1]
+    rc, st = kv.put_engine_step(b"ns", hs[:2], [2], [None], src, [5, 1])
+    assert rc == 2 and list(st) == [cxlkv.EXISTS] * 2
+    out = _layouts(layers, blocks, tokens, heads, head, torch.float32)[1]["vllm"]
+    assert cxlkv.get_ok(kv.get(keys, out[0], [0, 1, 2, 3, 4])).all()
+    for d, s in zip(range(5), [5, 1, 4, 0, 2]):
+        assert torch.equal(_read_block("vllm", out[1], d, layers), ref[s]), d
+    assert kv.put_engine_step(b"ns", [], [], [], src, []) == (0, array.array("i"))
 
 
 def test_put_get_numpy_buffers_and_statuses(env):

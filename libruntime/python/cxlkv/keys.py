@@ -193,8 +193,14 @@ def encode_items(hashes, parents=()):
     (a root).  The lengths are an ``array.array("I")``: an engine step's
     few dozen items cost a numpy call more than they cost in Python, and
     such calls run cold between an engine's forward passes."""
-    if all(type(h) is bytes for h in hashes) and all(p is None or type(p) is bytes for p in parents):
-        lens = array.array("I", [len(h) + 1 for h in hashes])
+    # map() and set() keep the per-hash work in C: an engine's hashes are
+    # bytes of one length (vLLM's: 32).
+    if set(map(type, hashes)) <= {bytes} and all(p is None or type(p) is bytes for p in parents):
+        sizes = set(map(len, hashes))
+        if len(sizes) == 1:
+            lens = array.array("I", [sizes.pop() + 1]) * len(hashes)
+        else:
+            lens = array.array("I", [len(h) + 1 for h in hashes])
         lens.extend([len(p) + 1 if p is not None else 0 for p in parents])
         head = b"b" + b"b".join(hashes) if hashes else b""
         return head + b"".join(b"b" + p for p in parents if p is not None), lens

@@ -414,22 +414,35 @@ class KvStore:
         CPU ``kv``: one C call hashes, builds the chunk lists and puts
         (``cxlkv_kv_engine_put_chains``, docs/engines.md "One call a step");
         a CUDA one goes through :meth:`put_chains`.  Returns the status array."""
-        n = len(hashes)
         if kv.is_cuda or gpu is not None:
             ns = bytes(namespace)
             return self.put_chains(keys_from_hashes(hashes, ns), chain_lens, _parent_keys(parents, ns), kv,
                                    block_ids, gpu=gpu, stream=stream)
+        _rc, status = self.put_engine_step(namespace, hashes, chain_lens, parents, kv, block_ids)
+        return np.frombuffer(status, dtype=np.int32) if len(status) else np.zeros(0, dtype=np.int32)
+
+    def put_engine_step(self, namespace, hashes, chain_lens, parents, kv, block_ids, gpu=None, stream=None):
+        """:meth:`put_engine_chains` as an engine adapter calls it once a
+        step: returns (the blocks in the pool now, written or there already;
+        the statuses).  For a CPU ``kv`` the statuses are an
+        ``array.array("i")``, no numpy on the way (docs/engines.md "One call
+        a step"); a CUDA one goes through :meth:`put_chains`."""
+        if kv.is_cuda or gpu is not None:
+            st = self.put_engine_chains(namespace, hashes, chain_lens, parents, kv, block_ids, gpu=gpu,
+                                        stream=stream)
+            return int(np.count_nonzero((st == RESERVED) | (st == EXISTS))), st
+        n = len(hashes)
         if len(parents) != len(chain_lens):
             raise ValueError(f"cxlkv: {len(chain_lens)} chains but {len(parents)} parents")
         if len(block_ids) != n:
             raise ValueError(f"cxlkv: {n} hashes but {len(block_ids)} block ids")
+        status = array.array("i", bytes(4 * n))
         if n == 0:
-            return np.zeros(0, dtype=np.int32)
+            return 0, status
         # array.array, not numpy, for the step's small arrays (encode_items says why).
         lens = _uints("I", chain_lens, "chain lengths")
         items, ilens = encode_items(hashes, parents)
         ids = _uints("Q", block_ids, "block ids")
-        status = array.array("i", bytes(4 * n))
         keys = empty_keys(n) if self.remote is not None else None
         ns = bytes(namespace)
         t0 = time.perf_counter()
@@ -441,13 +454,13 @@ class KvStore:
         if self.metrics:
             # rc: the blocks in the pool now (written or there already).
             self.metrics.observe_store(status.count(RESERVED) * kv.block_bytes, rc, time.perf_counter() - t0)
-        out = np.frombuffer(status, dtype=np.int32)
         if keys is not None:
             # As put(): the tier's thread reads the blocks back; the chains'
             # parents for the push policy (docs/remote.md "Pushing selectively").
             par = _parent_keys(parents, ns) if self.remote.policy.on else [None] * len(lens)
-            self.remote.publish(keys, out, kv.block_bytes, parents=par, chain_lens=lens.tolist())
-        return out
+            self.remote.publish(keys, np.frombuffer(status, dtype=np.int32), kv.block_bytes, parents=par,
+                                chain_lens=lens.tolist())
+        return rc, status
 
     def get_engine(self, namespace, hashes, kv, block_ids, gpu=None, stream=None):
         """:meth:`get` of an engine's own block hashes (keys as

@@ -60,7 +60,6 @@ finds them by the same block hashes, loads them and releases the lease.
 vLLM is imported lazily: ``CxlkvConnector`` (a module attribute built on first
 access) subclasses the real ``KVConnectorBase_V1``.
 """
-import collections
 import dataclasses
 import errno
 import hashlib
@@ -216,7 +215,7 @@ class CxlkvConnectorImpl:
             # or its loads read (bounded, oldest forgotten first): requests sharing a prefix each save
             # it, and a block already there would cost an index call for
             # no copy (_save_step).
-            self._in_pool = collections.OrderedDict()
+            self._in_pool = {}  # insertion-ordered: the oldest first (_remember)
 
     # ---- helpers ---------------------------------------------------------------
     def _namespace(self, tp_rank, pp_rank):
@@ -527,13 +526,16 @@ class CxlkvConnectorImpl:
     _IN_POOL_MAX = 1 << 16
 
     def _remember(self, hashes):
-        """Note blocks known to be in the pool (bounded, oldest forgotten first)."""
+        """Note blocks known to be in the pool (bounded: past the bound the
+        older half, in the order first noted, is forgotten; one forgotten
+        too early costs an index call that finds it there, nothing more).
+        A plain dict: an OrderedDict's insert cost twice as much, cold
+        between forward passes."""
         seen = self._in_pool
-        for h in hashes:
-            seen[h] = None
-            seen.move_to_end(h)
-        while len(seen) > self._IN_POOL_MAX:
-            seen.popitem(last=False)
+        seen.update(dict.fromkeys(hashes))
+        if len(seen) > self._IN_POOL_MAX:
+            for h in list(itertools.islice(seen, len(seen) - self._IN_POOL_MAX // 2)):
+                del seen[h]
 
     def _save_step(self, saves):
         """Put the step's chains, each without its leading blocks this worker
@@ -557,10 +559,17 @@ class CxlkvConnectorImpl:
         for attempt in (0, 1):
             if not todo:
                 return
-            hashes = [h for c in todo for h in c[0]]
-            status = self.store.put_engine_chains(self._ns, hashes, [len(c[0]) for c in todo], [c[1] for c in todo],
-                                                  self.kv, [b for c in todo for b in c[2]], gpu=self.gpu)
-            st = status.tolist()  # a list, as in start_load_kv
+            if len(todo) == 1:
+                hashes, lens, parents, ids = todo[0][0], [len(todo[0][0])], [todo[0][1]], todo[0][2]
+            else:
+                hashes = [h for c in todo for h in c[0]]
+                lens, parents, ids = [len(c[0]) for c in todo], [c[1] for c in todo], [b for c in todo for b in c[2]]
+            # The statuses as an array.array, no numpy: numpy calls run cold
+            # between forward passes (docs/engines.md "One call a step").
+            rc, st = self.store.put_engine_step(self._ns, hashes, lens, parents, self.kv, ids, gpu=self.gpu)
+            if rc == len(hashes):  # every block is in the pool now: nothing to go again
+                self._remember(hashes)
+                return
             self._remember(h for h, s in zip(hashes, st) if s == cxlkv.RESERVED or s == cxlkv.EXISTS)
             again, at = [], 0
             for hs, _par, _ids, t in todo:
