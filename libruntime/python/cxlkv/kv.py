@@ -414,11 +414,10 @@ class KvStore:
         CPU ``kv``: one C call hashes, builds the chunk lists and puts
         (``cxlkv_kv_engine_put_chains``, docs/engines.md "One call a step");
         a CUDA one goes through :meth:`put_chains`.  Returns the status array."""
-        if kv.is_cuda or gpu is not None:
-            ns = bytes(namespace)
-            return self.put_chains(keys_from_hashes(hashes, ns), chain_lens, _parent_keys(parents, ns), kv,
-                                   block_ids, gpu=gpu, stream=stream)
-        _rc, status = self.put_engine_step(namespace, hashes, chain_lens, parents, kv, block_ids)
+        _rc, status = self.put_engine_step(namespace, hashes, chain_lens, parents, kv, block_ids, gpu=gpu,
+                                           stream=stream)
+        if isinstance(status, np.ndarray):
+            return status
         return np.frombuffer(status, dtype=np.int32) if len(status) else np.zeros(0, dtype=np.int32)
 
     def put_engine_step(self, namespace, hashes, chain_lens, parents, kv, block_ids, gpu=None, stream=None):
@@ -428,9 +427,10 @@ class KvStore:
         ``array.array("i")``, no numpy on the way (docs/engines.md "One call
         a step"); a CUDA one goes through :meth:`put_chains`."""
         if kv.is_cuda or gpu is not None:
-            st = self.put_engine_chains(namespace, hashes, chain_lens, parents, kv, block_ids, gpu=gpu,
-                                        stream=stream)
-            return int(np.count_nonzero((st == RESERVED) | (st == EXISTS))), st
+            ns = bytes(namespace)
+            st = self.put_chains(keys_from_hashes(hashes, ns), chain_lens, _parent_keys(parents, ns), kv,
+                                 block_ids, gpu=gpu, stream=stream)
+            return int(np.count_nonzero(put_ok(st))), st
         n = len(hashes)
         if len(parents) != len(chain_lens):
             raise ValueError(f"cxlkv: {len(chain_lens)} chains but {len(parents)} parents")

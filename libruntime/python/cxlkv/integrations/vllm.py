@@ -559,11 +559,8 @@ class CxlkvConnectorImpl:
         for attempt in (0, 1):
             if not todo:
                 return
-            if len(todo) == 1:
-                hashes, lens, parents, ids = todo[0][0], [len(todo[0][0])], [todo[0][1]], todo[0][2]
-            else:
-                hashes = [h for c in todo for h in c[0]]
-                lens, parents, ids = [len(c[0]) for c in todo], [c[1] for c in todo], [b for c in todo for b in c[2]]
+            hashes = [h for c in todo for h in c[0]]
+            lens, parents, ids = [len(c[0]) for c in todo], [c[1] for c in todo], [b for c in todo for b in c[2]]
             # The statuses as an array.array, no numpy: numpy calls run cold
             # between forward passes (docs/engines.md "One call a step").
             rc, st = self.store.put_engine_step(self._ns, hashes, lens, parents, self.kv, ids, gpu=self.gpu)
