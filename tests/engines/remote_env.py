@@ -290,10 +290,25 @@ class RackProc:
         t.start()
         t.join(timeout)
         if t.is_alive():
-            raise TimeoutError(f"rack {self.name}: no reply in {timeout} s (see {self.errlog.name})")
+            raise TimeoutError(f"rack {self.name}: no reply in {timeout} s; its stacks and the end of its log "
+                               f"({self.errlog.name}):\n{self._stacks_and_log()}")
         if not box["line"]:
             raise RuntimeError(f"rack {self.name}: process ended (exit {self.proc.poll()}; see {self.errlog.name})")
         return json.loads(box["line"])
+
+    def _stacks_and_log(self, chars=6000):
+        """The rack's Python stacks (remote_rack.py prints them on SIGUSR1,
+        even while a call into Mooncake holds the interpreter lock) and the
+        end of its log, for the error of a rack that stopped answering."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGUSR1)
+            time.sleep(1)
+        self.errlog.flush()
+        try:
+            with open(self.errlog.name, errors="replace") as f:
+                return f.read()[-chars:]
+        except OSError as e:
+            return f"(cannot read it: {e})"
 
     def send(self, op, **kw):
         self.proc.stdin.write(json.dumps(dict(op=op, **kw)) + "\n")

@@ -9,10 +9,12 @@ reply line on stdout per command).  Run inside the rack's network namespace
 Blocks are made from (seed, index), so every process knows the bytes a block
 must have: a block read back is compared, never trusted."""
 import argparse
+import faulthandler
 import hashlib
 import json
 import logging
 import os
+import signal
 import sys
 import time
 
@@ -434,6 +436,8 @@ def main():
     ap.add_argument("--hold-blocks", type=int, default=-1, help="the tier's hold_blocks (default: its own)")
     ap.add_argument("--push-min-blocks", type=int, default=-1, help="the tier's push_min_blocks (default: its own)")
     a = ap.parse_args()
+    # The harness asks for the stacks of a rack that stopped answering.
+    faulthandler.register(signal.SIGUSR1, file=sys.stderr, all_threads=True)
     logging.basicConfig(level=os.environ.get("CXLKV_REMOTE_RACK_LOG", "WARNING"), stream=sys.stderr,
                         format=f"rack {a.name}: %(levelname)s %(name)s: %(message)s")
     rack = Rack(a)

@@ -9,13 +9,14 @@ then a local hit; the master killed with -9 mid-run and started again; a
 peer killed; damaged remote objects.  In every case: no wrong byte, no
 lookup slower than the tier's timeout (plus scheduling slack)."""
 import os
+import signal
 import subprocess
 import sys
 import time
 
 import pytest
 
-from remote_env import Racks, cxlkvctl_stats, mooncake_master_path, pool_remote_counters
+from remote_env import Master, Net, RackProc, Racks, cxlkvctl_stats, mooncake_master_path, pool_remote_counters
 
 OUT = os.environ.get("CXLKV_REMOTE_LOGDIR", f"/tmp/cxlkv-remote-tests-{os.getpid()}")
 N = 32               # blocks per prefix
@@ -219,6 +220,45 @@ def test_peer_killed(racks):
     assert _wait_up(b, 52)
     r = b.call("fetch", seed=51, n=N)
     assert (r["hit"], r["wrong"]) == (N, 0), f"{r} {_remote_stats(a)} {_remote_stats(b)}"
+
+
+def test_a_rack_started_while_the_master_does_not_answer_is_local_only_at_once_then_joins():
+    """A master that takes connections but answers nothing (stopped): a
+    rack starting then must not wait for Mooncake's own retries (its setup
+    holds the interpreter lock, 30 s a try; docs/remote.md "Faults")."""
+    os.makedirs(OUT, exist_ok=True)
+    net = Net(["z"], loopback=True)
+    master = Master(net.master_addr, OUT)
+    rack = None
+    try:
+        os.kill(master.proc.pid, signal.SIGSTOP)
+        t0 = time.monotonic()
+        rack = RackProc("z", net, master, OUT, f"z{os.getpid()}", timeout=TIMEOUT, segment_mib=16, pool_mib=64)
+        took = time.monotonic() - t0
+        assert not rack.hello["up"], rack.hello
+        assert took < 2 * TIMEOUT + SLACK + 4, f"the rack took {took:.1f} s to start"  # + its process start
+        st = rack.call("stats")["stats"]
+        assert st["remote_degraded"] == 1 and st["remote_up"] == 0, st
+        # Local-only: what it publishes is served from its pool at once.
+        assert rack.call("publish", seed=70, n=4, flush=False)["ok"] == 4
+        t0 = time.monotonic()
+        r = rack.call("fetch", seed=70, n=4)
+        assert (r["local_before"], r["hit"], r["wrong"]) == (4, 4, 0), r
+        assert time.monotonic() - t0 < TIMEOUT + SLACK
+        # The master answers again: a probe joins the store, pushes flow.
+        os.kill(master.proc.pid, signal.SIGCONT)
+        assert _wait_up(rack, 71, 60), rack.call("stats")
+        pushed = rack.call("stats")["stats"]["remote_pushed_blocks"]
+        assert rack.call("publish", seed=72, n=4)["flushed"]
+        st = rack.call("stats")["stats"]
+        assert st["remote_recovered"] == 1 and st["remote_pushed_blocks"] >= pushed + 4, st
+    finally:
+        if master.proc.poll() is None:
+            os.kill(master.proc.pid, signal.SIGCONT)
+        if rack is not None:
+            rack.close()
+        master.stop()
+        net.close()
 
 
 # ---- a small pool that evicts, a slow store: docs/remote.md "Holding a block until its push"

@@ -41,6 +41,8 @@ import socket
 import struct
 import threading
 import time
+import urllib.error
+import urllib.request
 
 import numpy as np
 
@@ -275,6 +277,45 @@ def _route_address(master):
             return s.getsockname()[0]
         except OSError:
             return "127.0.0.1"
+
+
+def _host_port(addr):
+    """(host, port) of ``host:port`` or of a ``scheme://host:port/...`` URL; None if it names no port."""
+    rest = addr.split("://", 1)[-1].split("/", 1)[0]
+    host, sep, port = rest.rpartition(":")
+    return (host.strip("[]"), int(port)) if sep and host and port.isdigit() else None
+
+
+def _preflight(master, metadata, timeout):
+    """Why the store cannot be joined now, or None: the master's RPC port
+    takes a TCP connection and an HTTP metadata server answers a GET (any
+    status), each within ``timeout`` seconds.
+
+    Mooncake's ``setup`` keeps the Python interpreter lock while it retries
+    its master (measured: 20 tries of up to 30 s each against a master that
+    accepts connections but does not answer; about 90 s against an address
+    that drops them), so every thread of the process, the engine's too,
+    would wait with it.  These checks release the lock; they cover a master
+    that is down, unreachable or stopped (its HTTP server is its own), not
+    one that stalls after answering them (docs/remote.md "Faults")."""
+    hp = _host_port(master)
+    if hp is None:
+        return f"master address {master!r} is not host:port"
+    try:
+        socket.create_connection(hp, timeout).close()
+    except OSError as e:
+        return f"master {master} takes no connection in {timeout:g} s: {e}"
+    if metadata.startswith(("http://", "https://")):
+        # Straight to the server: a proxy set for the process must not answer for it.
+        opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+        try:
+            opener.open(metadata + ("&" if "?" in metadata else "?") + "key=cxlkv-preflight",
+                                   timeout=timeout).close()
+        except urllib.error.HTTPError:
+            pass  # it answered (a name nobody wrote: 404)
+        except (OSError, ValueError) as e:
+            return f"metadata server {metadata} does not answer in {timeout:g} s: {e}"
+    return None
 
 
 class RemoteUnavailable(Exception):
@@ -593,6 +634,10 @@ class RemoteTier:
         except ImportError as e:
             raise RuntimeError("cxlkv: remote tier: the Mooncake Store Python module (mooncake.store, package "
                                "mooncake-transfer-engine-non-cuda) is not installed: " + str(e)) from None
+        why = _preflight(self.cfg.master, self.cfg.metadata, self.cfg.timeout_s)
+        if why:
+            self._down(why)
+            return False
         c = MooncakeDistributedStore()
         host = self.cfg.local_hostname or _route_address(self.cfg.master)
         rc = c.setup(host, self.cfg.metadata, int(self.cfg.segment_bytes), int(self.cfg.buffer_bytes),
