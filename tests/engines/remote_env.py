@@ -12,8 +12,10 @@ link to a bridge in this namespace, where the master runs: traffic between
 racks crosses veth links over TCP as it would cross a network.  Otherwise
 (or with CXLKV_REMOTE_LOOPBACK=1) every process is on the loopback
 interface, and ``Racks.mode`` says so."""
+import fcntl
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -59,26 +61,86 @@ def _sh(*cmd):
     subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
 
 
+def _ip_out(*args):
+    return subprocess.run(["ip", *args], capture_output=True, text=True).stdout
+
+
+def _links():
+    """The names of this namespace's links."""
+    return [m.split("@")[0] for m in re.findall(r"^\d+: ([^:]+):", _ip_out("-o", "link", "show"), re.M)]
+
+
+STALE_ALIAS = "cxlkv-test-net:"  # the bridge's alias: STALE_ALIAS pid:start time:namespaces
+
+
+def _start_time(pid):
+    """A process's start time (clock ticks since boot), or None if it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return None
+
+
+def _remove_stale_nets():
+    """Bridges, veth links and namespaces that a Net of a process no longer
+    alive made (a run killed before its close)."""
+    for line in _ip_out("-o", "link", "show", "type", "bridge").splitlines():
+        m = re.search(r"^\d+: ([^:@]+):.*alias " + re.escape(STALE_ALIAS) + r"(\d+):(\S*):(\S*)", line)
+        if not m or _start_time(int(m.group(2))) == m.group(3):
+            continue
+        bridge, tag = m.group(1), m.group(1)[len("cxrb"):]
+        for link in _links():
+            if link.startswith("cxv") and link.endswith(tag):
+                subprocess.run(["ip", "link", "del", link], capture_output=True)
+        subprocess.run(["ip", "link", "del", bridge], capture_output=True)
+        for ns in filter(None, m.group(4).split(",")):
+            subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+
+
 class Net:
     """A bridge in this namespace (the master's side) and one namespace per
     rack with a veth link to it, or loopback."""
 
     def __init__(self, racks, loopback=False):
-        self.tag = f"{os.getpid() % 100000}"
         self.ns = {}
         self.addr = {}
         self.links = []
         self.mode = "loopback"
-        sub = 100 + os.getpid() % 150
         if loopback or os.environ.get("CXLKV_REMOTE_LOOPBACK") == "1" or os.geteuid() != 0 or not shutil.which("ip"):
             self.master_addr = "127.0.0.1"
             for r in racks:
                 self.addr[r] = "127.0.0.1"
             return
+        # One run at a time picks its names and subnet, among those no live
+        # run holds; what a killed run left is removed first.  Two bridges
+        # with one subnet route the racks' replies into the wrong one, and
+        # the racks' connections to the master hang.
+        with open("/tmp/cxlkv-remote-net.lock", "a") as lk:
+            fcntl.flock(lk, fcntl.LOCK_EX)
+            try:
+                self._make(racks)
+            finally:
+                fcntl.flock(lk, fcntl.LOCK_UN)
+
+    def _make(self, racks):
+        _remove_stale_nets()
+        links = set(_links())
+        used = {int(m) for m in re.findall(r"inet 10\.231\.(\d+)\.", _ip_out("-4", "-o", "addr", "show"))}
+        base = os.getpid() % 150
+        sub = next((100 + (base + k) % 150 for k in range(150) if 100 + (base + k) % 150 not in used), None)
+        self.tag = next(t for t in [f"{os.getpid() % 100000}"] + [f"{os.getpid() % 10000}{k}" for k in range(10)]
+                        + [f"{os.getpid() % 1000}{k:02d}" for k in range(100)]
+                        if f"cxrb{t}" not in links)
         self.bridge = f"cxrb{self.tag}"
         try:
+            if sub is None:
+                raise OSError("every subnet 10.231.100-249.0/24 is in use")
             _sh("ip", "link", "add", self.bridge, "type", "bridge")
             self.links.append(self.bridge)
+            # Who made it, for _remove_stale_nets: the pid and its start time.
+            _sh("ip", "link", "set", self.bridge, "alias", f"{STALE_ALIAS}{os.getpid()}:{_start_time(os.getpid())}:"
+                + ",".join(f"cxr{r}{self.tag}" for r in racks))
             _sh("ip", "addr", "add", f"10.231.{sub}.1/24", "dev", self.bridge)
             _sh("ip", "link", "set", self.bridge, "up")
             for i, r in enumerate(racks):
