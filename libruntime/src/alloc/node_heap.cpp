@@ -126,12 +126,24 @@ void partial_remove(NodeHeap::Impl& I, uint32_t c) {
   lc.prev = lc.next = kNoChunk;
 }
 
+// Chunk c's free bitmap with its words [0, words) in use (LocalChunk::bits_words).
+uint64_t* bits_upto(NodeHeap::Impl& I, uint32_t c, uint32_t words) {
+  LocalChunk& lc = I.chunks[c];
+  uint64_t* bits = I.free_bits(c);
+  if (lc.bits_words < words) {
+    std::memset(bits + lc.bits_words, 0, uint64_t(words - lc.bits_words) * 8);
+    lc.bits_words = words;
+  }
+  return bits;
+}
+
 // Take one block from chunk c, or -1 if it has none.
 int64_t take_block(NodeHeap::Impl& I, uint32_t c, uint32_t cap) {
   LocalChunk& lc = I.chunks[c];
   if (lc.free_count) {
+    // Set bits lie in the words in use only (a free makes its word so first).
     uint64_t* bits = I.free_bits(c);
-    const uint32_t nw = (cap + 63) / 64;
+    const uint32_t nw = lc.bits_words;
     for (uint32_t k = 0; k < nw; k++) {
       uint32_t w = (lc.hint + k) % nw;
       if (bits[w]) {
@@ -163,7 +175,7 @@ void maybe_return_chunk(NodeHeap& heap, NodeHeap::Impl& I, uint32_t c) {
     return;
   }
   partial_remove(I, c);
-  std::memset(I.free_bits(c), 0, I.bits_stride);
+  std::memset(I.free_bits(c), 0, uint64_t(lc.bits_words) * 8);  // a chunk not taken has no word in use
   lc = LocalChunk{};
   lc.prev = lc.next = kNoChunk;
   I.hdr->stats.chunks_owned--;
@@ -241,8 +253,7 @@ Result<uint64_t> NodeHeap::alloc(uint64_t bytes) {
     lc = LocalChunk{};
     lc.owned = 1;
     lc.cls = cls;
-    lc.prev = lc.next = kNoChunk;
-    std::memset(I.free_bits(nc), 0, I.bits_stride);
+    lc.prev = lc.next = kNoChunk;  // and no bitmap word in use: none is touched here
     I.hdr->cur[cls] = nc;
     I.hdr->stats.chunks_owned++;
     I.hdr->stats.chunk_refills++;
@@ -341,7 +352,7 @@ Result<void> NodeHeap::free_within(uint64_t off, std::chrono::nanoseconds lock_t
       const uint32_t sz = size_class_bytes(lc.cls);
       const uint32_t b = static_cast<uint32_t>(in_chunk / sz);
       if (in_chunk % sz || b >= lc.bump) return Error(-EINVAL, who + ": not the start of an allocated block");
-      uint64_t* bits = I.free_bits(c);
+      uint64_t* bits = bits_upto(I, c, b / 64 + 1);
       if (bits[b / 64] & (1ull << (b % 64))) return Error(-EINVAL, who + ": double free");
       bits[b / 64] |= 1ull << (b % 64);
       lc.free_count++;
@@ -461,13 +472,13 @@ Result<uint64_t> drain_locked(NodeHeap& heap, NodeHeap::Impl& I, std::chrono::na
         const uint32_t rw = (cap + 63) / 64;
         d.invalidate(rbits, rw * 8);  // rule 4
         d.fence();
-        uint64_t* fb = I.free_bits(c);
         uint64_t into_c = 0;
         for (uint32_t k = 0; k < rw; k++) {
           uint64_t w = d.read(&rbits[k]);
           if (!w) continue;
           d.write_nt(&rbits[k], uint64_t{0});  // rule 1
           if (!lc.owned) continue;             // not ours any more (node-local memory recreated): leak
+          uint64_t* fb = bits_upto(I, c, k + 1);
           w &= ~fb[k];                         // never count a block twice
           fb[k] |= w;
           uint32_t cnt = static_cast<uint32_t>(__builtin_popcountll(w));

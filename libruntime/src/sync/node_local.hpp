@@ -57,7 +57,7 @@ struct alignas(64) LocalLockEntry {
 static_assert(sizeof(LocalLockEntry) == 64);
 
 constexpr uint64_t kNodeLocalMagic = 0x314c4e564b4c5843ULL;  // "CXLKVNL1"
-constexpr uint32_t kNodeLocalVersion = 2;  // 2: watcher, wake words, LocalLockEntry::revoke
+constexpr uint32_t kNodeLocalVersion = 3;  // 2: watcher, wake words, LocalLockEntry::revoke; 3: LocalChunk::bits_words
 
 struct alignas(64) NodeLocalHeader {
   uint64_t magic;

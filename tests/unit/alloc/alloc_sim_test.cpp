@@ -11,8 +11,13 @@
 #include <thread>
 #include <vector>
 
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include "carve/alloc_layout.hpp"
 #include "cxlkv/objstore.hpp"
 #include "support/lock_test_pool.hpp"
+#include "sync/node_local.hpp"
 
 namespace cxlkv {
 namespace {
@@ -189,6 +194,84 @@ TEST(AllocSim, KvBlocksOf128KiBShareChunksUntilACleanEnospcAndAllChunksComeBack)
   EXPECT_EQ(hp.stats().chunks_owned, 0u);
   EXPECT_EQ(hp.stats().bytes_in_use, 0u);
   EXPECT_TRUE(hp.alloc(geo.chunk_size * geo.nchunks / 2).ok());  // a large run fits again
+}
+
+// Whether the page of node-local memory holding `p` is in memory (mincore).
+bool resident(const void* p) {
+  const uintptr_t page = uintptr_t(sysconf(_SC_PAGESIZE));
+  unsigned char v = 0;
+  void* at = reinterpret_cast<void*>(uintptr_t(p) / page * page);
+  if (mincore(at, 1, &v) != 0) throw std::runtime_error("mincore failed");
+  return v & 1;
+}
+
+// A chunk's free bitmap in node-local memory is first touched when one of
+// its blocks is freed, not when the node takes the chunk (LocalChunk::
+// bits_words): taking it inside a put would fault the page in.  The words a
+// free brings into use, and those a returned chunk used, never hand a block
+// out twice.
+TEST(AllocSim, TakingAChunkTouchesNoneOfItsBitmapAndFreedBlocksComeBackOnceEach) {
+  Harness h("alloc-bits", 1, 0.0);
+  auto heap = NodeHeap::open(*h.ctx[0]);
+  ASSERT_TRUE(heap.ok()) << heap.error().message();
+  NodeHeap& hp = *heap.value();
+  const auto geo = hp.chunks().geometry();
+  const uint64_t block = 1024;  // 32 bitmap words a chunk of 2 MiB
+  const uint64_t per_chunk = geo.chunk_size / block;
+  ASSERT_GE(per_chunk, 256u);
+  const auto layout = alloc::heap_local_layout(geo.nchunks, geo.chunk_size);
+  const uint64_t stride = (geo.chunk_size / CXLKV_ALLOC_MIN_BLOCK + 511) / 512 * 64;  // as NodeHeap's
+  const std::byte* bits = h.ctx[0]->local().heap + layout.bits_off;
+
+  std::vector<uint64_t> got;
+  for (uint64_t i = 0; i < per_chunk; i++) {
+    auto o = hp.alloc(block);
+    ASSERT_TRUE(o.ok()) << o.error().message();
+    got.push_back(o.value());
+  }
+  const uint32_t c = static_cast<uint32_t>(hp.chunks().chunk_of(got.front()));
+  ASSERT_EQ(hp.chunks().chunk_of(got.back()), c) << "one chunk's worth of blocks spans two chunks";
+  EXPECT_FALSE(resident(bits + c * stride)) << "taking chunk " << c << " touched its free bitmap";
+
+  // Free blocks in a high word first, then a low one: both come back, once.
+  const uint64_t base = hp.chunks().chunk_off(c);
+  const std::vector<uint64_t> freed = {base + (per_chunk - 3) * block, base + 5 * block, base + 70 * block};
+  for (uint64_t o : freed) ASSERT_TRUE(hp.free(o).ok());
+  EXPECT_TRUE(resident(bits + c * stride));
+  EXPECT_EQ(hp.free(freed[0]).error().code(), -EINVAL);  // a double free is still seen
+  std::vector<uint64_t> again;
+  for (size_t i = 0; i < freed.size(); i++) {
+    auto o = hp.alloc(block);
+    ASSERT_TRUE(o.ok()) << o.error().message();
+    again.push_back(o.value());
+  }
+  std::vector<uint64_t> want = freed;
+  std::sort(want.begin(), want.end());
+  std::sort(again.begin(), again.end());
+  EXPECT_EQ(again, want) << "the chunk was full: its freed blocks, and only they, come back";
+
+  // The next block comes from another chunk; then all of c's come back and
+  // c returns (not current), its words in use cleared; taken again, every
+  // block is handed out once.
+  auto extra = hp.alloc(block);
+  ASSERT_TRUE(extra.ok()) << extra.error().message();
+  ASSERT_NE(hp.chunks().chunk_of(extra.value()), c);
+  const uint64_t returns = hp.stats().chunk_returns;
+  for (uint64_t o : got) ASSERT_TRUE(hp.free(o).ok());
+  EXPECT_EQ(hp.stats().chunk_returns, returns + 1) << "chunk " << c << " did not go back";
+  std::vector<uint64_t> all = {extra.value()};
+  bool c_again = false;
+  for (uint64_t i = 0; i < 3 * per_chunk; i++) {
+    auto o = hp.alloc(block);
+    ASSERT_TRUE(o.ok()) << o.error().message();
+    all.push_back(o.value());
+    c_again |= hp.chunks().chunk_of(o.value()) == c;
+  }
+  EXPECT_TRUE(c_again) << "chunk " << c << " was not taken again";
+  std::sort(all.begin(), all.end());
+  EXPECT_EQ(std::adjacent_find(all.begin(), all.end()), all.end()) << "a block handed out twice";
+  for (uint64_t o : all) ASSERT_TRUE(hp.free(o).ok());
+  EXPECT_EQ(hp.stats().bytes_in_use, 0u);
 }
 
 // An idle owner gives back what other nodes freed of its blocks: the
