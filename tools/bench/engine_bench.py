@@ -17,7 +17,7 @@ engine processes (A serves every request first, then B, a fresh process,
 serves them again: only an external cache can help B).
 
     engine_bench.py [--results build/bench/results.json] [--trace FILE] [--requests N]
-                    [--arms LIST] [--connector-only]
+                    [--arms LIST] [--connector-only] [--connector-rounds N]
 
 ``--connector-only`` runs just what the connector figures below need: engines
 A (saves every prompt) and B (loads them) for the tiny and the wide model,
@@ -152,28 +152,38 @@ def run_arm(work, model, arm, scope, prompts, uri, nodes):
                 req_per_s=round(req_s, 3))
 
 
-def connector_engines(work, model, prompts, uri, nodes, tag="two_engines", kv_cache_bytes=256 << 20):
+def relabel(prompts, k, vocab=512):
+    """The prompts with every token id moved by ``k`` steps of a bijection
+    of 1..vocab-1: the same sharing between prompts, other blocks."""
+    return [[(t - 1 + 37 * k) % (vocab - 1) + 1 for t in p] for p in prompts]
+
+
+def connector_engines(work, model, prompts, uri, nodes, tag="two_engines", kv_cache_bytes=256 << 20, rounds=4):
     """Engines A (saves every prompt) and B (loads them, one request at a
     time), each after a warm-up round of other prompts (the measured
     prompts' tokens reversed: the same sharing, other blocks), so that the
     figures are a running engine's, not its first calls' (a process's
     first stripe-lock grants, docs/locks.md "Two tiers and sticky
-    grants").  The connector's own figures come from their
-    metrics files, the counters after the warm-up round less those after
-    it (``.round0`` snapshots)."""
+    grants").  The measured part is ``rounds`` rounds of the prompts, each
+    relabelled (the same sharing, other blocks): with 16 prompts one round
+    is about five save calls of engine A, and one call descheduled on this
+    2-core machine moved a one-round figure by 0.2-0.4.  The connector's
+    own figures come from their metrics files, the counters at the end
+    less those after the warm-up round (``.round0`` snapshots)."""
     kw = dict(max_model_len=2048, kv_cache_bytes=kv_cache_bytes, max_num_seqs=8)
     warm = [list(reversed(p)) for p in prompts]
+    measured = [prompts] + [relabel(prompts, k) for k in range(1, rounds)]
 
     def engine_spec(rounds, node):
         s = spec(model, rounds, connector(uri, node, raw_baseline=True, metrics_textfile=os.path.join(
             work, f"{tag}-{node}-{{role}}-{{rank}}.prom")), prefix_caching=False, **kw)
         s["snapshot_glob"] = os.path.join(work, f"{tag}-{node}-*.prom")
         return s
-    run_engine(work, f"cxlkv-{tag}-A", engine_spec([dict(prompts=warm, max_tokens=8),
-                                                     dict(prompts=prompts, max_tokens=8)], nodes[0]))
-    run_engine(work, f"cxlkv-{tag}-B", engine_spec([dict(prompts=warm, max_tokens=8, one_by_one=True),
-                                                     dict(prompts=prompts, max_tokens=8, one_by_one=True)],
-                                                    nodes[1]))
+    run_engine(work, f"cxlkv-{tag}-A", engine_spec([dict(prompts=warm, max_tokens=8)]
+                                                    + [dict(prompts=m, max_tokens=8) for m in measured], nodes[0]))
+    run_engine(work, f"cxlkv-{tag}-B", engine_spec([dict(prompts=warm, max_tokens=8, one_by_one=True)]
+                                                    + [dict(prompts=m, max_tokens=8, one_by_one=True)
+                                                       for m in measured], nodes[1]))
 
 
 def _counters_after_warmup(path):
@@ -183,13 +193,14 @@ def _counters_after_warmup(path):
     return {k: v - warm.get(k, 0) for k, v in end.items()}
 
 
-def connector_figures(work, tag, nodes, geometry, prefix):
+def connector_figures(work, tag, nodes, geometry, prefix, rounds=1):
     """The connector's load / save time per block (engine B's loads, engine
     A's saves of ``tag``, after their warm-up rounds) beside the raw copies of the same blocks timed in
     the same engine process beside each call (the connector's
     ``raw_baseline``: same threads, same moment; the ratios of the target),
     and beside raw copies of as many blocks of the same geometry measured
-    alone in this process afterwards (best of 5, warm: ``raw_alone``).
+    alone in this process afterwards (best of 5, warm: ``raw_alone``; as many
+    blocks as one of the ``rounds`` measured rounds moved).
     ``prefix``.* figures."""
     load = _counters_after_warmup(os.path.join(work, f"{tag}-{nodes[1]}-worker-tp0pp0.prom"))
     save = _counters_after_warmup(os.path.join(work, f"{tag}-{nodes[0]}-worker-tp0pp0.prom"))
@@ -202,7 +213,7 @@ def connector_figures(work, tag, nodes, geometry, prefix):
     if not loaded or not saved or not raw_l or not raw_s:
         raise SystemExit(f"engine bench: {tag}: engine B loaded {loaded} blocks ({raw_l} raw), engine A wrote "
                          f"{saved} ({raw_s} raw): no connector figures (see the engines' logs above)")
-    w_us, r_us, raw_block_bytes = raw_copy_us_per_block(int(max(loaded, saved)), **geometry)
+    w_us, r_us, raw_block_bytes = raw_copy_us_per_block(int(max(loaded, saved) / rounds), **geometry)
     if raw_block_bytes != block_bytes:
         raise SystemExit(f"engine bench: {tag}: the engines moved blocks of {block_bytes} bytes, the raw copy "
                          f"{raw_block_bytes}: the geometries differ")
@@ -277,6 +288,8 @@ def main():
                                                                                    "synthetic_trace.jsonl")))
     ap.add_argument("--requests", type=int, default=16)
     ap.add_argument("--arms", default="recompute,vllm_prefix,lmcache,cxlkv")
+    ap.add_argument("--connector-rounds", type=int, default=4,
+                    help="measured rounds of the connector's engines, each the prompts relabelled (other blocks)")
     ap.add_argument("--connector-only", action="store_true",
                     help="only the connector's load / save figures beside the raw copies (engine.cxlkv.*, engine.raw.*)")
     args = ap.parse_args()
@@ -296,18 +309,20 @@ def main():
         env = PoolEnv("engine-bench-connector", size=1 << 30)
         try:
             print("engine bench: connector (tiny A and B, raw baseline beside) ...", file=sys.stderr, flush=True)
-            connector_engines(work, model, prompts, env.uri, (2, 3), tag="tiny")
+            connector_engines(work, model, prompts, env.uri, (2, 3), tag="tiny", rounds=args.connector_rounds)
         finally:
             env.close()
-        res.update(connector_figures(work, "tiny", (2, 3), TINY, "engine"))
+        res.update(connector_figures(work, "tiny", (2, 3), TINY, "engine", args.connector_rounds))
+        res["engine.connector_rounds"] = args.connector_rounds
         wide = make_tiny_llama(os.path.join(work, "tiny-llama-wide"), **WIDE)
         env = PoolEnv("engine-bench-wide", size=2 << 30)
         try:
             print("engine bench: connector with real-size KV blocks (wide A and B) ...", file=sys.stderr, flush=True)
-            connector_engines(work, wide, prompts, env.uri, (5, 6), tag="wide", kv_cache_bytes=1 << 30)
+            connector_engines(work, wide, prompts, env.uri, (5, 6), tag="wide", kv_cache_bytes=1 << 30,
+                              rounds=args.connector_rounds)
         finally:
             env.close()
-        res.update(connector_figures(work, "wide", (5, 6), WIDE, "engine.wide"))
+        res.update(connector_figures(work, "wide", (5, 6), WIDE, "engine.wide", args.connector_rounds))
     for scope in () if args.connector_only else ("one_engine", "two_engines"):
         for arm in arms:
             env = PoolEnv(f"engine-bench-{arm}", size=1 << 30)
