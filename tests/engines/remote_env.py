@@ -89,12 +89,11 @@ def _remove_stale_nets():
         m = re.search(r"^\d+: ([^:@]+):.*alias " + re.escape(STALE_ALIAS) + r"(\d+):(\S*):(\S*)", line)
         if not m or _start_time(int(m.group(2))) == m.group(3):
             continue
-        bridge, tag = m.group(1), m.group(1)[len("cxrb"):]
-        for link in _links():
-            if link.startswith("cxv") and link.endswith(tag):
-                subprocess.run(["ip", "link", "del", link], capture_output=True)
-        subprocess.run(["ip", "link", "del", bridge], capture_output=True)
-        for ns in filter(None, m.group(4).split(",")):
+        namespaces = [ns for ns in m.group(4).split(",") if ns.startswith("cxr")]
+        for ns in namespaces:  # rack r's namespace cxr<r><tag>, its link cxv<r><tag>
+            subprocess.run(["ip", "link", "del", "cxv" + ns[len("cxr"):]], capture_output=True)
+        subprocess.run(["ip", "link", "del", m.group(1)], capture_output=True)
+        for ns in namespaces:
             subprocess.run(["ip", "netns", "del", ns], capture_output=True)
 
 
