@@ -236,7 +236,9 @@ def test_a_rack_started_while_the_master_does_not_answer_is_local_only_at_once_t
         rack = RackProc("z", net, master, OUT, f"z{os.getpid()}", timeout=TIMEOUT, segment_mib=16, pool_mib=64)
         took = time.monotonic() - t0
         assert not rack.hello["up"], rack.hello
-        assert took < 2 * TIMEOUT + SLACK + 4, f"the rack took {took:.1f} s to start"  # + its process start
+        # Its pool's format, its cxlkvd and its process start come on top
+        # (seconds on a busy machine); Mooncake's first try alone is 30 s.
+        assert took < 2 * TIMEOUT + SLACK + 13, f"the rack took {took:.1f} s to start"
         st = rack.call("stats")["stats"]
         assert st["remote_degraded"] == 1 and st["remote_up"] == 0, st
         # Local-only: what it publishes is served from its pool at once.
