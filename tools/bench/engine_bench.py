@@ -293,6 +293,8 @@ def main():
     ap.add_argument("--connector-only", action="store_true",
                     help="only the connector's load / save figures beside the raw copies (engine.cxlkv.*, engine.raw.*)")
     args = ap.parse_args()
+    if args.connector_rounds < 1:
+        ap.error(f"--connector-rounds {args.connector_rounds}: at least 1")
     if not os.path.exists(args.trace):
         raise SystemExit(f"engine bench: no trace at {args.trace} (a Mooncake-format .jsonl; --trace or CXLKV_TRACE)")
     prompts = trace_prompts(args.trace, args.requests)

@@ -309,8 +309,7 @@ def _preflight(master, metadata, timeout):
         # Straight to the server: a proxy set for the process must not answer for it.
         opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
         try:
-            opener.open(metadata + ("&" if "?" in metadata else "?") + "key=cxlkv-preflight",
-                                   timeout=timeout).close()
+            opener.open(metadata + ("&" if "?" in metadata else "?") + "key=cxlkv-preflight", timeout=timeout).close()
         except urllib.error.HTTPError:
             pass  # it answered (a name nobody wrote: 404)
         except (OSError, ValueError) as e:
