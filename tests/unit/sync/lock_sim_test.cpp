@@ -731,13 +731,25 @@ bool kept_grant_reentered_across_a_lapse(const char* name) {
   NodeLocalHeader& h = *a.local().hdr;
   __atomic_store_n(&h.beat_mono_ns, sync::beat_clock_ns() - 2 * sync::kBeatLapseNs, __ATOMIC_RELEASE);
 
-  const uint64_t grants = mgr->stats().grants;
+  // The manager counts a grant after publishing it, so a waiter can hold
+  // and release a grant before it is counted: wait (bounded) for the count.
+  auto grants_after = [&](uint64_t at_least, std::chrono::milliseconds bound) {
+    const auto end = std::chrono::steady_clock::now() + bound;
+    uint64_t n = mgr->stats().grants;
+    while (n < at_least && std::chrono::steady_clock::now() < end) {
+      std::this_thread::sleep_for(1ms);
+      n = mgr->stats().grants;
+    }
+    return n;
+  };
+  const uint64_t grants = grants_after(1, 2000ms);  // the first lock's grant
   auto g = l.try_lock_for(2s);
   EXPECT_TRUE(g.ok()) << (g.ok() ? "" : g.error().message());
   if (g.ok()) {
     EXPECT_TRUE(l.unlock().ok());
   }
-  const bool reentered = mgr->stats().grants == grants;
+  // A re-entered grant asks the manager nothing: the count stays.
+  const bool reentered = grants_after(grants + 1, 1000ms) == grants;
 
   // The release kept the new grant; the beat after the lapse gives it back.
   if (!sync::testing::break_lapse_check()) {
