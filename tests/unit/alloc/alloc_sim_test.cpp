@@ -220,8 +220,10 @@ TEST(AllocSim, TakingAChunkTouchesNoneOfItsBitmapAndFreedBlocksComeBackOnceEach)
   const uint64_t per_chunk = geo.chunk_size / block;
   ASSERT_GE(per_chunk, 256u);
   const auto layout = alloc::heap_local_layout(geo.nchunks, geo.chunk_size);
-  const uint64_t stride = (geo.chunk_size / CXLKV_ALLOC_MIN_BLOCK + 511) / 512 * 64;  // as NodeHeap's
-  const std::byte* bits = h.ctx[0]->local().heap + layout.bits_off;
+  const std::byte* heap_area = h.ctx[0]->local().heap;
+  const uint64_t stride = reinterpret_cast<const alloc::HeapLocalHeader*>(heap_area)->bits_stride;  // the heap's own
+  ASSERT_GT(stride, 0u);
+  const std::byte* bits = heap_area + layout.bits_off;
 
   std::vector<uint64_t> got;
   for (uint64_t i = 0; i < per_chunk; i++) {
