@@ -268,22 +268,24 @@ class RemoteConfig:
         return cls.from_dict({k: env[v] for k, v in _ENV.items() if env.get(v)})
 
 
-def _route_address(master):
-    """The local address of the route to ``master`` (no packet is sent)."""
-    host, port = master.rsplit(":", 1)
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        try:
-            s.connect((host, int(port)))
-            return s.getsockname()[0]
-        except OSError:
-            return "127.0.0.1"
-
-
 def _host_port(addr):
     """(host, port) of ``host:port`` or of a ``scheme://host:port/...`` URL; None if it names no port."""
     rest = addr.split("://", 1)[-1].split("/", 1)[0]
     host, sep, port = rest.rpartition(":")
     return (host.strip("[]"), int(port)) if sep and host and port.isdigit() else None
+
+
+def _route_address(master):
+    """The local address of the route to ``master`` (no packet is sent)."""
+    hp = _host_port(master)
+    if hp is None:  # _preflight refuses such a master before this is asked
+        return "127.0.0.1"
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        try:
+            s.connect(hp)
+            return s.getsockname()[0]
+        except OSError:
+            return "127.0.0.1"
 
 
 def _preflight(master, metadata, timeout):
