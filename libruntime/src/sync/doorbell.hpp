@@ -38,4 +38,10 @@ Result<Acquired> acquire_set(NodeContext& node, std::span<const uint32_t> want,
                              std::chrono::steady_clock::time_point deadline, bool bounded,
                              std::vector<uint32_t>& held);
 
+// LockSet's release: every lock of `held` (this process holds them all), in
+// descending order, as TwoTierLock::unlock releases one, but with one fence
+// for the set before the first release instead of one per lock.  Returns
+// the first error; the others are still released.
+Result<void> release_set(NodeContext& node, std::span<const uint32_t> held);
+
 }  // namespace cxlkv::sync

@@ -15,6 +15,7 @@
 // from before its request to after its release).
 #include <algorithm>
 #include <cerrno>
+#include <functional>
 #include <string>
 
 #include "cxlkv/sync.hpp"
@@ -41,14 +42,21 @@ Result<Acquired> LockSet::try_lock_for(std::span<const uint32_t> ids, std::chron
 }
 
 Result<Acquired> LockSet::acquire(std::span<const uint32_t> ids, std::chrono::nanoseconds timeout, bool bounded) {
-  const std::string who = "pool " + node_.region().uri() + ": lock set (node " + std::to_string(node_.node()) + ")";
-  if (!held_.empty()) return Error(-EBUSY, who + ": already holds " + std::to_string(held_.size()) + " locks");
+  // Made for an error only: a batch takes a set per call, and the string
+  // cost more than the set's kept locks.
+  auto who = [&] {
+    return "pool " + node_.region().uri() + ": lock set (node " + std::to_string(node_.node()) + ")";
+  };
+  if (!held_.empty()) return Error(-EBUSY, who() + ": already holds " + std::to_string(held_.size()) + " locks");
   std::vector<uint32_t> want(ids.begin(), ids.end());
-  std::sort(want.begin(), want.end());
-  want.erase(std::unique(want.begin(), want.end()), want.end());
+  // The index passes its stripes sorted and unique already.
+  if (std::adjacent_find(want.begin(), want.end(), std::greater_equal<uint32_t>()) != want.end()) {
+    std::sort(want.begin(), want.end());
+    want.erase(std::unique(want.begin(), want.end()), want.end());
+  }
   const uint32_t max = node_.control().max_locks();
   if (!want.empty() && want.back() >= max)
-    return Error(-EINVAL, who + ": lock id " + std::to_string(want.back()) + " out of range (max_locks " +
+    return Error(-EINVAL, who() + ": lock id " + std::to_string(want.back()) + " out of range (max_locks " +
                               std::to_string(max) + ")");
   const auto deadline = bounded ? std::chrono::steady_clock::now() + timeout
                                 : std::chrono::steady_clock::time_point::max();
@@ -60,7 +68,7 @@ Result<Acquired> LockSet::acquire(std::span<const uint32_t> ids, std::chrono::na
     if (!r) {
       auto u = unlock();  // all or nothing
       if (!u) log().error("{}", u.error().message());
-      return Error(r.error().code(), who + ": " + r.error().message());
+      return Error(r.error().code(), who() + ": " + r.error().message());
     }
     return r.value();
   }
@@ -77,7 +85,7 @@ Result<Acquired> LockSet::acquire(std::span<const uint32_t> ids, std::chrono::na
     if (!r) {
       auto u = unlock();  // all or nothing
       if (!u) log().error("{}", u.error().message());
-      return Error(r.error().code(), who + ": " + r.error().message());
+      return Error(r.error().code(), who() + ": " + r.error().message());
     }
     if (r.value() == Acquired::recovered) how = Acquired::recovered;
     held_.push_back(id);
@@ -86,14 +94,9 @@ Result<Acquired> LockSet::acquire(std::span<const uint32_t> ids, std::chrono::na
 }
 
 Result<void> LockSet::unlock() {
-  Result<void> first;
-  for (auto it = held_.rbegin(); it != held_.rend(); ++it) {
-    TwoTierLock l(node_, *it);
-    auto r = l.unlock();
-    if (!r && first) first = r.error();
-  }
+  auto r = sync::release_set(node_, held_);
   held_.clear();
-  return first;
+  return r;
 }
 
 }  // namespace cxlkv

@@ -468,41 +468,62 @@ bool TwoTierLock::node_has_grant() const {
   return (phase == LockPhase::cached || phase == LockPhase::held) && __atomic_load_n(&e.revoke, __ATOMIC_RELAXED) == 0;
 }
 
-Result<void> TwoTierLock::unlock() {
-  LocalLockEntry& e = node_.local().locks[id_ < node_.control().max_locks() ? id_ : 0];
-  if (id_ >= node_.control().max_locks() || e.phase != LockPhase::held || e.holder_pid != self_pid())
-    return Error(-EPERM, lock_name(node_, id_) + ": unlock of a lock this process does not hold");
-  MemoryDomain& d = node_.domain();
-  cxlkv_lock_slot* slot = node_.control().slot(id_, node_.node());
+namespace {
+
+// The release of lock `id` (TwoTierLock::unlock).  `fenced`: the caller
+// fenced after the critical section's last flush (release_set, one fence
+// for a whole set), so the sticky path needs no fence of its own.
+Result<void> release_one(NodeContext& n, uint32_t id, bool fenced) {
+  LocalLockEntry& e = n.local().locks[id < n.control().max_locks() ? id : 0];
+  if (id >= n.control().max_locks() || e.phase != LockPhase::held || e.holder_pid != self_pid())
+    return Error(-EPERM, lock_name(n, id) + ": unlock of a lock this process does not hold");
+  MemoryDomain& d = n.domain();
+  cxlkv_lock_slot* slot = n.control().slot(id, n.node());
   // Sticky release: keep the grant and write nothing to the pool (the
   // manager revokes it through the node's watcher when another node waits).
   // Not on dev: pools, whose module owns the slot per process file and sets
   // it IDLE when the file gives it up.  A grant given while others waited
   // (CONTENDED), or one revoked while we held it, is handed on at once.
   const bool revoked = __atomic_exchange_n(&e.revoke, 0u, __ATOMIC_ACQ_REL) != 0;
-  const bool sticky = node_.sticky() && node_.region().kind() != BackendKind::dev &&
+  const bool sticky = n.sticky() && n.region().kind() != BackendKind::dev &&
                       !(e.grant_flags & (CXLKV_GRANT_CONTENDED | CXLKV_GRANT_REVOKED)) && !revoked;
   // rule 3: the critical section's flushes complete before the release --
   // ours below, or the one the watcher or the next local locker writes
   // after taking over the node-local mutex.
-  d.fence();
+  if (!fenced) d.fence();
   if (sticky) {
     e.phase = LockPhase::cached;
-    node_.local().kept_here[id_] = 1;  // kept by this very process (kept_grant_is_ours)
+    n.local().kept_here[id] = 1;  // kept by this very process (kept_grant_is_ours)
     sync::robust_mutex_unlock(&e.mu);
     return {};
   }
   d.write_nt<__u64>(&slot->request, request_word(e.ticket, CXLKV_SLOT_IDLE));  // rule 1
   d.fence();  // rule 3: release visible before another local process can start
-  sync::wake_manager(node_.local().hdr);  // others may wait: a sleeping manager on this host grants now
+  sync::wake_manager(n.local().hdr);  // others may wait: a sleeping manager on this host grants now
   Result<void> dis;
   // dev: pools: give the slot back after the release, before the next local
   // process may take it (it would otherwise retry on -EBUSY).
-  dis = sync::disown_slot(node_, id_);
+  dis = sync::disown_slot(n, id);
   e.phase = LockPhase::idle;
   sync::robust_mutex_unlock(&e.mu);
-  if (!dis) return Error(dis.error().code(), lock_name(node_, id_) + ": released, but " + dis.error().message());
+  if (!dis) return Error(dis.error().code(), lock_name(n, id) + ": released, but " + dis.error().message());
   return {};
+}
+
+}  // namespace
+
+Result<void> TwoTierLock::unlock() { return release_one(node_, id_, false); }
+
+Result<void> sync::release_set(NodeContext& n, std::span<const uint32_t> held) {
+  // rule 3: one fence orders every flush of the set's critical section
+  // before the first release (each release_one would otherwise fence).
+  if (!held.empty()) n.domain().fence();
+  Result<void> first;
+  for (auto it = held.rbegin(); it != held.rend(); ++it) {
+    auto r = release_one(n, *it, true);
+    if (!r && first) first = r.error();
+  }
+  return first;
 }
 
 // ---- a set of locks asked for together (LockSet; uapi "Lock sets") ----
@@ -575,6 +596,10 @@ Result<Acquired> acquire_set(NodeContext& n, std::span<const uint32_t> want,
   };
 
   // ---- local tier, ascending; kept grants before the first lock to ask for are entered at once ----
+  // The set's node-local entries are read and written one after the other
+  // below (a cache miss each once a batch's copy has run through the
+  // caches): their loads are started together.
+  for (uint32_t id : want) __builtin_prefetch(&n.local().locks[id], 1);
   for (uint32_t id : want) {
     auto lr = take_local(n, id, deadline, bounded);
     if (!lr) {
