@@ -173,8 +173,9 @@ def test_the_raw_baseline_times_the_same_blocks_and_leaves_the_engines_kv_alone(
     raw copies of a step's saved and loaded blocks are counted beside the
     connector's, the loaded blocks hold the pool's bytes (the raw reads go
     to a mirror, never to the engine's blocks), the saves publish as
-    without it, the saves skip blocks the worker just loaded, and its
-    scratch pool is gone after shutdown."""
+    without it, the saves skip blocks the worker just loaded, the baseline
+    copies what the connector copies (a prefix two requests of a step
+    recomputed, once), and its scratch pool is gone after shutdown."""
     spec = _attn()
     views = _views(spec, "LBHNC", seed=11)
     vc = _vllm_config(env.uri)
@@ -208,6 +209,14 @@ def test_the_raw_baseline_times_the_same_blocks_and_leaves_the_engines_kv_alone(
         c._meta = cv.CxlkvConnectorMetadata(saves=[cv._Transfer("q", h, [5, 4, 3, 2, 1, 0])])
         c.wait_for_save()
         assert m.counter("cxlkv_client_stored_blocks_total") == 6 and m.counter("cxlkv_client_raw_save_blocks_total") == 6
+        # Two requests of one step that recomputed one prefix: the connector
+        # copies its blocks once, and so does the baseline (the same bytes).
+        p = [bytes([0x60 + i]) * 32 for i in range(3)]
+        c._meta = cv.CxlkvConnectorMetadata(saves=[cv._Transfer("s1", p[:2], [0, 1], None),
+                                                   cv._Transfer("s2", p, [2, 3, 4], None)])
+        c.wait_for_save()
+        assert m.counter("cxlkv_client_stored_blocks_total") == 9
+        assert m.counter("cxlkv_client_raw_save_blocks_total") == 9
     finally:
         c.shutdown()
     assert not os.path.exists(scratch)

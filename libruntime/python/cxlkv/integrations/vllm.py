@@ -506,7 +506,7 @@ class CxlkvConnectorImpl:
             # or per request cost more than the copy of a small block.
             raw_ids = None
             if self._raw is not None:
-                raw_ids = [b for t in meta.saves for h, b in zip(t.hashes, t.block_ids) if h not in self._in_pool]
+                raw_ids = self._raw_save_ids(meta.saves)
                 if self._raw.first("save"):
                     self._raw.save(raw_ids, self.metrics)
                     raw_ids = None
@@ -522,6 +522,22 @@ class CxlkvConnectorImpl:
         if self._moved:
             self._moved = False
             self._write_metrics()
+
+    def _raw_save_ids(self, saves):
+        """The blocks of this step's chains the raw baseline copies: those
+        the connector may write, each hash once.  Not a block known in the
+        pool, and not a second block of one hash (two requests of a step
+        that recompute one prefix): the connector copies neither, and the
+        baseline copied them from sources nobody else read, always cold,
+        which made it slower per block than a copy of the same bytes."""
+        seen = self._in_pool
+        step, ids = set(), []
+        for t in saves:
+            for h, b in zip(t.hashes, t.block_ids):
+                if h not in seen and h not in step:
+                    step.add(h)
+                    ids.append(b)
+        return ids
 
     _IN_POOL_MAX = 1 << 16
 
