@@ -158,7 +158,7 @@ def relabel(prompts, k, vocab=512):
     return [[(t - 1 + 37 * k) % (vocab - 1) + 1 for t in p] for p in prompts]
 
 
-def connector_engines(work, model, prompts, uri, nodes, tag="two_engines", kv_cache_bytes=256 << 20, rounds=4):
+def connector_engines(work, model, prompts, uri, nodes, rounds, tag="two_engines", kv_cache_bytes=256 << 20):
     """Engines A (saves every prompt) and B (loads them, one request at a
     time), each after a warm-up round of other prompts (the measured
     prompts' tokens reversed: the same sharing, other blocks), so that the
@@ -174,8 +174,8 @@ def connector_engines(work, model, prompts, uri, nodes, tag="two_engines", kv_ca
     warm = [list(reversed(p)) for p in prompts]
     measured = [prompts] + [relabel(prompts, k) for k in range(1, rounds)]
 
-    def engine_spec(rounds, node):
-        s = spec(model, rounds, connector(uri, node, raw_baseline=True, metrics_textfile=os.path.join(
+    def engine_spec(phases, node):
+        s = spec(model, phases, connector(uri, node, raw_baseline=True, metrics_textfile=os.path.join(
             work, f"{tag}-{node}-{{role}}-{{rank}}.prom")), prefix_caching=False, **kw)
         s["snapshot_glob"] = os.path.join(work, f"{tag}-{node}-*.prom")
         return s
@@ -193,7 +193,7 @@ def _counters_after_warmup(path):
     return {k: v - warm.get(k, 0) for k, v in end.items()}
 
 
-def connector_figures(work, tag, nodes, geometry, prefix, rounds=1):
+def connector_figures(work, tag, nodes, geometry, prefix, rounds):
     """The connector's load / save time per block (engine B's loads, engine
     A's saves of ``tag``, after their warm-up rounds) beside the raw copies of the same blocks timed in
     the same engine process beside each call (the connector's
@@ -311,7 +311,7 @@ def main():
         env = PoolEnv("engine-bench-connector", size=1 << 30)
         try:
             print("engine bench: connector (tiny A and B, raw baseline beside) ...", file=sys.stderr, flush=True)
-            connector_engines(work, model, prompts, env.uri, (2, 3), tag="tiny", rounds=args.connector_rounds)
+            connector_engines(work, model, prompts, env.uri, (2, 3), args.connector_rounds, tag="tiny")
         finally:
             env.close()
         res.update(connector_figures(work, "tiny", (2, 3), TINY, "engine", args.connector_rounds))
@@ -320,8 +320,8 @@ def main():
         env = PoolEnv("engine-bench-wide", size=2 << 30)
         try:
             print("engine bench: connector with real-size KV blocks (wide A and B) ...", file=sys.stderr, flush=True)
-            connector_engines(work, wide, prompts, env.uri, (5, 6), tag="wide", kv_cache_bytes=1 << 30,
-                              rounds=args.connector_rounds)
+            connector_engines(work, wide, prompts, env.uri, (5, 6), args.connector_rounds, tag="wide",
+                              kv_cache_bytes=1 << 30)
         finally:
             env.close()
         res.update(connector_figures(work, "wide", (5, 6), WIDE, "engine.wide", args.connector_rounds))
