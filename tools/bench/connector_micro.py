@@ -41,14 +41,14 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.abspath(os.path.join(HERE, "..", ".."))
-sys.path[:0] = [os.path.join(ROOT, "tests", "python"), os.path.join(ROOT, "libruntime", "python")]
+sys.path[:0] = [HERE, os.path.join(ROOT, "tests", "python"), os.path.join(ROOT, "libruntime", "python")]
 
+from engine_bench import BLOCK, TINY, WIDE  # noqa: E402  -- the engine bench's geometries, the same blocks
 from pool_env import PoolEnv  # noqa: E402
 
 import cxlkv  # noqa: E402
 
-BLOCK = 32  # tokens a block, as engine_bench.py (vLLM's CPU attention takes multiples of 32)
-GEOMETRY = {"tiny": dict(layers=2, kv_heads=2, head_dim=64), "wide": dict(layers=4, kv_heads=8, head_dim=128)}
+GEOMETRY = {"tiny": TINY, "wide": WIDE}
 
 
 def _positive(v):
@@ -85,19 +85,20 @@ def run(geometry, blocks, calls, cold_mib, seed=1):
             if lib.cxlkv_gather_write(h, base + i * bb, ch0.ctypes.data, len(ch0)) != 0:
                 raise SystemExit(f"connector_micro: raw write into {env.uri} failed: {cxlkv.last_error()}")
         trash = np.ones(cold_mib << 20, dtype=np.uint8) if cold_mib else None
-        at = [0]
+        at = 0  # the ring block the next raw copy uses
 
         def cold():
             if trash is not None:
                 trash[::64] += 1
 
         def raw(fn, view, ids):
+            nonlocal at
             per = [view.chunks([b])[0] for b in ids]
             cold()
             t0 = time.perf_counter()
             for ch in per:
-                rc = fn(h, base + (at[0] % ring) * bb, ch.ctypes.data, len(ch))
-                at[0] += 1
+                rc = fn(h, base + (at % ring) * bb, ch.ctypes.data, len(ch))
+                at += 1
                 if rc != 0:
                     raise SystemExit(f"connector_micro: raw copy on {env.uri} failed: {cxlkv.last_error()}")
             return time.perf_counter() - t0
