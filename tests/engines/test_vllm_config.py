@@ -222,6 +222,110 @@ def test_the_raw_baseline_times_the_same_blocks_and_leaves_the_engines_kv_alone(
     assert not os.path.exists(scratch)
 
 
+def test_workers_put_and_get_by_the_keys_the_schedulers_lookups_made_and_hash_where_they_have_none(env):
+    """The scheduler's lookup makes every rank's keys; the saves and loads
+    it plans carry them, and a worker puts and gets by them (one call, no
+    hashing) under the very keys its own hashing gives, a later chain of
+    the request under its parent.  A plan without the worker's own
+    namespace (another rank's keys only, or a blob of the wrong length) goes
+    by the hashes instead."""
+    spec = _attn()
+    sched = cv.CxlkvConnector(_vllm_config(env.uri), KVConnectorRole.SCHEDULER, _kvcc(spec))
+    worker = cv.CxlkvConnector(_vllm_config(env.uri), KVConnectorRole.WORKER, _kvcc(spec))
+    calls = {"by_key": 0, "by_hash": 0}
+    by_key, by_hash = worker.store.put_paged_step, worker.store.put_engine_step
+
+    def counted(name, fn):
+        def call(*a, **kw):
+            calls[name] += 1
+            return fn(*a, **kw)
+        return call
+    worker.store.put_paged_step = counted("by_key", by_key)
+    worker.store.put_engine_step = counted("by_hash", by_hash)
+    reader = cv.CxlkvConnector(_vllm_config(env.uri), KVConnectorRole.WORKER, _kvcc(spec))
+    reader.store.get_paged_step = counted("get_by_key", reader.store.get_paged_step)
+    reader.store.get_engine = counted("get_by_hash", reader.store.get_engine)
+    calls.update(get_by_key=0, get_by_hash=0)
+    try:
+        views = _views(spec, "LBHNC", num_blocks=8, seed=11)
+        worker.register_kv_caches(views)
+
+        def step(rid, hashes, first, new_blocks, computed_after, tamper=None):
+            req = types.SimpleNamespace(request_id=rid, block_hashes=hashes, num_tokens=len(hashes) * BS + 3)
+            if first:
+                assert sched.get_num_new_matched_tokens(req, 0) == (0, False)
+                sched.update_state_after_alloc(req, None, 0)
+                out = types.SimpleNamespace(
+                    scheduled_new_reqs=[types.SimpleNamespace(req_id=rid, block_ids=(new_blocks,),
+                                                              num_computed_tokens=0)],
+                    scheduled_cached_reqs=None, num_scheduled_tokens={rid: computed_after})
+            else:
+                out = types.SimpleNamespace(
+                    scheduled_new_reqs=[], num_scheduled_tokens={rid: BS},
+                    scheduled_cached_reqs=types.SimpleNamespace(req_ids=[rid], new_block_ids=[(new_blocks,)],
+                                                                num_computed_tokens=[computed_after - BS],
+                                                                resumed_req_ids=set()))
+            meta = sched.build_connector_meta(out)
+            if tamper:
+                tamper(meta.saves[0])
+            worker._meta = meta
+            worker.wait_for_save()
+            return meta
+
+        h = [bytes([0x40 + i]) * 32 for i in range(5)]
+        m = step("r", h, True, [0, 1, 2, 3, 4], 3 * BS)
+        assert [t.hashes for t in m.saves] == [h[:3]] and set(m.saves[0].keys) == {worker._ns}
+        assert (calls["by_key"], calls["by_hash"]) == (1, 0)
+        sched._reqs["r"]["request"].block_hashes = h  # vLLM's request object: the same list, grown
+        step("r", h, False, [], 4 * BS)  # block 3, a child of block 2: by the parent key the plan carries
+        assert (calls["by_key"], calls["by_hash"]) == (2, 0)
+        # Another rank's keys only, then a blob a key short: the worker hashes.
+        g = [bytes([0x60 + i]) * 32 for i in range(2)]
+        step("o", g, True, [5], BS, tamper=lambda t: setattr(t, "keys", {b"another rank": t.keys[worker._ns]}))
+        k = [bytes([0x70 + i]) * 32 for i in range(2)]
+        step("p", k, True, [6], BS, tamper=lambda t: t.keys.update({worker._ns: t.keys[worker._ns][16:]}))
+        assert (calls["by_key"], calls["by_hash"]) == (2, 2)
+        kv = env.store(3)
+        assert kv.lookup(cxlkv.keys_from_hashes(h, worker._ns)) == 4
+        assert kv.lookup(cxlkv.keys_from_hashes(g[:1], worker._ns)) == 1
+        assert kv.lookup(cxlkv.keys_from_hashes(k[:1], worker._ns)) == 1
+        other = _views(spec, "LBHNC", num_blocks=8, seed=12)
+        keys = cxlkv.keys_from_hashes(h[:4] + g[:1] + k[:1], worker._ns)
+        assert cxlkv.get_ok(kv.get(keys, cv.paged_kv_of(other, BS), [0, 1, 2, 3, 4, 5])).all()
+        for name in views:
+            for b in range(4):
+                assert torch.equal(_logical_block(views[name], b), _logical_block(other[name], b)), (name, b)
+            for src, dst in ((5, 4), (6, 5)):
+                assert torch.equal(_logical_block(views[name], src), _logical_block(other[name], dst)), (name, src)
+        # A request with the same prefix: the scheduler plans the load of its
+        # four blocks by the keys its lookup made; the reader gets by them.
+        into = _views(spec, "LBHNC", num_blocks=8, seed=13)
+        reader.register_kv_caches(into)
+        q = types.SimpleNamespace(request_id="q", block_hashes=h, num_tokens=5 * BS + 3)
+        assert sched.get_num_new_matched_tokens(q, 0) == (4 * BS, False)
+        sched.update_state_after_alloc(q, types.SimpleNamespace(get_block_ids=lambda: ([7, 6, 5, 4, 3],)), 4 * BS)
+        meta = sched.build_connector_meta(types.SimpleNamespace(scheduled_new_reqs=[], scheduled_cached_reqs=None,
+                                                                num_scheduled_tokens={}))
+        assert [t.hashes for t in meta.loads] == [h[:4]]
+        reader.bind_connector_metadata(meta)
+        reader.start_load_kv(None)
+        assert (calls["get_by_key"], calls["get_by_hash"]) == (1, 0)
+        assert reader.metrics.counter("cxlkv_client_loaded_blocks_total") == 4
+        for name in views:
+            for a, b in zip(range(4), [7, 6, 5, 4]):
+                assert torch.equal(_logical_block(views[name], a), _logical_block(into[name], b)), (name, a)
+        # The same plan with another rank's keys only: the reader hashes.
+        meta.loads[0].keys = {b"another rank": meta.loads[0].keys[reader._ns]}
+        reader.bind_connector_metadata(meta)
+        reader.start_load_kv(None)
+        assert (calls["get_by_key"], calls["get_by_hash"]) == (1, 1)
+        assert reader.metrics.counter("cxlkv_client_loaded_blocks_total") == 8
+    finally:
+        reader.shutdown()
+        worker.shutdown()
+        sched.shutdown()
+
+
 def test_a_cache_that_does_not_split_into_blocks_is_refused_naming_the_layer():
     with pytest.raises(ValueError, match="model.layers.0.attn"):
         cv.paged_kv_of({"model.layers.0.attn": torch.zeros(4, 2, 24, 128)}, BS)

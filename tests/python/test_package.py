@@ -200,6 +200,52 @@ def test_engine_step_put_of_bytes_hashes_stores_under_keys_from_hashes(env, size
     assert kv.put_engine_step(b"ns", [], [], [], src, []) == (0, array.array("i"))
 
 
+def test_paged_step_calls_put_and_get_by_keys_at_hand_as_the_hash_calls_do(env):
+    """put_paged_step / get_paged_step (an engine step by keys some other
+    process made, 16 bytes a key: cxlkv_kv_paged_put_chains / _get_many)
+    store and read what put_engine_step / get_engine do by the hashes, under
+    the same keys, parents included; malformed arguments are refused with
+    the cause named, the all-zero key per block."""
+    layers, blocks, tokens, heads, head = 2, 6, 8, 2, 16
+    ref, lay = _layouts(layers, blocks, tokens, heads, head, torch.float32)
+    kv = env.store()
+    src = lay["vllm"][0]
+    hs = [bytes([i + 1]) * 32 for i in range(5)]
+    keys = cxlkv.keys_from_hashes(hs, b"ns")
+    root = bytes(16)
+    rc, st = kv.put_paged_step(keys.tobytes(), [2, 3], root + keys[1].tobytes(), src, [5, 1, 4, 0, 2])
+    assert rc == 5 and isinstance(st, array.array) and list(st) == [cxlkv.RESERVED] * 5
+    assert kv.lookup(keys) == 5  # the second chain hangs below hs[1]
+    rc, st = kv.put_engine_step(b"ns", hs[:2], [2], [None], src, [5, 1])  # the hash call finds them
+    assert rc == 2 and list(st) == [cxlkv.EXISTS] * 2
+    out = _layouts(layers, blocks, tokens, heads, head, torch.float32)[1]["vllm"]
+    st = kv.get_paged_step(keys.tobytes() + cxlkv.keys_from_hashes([b"not cached"], b"ns").tobytes(), out[0],
+                           [0, 1, 2, 3, 4, 5])
+    assert isinstance(st, array.array) and list(st) == [cxlkv.RESERVED] * 5 + [cxlkv.MISS]
+    for d, s in zip(range(5), [5, 1, 4, 0, 2]):
+        assert torch.equal(_read_block("vllm", out[1], d, layers), ref[s]), d
+    # A chain whose parent is not cached; a reserved (all-zero) key.
+    rc, st = kv.put_paged_step(cxlkv.keys_from_hashes([b"x"], b"ns").tobytes(), [1],
+                               cxlkv.keys_from_hashes([b"nowhere"], b"ns").tobytes(), src, [3])
+    assert rc == 0 and list(st) == [-errno.ENOENT]
+    rc, st = kv.put_paged_step(root, [1], root, src, [3])
+    assert rc == 0 and list(st) == [-errno.EINVAL] and "all-zero" in kv.last_error
+    with pytest.raises(ValueError, match="16 bytes a key"):
+        kv.put_paged_step(keys.tobytes()[:-1], [5], root, src, [0, 1, 2, 3, 4])
+    with pytest.raises(ValueError, match="16 bytes a key"):
+        kv.put_paged_step(keys.tobytes(), [5], root * 2, src, [0, 1, 2, 3, 4])
+    with pytest.raises(ValueError, match="block ids"):
+        kv.put_paged_step(keys.tobytes(), [5], root, src, [0])
+    with pytest.raises(cxlkv.CxlkvError, match="chain lengths add up to 4 blocks, 5 keys"):
+        kv.put_paged_step(keys.tobytes(), [4], root, src, [0, 1, 2, 3, 4])
+    with pytest.raises(cxlkv.CxlkvError, match="out of range"):
+        kv.get_paged_step(keys[:1].tobytes(), out[0], [blocks])
+    with pytest.raises(ValueError, match="16 bytes a key"):
+        kv.get_paged_step(b"short", out[0], [0])
+    assert kv.put_paged_step(b"", [], b"", src, []) == (0, array.array("i"))
+    assert len(kv.get_paged_step(b"", out[0], [])) == 0
+
+
 def test_put_get_numpy_buffers_and_statuses(env):
     kv = env.store()
     keys = cxlkv.block_keys(np.arange(8 * 16), 16)

@@ -461,11 +461,23 @@ int cxlkv_kv_engine_put_chains(struct cxlkv_kv *kv, const struct cxlkv_paged_chu
 			       size_t ns_len, const void *items, size_t items_len, const uint32_t *item_lens,
 			       size_t n, const uint32_t *chain_lens, size_t nchains, const uint64_t *block_ids,
 			       int32_t *status, struct cxlkv_kv_key *keys_out);
+/* The same with the keys at hand instead of the hashes (those of
+ * cxlkv_kv_engine_keys, made once by whoever had them: an engine's
+ * scheduler makes every rank's keys for its lookups, docs/engines.md "One
+ * call a step"): keys[0..n) the blocks', parents[0..nchains) the chains'
+ * (all-zero: a root).  Puts as cxlkv_kv_engine_put_chains. */
+int cxlkv_kv_paged_put_chains(struct cxlkv_kv *kv, const struct cxlkv_paged_chunks *paged,
+			      const struct cxlkv_kv_key *keys, size_t n, const struct cxlkv_kv_key *parents,
+			      const uint32_t *chain_lens, size_t nchains, const uint64_t *block_ids,
+			      int32_t *status);
 /* Reads the blocks of n hashes (items, item_lens as above, no parents)
  * into engine blocks block_ids, as cxlkv_kv_get_many. */
 int cxlkv_kv_engine_get_many(struct cxlkv_kv *kv, const struct cxlkv_paged_chunks *paged, const void *ns,
 			     size_t ns_len, const void *items, size_t items_len, const uint32_t *item_lens,
 			     size_t n, const uint64_t *block_ids, int32_t *status);
+/* The same by the n blocks' keys (as cxlkv_kv_paged_put_chains). */
+int cxlkv_kv_paged_get_many(struct cxlkv_kv *kv, const struct cxlkv_paged_chunks *paged,
+			    const struct cxlkv_kv_key *keys, size_t n, const uint64_t *block_ids, int32_t *status);
 
 /* ---- KV store batches with GPU tensors ---------------------------------------
  * Blocks of a paged GPU layout by key, one call per batch: GPU block

@@ -210,6 +210,12 @@ class KvStore:
         self._engine_put = self._lib["cxlkv_kv_engine_put_chains"]
         self._engine_put.restype = C.c_int
         self._engine_put.argtypes = [vp, vp, C.c_char_p, sz, C.c_char_p, sz, vp, sz, vp, sz, vp, vp, vp]
+        self._paged_put = self._lib["cxlkv_kv_paged_put_chains"]
+        self._paged_put.restype = C.c_int
+        self._paged_put.argtypes = [vp, vp, C.c_char_p, sz, C.c_char_p, vp, sz, vp, vp]
+        self._paged_get = self._lib["cxlkv_kv_paged_get_many"]
+        self._paged_get.restype = C.c_int
+        self._paged_get.argtypes = [vp, vp, C.c_char_p, sz, vp, vp]
         self._engine_get = self._lib["cxlkv_kv_engine_get_many"]
         self._engine_get.restype = C.c_int
         self._engine_get.argtypes = [vp, vp, C.c_char_p, sz, C.c_char_p, sz, vp, sz, vp, vp]
@@ -462,6 +468,42 @@ class KvStore:
                                 chain_lens=lens.tolist())
         return rc, status
 
+    def put_paged_step(self, keys, chain_lens, parent_keys, kv, block_ids):
+        """:meth:`put_engine_step` with the keys at hand instead of the
+        hashes (a CPU ``kv``): ``keys`` the blocks' keys and ``parent_keys``
+        one per chain (all-zero: a root), each as bytes of 16 per key (an
+        (n, 2) uint64 key array's ``tobytes()``), made once by whoever had
+        them (an engine's scheduler makes every rank's keys for its lookups;
+        docs/engines.md "One call a step").  Returns (the blocks in the pool
+        now, the statuses as an ``array.array("i")``)."""
+        n = len(keys) // 16
+        if len(keys) != 16 * n or len(parent_keys) != 16 * len(chain_lens):
+            raise ValueError(f"cxlkv: {len(keys)} bytes of keys and {len(parent_keys)} of parent keys for "
+                             f"{len(chain_lens)} chains: 16 bytes a key")
+        if len(block_ids) != n:
+            raise ValueError(f"cxlkv: {n} keys but {len(block_ids)} block ids")
+        if kv.is_cuda:
+            raise ValueError("cxlkv: put_paged_step takes a CPU PagedKV (a CUDA one: put_chains)")
+        status = array.array("i", bytes(4 * n))
+        if n == 0:
+            return 0, status
+        lens = _uints("I", chain_lens, "chain lengths")
+        ids = _uints("Q", block_ids, "block ids")
+        t0 = time.perf_counter()
+        with self._lock:
+            rc = self._paged_put(self.handle, C.addressof(kv.paged_chunks()), keys, n, parent_keys, _addr(lens),
+                                 len(lens), _addr(ids), _addr(status))
+        self._settle(rc, n, self._what)
+        if self.metrics:
+            self.metrics.observe_store(status.count(RESERVED) * kv.block_bytes, rc, time.perf_counter() - t0)
+        if self.remote is not None:
+            k = np.frombuffer(keys, dtype=np.uint64).reshape(n, 2)
+            pk = np.frombuffer(parent_keys, dtype=np.uint64).reshape(-1, 2)
+            par = [p if p.any() else None for p in pk] if self.remote.policy.on else [None] * len(lens)
+            self.remote.publish(k, np.frombuffer(status, dtype=np.int32), kv.block_bytes, parents=par,
+                                chain_lens=lens.tolist())
+        return rc, status
+
     def get_engine(self, namespace, hashes, kv, block_ids, gpu=None, stream=None):
         """:meth:`get` of an engine's own block hashes (keys as
         :func:`cxlkv.keys_from_hashes` in ``namespace``) into the
@@ -487,6 +529,32 @@ class KvStore:
         if self.metrics:
             self.metrics.observe_load(status.count(RESERVED) * kv.block_bytes, time.perf_counter() - t0)
         return np.frombuffer(status, dtype=np.int32)
+
+    def get_paged_step(self, keys, kv, block_ids):
+        """:meth:`get_engine` with the keys at hand (bytes, 16 a key, as
+        :meth:`put_paged_step` takes them) into the CPU :class:`PagedKV`
+        ``kv``'s blocks ``block_ids``: one C call
+        (``cxlkv_kv_paged_get_many``).  Returns the statuses as an
+        ``array.array("i")``."""
+        n = len(keys) // 16
+        if len(keys) != 16 * n:
+            raise ValueError(f"cxlkv: {len(keys)} bytes of keys: 16 bytes a key")
+        if len(block_ids) != n:
+            raise ValueError(f"cxlkv: {n} keys but {len(block_ids)} block ids")
+        if kv.is_cuda:
+            raise ValueError("cxlkv: get_paged_step takes a CPU PagedKV (a CUDA one: get)")
+        _require_writable(kv)
+        status = array.array("i", bytes(4 * n))
+        if n == 0:
+            return status
+        ids = _uints("Q", block_ids, "block ids")
+        t0 = time.perf_counter()
+        with self._lock:
+            rc = self._paged_get(self.handle, C.addressof(kv.paged_chunks()), keys, n, _addr(ids), _addr(status))
+        self._settle(rc, n, self._what)
+        if self.metrics:
+            self.metrics.observe_load(status.count(RESERVED) * kv.block_bytes, time.perf_counter() - t0)
+        return status
 
     def get(self, keys, dst, block_ids=None, gpu=None, stream=None):
         """Read blocks ``keys`` into ``dst`` (a :class:`PagedKV` with

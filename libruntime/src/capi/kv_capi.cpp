@@ -484,6 +484,33 @@ int cxlkv_kv_engine_put_chains(struct cxlkv_kv* kv, const struct cxlkv_paged_chu
   });
 }
 
+int cxlkv_kv_paged_put_chains(struct cxlkv_kv* kv, const struct cxlkv_paged_chunks* paged,
+                              const struct cxlkv_kv_key* keys, size_t n, const struct cxlkv_kv_key* parents,
+                              const uint32_t* chain_lens, size_t nchains, const uint64_t* block_ids,
+                              int32_t* status) {
+  return capi::guarded(__func__, [&] {
+    if (int e = check_batch(__func__, kv, keys, n, false, nullptr, nullptr)) return e;
+    if (n && !block_ids) return bad(__func__, "block_ids is required");
+    if (nchains && (!chain_lens || !parents)) return bad(__func__, "chain_lens and parents are required");
+    if (nchains > INT_MAX) return bad(__func__, "more than INT_MAX chains");
+    uint64_t sum = 0;
+    for (size_t j = 0; j < nchains; j++) sum += chain_lens[j];
+    if (sum != n)
+      return bad(__func__, "chain lengths add up to " + std::to_string(sum) + " blocks, " + std::to_string(n) +
+                               " keys given");
+    EngineStep& step = ::step();
+    if (int e = step.chunks(__func__, paged, block_ids, n)) return e;
+    step.keys.resize(n + nchains);
+    for (size_t i = 0; i < n; i++) step.keys[i] = key_of(&keys[i]);
+    for (size_t j = 0; j < nchains; j++) step.keys[n + j] = key_of(&parents[j]);  // all-zero: a root
+    StatusOut st(status, n);
+    KvStore& s = kv->session->store();
+    return batch_result(s.put_chains({step.keys.data() + n, nchains}, {chain_lens, nchains}, {step.keys.data(), n},
+                                     step.bytes, step.ch, step.counts, st.span(n)),
+                        s);
+  });
+}
+
 int cxlkv_kv_engine_get_many(struct cxlkv_kv* kv, const struct cxlkv_paged_chunks* paged, const void* ns,
                              size_t ns_len, const void* items, size_t items_len, const uint32_t* item_lens,
                              size_t n, const uint64_t* block_ids, int32_t* status) {
@@ -492,6 +519,21 @@ int cxlkv_kv_engine_get_many(struct cxlkv_kv* kv, const struct cxlkv_paged_chunk
     EngineStep& step = ::step();
     if (int e = step.hash(__func__, ns, ns_len, items, items_len, item_lens, n)) return e;
     if (int e = step.chunks(__func__, paged, block_ids, n)) return e;
+    StatusOut st(status, n);
+    KvStore& s = kv->session->store();
+    return batch_result(s.get_many(step.keys, step.ch, step.counts, st.span(n)), s);
+  });
+}
+
+int cxlkv_kv_paged_get_many(struct cxlkv_kv* kv, const struct cxlkv_paged_chunks* paged,
+                            const struct cxlkv_kv_key* keys, size_t n, const uint64_t* block_ids, int32_t* status) {
+  return capi::guarded(__func__, [&] {
+    if (int e = check_batch(__func__, kv, keys, n, false, nullptr, nullptr)) return e;
+    if (n && !block_ids) return bad(__func__, "block_ids is required");
+    EngineStep& step = ::step();
+    if (int e = step.chunks(__func__, paged, block_ids, n)) return e;
+    step.keys.resize(n);
+    for (size_t i = 0; i < n; i++) step.keys[i] = key_of(&keys[i]);
     StatusOut st(status, n);
     KvStore& s = kv->session->store();
     return batch_result(s.get_many(step.keys, step.ch, step.counts, st.span(n)), s);

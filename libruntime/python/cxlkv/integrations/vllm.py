@@ -19,8 +19,13 @@ the cached layers (a digest of their names: a draft model's or a KV-sharing
 model's layer set differs), MLA or not, and the **worker's own**
 tensor-parallel and pipeline-parallel rank.  The scheduler has no rank: it
 looks a prefix up under every rank's namespace and counts only the blocks
-every rank holds, and pins them all.  The scheduler sends the workers block
-hashes, not keys; each worker makes its own keys.
+every rank holds, and pins them all.  The keys its lookups made (every
+rank's) go along with the loads and saves it plans, each worker putting and
+getting by those of its own namespace, which it picks by the namespace
+bytes: a block is hashed once per rank, not again in each step's transfer.
+A plan without them (keys the scheduler never made, as a producer's, which
+looks nothing up) carries the hashes alone, and each worker makes its own
+keys.
 
 **Transfers do not depend on the per-layer hooks.**  A pool block holds one
 vLLM block of every layer (layer-major, K then V, each ``[tokens, heads,
@@ -86,6 +91,14 @@ class _Transfer:
     hashes: list              # vLLM block hashes, one per block
     block_ids: list           # vLLM (manager) block ids, one per hash
     parent: object = None    # hash of the block before hashes[0], for saves
+    # {namespace: bytes}: the key of the block before hashes[0] (16 zero
+    # bytes for a root) and then one key per hash, 16 bytes each, for every
+    # rank, where the scheduler had made them already (its lookups); None:
+    # the workers hash (docs/engines.md "One call a step").
+    keys: dict = None
+
+
+_ROOT_KEY = bytes(16)  # a root chain's parent key
 
 
 @dataclasses.dataclass
@@ -196,6 +209,7 @@ class CxlkvConnectorImpl:
             # Every rank's namespace: a block is a hit only if every worker stored its shard.
             self._namespaces = [self._namespace(t, p) for p in range(self.pp_size) for t in range(self.tp_size)]
             self._keys_of = {}   # req_id -> [keys array per namespace], grown as hashes arrive
+            self._key_bytes = {}  # req_id -> those keys as bytes per namespace, for the transfers it plans
             self._reqs = {}      # req_id -> dict(keys, saved, block_ids, request)
             self._loads = []     # this step's loads
             self._computed = {}  # req_id -> num_computed_tokens vLLM asked about
@@ -281,6 +295,8 @@ class CxlkvConnectorImpl:
         elif len(have[0]) < n:
             new = list(hashes[len(have[0]):])
             have = [np.concatenate([k, cxlkv.keys_from_hashes(new, ns)]) for k, ns in zip(have, self._namespaces)]
+        if self._keys_of.get(request.request_id) is not have:
+            self._key_bytes[request.request_id] = [k.tobytes() for k in have]
         self._keys_of[request.request_id] = have
         return have
 
@@ -318,9 +334,11 @@ class CxlkvConnectorImpl:
         first = self._computed.pop(request.request_id, 0) // self.block_size
         last = first + num_external_tokens // self.block_size
         hashes = list(request.block_hashes[first:last])
-        self._loads.append(_Transfer(request.request_id, hashes, st["block_ids"][first:last]))
+        per_ns = self._keys(request)
+        self._loads.append(_Transfer(request.request_id, hashes, st["block_ids"][first:last],
+                                     keys=self._plan_keys(request.request_id, first, last)))
         st["saved"] = max(st["saved"], last)  # already in the pool: never saved again
-        self._pin_load(request.request_id, [k[first:last] for k in self._keys(request)])
+        self._pin_load(request.request_id, [k[first:last] for k in per_ns])
 
     def _pin_load(self, rid, keys_per_ns):
         """Pin the blocks of a planned load, under every rank's namespace,
@@ -396,8 +414,19 @@ class CxlkvConnectorImpl:
         lo = st["saved"]
         if full > lo:
             parent = hashes[lo - 1] if lo > 0 else None
-            meta.saves.append(_Transfer(rid, list(hashes[lo:full]), st["block_ids"][lo:full], parent))
+            meta.saves.append(_Transfer(rid, list(hashes[lo:full]), st["block_ids"][lo:full], parent,
+                                        self._plan_keys(rid, lo, full)))
             st["saved"] = full
+
+    def _plan_keys(self, rid, lo, hi):
+        """A transfer's keys (_Transfer.keys) of blocks [lo, hi) of request
+        ``rid``, from those its lookups made already (the workers then hash
+        nothing); keys are never made here for a transfer: where the
+        scheduler has none, each worker hashes its own."""
+        kb = self._key_bytes.get(rid)
+        if kb is None or len(kb[0]) < 16 * hi:
+            return None
+        return {ns: (b[16 * lo - 16:16 * hi] if lo else _ROOT_KEY + b[:16 * hi]) for ns, b in zip(self._namespaces, kb)}
 
     def request_finished(self, request, block_ids):
         """Saves finish inside the step (wait_for_save), so blocks are freed at
@@ -412,6 +441,7 @@ class CxlkvConnectorImpl:
         # Keys only for a lease to give or release: a plain request's finish hashes nothing.
         per_ns = self._keys(request) if lease or "cxlkv_lease" in tp else None
         self._keys_of.pop(rid, None)
+        self._key_bytes.pop(rid, None)
         self._computed.pop(rid, None)
         params = None
         if lease:
@@ -448,7 +478,8 @@ class CxlkvConnectorImpl:
 
     def start_load_kv(self, forward_context, **kwargs):
         """Load the step's blocks, every request's, with one batched call
-        (keys hashed in one call too) before the forward pass."""
+        (by the scheduler's keys, or hashed in the same call) before the
+        forward pass."""
         meta = self._get_connector_metadata()
         self._meta = meta
         if meta is None or not meta.loads or self.kv is None:
@@ -459,11 +490,18 @@ class CxlkvConnectorImpl:
             self._raw.load(ids, self.metrics)
         t0 = time.perf_counter()
         try:
-            # One C call hashes, builds the chunk lists and reads (docs/engines.md "One call a step").
-            # Python lists, not numpy, for the step's few dozen statuses: numpy
-            # calls run cold between forward passes (docs/engines.md "One call a step").
-            ok = [s == cxlkv.RESERVED for s in self.store.get_engine(
-                self._ns, [h for t in meta.loads for h in t.hashes], self.kv, ids, gpu=self.gpu).tolist()]
+            # One C call (hashing only where the plan has no keys) builds the
+            # chunk lists and reads; Python lists, not numpy, for the step's
+            # few dozen statuses: numpy calls run cold between forward passes
+            # (docs/engines.md "One call a step").
+            ns = self._ns
+            if self.gpu is None and all(t.keys is not None and len(t.keys.get(ns, b"")) == 16 * len(t.hashes) + 16
+                                        for t in meta.loads):
+                # By the scheduler's keys for this worker's own namespace: no hashing here.
+                st = self.store.get_paged_step(b"".join(t.keys[ns][16:] for t in meta.loads), self.kv, ids)
+            else:
+                st = self.store.get_engine(ns, [h for t in meta.loads for h in t.hashes], self.kv, ids, gpu=self.gpu)
+            ok = [s == cxlkv.RESERVED for s in st.tolist()]
         except Exception as e:  # noqa: BLE001 -- every block of the step is recomputed instead
             self._failed("load", e)
             ok = [False] * len(ids)
@@ -509,8 +547,9 @@ class CxlkvConnectorImpl:
             if self.kv.is_cuda:
                 import torch
                 torch.cuda.current_stream().synchronize()  # the step's KV is written before the DMA reads it
-            # Every request's chain in one C call that hashes, builds the
-            # chunk lists and puts (docs/engines.md "One call a step"): a
+            # Every request's chain in one C call that builds the chunk
+            # lists and puts, by the scheduler's keys or hashing them
+            # (docs/engines.md "One call a step"): a
             # decode step fills one block per request, and Python per block
             # or per request cost more than the copy of a small block.
             try:
@@ -564,11 +603,17 @@ class CxlkvConnectorImpl:
         (-ENOENT), and that chain goes again whole.  Blocks put or found are
         remembered by their hash (the worker's namespace is fixed)."""
         seen = self._in_pool
+        # The scheduler's keys for this worker's own namespace where every
+        # chain of the step has them, one key a hash and the parent's (then
+        # no hashing here), else the hashes.
+        ns = self._ns
+        by_key = self.gpu is None and all(t.keys is not None and len(t.keys.get(ns, b"")) == 16 * len(t.hashes) + 16
+                                          for t in saves)
         # Per chain: (its first block put, the transfer); the step's lists
         # grow by slices (list.extend: no Python loop per block, which runs
         # cold between forward passes, docs/engines.md "One call a step").
         todo, this_step = [], set()
-        hashes, lens, parents, ids = [], [], [], []
+        hashes, lens, parents, ids, keys = [], [], [], [], []
         for t in saves:
             # Blocks an earlier chain of this call puts count as seen: the
             # chains go in order, so this one starts below them.
@@ -582,19 +627,27 @@ class CxlkvConnectorImpl:
                 hashes += part
                 ids += t.block_ids[skip:] if skip else t.block_ids
                 lens.append(len(part))
-                parents.append(hs[skip - 1] if skip else t.parent)
+                if by_key:
+                    kb = t.keys[ns]
+                    parents.append(kb[16 * skip:16 * skip + 16])
+                    keys.append(kb[16 * skip + 16:])
+                else:
+                    parents.append(hs[skip - 1] if skip else t.parent)
         for attempt in (0, 1):
             if not todo:
                 return
             # The statuses as an array.array, no numpy: numpy calls run cold
             # between forward passes (docs/engines.md "One call a step").
-            rc, st = self.store.put_engine_step(self._ns, hashes, lens, parents, self.kv, ids, gpu=self.gpu)
+            if by_key:
+                rc, st = self.store.put_paged_step(b"".join(keys), lens, b"".join(parents), self.kv, ids)
+            else:
+                rc, st = self.store.put_engine_step(ns, hashes, lens, parents, self.kv, ids, gpu=self.gpu)
             if rc == len(hashes):  # every block is in the pool now: nothing to go again
                 self._remember(hashes)
                 return
             self._remember(h for h, s in zip(hashes, st) if s == cxlkv.RESERVED or s == cxlkv.EXISTS)
             again, at = [], 0
-            hashes, lens, parents, ids = [], [], [], []
+            hashes, lens, parents, ids, keys = [], [], [], [], []
             for skip, t in todo:
                 first = st[at]
                 at += len(t.hashes) - skip
@@ -605,7 +658,11 @@ class CxlkvConnectorImpl:
                     hashes += t.hashes
                     ids += t.block_ids
                     lens.append(len(t.hashes))
-                    parents.append(t.parent)
+                    if by_key:
+                        parents.append(t.keys[ns][:16])
+                        keys.append(t.keys[ns][16:])
+                    else:
+                        parents.append(t.parent)
             todo = again
 
     def get_finished(self, finished_req_ids):
