@@ -129,6 +129,19 @@ int batch_result(const Result<size_t>& r, KvStore& s) {
 
 int bad(const char* fn, const std::string& what) { return capi::set_error(-EINVAL, std::string(fn) + ": " + what); }
 
+// An engine step's chains: nchains lengths that add up to its n blocks
+// (`what`: "hashes" or "keys", as the caller gave them).  0 or the -EINVAL to return.
+int check_chains(const char* fn, const uint32_t* chain_lens, size_t nchains, size_t n, const char* what) {
+  if (nchains && !chain_lens) return bad(fn, "chain_lens is required");
+  if (nchains > INT_MAX) return bad(fn, "more than INT_MAX chains");
+  uint64_t sum = 0;
+  for (size_t j = 0; j < nchains; j++) sum += chain_lens[j];
+  if (sum != n)
+    return bad(fn, "chain lengths add up to " + std::to_string(sum) + " blocks, " + std::to_string(n) + " " + what +
+                       " given");
+  return 0;
+}
+
 template <class Handle, class Conv, class Op>
 int handle_batch(const char* fn, cxlkv_kv* kv, const cxlkv_kv_block* blocks, size_t n, int32_t* status, Conv conv,
                  Op op) {
@@ -459,13 +472,7 @@ int cxlkv_kv_engine_put_chains(struct cxlkv_kv* kv, const struct cxlkv_paged_chu
                                int32_t* status, struct cxlkv_kv_key* keys_out) {
   return capi::guarded(__func__, [&] {
     if (int e = check_batch(__func__, kv, block_ids, n, false, nullptr, nullptr)) return e;
-    if (nchains && !chain_lens) return bad(__func__, "chain_lens is required");
-    if (nchains > INT_MAX) return bad(__func__, "more than INT_MAX chains");
-    uint64_t sum = 0;
-    for (size_t j = 0; j < nchains; j++) sum += chain_lens[j];
-    if (sum != n)
-      return bad(__func__, "chain lengths add up to " + std::to_string(sum) + " blocks, " + std::to_string(n) +
-                               " hashes given");
+    if (int e = check_chains(__func__, chain_lens, nchains, n, "hashes")) return e;
     EngineStep& step = ::step();
     if (int e = step.hash(__func__, ns, ns_len, items, items_len, item_lens, n + nchains)) return e;
     if (int e = step.chunks(__func__, paged, block_ids, n)) return e;
@@ -491,13 +498,8 @@ int cxlkv_kv_paged_put_chains(struct cxlkv_kv* kv, const struct cxlkv_paged_chun
   return capi::guarded(__func__, [&] {
     if (int e = check_batch(__func__, kv, keys, n, false, nullptr, nullptr)) return e;
     if (n && !block_ids) return bad(__func__, "block_ids is required");
-    if (nchains && (!chain_lens || !parents)) return bad(__func__, "chain_lens and parents are required");
-    if (nchains > INT_MAX) return bad(__func__, "more than INT_MAX chains");
-    uint64_t sum = 0;
-    for (size_t j = 0; j < nchains; j++) sum += chain_lens[j];
-    if (sum != n)
-      return bad(__func__, "chain lengths add up to " + std::to_string(sum) + " blocks, " + std::to_string(n) +
-                               " keys given");
+    if (nchains && !parents) return bad(__func__, "parents is required");
+    if (int e = check_chains(__func__, chain_lens, nchains, n, "keys")) return e;
     EngineStep& step = ::step();
     if (int e = step.chunks(__func__, paged, block_ids, n)) return e;
     step.keys.resize(n + nchains);
