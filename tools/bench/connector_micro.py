@@ -19,17 +19,22 @@ Each call:
          mirror of the cache (the raw copy never writes the cache the
          connector reads into).
 
+With --by-key the calls are those a worker makes when the scheduler's plan
+carries the keys its lookups made (docs/engines.md "One call a step"):
+KvStore.put_paged_step and get_paged_step of the same blocks, the keys made
+untimed beforehand, as the scheduler makes them.
+
 The raw copy goes before the connector's call on one call and after it on
 the next, as the connector's raw_baseline does.  --cold-mib M trashes M MiB
 of memory before each timed part, as a forward pass does between an
 engine's steps (64 is twice this machine's L3); 0 runs warm.
 
     connector_micro.py [--geometry tiny|wide] [--blocks N] [--calls N]
-                       [--cold-mib M] [--results FILE]
+                       [--cold-mib M] [--by-key] [--results FILE]
 
 Prints per-block figures and the ratios; --results merges
-connector_micro.<geometry>.<cold|warm>.{save,load}_vs_raw and the per-block
-times into that JSON file.
+connector_micro.<geometry>.<cold|warm>[.by_key].{save,load}_vs_raw and the
+per-block times into that JSON file.
 """
 
 import argparse
@@ -58,7 +63,7 @@ def _positive(v):
     return n
 
 
-def run(geometry, blocks, calls, cold_mib, seed=1):
+def run(geometry, blocks, calls, cold_mib, by_key=False, seed=1):
     import numpy as np
     import torch
     from cxlkv.integrations.vllm import paged_kv_of
@@ -116,15 +121,21 @@ def run(geometry, blocks, calls, cold_mib, seed=1):
             if n != 512:
                 raise SystemExit(f"connector_micro: a warm-up put stored {n} of 512 blocks")
         hashes = [rng.randbytes(32) for _ in range(saved_blocks)]
+        keys = cxlkv.keys_from_hashes(hashes, ns) if by_key else None
+        root = bytes(16)
         t = {"save": 0.0, "save_raw": 0.0, "load": 0.0, "load_raw": 0.0}
         for c in range(calls):
             ids = list(range(c * blocks, (c + 1) * blocks))
             hs = hashes[c * blocks:(c + 1) * blocks]
+            kb = keys[c * blocks:(c + 1) * blocks].tobytes() if by_key else None
             if c % 2:
                 t["save_raw"] += raw(lib.cxlkv_gather_write, kv, ids)
             cold()
             t0 = time.perf_counter()
-            n, st = store.put_engine_step(ns, hs, [blocks], [None], kv, ids)
+            if by_key:
+                n, st = store.put_paged_step(kb, [blocks], root, kv, ids)
+            else:
+                n, st = store.put_engine_step(ns, hs, [blocks], [None], kv, ids)
             t["save"] += time.perf_counter() - t0
             if n != blocks:
                 raise SystemExit(f"connector_micro: a save put {n} of {blocks} blocks (statuses {list(st)})")
@@ -133,14 +144,19 @@ def run(geometry, blocks, calls, cold_mib, seed=1):
         for c in range(calls):
             pick = rng.sample(range(saved_blocks), blocks)
             dst = list(range(saved_blocks, saved_blocks + blocks))
+            kb = keys[pick].tobytes() if by_key else None
             if c % 2:
                 t["load_raw"] += raw(lib.cxlkv_scatter_read, kvm, dst)
             cold()
             t0 = time.perf_counter()
-            st = store.get_engine(ns, [hashes[i] for i in pick], kv, dst)
+            if by_key:
+                st = store.get_paged_step(kb, kv, dst)
+            else:
+                st = store.get_engine(ns, [hashes[i] for i in pick], kv, dst)
             t["load"] += time.perf_counter() - t0
-            if not (st == cxlkv.RESERVED).all():
-                raise SystemExit(f"connector_micro: a load found {int((st == cxlkv.RESERVED).sum())} of {blocks} blocks")
+            found = sum(1 for s in st if s == cxlkv.RESERVED)
+            if found != blocks:
+                raise SystemExit(f"connector_micro: a load found {found} of {blocks} blocks")
             for i, d in zip(pick, dst):  # the bytes are the saved block's
                 for name in cache:
                     if not torch.equal(cache[name][i], cache[name][d]):
@@ -161,19 +177,23 @@ def main():
     ap.add_argument("--blocks", type=_positive, default=24, help="blocks a call (default 24)")
     ap.add_argument("--calls", type=_positive, default=200, help="calls of each kind (default 200)")
     ap.add_argument("--cold-mib", type=int, default=64, help="MiB trashed before each timed part; 0: warm (default 64)")
+    ap.add_argument("--by-key", action="store_true",
+                    help="the calls by the keys a scheduler's plan carries (put_paged_step / get_paged_step), "
+                         "not by the engine's hashes")
     ap.add_argument("--results", help="merge the figures into this JSON file")
     a = ap.parse_args()
     if a.cold_mib < 0:
         ap.error("--cold-mib must be 0 or more")
-    bb, us = run(a.geometry, a.blocks, a.calls, a.cold_mib)
+    bb, us = run(a.geometry, a.blocks, a.calls, a.cold_mib, a.by_key)
     mode = "cold" if a.cold_mib else "warm"
     res = {}
-    p = f"connector_micro.{a.geometry}.{mode}."
+    p = f"connector_micro.{a.geometry}.{mode}." + ("by_key." if a.by_key else "")
     for op in ("save", "load"):
         res[p + f"{op}_us_per_block"] = round(us[op], 3)
         res[p + f"{op}_raw_us_per_block"] = round(us[op + "_raw"], 3)
         res[p + f"{op}_vs_raw"] = round(us[op] / us[op + "_raw"], 3)
-    print(f"connector_micro: {a.geometry} ({bb // 1024} KiB blocks), {a.blocks} blocks a call, {a.calls} calls, {mode}")
+    print(f"connector_micro: {a.geometry} ({bb // 1024} KiB blocks), {a.blocks} blocks a call, {a.calls} calls, {mode}, "
+          f"by {'the keys' if a.by_key else 'the hashes'}")
     for op in ("save", "load"):
         print(f"  {op}: {us[op]:.2f} us a block against the raw copy's {us[op + '_raw']:.2f}: "
               f"{res[p + op + '_vs_raw']:.3f}x")
