@@ -39,6 +39,32 @@ std::unique_ptr<RpcServer> serve_echo(NodeContext& n, const RpcServerOptions& o)
   return std::move(s.value());
 }
 
+// An echo server polled by a thread of the test (not started), until stop():
+// after that its lines stay as they are but nobody answers, so a call stays
+// in flight.
+struct HandPolledServer {
+  std::unique_ptr<RpcServer> srv;
+  std::atomic<bool> serving{true};
+  std::thread t;
+  explicit HandPolledServer(NodeContext& n) {
+    auto s = RpcServer::create(n, small_server());
+    if (!s) throw std::runtime_error(s.error().message());
+    srv = std::move(s.value());
+    srv->handle(kEcho, rpctest::echo_plus_one());
+    t = std::thread([this] {
+      while (serving) {
+        (void)srv->poll_once();
+        std::this_thread::sleep_for(100us);
+      }
+    });
+  }
+  void stop() {
+    serving = false;
+    if (t.joinable()) t.join();
+  }
+  ~HandPolledServer() { stop(); }
+};
+
 std::unique_ptr<RpcClient> connect(NodeContext& n, int ring = -1, std::chrono::milliseconds timeout = 5000ms) {
   RpcClientOptions o;
   o.ring = ring;
@@ -235,21 +261,9 @@ TEST(Rpc, ReplyLargerThanTheCallersBufferIsTruncatedAndLenSaysSo) {
 
 TEST(Rpc, SilentServerGivesETIMEDOUTAndTheLateReplyIsDropped) {
   RpcPool p("rpc-timeout");
-  NodeContext& sn = p.attach(0);
-  auto s = RpcServer::create(sn, small_server());
-  ASSERT_TRUE(s) << s.error().message();
-  RpcServer& srv = *s.value();
-  srv.handle(kEcho, rpctest::echo_plus_one());
-  std::atomic<bool> serving{true};
-  std::thread t([&] {
-    while (serving) {
-      (void)srv.poll_once();
-      std::this_thread::sleep_for(100us);
-    }
-  });
+  HandPolledServer srv(p.attach(0));
   auto cli = connect(p.attach(1));
-  serving = false;  // connected; now nobody polls
-  t.join();
+  srv.stop();  // connected; now nobody polls
   std::vector<std::byte> req;
   rpctest::fill_request(req, 4, 0, 20);
   std::byte reply[64];
@@ -261,12 +275,12 @@ TEST(Rpc, SilentServerGivesETIMEDOUTAndTheLateReplyIsDropped) {
   EXPECT_EQ(cli->in_flight(), 0u);
   // The server wakes up and answers the old request: the client drops it
   // (already reported) and the next call gets its own reply.
-  srv.start();
+  srv.srv->start();
   rpctest::fill_request(req, 4, 1, 30);
   auto r2 = cli->call(kEcho, req, reply, sizeof reply, 5s);
   ASSERT_TRUE(r2) << r2.error().message();
   EXPECT_TRUE(rpctest::is_echo_plus_one(req, reply, r2->len));
-  EXPECT_EQ(srv.stats().requests, 2u) << "the timed-out request still ran exactly once";
+  EXPECT_EQ(srv.srv->stats().requests, 2u) << "the timed-out request still ran exactly once";
 }
 
 TEST(Rpc, StoppedServerGivesECONNRESETAndANewServerIsReachedOnTheNextSubmit) {
@@ -496,18 +510,7 @@ TEST(Rpc, NoServerMeansECONNREFUSEDAtConnect) {
 // replying": the error names the line and the field instead.
 TEST(Rpc, ADamagedClientLineIsNamedAsSuchNotAsAServerThatWentAway) {
   RpcPool p("rpc-client-line");
-  NodeContext& sn = p.attach(0);
-  auto s = RpcServer::create(sn, small_server());
-  ASSERT_TRUE(s) << s.error().message();
-  RpcServer& srv = *s.value();
-  srv.handle(kEcho, rpctest::echo_plus_one());
-  std::atomic<bool> serving{true};
-  std::thread t([&] {
-    while (serving) {
-      (void)srv.poll_once();
-      std::this_thread::sleep_for(100us);
-    }
-  });
+  HandPolledServer srv(p.attach(0));
   auto cli = connect(p.attach(1));
   std::byte reply[64];
   const bool answered = static_cast<bool>(cli->call(kEcho, {}, reply, sizeof reply));
@@ -515,8 +518,7 @@ TEST(Rpc, ADamagedClientLineIsNamedAsSuchNotAsAServerThatWentAway) {
   // at its lines (every server check period) finds the damage.  A call the
   // server answered before that look would succeed, and a look with no call
   // in flight ends in a quiet reconnect that writes the line anew.
-  serving = false;
-  t.join();
+  srv.stop();
   ASSERT_TRUE(answered);
   auto carve = RpcCarve::open(*p.region, p.region->domain());
   ASSERT_TRUE(carve) << carve.error().message();
@@ -536,21 +538,9 @@ TEST(Rpc, ADamagedClientLineIsNamedAsSuchNotAsAServerThatWentAway) {
 
 TEST(Rpc, ADamagedServerLineIsNamedAsSuchNotAsAServerThatWentAway) {
   RpcPool p("rpc-server-line");
-  NodeContext& sn = p.attach(0);
-  auto s = RpcServer::create(sn, small_server());
-  ASSERT_TRUE(s) << s.error().message();
-  RpcServer& srv = *s.value();
-  srv.handle(kEcho, rpctest::echo_plus_one());
-  std::atomic<bool> serving{true};
-  std::thread t([&] {
-    while (serving) {
-      (void)srv.poll_once();
-      std::this_thread::sleep_for(100us);
-    }
-  });
+  HandPolledServer srv(p.attach(0));
   auto cli = connect(p.attach(1));
-  serving = false;  // connected; the server's line stays as damaged below
-  t.join();
+  srv.stop();  // connected; the server's line stays as damaged below
   auto carve = RpcCarve::open(*p.region, p.region->domain());
   ASSERT_TRUE(carve) << carve.error().message();
   MemoryDomain& d = p.region->domain();
