@@ -495,8 +495,7 @@ class CxlkvConnectorImpl:
             # few dozen statuses: numpy calls run cold between forward passes
             # (docs/engines.md "One call a step").
             ns = self._ns
-            if self.gpu is None and all(t.keys is not None and len(t.keys.get(ns, b"")) == 16 * len(t.hashes) + 16
-                                        for t in meta.loads):
+            if self._by_key(meta.loads):
                 # By the scheduler's keys for this worker's own namespace: no hashing here.
                 st = self.store.get_paged_step(b"".join(t.keys[ns][16:] for t in meta.loads), self.kv, ids)
             else:
@@ -594,6 +593,14 @@ class CxlkvConnectorImpl:
             for h in list(itertools.islice(seen, len(seen) - self._IN_POOL_MAX // 2)):
                 del seen[h]
 
+    def _by_key(self, transfers):
+        """Whether the step's ``transfers`` go by the scheduler's keys: a CPU
+        cache, and every transfer has this worker's own namespace's keys, one
+        a hash and the parent's (_Transfer.keys)."""
+        ns = self._ns
+        return self.gpu is None and all(
+            t.keys is not None and len(t.keys.get(ns, b"")) == 16 * len(t.hashes) + 16 for t in transfers)
+
     def _save_step(self, saves):
         """Put the step's chains, each without its leading blocks this worker
         already saw in the pool or an earlier chain of the step puts (then a
@@ -603,12 +610,10 @@ class CxlkvConnectorImpl:
         (-ENOENT), and that chain goes again whole.  Blocks put or found are
         remembered by their hash (the worker's namespace is fixed)."""
         seen = self._in_pool
-        # The scheduler's keys for this worker's own namespace where every
-        # chain of the step has them, one key a hash and the parent's (then
+        # The scheduler's keys where every chain of the step has them (then
         # no hashing here), else the hashes.
         ns = self._ns
-        by_key = self.gpu is None and all(t.keys is not None and len(t.keys.get(ns, b"")) == 16 * len(t.hashes) + 16
-                                          for t in saves)
+        by_key = self._by_key(saves)
         # Per chain: (its first block put, the transfer); the step's lists
         # grow by slices (list.extend: no Python loop per block, which runs
         # cold between forward passes, docs/engines.md "One call a step").
