@@ -330,5 +330,8 @@ def test_a_block_evicted_before_its_push_is_counted_as_evicted(small_rack):
     assert d["remote_push_dropped_blocks"] == d["remote_push_evicted_blocks"], d
     assert d["remote_push_store_full_blocks"] == d["remote_push_queue_full_blocks"] == 0, d
     assert d["remote_push_failed_blocks"] == 0, d
-    # The pool's counter has the total, without the reason (no field to spare).
+    # The pool's counters, which `cxlkvctl stats` shows, have the total and
+    # the reason, as the tier counted them.
     assert dpool["push_dropped_blocks"] == d["remote_push_dropped_blocks"], dpool
+    assert dpool["push_evicted_blocks"] == d["remote_push_evicted_blocks"], dpool
+    assert dpool["push_store_full_blocks"] == dpool["push_queue_full_blocks"] == dpool["push_failed_blocks"] == 0

@@ -296,3 +296,38 @@ def test_push_min_blocks_0_pushes_every_block_however_full_the_store(small_env):
     store.put(keys, [np.full(4096, i, np.uint8) for i in range(3)])
     assert _pushed_and_kept(tier) == (3, 0, 0) and tier.stats()["remote_push_selective"] == 0
     tier.close()
+
+
+def test_puts_refused_as_full_just_after_the_tier_came_back_are_tried_until_the_store_takes_them(small_env):
+    # A restarted master refuses puts as full until the clients mount their
+    # segments again (docs/remote.md "Faults"): in the grace after the tier
+    # comes back such a refusal is tried again, not dropped, and the push
+    # policy does not take the store for full.  Past the grace, two
+    # refusals drop the block as before.
+    keys = cxlkv.block_keys(np.arange(4 * 16, dtype=np.int64), 16, extras=b"remount")
+    fake = _StandInStore()
+    tier = _tier(small_env, fake, push_min_blocks=8)
+    tier._down("master gone (test)")
+    tier._recovered()
+    assert tier._remounting()
+    names = [tier.name(k) for k in keys]
+    fake.codes = {names[0]: [remote.MC_NO_AVAILABLE_HANDLE] * 5, names[1]: [remote.MC_NO_AVAILABLE_HANDLE] * 3}
+    store = small_env.store(1, remote=tier)
+    pay = [np.full(4096, i, np.uint8) for i in range(4)]
+    assert cxlkv.put_ok(store.put(keys[:2], pay[:2])).all()
+    assert tier.flush(20)
+    st = tier.stats()
+    assert st["remote_pushed_blocks"] == 2 and st["remote_push_dropped_blocks"] == 0, st
+    assert st["remote_push_retried_blocks"] == 8 and st["remote_held_blocks"] == 0, st
+    assert st["remote_push_selective"] == 0, st  # not taken as a full store
+    assert sorted(fake.objects) == sorted(names[:2])
+    # Past the grace: refused twice, dropped as a full store's.
+    tier._back_at -= tier._remount_grace_s
+    assert not tier._remounting()
+    fake.codes = {names[2]: [remote.MC_NO_AVAILABLE_HANDLE] * 2}
+    assert cxlkv.put_ok(store.put(keys[2:3], pay[2:3], parent=keys[1])).all()
+    assert tier.flush(20)
+    st = tier.stats()
+    assert st["remote_push_store_full_blocks"] == 1 and st["remote_push_dropped_blocks"] == 1, st
+    assert st["remote_push_selective"] == 1, st
+    tier.close()

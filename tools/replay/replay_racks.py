@@ -148,8 +148,9 @@ def main():
               f"degraded {p['degraded']}; pushed {p['pushed_blocks']} blocks ({p['pushed_bytes'] / 1e6:.1f} MB), "
               f"push dropped {p['push_dropped_blocks']}", file=sys.stderr)
         out.update({f"replay_racks.r{n}.pool.{k}": v for k, v in p.items()})
-        # Why blocks were not pushed: the tiers' own split of push_dropped_blocks
-        # (the pool's node stats have no field to spare for it: docs/remote.md "Counters").
+        # Why blocks were not pushed: the tiers' split of push_dropped_blocks
+        # (the pools count the same reasons; retries and holds are the tiers'
+        # alone: docs/remote.md "Counters").
         why = {k: sum(s.get(f"remote_push_{k}_blocks", 0) for s in rem["tier"].values())
                for k in ("evicted", "store_full", "queue_full", "failed", "retried", "present", "skipped")}
         peak = max(s.get("remote_hold_peak_blocks", 0) for s in rem["tier"].values())

@@ -349,10 +349,7 @@ COUNTERS = {
                                   "push_min_blocks while the store was short of room; not a drop)",
 }
 # Why a published block was not pushed: the counter of each reason (their
-# sum is remote_push_dropped_blocks, the pool's push_dropped_blocks).  The
-# pool's node stats have no field to spare for them (docs/on-pool-format.md:
-# the remote counters fill the record's last line), so the split lives here,
-# in KvStore.stats() and the client metrics.
+# sum is remote_push_dropped_blocks, the pool's push_dropped_blocks).
 _DROP_REASONS = {"evicted": "remote_push_evicted_blocks", "store_full": "remote_push_store_full_blocks",
                  "queue_full": "remote_push_queue_full_blocks", "failed": "remote_push_failed_blocks"}
 # The counters the node's stats in the pool also carry (docs/remote.md
@@ -360,7 +357,10 @@ _DROP_REASONS = {"evicted": "remote_push_evicted_blocks", "store_full": "remote_
 # "remote_" (cxlkv_kv_remote_count), which `cxlkvctl stats`, cxlkvd's
 # metrics and cxlkv.metrics.pool_exposition show as cxlkv_remote_<name>_total.
 POOL_COUNTERS = ("remote_hit_blocks", "remote_hit_bytes", "remote_miss_blocks", "remote_fetch_failures",
-                 "remote_degraded", "remote_pushed_blocks", "remote_pushed_bytes", "remote_push_dropped_blocks")
+                 "remote_degraded", "remote_pushed_blocks", "remote_pushed_bytes", "remote_push_dropped_blocks",
+                 "remote_push_evicted_blocks", "remote_push_store_full_blocks", "remote_push_queue_full_blocks",
+                 "remote_push_failed_blocks", "remote_push_skipped_blocks", "remote_push_present_blocks",
+                 "remote_timeouts", "remote_recovered")
 
 
 class PushPolicy:
@@ -480,6 +480,8 @@ class RemoteTier:
         self._client = None
         self._up = False
         self._why = "not connected yet"
+        self._ever_up = False               # the tier has been up (its master answered) since it started
+        self._back_at = None                # when it last came back after that (monotonic)
         self._inflight = 0                  # calls on the worker not yet returned (late ones included)
         self._last_probe = 0.0
         self._probe_future = None
@@ -578,6 +580,9 @@ class RemoteTier:
             was = self._up
             self._up = True
         if not was:
+            if self._ever_up:
+                self._back_at = time.monotonic()  # back after losing its master, not its first connect
+            self._ever_up = True
             if self.counters["remote_degraded"]:
                 self._count("remote_recovered")
                 log.warning("cxlkv remote tier (Mooncake Store of master %s): answering again; remote lookups "
@@ -880,6 +885,18 @@ class RemoteTier:
     # A full store makes room by evicting (Mooncake's master does it in the
     # background): a block it refused is tried once more after this long.
     _retry_delay = 0.2
+    # A master that comes back after a restart knows no segments until each
+    # client notices and mounts its own again (seconds: Mooncake's clients
+    # ping the master in the background), and until then refuses every put
+    # as if the store were full.  For this long after the tier comes back, a
+    # refused put is tried again every _retry_delay (still held), neither
+    # dropped nor taken as a full store (docs/remote.md "Faults").
+    _remount_grace_s = 15.0
+
+    def _remounting(self):
+        """Whether the tier came back from degraded within _remount_grace_s."""
+        back = self._back_at
+        return back is not None and time.monotonic() - back < self._remount_grace_s
 
     def _push(self, batch, nbytes, out):
         """Push ``batch`` (entries of one payload size); ``out[i]`` is set to
@@ -932,6 +949,8 @@ class RemoteTier:
                 out[i] = "pushed"
             elif x == MC_ALREADY_EXISTS:  # another rack put it since the existence check
                 out[i] = "present"
+            elif x == MC_NO_AVAILABLE_HANDLE and self._remounting():
+                out[i] = "retry"  # not full: a restarted master before the clients mount their segments again
             elif x == MC_NO_AVAILABLE_HANDLE:
                 out[i] = "retry" if batch[i][4] == 0 else "store_full"
                 self.policy.store_full()

@@ -63,7 +63,20 @@ const MetricDesc kRemote[CXLKV_REMOTE_COUNT] = {
     {"cxlkv_remote_pushed_blocks_total", "counter", "Published blocks the node put into its remote tier"},
     {"cxlkv_remote_pushed_bytes_total", "counter", "Payload bytes the node put into its remote tier"},
     {"cxlkv_remote_push_dropped_blocks_total", "counter",
-     "Published blocks the node did not push (queue full, evicted, degraded or a failed put)"},
+     "Published blocks the node did not push (the sum of the four cxlkv_remote_push_*_blocks reasons)"},
+    {"cxlkv_remote_push_evicted_blocks_total", "counter",
+     "Published blocks not pushed: evicted from the pool before their push read them"},
+    {"cxlkv_remote_push_store_full_blocks_total", "counter",
+     "Published blocks not pushed: refused by a full store (after one retry)"},
+    {"cxlkv_remote_push_queue_full_blocks_total", "counter", "Published blocks not pushed: the push queue was full"},
+    {"cxlkv_remote_push_failed_blocks_total", "counter",
+     "Published blocks not pushed: the tier degraded, a failed put or read, or closing"},
+    {"cxlkv_remote_push_skipped_blocks_total", "counter",
+     "Published blocks the push policy kept back at their publish (a choice, not a drop)"},
+    {"cxlkv_remote_push_present_blocks_total", "counter",
+     "Published blocks the remote store held already (not sent again)"},
+    {"cxlkv_remote_timeouts_total", "counter", "Remote calls that ran past the tier's timeout"},
+    {"cxlkv_remote_recovered_total", "counter", "Times the node's remote tier came back after being degraded"},
 };
 constexpr std::string_view kRemotePrefix = "cxlkv_remote_", kTotal = "_total";
 const MetricDesc kBad{"cxlkv_unknown", "counter", "?"};

@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: MIT
 // The node's remote tier counters (docs/remote.md "Counters"): added through
 // KvStore::count_remote (the C call cxlkv_kv_remote_count), they reach the
-// last line of the node's stats record in the pool at once, read by another
+// last two lines of the node's stats record in the pool at once, read by another
 // node (rule 4); every store of the same carve and node in the process
 // shares them, so a flush of another store's stats writes them too, never
 // zeros; and the Prometheus exposition names them once (cxlkv/metrics.hpp).
@@ -24,9 +24,10 @@ const NodeKvStats* node_of(const std::vector<NodeKvStats>& v, uint32_t node) {
   return nullptr;
 }
 
-TEST(KvRemoteCounters, TheLastLineOfTheNodeStatsOnceFormerlyReserved) {
+TEST(KvRemoteCounters, TheLastTwoLinesOfTheNodeStats) {
   static_assert(offsetof(cxlkv_index_node_stats, remote) == 39 * 64);
-  static_assert(sizeof(cxlkv_index_node_stats::remote) == 64);
+  static_assert(sizeof(cxlkv_index_node_stats::remote) == 2 * 64);
+  static_assert(CXLKV_INDEX_STATS_LINES == 41 && CXLKV_INDEX_VERSION == 6);
   static_assert(sizeof(cxlkv_index_node_stats) == CXLKV_INDEX_STATS_LINES * 64);
   // Every counter has a name, and the name finds it back.
   for (int r = 0; r < int(CXLKV_REMOTE_COUNT); r++) {
@@ -36,6 +37,8 @@ TEST(KvRemoteCounters, TheLastLineOfTheNodeStatsOnceFormerlyReserved) {
     EXPECT_EQ(std::string(remote_metric(r).name), "cxlkv_remote_" + std::string(n) + "_total");
   }
   EXPECT_EQ(remote_counter_name(CXLKV_REMOTE_HIT_BLOCKS), "hit_blocks");
+  EXPECT_EQ(remote_counter_name(CXLKV_REMOTE_PUSH_EVICTED_BLOCKS), "push_evicted_blocks");
+  EXPECT_EQ(remote_counter_name(CXLKV_REMOTE_RECOVERED), "recovered");
   EXPECT_EQ(remote_counter_index("no_such_counter"), -1);
   EXPECT_EQ(remote_counter_index(""), -1);
 }
@@ -81,6 +84,27 @@ TEST(KvRemoteCounters, ReachThePoolAtOnceAndSurviveOtherStoresFlushes) {
   ASSERT_NE(n1, nullptr);
   EXPECT_EQ(n1->remote[CXLKV_REMOTE_PUSHED_BLOCKS], 4000u);
 
+  // The second line (why blocks were not pushed, ...) reaches the pool as
+  // the first does, and leaves the first as it was.
+  ASSERT_TRUE(tier->count_remote(CXLKV_REMOTE_PUSH_DROPPED_BLOCKS, 5).ok());
+  ASSERT_TRUE(tier->count_remote(CXLKV_REMOTE_PUSH_EVICTED_BLOCKS, 3).ok());
+  ASSERT_TRUE(tier->count_remote(CXLKV_REMOTE_PUSH_QUEUE_FULL_BLOCKS, 2).ok());
+  ASSERT_TRUE(tier->count_remote(CXLKV_REMOTE_RECOVERED, 1).ok());
+  seen = read_pool_stats(p.sim.node(2), p.pool.mem);
+  n1 = node_of(seen, 1);
+  ASSERT_NE(n1, nullptr);
+  EXPECT_EQ(n1->remote[CXLKV_REMOTE_PUSH_DROPPED_BLOCKS], 5u);
+  EXPECT_EQ(n1->remote[CXLKV_REMOTE_PUSH_EVICTED_BLOCKS], 3u);
+  EXPECT_EQ(n1->remote[CXLKV_REMOTE_PUSH_QUEUE_FULL_BLOCKS], 2u);
+  EXPECT_EQ(n1->remote[CXLKV_REMOTE_RECOVERED], 1u);
+  EXPECT_EQ(n1->remote[CXLKV_REMOTE_PUSHED_BLOCKS], 4000u);
+  engine->flush_stats();  // a whole-record flush writes both lines as counted
+  seen = read_pool_stats(p.sim.node(0), p.pool.mem);
+  n1 = node_of(seen, 1);
+  ASSERT_NE(n1, nullptr);
+  EXPECT_EQ(n1->remote[CXLKV_REMOTE_PUSH_EVICTED_BLOCKS], 3u);
+  EXPECT_EQ(n1->remote[CXLKV_REMOTE_HIT_BLOCKS], 4u);
+
   // Another node's counters are its own.
   auto other = p.store(2);
   ASSERT_TRUE(other->count_remote(CXLKV_REMOTE_DEGRADED, 1).ok());
@@ -99,6 +123,7 @@ TEST(KvRemoteCounters, ReachThePoolAtOnceAndSurviveOtherStoresFlushes) {
   EXPECT_NE(text.find("cxlkv_remote_hit_blocks_total{node=\"1\"} 4\n"), std::string::npos);
   EXPECT_NE(text.find("cxlkv_remote_pushed_blocks_total{node=\"1\"} 4000\n"), std::string::npos);
   EXPECT_NE(text.find("cxlkv_remote_degraded_total{node=\"2\"} 1\n"), std::string::npos);
+  EXPECT_NE(text.find("cxlkv_remote_push_evicted_blocks_total{node=\"1\"} 3\n"), std::string::npos);
 }
 
 TEST(KvRemoteCounters, ANewProcessStartsItsCountersAgain) {

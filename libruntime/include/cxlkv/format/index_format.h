@@ -40,10 +40,11 @@
 
 /* "CXLKVIX1" */
 #define CXLKV_INDEX_MAGIC        0x315849564b4c5843ULL
-/* 4: header checksum (docs/integrity.md "Checked metadata"); 5: hot and cold eviction lists per stripe (docs/eviction.md "What is evicted first") */
-#define CXLKV_INDEX_VERSION      5u
+/* 4: header checksum (docs/integrity.md "Checked metadata"); 5: hot and cold eviction lists per stripe (docs/eviction.md "What is evicted first");
+ * 6: a second line of remote tier counters in each node's stats (docs/remote.md "Counters"), 41 lines a node */
+#define CXLKV_INDEX_VERSION      6u
 #define CXLKV_INDEX_NO_SLOT      0xffffffffu
-#define CXLKV_INDEX_STATS_LINES  40u
+#define CXLKV_INDEX_STATS_LINES  41u
 
 struct cxlkv_index_header {
 	__u64 magic;             /* CXLKV_INDEX_MAGIC */
@@ -280,7 +281,16 @@ enum cxlkv_index_remote_counter {
 	CXLKV_REMOTE_DEGRADED,		/* times the tier went local-only */
 	CXLKV_REMOTE_PUSHED_BLOCKS,	/* published blocks put into the remote tier */
 	CXLKV_REMOTE_PUSHED_BYTES,
-	CXLKV_REMOTE_PUSH_DROPPED_BLOCKS, /* published blocks not pushed (queue full, evicted, degraded, failed put) */
+	CXLKV_REMOTE_PUSH_DROPPED_BLOCKS, /* published blocks not pushed: the sum of the four reasons below */
+	/* Second line (version 6). */
+	CXLKV_REMOTE_PUSH_EVICTED_BLOCKS, /* not pushed: gone from the pool before the push read it */
+	CXLKV_REMOTE_PUSH_STORE_FULL_BLOCKS, /* not pushed: refused by a full store, twice */
+	CXLKV_REMOTE_PUSH_QUEUE_FULL_BLOCKS, /* not pushed: the push queue was full */
+	CXLKV_REMOTE_PUSH_FAILED_BLOCKS, /* not pushed: the tier degraded, a failed put or read, or closing */
+	CXLKV_REMOTE_PUSH_SKIPPED_BLOCKS, /* kept back at their publish by the push policy (a choice, not a drop) */
+	CXLKV_REMOTE_PUSH_PRESENT_BLOCKS, /* published blocks the store held already (not sent again) */
+	CXLKV_REMOTE_TIMEOUTS,		/* remote calls that ran past the tier's timeout */
+	CXLKV_REMOTE_RECOVERED,		/* times the tier came back after being degraded */
 	CXLKV_REMOTE_COUNT
 };
 
@@ -291,16 +301,16 @@ struct cxlkv_index_node_stats {
 	__u32 pid;
 	__u32 reserved0;
 	__u64 ssd[CXLKV_SSD_COUNT];                         /* enum cxlkv_index_ssd_counter; 0 without an SSD tier */
-	/* enum cxlkv_index_remote_counter; 0 without a remote tier.  The last
-	 * line, formerly reserved (zero): a pool formatted before reads zeros. */
+	/* enum cxlkv_index_remote_counter; 0 without a remote tier: the last
+	 * two lines. */
 	__u64 remote[CXLKV_REMOTE_COUNT];
 };
 CXLKV_STATIC_ASSERT(__builtin_offsetof(struct cxlkv_index_node_stats, ssd) == 38 * 64 + 16,
 		    "node SSD counters follow updated_ms and pid");
 CXLKV_STATIC_ASSERT(__builtin_offsetof(struct cxlkv_index_node_stats, remote) == 39 * 64 &&
-		    CXLKV_REMOTE_COUNT * 8 == 64, "node remote tier counters are the stats' last line, whole");
+		    CXLKV_REMOTE_COUNT * 8 == 2 * 64, "node remote tier counters are the stats' last two lines, whole");
 CXLKV_STATIC_ASSERT(sizeof(struct cxlkv_index_node_stats) == CXLKV_INDEX_STATS_LINES * 64,
-		    "node stats are 40 lines");
+		    "node stats are 41 lines");
 
 /* FNV-1a 32 over bytes 0..59 of an entry, never 0 for a non-empty line. */
 static inline __u32 cxlkv_index_entry_check(const struct cxlkv_index_entry *e)
