@@ -443,6 +443,15 @@ class Racks:
     def __getitem__(self, name):
         return self.racks[name]
 
+    def engine_env(self, name):
+        """The environment that puts an engine's KV stores in rack ``name``
+        on the racks' store, lending it no memory (the rack's host does, so
+        what the engine pushed outlives it; docs/remote.md "With the engine
+        adapters")."""
+        return {"CXLKV_REMOTE_MASTER": self.master.rpc, "CXLKV_REMOTE_METADATA": self.master.metadata,
+                "CXLKV_REMOTE_HOST": self.net.addr[name], "CXLKV_REMOTE_NAMESPACE": self.namespace,
+                "CXLKV_REMOTE_SEGMENT_BYTES": "0", "CXLKV_REMOTE_TIMEOUT_S": "10"}
+
     def restart_rack(self, name):
         self.racks[name].kill()
         self.racks[name] = RackProc(name, self.net, self.master, self.logdir, self.namespace,

@@ -25,7 +25,7 @@ fi
 cd "$HERE" || exit 1
 # The engines' compile caches stay in the build tree, not in /tmp.
 export TORCHINDUCTOR_CACHE_DIR="$OUT/torchinductor" TRITON_CACHE_DIR="$OUT/triton"
-"$VENV/bin/python" -m pytest -p no:cacheprovider -q -rs -x "$@" >"$OUT/$NAME.out" 2>&1
+"$VENV/bin/python" -m pytest -p no:cacheprovider -q -rs -x --durations=8 "$@" >"$OUT/$NAME.out" 2>&1
 rc=$?
 cat "$OUT/$NAME.out"
 grep -E "^(=+ )?[0-9]+ (passed|failed|error)|no tests ran" "$OUT/$NAME.out" | tail -n1 |

