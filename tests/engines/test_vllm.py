@@ -51,7 +51,7 @@ def test_second_engine_finds_the_first_engines_prefix_in_the_pool(env, model, tm
                                                                  metrics_textfile=_worker_metrics(tmp_path, "a"))))
     b = run_engine(tmp_path, "b", spec(model, rounds, connector(env.uri, 3,
                                                                  metrics_textfile=_worker_metrics(tmp_path, "b"))))
-    oracle = run_engine(tmp_path, "oracle", spec(model, rounds + rounds))
+    oracle = _oracle(tmp_path, model, rounds + rounds)
     same_outputs(a["rounds"][0], oracle["rounds"][0], what="engine A (computes)")
     same_outputs(b["rounds"][0], oracle["rounds"][1], what="engine B (loads from the pool)")
     ma, mb = _metrics(tmp_path, "a"), _metrics(tmp_path, "b")
