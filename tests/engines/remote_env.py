@@ -452,6 +452,32 @@ class Racks:
                 "CXLKV_REMOTE_HOST": self.net.addr[name], "CXLKV_REMOTE_NAMESPACE": self.namespace,
                 "CXLKV_REMOTE_SEGMENT_BYTES": "0", "CXLKV_REMOTE_TIMEOUT_S": "10"}
 
+    def run_engine_until_pushed(self, name, workdir, engine, spec, want, timeout=900):
+        """Run vLLM engine ``engine`` (vllm_util's ``spec``) in rack ``name``
+        on the racks' store, holding it up after its rounds until the store
+        holds every key of ``want`` (a background push is dropped when its
+        process exits) or ``timeout`` s passed.  Returns the engine's OUT and
+        the last ``keys_state`` of ``want`` (None if the engine never
+        finished its rounds); the caller judges it."""
+        from vllm_util import finish_engine, start_engine  # noqa: PLC0415 -- the engine environment only
+        hold = os.path.join(str(workdir), f"{engine}.hold")
+        if os.path.exists(hold):
+            os.remove(hold)
+        spec = dict(spec, env=dict(spec.get("env", {}), **self.engine_env(name)), hold_file=hold)
+        p, out, logp = start_engine(workdir, engine, spec, prefix=self.net.prefix(name))
+        state = None
+        try:
+            deadline = time.monotonic() + timeout
+            while p.poll() is None and time.monotonic() < deadline:
+                if os.path.exists(out):
+                    state = self.racks[name].call("keys_state", keys=want)
+                    if state["remote"] == [1] * len(want):
+                        break
+                time.sleep(0.2)
+        finally:
+            open(hold, "w").close()
+        return finish_engine(p, out, logp), state
+
     def restart_rack(self, name):
         self.racks[name].kill()
         self.racks[name] = RackProc(name, self.net, self.master, self.logdir, self.namespace,

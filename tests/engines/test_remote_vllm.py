@@ -14,15 +14,14 @@ gone.  The oracle is test_vllm.py's: the same engine without the connector,
 whose second round reads its own prefix cache; greedy tokens identical and
 log-probabilities within 1e-4."""
 import os
-import time
 
 import pytest
 
 import cxlkv
 from remote_env import Racks
 from tiny_model import make_tiny_llama
-from vllm_util import (BLOCK, connector, connector_namespace, finish_engine, prompts_with_shared_prefix,
-                       read_metrics, run_engine, same_outputs, spec, start_engine, vllm_block_hashes)
+from vllm_util import (BLOCK, connector, connector_namespace, prompts_with_shared_prefix, read_metrics, run_engine,
+                       same_outputs, spec, vllm_block_hashes)
 
 OUT = os.environ.get("CXLKV_REMOTE_LOGDIR", f"/tmp/cxlkv-remote-vllm-tests-{os.getpid()}")
 PROMPTS = prompts_with_shared_prefix(4, 8 * BLOCK, 40, seed=23)  # 8 shared blocks, each prompt 9 full + 8 tokens
@@ -52,31 +51,15 @@ def test_engine_in_rack_b_serves_rack_a_prefix_from_the_remote_tier(racks, model
     rounds = [dict(prompts=PROMPTS, max_tokens=12)]
     keys = [cxlkv.keys_from_hashes(vllm_block_hashes(p), connector_namespace(model)) for p in PROMPTS]
     want = sorted({(int(k[0]), int(k[1])) for ks in keys for k in ks})
-    ha, hb = racks["a"], racks["b"]
+    hb = racks["b"]
     assert hb.call("keys_state", keys=want)["remote"] == [0] * len(want), "the store holds the blocks already"
 
     # Rack A computes; its worker's blocks go to pool A and, in the
     # background, to the store.  The engine stays up until the store holds
     # every block (its push would be dropped when it exits).
     metrics_a = str(tmp_path / "a-{role}-{rank}.prom")
-    hold = str(tmp_path / "a.hold")
-    p, out, logp = start_engine(tmp_path, "a", spec(model, rounds, connector(racks["a"].pool, 2,
-                                                                               metrics_textfile=metrics_a),
-                                                    env=racks.engine_env("a"), hold_file=hold),
-                                prefix=racks.net.prefix("a"))
-    try:
-        deadline = time.monotonic() + 900
-        while not os.path.exists(out) and p.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.2)
-        state = None
-        while p.poll() is None and time.monotonic() < deadline:
-            state = ha.call("keys_state", keys=want)
-            if state["remote"] == [1] * len(want):
-                break
-            time.sleep(0.2)
-    finally:
-        open(hold, "w").close()
-    a = finish_engine(p, out, logp)
+    a, state = racks.run_engine_until_pushed("a", tmp_path, "a", spec(model, rounds, connector(
+        racks["a"].pool, 2, metrics_textfile=metrics_a)), want)
     assert state is not None and state["remote"] == [1] * len(want), \
         f"rack A's engine did not get its {len(want)} blocks into the store: {state}"
     # Nothing of them in pool B: whatever engine B loads came through the store.

@@ -74,7 +74,6 @@ import json
 import os
 import statistics
 import sys
-import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.abspath(os.path.join(HERE, "..", ".."))
@@ -105,24 +104,8 @@ def engine_figures(a):
     want = sorted({(int(k[0]), int(k[1])) for ks in keys for k in ks})
     racks = Racks(["a", "b"], os.path.join(work, "racks"), timeout=10.0)
     try:
-        hold = os.path.join(work, "a.hold")
-        if os.path.exists(hold):
-            os.remove(hold)
-        p, out, logp = vu.start_engine(work, "a", vu.spec(model, [dict(prompts=prompts, max_tokens=1)],
-                                                          vu.connector(racks["a"].pool, 2), env=racks.engine_env("a"),
-                                                          hold_file=hold), prefix=racks.net.prefix("a"))
-        state = None
-        try:
-            deadline = time.monotonic() + 900
-            while p.poll() is None and time.monotonic() < deadline:
-                if os.path.exists(out):
-                    state = racks["a"].call("keys_state", keys=want)
-                    if state["remote"] == [1] * len(want):
-                        break
-                time.sleep(0.2)
-        finally:
-            open(hold, "w").close()
-        vu.finish_engine(p, out, logp)
+        _, state = racks.run_engine_until_pushed("a", work, "a", vu.spec(model, [dict(prompts=prompts, max_tokens=1)],
+                                                                      vu.connector(racks["a"].pool, 2)), want)
         if state is None or state["remote"] != [1] * len(want):
             raise RuntimeError(f"rack A's engine did not get its {len(want)} blocks into the store: {state}")
         one = dict(prompts=prompts, max_tokens=4, one_by_one=True)
